@@ -1,0 +1,65 @@
+"""burla: run one Python function over many inputs on every CPU you have.
+
+    from burla import remote_parallel_map
+    results = remote_parallel_map(process, inputs)
+
+Heavy modules load on first use so that `import burla` stays fast, in the user's process and
+in every worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from burla._version import __version__
+from burla.errors import (
+    BurlaError,
+    DetachRequiresDeployedCluster,
+    FunctionTooBig,
+    InputTooBig,
+    InvalidArgument,
+    JobCanceled,
+    JobFailed,
+    NoCompatibleNodes,
+    NodeDisconnected,
+    NoNodes,
+    RemoteError,
+    Unauthorized,
+    UnpicklableFunction,
+    UnpicklableInput,
+    VersionMismatch,
+    WorkerCrashed,
+)
+
+if TYPE_CHECKING:
+    from burla.client import get_cluster_dashboard_url, remote_parallel_map
+
+__all__ = [
+    "__version__",
+    "remote_parallel_map",
+    "get_cluster_dashboard_url",
+    "BurlaError",
+    "DetachRequiresDeployedCluster",
+    "FunctionTooBig",
+    "InputTooBig",
+    "InvalidArgument",
+    "JobCanceled",
+    "JobFailed",
+    "NoCompatibleNodes",
+    "NoNodes",
+    "NodeDisconnected",
+    "RemoteError",
+    "Unauthorized",
+    "UnpicklableFunction",
+    "UnpicklableInput",
+    "VersionMismatch",
+    "WorkerCrashed",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("remote_parallel_map", "get_cluster_dashboard_url"):
+        from burla import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'burla' has no attribute {name!r}")

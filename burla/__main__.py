@@ -1,0 +1,3 @@
+from burla.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""`burla head ...`: run the control plane of a cluster."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from burla._version import __version__
+from burla.config import ENV_TOKEN, HeadSettings, config_dir, load_or_create_token, read_token, write_private_file
+
+
+@click.group()
+def head() -> None:
+    """Run a cluster head (the control plane every client and node talks to)."""
+
+
+@head.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port to listen on (0 picks a free one). Default: 5001 if free, else any free port.")
+@click.option("--local-nodes", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Start this many nodes on this machine (the local driver).")
+@click.option("--local-node-workers", type=click.IntRange(1, 4096), default=None,
+              help="Workers per local node. Default: one per CPU.")
+@click.option("--token", envvar=ENV_TOKEN, default=None,
+              help="Cluster token. Default: the one in the config directory, created if missing.")
+@click.option("--node-deadline", type=click.FloatRange(1.0, 3600.0), default=30.0, show_default=True,
+              help="Seconds a node may stay silent before it is dropped.")
+@click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
+@click.option("--ready-fd", type=int, default=None, hidden=True)
+@click.option("--lifeline-fd", type=int, default=None, hidden=True)
+def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
+          node_deadline: float, ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
+    """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
+    from burla.head.server import PortInUse, serve as run_head
+
+    directory = config_dir()
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: listening on {host} without TLS; anyone who can reach it sees the token "
+                   "in transit. Prefer 127.0.0.1 behind an SSH tunnel or a TLS proxy.", err=True)
+    if token:
+        if not ephemeral and read_token(directory) != token:
+            write_private_file(directory / "cluster_token", token + "\n")
+    else:
+        token = load_or_create_token(directory)
+    settings = HeadSettings(
+        host=host, port=port, token=token, config_dir=directory, local_nodes=local_nodes,
+        local_node_workers=local_node_workers, advertise=not ephemeral, ready_fd=ready_fd,
+        lifeline_fd=lifeline_fd, node_deadline_s=node_deadline, version=__version__,
+    )
+    try:
+        run_head(settings)
+    except PortInUse as e:
+        click.echo(f"error: {e}. Pass --port 0 for any free port, or stop what uses it.", err=True)
+        sys.exit(5)

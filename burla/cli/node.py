@@ -1,0 +1,56 @@
+"""`burla node ...`: run a node that executes calls for a head."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+
+import click
+
+from burla._version import __version__
+from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings, config_dir, read_token
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@click.group()
+def node() -> None:
+    """Run a node (one per machine) that joins a head and runs calls on its workers."""
+
+
+@node.command()
+@click.option("--head", "head_url", envvar=ENV_HEAD_URL, required=True,
+              help="The head's URL, e.g. http://127.0.0.1:5001.")
+@click.option("--token", envvar=ENV_TOKEN, default=None,
+              help="Cluster token. Default: the one in the config directory.")
+@click.option("--workers", type=click.IntRange(1, 4096), default=None, help="Worker processes. Default: one per CPU.")
+@click.option("--node-id", default=None, help="This node's name. Default: a random one.")
+@click.option("--region", default="local", show_default=True, help="Region this node reports.")
+@click.option("--image", default=None, help="Container image this node reports running.")
+@click.option("--lifeline-fd", type=int, default=None, hidden=True)
+def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
+         image: str | None, lifeline_fd: int | None) -> None:
+    """Register with a head and serve calls until stopped."""
+    import psutil
+
+    from burla.node.service import run_node
+
+    token = token or read_token(config_dir())
+    if not token:
+        click.echo("error: no cluster token. Pass --token or set BURLA_CLUSTER_TOKEN (the head prints "
+                   "where its token is stored).", err=True)
+        sys.exit(3)
+    cpus = _cpu_count()
+    settings = NodeSettings(
+        head_url=head_url.rstrip("/"), token=token, workers=workers or cpus,
+        node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
+        ram_gb=psutil.virtual_memory().total / 2**30, image=image, region=region,
+        lifeline_fd=lifeline_fd, version=__version__,
+    )
+    run_node(settings)

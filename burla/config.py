@@ -1,0 +1,153 @@
+"""Settings, resolved once at each process's edge and passed down as frozen dataclasses.
+
+Only this module reads `BURLA_*` environment variables and the files in the user config
+directory; everything else receives a settings object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_CONFIG_DIR = "BURLA_CONFIG_DIR"
+ENV_HEAD_URL = "BURLA_CLUSTER_DASHBOARD_URL"
+ENV_TOKEN = "BURLA_CLUSTER_TOKEN"
+ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
+
+TOKEN_FILE = "cluster_token"
+HEAD_STATE_FILE = "head.json"
+DEFAULT_HEAD_PORT = 5001
+
+# Limits that are part of the public contract (see the user guide).
+MAX_FUNCTION_BYTES = 100 * 1024 * 1024
+MAX_INPUT_BYTES = 200 * 1024 * 1024
+
+
+def config_dir(environ: os._Environ | dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    override = env.get(ENV_CONFIG_DIR)
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("burla"))
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Write a file only its owner can read (0600), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def load_or_create_token(directory: Path) -> str:
+    """The machine's cluster token: read from the config directory, created there if absent."""
+    path = directory / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+        if token:
+            return token
+    except FileNotFoundError:
+        pass
+    token = secrets.token_urlsafe(32)
+    write_private_file(path, token + "\n")
+    return token
+
+
+def read_token(directory: Path) -> str | None:
+    try:
+        return (directory / TOKEN_FILE).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    """What a long-lived head advertises in the config directory so clients can reuse it."""
+
+    url: str
+    pid: int
+
+    @classmethod
+    def read(cls, directory: Path) -> HeadRecord | None:
+        try:
+            data = json.loads((directory / HEAD_STATE_FILE).read_text())
+            return cls(url=str(data["url"]), pid=int(data["pid"]))
+        except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self, directory: Path) -> None:
+        write_private_file(directory / HEAD_STATE_FILE, json.dumps({"url": self.url, "pid": self.pid}))
+
+    @staticmethod
+    def remove_if_owned(directory: Path, pid: int) -> None:
+        record = HeadRecord.read(directory)
+        if record is not None and record.pid == pid:
+            try:
+                (directory / HEAD_STATE_FILE).unlink()
+            except FileNotFoundError:
+                pass
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    config_dir: Path
+    head_url: str | None  # explicit head (env); None means "find or start a local one"
+    token: str | None
+    parent_job_id: str | None
+
+    @classmethod
+    def resolve(cls) -> ClientSettings:
+        directory = config_dir()
+        head_url = os.environ.get(ENV_HEAD_URL) or None
+        token = os.environ.get(ENV_TOKEN) or read_token(directory)
+        return cls(
+            config_dir=directory,
+            head_url=head_url.rstrip("/") if head_url else None,
+            token=token,
+            parent_job_id=os.environ.get(ENV_PARENT_JOB) or None,
+        )
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    host: str
+    port: int | None  # None: the default port if free, else an ephemeral one
+    token: str
+    config_dir: Path
+    local_nodes: int = 0
+    local_node_workers: int | None = None
+    advertise: bool = True  # write head.json so clients reuse this head
+    ready_fd: int | None = None  # write "URL\n" here once serving
+    lifeline_fd: int | None = None  # exit when this pipe reaches EOF (the parent died)
+    node_deadline_s: float = 30.0  # a node silent this long is dropped
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    head_url: str
+    token: str
+    workers: int
+    node_id: str
+    host: str = "127.0.0.1"
+    cpus: int = 1
+    ram_gb: float = 1.0
+    gpu: str | None = None
+    gpu_count: int = 0
+    image: str | None = None
+    region: str = "local"
+    lifeline_fd: int | None = None
+    python_version: str = field(default_factory=lambda: f"{sys.version_info[0]}.{sys.version_info[1]}")
+    version: str = ""
+    register_deadline_s: float = 60.0  # give up if the head can't be reached for this long

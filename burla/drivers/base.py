@@ -1,0 +1,56 @@
+"""The driver interface: how a head boots, lists and deletes the machines its nodes run on.
+
+A driver starts machines whose startup runs `burla node join --head URL` with the cluster
+token; the node then registers with the head by itself. The head owns every driver call.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class BootRequest:
+    count: int
+    head_url: str
+    token: str
+    workers: int | None = None  # per node; None means one per CPU
+    machine_type: str | None = None
+    region: str | None = None
+    disk_gb: int | None = None
+    image: str | None = None
+    spot: bool = False
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeHandle:
+    node_id: str
+    driver: str
+    state: str  # BOOTING, RUNNING, STOPPED
+    detail: str = ""
+
+
+BootFailed = Callable[[str, str], None]  # (node_id, why)
+
+
+class Driver(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    async def boot(self, request: BootRequest) -> list[str]:
+        """Start `request.count` machines; returns their node ids at once, before they register."""
+
+    @abc.abstractmethod
+    async def list_nodes(self) -> list[NodeHandle]:
+        """The machines this driver started for this cluster that still exist."""
+
+    @abc.abstractmethod
+    async def delete(self, node_id: str) -> None:
+        """Stop one machine; a no-op if it is already gone."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop every machine this driver started and release its resources."""

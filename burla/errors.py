@@ -1,0 +1,195 @@
+"""Every exception burla raises, in one tree.
+
+    BurlaError
+    ├── ClientInputError          the arguments given to remote_parallel_map can't be used
+    │   ├── InvalidArgument       (also a ValueError) an argument has the wrong type or value
+    │   ├── FunctionTooBig        the pickled function is over 100 MB
+    │   ├── InputTooBig           one pickled input is over 200 MB (.input_index)
+    │   ├── UnpicklableFunction   the function (or something it references) can't be pickled
+    │   └── UnpicklableInput      one input can't be pickled (.input_index)
+    ├── ClusterError              the cluster can't take the job
+    │   ├── HeadUnreachable       no head answered at the configured URL
+    │   ├── Unauthorized          the head or node refused the token (HTTP 401)
+    │   ├── NoNodes               the cluster has no nodes and none are booting
+    │   ├── NoCompatibleNodes     no node satisfies func_gpu / image / region / func_cpu / func_ram
+    │   ├── VersionMismatch       client and head run incompatible burla versions
+    │   ├── ProtocolError         a peer sent a message that does not decode (HTTP 400)
+    │   └── DetachRequiresDeployedCluster
+    ├── JobError                  the job started but did not end normally
+    │   ├── JobCanceled           Ctrl-C, `burla jobs cancel`, or the head cancelled it
+    │   ├── JobFailed             the head ended the job (.reason names why)
+    │   ├── NodeDisconnected      the connection to the cluster was lost mid-job
+    │   └── WorkerCrashed         the worker running a call died (.input_index, .exit_code)
+    └── RemoteError               a call raised an exception that could not be re-created
+                                  here; carries the type name, message and traceback text
+
+A user function's own exception is re-raised with its original type, never wrapped; it
+carries `burla_input_index` and the remote traceback. `RemoteError` only stands in when the
+original exception object can't travel (unpicklable, or its class is missing here).
+"""
+
+from __future__ import annotations
+
+
+class BurlaError(Exception):
+    """Base of every exception raised by burla itself."""
+
+
+class ClientInputError(BurlaError):
+    pass
+
+
+class InvalidArgument(ClientInputError, ValueError):
+    pass
+
+
+class FunctionTooBig(ClientInputError):
+    pass
+
+
+class InputTooBig(ClientInputError):
+    def __init__(self, input_index: int, size: int, limit: int) -> None:
+        self.input_index = input_index
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"Input {input_index} is {size / 1e6:.1f} MB pickled; the limit is {limit / 1e6:.0f} MB "
+            "per input. Pass a path or URL and load the data inside the function instead."
+        )
+
+    def __reduce__(self):  # keep it picklable despite the custom __init__
+        return (type(self), (self.input_index, self.size, self.limit))
+
+
+class UnpicklableFunction(ClientInputError):
+    pass
+
+
+class UnpicklableInput(ClientInputError):
+    def __init__(self, input_index: int, detail: str) -> None:
+        self.input_index = input_index
+        self.detail = detail
+        super().__init__(
+            f"Input {input_index} can't be pickled: {detail}. Pass plain data (numbers, "
+            "strings, paths, dicts) and create handles such as locks, sockets or open files "
+            "inside the function."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.input_index, self.detail))
+
+
+class ClusterError(BurlaError):
+    pass
+
+
+class HeadUnreachable(ClusterError):
+    pass
+
+
+class Unauthorized(ClusterError):
+    pass
+
+
+class NoNodes(ClusterError):
+    pass
+
+
+class NoCompatibleNodes(ClusterError):
+    pass
+
+
+class VersionMismatch(ClusterError):
+    pass
+
+
+class ProtocolError(ClusterError):
+    pass
+
+
+class DetachRequiresDeployedCluster(ClusterError):
+    pass
+
+
+class JobError(BurlaError):
+    pass
+
+
+class JobCanceled(JobError):
+    pass
+
+
+class JobFailed(JobError):
+    pass
+
+
+class NodeDisconnected(JobError):
+    pass
+
+
+class WorkerCrashed(JobError):
+    def __init__(self, input_index: int, exit_code: int | None, attempts: int) -> None:
+        self.input_index = input_index
+        self.exit_code = exit_code
+        self.attempts = attempts
+        how = _describe_exit(exit_code)
+        super().__init__(
+            f"The worker running input {input_index} died ({how}) on each of {attempts} "
+            "attempt(s). The call crashed its process (os._exit, a segfault in native code, "
+            "or the process was killed, often for memory); try it locally to see why."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.input_index, self.exit_code, self.attempts))
+
+
+class RemoteError(BurlaError):
+    """A remote exception whose original object could not be re-created on the client."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = "") -> None:
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+        super().__init__(f"{type_name}: {message}")
+
+    def __reduce__(self):
+        return (type(self), (self.type_name, self.message, self.traceback_text))
+
+
+def _describe_exit(exit_code: int | None) -> str:
+    if exit_code is None:
+        return "exit status unknown"
+    if exit_code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            return f"killed by signal {-exit_code}"
+    return f"exit code {exit_code}"
+
+
+# Error kinds that travel on the wire (JobRejected / ErrorReply) and map back to classes here.
+WIRE_ERRORS: dict[str, type[BurlaError]] = {
+    cls.__name__: cls
+    for cls in (
+        InvalidArgument,
+        FunctionTooBig,
+        UnpicklableFunction,
+        HeadUnreachable,
+        Unauthorized,
+        NoNodes,
+        NoCompatibleNodes,
+        VersionMismatch,
+        ProtocolError,
+        DetachRequiresDeployedCluster,
+        JobCanceled,
+        JobFailed,
+        NodeDisconnected,
+    )
+}
+
+
+def error_from_wire(kind: str, message: str) -> BurlaError:
+    """Build the exception a peer described by class name and message."""
+    return WIRE_ERRORS.get(kind, BurlaError)(message)

@@ -1,0 +1,172 @@
+"""The head's two WebSocket endpoints: one per node (/v1/nodes/ws), one per job (/v1/jobs/ws).
+
+A frame that doesn't decode, or that breaks the protocol, gets an ErrorReply naming the
+problem (with the HTTP status it would have had) and the connection is closed with code 1008;
+the head keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from burla import wire
+from burla.config import MAX_FUNCTION_BYTES
+from burla.errors import BurlaError, ProtocolError, VersionMismatch
+from burla.head.cluster import Cluster
+from burla.head.links import ClientLink, NodeLink
+from burla.head.scheduler import COMPLETED, RUNNING
+
+log = logging.getLogger("burla.head")
+
+FIRST_FRAME_TIMEOUT_S = 30.0
+CLUSTER = web.AppKey("cluster", Cluster)
+
+
+def _status_for(error: BurlaError) -> int:
+    return {
+        "ProtocolError": 400,
+        "InvalidArgument": 400,
+        "FunctionTooBig": 413,
+        "Unauthorized": 401,
+        "NoNodes": 503,
+        "NoCompatibleNodes": 409,
+        "VersionMismatch": 409,
+    }.get(type(error).__name__, 400)
+
+
+async def _refuse(ws: web.WebSocketResponse, error: BurlaError) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await ws.send_bytes(wire.ErrorReply(type(error).__name__, str(error), _status_for(error)).encode())
+        await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=str(error)[:120].encode())
+
+
+async def _first_frame(ws: web.WebSocketResponse, allowed: tuple) -> wire.Message | None:
+    try:
+        frame = await asyncio.wait_for(ws.receive(), FIRST_FRAME_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        await _refuse(ws, ProtocolError("no opening frame within 30 s"))
+        return None
+    if frame.type != WSMsgType.BINARY:
+        if frame.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING, WSMsgType.ERROR):
+            return None
+        await _refuse(ws, ProtocolError("frames must be binary msgpack"))
+        return None
+    try:
+        return wire.decode(frame.data, allowed)
+    except ProtocolError as e:
+        await _refuse(ws, e)
+        return None
+
+
+def _check_version(theirs: str, ours: str) -> str | None:
+    if theirs.split(".")[:2] != ours.split(".")[:2]:
+        return (
+            f"This head runs burla {ours} and the peer runs burla {theirs}. Install the same version "
+            f"on both: `pip install burla=={ours}`."
+        )
+    return None
+
+
+async def node_channel(request: web.Request) -> web.WebSocketResponse:
+    cluster: Cluster = request.app[CLUSTER]
+    ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None)
+    await ws.prepare(request)
+    first = await _first_frame(ws, (wire.RegisterNode,))
+    if first is None:
+        return ws
+    assert isinstance(first, wire.RegisterNode)
+    problem = _check_version(first.version, cluster.version)
+    if problem is None and (first.slots < 1 or first.cpus < 1 or not first.node_id):
+        problem = "RegisterNode needs a node_id, slots >= 1 and cpus >= 1"
+    if problem is not None:
+        await _refuse(ws, ProtocolError(problem))
+        return ws
+    link = NodeLink(first.node_id, ws)
+    writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
+    await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version).encode())
+    cluster.node_registered(first, link)
+    try:
+        async for frame in ws:
+            if frame.type != WSMsgType.BINARY:
+                break
+            try:
+                msg = wire.decode(frame.data, wire.NODE_TO_HEAD)
+            except ProtocolError as e:
+                await _refuse(ws, e)
+                break
+            cluster.on_node_message(first.node_id, msg)
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await writer
+        if cluster.node_links.get(first.node_id) is link:
+            cluster.node_lost(first.node_id)
+    return ws
+
+
+def _validate_open(spec: wire.OpenJob) -> None:
+    if spec.n_inputs < 1:
+        raise ProtocolError("n_inputs must be at least 1")
+    if len(spec.function_bytes) > MAX_FUNCTION_BYTES:
+        raise ProtocolError(f"the function is over {MAX_FUNCTION_BYTES // 2**20} MB pickled")
+    if not spec.job_id or len(spec.job_id) > 200:
+        raise ProtocolError("job_id must be 1 to 200 characters")
+    for name in ("func_cpu", "max_parallelism", "disk_gb"):
+        value = getattr(spec, name)
+        if value is not None and value < 1:
+            raise ProtocolError(f"{name} must be at least 1")
+    if spec.func_ram is not None and spec.func_ram <= 0:
+        raise ProtocolError("func_ram must be positive")
+
+
+async def job_channel(request: web.Request) -> web.WebSocketResponse:
+    cluster: Cluster = request.app[CLUSTER]
+    ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None)
+    await ws.prepare(request)
+    first = await _first_frame(ws, (wire.OpenJob,))
+    if first is None:
+        return ws
+    assert isinstance(first, wire.OpenJob)
+    try:
+        _validate_open(first)
+        problem = _check_version(first.client_version, cluster.version)
+        if problem is not None:
+            raise VersionMismatch(problem)
+        link = ClientLink(first.job_id, ws)
+        job = cluster.open_job(first, link)
+    except BurlaError as e:
+        await _refuse(ws, e)
+        return ws
+    writer = asyncio.create_task(link.run(), name=f"job-{first.job_id}-writer")
+    link.send(cluster.accepted_message(job))
+    try:
+        async for frame in ws:
+            if frame.type != WSMsgType.BINARY:
+                break
+            try:
+                msg = wire.decode(frame.data, wire.CLIENT_TO_HEAD)
+                if isinstance(msg, wire.InputBatch):
+                    cluster.add_inputs(job, msg.items)
+                elif isinstance(msg, wire.ResultAck):
+                    cluster.ack(job, msg.seq)
+                elif isinstance(msg, wire.CancelJob):
+                    cluster.cancel(job.job_id, msg.reason or "canceled by the client")
+                else:
+                    raise ProtocolError(f"{type(msg).__name__} is not expected once the job is open")
+            except ProtocolError as e:
+                cluster.cancel(job.job_id, f"protocol error: {e}")
+                await asyncio.sleep(0)  # let the writer flush what the cancel queued
+                await _refuse(ws, e)
+                break
+    finally:
+        if job.status == RUNNING and job.n_done >= job.n_inputs:  # it left after the last result
+            cluster.end_job(job, COMPLETED, "", "")
+        cluster.client_gone(job.job_id)
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await writer
+    return ws

@@ -1,0 +1,249 @@
+"""The head's event handlers: they feed the scheduler and carry out what it decides.
+
+Channels (head/channels.py) call these synchronously as frames arrive; the only I/O here is
+queuing frames on links, so a handler never waits on a slow peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+
+from burla import wire
+from burla.head.links import ClientLink, NodeLink
+from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
+
+log = logging.getLogger("burla.head")
+
+PROGRESS_INTERVAL_S = 0.25
+CLIENT_WINDOW_INPUTS = 200_000
+CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
+FINISHED_JOBS_KEPT = 1000
+
+
+class Cluster:
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.scheduler = Scheduler()
+        self.node_links: dict[str, NodeLink] = {}
+        self.client_links: dict[str, ClientLink] = {}
+        self.job_times: dict[str, tuple[float, float | None]] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self.nodes_changed = asyncio.Event()
+        self.booting_ids: set[str] = set()
+
+    # --- pushing inputs ------------------------------------------------------------------
+
+    def pump(self) -> None:
+        for node_id, job_id, items in self.scheduler.plan():
+            link = self.node_links.get(node_id)
+            if link is not None:
+                link.send(wire.InputBatch(job_id, items))
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def node_registered(self, msg: wire.RegisterNode, link: NodeLink) -> NodeRecord:
+        if msg.node_id in self.node_links:
+            self.node_lost(msg.node_id)  # a reconnect: the old session's inputs go back first
+        node = NodeRecord.from_register(msg)
+        self.node_links[msg.node_id] = link
+        self.booting_ids.discard(msg.node_id)
+        self.scheduler.booting = len(self.booting_ids)
+        for job, parallelism in self.scheduler.add_node(node):
+            link.send(wire.AssignJob(job.job_id, job.spec.function_name, job.spec.function_bytes, parallelism))
+        log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
+        self.nodes_changed.set()
+        return node
+
+    def node_lost(self, node_id: str) -> None:
+        self.node_links.pop(node_id, None)
+        for job in self.scheduler.remove_node(node_id):
+            if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
+                self.end_job(
+                    job, FAILED, "NodeDisconnected",
+                    f"Every node running this job was lost (last: {node_id}) and no node can replace "
+                    f"it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.",
+                )
+        log.info("node %s left", node_id)
+        self.nodes_changed.set()
+        self.pump()
+
+    def expect_nodes(self, node_ids: list[str]) -> None:
+        """A driver is starting these nodes; jobs may wait for them instead of failing."""
+        self.booting_ids.update(node_ids)
+        self.scheduler.booting = len(self.booting_ids)
+
+    def node_boot_failed(self, node_id: str, why: str) -> None:
+        """A driver's node process ended; if it never registered, stop waiting for it."""
+        if node_id not in self.booting_ids:
+            return
+        log.warning("node %s failed to boot: %s", node_id, why)
+        self.booting_ids.discard(node_id)
+        self.scheduler.booting = len(self.booting_ids)
+        if self.scheduler.booting == 0 and not self.scheduler.nodes:
+            for job in list(self.scheduler.jobs.values()):
+                if job.status == RUNNING and not job.assignments:
+                    self.end_job(job, FAILED, "NoNodes", f"The node started for this job failed to boot: {why}")
+
+    def on_node_message(self, node_id: str, msg: wire.Message) -> None:
+        if isinstance(msg, wire.ResultBatch):
+            self._on_results(node_id, msg)
+        elif isinstance(msg, wire.OutputBatch):
+            job = self.scheduler.jobs.get(msg.job_id)
+            link = self.client_links.get(msg.job_id)
+            if job is not None and job.status == RUNNING and link is not None:
+                link.deliver(msg.items, [])
+        elif isinstance(msg, wire.Credit):
+            self.scheduler.grant(node_id, msg.job_id, msg.inputs)
+            self.pump()
+        elif isinstance(msg, wire.NodeState):
+            self.scheduler.update_state(msg)
+
+    def _on_results(self, node_id: str, msg: wire.ResultBatch) -> None:
+        job = self.scheduler.jobs.get(msg.job_id)
+        if job is None or job.status != RUNNING:
+            return
+        fresh = self.scheduler.record_results(node_id, job, msg.items)
+        if not fresh:
+            return
+        link = self.client_links.get(job.job_id)
+        if link is not None:
+            link.deliver([], fresh)
+        if job.spec.raise_errors:
+            failed = next((item for item in fresh if not item[1]), None)
+            if failed is not None:
+                self.end_job(job, FAILED, "CallFailed", f"input {failed[0]} raised an exception")
+
+    # --- clients -------------------------------------------------------------------------
+
+    def open_job(self, spec: wire.OpenJob, link: ClientLink) -> JobRecord:
+        job = self.scheduler.admit(spec)
+        self.client_links[spec.job_id] = link
+        self.job_times[spec.job_id] = (time.time(), None)
+        for node_id, assignment in job.assignments.items():
+            self.node_links[node_id].send(
+                wire.AssignJob(spec.job_id, spec.function_name, spec.function_bytes, assignment.parallelism)
+            )
+        log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
+        return job
+
+    def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
+        slots = sum(a.parallelism for a in job.assignments.values())
+        return wire.JobAccepted(job.job_id, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES, len(job.assignments), slots)
+
+    def add_inputs(self, job: JobRecord, items: list) -> None:
+        if job.status != RUNNING:
+            return
+        self.scheduler.add_inputs(job, items)
+        self.pump()
+
+    def ack(self, job: JobRecord, seq: int) -> None:
+        link = self.client_links.get(job.job_id)
+        if link is None:
+            return
+        link.ack(seq)
+        if job.status == RUNNING and link.acked >= job.n_inputs:
+            self.end_job(job, COMPLETED, "", "")
+
+    def cancel(self, job_id: str, reason: str) -> bool:
+        job = self.scheduler.jobs.get(job_id)
+        if job is None or job.status != RUNNING:
+            return False
+        self.end_job(job, CANCELED, "JobCanceled", reason or "canceled")
+        return True
+
+    def client_gone(self, job_id: str) -> None:
+        link = self.client_links.pop(job_id, None)
+        if link is not None:
+            link.closed = True
+        job = self.scheduler.jobs.get(job_id)
+        if job is not None and job.status == RUNNING and not job.spec.detach:
+            self.end_job(job, CANCELED, "JobCanceled", "the client disconnected")
+
+    def end_job(self, job: JobRecord, status: str, kind: str, reason: str) -> None:
+        was_running = job.status == RUNNING
+        released = self.scheduler.finish(job, status, reason)
+        if not was_running:
+            return
+        started, _ = self.job_times.get(job.job_id, (time.time(), None))
+        self.job_times[job.job_id] = (started, time.time())
+        for node_id in released:
+            link = self.node_links.get(node_id)
+            if link is None:
+                continue
+            if status != COMPLETED:
+                link.send(wire.CancelJob(job.job_id, reason))
+            link.send(wire.ReleaseJob(job.job_id))
+        client = self.client_links.get(job.job_id)
+        if client is not None:
+            self._send_progress(job, client, force=True)
+            client.send(wire.JobEnded(job.job_id, status, kind, reason))
+        log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
+        self._finished[job.job_id] = None
+        while len(self._finished) > FINISHED_JOBS_KEPT:
+            old, _ = self._finished.popitem(last=False)
+            self.scheduler.forget(old)
+            self.job_times.pop(old, None)
+        self.pump()
+
+    # --- progress ------------------------------------------------------------------------
+
+    def _send_progress(self, job: JobRecord, link: ClientLink, force: bool = False) -> None:
+        running = job.running(self.scheduler.nodes) if job.status == RUNNING else 0
+        queued = max(0, job.received - job.n_done - running)
+        snapshot = (job.n_done, job.n_failed, running, queued)
+        if force or snapshot != link.last_progress:
+            link.last_progress = snapshot
+            link.send(wire.Progress(job.job_id, *snapshot))
+
+    async def progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
+            for job_id, link in list(self.client_links.items()):
+                job = self.scheduler.jobs.get(job_id)
+                if job is not None and job.status == RUNNING:
+                    self._send_progress(job, link)
+
+    # --- views for HTTP ------------------------------------------------------------------
+
+    def job_view(self, job: JobRecord) -> dict:
+        started, ended = self.job_times.get(job.job_id, (None, None))
+        spec = job.spec
+        return {
+            "job_id": job.job_id,
+            "function_name": spec.function_name,
+            "status": job.status,
+            "reason": job.reason,
+            "n_inputs": job.n_inputs,
+            "n_uploaded": job.received,
+            "n_done": job.n_done,
+            "n_failed": job.n_failed,
+            "running": job.running(self.scheduler.nodes) if job.status == RUNNING else 0,
+            "nodes": sorted(job.assignments),
+            "parent_job_id": spec.parent_job_id,
+            "max_parallelism": spec.max_parallelism,
+            "detach": spec.detach,
+            "started_at": started,
+            "ended_at": ended,
+        }
+
+    def node_view(self, node: NodeRecord) -> dict:
+        return {
+            "node_id": node.node_id,
+            "url": node.url,
+            "status": node.status,
+            "slots": node.slots,
+            "cpus": node.cpus,
+            "ram_gb": node.ram_gb,
+            "gpu": node.gpu,
+            "gpu_count": node.gpu_count,
+            "image": node.image,
+            "region": node.region,
+            "python_version": node.python_version,
+            "workers_alive": node.workers_alive,
+            "cpu_percent": node.cpu_percent,
+            "mem_percent": node.mem_percent,
+            "jobs": sorted(node.running_by_job),
+        }

@@ -1,0 +1,321 @@
+"""The head's live truth about nodes and jobs, as pure state: no I/O, no clocks, no asyncio.
+
+The `Cluster` (head/cluster.py) feeds it events (a node registered, credit arrived, results
+came back, a node was lost) and carries out what it returns (which inputs go to which node).
+Keeping it pure makes every scheduling rule testable in microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from burla import wire
+from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
+
+RUNNING = "RUNNING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+CANCELED = "CANCELED"
+
+MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger
+
+
+@dataclass
+class NodeRecord:
+    node_id: str
+    url: str
+    slots: int
+    cpus: int
+    ram_gb: float
+    gpu: str | None
+    gpu_count: int
+    image: str | None
+    region: str
+    python_version: str
+    version: str
+    status: str = "READY"
+    workers_alive: int = 0
+    cpu_percent: float = 0.0
+    mem_percent: float = 0.0
+    running_by_job: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_register(cls, msg: wire.RegisterNode) -> NodeRecord:
+        return cls(
+            msg.node_id, msg.url, msg.slots, msg.cpus, msg.ram_gb, msg.gpu, msg.gpu_count, msg.image,
+            msg.region, msg.python_version, msg.version, workers_alive=0,
+        )
+
+
+@dataclass
+class Assignment:
+    """One job's share of one node."""
+
+    parallelism: int
+    credit: int = 0  # inputs the node asked for and has not been sent yet
+    inflight: dict[int, bytes] = field(default_factory=dict)  # sent, result not yet in
+
+
+@dataclass
+class JobRecord:
+    spec: wire.OpenJob
+    status: str = RUNNING
+    reason: str = ""
+    pending: deque = field(default_factory=deque)  # [index, pickled args] not yet on a node
+    received: int = 0  # inputs uploaded by the client so far
+    seen: bytearray = field(default_factory=bytearray)  # per index: uploaded yet?
+    done: bytearray = field(default_factory=bytearray)  # per index: result in yet?
+    n_done: int = 0
+    n_failed: int = 0
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def n_inputs(self) -> int:
+        return self.spec.n_inputs
+
+    def running(self, nodes: dict[str, NodeRecord]) -> int:
+        return sum(nodes[n].running_by_job.get(self.job_id, 0) for n in self.assignments if n in nodes)
+
+    def inflight(self) -> int:
+        return sum(len(a.inflight) for a in self.assignments.values())
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeRecord] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.booting = 0  # nodes a driver is starting that have not registered yet
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def add_node(self, node: NodeRecord) -> list[tuple[JobRecord, int]]:
+        """Register a node; returns the running jobs it should join, with their parallelism."""
+        self.nodes[node.node_id] = node
+        joins = []
+        for job in self.jobs.values():
+            if job.status != RUNNING or self.ineligibility(node, job.spec) is not None:
+                continue
+            parallelism = self._node_parallelism(node, job.spec)
+            if job.spec.max_parallelism is not None:
+                used = sum(a.parallelism for a in job.assignments.values())
+                parallelism = min(parallelism, job.spec.max_parallelism - used)
+            if parallelism > 0:
+                job.assignments[node.node_id] = Assignment(parallelism)
+                joins.append((job, parallelism))
+        return joins
+
+    def remove_node(self, node_id: str) -> list[JobRecord]:
+        """Forget a node and put every input it held back at the front of its job's queue."""
+        self.nodes.pop(node_id, None)
+        affected = []
+        for job in self.jobs.values():
+            assignment = job.assignments.pop(node_id, None)
+            if assignment is None:
+                continue
+            affected.append(job)
+            if job.status == RUNNING:
+                back = [[i, b] for i, b in assignment.inflight.items() if not job.done[i]]
+                job.pending.extendleft(reversed(back))
+        return affected
+
+    def update_state(self, msg: wire.NodeState) -> None:
+        node = self.nodes.get(msg.node_id)
+        if node is None:
+            return
+        node.status = msg.status
+        node.workers_alive = msg.workers_alive
+        node.cpu_percent = msg.cpu_percent
+        node.mem_percent = msg.mem_percent
+        node.running_by_job = {job_id: running for job_id, running, _queued, _done in msg.jobs}
+
+    # --- admission -----------------------------------------------------------------------
+
+    @staticmethod
+    def ineligibility(node: NodeRecord, spec: wire.OpenJob) -> str | None:
+        """Why this node can't run the job, or None if it can."""
+        if _major_minor(node.python_version) != _major_minor(spec.python_version):
+            return "python"
+        if spec.func_gpu is not None and (node.gpu or "").upper() != spec.func_gpu.upper():
+            return "gpu"
+        if spec.image is not None and node.image != spec.image:
+            return "image"
+        if spec.region is not None and node.region != spec.region:
+            return "region"
+        if Scheduler._node_parallelism(node, spec) < 1:
+            return "capacity"
+        return None
+
+    @staticmethod
+    def _node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
+        parallelism = node.slots
+        if spec.func_gpu is not None:
+            parallelism = min(parallelism, node.gpu_count)
+        if spec.func_cpu is not None:
+            parallelism = min(parallelism, node.cpus // spec.func_cpu)
+        if spec.func_ram is not None:
+            parallelism = min(parallelism, int(node.ram_gb // spec.func_ram))
+        return parallelism
+
+    def admit(self, spec: wire.OpenJob) -> JobRecord:
+        """Create the job and its node assignments, or raise why no node can take it."""
+        if spec.job_id in self.jobs:
+            raise ProtocolError(f"job id {spec.job_id!r} is already in use")
+        if not self.nodes and self.booting == 0:
+            raise NoNodes(
+                "This cluster has no nodes. Start one with `burla node join --head URL`, or start "
+                "the head with `burla head serve --local-nodes 1`."
+            )
+        reasons: dict[str, list[NodeRecord]] = {}
+        eligible: list[tuple[NodeRecord, int]] = []
+        for node in self.nodes.values():
+            reason = self.ineligibility(node, spec)
+            if reason is None:
+                eligible.append((node, self._node_parallelism(node, spec)))
+            else:
+                reasons.setdefault(reason, []).append(node)
+        if not eligible and self.booting == 0:
+            raise NoCompatibleNodes(self._explain(spec, reasons))
+        job = JobRecord(spec, seen=bytearray(spec.n_inputs), done=bytearray(spec.n_inputs))
+        budget = spec.max_parallelism if spec.max_parallelism is not None else math.inf
+        for node, parallelism in sorted(eligible, key=lambda e: -e[1]):
+            share = int(min(parallelism, budget))
+            if share < 1:
+                break
+            job.assignments[node.node_id] = Assignment(share)
+            budget -= share
+        self.jobs[spec.job_id] = job
+        return job
+
+    def _explain(self, spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]]) -> str:
+        n = len(self.nodes)
+        lines = [f"None of the cluster's {n} node(s) can run this job:"]
+        if "python" in reasons:
+            versions = sorted({_major_minor(node.python_version) for node in reasons["python"]})
+            lines.append(
+                f"- the client runs Python {_major_minor(spec.python_version)} but the nodes run "
+                f"Python {', '.join(versions)}; run the client with a matching Python or start nodes "
+                f"with Python {_major_minor(spec.python_version)}."
+            )
+        if "gpu" in reasons:
+            have = sorted({node.gpu or "no GPU" for node in reasons["gpu"]})
+            lines.append(
+                f"- func_gpu={spec.func_gpu!r} but the nodes have {', '.join(have)}; use grow=True on a "
+                "cloud cluster to boot GPU nodes, or drop func_gpu."
+            )
+        if "image" in reasons:
+            have = sorted({node.image or "no image (the node's own Python)" for node in reasons["image"]})
+            lines.append(
+                f"- image={spec.image!r} but the nodes run {', '.join(have)}; use grow=True on a cloud "
+                "cluster to boot nodes with that image, or drop image."
+            )
+        if "region" in reasons:
+            have = sorted({node.region for node in reasons["region"]})
+            lines.append(
+                f"- region={spec.region!r} but the nodes are in {', '.join(have)}; use grow=True on a "
+                "cloud cluster to boot nodes there, or drop region."
+            )
+        if "capacity" in reasons:
+            biggest = max(reasons["capacity"], key=lambda node: (node.cpus, node.ram_gb))
+            asked = []
+            if spec.func_cpu is not None:
+                asked.append(f"func_cpu={spec.func_cpu}")
+            if spec.func_ram is not None:
+                asked.append(f"func_ram={spec.func_ram:g}")
+            lines.append(
+                f"- one call needs {' and '.join(asked) or 'more than a node has'} but the largest node "
+                f"has {biggest.cpus} CPUs and {biggest.ram_gb:.0f} GB; lower them, or use grow=True on "
+                "a cloud cluster to boot bigger machines."
+            )
+        return "\n".join(lines)
+
+    # --- inputs and results --------------------------------------------------------------
+
+    def add_inputs(self, job: JobRecord, items: list) -> None:
+        n = job.n_inputs
+        seen = job.seen
+        for index, _ in items:
+            if not 0 <= index < n:
+                raise ProtocolError(f"input index {index} is outside 0..{n - 1}")
+            if seen[index]:
+                raise ProtocolError(f"input index {index} was uploaded twice")
+            seen[index] = 1
+        job.received += len(items)
+        job.pending.extend(items)
+
+    def grant(self, node_id: str, job_id: str, inputs: int) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        assignment = job.assignments.get(node_id)
+        if assignment is not None:
+            assignment.credit += inputs
+
+    def plan(self) -> list[tuple[str, str, list]]:
+        """Move pending inputs onto nodes within their credit: [(node_id, job_id, items)]."""
+        pushes = []
+        for job in self.jobs.values():
+            if job.status != RUNNING or not job.pending:
+                continue
+            takers = [(node_id, a) for node_id, a in job.assignments.items() if a.credit > 0]
+            for position, (node_id, assignment) in enumerate(takers):
+                if not job.pending:
+                    break
+                fair_share = math.ceil(len(job.pending) / (len(takers) - position))
+                count = min(assignment.credit, fair_share)
+                batch: list = []
+                size = 0
+                for _ in range(count):
+                    item = job.pending.popleft()
+                    batch.append(item)
+                    assignment.inflight[item[0]] = item[1]
+                    size += len(item[1])
+                    if size >= MAX_PUSH_BYTES:
+                        pushes.append((node_id, job.job_id, batch))
+                        batch, size = [], 0
+                assignment.credit -= count
+                if batch:
+                    pushes.append((node_id, job.job_id, batch))
+        return pushes
+
+    def record_results(self, node_id: str, job: JobRecord, items: list) -> list:
+        """Keep the first result per index (results are delivered exactly once)."""
+        assignment = job.assignments.get(node_id)
+        fresh = []
+        done = job.done
+        for item in items:
+            index = item[0]
+            if not 0 <= index < job.n_inputs or done[index]:
+                continue
+            if assignment is not None:
+                assignment.inflight.pop(index, None)
+            done[index] = 1
+            job.n_done += 1
+            if not item[1]:
+                job.n_failed += 1
+            fresh.append(item)
+        return fresh
+
+    def finish(self, job: JobRecord, status: str, reason: str = "") -> list[str]:
+        """End a job; returns the nodes that should release it."""
+        if job.status == RUNNING:
+            job.status = status
+            job.reason = reason
+        job.pending.clear()
+        nodes = list(job.assignments)
+        for assignment in job.assignments.values():
+            assignment.inflight.clear()
+            assignment.credit = 0
+        return nodes
+
+    def forget(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)

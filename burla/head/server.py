@@ -1,0 +1,110 @@
+"""Run a head: bind, start local nodes, serve until told to stop, then tear everything down.
+
+The listening socket is bound and local node processes are started before aiohttp is even
+imported, so a cold embedded cluster boots its head and its node in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+
+from burla.config import DEFAULT_HEAD_PORT, HeadRecord, HeadSettings
+from burla.drivers.base import BootRequest
+from burla.drivers.local import LocalDriver
+from burla.lifeline import wait_for_eof
+
+log = logging.getLogger("burla.head")
+
+
+class PortInUse(Exception):
+    pass
+
+
+def bind(host: str, port: int | None) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    candidates = [DEFAULT_HEAD_PORT, 0] if port is None else [port]
+    for candidate in candidates:
+        try:
+            sock.bind((host, candidate))
+            break
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or candidate == candidates[-1]:
+                sock.close()
+                raise PortInUse(f"can't listen on {host}:{candidate}: {e.strerror}") from e
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def url_of(sock: socket.socket, host: str) -> str:
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def serve(settings: HeadSettings) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s head %(levelname)s %(message)s")
+    sock = bind(settings.host, settings.port)
+    url = url_of(sock, settings.host)
+    driver = LocalDriver()
+    booted: list[str] = []
+    if settings.local_nodes:
+        booted = driver.boot_now(BootRequest(settings.local_nodes, url, settings.token, settings.local_node_workers))
+    asyncio.run(_serve(settings, sock, url, driver, booted))
+
+
+async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: LocalDriver, booted: list[str]) -> None:
+    from aiohttp import web
+
+    from burla.head.app import build_app
+    from burla.head.cluster import Cluster
+
+    cluster = Cluster(settings.version)
+    cluster.expect_nodes(booted)
+    driver.on_boot_failed = cluster.node_boot_failed
+    driver.start_watching()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    runner = web.AppRunner(build_app(cluster, settings.token, stop), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    progress = asyncio.create_task(cluster.progress_loop(), name="progress")
+    lifeline = None
+    if settings.lifeline_fd is not None:
+        lifeline = asyncio.create_task(wait_for_eof(settings.lifeline_fd), name="lifeline")
+        lifeline.add_done_callback(lambda _: stop.set())
+    if settings.advertise:
+        HeadRecord(url, os.getpid()).write(settings.config_dir)
+    print(f"burla head serving at {url}", flush=True)
+    log.info("serving at %s with %d local node(s)", url, settings.local_nodes)
+    if settings.ready_fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(settings.ready_fd, f"{url}\n".encode())
+            os.close(settings.ready_fd)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        if settings.advertise:
+            HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
+        for task in (progress, lifeline):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await driver.close()
+        await runner.cleanup()
+

@@ -1,0 +1,161 @@
+"""Finding a head for the client: the configured one, a running local one, or a new one.
+
+Order: `BURLA_CLUSTER_DASHBOARD_URL`; else a long-lived head this machine advertises in the
+config directory (started by `burla head serve` or `get_cluster_dashboard_url()`) if it
+answers; else an embedded head with one local node, started for this job and stopped after.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import select
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from burla.config import ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token
+from burla.errors import HeadUnreachable, Unauthorized
+
+HEAD_START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class ClusterHandle:
+    url: str
+    token: str
+    embedded: EmbeddedHead | None = None  # set when this process started the head for one job
+
+    def close(self) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+class EmbeddedHead:
+    """A head this client started; it stops when `stop()` closes its lifeline (or we exit)."""
+
+    def __init__(self, process: subprocess.Popen, lifeline_fd: int | None, log_path: Path) -> None:
+        self.process = process
+        self._lifeline_fd = lifeline_fd
+        self.log_path = log_path
+
+    def stop(self) -> None:
+        if self._lifeline_fd is not None:
+            os.close(self._lifeline_fd)
+            self._lifeline_fd = None
+
+
+def head_is_healthy(url: str, timeout: float = 1.0) -> bool:
+    parsed = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+    try:
+        connection = connection_class(parsed.hostname, parsed.port, timeout=timeout)
+        connection.request("GET", "/health")
+        ok = connection.getresponse().status == 200
+        connection.close()
+        return ok
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_local_head(settings: ClientSettings) -> str | None:
+    record = HeadRecord.read(settings.config_dir)
+    if record is None or not _pid_alive(record.pid):
+        return None
+    return record.url if head_is_healthy(record.url) else None
+
+
+def connect(settings: ClientSettings) -> ClusterHandle:
+    """The cluster this job should run on, starting an embedded one if there is none."""
+    if settings.head_url:
+        if not settings.token:
+            raise Unauthorized(
+                f"{settings.head_url} needs the cluster token: set BURLA_CLUSTER_TOKEN or put it in "
+                f"{settings.config_dir / 'cluster_token'}."
+            )
+        return ClusterHandle(settings.head_url, settings.token)
+    url = running_local_head(settings)
+    token = settings.token or load_or_create_token(settings.config_dir)
+    if url is not None:
+        return ClusterHandle(url, token)
+    return start_head(settings, token, embedded=True)
+
+
+def start_head(settings: ClientSettings, token: str, embedded: bool) -> ClusterHandle:
+    """Start a head with one local node; embedded heads live only as long as their client."""
+    log_dir = settings.config_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / ("embedded-head.log" if embedded else "head.log")
+    ready_read, ready_write = os.pipe()
+    command = [sys.executable, "-m", "burla", "head", "serve", "--local-nodes", "1", "--ready-fd", str(ready_write)]
+    pass_fds = [ready_write]
+    lifeline_write = None
+    if embedded:
+        lifeline_read, lifeline_write = os.pipe()
+        os.set_inheritable(lifeline_write, False)
+        command += ["--port", "0", "--ephemeral", "--lifeline-fd", str(lifeline_read)]
+        pass_fds.append(lifeline_read)
+    env = dict(os.environ)
+    env[ENV_TOKEN] = token
+    env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            command, env=env, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=log_file, start_new_session=not embedded,
+        )
+    for fd in pass_fds:
+        os.close(fd)
+    try:
+        url = _read_ready_line(ready_read, process, log_path)
+    except BaseException:
+        if lifeline_write is not None:
+            os.close(lifeline_write)
+        process.kill()
+        raise
+    finally:
+        os.close(ready_read)
+    handle = ClusterHandle(url, token)
+    if embedded:
+        handle.embedded = EmbeddedHead(process, lifeline_write, log_path)
+    return handle
+
+
+def _read_ready_line(fd: int, process: subprocess.Popen, log_path: Path) -> str:
+    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise HeadUnreachable(f"the local head did not start within {HEAD_START_TIMEOUT_S:.0f} s; see {log_path}")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            process.wait()
+            raise HeadUnreachable(
+                f"the local head exited with code {process.returncode} before serving; its log is {log_path}:\n"
+                + _tail(log_path)
+            )
+        data += chunk
+    return data.decode().strip()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

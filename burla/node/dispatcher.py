@@ -1,0 +1,242 @@
+"""What a node does with the inputs it holds: feed its workers, collect results, grant credit.
+
+Batches to workers are sized from the measured call time (many tiny calls per batch, slow
+calls alone), short calls get one batch of prefetch so a worker never waits on the loop, and
+each job runs on at most its `parallelism` workers. Credit asks the head for about 100 ms of
+work per job, so a slow node never hoards the queue and a fast one never starves.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from burla import wire
+from burla.errors import WorkerCrashed
+from burla.node.worker_pool import Batch, WorkerHandle
+from burla.serialization import pack_error
+
+TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
+TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
+PREFETCH_BELOW_S = 0.05  # give workers a second batch only when calls are this short
+MAX_BATCH = 1024
+MAX_WINDOW = 20_000
+WINDOW_BYTES = 64 * 1024 * 1024
+MAX_CRASH_ATTEMPTS = 2  # a call whose worker dies runs once more, then fails
+HARD_KILL_AFTER_S = 1.5  # a cancelled call that ignores SIGUSR1 this long is killed
+
+
+@dataclass
+class NodeJob:
+    job_id: str
+    function_bytes: bytes
+    parallelism: int
+    queue: deque = field(default_factory=deque)  # [index, pickled args]
+    workers: set[WorkerHandle] = field(default_factory=set)
+    call_seconds: float | None = None  # EWMA of one call's duration
+    mean_input_bytes: float = 0.0
+    credit_unused: int = 0  # granted to the head and not yet filled
+    done: int = 0
+    inflight: int = 0
+    crash_attempts: dict[int, int] = field(default_factory=dict)
+    cancelled: bool = False
+    out_results: list = field(default_factory=list)
+    out_outputs: list = field(default_factory=list)
+
+    def window(self) -> int:
+        if self.call_seconds is None:
+            want = self.parallelism * 4
+        else:
+            want = int(self.parallelism * TARGET_QUEUE_S / max(self.call_seconds, 1e-6))
+        if self.mean_input_bytes:
+            want = min(want, int(WINDOW_BYTES / self.mean_input_bytes))
+        return max(self.parallelism * 2, min(want, MAX_WINDOW))
+
+
+class Dispatcher:
+    def __init__(self, workers: Callable[[], list[WorkerHandle]], on_outgoing: Callable[[], None]) -> None:
+        self._workers = workers
+        self._on_outgoing = on_outgoing
+        self.jobs: dict[str, NodeJob] = {}
+        self._rr = 0
+
+    # --- from the head -------------------------------------------------------------------
+
+    def assign(self, msg: wire.AssignJob) -> NodeJob:
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            job = NodeJob(msg.job_id, msg.function_bytes, max(1, msg.parallelism))
+            self.jobs[msg.job_id] = job
+        else:
+            job.parallelism = max(1, msg.parallelism)
+        return job
+
+    def add_inputs(self, job_id: str, items: list) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.cancelled:
+            return False
+        job.credit_unused = max(0, job.credit_unused - len(items))
+        size = sum(len(b) for _, b in items) / max(1, len(items))
+        job.mean_input_bytes = size if not job.mean_input_bytes else 0.8 * job.mean_input_bytes + 0.2 * size
+        job.queue.extend(items)
+        self.pump()
+        return True
+
+    def cancel(self, job_id: str) -> list[WorkerHandle]:
+        """Stop a job here: drop its queue and interrupt its running calls."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return []
+        job.cancelled = True
+        job.queue.clear()
+        job.out_results.clear()
+        job.out_outputs.clear()
+        interrupted = [w for w in self._workers() if any(b.job_id == job_id for b in w.batches)]
+        for worker in interrupted:
+            worker.signal_cancel()
+        return interrupted
+
+    def release(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+        for worker in self._workers():
+            if job_id in worker.loaded_jobs and worker.alive:
+                worker.loaded_jobs.discard(job_id)
+                worker.send(wire.UnloadFunction(job_id))
+
+    # --- credit --------------------------------------------------------------------------
+
+    def credit_due(self, job: NodeJob) -> int:
+        """How many more inputs to ask the head for now (0 if the window is nearly full)."""
+        if job.cancelled:
+            return 0
+        window = job.window()
+        held = len(job.queue) + job.inflight + job.credit_unused
+        deficit = window - held
+        if deficit <= 0 or (held > 0 and deficit < window // 4):
+            return 0
+        job.credit_unused += deficit
+        return deficit
+
+    # --- from workers --------------------------------------------------------------------
+
+    def on_report(self, worker: WorkerHandle, report: wire.WorkerReport) -> None:
+        job = self.jobs.get(report.job_id)
+        now = time.monotonic()
+        if report.results and worker.batches:
+            batch = worker.batches[0]
+            for item in report.results:
+                batch.remaining.pop(item[0], None)
+            n = len(report.results)
+            elapsed = max(now - worker.last_progress_at, 1e-7) / n
+            worker.last_progress_at = now
+            if job is not None:
+                job.inflight -= n
+                job.done += n
+                job.call_seconds = elapsed if job.call_seconds is None else 0.7 * job.call_seconds + 0.3 * elapsed
+        if job is not None and not job.cancelled:
+            if report.outputs:
+                job.out_outputs.extend(report.outputs)
+            if report.results:
+                job.out_results.extend(report.results)
+            self._on_outgoing()
+        if report.batch_done and worker.batches:
+            batch = worker.batches.popleft()
+            if job is not None:
+                job.inflight -= len(batch.remaining)  # only non-zero for a cancelled batch
+                if not any(b.job_id == job.job_id for b in worker.batches):
+                    job.workers.discard(worker)
+            worker.last_progress_at = now
+        self.pump()
+
+    def on_worker_exit(self, worker: WorkerHandle, exit_code: int | None) -> None:
+        """Requeue what a dead worker held; the call it was running counts one crash."""
+        crashed_index = worker.current_index()
+        for batch in reversed(worker.batches):
+            job = self.jobs.get(batch.job_id)
+            if job is None:
+                continue
+            job.workers.discard(worker)
+            job.inflight -= len(batch.remaining)
+            if job.cancelled:
+                continue
+            requeue = []
+            for index, argument_bytes in batch.remaining.items():
+                if index == crashed_index:
+                    attempts = job.crash_attempts.get(index, 0) + 1
+                    job.crash_attempts[index] = attempts
+                    if attempts >= MAX_CRASH_ATTEMPTS:
+                        error = WorkerCrashed(index, exit_code, attempts)
+                        job.out_results.append([index, False, pack_error(error)])
+                        job.done += 1
+                        self._on_outgoing()
+                        continue
+                requeue.append([index, argument_bytes])
+            job.queue.extendleft(reversed(requeue))
+        worker.batches.clear()
+        self.pump()
+
+    # --- feeding workers -----------------------------------------------------------------
+
+    def pump(self) -> None:
+        workers = [w for w in self._workers() if w.alive and w.ready.is_set()]
+        if not workers or not self.jobs:
+            return
+        for worker in workers:
+            if not worker.batches:
+                job = self._next_job()
+                if job is not None:
+                    self._dispatch(worker, job, len(workers))
+        for worker in workers:
+            if len(worker.batches) == 1:
+                job = self.jobs.get(worker.batches[0].job_id)
+                if job is not None and job.queue and job.call_seconds is not None and job.call_seconds < PREFETCH_BELOW_S:
+                    self._dispatch(worker, job, len(workers))
+
+    def _next_job(self) -> NodeJob | None:
+        jobs = list(self.jobs.values())
+        for offset in range(len(jobs)):
+            job = jobs[(self._rr + offset) % len(jobs)]
+            if job.queue and not job.cancelled and len(job.workers) < job.parallelism:
+                self._rr = (self._rr + offset + 1) % len(jobs)
+                return job
+        return None
+
+    def _dispatch(self, worker: WorkerHandle, job: NodeJob, n_workers: int) -> None:
+        if job.call_seconds is None:
+            size = 1
+        else:
+            size = max(1, min(MAX_BATCH, int(TARGET_BATCH_S / max(job.call_seconds, 1e-7))))
+        spread = math.ceil(len(job.queue) / max(1, min(job.parallelism, n_workers)))
+        size = max(1, min(size, spread, len(job.queue)))
+        items = [job.queue.popleft() for _ in range(size)]
+        if job.job_id not in worker.loaded_jobs:
+            worker.send(wire.LoadFunction(job.job_id, job.function_bytes))
+            worker.loaded_jobs.add(job.job_id)
+        worker.send(wire.RunCalls(job.job_id, items))
+        now = time.monotonic()
+        if not worker.batches:
+            worker.last_progress_at = now
+        worker.batches.append(Batch(job.job_id, dict(items), now))
+        job.workers.add(worker)
+        job.inflight += size
+
+    # --- state ---------------------------------------------------------------------------
+
+    def running_calls(self, job: NodeJob) -> int:
+        return sum(1 for w in self._workers() if w.alive and w.batches and w.batches[0].job_id == job.job_id)
+
+    def take_outgoing(self) -> list[tuple[str, list, list]]:
+        out = []
+        for job in self.jobs.values():
+            if job.out_results or job.out_outputs:
+                out.append((job.job_id, job.out_outputs, job.out_results))
+                job.out_outputs, job.out_results = [], []
+        return out
+
+    def hard_kill_stragglers(self, job_id: str, interrupted: list[WorkerHandle]) -> None:
+        for worker in interrupted:
+            if worker.alive and any(b.job_id == job_id for b in worker.batches):
+                worker.kill()

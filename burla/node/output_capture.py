@@ -1,0 +1,124 @@
+"""Per-call capture of everything a worker process writes to fd 1 and fd 2.
+
+The worker points its own fd 1 and fd 2 at pipes it reads itself, so output from Python, C
+extensions and child processes is caught alike. After each call the main thread drains what
+the pipes hold (FIONREAD, no thread hand-off on the hot path) and attributes it to that call.
+A watchdog thread drains the pipes during long calls so output streams live and a chatty call
+never blocks on a full pipe. Draining and switching the current call share one lock, so every
+byte is attributed to the call that was running when it was written.
+"""
+
+from __future__ import annotations
+
+import codecs
+import fcntl
+import os
+import sys
+import termios
+import threading
+from typing import Callable
+
+from burla.wire import STDERR, STDOUT
+
+_F_SETPIPE_SZ = 1031  # Linux; a larger pipe lets bursts pass without waking the watchdog
+_PIPE_BYTES = 1 << 20
+_FIONREAD_BUF = bytearray(4)
+
+OutputItem = list  # [input_index, stream, text]
+
+
+class OutputCapture:
+    def __init__(self, on_live_output: Callable[[str, list[OutputItem]], None], interval_s: float = 0.05) -> None:
+        self._on_live_output = on_live_output
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._pipes: list[tuple[int, int, codecs.IncrementalDecoder]] = []
+        self._pending: list[OutputItem] = []
+        self._job_id: str | None = None
+        self._index = -1
+        self._stop = threading.Event()
+        self.send_lock = threading.RLock()
+        self._watchdog: threading.Thread | None = None
+        # Keep a copy of the original stderr for the worker's own fatal diagnostics.
+        self.diagnostics_fd = os.dup(2)
+
+    def install(self) -> None:
+        for stream, target in ((STDOUT, 1), (STDERR, 2)):
+            read_fd, write_fd = os.pipe()
+            try:
+                fcntl.fcntl(write_fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+            except OSError:
+                pass
+            os.dup2(write_fd, target)
+            os.close(write_fd)
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self._pipes.append((stream, read_fd, decoder))
+        # Line buffering: Python prints reach the pipe at each newline, in order with C output.
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        self._watchdog = threading.Thread(target=self._watch, name="burla-output", daemon=True)
+        self._watchdog.start()
+
+    def begin(self, job_id: str, index: int) -> None:
+        with self._lock:
+            self._job_id = job_id
+            self._index = index
+
+    def end(self) -> None:
+        """Attribute everything written so far to the current call, then clear it."""
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        with self._lock:
+            self._drain_locked()
+            self._index = -1
+
+    def take(self) -> list[OutputItem]:
+        with self._lock:
+            items, self._pending = self._pending, []
+        return items
+
+    def _drain_locked(self) -> None:
+        index = self._index
+        for stream, fd, decoder in self._pipes:
+            fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_BUF)
+            available = int.from_bytes(_FIONREAD_BUF, sys.byteorder)
+            if not available:
+                continue
+            chunks = []
+            while available > 0:
+                data = os.read(fd, available)
+                if not data:
+                    break
+                chunks.append(data)
+                available -= len(data)
+            text = decoder.decode(b"".join(chunks))
+            if text and index >= 0:
+                self._pending.append([index, stream, text])
+            elif text:
+                # Written between calls (a background thread of an earlier call): keep it visible.
+                os.write(self.diagnostics_fd, text.encode(errors="replace"))
+
+    def _watch(self) -> None:
+        parent = os.getppid()
+        while not self._stop.wait(self._interval_s):
+            if os.getppid() != parent:  # the node died; nobody will read our results
+                os._exit(3)
+            # The send lock keeps live chunks ordered before the call's final report.
+            with self.send_lock:
+                with self._lock:
+                    if self._index >= 0:
+                        self._drain_locked()
+                    job_id = self._job_id
+                    if not self._pending or job_id is None:
+                        continue
+                    items, self._pending = self._pending, []
+                try:
+                    self._on_live_output(job_id, items)
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self._stop.set()

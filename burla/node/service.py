@@ -1,0 +1,311 @@
+"""A node: registers with its head over one WebSocket, runs jobs on its workers, pushes state.
+
+The head link carries everything both ways in typed msgpack frames: inputs and signals down,
+results, output, credit and state up. State goes up at least every second and on every
+transition (idle <-> running). A small HTTP server answers a health check and, with the token,
+the node's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import signal
+import sys
+import time
+
+import aiohttp
+import psutil
+from aiohttp import web
+
+from burla import wire
+from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
+from burla.errors import ProtocolError
+from burla.lifeline import wait_for_eof
+from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
+from burla.node.worker_pool import WorkerPool
+
+log = logging.getLogger("burla.node")
+
+STATE_INTERVAL_S = 1.0
+RECONNECT_DELAY_S = 0.05
+
+
+class NodeService:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        env = dict(os.environ)
+        env[ENV_HEAD_URL] = settings.head_url
+        env[ENV_TOKEN] = settings.token
+        self.pool = WorkerPool(settings.workers, env, self._on_worker_report, self._on_worker_exit)
+        self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
+        self.url = ""
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._outgoing = asyncio.Event()
+        self._state_changed = asyncio.Event()
+        self._status = "READY"
+        self._stopping = asyncio.Event()
+        self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        runner = web.AppRunner(self._http_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.host, 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{self.settings.host}:{port}"
+        psutil.cpu_percent(interval=None)  # prime the counter
+        pool_start = asyncio.create_task(self._start_pool())
+        try:
+            async with asyncio.TaskGroup() as group:
+                if self.settings.lifeline_fd is not None:
+                    group.create_task(self._watch_lifeline(self.settings.lifeline_fd))
+                group.create_task(self._head_session_loop())
+                group.create_task(self._stop_when_asked(group))
+        except* _Stop:
+            pass
+        finally:
+            pool_start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pool_start
+            await self.pool.close()
+            await runner.cleanup()
+
+    async def _start_pool(self) -> None:
+        await self.pool.start()
+        await self.pool.wait_ready()
+        self.dispatcher.pump()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _stop_when_asked(self, group: asyncio.TaskGroup) -> None:
+        await self._stopping.wait()
+        raise _Stop()
+
+    async def _watch_lifeline(self, fd: int) -> None:
+        await wait_for_eof(fd)
+        log.info("lifeline closed; stopping")
+        self.stop()
+
+    # --- head link -----------------------------------------------------------------------
+
+    async def _head_session_loop(self) -> None:
+        deadline = time.monotonic() + self.settings.register_deadline_s
+        headers = {"Authorization": f"Bearer {self.settings.token}"}
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.ws_connect(
+                        f"{self.settings.head_url}/v1/nodes/ws",
+                        headers=headers,
+                        max_msg_size=wire.MAX_FRAME_BYTES,
+                        heartbeat=None,
+                        autoping=True,
+                    ) as ws:
+                        await self._serve_head(ws)
+                        deadline = time.monotonic() + self.settings.register_deadline_s
+                except aiohttp.WSServerHandshakeError as e:
+                    if e.status == 401:
+                        log.error("the head refused this node's token (401); check --token")
+                        self.stop()
+                        return
+                except (aiohttp.ClientError, OSError):
+                    pass
+                self._ws = None
+                self._drop_all_jobs()
+                if self._stopping.is_set():
+                    return
+                if time.monotonic() > deadline:
+                    log.error("head %s unreachable; stopping", self.settings.head_url)
+                    self.stop()
+                    return
+                await asyncio.sleep(RECONNECT_DELAY_S)
+
+    async def _serve_head(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        s = self.settings
+        register = wire.RegisterNode(
+            s.node_id, self.url, s.workers, s.cpus, float(s.ram_gb), s.gpu, s.gpu_count, s.image, s.region,
+            s.python_version, s.version,
+        )
+        await ws.send_bytes(register.encode())
+        first = await ws.receive()
+        if first.type != aiohttp.WSMsgType.BINARY:
+            return
+        reply = wire.decode(first.data, wire.HEAD_TO_NODE)
+        if isinstance(reply, wire.ErrorReply):
+            log.error("head refused registration: %s", reply.message)
+            self.stop()
+            return
+        self._ws = ws
+        log.info("registered with %s as %s", s.head_url, s.node_id)
+        sender = asyncio.create_task(self._send_loop(ws))
+        pusher = asyncio.create_task(self._state_loop(ws))
+        try:
+            async for frame in ws:
+                if frame.type != aiohttp.WSMsgType.BINARY:
+                    break
+                try:
+                    msg = wire.decode(frame.data, wire.HEAD_TO_NODE)
+                except ProtocolError as e:
+                    log.error("bad frame from head: %s", e)
+                    continue
+                if isinstance(msg, wire.ShutdownNode):
+                    self.stop()
+                    return
+                self._handle(msg)
+        finally:
+            for task in (sender, pusher):
+                task.cancel()
+            for task in (sender, pusher):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def _handle(self, msg: wire.Message) -> None:
+        d = self.dispatcher
+        if isinstance(msg, wire.InputBatch):
+            if d.add_inputs(msg.job_id, msg.items):
+                self._set_status()
+        elif isinstance(msg, wire.AssignJob):
+            job = d.assign(msg)
+            self._queue_credit(job.job_id)
+        elif isinstance(msg, wire.CancelJob):
+            interrupted = d.cancel(msg.job_id)
+            if interrupted:
+                loop = asyncio.get_running_loop()
+                loop.call_later(HARD_KILL_AFTER_S, d.hard_kill_stragglers, msg.job_id, interrupted)
+        elif isinstance(msg, wire.ReleaseJob):
+            d.release(msg.job_id)
+            self._set_status()
+
+    def _drop_all_jobs(self) -> None:
+        for job_id in list(self.dispatcher.jobs):
+            self.dispatcher.cancel(job_id)
+            self.dispatcher.release(job_id)
+        self._set_status()
+
+    # --- upward traffic ------------------------------------------------------------------
+
+    def _wake_sender(self) -> None:
+        self._outgoing.set()
+
+    def _queue_credit(self, job_id: str) -> None:
+        self._pending_credit.add(job_id)
+        self._outgoing.set()
+
+    async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            await self._outgoing.wait()
+            self._outgoing.clear()
+            for job_id, outputs, results in self.dispatcher.take_outgoing():
+                if outputs:
+                    await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
+                if results:
+                    await ws.send_bytes(wire.ResultBatch(job_id, 0, results).encode())
+                    self._pending_credit.add(job_id)
+            credit_jobs, self._pending_credit = self._pending_credit, set()
+            for job_id in credit_jobs:
+                job = self.dispatcher.jobs.get(job_id)
+                if job is None:
+                    continue
+                due = self.dispatcher.credit_due(job)
+                if due:
+                    await ws.send_bytes(wire.Credit(job_id, due, 0).encode())
+            self._set_status()
+
+    def _set_status(self) -> None:
+        busy = any(job.queue or job.inflight for job in self.dispatcher.jobs.values())
+        status = "RUNNING" if busy else "READY"
+        if status != self._status:
+            self._status = status
+            self._state_changed.set()
+
+    async def _state_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._state_changed.wait(), STATE_INTERVAL_S)
+            self._state_changed.clear()
+            await ws.send_bytes(self.state().encode())
+
+    def state(self) -> wire.NodeState:
+        d = self.dispatcher
+        jobs = [[j.job_id, d.running_calls(j), len(j.queue), j.done] for j in d.jobs.values()]
+        return wire.NodeState(
+            self.settings.node_id,
+            self._status,
+            self.pool.alive_count(),
+            jobs,
+            float(psutil.cpu_percent(interval=None)),
+            float(psutil.virtual_memory().percent),
+        )
+
+    # --- worker callbacks ----------------------------------------------------------------
+
+    def _on_worker_report(self, worker, report: wire.WorkerReport) -> None:
+        self.dispatcher.on_report(worker, report)
+
+    def _on_worker_exit(self, worker, exit_code: int | None) -> None:
+        if exit_code not in (0, None):
+            log.warning("worker %s (pid %s) exited with %s; replacing it", worker.number, worker.pid, exit_code)
+        self.dispatcher.on_worker_exit(worker, exit_code)
+        self._state_changed.set()
+
+    # --- HTTP ----------------------------------------------------------------------------
+
+    def _http_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024)
+        token = self.settings.token.encode()
+
+        @web.middleware
+        async def require_token(request: web.Request, handler):
+            if request.path != "/health":
+                given = request.headers.get("Authorization", "")
+                if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token):
+                    return web.json_response(
+                        {"error": "Unauthorized", "message": "send 'Authorization: Bearer <cluster token>'"},
+                        status=401,
+                    )
+            return await handler(request)
+
+        async def health(request: web.Request) -> web.Response:
+            return web.json_response({"ok": True, "node_id": self.settings.node_id})
+
+        async def state(request: web.Request) -> web.Response:
+            s = self.state()
+            return web.json_response(
+                {
+                    "node_id": s.node_id,
+                    "status": s.status,
+                    "workers_alive": s.workers_alive,
+                    "jobs": [dict(zip(("job_id", "running", "queued", "done"), j)) for j in s.jobs],
+                    "cpu_percent": s.cpu_percent,
+                    "mem_percent": s.mem_percent,
+                }
+            )
+
+        app.middlewares.append(require_token)
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/state", state)
+        return app
+
+
+class _Stop(Exception):
+    pass
+
+
+def run_node(settings: NodeSettings) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s")
+    service = NodeService(settings)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.stop)
+        await service.run()
+
+    asyncio.run(main())

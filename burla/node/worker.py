@@ -1,0 +1,200 @@
+"""The worker process: loads each job's function once and runs calls, one at a time.
+
+Started by its node as `python -m burla.node.worker SOCK_FD SHM_FD`. It talks to the node only
+over the inherited private socketpair (length-prefixed wire frames) and publishes the input
+index it is running in a shared 8-byte page, so the node can name the call that was running
+if this process dies. Imports stay minimal: this process starts once per slot.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any, Callable
+
+from burla import wire
+from burla.node.output_capture import OutputCapture
+from burla.serialization import dumps_result, loads, pack_error
+
+_INDEX = struct.Struct("q")
+_FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
+_FLUSH_BYTES = 1 << 20
+
+
+class CallCancelled(BaseException):
+    """Raised inside a running call when the node cancels its job (SIGUSR1)."""
+
+
+class _LoadFailure:
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, shm: mmap.mmap) -> None:
+        self._sock = sock
+        self._reader = sock.makefile("rb", buffering=1 << 16)
+        self._shm = shm
+        self._functions: dict[str, Callable[..., Any] | _LoadFailure] = {}
+        self._cancelled_jobs: set[str] = set()
+        self._in_call = False
+        self._batch_job: str | None = None
+        self._cancel_requested = False
+        self.capture = OutputCapture(self._send_live_output)
+
+    # --- framing -------------------------------------------------------------------------
+
+    def _send(self, msg: wire.Message) -> None:
+        data = msg.encode()
+        with self.capture.send_lock:
+            self._sock.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
+
+    def _send_live_output(self, job_id: str, items: list) -> None:
+        data = wire.WorkerReport(job_id, [], items, False).encode()
+        self._sock.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
+
+    def _recv(self) -> wire.Message | None:
+        header = self._reader.read(wire.FRAME_HEADER.size)
+        if len(header) < wire.FRAME_HEADER.size:
+            return None
+        (size,) = wire.FRAME_HEADER.unpack(header)
+        data = self._reader.read(size)
+        if len(data) < size:
+            return None
+        return wire.decode(data, wire.NODE_TO_WORKER)
+
+    # --- cancellation --------------------------------------------------------------------
+
+    def _on_cancel_signal(self, signum: int, frame: Any) -> None:
+        if self._batch_job is None:
+            return  # idle: the batch it was meant for already ended
+        self._cancel_requested = True
+        if self._in_call:
+            raise CallCancelled()
+
+    # --- main loop -----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal goes to the client
+        self.capture.install()
+        self._send(wire.WorkerReady(os.getpid()))
+        while True:
+            msg = self._recv()
+            if msg is None:
+                return
+            if isinstance(msg, wire.RunCalls):
+                self._run_batch(msg.job_id, msg.items)
+            elif isinstance(msg, wire.LoadFunction):
+                self._load(msg.job_id, msg.function_bytes)
+            elif isinstance(msg, wire.UnloadFunction):
+                self._functions.pop(msg.job_id, None)
+                self._cancelled_jobs.discard(msg.job_id)
+
+    def _load(self, job_id: str, function_bytes: bytes) -> None:
+        try:
+            function = loads(function_bytes)
+            if not callable(function):
+                raise TypeError(f"the job's function is a {type(function).__name__}, not callable")
+            self._functions[job_id] = function
+        except BaseException as e:  # a missing module on this node, a broken pickle...
+            self._functions[job_id] = _LoadFailure(pack_error(e))
+
+    def _run_batch(self, job_id: str, items: list) -> None:
+        function = self._functions.get(job_id)
+        if job_id in self._cancelled_jobs:
+            self._send(wire.WorkerReport(job_id, [], [], True))
+            return
+        results: list[list] = []
+        pending_bytes = 0
+        last_flush = time.monotonic()
+        self._batch_job = job_id
+        self._cancel_requested = False
+        capture = self.capture
+        shm = self._shm
+        try:
+            for index, argument_bytes in items:
+                if self._cancel_requested:
+                    break
+                _INDEX.pack_into(shm, 0, index)
+                capture.begin(job_id, index)
+                try:
+                    ok, payload = self._call(function, argument_bytes)
+                except CallCancelled:
+                    self._cancel_requested = True
+                    capture.end()
+                    break
+                capture.end()
+                results.append([index, ok, payload])
+                pending_bytes += len(payload)
+                now = time.monotonic()
+                if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
+                    self._flush(job_id, results, False)
+                    results = []
+                    pending_bytes = 0
+                    last_flush = now
+        except CallCancelled:  # the signal landed between calls
+            self._cancel_requested = True
+        finally:
+            _INDEX.pack_into(shm, 0, -1)
+            self._batch_job = None
+        if self._cancel_requested:
+            self._cancelled_jobs.add(job_id)
+            results = []
+        self._flush(job_id, results, True)
+
+    def _call(self, function: Callable[..., Any] | _LoadFailure | None, argument_bytes: bytes) -> tuple[bool, bytes]:
+        if isinstance(function, _LoadFailure):
+            return False, function.payload
+        if function is None:
+            return False, pack_error(RuntimeError("this worker was given calls before the job's function"))
+        self._in_call = True
+        try:
+            arguments = loads(argument_bytes)
+            if type(arguments) is tuple:
+                value = function(*arguments)
+            else:
+                value = function(arguments)
+        except CallCancelled:
+            raise
+        except BaseException as e:
+            self._in_call = False
+            return False, pack_error(e, skip_frames=1)
+        finally:
+            self._in_call = False
+        try:
+            return True, dumps_result(value)
+        except BaseException as e:
+            wrapped = TypeError(f"the call returned a {type(value).__name__} that can't be pickled: {e}")
+            return False, pack_error(wrapped)
+
+    def _flush(self, job_id: str, results: list, batch_done: bool) -> None:
+        with self.capture.send_lock:
+            outputs = self.capture.take()
+            if results or outputs or batch_done:
+                self._send(wire.WorkerReport(job_id, results, outputs, batch_done))
+
+
+def main(argv: list[str]) -> None:
+    sock_fd, shm_fd = int(argv[0]), int(argv[1])
+    sock = socket.socket(fileno=sock_fd)
+    shm = mmap.mmap(shm_fd, mmap.PAGESIZE)
+    os.close(shm_fd)
+    worker = Worker(sock, shm)
+    try:
+        worker.serve()
+    except (ConnectionError, BrokenPipeError):
+        pass
+    finally:
+        # Exit without running atexit hooks or joining threads a user function left behind.
+        sys.stdout.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

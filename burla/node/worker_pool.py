@@ -1,0 +1,163 @@
+"""The node's worker processes: spawn, talk to, watch and replace them.
+
+Each worker gets one end of a private socketpair (never a listening port) and a shared page
+in which it publishes the input index it is running. The pool reads every worker's frames on
+the event loop and hands them to the owner through two callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from burla import wire
+
+_INDEX = struct.Struct("q")
+
+
+@dataclass
+class Batch:
+    job_id: str
+    remaining: dict[int, bytes]  # input index -> pickled arguments, until its result arrives
+    dispatched_at: float
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    number: int
+    process: asyncio.subprocess.Process
+    writer: asyncio.StreamWriter
+    reader: asyncio.StreamReader
+    shm: mmap.mmap
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    loaded_jobs: set[str] = field(default_factory=set)
+    batches: deque[Batch] = field(default_factory=deque)
+    last_progress_at: float = 0.0
+    alive: bool = True
+    reader_task: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, msg: wire.Message) -> None:
+        data = msg.encode()
+        self.writer.write(wire.FRAME_HEADER.pack(len(data)) + data)
+
+    def current_index(self) -> int:
+        return _INDEX.unpack_from(self.shm, 0)[0]
+
+    def batch_job(self) -> str | None:
+        return self.batches[0].job_id if self.batches else None
+
+    def signal_cancel(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        try:
+            self.process.kill()
+        except ProcessLookupError:
+            pass
+
+
+ReportHandler = Callable[[WorkerHandle, wire.WorkerReport], None]
+ExitHandler = Callable[[WorkerHandle, int | None], None]
+
+
+class WorkerPool:
+    def __init__(self, size: int, env: dict[str, str], on_report: ReportHandler, on_exit: ExitHandler) -> None:
+        self.size = size
+        self._env = env
+        self._on_report = on_report
+        self._on_exit = on_exit
+        self.workers: list[WorkerHandle] = []
+        self._closing = False
+        self._spawns: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
+
+    def alive_count(self) -> int:
+        return sum(1 for w in self.workers if w.alive and w.ready.is_set())
+
+    async def _spawn(self, number: int) -> WorkerHandle:
+        node_end, worker_end = socket.socketpair()
+        with tempfile.TemporaryFile() as page:
+            page.truncate(mmap.PAGESIZE)
+            shm = mmap.mmap(page.fileno(), mmap.PAGESIZE)
+            _INDEX.pack_into(shm, 0, -1)
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "burla.node.worker",
+                str(worker_end.fileno()),
+                str(page.fileno()),
+                pass_fds=(worker_end.fileno(), page.fileno()),
+                stdin=asyncio.subprocess.DEVNULL,
+                env=self._env,
+            )
+        worker_end.close()
+        reader, writer = await asyncio.open_connection(sock=node_end, limit=wire.MAX_FRAME_BYTES)
+        handle = WorkerHandle(number, process, writer, reader, shm)
+        handle.reader_task = asyncio.create_task(self._read(handle), name=f"worker-{number}-reader")
+        return handle
+
+    async def _read(self, handle: WorkerHandle) -> None:
+        try:
+            while True:
+                header = await handle.reader.readexactly(wire.FRAME_HEADER.size)
+                (size,) = wire.FRAME_HEADER.unpack(header)
+                msg = wire.decode(await handle.reader.readexactly(size), wire.WORKER_TO_NODE)
+                if isinstance(msg, wire.WorkerReport):
+                    self._on_report(handle, msg)
+                elif isinstance(msg, wire.WorkerReady):
+                    handle.last_progress_at = time.monotonic()
+                    handle.ready.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        handle.alive = False
+        handle.writer.close()
+        exit_code = await handle.process.wait()
+        if self._closing:
+            return
+        self._on_exit(handle, exit_code)
+        task = asyncio.create_task(self._replace(handle))
+        self._spawns.add(task)
+        task.add_done_callback(self._spawns.discard)
+
+    async def _replace(self, dead: WorkerHandle) -> None:
+        replacement = await self._spawn(dead.number)
+        self.workers[self.workers.index(dead)] = replacement
+        dead.shm.close()
+
+    async def wait_ready(self) -> None:
+        await asyncio.gather(*(w.ready.wait() for w in self.workers))
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in list(self._spawns):
+            task.cancel()
+        for handle in self.workers:
+            handle.writer.close()
+            handle.kill()
+        for handle in self.workers:
+            await handle.process.wait()
+            if handle.reader_task is not None:
+                handle.reader_task.cancel()
+                try:
+                    await handle.reader_task
+                except (asyncio.CancelledError, Exception):
+                    pass

@@ -1,0 +1,90 @@
+"""What the user sees while a job runs: remote prints, live, and a one-line progress display.
+
+The progress line is drawn only on a TTY (and only with spinner=True). Remote output is
+written above it, so the line never tears what a call printed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from burla.wire import STDERR
+
+REDRAW_EVERY_S = 0.1
+
+
+class Display:
+    def __init__(self, total: int, show_progress: bool, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+        self.total = total
+        self._out = stdout or sys.stdout
+        self._err = stderr or sys.stderr
+        self._enabled = show_progress and _is_tty(self._out)
+        self._started = time.monotonic()
+        self._last_draw = 0.0
+        self._line_shown = False
+        self.done = 0
+        self.failed = 0
+        self.running = 0
+
+    def output(self, items: list) -> None:
+        """Write what remote calls printed, each chunk to the stream it was written to."""
+        if not items:
+            return
+        self._clear()
+        for _index, stream, text in items:
+            target = self._err if stream == STDERR else self._out
+            target.write(text)
+        self._out.flush()
+        self._err.flush()
+        self._draw(force=True)
+
+    def progress(self, done: int, failed: int, running: int) -> None:
+        self.done, self.failed, self.running = max(self.done, done), max(self.failed, failed), running
+        self._draw()
+
+    def count_result(self, ok: bool) -> None:
+        self.done += 1
+        if not ok:
+            self.failed += 1
+        self._draw()
+
+    def finish(self) -> None:
+        if self._enabled and self._line_shown:
+            self.running = 0
+            self._draw(force=True)
+            self._out.write("\n")
+            self._out.flush()
+            self._line_shown = False
+
+    def _clear(self) -> None:
+        if self._enabled and self._line_shown:
+            self._out.write("\r\x1b[2K")
+            self._line_shown = False
+
+    def _draw(self, force: bool = False) -> None:
+        if not self._enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_draw < REDRAW_EVERY_S:
+            return
+        self._last_draw = now
+        elapsed = now - self._started
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        parts = [f"{self.done}/{self.total} done"]
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        parts.append(f"{self.running} running")
+        parts.append(f"{rate:,.1f}/s")
+        parts.append(f"{elapsed:.1f}s")
+        self._out.write("\r\x1b[2K[burla] " + " · ".join(parts))
+        self._out.flush()
+        self._line_shown = True
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

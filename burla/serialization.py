@@ -1,0 +1,145 @@
+"""Pickling of user functions, inputs, results and exceptions.
+
+User objects are cloudpickle bytes, opaque to everything between the client and the worker.
+Plain values take the much faster standard pickle; anything else takes cloudpickle, which
+pickles functions and classes from `__main__` by value so workers can load them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any, Callable
+
+import cloudpickle
+
+from burla.errors import RemoteError, UnpicklableFunction
+
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+
+
+def _is_plain(value: Any) -> bool:
+    tp = type(value)
+    if tp in _PLAIN:
+        return True
+    if tp is tuple or tp is list:
+        return len(value) <= 16 and all(type(v) in _PLAIN for v in value)
+    return False
+
+
+def dumps(value: Any) -> bytes:
+    """Pickle any user value; raises the pickling error unchanged."""
+    if _is_plain(value):
+        return pickle.dumps(value, PROTOCOL)
+    return cloudpickle.dumps(value, PROTOCOL)
+
+
+def dumps_result(value: Any) -> bytes:
+    """Pickle a call's return value in a worker: by reference where that works, else by value."""
+    if _is_plain(value):
+        return pickle.dumps(value, PROTOCOL)
+    try:
+        return pickle.dumps(value, PROTOCOL)
+    except Exception:
+        return cloudpickle.dumps(value, PROTOCOL)
+
+
+loads = pickle.loads
+
+
+def dumps_function(function: Callable[..., Any]) -> bytes:
+    """Pickle the user's function, naming the culprit when something it references can't be."""
+    try:
+        return cloudpickle.dumps(function, PROTOCOL)
+    except Exception as e:
+        culprit = _find_unpicklable_reference(function)
+        name = getattr(function, "__qualname__", repr(function))
+        where = f" through {culprit}" if culprit else ""
+        raise UnpicklableFunction(
+            f"Function {name!r} can't be pickled{where}: {type(e).__name__}: {e}. Create objects "
+            "such as locks, clients, sockets or open files inside the function instead of "
+            "referencing them from the enclosing scope."
+        ) from e
+
+
+def _find_unpicklable_reference(function: Callable[..., Any]) -> str | None:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    candidates: list[tuple[str, Any]] = []
+    for name, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or ()):
+        try:
+            candidates.append((f"the closure variable {name!r}", cell.cell_contents))
+        except ValueError:
+            continue
+    module_globals = getattr(function, "__globals__", {})
+    for name in code.co_names:
+        if name in module_globals:
+            candidates.append((f"the global {name!r}", module_globals[name]))
+    for description, value in candidates:
+        try:
+            cloudpickle.dumps(value, PROTOCOL)
+        except Exception:
+            return f"{description} ({type(value).__name__})"
+    return None
+
+
+# --- exceptions ----------------------------------------------------------------------------
+
+
+def pack_error(exc: BaseException, skip_frames: int = 0) -> bytes:
+    """Pack a raised exception for the trip to the client (in a worker or node)."""
+    tb = exc.__traceback__
+    for _ in range(skip_frames):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        from tblib import Traceback
+
+        tb_dict = Traceback(tb).as_dict() if tb is not None else None
+    except Exception:
+        tb_dict = None
+    exc_bytes: bytes | None
+    try:
+        exc_bytes = cloudpickle.dumps(exc.with_traceback(None), PROTOCOL)
+        pickle.loads(exc_bytes)  # custom __init__ signatures can pickle but not unpickle
+    except Exception:
+        exc_bytes = None
+    finally:
+        exc.with_traceback(tb)
+    record = {
+        "exc": exc_bytes,
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": text,
+        "tb": tb_dict,
+    }
+    return pickle.dumps(record, PROTOCOL)
+
+
+def unpack_error(payload: bytes, input_index: int) -> BaseException:
+    """Re-create a remote exception with its remote traceback and `burla_input_index`."""
+    record = pickle.loads(payload)
+    exc: BaseException | None = None
+    if record.get("exc") is not None:
+        try:
+            exc = pickle.loads(record["exc"])
+        except Exception:
+            exc = None
+    if not isinstance(exc, BaseException):
+        exc = RemoteError(record["type"], record["message"], record["traceback"])
+    if record.get("tb"):
+        try:
+            from tblib import Traceback
+
+            exc = exc.with_traceback(Traceback.from_dict(record["tb"]).as_traceback())
+        except Exception:
+            pass
+    try:
+        exc.burla_input_index = input_index  # type: ignore[attr-defined]
+        exc.burla_traceback = record["traceback"]  # type: ignore[attr-defined]
+    except AttributeError:  # exceptions with __slots__
+        pass
+    return exc

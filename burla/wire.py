@@ -1,0 +1,343 @@
+"""Typed wire messages: frozen dataclasses with one msgpack encode/decode pair.
+
+A frame is the msgpack array `[TAG, field1, field2, ...]`. Decoding checks the tag, the field
+count and every field's type, and raises `ProtocolError` with a message naming what was wrong;
+nothing malformed reaches the code past this module. User objects travel inside as opaque
+cloudpickle bytes.
+
+Channels:
+  client <-> head   OpenJob, JobAccepted, InputBatch, Credit, ResultBatch, ResultAck,
+                    OutputBatch, Progress, CancelJob, JobEnded, ErrorReply
+  node   <-> head   RegisterNode, NodeRegistered, AssignJob, InputBatch, Credit, ResultBatch,
+                    OutputBatch, NodeState, CancelJob, ReleaseJob, ShutdownNode, ErrorReply
+  worker <-> node   WorkerReady, LoadFunction, RunCalls, UnloadFunction, WorkerReport
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import msgpack
+
+from burla.errors import ProtocolError
+
+STDOUT = 1
+STDERR = 2
+
+_Checker = Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_float(value: Any) -> bool:
+    return type(value) is float or type(value) is int
+
+
+def _checker_for(tp: Any) -> _Checker:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, __import__("types").UnionType):
+        parts = [_checker_for(a) for a in typing.get_args(tp) if a is not type(None)]
+        allows_none = type(None) in typing.get_args(tp)
+
+        def check_union(value: Any) -> bool:
+            return (allows_none and value is None) or any(p(value) for p in parts)
+
+        return check_union
+    if tp is int:
+        return _is_int
+    if tp is float:
+        return _is_float
+    if tp is bool:
+        return lambda v: type(v) is bool
+    if tp is str:
+        return lambda v: type(v) is str
+    if tp is bytes:
+        return lambda v: type(v) is bytes
+    if tp is list or origin is list:
+        return lambda v: type(v) is list
+    if tp is dict or origin is dict:
+        return lambda v: type(v) is dict
+    raise TypeError(f"unsupported wire field type {tp!r}")
+
+
+class Message:
+    """Base of all wire messages. Subclasses are frozen dataclasses with a unique TAG."""
+
+    TAG: ClassVar[int]
+    _fields: ClassVar[tuple[str, ...]]
+    _checkers: ClassVar[tuple[_Checker, ...]]
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.TAG, *(getattr(self, f) for f in self._fields)], use_bin_type=True)
+
+    def validate(self) -> None:
+        """Deeper checks of list items; called after the field types passed."""
+
+
+_REGISTRY: dict[int, type[Message]] = {}
+
+
+def message(tag: int) -> Callable[[type], type]:
+    def register(cls: type) -> type:
+        cls = dataclass(frozen=True, slots=True)(cls)
+        hints = typing.get_type_hints(cls)
+        fields = tuple(f.name for f in dataclasses.fields(cls))
+        cls.TAG = tag
+        cls._fields = fields
+        cls._checkers = tuple(_checker_for(hints[f]) for f in fields)
+        if tag in _REGISTRY:
+            raise RuntimeError(f"duplicate wire tag {tag}")
+        _REGISTRY[tag] = cls
+        return cls
+
+    return register
+
+
+def decode(data: bytes | bytearray | memoryview, allowed: tuple[type[Message], ...] | None = None) -> Message:
+    """Decode one frame into its message, or raise ProtocolError saying what is wrong."""
+    try:
+        frame = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"frame is not valid msgpack ({type(e).__name__}: {e})") from None
+    if type(frame) is not list or not frame or type(frame[0]) is not int:
+        raise ProtocolError("frame must be a msgpack array [tag, fields...]")
+    cls = _REGISTRY.get(frame[0])
+    if cls is None:
+        raise ProtocolError(f"unknown message tag {frame[0]}")
+    if allowed is not None and cls not in allowed:
+        raise ProtocolError(f"{cls.__name__} is not accepted on this channel")
+    values = frame[1:]
+    if len(values) != len(cls._fields):
+        raise ProtocolError(f"{cls.__name__} needs {len(cls._fields)} fields, got {len(values)}")
+    for name, check, value in zip(cls._fields, cls._checkers, values):
+        if not check(value):
+            raise ProtocolError(f"{cls.__name__}.{name} has the wrong type ({type(value).__name__})")
+    msg = cls(*values)
+    msg.validate()
+    return msg
+
+
+def _check_items(name: str, items: list, shape: tuple[type, ...]) -> None:
+    width = len(shape)
+    for item in items:
+        if type(item) is not list or len(item) != width:
+            raise ProtocolError(f"{name} items must be arrays of {width} values")
+        for value, tp in zip(item, shape):
+            if type(value) is not tp:
+                raise ProtocolError(f"{name} item field has type {type(value).__name__}, expected {tp.__name__}")
+
+
+# --- client <-> head -----------------------------------------------------------------------
+
+
+@message(1)
+class OpenJob(Message):
+    job_id: str
+    function_name: str
+    function_bytes: bytes
+    n_inputs: int
+    func_cpu: int | None  # None: dynamic
+    func_ram: float | None  # GB per call; None: dynamic
+    func_gpu: str | None
+    image: str | None
+    grow: bool
+    max_parallelism: int | None
+    detach: bool
+    raise_errors: bool
+    region: str | None
+    disk_gb: int | None
+    parent_job_id: str | None
+    client_version: str
+    python_version: str
+
+
+@message(2)
+class JobAccepted(Message):
+    job_id: str
+    window_inputs: int
+    window_bytes: int
+    n_nodes: int
+    n_slots: int
+
+
+@message(3)
+class ErrorReply(Message):
+    kind: str  # an exception class name from burla.errors
+    message: str
+    status: int  # the matching HTTP status, e.g. 400, 404, 409
+
+
+@message(4)
+class InputBatch(Message):
+    job_id: str
+    items: list  # [[input_index, pickled_args], ...]
+
+    def validate(self) -> None:
+        _check_items("InputBatch", self.items, (int, bytes))
+
+
+@message(5)
+class Credit(Message):
+    job_id: str
+    inputs: int
+    bytes: int
+
+
+@message(6)
+class ResultBatch(Message):
+    job_id: str
+    seq: int
+    items: list  # [[input_index, ok, payload], ...]
+
+    def validate(self) -> None:
+        _check_items("ResultBatch", self.items, (int, bool, bytes))
+
+
+@message(7)
+class ResultAck(Message):
+    job_id: str
+    seq: int
+
+
+@message(8)
+class OutputBatch(Message):
+    job_id: str
+    items: list  # [[input_index, stream, text], ...]
+
+    def validate(self) -> None:
+        _check_items("OutputBatch", self.items, (int, int, str))
+
+
+@message(9)
+class Progress(Message):
+    job_id: str
+    done: int
+    failed: int
+    running: int
+    queued: int
+
+
+@message(10)
+class CancelJob(Message):
+    job_id: str
+    reason: str
+
+
+@message(11)
+class JobEnded(Message):
+    job_id: str
+    status: str  # COMPLETED, FAILED, CANCELED
+    kind: str  # exception class name when not COMPLETED
+    reason: str
+
+
+# --- node <-> head -------------------------------------------------------------------------
+
+
+@message(20)
+class RegisterNode(Message):
+    node_id: str
+    url: str
+    slots: int
+    cpus: int
+    ram_gb: float
+    gpu: str | None
+    gpu_count: int
+    image: str | None
+    region: str
+    python_version: str
+    version: str
+
+
+@message(21)
+class NodeRegistered(Message):
+    node_id: str
+    head_version: str
+
+
+@message(22)
+class AssignJob(Message):
+    job_id: str
+    function_name: str
+    function_bytes: bytes
+    parallelism: int
+
+
+@message(23)
+class ReleaseJob(Message):
+    job_id: str
+
+
+@message(24)
+class NodeState(Message):
+    node_id: str
+    status: str  # READY (idle) or RUNNING
+    workers_alive: int
+    jobs: list  # [[job_id, running, queued, done], ...]
+    cpu_percent: float
+    mem_percent: float
+
+    def validate(self) -> None:
+        _check_items("NodeState.jobs", self.jobs, (str, int, int, int))
+
+
+@message(25)
+class ShutdownNode(Message):
+    reason: str
+
+
+# --- worker <-> node (a private socketpair, length-prefixed frames) ------------------------
+
+
+@message(30)
+class WorkerReady(Message):
+    pid: int
+
+
+@message(31)
+class LoadFunction(Message):
+    job_id: str
+    function_bytes: bytes
+
+
+@message(32)
+class RunCalls(Message):
+    job_id: str
+    items: list  # [[input_index, pickled_args], ...]
+
+
+@message(33)
+class UnloadFunction(Message):
+    job_id: str
+
+
+@message(34)
+class WorkerReport(Message):
+    job_id: str
+    results: list  # [[input_index, ok, payload], ...]
+    outputs: list  # [[input_index, stream, text], ...] of the same job
+    batch_done: bool  # the last report of a RunCalls batch
+
+    def validate(self) -> None:
+        _check_items("WorkerReport.results", self.results, (int, bool, bytes))
+        _check_items("WorkerReport.outputs", self.outputs, (int, int, str))
+
+
+CLIENT_TO_HEAD = (OpenJob, InputBatch, ResultAck, CancelJob)
+NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState)
+HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply)
+HEAD_TO_CLIENT = (JobAccepted, ErrorReply, Credit, ResultBatch, OutputBatch, Progress, JobEnded)
+WORKER_TO_NODE = (WorkerReady, WorkerReport)
+NODE_TO_WORKER = (LoadFunction, RunCalls, UnloadFunction)
+
+# The largest frame: one 200 MB input or 100 MB function plus its envelope.
+MAX_FRAME_BYTES = 216 * 1024 * 1024
+
+# Length prefix for frames on the worker socket.
+FRAME_HEADER = struct.Struct("!I")
