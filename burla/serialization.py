@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from types import TracebackType
 from typing import Any, Callable
 
 import cloudpickle
@@ -16,6 +17,7 @@ import cloudpickle
 from burla.errors import RemoteError, UnpicklableFunction
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
+_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for functions pickled by value
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
 
 
@@ -88,19 +90,36 @@ def _find_unpicklable_reference(function: Callable[..., Any]) -> str | None:
 # --- exceptions ----------------------------------------------------------------------------
 
 
+def _traceback_dict(tb: TracebackType | None) -> dict | None:
+    """tblib's dict of a traceback, with the real file name of functions pickled by value."""
+    if tb is None:
+        return None
+    from tblib import Traceback
+
+    tb_dict = Traceback(tb).as_dict()
+    frame_dict: dict | None = tb_dict
+    while frame_dict is not None:
+        frame = frame_dict["tb_frame"]
+        if frame["f_code"]["co_filename"] == _DYNAMIC_CODE and frame["f_globals"].get("__file__"):
+            frame["f_code"]["co_filename"] = frame["f_globals"]["__file__"]
+        frame_dict = frame_dict["tb_next"]
+    return tb_dict
+
+
 def pack_error(exc: BaseException, skip_frames: int = 0) -> bytes:
     """Pack a raised exception for the trip to the client (in a worker or node)."""
     tb = exc.__traceback__
     for _ in range(skip_frames):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
+        tb_dict = _traceback_dict(tb)
         from tblib import Traceback
 
-        tb_dict = Traceback(tb).as_dict() if tb is not None else None
+        shown_tb = Traceback.from_dict(tb_dict).as_traceback() if tb_dict else tb
     except Exception:
-        tb_dict = None
+        tb_dict, shown_tb = None, tb
+    text = "".join(traceback.format_exception(type(exc), exc, shown_tb))
     exc_bytes: bytes | None
     try:
         exc_bytes = cloudpickle.dumps(exc.with_traceback(None), PROTOCOL)

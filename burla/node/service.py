@@ -40,7 +40,9 @@ class NodeService:
         env = dict(os.environ)
         env[ENV_HEAD_URL] = settings.head_url
         env[ENV_TOKEN] = settings.token
-        self.pool = WorkerPool(settings.workers, env, self._on_worker_report, self._on_worker_exit)
+        self.pool = WorkerPool(
+            settings.workers, env, self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump()
+        )
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
         self.url = ""
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -78,8 +80,6 @@ class NodeService:
 
     async def _start_pool(self) -> None:
         await self.pool.start()
-        await self.pool.wait_ready()
-        self.dispatcher.pump()
 
     def stop(self) -> None:
         self._stopping.set()

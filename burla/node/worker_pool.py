@@ -75,20 +75,27 @@ class WorkerHandle:
 
 ReportHandler = Callable[[WorkerHandle, wire.WorkerReport], None]
 ExitHandler = Callable[[WorkerHandle, int | None], None]
+ReadyHandler = Callable[[WorkerHandle], None]
 
 
 class WorkerPool:
-    def __init__(self, size: int, env: dict[str, str], on_report: ReportHandler, on_exit: ExitHandler) -> None:
+    def __init__(
+        self, size: int, env: dict[str, str], on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler
+    ) -> None:
         self.size = size
         self._env = env
         self._on_report = on_report
         self._on_exit = on_exit
+        self._on_ready = on_ready
         self.workers: list[WorkerHandle] = []
         self._closing = False
         self._spawns: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
+        for handle in self.workers:  # any that became ready before they were listed
+            if handle.ready.is_set():
+                self._on_ready(handle)
 
     def alive_count(self) -> int:
         return sum(1 for w in self.workers if w.alive and w.ready.is_set())
@@ -126,6 +133,7 @@ class WorkerPool:
                 elif isinstance(msg, wire.WorkerReady):
                     handle.last_progress_at = time.monotonic()
                     handle.ready.set()
+                    self._on_ready(handle)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         handle.alive = False
@@ -142,9 +150,6 @@ class WorkerPool:
         replacement = await self._spawn(dead.number)
         self.workers[self.workers.index(dead)] = replacement
         dead.shm.close()
-
-    async def wait_ready(self) -> None:
-        await asyncio.gather(*(w.ready.wait() for w in self.workers))
 
     async def close(self) -> None:
         self._closing = True
