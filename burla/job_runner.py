@@ -134,15 +134,21 @@ class JobRunner:
                 await ws.send_bytes(self.spec.encode())
                 accepted = await self._receive_accept(ws)
                 uploader = asyncio.create_task(self._upload(ws, accepted))
+                receiver = asyncio.create_task(self._receive(ws))
                 try:
-                    await self._receive(ws)
-                finally:
-                    uploader.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await uploader
-                    # A failed upload is the real reason the job ended early.
+                    await asyncio.wait((uploader, receiver), return_when=asyncio.FIRST_EXCEPTION)
                     if uploader.done() and not uploader.cancelled() and uploader.exception() is not None:
-                        self.error = uploader.exception()
+                        # An input that can't be sent ends the job; say why, not "canceled".
+                        with contextlib.suppress(Exception):
+                            await ws.send_bytes(wire.CancelJob(self.spec.job_id, str(uploader.exception())).encode())
+                        raise uploader.exception()
+                    await receiver
+                finally:
+                    for task in (uploader, receiver):
+                        task.cancel()
+                    for task in (uploader, receiver):
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
 
     async def _receive_accept(self, ws) -> wire.JobAccepted:
         msg = await self._next_message(ws)

@@ -1,0 +1,125 @@
+"""Real clusters for the tests: heads, nodes and workers as processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from tests import functions
+
+# Workers load test helpers by value, like functions from a user's __main__.
+cloudpickle.register_pickle_by_value(functions)
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Head:
+    url: str
+    token: str
+    process: subprocess.Popen
+    config_dir: Path
+    log_path: Path
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_head(config_dir: Path, local_nodes: int = 1, workers: int | None = 2, token: str = "test-token",
+               extra: list[str] | None = None) -> Head:
+    """Start `burla head serve` on an ephemeral port and wait until it serves."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    log_path = config_dir / f"head-{len(list(config_dir.glob('head-*.log')))}.log"
+    read_fd, write_fd = os.pipe()
+    command = [sys.executable, "-m", "burla", "head", "serve", "--port", "0", "--local-nodes", str(local_nodes),
+               "--ready-fd", str(write_fd)]
+    if workers is not None:
+        command += ["--local-node-workers", str(workers)]
+    command += extra or []
+    env = dict(os.environ, **{ENV_CONFIG_DIR: str(config_dir), ENV_TOKEN: token})
+    env.pop(ENV_HEAD_URL, None)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=REPO)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as ready:
+        line = ready.readline().decode().strip()
+    if not line:
+        process.wait(10)
+        raise RuntimeError(f"head failed to start:\n{log_path.read_text()}")
+    return Head(line, token, process, config_dir, log_path)
+
+
+def wait_for_nodes(head: Head, count: int, timeout: float = START_TIMEOUT_S) -> list[dict]:
+    import json
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(f"{head.url}/v1/cluster", headers=head.headers())
+        with urllib.request.urlopen(request, timeout=5) as response:
+            nodes = json.load(response)["nodes"]
+        ready = [n for n in nodes if n["workers_alive"] >= 1]
+        if len(ready) >= count:
+            return ready
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(ready)} of {count} nodes ready after {timeout} s:\n{head.log()}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One head with one local node of two workers, shared by the tests that only run jobs."""
+    config_dir = tmp_path_factory.mktemp("cluster-config")
+    head = start_head(config_dir)
+    wait_for_nodes(head, 1)
+    saved = {k: os.environ.get(k) for k in (ENV_HEAD_URL, ENV_TOKEN, ENV_CONFIG_DIR)}
+    os.environ[ENV_HEAD_URL] = head.url
+    os.environ[ENV_TOKEN] = head.token
+    os.environ[ENV_CONFIG_DIR] = str(config_dir)
+    try:
+        yield head
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        head.stop()
+
+
+@pytest.fixture
+def fresh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config directory with no head configured: remote_parallel_map must start its own."""
+    directory = tmp_path / "config"
+    monkeypatch.setenv(ENV_CONFIG_DIR, str(directory))
+    monkeypatch.delenv(ENV_HEAD_URL, raising=False)
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    return directory
+
+
+def run_client(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a client script in its own process (as a user would) and return what it printed."""
+    return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env), capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)

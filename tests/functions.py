@@ -1,0 +1,117 @@
+"""Functions the tests run remotely. Pickled by value (see conftest), like a user's __main__."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+LOCK = threading.Lock()
+
+
+def double(x):
+    return x * 2
+
+
+def identity(*args, **kwargs):
+    return args
+
+
+def fail_on(x, bad=3):
+    if x == bad:
+        raise ValueError(f"input {x} is bad")
+    return x
+
+
+class CustomError(Exception):
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(code, detail)
+        self.code = code
+        self.detail = detail
+
+
+def raise_custom(x):
+    raise CustomError(x, "custom detail")
+
+
+class Unpicklable(Exception):
+    def __init__(self) -> None:
+        super().__init__("carries a lock")
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable(x):
+    raise Unpicklable()
+
+
+def chatty(x):
+    print(f"stdout line from {x}")
+    print(f"stderr line from {x}", file=sys.stderr)
+    os.write(1, f"fd write from {x}\n".encode())
+    os.system(f"echo subprocess output from {x}")
+    return x
+
+
+def print_a_lot(megabytes):
+    line = "x" * 1023 + "\n"
+    for _ in range(megabytes * 1024):
+        sys.stdout.write(line)
+    return megabytes
+
+
+def exit_hard(x, crash_on=1):
+    if x == crash_on:
+        os._exit(13)
+    return x
+
+
+def segfault(x):
+    if x == 0:
+        import ctypes
+
+        ctypes.string_at(0)
+    return x
+
+
+def record_interval(directory, index, seconds=0.2):
+    """Record when this call ran (to count how many ran at once)."""
+    start = time.time()
+    time.sleep(seconds)
+    end = time.time()
+    with open(os.path.join(directory, f"{index}.txt"), "w") as f:
+        f.write(f"{start} {end} {os.getpid()}")
+    return index
+
+
+def max_overlap(directory) -> int:
+    events = []
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name)) as f:
+            start, end, _pid = f.read().split()
+        events.append((float(start), 1))
+        events.append((float(end), -1))
+    events.sort(key=lambda e: (e[0], e[1]))
+    running = best = 0
+    for _, delta in events:
+        running += delta
+        best = max(best, running)
+    return best
+
+
+def uses_lock(x):
+    with LOCK:
+        return x
+
+
+def sleep_then_return(x, seconds=60):
+    time.sleep(seconds)
+    return x
+
+
+def returns_lambda(x):
+    return lambda: x
+
+
+def pid(x):
+    return os.getpid()

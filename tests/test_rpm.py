@@ -1,0 +1,242 @@
+"""remote_parallel_map against a real head, node and workers."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import pytest
+
+from burla import (
+    FunctionTooBig,
+    InputTooBig,
+    InvalidArgument,
+    NoCompatibleNodes,
+    RemoteError,
+    UnpicklableFunction,
+    UnpicklableInput,
+    WorkerCrashed,
+    remote_parallel_map,
+)
+from tests import functions
+from tests.conftest import run_client
+
+
+def test_results_come_back_in_input_order(cluster):
+    inputs = list(range(500))
+    assert remote_parallel_map(functions.double, inputs, spinner=False) == [x * 2 for x in inputs]
+
+
+def test_tuples_unpack_and_nested_tuples_pass_whole(cluster):
+    results = remote_parallel_map(functions.identity, [(1, 2), ((1, 2),), [3, 4], 5], spinner=False)
+    assert results == [(1, 2), ((1, 2),), ([3, 4],), (5,)]
+
+
+def test_empty_inputs(cluster):
+    assert remote_parallel_map(functions.double, []) == []
+    assert list(remote_parallel_map(functions.double, [], generator=True)) == []
+
+
+def test_any_iterable_of_inputs(cluster):
+    assert remote_parallel_map(functions.double, (x for x in range(5)), spinner=False) == [0, 2, 4, 6, 8]
+
+
+def test_generator_yields_every_result(cluster):
+    stream = remote_parallel_map(functions.double, range(50), generator=True, spinner=False)
+    assert not isinstance(stream, list)
+    assert sorted(stream) == [x * 2 for x in range(50)]
+
+
+def test_exception_reraises_with_type_index_and_remote_traceback(cluster):
+    with pytest.raises(ValueError, match="input 3 is bad") as caught:
+        remote_parallel_map(functions.fail_on, range(6), spinner=False)
+    error = caught.value
+    assert error.burla_input_index == 3
+    shown = "".join(traceback.format_exception(error))
+    assert "fail_on" in shown and "functions.py" in shown
+    assert 'raise ValueError(f"input {x} is bad")' in shown  # source line of the remote frame
+    assert "fail_on" in error.burla_traceback
+
+
+def test_custom_exception_keeps_its_fields(cluster):
+    with pytest.raises(functions.CustomError) as caught:
+        remote_parallel_map(functions.raise_custom, [41], spinner=False)
+    assert caught.value.code == 41 and caught.value.detail == "custom detail"
+    assert caught.value.burla_input_index == 0
+
+
+def test_unpicklable_exception_arrives_as_remote_error(cluster):
+    with pytest.raises(RemoteError) as caught:
+        remote_parallel_map(functions.raise_unpicklable, [0], spinner=False)
+    assert "Unpicklable" in caught.value.type_name
+    assert "carries a lock" in str(caught.value)
+    assert caught.value.burla_input_index == 0
+
+
+def test_raise_errors_false_puts_exceptions_in_place(cluster):
+    results = remote_parallel_map(functions.fail_on, range(8), raise_errors=False, spinner=False)
+    assert [r for i, r in enumerate(results) if i != 3] == [0, 1, 2, 4, 5, 6, 7]
+    assert isinstance(results[3], ValueError) and results[3].burla_input_index == 3
+
+
+def test_generator_raises_at_the_failed_call(cluster):
+    stream = remote_parallel_map(functions.fail_on, [0, 3], generator=True, spinner=False)
+    with pytest.raises(ValueError):
+        list(stream)
+
+
+def test_unpicklable_result_is_a_clear_error(cluster):
+    # A lambda can't go through plain pickle; cloudpickle takes it by value.
+    results = remote_parallel_map(functions.returns_lambda, [7], spinner=False)
+    assert results[0]() == 7
+
+
+def test_prints_from_python_c_and_subprocesses_reach_the_client(cluster):
+    script = (
+        "from burla import remote_parallel_map\n"
+        "from tests import functions\n"
+        "import cloudpickle; cloudpickle.register_pickle_by_value(functions)\n"
+        "print(remote_parallel_map(functions.chatty, [1, 2], spinner=False))\n"
+    )
+    done = run_client(script, {})
+    assert done.returncode == 0, done.stderr
+    for i in (1, 2):
+        assert f"stdout line from {i}" in done.stdout
+        assert f"fd write from {i}" in done.stdout
+        assert f"subprocess output from {i}" in done.stdout
+        assert f"stderr line from {i}" in done.stderr
+        assert f"stderr line from {i}" not in done.stdout
+    assert "[1, 2]" in done.stdout
+    assert "[burla]" not in done.stdout  # no progress line when stdout is not a TTY
+
+
+def test_a_call_printing_megabytes_neither_blocks_nor_loses_output(cluster):
+    script = (
+        "from burla import remote_parallel_map\n"
+        "from tests import functions\n"
+        "import cloudpickle; cloudpickle.register_pickle_by_value(functions)\n"
+        "print(remote_parallel_map(functions.print_a_lot, [3], spinner=False))\n"
+    )
+    done = run_client(script, {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("x" * 1023 + "\n") == 3 * 1024
+
+
+def test_max_parallelism_caps_concurrent_calls(cluster, tmp_path):
+    inputs = [(str(tmp_path), i) for i in range(6)]
+    remote_parallel_map(functions.record_interval, inputs, max_parallelism=1, spinner=False)
+    assert functions.max_overlap(tmp_path) == 1
+
+
+def test_all_slots_are_used_without_a_cap(cluster, tmp_path):
+    inputs = [(str(tmp_path), i, 0.5) for i in range(4)]
+    remote_parallel_map(functions.record_interval, inputs, spinner=False)
+    assert functions.max_overlap(tmp_path) == 2  # the node has two workers
+
+
+def test_integer_func_cpu_lowers_calls_per_node(cluster, tmp_path):
+    cpus = cluster_node(cluster)["cpus"]
+    inputs = [(str(tmp_path), i) for i in range(4)]
+    remote_parallel_map(functions.record_interval, inputs, func_cpu=cpus, spinner=False)
+    assert functions.max_overlap(tmp_path) == 1
+
+
+def cluster_node(head) -> dict:
+    from tests.conftest import wait_for_nodes
+
+    return wait_for_nodes(head, 1)[0]
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"func_gpu": "A100"}, ["func_gpu='A100'", "grow=True"]),
+        ({"image": "python:3.12-cuda"}, ["image='python:3.12-cuda'", "grow=True"]),
+        ({"region": "mars-north-1"}, ["region='mars-north-1'", "local"]),
+        ({"func_ram": 100_000}, ["func_ram=100000", "lower them"]),
+        ({"func_cpu": 4096}, ["func_cpu=4096", "CPUs"]),
+    ],
+)
+def test_unsatisfiable_requirements_raise_no_compatible_nodes(cluster, kwargs, words):
+    with pytest.raises(NoCompatibleNodes) as caught:
+        remote_parallel_map(functions.double, [1], spinner=False, **kwargs)
+    for word in words:
+        assert word in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"func_cpu": 0},
+        {"func_cpu": 1.5},
+        {"func_cpu": "lots"},
+        {"func_ram": -1},
+        {"func_gpu": "V100"},
+        {"max_parallelism": 0},
+        {"max_parallelism": True},
+        {"disk_gb": "big"},
+        {"image": ""},
+    ],
+)
+def test_bad_arguments_raise_invalid_argument(cluster, kwargs):
+    with pytest.raises(InvalidArgument):
+        remote_parallel_map(functions.double, [1], **kwargs)
+
+
+def test_non_callable_and_bad_inputs(cluster):
+    with pytest.raises(InvalidArgument, match="callable"):
+        remote_parallel_map(42, [1])
+    with pytest.raises(InvalidArgument, match="inputs"):
+        remote_parallel_map(functions.double, 5)
+    with pytest.raises(InvalidArgument, match="inputs"):
+        remote_parallel_map(functions.double, "abc")
+
+
+def test_function_too_big(cluster):
+    blob = os.urandom(101 * 1024 * 1024)
+
+    def big(x):
+        return len(blob) + x
+
+    with pytest.raises(FunctionTooBig, match="100 MB"):
+        remote_parallel_map(big, [1])
+
+
+def test_input_too_big_names_its_index(cluster):
+    small = b"x"
+    huge = bytes(201 * 1024 * 1024)
+    with pytest.raises(InputTooBig) as caught:
+        remote_parallel_map(len, [small, huge], spinner=False)
+    assert caught.value.input_index == 1
+    # The cluster is fine afterwards.
+    assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+
+
+def test_unpicklable_function_names_the_culprit(cluster):
+    with pytest.raises(UnpicklableFunction, match="LOCK"):
+        remote_parallel_map(functions.uses_lock, [1])
+
+
+def test_unpicklable_input_names_its_index(cluster):
+    import threading
+
+    with pytest.raises(UnpicklableInput) as caught:
+        remote_parallel_map(functions.double, [1, 2, threading.Lock()], spinner=False)
+    assert caught.value.input_index == 2
+
+
+def test_worker_that_exits_is_replaced_and_the_job_goes_on(cluster):
+    results = remote_parallel_map(functions.exit_hard, range(6), raise_errors=False, spinner=False)
+    assert [r for i, r in enumerate(results) if i != 1] == [0, 2, 3, 4, 5]
+    assert isinstance(results[1], WorkerCrashed)
+    assert results[1].input_index == 1 and results[1].burla_input_index == 1
+    assert "exit code 13" in str(results[1])
+    # Both workers are back and serve the next job.
+    assert sorted(set(remote_parallel_map(functions.pid, range(40), spinner=False))) != []
+
+
+def test_segfault_raises_worker_crashed(cluster):
+    with pytest.raises(WorkerCrashed) as caught:
+        remote_parallel_map(functions.segfault, [0, 1], spinner=False)
+    assert caught.value.input_index == 0
+    assert "SIGSEGV" in str(caught.value)
