@@ -53,4 +53,4 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
         ram_gb=psutil.virtual_memory().total / 2**30, image=image, region=region,
         lifeline_fd=lifeline_fd, version=__version__,
     )
-    run_node(settings)
+    sys.exit(run_node(settings))

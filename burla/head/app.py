@@ -49,8 +49,8 @@ def _auth_middleware(token: str):
 async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except web.HTTPRequestEntityTooLarge as e:
-        return error_response(413, "RequestTooLarge", f"the body is over {e.max_size} bytes")
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, "RequestTooLarge", f"the body is over the {MAX_HTTP_BODY} byte limit")
     except web.HTTPException as e:
         if e.status >= 400:
             return error_response(e.status, e.reason.replace(" ", ""), e.text or e.reason)

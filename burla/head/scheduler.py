@@ -266,7 +266,10 @@ class Scheduler:
         for job in self.jobs.values():
             if job.status != RUNNING or not job.pending:
                 continue
-            takers = [(node_id, a) for node_id, a in job.assignments.items() if a.credit > 0]
+            # Smallest credit first, so what a nearly full node can't take goes to the others.
+            takers = sorted(
+                ((node_id, a) for node_id, a in job.assignments.items() if a.credit > 0), key=lambda t: t[1].credit
+            )
             for position, (node_id, assignment) in enumerate(takers):
                 if not job.pending:
                     break

@@ -51,6 +51,7 @@ class NodeService:
         self._status = "READY"
         self._stopping = asyncio.Event()
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
+        self.exit_code = 0
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -113,6 +114,7 @@ class NodeService:
                 except aiohttp.WSServerHandshakeError as e:
                     if e.status == 401:
                         log.error("the head refused this node's token (401); check --token")
+                        self.exit_code = 3
                         self.stop()
                         return
                 except (aiohttp.ClientError, OSError):
@@ -123,6 +125,7 @@ class NodeService:
                     return
                 if time.monotonic() > deadline:
                     log.error("head %s unreachable; stopping", self.settings.head_url)
+                    self.exit_code = 6
                     self.stop()
                     return
                 await asyncio.sleep(RECONNECT_DELAY_S)
@@ -140,6 +143,7 @@ class NodeService:
         reply = wire.decode(first.data, wire.HEAD_TO_NODE)
         if isinstance(reply, wire.ErrorReply):
             log.error("head refused registration: %s", reply.message)
+            self.exit_code = 2
             self.stop()
             return
         self._ws = ws
@@ -298,7 +302,8 @@ class _Stop(Exception):
     pass
 
 
-def run_node(settings: NodeSettings) -> None:
+def run_node(settings: NodeSettings) -> int:
+    """Serve until stopped; returns the process exit code (0, or why the head was lost)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s")
     service = NodeService(settings)
 
@@ -309,3 +314,4 @@ def run_node(settings: NodeSettings) -> None:
         await service.run()
 
     asyncio.run(main())
+    return service.exit_code

@@ -1,0 +1,198 @@
+"""Tokens on every endpoint, and garbage on every endpoint: a 4xx with a message, never a crash."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import sys
+
+import aiohttp
+import msgpack
+import pytest
+
+from burla import remote_parallel_map, wire
+from burla._version import __version__
+from tests import functions
+from tests.conftest import wait_for_nodes
+
+
+def open_job(**overrides) -> wire.OpenJob:
+    values = dict(job_id=f"raw-{os.urandom(4).hex()}", function_name="f", function_bytes=b"x", n_inputs=2,
+                  func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=False, max_parallelism=None,
+                  detach=False, raise_errors=True, region=None, disk_gb=None, parent_job_id=None,
+                  client_version=__version__, python_version="%d.%d.0" % sys.version_info[:2])
+    values.update(overrides)
+    return wire.OpenJob(**values)
+
+
+HEAD_ROUTES = [
+    ("GET", "/v1/cluster"),
+    ("GET", "/v1/jobs/anything"),
+    ("POST", "/v1/jobs/anything/cancel"),
+    ("POST", "/v1/shutdown"),
+    ("GET", "/v1/jobs/ws"),
+    ("GET", "/v1/nodes/ws"),
+]
+
+
+@pytest.mark.parametrize("method, path", HEAD_ROUTES)
+@pytest.mark.parametrize("auth", [None, "Bearer wrong", "Basic abc", "Bearer "])
+async def test_head_routes_need_the_token(cluster, method, path, auth):
+    headers = {"Authorization": auth} if auth else {}
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, cluster.url + path, headers=headers) as response:
+            assert response.status == 401
+            body = await response.json()
+            assert body["error"] == "Unauthorized" and "token" in body["message"]
+
+
+async def test_health_needs_no_token(cluster):
+    async with aiohttp.ClientSession() as session:
+        async with session.get(cluster.url + "/health") as response:
+            assert response.status == 200 and (await response.json())["ok"] is True
+
+
+async def test_node_endpoints_need_the_token(cluster):
+    node_url = wait_for_nodes(cluster, 1)[0]["url"]
+    async with aiohttp.ClientSession() as session:
+        async with session.get(node_url + "/v1/state") as response:
+            assert response.status == 401
+        async with session.get(node_url + "/v1/state", headers={"Authorization": "Bearer nope"}) as response:
+            assert response.status == 401
+        async with session.get(node_url + "/v1/state", headers=cluster.headers()) as response:
+            assert response.status == 200 and (await response.json())["workers_alive"] == 2
+        async with session.get(node_url + "/health") as response:
+            assert response.status == 200
+
+
+def test_node_with_a_wrong_token_is_refused(cluster):
+    done = subprocess.run(
+        [sys.executable, "-m", "burla", "node", "join", "--head", cluster.url, "--token", "wrong", "--workers", "1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 3
+    assert "401" in done.stderr
+
+
+def test_token_file_is_private(cluster):
+    mode = stat.S_IMODE(os.stat(cluster.config_dir / "cluster_token").st_mode)
+    assert mode == 0o600
+
+
+def test_head_listens_on_loopback_by_default(cluster):
+    assert cluster.url.startswith("http://127.0.0.1:")
+
+
+# --- bad input over HTTP -----------------------------------------------------------------
+
+
+async def test_unknown_job_is_404(cluster):
+    async with aiohttp.ClientSession(headers=cluster.headers()) as session:
+        async with session.get(cluster.url + "/v1/jobs/no-such-job") as response:
+            assert response.status == 404
+            assert "no-such-job" in (await response.json())["message"]
+        async with session.post(cluster.url + "/v1/jobs/no-such-job/cancel") as response:
+            assert response.status == 404
+
+
+async def test_cancel_body_is_checked(cluster):
+    remote_parallel_map(functions.double, [1], spinner=False)
+    async with aiohttp.ClientSession(headers=cluster.headers()) as session:
+        async with session.get(cluster.url + "/v1/cluster") as response:
+            job_id = (await response.json())["jobs"][0]["job_id"]
+        url = f"{cluster.url}/v1/jobs/{job_id}/cancel"
+        async with session.post(url, data=b"{not json") as response:
+            assert response.status == 400 and "JSON" in (await response.json())["message"]
+        async with session.post(url, json={"reason": 5}) as response:
+            assert response.status == 400
+        async with session.post(url, json={"reason": "late"}) as response:
+            assert response.status == 409 and "already ended" in (await response.json())["message"]
+        async with session.post(url, data=io.BytesIO(b"x" * (2 * 1024 * 1024))) as response:
+            assert response.status == 413
+
+
+async def test_unknown_route_is_404(cluster):
+    async with aiohttp.ClientSession(headers=cluster.headers()) as session:
+        async with session.get(cluster.url + "/v1/nope") as response:
+            assert response.status == 404
+
+
+# --- bad input over the WebSockets -------------------------------------------------------
+
+
+async def _exchange(cluster, path: str, frames: list) -> list[wire.Message]:
+    """Send frames, then collect everything the head answers until it closes."""
+    replies = []
+    async with aiohttp.ClientSession(headers=cluster.headers()) as session:
+        async with session.ws_connect(cluster.url + path) as ws:
+            for frame in frames:
+                if isinstance(frame, str):
+                    await ws.send_str(frame)
+                else:
+                    await ws.send_bytes(frame)
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    replies.append(wire.decode(message.data))
+                else:
+                    break
+    return replies
+
+
+def _error(replies: list[wire.Message]) -> wire.ErrorReply:
+    errors = [r for r in replies if isinstance(r, wire.ErrorReply)]
+    assert errors, f"expected an ErrorReply, got {replies}"
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    "frames, kind, words",
+    [
+        (["hello"], "ProtocolError", "binary"),
+        ([b"\xc1garbage"], "ProtocolError", "msgpack"),
+        ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
+        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 17 fields"),
+        ([wire.InputBatch("j", []).encode()], "ProtocolError", "not accepted on this channel"),
+        ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
+        ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),
+        ([open_job(client_version="0.0.1").encode()], "VersionMismatch", "pip install burla=="),
+        ([open_job(func_gpu="H100").encode()], "NoCompatibleNodes", "func_gpu"),
+    ],
+)
+async def test_job_channel_rejects_bad_openings(cluster, frames, kind, words):
+    error = _error(await _exchange(cluster, "/v1/jobs/ws", frames))
+    assert error.kind == kind and words in error.message
+    assert 400 <= error.status < 500
+
+
+@pytest.mark.parametrize(
+    "batch, words",
+    [
+        ([[7, b"x"]], "outside 0..1"),
+        ([[0, b"x"], [0, b"x"]], "twice"),
+        ([[0, "not-bytes"]], "expected bytes"),
+    ],
+)
+async def test_job_channel_rejects_bad_inputs(cluster, batch, words):
+    spec = open_job()
+    replies = await _exchange(cluster, "/v1/jobs/ws", [spec.encode(), msgpack.packb([4, spec.job_id, batch])])
+    assert isinstance(replies[0], wire.JobAccepted)
+    assert words in _error(replies).message
+
+
+@pytest.mark.parametrize(
+    "frame, words",
+    [
+        (b"\x00\x01", "msgpack"),
+        (wire.RegisterNode("n", "u", 0, 1, 1.0, None, 0, None, "r", "3.11", __version__).encode(), "slots >= 1"),
+        (wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "9.9.9").encode(), "pip install"),
+        (wire.Credit("j", 1, 0).encode(), "not accepted on this channel"),
+    ],
+)
+async def test_node_channel_rejects_bad_frames(cluster, frame, words):
+    assert words in _error(await _exchange(cluster, "/v1/nodes/ws", [frame])).message
+
+
+def test_the_head_still_serves_after_all_that(cluster):
+    assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]

@@ -1,0 +1,70 @@
+"""Wire messages: every type round-trips, and malformed frames fail with a message."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from burla import wire
+from burla.errors import ProtocolError
+
+SAMPLES: list[wire.Message] = [
+    wire.OpenJob("j-1", "f", b"fn", 3, None, 2.5, None, None, False, 4, False, True, None, None, None, "0.1.0", "3.11.7"),
+    wire.JobAccepted("j-1", 10, 1024, 1, 2),
+    wire.ErrorReply("NoNodes", "none", 503),
+    wire.InputBatch("j-1", [[0, b"a"], [1, b"b"]]),
+    wire.Credit("j-1", 5, 0),
+    wire.ResultBatch("j-1", 7, [[0, True, b"r"], [1, False, b"e"]]),
+    wire.ResultAck("j-1", 7),
+    wire.OutputBatch("j-1", [[0, wire.STDOUT, "hi\n"]]),
+    wire.Progress("j-1", 1, 0, 2, 3),
+    wire.CancelJob("j-1", "why"),
+    wire.JobEnded("j-1", "FAILED", "NodeDisconnected", "lost"),
+    wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0"),
+    wire.NodeRegistered("n", "0.1.0"),
+    wire.AssignJob("j-1", "f", b"fn", 2),
+    wire.ReleaseJob("j-1"),
+    wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0),
+    wire.ShutdownNode("bye"),
+    wire.WorkerReady(123),
+    wire.LoadFunction("j-1", b"fn"),
+    wire.RunCalls("j-1", [[0, b"a"]]),
+    wire.UnloadFunction("j-1"),
+    wire.WorkerReport("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
+]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg):
+    assert wire.decode(msg.encode()) == msg
+
+
+def test_every_registered_message_has_a_sample():
+    assert {type(m) for m in SAMPLES} == set(wire._REGISTRY.values())
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (b"\xc1\xc1\xc1", "not valid msgpack"),
+        (b"", "not valid msgpack"),
+        (msgpack.packb({"a": 1}), "msgpack array"),
+        (msgpack.packb([]), "msgpack array"),
+        (msgpack.packb([999, 1]), "unknown message tag 999"),
+        (msgpack.packb([7, "j"]), "needs 2 fields, got 1"),
+        (msgpack.packb([7, "j", "not-int"]), "ResultAck.seq has the wrong type"),
+        (msgpack.packb([7, "j", True]), "ResultAck.seq has the wrong type"),
+        (msgpack.packb([4, "j", [[0]]]), "InputBatch items must be arrays of 2"),
+        (msgpack.packb([4, "j", [["0", b"x"]]]), "expected int"),
+        (msgpack.packb([4, "j", "notalist"]), "InputBatch.items has the wrong type"),
+        (wire.InputBatch("j", [[0, b"x"]]).encode()[:-2], "not valid msgpack"),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(data, words):
+    with pytest.raises(ProtocolError, match=words):
+        wire.decode(data)
+
+
+def test_channels_refuse_messages_of_other_channels():
+    with pytest.raises(ProtocolError, match="not accepted on this channel"):
+        wire.decode(wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0").encode(), wire.CLIENT_TO_HEAD)
