@@ -1,0 +1,209 @@
+"""The embedded default, head reuse, several clients at once, Ctrl-C and the progress line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+
+from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
+from tests.conftest import REPO, run_client, start_head, wait_for_nodes
+
+PRELUDE = (
+    "import cloudpickle\n"
+    "from burla import remote_parallel_map, get_cluster_dashboard_url\n"
+    "from tests import functions\n"
+    "cloudpickle.register_pickle_by_value(functions)\n"
+)
+
+
+def _env(config_dir, **extra) -> dict[str, str]:
+    env = {ENV_CONFIG_DIR: str(config_dir), ENV_HEAD_URL: "", ENV_TOKEN: ""}
+    env.update(extra)
+    return env
+
+
+def _burla_processes(config_dir) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            cmdline = process.info["cmdline"] or []
+            environ = process.info["environ"] or {}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "burla" in " ".join(cmdline) and environ.get(ENV_CONFIG_DIR) == str(config_dir):
+            found.append(process)
+    return found
+
+
+def _wait_until(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(0.05)
+
+
+def test_embedded_cluster_starts_runs_and_stops(tmp_path):
+    config_dir = tmp_path / "config"
+    done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, range(20), spinner=False))\n",
+                      _env(config_dir))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [x * 2 for x in range(20)]
+    assert HeadRecord.read(config_dir) is None  # an embedded head is not advertised
+    # Head, node and workers all go away with the client.
+    _wait_until(lambda: not _burla_processes(config_dir), what="embedded cluster exit")
+    log = (config_dir / "logs" / "embedded-head.log").read_text()
+    assert "COMPLETED" in log
+
+
+def test_running_head_is_reused(tmp_path):
+    config_dir = tmp_path / "config"
+    head = start_head(config_dir, token="reuse-token")
+    try:
+        wait_for_nodes(head, 1)
+        assert HeadRecord.read(config_dir).url == head.url
+        done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2], spinner=False))\n",
+                          _env(config_dir))
+        assert done.returncode == 0, done.stderr
+        assert "[2, 4]" in done.stdout
+        request = urllib.request.Request(f"{head.url}/v1/cluster", headers=head.headers())
+        with urllib.request.urlopen(request) as response:
+            jobs = json.load(response)["jobs"]
+        assert [j["status"] for j in jobs] == ["COMPLETED"]  # it ran on this head, not a new one
+        assert not (config_dir / "logs" / "embedded-head.log").exists()
+    finally:
+        head.stop()
+    assert HeadRecord.read(config_dir) is None  # the head removes its record when it stops
+
+
+def test_get_cluster_dashboard_url_starts_a_head_that_outlives_the_client(tmp_path):
+    config_dir = tmp_path / "config"
+    done = run_client(PRELUDE + "print(get_cluster_dashboard_url())\n", _env(config_dir))
+    assert done.returncode == 0, done.stderr
+    url = done.stdout.strip().splitlines()[-1]
+    record = HeadRecord.read(config_dir)
+    try:
+        assert record is not None and record.url == url
+        with urllib.request.urlopen(f"{url}/health") as response:
+            assert json.load(response)["ok"] is True
+        # The same call again returns the same head; a job there runs warm.
+        again = run_client(PRELUDE + "print(get_cluster_dashboard_url())\n"
+                           "print(remote_parallel_map(functions.double, [5], spinner=False))\n", _env(config_dir))
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.splitlines()[-2:] == [url, "[10]"]
+    finally:
+        os.kill(record.pid, signal.SIGTERM)
+        _wait_until(lambda: not _burla_processes(config_dir), what="background head exit")
+
+
+def test_several_clients_at_once_each_get_their_own_results(cluster):
+    script = PRELUDE + (
+        "import sys\n"
+        "k = int(sys.argv[1])\n"
+        "r = remote_parallel_map(functions.identity, [(k, i) for i in range(300)], spinner=False)\n"
+        "assert r == [(k, i) for i in range(300)], r[:5]\n"
+        "print('ok', k)\n"
+    )
+    clients = [
+        subprocess.Popen([sys.executable, "-c", script, str(k)], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for k in range(4)
+    ]
+    for k, client in enumerate(clients):
+        out, err = client.communicate(timeout=120)
+        assert client.returncode == 0, err
+        assert f"ok {k}" in out
+
+
+def test_jobs_share_slots_instead_of_failing(cluster, tmp_path):
+    # A long job holds both workers; a second job still gets through.
+    script = PRELUDE + (
+        "import sys\n"
+        "r = remote_parallel_map(functions.sleep_then_return, [(i, float(sys.argv[1])) for i in range(4)], "
+        "spinner=False)\n"
+        "print(r)\n"
+    )
+    long_job = subprocess.Popen([sys.executable, "-c", script, "2"], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until(lambda: _running_jobs(cluster) >= 1, what="long job running")
+        short = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [21], spinner=False))\n", {})
+        assert short.returncode == 0, short.stderr
+        assert "[42]" in short.stdout
+    finally:
+        out, err = long_job.communicate(timeout=120)
+    assert long_job.returncode == 0, err
+    assert "[0, 1, 2, 3]" in out
+
+
+def _running_jobs(head) -> int:
+    request = urllib.request.Request(f"{head.url}/v1/cluster", headers=head.headers())
+    with urllib.request.urlopen(request) as response:
+        return sum(1 for j in json.load(response)["jobs"] if j["status"] == "RUNNING" and j["running"] > 0)
+
+
+def test_ctrl_c_cancels_the_job_and_frees_the_node(cluster):
+    script = PRELUDE + (
+        "from burla import JobCanceled\n"
+        "try:\n"
+        "    remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(4)], spinner=False)\n"
+        "except JobCanceled as e:\n"
+        "    print('canceled:', e, flush=True)\n"
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    _wait_until(lambda: _running_jobs(cluster) >= 1, what="job running")
+    client.send_signal(signal.SIGINT)
+    out, err = client.communicate(timeout=60)
+    assert "canceled:" in out, err
+    # The running calls stopped (they would sleep a minute): the next job runs at once.
+    done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2, 3, 4], spinner=False))\n", {},
+                      timeout=30)
+    assert "[2, 4, 6, 8]" in done.stdout, done.stderr
+    request = urllib.request.Request(f"{cluster.url}/v1/cluster", headers=cluster.headers())
+    with urllib.request.urlopen(request) as response:
+        statuses = [j["status"] for j in json.load(response)["jobs"] if j["function_name"] == "sleep_then_return"]
+    assert statuses and statuses[0] == "CANCELED"
+
+
+def _run_in_pty(script: str, env: dict[str, str], timeout: float = 60) -> str:
+    pid, fd = pty.fork()
+    if pid == 0:  # child
+        os.chdir(REPO)
+        os.execve(sys.executable, [sys.executable, "-c", script], dict(os.environ, **env))
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_line_on_a_tty(cluster):
+    script = PRELUDE + "import tempfile\nd = tempfile.mkdtemp()\nremote_parallel_map(functions.record_interval, [(d, i, 0.3) for i in range(6)])\n"
+    shown = _run_in_pty(script, {})
+    assert "[burla] 6/6 done" in shown
+    assert "running" in shown and "/s" in shown
+
+
+def test_no_progress_line_with_spinner_false_on_a_tty(cluster):
+    script = PRELUDE + "print(remote_parallel_map(functions.double, [1, 2], spinner=False))\n"
+    shown = _run_in_pty(script, {})
+    assert "[2, 4]" in shown and "[burla]" not in shown
