@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import sys
 import uuid
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from burla import wire
 from burla._version import __version__

@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import queue
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from burla import wire
 from burla.config import MAX_INPUT_BYTES

@@ -16,7 +16,9 @@ REDRAW_EVERY_S = 0.1
 
 
 class Display:
-    def __init__(self, total: int, show_progress: bool, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+    def __init__(
+        self, total: int, show_progress: bool, stdout: TextIO | None = None, stderr: TextIO | None = None
+    ) -> None:
         self.total = total
         self._out = stdout or sys.stdout
         self._err = stderr or sys.stderr

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 

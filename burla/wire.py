@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import struct
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import msgpack
 

@@ -197,7 +197,11 @@ def _run_in_pty(script: str, env: dict[str, str], timeout: float = 60) -> str:
 
 
 def test_progress_line_on_a_tty(cluster):
-    script = PRELUDE + "import tempfile\nd = tempfile.mkdtemp()\nremote_parallel_map(functions.record_interval, [(d, i, 0.3) for i in range(6)])\n"
+    script = PRELUDE + (
+        "import tempfile\n"
+        "d = tempfile.mkdtemp()\n"
+        "remote_parallel_map(functions.record_interval, [(d, i, 0.3) for i in range(6)])\n"
+    )
     shown = _run_in_pty(script, {})
     assert "[burla] 6/6 done" in shown
     assert "running" in shown and "/s" in shown

@@ -22,7 +22,7 @@ def open_job(**overrides) -> wire.OpenJob:
     values = dict(job_id=f"raw-{os.urandom(4).hex()}", function_name="f", function_bytes=b"x", n_inputs=2,
                   func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=False, max_parallelism=None,
                   detach=False, raise_errors=True, region=None, disk_gb=None, parent_job_id=None,
-                  client_version=__version__, python_version="%d.%d.0" % sys.version_info[:2])
+                  client_version=__version__, python_version="{}.{}.0".format(*sys.version_info[:2]))
     values.update(overrides)
     return wire.OpenJob(**values)
 

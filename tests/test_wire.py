@@ -9,7 +9,9 @@ from burla import wire
 from burla.errors import ProtocolError
 
 SAMPLES: list[wire.Message] = [
-    wire.OpenJob("j-1", "f", b"fn", 3, None, 2.5, None, None, False, 4, False, True, None, None, None, "0.1.0", "3.11.7"),
+    wire.OpenJob(
+        "j-1", "f", b"fn", 3, None, 2.5, None, None, False, 4, False, True, None, None, None, "0.1.0", "3.11.7"
+    ),
     wire.JobAccepted("j-1", 10, 1024, 1, 2),
     wire.ErrorReply("NoNodes", "none", 503),
     wire.InputBatch("j-1", [[0, b"a"], [1, b"b"]]),
@@ -67,4 +69,5 @@ def test_malformed_frames_raise_protocol_error(data, words):
 
 def test_channels_refuse_messages_of_other_channels():
     with pytest.raises(ProtocolError, match="not accepted on this channel"):
-        wire.decode(wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0").encode(), wire.CLIENT_TO_HEAD)
+        register = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0")
+        wire.decode(register.encode(), wire.CLIENT_TO_HEAD)

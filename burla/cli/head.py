@@ -33,7 +33,8 @@ def head() -> None:
 def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
           node_deadline: float, ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
-    from burla.head.server import PortInUse, serve as run_head
+    from burla.head.server import PortInUse
+    from burla.head.server import serve as run_head
 
     directory = config_dir()
     if host not in ("127.0.0.1", "localhost", "::1"):

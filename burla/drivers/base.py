@@ -7,8 +7,8 @@ token; the node then registers with the head by itself. The head owns every driv
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

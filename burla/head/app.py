@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 

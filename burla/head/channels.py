@@ -47,7 +47,7 @@ async def _refuse(ws: web.WebSocketResponse, error: BurlaError) -> None:
 async def _first_frame(ws: web.WebSocketResponse, allowed: tuple) -> wire.Message | None:
     try:
         frame = await asyncio.wait_for(ws.receive(), FIRST_FRAME_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         await _refuse(ws, ProtocolError("no opening frame within 30 s"))
         return None
     if frame.type != WSMsgType.BINARY:

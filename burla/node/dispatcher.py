@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from burla import wire
 from burla.errors import WorkerCrashed
@@ -192,8 +192,12 @@ class Dispatcher:
         for worker in workers:
             if len(worker.batches) == 1:
                 job = self.jobs.get(worker.batches[0].job_id)
-                if job is not None and job.queue and job.call_seconds is not None and job.call_seconds < PREFETCH_BELOW_S:
+                if job is not None and job.queue and self._calls_are_short(job):
                     self._dispatch(worker, job, len(workers))
+
+    @staticmethod
+    def _calls_are_short(job: NodeJob) -> bool:
+        return job.call_seconds is not None and job.call_seconds < PREFETCH_BELOW_S
 
     def _next_job(self) -> NodeJob | None:
         jobs = list(self.jobs.values())

@@ -16,7 +16,7 @@ import os
 import sys
 import termios
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from burla.wire import STDERR, STDOUT
 

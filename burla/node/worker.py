@@ -15,7 +15,8 @@ import socket
 import struct
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from burla import wire
 from burla.node.output_capture import OutputCapture
