@@ -1,0 +1,72 @@
+"""The `burla` command through its real entry point."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from burla._version import __version__
+
+
+def burla(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def test_help_reads_well():
+    done = burla("--help")
+    assert done.returncode == 0
+    assert "head" in done.stdout and "node" in done.stdout
+    assert "worker" not in done.stdout  # internal
+
+
+def test_subcommand_help():
+    serve = burla("head", "serve", "--help")
+    assert serve.returncode == 0 and "--local-nodes" in serve.stdout and "127.0.0.1" in serve.stdout
+    join = burla("node", "join", "--help")
+    assert join.returncode == 0 and "--head" in join.stdout and "--workers" in join.stdout
+
+
+def test_version():
+    done = burla("--version")
+    assert done.returncode == 0 and __version__ in done.stdout
+
+
+def test_node_join_without_a_token_says_how_to_fix_it(tmp_path):
+    import os
+
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
+    env.pop("BURLA_CLUSTER_TOKEN", None)
+    done = burla("node", "join", "--head", "http://127.0.0.1:9", env=env)
+    assert done.returncode == 3
+    assert "BURLA_CLUSTER_TOKEN" in done.stderr
+
+
+def test_node_join_needs_a_head(tmp_path):
+    import os
+
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
+    env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
+    done = burla("node", "join", env=env)
+    assert done.returncode == 2 and "--head" in done.stderr
+
+
+def test_head_serve_on_a_busy_port_fails_clearly(tmp_path):
+    import os
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
+        done = burla("head", "serve", "--port", str(taken.getsockname()[1]), env=env)
+    finally:
+        taken.close()
+    assert done.returncode == 5
+    assert "--port 0" in done.stderr
+
+
+def test_bad_option_values_are_usage_errors():
+    done = burla("head", "serve", "--local-nodes", "-3")
+    assert done.returncode == 2 and "local-nodes" in done.stderr
