@@ -12,7 +12,6 @@ from burla import wire
 from burla._version import __version__
 from burla.config import MAX_FUNCTION_BYTES, ClientSettings
 from burla.errors import (
-    DetachRequiresDeployedCluster,
     FunctionTooBig,
     InvalidArgument,
     JobCanceled,
@@ -69,14 +68,7 @@ def remote_parallel_map(
             "them as inputs, or load them inside the function."
         )
     settings = ClientSettings.resolve()
-    cluster = connect(settings)
-    if detach and cluster.embedded is not None:
-        cluster.close()
-        raise DetachRequiresDeployedCluster(
-            "detach=True needs a head that outlives this process. Start one with "
-            "`python -c \"import burla; print(burla.get_cluster_dashboard_url())\"` or "
-            "`burla head serve --local-nodes 1`, or point BURLA_CLUSTER_DASHBOARD_URL at a deployed head."
-        )
+    cluster = connect(settings, allow_embedded=not detach)
     spec = wire.OpenJob(
         job_id=_job_id(function_),
         function_name=_name(function_),

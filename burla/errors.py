@@ -53,7 +53,7 @@ class InputTooBig(ClientInputError):
         self.size = size
         self.limit = limit
         super().__init__(
-            f"Input {input_index} is {size / 1e6:.1f} MB pickled; the limit is {limit / 1e6:.0f} MB "
+            f"Input {input_index} is {size / 2**20:.1f} MB pickled; the limit is {limit / 2**20:.0f} MB "
             "per input. Pass a path or URL and load the data inside the function instead."
         )
 

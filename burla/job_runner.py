@@ -66,6 +66,7 @@ class JobRunner:
         self._outstanding_bytes = 0
         self._sizes: dict[int, int] = {}  # uploaded inputs whose results are still out
         self._window_open = asyncio.Event()
+        self._side_tasks: set[asyncio.Future] = set()
         self._thread = threading.Thread(target=self._thread_main, name=f"burla-job-{spec.job_id}", daemon=True)
 
     def start(self) -> None:
@@ -102,15 +103,29 @@ class JobRunner:
     def _request_cancel(self, reason: str) -> None:
         self._cancel_reason = reason
         if self._ws is not None and not self._ws.closed:
-            asyncio.ensure_future(self._ws.send_bytes(wire.CancelJob(self.spec.job_id, reason).encode()))
+            self._side_task(self._ws.send_bytes(wire.CancelJob(self.spec.job_id, reason).encode()))
 
     def _request_close(self) -> None:
         if self._ws is not None:
-            asyncio.ensure_future(self._ws.close())
+            self._side_task(self._ws.close())
+
+    def _side_task(self, coroutine) -> None:
+        """Run a one-off send on the loop; `_run` awaits whatever is left before it returns."""
+        task = asyncio.ensure_future(coroutine)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     # --- the session ---------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._session()
+        finally:
+            for task in list(self._side_tasks):
+                with contextlib.suppress(Exception):
+                    await task
+
+    async def _session(self) -> None:
         import aiohttp
 
         self._loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ answers; else an embedded head with one local node, started for this job and sto
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import os
 import select
@@ -18,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from burla.config import ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token
-from burla.errors import HeadUnreachable, Unauthorized
+from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, Unauthorized
 
 HEAD_START_TIMEOUT_S = 60.0
+HEAD_STOP_WAIT_S = 10.0
 
 
 @dataclass
@@ -46,6 +48,23 @@ class EmbeddedHead:
         if self._lifeline_fd is not None:
             os.close(self._lifeline_fd)
             self._lifeline_fd = None
+            # Reap it at exit rather than now: the caller has its results already.
+            if not _stopping_heads:
+                atexit.register(_reap_stopping_heads)
+            _stopping_heads.append(self.process)
+
+
+_stopping_heads: list[subprocess.Popen] = []
+
+
+def _reap_stopping_heads() -> None:
+    for process in _stopping_heads:
+        try:
+            process.wait(HEAD_STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    _stopping_heads.clear()
 
 
 def head_is_healthy(url: str, timeout: float = 1.0) -> bool:
@@ -78,7 +97,7 @@ def running_local_head(settings: ClientSettings) -> str | None:
     return record.url if head_is_healthy(record.url) else None
 
 
-def connect(settings: ClientSettings) -> ClusterHandle:
+def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHandle:
     """The cluster this job should run on, starting an embedded one if there is none."""
     if settings.head_url:
         if not settings.token:
@@ -91,6 +110,12 @@ def connect(settings: ClientSettings) -> ClusterHandle:
     token = settings.token or load_or_create_token(settings.config_dir)
     if url is not None:
         return ClusterHandle(url, token)
+    if not allow_embedded:
+        raise DetachRequiresDeployedCluster(
+            "detach=True needs a head that outlives this process. Start one with "
+            "`python -c \"import burla; print(burla.get_cluster_dashboard_url())\"` or "
+            "`burla head serve --local-nodes 1`, or point BURLA_CLUSTER_DASHBOARD_URL at a deployed head."
+        )
     return start_head(settings, token, embedded=True)
 
 

@@ -98,6 +98,8 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
             except ProtocolError as e:
                 await _refuse(ws, e)
                 break
+            if cluster.node_links.get(first.node_id) is not link:
+                break  # declared dead meanwhile: whatever it still sends is stale
             cluster.on_node_message(first.node_id, msg)
     finally:
         writer.cancel()

@@ -33,6 +33,7 @@ class Cluster:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.nodes_changed = asyncio.Event()
         self.booting_ids: set[str] = set()
+        self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -49,6 +50,7 @@ class Cluster:
             self.node_lost(msg.node_id)  # a reconnect: the old session's inputs go back first
         node = NodeRecord.from_register(msg)
         self.node_links[msg.node_id] = link
+        self.last_heard[msg.node_id] = time.monotonic()
         self.booting_ids.discard(msg.node_id)
         self.scheduler.booting = len(self.booting_ids)
         for job, parallelism in self.scheduler.add_node(node):
@@ -59,6 +61,7 @@ class Cluster:
 
     def node_lost(self, node_id: str) -> None:
         self.node_links.pop(node_id, None)
+        self.last_heard.pop(node_id, None)
         for job in self.scheduler.remove_node(node_id):
             if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
                 self.end_job(
@@ -87,7 +90,21 @@ class Cluster:
                 if job.status == RUNNING and not job.assignments:
                     self.end_job(job, FAILED, "NoNodes", f"The node started for this job failed to boot: {why}")
 
+    async def reap_loop(self, deadline_s: float) -> None:
+        """Drop nodes that stopped talking (frozen, cut off): their inputs go to live nodes."""
+        while True:
+            await asyncio.sleep(min(1.0, deadline_s / 4))
+            now = time.monotonic()
+            for node_id, heard in list(self.last_heard.items()):
+                if now - heard > deadline_s:
+                    link = self.node_links.get(node_id)
+                    log.warning("node %s silent for %.1f s; declaring it dead", node_id, now - heard)
+                    self.node_lost(node_id)
+                    if link is not None:
+                        link.close()
+
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
+        self.last_heard[node_id] = time.monotonic()
         if isinstance(msg, wire.ResultBatch):
             self._on_results(node_id, msg)
         elif isinstance(msg, wire.OutputBatch):
@@ -111,6 +128,9 @@ class Cluster:
         link = self.client_links.get(job.job_id)
         if link is not None:
             link.deliver([], fresh)
+        elif job.n_done >= job.n_inputs:  # a detached job whose client has left
+            self.end_job(job, COMPLETED, "", "")
+            return
         if job.spec.raise_errors:
             failed = next((item for item in fresh if not item[1]), None)
             if failed is not None:
@@ -159,7 +179,11 @@ class Cluster:
         if link is not None:
             link.closed = True
         job = self.scheduler.jobs.get(job_id)
-        if job is not None and job.status == RUNNING and not job.spec.detach:
+        if job is None or job.status != RUNNING:
+            return
+        if job.n_done >= job.n_inputs:
+            self.end_job(job, COMPLETED, "", "")
+        elif not job.spec.detach:
             self.end_job(job, CANCELED, "JobCanceled", "the client disconnected")
 
     def end_job(self, job: JobRecord, status: str, kind: str, reason: str) -> None:

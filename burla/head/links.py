@@ -21,15 +21,26 @@ class NodeLink:
         self.ws = ws
         self._frames: deque[bytes] = deque()
         self._wake = asyncio.Event()
+        self._closing = False
 
     def send(self, msg: wire.Message) -> None:
-        self._frames.append(msg.encode())
+        if not self._closing:
+            self._frames.append(msg.encode())
+            self._wake.set()
+
+    def close(self) -> None:
+        """Drop the connection (the node was declared dead); the writer task closes it."""
+        self._closing = True
+        self._frames.clear()
         self._wake.set()
 
     async def run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._closing:
+                await self.ws.close()
+                return
             while self._frames:
                 await self.ws.send_bytes(self._frames.popleft())
 

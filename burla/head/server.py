@@ -82,6 +82,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     site = web.SockSite(runner, sock)
     await site.start()
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
+    reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
     lifeline = None
     if settings.lifeline_fd is not None:
         lifeline = asyncio.create_task(wait_for_eof(settings.lifeline_fd), name="lifeline")
@@ -100,7 +101,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, lifeline):
+        for task in (progress, reaper, lifeline):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

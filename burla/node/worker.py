@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from burla import wire
+from burla.config import ENV_PARENT_JOB
 from burla.node.output_capture import OutputCapture
 from burla.serialization import dumps_result, loads, pack_error
 
@@ -116,6 +117,7 @@ class Worker:
         last_flush = time.monotonic()
         self._batch_job = job_id
         self._cancel_requested = False
+        os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
         capture = self.capture
         shm = self._shm
         try:

@@ -1,0 +1,117 @@
+"""A frozen node is declared dead and its inputs rerun elsewhere; detached jobs outlive their client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from burla import DetachRequiresDeployedCluster, remote_parallel_map
+from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from tests import functions
+from tests.conftest import run_client, start_head, wait_for_nodes
+
+PRELUDE = (
+    "import cloudpickle\n"
+    "from burla import remote_parallel_map\n"
+    "from tests import functions\n"
+    "cloudpickle.register_pickle_by_value(functions)\n"
+)
+
+
+def _get(head, path: str) -> dict:
+    request = urllib.request.Request(head.url + path, headers=head.headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def _wait_until(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(0.05)
+
+
+def _node_processes(head) -> list[psutil.Process]:
+    return [p for p in psutil.Process(head.process.pid).children() if "join" in p.cmdline()]
+
+
+@pytest.fixture
+def two_node_head(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=2, workers=1, extra=["--node-deadline", "2"])
+    monkeypatch.setenv(ENV_HEAD_URL, head.url)
+    monkeypatch.setenv(ENV_TOKEN, head.token)
+    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    try:
+        wait_for_nodes(head, 2)
+        yield head
+    finally:
+        for process in _node_processes(head):
+            process.send_signal(signal.SIGCONT)
+        head.stop()
+
+
+def test_frozen_node_is_declared_dead_and_its_inputs_rerun(two_node_head, tmp_path):
+    head = two_node_head
+    out = tmp_path / "calls"
+    out.mkdir()
+    stream = remote_parallel_map(
+        functions.record_interval, [(str(out), i, 0.3) for i in range(12)], generator=True, spinner=False
+    )
+    first = next(stream)  # the job is running on both nodes
+    frozen = _node_processes(head)[0]
+    frozen.send_signal(signal.SIGSTOP)
+    rest = list(stream)
+    assert sorted([first, *rest]) == list(range(12))  # every input exactly once
+    assert "silent for" in head.log()
+    assert len(_get(head, "/v1/cluster")["nodes"]) == 1
+    # Thawed, the node comes back by itself and serves the next job.
+    frozen.send_signal(signal.SIGCONT)
+    _wait_until(lambda: len(_get(head, "/v1/cluster")["nodes"]) == 2, what="node re-registered")
+    assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
+
+
+def test_losing_the_only_node_fails_the_job_clearly(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=1, workers=1)
+    monkeypatch.setenv(ENV_HEAD_URL, head.url)
+    monkeypatch.setenv(ENV_TOKEN, head.token)
+    try:
+        wait_for_nodes(head, 1)
+        stream = remote_parallel_map(functions.sleep_then_return, [(i, 0.5) for i in range(6)], generator=True,
+                                     spinner=False)
+        next(stream)
+        for process in _node_processes(head):
+            os.killpg(process.pid, signal.SIGKILL)
+        from burla import NodeDisconnected
+
+        with pytest.raises(NodeDisconnected, match="inputs have no result"):
+            list(stream)
+    finally:
+        head.stop()
+
+
+def test_detached_job_runs_on_after_its_client_exits(cluster, tmp_path):
+    out = tmp_path / "calls"
+    out.mkdir()
+    script = PRELUDE + (
+        f"job_id = remote_parallel_map(functions.record_interval, [({str(out)!r}, i, 0.5) for i in range(4)], "
+        "detach=True, spinner=False)\n"
+        "print(job_id)\n"
+    )
+    done = run_client(script, {})
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().splitlines()[-1]
+    assert "Done uploading inputs!" in done.stderr
+    _wait_until(lambda: _get(cluster, f"/v1/jobs/{job_id}")["status"] == "COMPLETED", what="detached job done")
+    assert sorted(p.name for p in out.iterdir()) == [f"{i}.txt" for i in range(4)]
+
+
+def test_detach_needs_a_head_that_outlives_the_client(fresh_config):
+    with pytest.raises(DetachRequiresDeployedCluster, match="get_cluster_dashboard_url"):
+        remote_parallel_map(functions.double, [1], detach=True)
