@@ -115,3 +115,11 @@ def returns_lambda(x):
 
 def pid(x):
     return os.getpid()
+
+
+def kill_self(x, crash_on=0):
+    if x == crash_on:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x

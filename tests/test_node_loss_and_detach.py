@@ -44,7 +44,7 @@ def _node_processes(head) -> list[psutil.Process]:
 
 @pytest.fixture
 def two_node_head(tmp_path, monkeypatch):
-    head = start_head(tmp_path / "config", local_nodes=2, workers=1, extra=["--node-deadline", "2"])
+    head = start_head(tmp_path / "config", local_nodes=2, workers=1, extra=["--node-deadline", "3"])
     monkeypatch.setenv(ENV_HEAD_URL, head.url)
     monkeypatch.setenv(ENV_TOKEN, head.token)
     monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))

@@ -240,3 +240,9 @@ def test_segfault_raises_worker_crashed(cluster):
         remote_parallel_map(functions.segfault, [0, 1], spinner=False)
     assert caught.value.input_index == 0
     assert "SIGSEGV" in str(caught.value)
+
+
+def test_killed_worker_raises_worker_crashed_naming_the_signal(cluster):
+    results = remote_parallel_map(functions.kill_self, range(3), raise_errors=False, spinner=False)
+    assert results[1:] == [1, 2]
+    assert isinstance(results[0], WorkerCrashed) and "SIGKILL" in str(results[0])
