@@ -14,6 +14,7 @@
     │   ├── NoCompatibleNodes     no node satisfies func_gpu / image / region / func_cpu / func_ram
     │   ├── VersionMismatch       client and head run incompatible burla versions
     │   ├── ProtocolError         a peer sent a message that does not decode (HTTP 400)
+    │   ├── JobNotFound           the head has no such job, or no results left for it (HTTP 404)
     │   └── DetachRequiresDeployedCluster
     ├── JobError                  the job started but did not end normally
     │   ├── JobCanceled           Ctrl-C, `burla jobs cancel`, or the head cancelled it
@@ -107,6 +108,10 @@ class ProtocolError(ClusterError):
     pass
 
 
+class JobNotFound(ClusterError):
+    pass
+
+
 class DetachRequiresDeployedCluster(ClusterError):
     pass
 
@@ -182,6 +187,7 @@ WIRE_ERRORS: dict[str, type[BurlaError]] = {
         NoCompatibleNodes,
         VersionMismatch,
         ProtocolError,
+        JobNotFound,
         DetachRequiresDeployedCluster,
         JobCanceled,
         JobFailed,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,9 @@ from burla.local_cluster import ClusterHandle
 from burla.progress import Display
 from burla.serialization import dumps, loads, unpack_error
 
+RECONNECT_FOR_S = 60.0  # after a cut, keep trying to resume the job this long
+RECONNECT_DELAY_S = 0.2
+HEARTBEAT_S = 5.0  # a silently dead connection is noticed within about this
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = 4096
 CANCEL_WAIT_S = 5.0
@@ -45,6 +49,10 @@ class Outcome:
 
 
 _END = object()
+
+
+class _ConnectionLost(Exception):
+    """The connection to the head dropped; the job may still be resumed."""
 
 
 class JobRunner:
@@ -67,6 +75,10 @@ class JobRunner:
         self._sizes: dict[int, int] = {}  # uploaded inputs whose results are still out
         self._window_open = asyncio.Event()
         self._side_tasks: set[asyncio.Future] = set()
+        self._received = bytearray(spec.n_inputs)  # per index: result handed over yet?
+        self._remaining = spec.n_inputs
+        self._acked_seq = 0
+        self._closing = False
         self._thread = threading.Thread(target=self._thread_main, name=f"burla-job-{spec.job_id}", daemon=True)
 
     def start(self) -> None:
@@ -106,6 +118,7 @@ class JobRunner:
             self._side_task(self._ws.send_bytes(wire.CancelJob(self.spec.job_id, reason).encode()))
 
     def _request_close(self) -> None:
+        self._closing = True
         if self._ws is not None:
             self._side_task(self._ws.close())
 
@@ -126,74 +139,142 @@ class JobRunner:
                     await task
 
     async def _session(self) -> None:
+        """Open the job, then keep it going across connection cuts until it ends."""
         import aiohttp
 
         self._loop = asyncio.get_running_loop()
-        headers = {"Authorization": f"Bearer {self.cluster.token}"}
+        lost_at: float | None = None
+        opened = False
         async with aiohttp.ClientSession() as session:
-            try:
-                ws = await session.ws_connect(
-                    f"{self.cluster.url}/v1/jobs/ws", headers=headers, max_msg_size=wire.MAX_FRAME_BYTES,
-                    heartbeat=None,
-                )
-            except aiohttp.WSServerHandshakeError as e:
-                if e.status == 401:
-                    raise Unauthorized(
-                        f"{self.cluster.url} refused the cluster token; set BURLA_CLUSTER_TOKEN to the "
-                        "token of that head."
-                    ) from None
-                raise HeadUnreachable(f"{self.cluster.url} refused the job connection (HTTP {e.status})") from None
-            except (aiohttp.ClientError, OSError) as e:
-                raise HeadUnreachable(f"can't reach the head at {self.cluster.url}: {e}") from None
-            self._ws = ws
-            async with ws:
-                await ws.send_bytes(self.spec.encode())
-                accepted = await self._receive_accept(ws)
-                uploader = asyncio.create_task(self._upload(ws, accepted))
-                receiver = asyncio.create_task(self._receive(ws))
+            while True:
                 try:
-                    await asyncio.wait((uploader, receiver), return_when=asyncio.FIRST_EXCEPTION)
-                    if uploader.done() and not uploader.cancelled() and uploader.exception() is not None:
-                        # An input that can't be sent ends the job; say why, not "canceled".
-                        with contextlib.suppress(Exception):
-                            await ws.send_bytes(wire.CancelJob(self.spec.job_id, str(uploader.exception())).encode())
-                        raise uploader.exception()
-                    await receiver
-                finally:
-                    for task in (uploader, receiver):
-                        task.cancel()
-                    for task in (uploader, receiver):
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await task
+                    ws = await self._connect(session)
+                except _ConnectionLost as e:
+                    if not opened:
+                        raise HeadUnreachable(f"can't reach the head at {self.cluster.url}: {e}") from None
+                    self._give_up_if_too_long(lost_at)
+                    await asyncio.sleep(RECONNECT_DELAY_S)
+                    continue
+                self._ws = ws
+                try:
+                    async with ws:
+                        if not opened:
+                            await ws.send_bytes(self.spec.encode())
+                            start, window = await self._expect_opening(ws, wire.JobAccepted)
+                            opened = True
+                        else:
+                            await ws.send_bytes(wire.ResumeJob(self.spec.job_id, self._acked_seq).encode())
+                            start, window = await self._expect_opening(ws, wire.JobResumed)
+                        lost_at = None
+                        await self._exchange(ws, start, window)
+                        return
+                except _ConnectionLost:
+                    if self._cancel_reason is not None:
+                        raise JobCanceled(f"job {self.spec.job_id} canceled: {self._cancel_reason}") from None
+                    if self._closing:
+                        return
+                    if not opened:
+                        raise HeadUnreachable(f"the head at {self.cluster.url} dropped the connection") from None
+                    lost_at = lost_at or time.monotonic()
+                    self._give_up_if_too_long(lost_at)
+                    await asyncio.sleep(RECONNECT_DELAY_S)
 
-    async def _receive_accept(self, ws) -> wire.JobAccepted:
+    def _give_up_if_too_long(self, lost_at: float | None) -> None:
+        if lost_at is not None and time.monotonic() - lost_at > RECONNECT_FOR_S:
+            raise NodeDisconnected(
+                f"lost the connection to the head at {self.cluster.url} and could not resume job "
+                f"{self.spec.job_id} within {RECONNECT_FOR_S:.0f} s; {self._remaining} of "
+                f"{self.spec.n_inputs} results are missing"
+            )
+
+    async def _connect(self, session):
+        import aiohttp
+
+        headers = {"Authorization": f"Bearer {self.cluster.token}"}
+        try:
+            return await session.ws_connect(
+                f"{self.cluster.url}/v1/jobs/ws", headers=headers, max_msg_size=wire.MAX_FRAME_BYTES,
+                heartbeat=HEARTBEAT_S,
+            )
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status == 401:
+                raise Unauthorized(
+                    f"{self.cluster.url} refused the cluster token; set BURLA_CLUSTER_TOKEN to the token of "
+                    "that head."
+                ) from None
+            raise _ConnectionLost(f"HTTP {e.status}") from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise _ConnectionLost(str(e) or type(e).__name__) from None
+
+    async def _expect_opening(self, ws, kind: type) -> tuple[int, tuple[int, int]]:
         msg = await self._next_message(ws)
         if isinstance(msg, wire.ErrorReply):
             raise error_from_wire(msg.kind, msg.message)
-        if not isinstance(msg, wire.JobAccepted):
-            raise ProtocolError(f"the head answered OpenJob with {type(msg).__name__}")
-        return msg
+        if isinstance(msg, wire.JobEnded):
+            raise error_from_wire(msg.kind, f"job {self.spec.job_id} ended {msg.status}: {msg.reason}")
+        if not isinstance(msg, kind):
+            raise ProtocolError(f"the head answered with {type(msg).__name__}, expected {kind.__name__}")
+        start = 0 if isinstance(msg, wire.JobAccepted) else msg.inputs_received
+        return start, (msg.window_inputs, msg.window_bytes)
 
-    async def _next_message(self, ws) -> wire.Message | None:
+    async def _next_message(self, ws) -> wire.Message:
         import aiohttp
 
-        frame = await ws.receive()
+        try:
+            frame = await ws.receive()
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise _ConnectionLost(str(e)) from None
         if frame.type == aiohttp.WSMsgType.BINARY:
             return wire.decode(frame.data, wire.HEAD_TO_CLIENT)
-        if frame.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
-            return None
-        if frame.type == aiohttp.WSMsgType.ERROR:
-            return None
+        if frame.type in (
+            aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR
+        ):
+            raise _ConnectionLost(f"connection closed ({frame.type.name})")
         raise ProtocolError(f"unexpected {frame.type.name} frame from the head")
 
-    async def _upload(self, ws, accepted: wire.JobAccepted) -> None:
+    async def _exchange(self, ws, start: int, window: tuple[int, int]) -> None:
+        """Upload from `start` and receive until the job ends or the connection drops."""
+        self._window_inputs, self._window_bytes = window
+        for index in [i for i in self._sizes if i >= start]:  # never reached the head: send again
+            self._outstanding_inputs -= 1
+            self._outstanding_bytes -= self._sizes.pop(index)
+        uploader = asyncio.create_task(self._upload(ws, start))
+        receiver = asyncio.create_task(self._receive(ws))
+        try:
+            await asyncio.wait((uploader, receiver), return_when=asyncio.FIRST_EXCEPTION)
+            if uploader.done() and not uploader.cancelled() and uploader.exception() is not None:
+                error = uploader.exception()
+                if isinstance(error, _ConnectionLost):
+                    raise error
+                # An input that can't be sent ends the job; say why, not "canceled".
+                with contextlib.suppress(Exception):
+                    await ws.send_bytes(wire.CancelJob(self.spec.job_id, str(error)).encode())
+                raise error
+            await receiver
+        finally:
+            for task in (uploader, receiver):
+                task.cancel()
+            for task in (uploader, receiver):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _send(self, ws, msg: wire.Message) -> None:
+        import aiohttp
+
+        try:
+            await ws.send_bytes(msg.encode())
+        except (aiohttp.ClientError, OSError, RuntimeError) as e:
+            raise _ConnectionLost(str(e)) from None
+
+    async def _upload(self, ws, start: int) -> None:
         """Pickle and send inputs while the window allows; the window frees as results return."""
-        self._window_inputs = accepted.window_inputs
-        self._window_bytes = accepted.window_bytes
         job_id = self.spec.job_id
         batch: list = []
         batch_bytes = 0
-        for index, value in enumerate(self.inputs):
+        for index in range(start, self.spec.n_inputs):
+            if self._received[index]:
+                continue
+            value = self.inputs[index]
             try:
                 data = dumps(value)
             except Exception as e:
@@ -205,7 +286,7 @@ class JobRunner:
                 or self._outstanding_bytes + len(data) > self._window_bytes
             ):
                 if batch:
-                    await ws.send_bytes(wire.InputBatch(job_id, batch).encode())
+                    await self._send(ws, wire.InputBatch(job_id, batch))
                     batch, batch_bytes = [], 0
                 self._window_open.clear()
                 await self._window_open.wait()
@@ -215,10 +296,10 @@ class JobRunner:
             batch.append([index, data])
             batch_bytes += len(data)
             if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= UPLOAD_BATCH_ITEMS:
-                await ws.send_bytes(wire.InputBatch(job_id, batch).encode())
+                await self._send(ws, wire.InputBatch(job_id, batch))
                 batch, batch_bytes = [], 0
         if batch:
-            await ws.send_bytes(wire.InputBatch(job_id, batch).encode())
+            await self._send(ws, wire.InputBatch(job_id, batch))
         self.uploaded.set()
 
     def _free_window(self, indices: list[int]) -> None:
@@ -231,33 +312,33 @@ class JobRunner:
         self._window_open.set()
 
     async def _receive(self, ws) -> None:
-        remaining = self.spec.n_inputs
         display = self.display
+        received = self._received
         while True:
-            msg = await self._next_message(ws)
-            if msg is None:
-                if self._cancel_reason is not None:
-                    raise JobCanceled(f"job {self.spec.job_id} canceled: {self._cancel_reason}")
-                if remaining == 0:
+            try:
+                msg = await self._next_message(ws)
+            except _ConnectionLost:
+                if self._remaining == 0:
                     return
-                raise NodeDisconnected(
-                    f"lost the connection to the head at {self.cluster.url} with {remaining} of "
-                    f"{self.spec.n_inputs} results outstanding"
-                )
+                raise
             if isinstance(msg, wire.ResultBatch):
-                outcomes = [self._outcome(index, ok, payload) for index, ok, payload in msg.items]
-                await ws.send_bytes(wire.ResultAck(self.spec.job_id, msg.seq).encode())
-                self._free_window([o.index for o in outcomes])
+                fresh = [item for item in msg.items if not received[item[0]]]
+                outcomes = [self._outcome(index, ok, payload) for index, ok, payload in fresh]
+                self._acked_seq = max(self._acked_seq, msg.seq)
+                await self._send(ws, wire.ResultAck(self.spec.job_id, msg.seq))
                 for outcome in outcomes:
+                    received[outcome.index] = 1
                     display.count_result(outcome.ok)
-                remaining -= len(outcomes)
-                self.outcomes.put(outcomes)
+                self._free_window([o.index for o in outcomes])
+                self._remaining -= len(outcomes)
+                if outcomes:
+                    self.outcomes.put(outcomes)
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):
                 display.progress(msg.done, msg.failed, msg.running)
             elif isinstance(msg, wire.JobEnded):
-                if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and not self.spec.detach):
+                if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and self._remaining < self.spec.n_inputs):
                     return  # a failed call's exception is already in the outcomes
                 if msg.kind == "JobCanceled" and self._cancel_reason is not None:
                     raise JobCanceled(f"job {self.spec.job_id} canceled: {self._cancel_reason}")

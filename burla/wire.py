@@ -238,6 +238,20 @@ class JobEnded(Message):
     reason: str
 
 
+@message(12)
+class ResumeJob(Message):
+    job_id: str
+    acked_seq: int  # the last result batch the client has
+
+
+@message(13)
+class JobResumed(Message):
+    job_id: str
+    inputs_received: int  # every input index below this reached the head; send the rest
+    window_inputs: int
+    window_bytes: int
+
+
 # --- node <-> head -------------------------------------------------------------------------
 
 
@@ -330,10 +344,10 @@ class WorkerReport(Message):
         _check_items("WorkerReport.outputs", self.outputs, (int, int, str))
 
 
-CLIENT_TO_HEAD = (OpenJob, InputBatch, ResultAck, CancelJob)
+CLIENT_TO_HEAD = (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob)
 NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState)
 HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply)
-HEAD_TO_CLIENT = (JobAccepted, ErrorReply, Credit, ResultBatch, OutputBatch, Progress, JobEnded)
+HEAD_TO_CLIENT = (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch, Progress, JobEnded)
 WORKER_TO_NODE = (WorkerReady, WorkerReport)
 NODE_TO_WORKER = (LoadFunction, RunCalls, UnloadFunction)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -17,12 +18,12 @@ from burla import wire
 from burla.config import MAX_FUNCTION_BYTES
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
-from burla.head.links import ClientLink, NodeLink
-from burla.head.scheduler import COMPLETED, RUNNING
+from burla.head.links import NodeLink
 
 log = logging.getLogger("burla.head")
 
 FIRST_FRAME_TIMEOUT_S = 30.0
+CLIENT_HEARTBEAT_S = 10.0  # a silently dead client connection is noticed within about this
 CLUSTER = web.AppKey("cluster", Cluster)
 
 
@@ -35,6 +36,7 @@ def _status_for(error: BurlaError) -> int:
         "NoNodes": 503,
         "NoCompatibleNodes": 409,
         "VersionMismatch": 409,
+        "JobNotFound": 404,
     }.get(type(error).__name__, 400)
 
 
@@ -127,24 +129,29 @@ def _validate_open(spec: wire.OpenJob) -> None:
 
 async def job_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
-    ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None)
+    ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
     await ws.prepare(request)
-    first = await _first_frame(ws, (wire.OpenJob,))
+    first = await _first_frame(ws, (wire.OpenJob, wire.ResumeJob))
     if first is None:
         return ws
-    assert isinstance(first, wire.OpenJob)
     try:
-        _validate_open(first)
-        problem = _check_version(first.client_version, cluster.version)
-        if problem is not None:
-            raise VersionMismatch(problem)
-        link = ClientLink(first.job_id, ws)
-        job = cluster.open_job(first, link)
+        if isinstance(first, wire.OpenJob):
+            _validate_open(first)
+            problem = _check_version(first.client_version, cluster.version)
+            if problem is not None:
+                raise VersionMismatch(problem)
+            job, link = cluster.open_job(first)
+            reply: wire.Message = cluster.accepted_message(job)
+        else:
+            job, link, reply = cluster.resume_job(first)
     except BurlaError as e:
         await _refuse(ws, e)
         return ws
-    writer = asyncio.create_task(link.run(), name=f"job-{first.job_id}-writer")
-    link.send(cluster.accepted_message(job))
+    if link.ws is not None:  # a half-open older connection: the newer one wins
+        await link.ws.close()
+        await link.detach(link.ws, time.monotonic())
+    await ws.send_bytes(reply.encode())
+    link.attach(ws)
     try:
         async for frame in ws:
             if frame.type != WSMsgType.BINARY:
@@ -165,10 +172,6 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
                 await _refuse(ws, e)
                 break
     finally:
-        if job.status == RUNNING and job.n_done >= job.n_inputs:  # it left after the last result
-            cluster.end_job(job, COMPLETED, "", "")
-        cluster.client_gone(job.job_id)
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await writer
+        await link.detach(ws, time.monotonic())
+        cluster.client_left(job, link)
     return ws

@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 
 from burla import wire
+from burla.errors import JobNotFound
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
 
@@ -128,7 +129,7 @@ class Cluster:
         link = self.client_links.get(job.job_id)
         if link is not None:
             link.deliver([], fresh)
-        elif job.n_done >= job.n_inputs:  # a detached job whose client has left
+        if job.spec.detach and job.n_done >= job.n_inputs:  # results wait for get_results
             self.end_job(job, COMPLETED, "", "")
             return
         if job.spec.raise_errors:
@@ -138,8 +139,9 @@ class Cluster:
 
     # --- clients -------------------------------------------------------------------------
 
-    def open_job(self, spec: wire.OpenJob, link: ClientLink) -> JobRecord:
+    def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
         job = self.scheduler.admit(spec)
+        link = ClientLink(spec.job_id)
         self.client_links[spec.job_id] = link
         self.job_times[spec.job_id] = (time.time(), None)
         for node_id, assignment in job.assignments.items():
@@ -147,11 +149,24 @@ class Cluster:
                 wire.AssignJob(spec.job_id, spec.function_name, spec.function_bytes, assignment.parallelism)
             )
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
-        return job
+        return job, link
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
         slots = sum(a.parallelism for a in job.assignments.values())
         return wire.JobAccepted(job.job_id, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES, len(job.assignments), slots)
+
+    def resume_job(self, msg: wire.ResumeJob) -> tuple[JobRecord, ClientLink, wire.JobResumed]:
+        """A client comes back (after a network cut, or to collect a detached job's results)."""
+        job = self.scheduler.jobs.get(msg.job_id)
+        link = self.client_links.get(msg.job_id)
+        if job is None or link is None:
+            raise JobNotFound(
+                f"this head has no results waiting for job {msg.job_id!r}: it never ran here, its "
+                "results were already collected, or the head restarted."
+            )
+        link.ack(msg.acked_seq)
+        resumed = wire.JobResumed(job.job_id, job.upload_prefix, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES)
+        return job, link, resumed
 
     def add_inputs(self, job: JobRecord, items: list) -> None:
         if job.status != RUNNING:
@@ -164,8 +179,10 @@ class Cluster:
         if link is None:
             return
         link.ack(seq)
-        if job.status == RUNNING and link.acked >= job.n_inputs:
-            self.end_job(job, COMPLETED, "", "")
+        if link.acked >= job.n_inputs:
+            if job.status == RUNNING:
+                self.end_job(job, COMPLETED, "", "")
+            self.client_links.pop(job.job_id, None)  # everything is delivered
 
     def cancel(self, job_id: str, reason: str) -> bool:
         job = self.scheduler.jobs.get(job_id)
@@ -174,17 +191,34 @@ class Cluster:
         self.end_job(job, CANCELED, "JobCanceled", reason or "canceled")
         return True
 
-    def client_gone(self, job_id: str) -> None:
-        link = self.client_links.pop(job_id, None)
-        if link is not None:
-            link.closed = True
-        job = self.scheduler.jobs.get(job_id)
-        if job is None or job.status != RUNNING:
-            return
-        if job.n_done >= job.n_inputs:
-            self.end_job(job, COMPLETED, "", "")
-        elif not job.spec.detach:
-            self.end_job(job, CANCELED, "JobCanceled", "the client disconnected")
+    def client_left(self, job: JobRecord, link: ClientLink) -> None:
+        """The client's connection ended; the job waits `client_deadline_s` for it to resume."""
+        if link.attached:
+            return  # a newer connection already took over
+        if self.client_links.get(job.job_id) is link and job.status != RUNNING and not job.spec.detach:
+            if job.status != COMPLETED or link.unacked_results() == 0:
+                self.client_links.pop(job.job_id, None)
+
+    async def client_reap_loop(self, deadline_s: float) -> None:
+        """Cancel jobs whose client left and did not come back in time (unless detached)."""
+        while True:
+            await asyncio.sleep(min(1.0, deadline_s / 4))
+            now = time.monotonic()
+            for job_id, link in list(self.client_links.items()):
+                if link.attached or link.detached_since is None or now - link.detached_since < deadline_s:
+                    continue
+                job = self.scheduler.jobs.get(job_id)
+                if job is None:
+                    self.client_links.pop(job_id, None)
+                    continue
+                if job.spec.detach:
+                    continue  # its results wait until collected
+                if job.status == RUNNING:
+                    self.end_job(
+                        job, CANCELED, "JobCanceled",
+                        f"the client disconnected and did not come back within {deadline_s:g} s",
+                    )
+                self.client_links.pop(job_id, None)
 
     def end_job(self, job: JobRecord, status: str, kind: str, reason: str) -> None:
         was_running = job.status == RUNNING
@@ -204,13 +238,23 @@ class Cluster:
         if client is not None:
             self._send_progress(job, client, force=True)
             client.send(wire.JobEnded(job.job_id, status, kind, reason))
+        self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
         self._finished[job.job_id] = None
         while len(self._finished) > FINISHED_JOBS_KEPT:
             old, _ = self._finished.popitem(last=False)
             self.scheduler.forget(old)
             self.job_times.pop(old, None)
+            self.client_links.pop(old, None)
         self.pump()
+
+    def _cancel_children(self, parent: JobRecord) -> None:
+        """A parent that ends early takes its running nested jobs with it."""
+        if parent.status == COMPLETED:
+            return
+        for job in list(self.scheduler.jobs.values()):
+            if job.spec.parent_job_id == parent.job_id and job.status == RUNNING:
+                self.end_job(job, CANCELED, "JobCanceled", f"its parent job {parent.job_id} ended {parent.status}")
 
     # --- progress ------------------------------------------------------------------------
 
@@ -227,7 +271,7 @@ class Cluster:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
             for job_id, link in list(self.client_links.items()):
                 job = self.scheduler.jobs.get(job_id)
-                if job is not None and job.status == RUNNING:
+                if job is not None and job.status == RUNNING and link.attached:
                     self._send_progress(job, link)
 
     # --- views for HTTP ------------------------------------------------------------------

@@ -46,24 +46,38 @@ class NodeLink:
 
 
 class ClientLink:
-    """One job's client. Output always goes out before the results it belongs with."""
+    """One job's client side. It outlives connections: results stay until acknowledged and are
+    sent again to a client that resumes, and output always goes out before the results it
+    belongs with."""
 
-    def __init__(self, job_id: str, ws: web.WebSocketResponse) -> None:
+    MAX_BUFFERED_OUTPUT = 100_000  # output chunks kept while no client is attached
+
+    def __init__(self, job_id: str) -> None:
         self.job_id = job_id
-        self.ws = ws
+        self.ws: web.WebSocketResponse | None = None
         self.outputs: list = []
-        self.results: list = []
+        self.results: list = []  # produced, not yet sent in a batch
         self._control: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._seq = 0
-        self._unacked: dict[int, int] = {}  # batch seq -> results in it
+        self._unacked: dict[int, list] = {}  # batch seq -> its results, until the client acks
+        self._resend: list[int] = []
         self.acked = 0
+        self.dropped_output = 0
         self.last_progress: tuple[int, int, int, int] | None = None
-        self.closed = False
+        self.detached_since: float | None = None  # monotonic time the client left
+        self._writer: asyncio.Task | None = None
+
+    @property
+    def attached(self) -> bool:
+        return self.ws is not None
 
     def deliver(self, outputs: list, results: list) -> None:
         if outputs:
-            self.outputs.extend(outputs)
+            if self.ws is None and len(self.outputs) + len(outputs) > self.MAX_BUFFERED_OUTPUT:
+                self.dropped_output += len(outputs)
+            else:
+                self.outputs.extend(outputs)
         if results:
             self.results.extend(results)
         self._wake.set()
@@ -76,21 +90,50 @@ class ClientLink:
         """Record the client's acknowledgement; returns how many results it newly covers."""
         covered = 0
         for done_seq in [s for s in self._unacked if s <= seq]:
-            covered += self._unacked.pop(done_seq)
+            covered += len(self._unacked.pop(done_seq))
         self.acked += covered
         return covered
 
-    async def run(self) -> None:
+    def unacked_results(self) -> int:
+        return sum(len(items) for items in self._unacked.values()) + len(self.results)
+
+    def attach(self, ws: web.WebSocketResponse) -> None:
+        """A client (new or resuming) is connected: send it everything it has not acknowledged."""
+        self.ws = ws
+        self.detached_since = None
+        self._resend = sorted(self._unacked)
+        self._writer = asyncio.create_task(self._run(ws), name=f"job-{self.job_id}-writer")
+        self._wake.set()
+
+    async def detach(self, ws: web.WebSocketResponse, now: float) -> None:
+        """The connection `ws` ended; a no-op if a newer connection has taken over."""
+        if self.ws is not ws:
+            return
+        self.ws = None
+        self.detached_since = now
+        if self._writer is not None:
+            self._writer.cancel()
+            try:
+                await self._writer
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._writer = None
+
+    async def _run(self, ws: web.WebSocketResponse) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            while self._resend:
+                seq = self._resend.pop(0)
+                if seq in self._unacked:
+                    await ws.send_bytes(wire.ResultBatch(self.job_id, seq, self._unacked[seq]).encode())
             if self.outputs:
                 outputs, self.outputs = self.outputs, []
-                await self.ws.send_bytes(wire.OutputBatch(self.job_id, outputs).encode())
+                await ws.send_bytes(wire.OutputBatch(self.job_id, outputs).encode())
             if self.results:
                 results, self.results = self.results, []
                 self._seq += 1
-                self._unacked[self._seq] = len(results)
-                await self.ws.send_bytes(wire.ResultBatch(self.job_id, self._seq, results).encode())
+                self._unacked[self._seq] = results
+                await ws.send_bytes(wire.ResultBatch(self.job_id, self._seq, results).encode())
             while self._control:
-                await self.ws.send_bytes(self._control.popleft())
+                await ws.send_bytes(self._control.popleft())

@@ -65,6 +65,7 @@ class JobRecord:
     reason: str = ""
     pending: deque = field(default_factory=deque)  # [index, pickled args] not yet on a node
     received: int = 0  # inputs uploaded by the client so far
+    upload_prefix: int = 0  # every index below this one has been uploaded
     seen: bytearray = field(default_factory=bytearray)  # per index: uploaded yet?
     done: bytearray = field(default_factory=bytearray)  # per index: result in yet?
     n_done: int = 0
@@ -251,6 +252,10 @@ class Scheduler:
             seen[index] = 1
         job.received += len(items)
         job.pending.extend(items)
+        prefix = job.upload_prefix
+        while prefix < n and seen[prefix]:
+            prefix += 1
+        job.upload_prefix = prefix
 
     def grant(self, node_id: str, job_id: str, inputs: int) -> None:
         job = self.jobs.get(job_id)
