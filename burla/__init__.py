@@ -20,6 +20,7 @@ from burla.errors import (
     InvalidArgument,
     JobCanceled,
     JobFailed,
+    JobNotFound,
     NoCompatibleNodes,
     NodeDisconnected,
     NoNodes,
@@ -32,12 +33,13 @@ from burla.errors import (
 )
 
 if TYPE_CHECKING:
-    from burla.client import get_cluster_dashboard_url, remote_parallel_map
+    from burla.client import get_cluster_dashboard_url, get_results, remote_parallel_map
 
 __all__ = [
     "__version__",
     "remote_parallel_map",
     "get_cluster_dashboard_url",
+    "get_results",
     "BurlaError",
     "DetachRequiresDeployedCluster",
     "FunctionTooBig",
@@ -45,6 +47,7 @@ __all__ = [
     "InvalidArgument",
     "JobCanceled",
     "JobFailed",
+    "JobNotFound",
     "NoCompatibleNodes",
     "NoNodes",
     "NodeDisconnected",
@@ -58,7 +61,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("remote_parallel_map", "get_cluster_dashboard_url"):
+    if name in ("remote_parallel_map", "get_cluster_dashboard_url", "get_results"):
         from burla import client
 
         return getattr(client, name)

@@ -89,7 +89,7 @@ def remote_parallel_map(
         python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
     )
     display = Display(len(inputs), show_progress=spinner)
-    runner = JobRunner(cluster, spec, inputs, display)
+    runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)
     runner.start()
     if detach:
         return _detach(runner, cluster)
@@ -99,8 +99,14 @@ def remote_parallel_map(
 
 
 def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> list[Any]:
-    results: list[Any] = [None] * runner.spec.n_inputs
-    for outcome in _outcomes(runner, cluster, raise_errors):
+    outcomes = _outcomes(runner, cluster, raise_errors)
+    try:
+        _wait(runner.opened, runner)
+    except BaseException:
+        outcomes.close()
+        raise
+    results: list[Any] = [None] * runner.n_inputs
+    for outcome in outcomes:
         results[outcome.index] = outcome.value
     return results
 
@@ -110,11 +116,20 @@ def _results_as_completed(runner: JobRunner, cluster: ClusterHandle, raise_error
         yield outcome.value
 
 
+def _wait(event, runner: JobRunner) -> None:
+    """Wait for a runner event; Ctrl-C cancels the job."""
+    try:
+        while not event.wait(0.25):
+            pass
+    except KeyboardInterrupt:
+        runner.cancel("Ctrl-C in the client")
+        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
+
+
 def _outcomes(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Outcome]:
     received = 0
-    total = runner.spec.n_inputs
     try:
-        while received < total:
+        while True:
             batch = runner.next_outcomes()
             if batch is None:
                 break
@@ -123,13 +138,13 @@ def _outcomes(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> 
                 if not outcome.ok and raise_errors:
                     raise outcome.value
                 yield outcome
-        if received < total:
-            if runner.error is not None:
-                raise runner.error
-            raise JobCanceled(f"job {runner.spec.job_id} ended with {total - received} results missing")
+        if runner.error is not None:
+            raise runner.error
+        if received < runner.n_inputs:
+            raise JobCanceled(f"job {runner.job_id} ended with {runner.n_inputs - received} results missing")
     except KeyboardInterrupt:
         runner.cancel("Ctrl-C in the client")
-        raise JobCanceled(f"job {runner.spec.job_id} canceled by Ctrl-C") from None
+        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
     finally:
         runner.close()
         runner.display.finish()
@@ -137,17 +152,30 @@ def _outcomes(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> 
 
 
 def _detach(runner: JobRunner, cluster: ClusterHandle) -> str:
-    try:
-        while not runner.uploaded.wait(0.25):
-            pass
-    except KeyboardInterrupt:
-        runner.cancel("Ctrl-C before the inputs were uploaded")
-        raise JobCanceled(f"job {runner.spec.job_id} canceled by Ctrl-C") from None
+    _wait(runner.uploaded, runner)
     if runner.error is not None:
         raise runner.error
-    print(f"Done uploading inputs! Job {runner.spec.job_id} runs on at {cluster.url}", file=sys.stderr)
+    print(f"Done uploading inputs! Job {runner.job_id} runs on at {cluster.url}", file=sys.stderr)
     runner.close()
-    return runner.spec.job_id
+    return runner.job_id
+
+
+def get_results(job_id: str, generator: bool = False, raise_errors: bool = True, spinner: bool = True) -> Any:
+    """Collect the results of a job started with `detach=True` (in input order, or as an iterator).
+
+    The head keeps a detached job's results until they are collected; this waits for calls
+    still running. Raises `JobNotFound` if the head has no results for that job (never ran
+    there, already collected, or the head restarted).
+    """
+    if not isinstance(job_id, str) or not job_id:
+        raise InvalidArgument(f"job_id must be the string remote_parallel_map(detach=True) returned, got {job_id!r}")
+    settings = ClientSettings.resolve()
+    cluster = connect(settings, allow_embedded=False)
+    runner = JobRunner(cluster, job_id, Display(0, show_progress=spinner))
+    runner.start()
+    if generator:
+        return _results_as_completed(runner, cluster, raise_errors)
+    return _results_in_order(runner, cluster, raise_errors)
 
 
 def get_cluster_dashboard_url() -> str:

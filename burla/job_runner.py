@@ -56,14 +56,25 @@ class _ConnectionLost(Exception):
 
 
 class JobRunner:
-    def __init__(self, cluster: ClusterHandle, spec: wire.OpenJob, inputs: Sequence[Any], display: Display) -> None:
+    def __init__(
+        self,
+        cluster: ClusterHandle,
+        job_id: str,
+        display: Display,
+        opening: wire.OpenJob | None = None,
+        inputs: Sequence[Any] = (),
+    ) -> None:
+        """Run a new job (`opening` given) or collect an existing one's results (`opening` None)."""
         self.cluster = cluster
-        self.spec = spec
+        self.job_id = job_id
+        self.opening = opening
+        self.n_inputs = opening.n_inputs if opening is not None else 0
         self.inputs = inputs
         self.display = display
         self.outcomes: queue.SimpleQueue = queue.SimpleQueue()  # Outcome lists, then _END
         self.error: BaseException | None = None  # why the job ended early, if it did
         self.uploaded = threading.Event()
+        self.opened = threading.Event()  # the head accepted or resumed the job; n_inputs is known
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ws = None
         self._cancel_reason: str | None = None
@@ -75,11 +86,11 @@ class JobRunner:
         self._sizes: dict[int, int] = {}  # uploaded inputs whose results are still out
         self._window_open = asyncio.Event()
         self._side_tasks: set[asyncio.Future] = set()
-        self._received = bytearray(spec.n_inputs)  # per index: result handed over yet?
-        self._remaining = spec.n_inputs
+        self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
+        self._remaining = self.n_inputs
         self._acked_seq = 0
         self._closing = False
-        self._thread = threading.Thread(target=self._thread_main, name=f"burla-job-{spec.job_id}", daemon=True)
+        self._thread = threading.Thread(target=self._thread_main, name=f"burla-job-{job_id}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -93,6 +104,7 @@ class JobRunner:
         finally:
             self._ended.set()
             self.uploaded.set()
+            self.opened.set()
             self.outcomes.put(_END)
 
     def cancel(self, reason: str) -> None:
@@ -115,7 +127,7 @@ class JobRunner:
     def _request_cancel(self, reason: str) -> None:
         self._cancel_reason = reason
         if self._ws is not None and not self._ws.closed:
-            self._side_task(self._ws.send_bytes(wire.CancelJob(self.spec.job_id, reason).encode()))
+            self._side_task(self._ws.send_bytes(wire.CancelJob(self.job_id, reason).encode()))
 
     def _request_close(self) -> None:
         self._closing = True
@@ -144,13 +156,13 @@ class JobRunner:
 
         self._loop = asyncio.get_running_loop()
         lost_at: float | None = None
-        opened = False
+        opened = self.opening is None  # collecting results: resume from the start
         async with aiohttp.ClientSession() as session:
             while True:
                 try:
                     ws = await self._connect(session)
                 except _ConnectionLost as e:
-                    if not opened:
+                    if not opened or not self.opened.is_set():
                         raise HeadUnreachable(f"can't reach the head at {self.cluster.url}: {e}") from None
                     self._give_up_if_too_long(lost_at)
                     await asyncio.sleep(RECONNECT_DELAY_S)
@@ -159,21 +171,22 @@ class JobRunner:
                 try:
                     async with ws:
                         if not opened:
-                            await ws.send_bytes(self.spec.encode())
+                            assert self.opening is not None
+                            await ws.send_bytes(self.opening.encode())
                             start, window = await self._expect_opening(ws, wire.JobAccepted)
                             opened = True
                         else:
-                            await ws.send_bytes(wire.ResumeJob(self.spec.job_id, self._acked_seq).encode())
+                            await ws.send_bytes(wire.ResumeJob(self.job_id, self._acked_seq).encode())
                             start, window = await self._expect_opening(ws, wire.JobResumed)
                         lost_at = None
                         await self._exchange(ws, start, window)
                         return
                 except _ConnectionLost:
                     if self._cancel_reason is not None:
-                        raise JobCanceled(f"job {self.spec.job_id} canceled: {self._cancel_reason}") from None
+                        raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}") from None
                     if self._closing:
                         return
-                    if not opened:
+                    if not self.opened.is_set():
                         raise HeadUnreachable(f"the head at {self.cluster.url} dropped the connection") from None
                     lost_at = lost_at or time.monotonic()
                     self._give_up_if_too_long(lost_at)
@@ -183,8 +196,8 @@ class JobRunner:
         if lost_at is not None and time.monotonic() - lost_at > RECONNECT_FOR_S:
             raise NodeDisconnected(
                 f"lost the connection to the head at {self.cluster.url} and could not resume job "
-                f"{self.spec.job_id} within {RECONNECT_FOR_S:.0f} s; {self._remaining} of "
-                f"{self.spec.n_inputs} results are missing"
+                f"{self.job_id} within {RECONNECT_FOR_S:.0f} s; {self._remaining} of "
+                f"{self.n_inputs} results are missing"
             )
 
     async def _connect(self, session):
@@ -211,9 +224,15 @@ class JobRunner:
         if isinstance(msg, wire.ErrorReply):
             raise error_from_wire(msg.kind, msg.message)
         if isinstance(msg, wire.JobEnded):
-            raise error_from_wire(msg.kind, f"job {self.spec.job_id} ended {msg.status}: {msg.reason}")
+            raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
         if not isinstance(msg, kind):
             raise ProtocolError(f"the head answered with {type(msg).__name__}, expected {kind.__name__}")
+        if isinstance(msg, wire.JobResumed) and not self.opened.is_set():
+            self.n_inputs = msg.n_inputs  # collecting a job this process did not start
+            self._received = bytearray(msg.n_inputs)
+            self._remaining = msg.n_inputs
+            self.display.total = msg.n_inputs
+        self.opened.set()
         start = 0 if isinstance(msg, wire.JobAccepted) else msg.inputs_received
         return start, (msg.window_inputs, msg.window_bytes)
 
@@ -248,7 +267,7 @@ class JobRunner:
                     raise error
                 # An input that can't be sent ends the job; say why, not "canceled".
                 with contextlib.suppress(Exception):
-                    await ws.send_bytes(wire.CancelJob(self.spec.job_id, str(error)).encode())
+                    await ws.send_bytes(wire.CancelJob(self.job_id, str(error)).encode())
                 raise error
             await receiver
         finally:
@@ -268,10 +287,10 @@ class JobRunner:
 
     async def _upload(self, ws, start: int) -> None:
         """Pickle and send inputs while the window allows; the window frees as results return."""
-        job_id = self.spec.job_id
+        job_id = self.job_id
         batch: list = []
         batch_bytes = 0
-        for index in range(start, self.spec.n_inputs):
+        for index in range(start, len(self.inputs)):
             if self._received[index]:
                 continue
             value = self.inputs[index]
@@ -325,7 +344,7 @@ class JobRunner:
                 fresh = [item for item in msg.items if not received[item[0]]]
                 outcomes = [self._outcome(index, ok, payload) for index, ok, payload in fresh]
                 self._acked_seq = max(self._acked_seq, msg.seq)
-                await self._send(ws, wire.ResultAck(self.spec.job_id, msg.seq))
+                await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
                 for outcome in outcomes:
                     received[outcome.index] = 1
                     display.count_result(outcome.ok)
@@ -338,11 +357,11 @@ class JobRunner:
             elif isinstance(msg, wire.Progress):
                 display.progress(msg.done, msg.failed, msg.running)
             elif isinstance(msg, wire.JobEnded):
-                if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and self._remaining < self.spec.n_inputs):
+                if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and self._remaining < self.n_inputs):
                     return  # a failed call's exception is already in the outcomes
                 if msg.kind == "JobCanceled" and self._cancel_reason is not None:
-                    raise JobCanceled(f"job {self.spec.job_id} canceled: {self._cancel_reason}")
-                raise error_from_wire(msg.kind, f"job {self.spec.job_id} ended {msg.status}: {msg.reason}")
+                    raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
+                raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
             elif isinstance(msg, wire.ErrorReply):
                 raise error_from_wire(msg.kind, msg.message)
 

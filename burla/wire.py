@@ -247,6 +247,7 @@ class ResumeJob(Message):
 @message(13)
 class JobResumed(Message):
     job_id: str
+    n_inputs: int
     inputs_received: int  # every input index below this reached the head; send the rest
     window_inputs: int
     window_bytes: int

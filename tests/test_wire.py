@@ -23,7 +23,7 @@ SAMPLES: list[wire.Message] = [
     wire.CancelJob("j-1", "why"),
     wire.JobEnded("j-1", "FAILED", "NodeDisconnected", "lost"),
     wire.ResumeJob("j-1", 4),
-    wire.JobResumed("j-1", 100, 10, 1024),
+    wire.JobResumed("j-1", 100, 100, 10, 1024),
     wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0"),
     wire.NodeRegistered("n", "0.1.0"),
     wire.AssignJob("j-1", "f", b"fn", 2),

@@ -165,7 +165,9 @@ class Cluster:
                 "results were already collected, or the head restarted."
             )
         link.ack(msg.acked_seq)
-        resumed = wire.JobResumed(job.job_id, job.upload_prefix, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES)
+        resumed = wire.JobResumed(
+            job.job_id, job.n_inputs, job.upload_prefix, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES
+        )
         return job, link, resumed
 
     def add_inputs(self, job: JobRecord, items: list) -> None:

@@ -14,6 +14,8 @@ from aiohttp import web
 
 from burla import wire
 
+MAX_BATCH_BYTES = 8 * 1024 * 1024  # results per frame to a client
+
 
 class NodeLink:
     def __init__(self, node_id: str, ws: web.WebSocketResponse) -> None:
@@ -119,6 +121,18 @@ class ClientLink:
                 pass
             self._writer = None
 
+    def _take_batch(self) -> list:
+        """The next results to send, at most MAX_BATCH_BYTES unless a single one is bigger."""
+        size = 0
+        for count, item in enumerate(self.results):
+            size += len(item[2])
+            if size > MAX_BATCH_BYTES and count > 0:
+                break
+        else:
+            count = len(self.results)
+        batch, self.results = self.results[:count], self.results[count:]
+        return batch
+
     async def _run(self, ws: web.WebSocketResponse) -> None:
         while True:
             await self._wake.wait()
@@ -130,8 +144,8 @@ class ClientLink:
             if self.outputs:
                 outputs, self.outputs = self.outputs, []
                 await ws.send_bytes(wire.OutputBatch(self.job_id, outputs).encode())
-            if self.results:
-                results, self.results = self.results, []
+            while self.results:
+                results = self._take_batch()
                 self._seq += 1
                 self._unacked[self._seq] = results
                 await ws.send_bytes(wire.ResultBatch(self.job_id, self._seq, results).encode())
