@@ -341,10 +341,9 @@ class JobRunner:
                     return
                 raise
             if isinstance(msg, wire.ResultBatch):
-                fresh = [item for item in msg.items if not received[item[0]]]
+                fresh = [item for item in msg.items if 0 <= item[0] < self.n_inputs and not received[item[0]]]
                 outcomes = [self._outcome(index, ok, payload) for index, ok, payload in fresh]
-                self._acked_seq = max(self._acked_seq, msg.seq)
-                await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
+                # Hand the results over before acknowledging them: once acked, the head forgets them.
                 for outcome in outcomes:
                     received[outcome.index] = 1
                     display.count_result(outcome.ok)
@@ -352,6 +351,8 @@ class JobRunner:
                 self._remaining -= len(outcomes)
                 if outcomes:
                     self.outcomes.put(outcomes)
+                self._acked_seq = max(self._acked_seq, msg.seq)
+                await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):

@@ -308,6 +308,55 @@ class ShutdownNode(Message):
     reason: str
 
 
+@message(26)
+class StealHint(Message):
+    """Head to an idle node: `donor` still holds queued inputs of this job."""
+
+    job_id: str
+    donor_id: str
+    donor_url: str
+
+
+@message(27)
+class Stolen(Message):
+    """Thief to head: these inputs moved from `donor_id` to me (sent before the thief acks)."""
+
+    job_id: str
+    donor_id: str
+    indices: list
+
+    def validate(self) -> None:
+        if any(type(i) is not int for i in self.indices):
+            raise ProtocolError("Stolen.indices must be integers")
+
+
+# --- node <-> node (HTTP bodies, token-authenticated) ---------------------------------------
+
+
+@message(40)
+class StealRequest(Message):
+    job_id: str
+    transfer_id: str  # the same id always gets the same inputs back
+    thief_id: str
+    max_items: int
+
+
+@message(41)
+class StealGrant(Message):
+    job_id: str
+    transfer_id: str
+    items: list  # [[input_index, pickled_args], ...]; empty if nothing to give
+
+    def validate(self) -> None:
+        _check_items("StealGrant", self.items, (int, bytes))
+
+
+@message(42)
+class StealAck(Message):
+    job_id: str
+    transfer_id: str
+
+
 # --- worker <-> node (a private socketpair, length-prefixed frames) ------------------------
 
 
@@ -346,8 +395,8 @@ class WorkerReport(Message):
 
 
 CLIENT_TO_HEAD = (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob)
-NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState)
-HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply)
+NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen)
+HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint)
 HEAD_TO_CLIENT = (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch, Progress, JobEnded)
 WORKER_TO_NODE = (WorkerReady, WorkerReport)
 NODE_TO_WORKER = (LoadFunction, RunCalls, UnloadFunction)

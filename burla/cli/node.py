@@ -33,9 +33,16 @@ def node() -> None:
 @click.option("--node-id", default=None, help="This node's name. Default: a random one.")
 @click.option("--region", default="local", show_default=True, help="Region this node reports.")
 @click.option("--image", default=None, help="Container image this node reports running.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port of this node's HTTP endpoint (peers steal work through it); 0 picks a free one.")
+@click.option("--advertise-url", default=None,
+              help="URL peers should use to reach this node, when not http://127.0.0.1:PORT (a proxy, NAT).")
+@click.option("--steal-ack-timeout", type=click.FloatRange(0.1, 600.0), default=5.0, show_default=True,
+              help="Seconds before inputs given to a peer that never acknowledged them run here instead.")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
-         image: str | None, lifeline_fd: int | None) -> None:
+         image: str | None, port: int, advertise_url: str | None, steal_ack_timeout: float,
+         lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
     import psutil
 
@@ -51,6 +58,7 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
         head_url=head_url.rstrip("/"), token=token, workers=workers or cpus,
         node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
         ram_gb=psutil.virtual_memory().total / 2**30, image=image, region=region,
-        lifeline_fd=lifeline_fd, version=__version__,
+        lifeline_fd=lifeline_fd, version=__version__, port=port,
+        advertise_url=advertise_url.rstrip("/") if advertise_url else None, steal_ack_timeout_s=steal_ack_timeout,
     )
     sys.exit(run_node(settings))

@@ -7,12 +7,12 @@ time); errors are JSON `{"error": kind, "message": what to fix}` with a 4xx stat
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from burla.auth import error_response, token_middleware
 from burla.head.channels import CLUSTER, job_channel, node_channel
 from burla.head.cluster import Cluster
 
@@ -20,29 +20,6 @@ MAX_HTTP_BODY = 1024 * 1024
 STOP = web.AppKey("stop", asyncio.Event)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def error_response(status: int, kind: str, message: str) -> web.Response:
-    return web.json_response({"error": kind, "message": message}, status=status)
-
-
-def _auth_middleware(token: str):
-    expected = token.encode()
-
-    @web.middleware
-    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/health":
-            return await handler(request)
-        given = request.headers.get("Authorization", "")
-        if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].strip().encode(), expected):
-            return error_response(
-                401, "Unauthorized",
-                "Missing or wrong cluster token. Send 'Authorization: Bearer <token>'; the token is in "
-                "the burla config directory (file cluster_token) or BURLA_CLUSTER_TOKEN.",
-            )
-        return await handler(request)
-
-    return require_token
 
 
 @web.middleware
@@ -112,7 +89,7 @@ async def shutdown(request: web.Request) -> web.Response:
 
 def build_app(cluster: Cluster, token: str, stop_event: asyncio.Event) -> web.Application:
     app = web.Application(
-        client_max_size=MAX_HTTP_BODY, middlewares=[_errors_middleware, _auth_middleware(token)]
+        client_max_size=MAX_HTTP_BODY, middlewares=[_errors_middleware, token_middleware(token)]
     )
     app[CLUSTER] = cluster
     app[STOP] = stop_event

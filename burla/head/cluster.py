@@ -22,6 +22,8 @@ PROGRESS_INTERVAL_S = 0.25
 CLIENT_WINDOW_INPUTS = 200_000
 CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
+STEAL_CHECK_S = 0.25
+STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
 
 
 class Cluster:
@@ -35,6 +37,7 @@ class Cluster:
         self.nodes_changed = asyncio.Event()
         self.booting_ids: set[str] = set()
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
+        self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -91,6 +94,21 @@ class Cluster:
                 if job.status == RUNNING and not job.assignments:
                     self.end_job(job, FAILED, "NoNodes", f"The node started for this job failed to boot: {why}")
 
+    async def steal_loop(self) -> None:
+        """Point idle nodes at peers that still hold queued inputs (they steal half)."""
+        while True:
+            await asyncio.sleep(STEAL_CHECK_S)
+            now = time.monotonic()
+            for thief_id, job_id, donor_id in self.scheduler.steal_plan():
+                if now - self._hinted.get((thief_id, job_id), 0.0) < STEAL_HINT_COOLDOWN_S:
+                    continue
+                thief = self.node_links.get(thief_id)
+                donor = self.scheduler.nodes.get(donor_id)
+                if thief is None or donor is None:
+                    continue
+                self._hinted[(thief_id, job_id)] = now
+                thief.send(wire.StealHint(job_id, donor_id, donor.url))
+
     async def reap_loop(self, deadline_s: float) -> None:
         """Drop nodes that stopped talking (frozen, cut off): their inputs go to live nodes."""
         while True:
@@ -118,6 +136,11 @@ class Cluster:
             self.pump()
         elif isinstance(msg, wire.NodeState):
             self.scheduler.update_state(msg)
+        elif isinstance(msg, wire.Stolen):
+            job = self.scheduler.jobs.get(msg.job_id)
+            if job is not None:
+                self.scheduler.record_steal(node_id, job, msg.donor_id, msg.indices)
+            self._hinted.pop((node_id, msg.job_id), None)
 
     def _on_results(self, node_id: str, msg: wire.ResultBatch) -> None:
         job = self.scheduler.jobs.get(msg.job_id)
@@ -248,6 +271,8 @@ class Cluster:
             self.scheduler.forget(old)
             self.job_times.pop(old, None)
             self.client_links.pop(old, None)
+        for key in [k for k in self._hinted if k[1] == job.job_id]:
+            del self._hinted[key]
         self.pump()
 
     def _cancel_children(self, parent: JobRecord) -> None:
@@ -290,6 +315,7 @@ class Cluster:
             "n_uploaded": job.received,
             "n_done": job.n_done,
             "n_failed": job.n_failed,
+            "stolen": job.stolen,
             "running": job.running(self.scheduler.nodes) if job.status == RUNNING else 0,
             "nodes": sorted(job.assignments),
             "parent_job_id": spec.parent_job_id,

@@ -40,6 +40,7 @@ class NodeRecord:
     cpu_percent: float = 0.0
     mem_percent: float = 0.0
     running_by_job: dict[str, int] = field(default_factory=dict)
+    queued_by_job: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_register(cls, msg: wire.RegisterNode) -> NodeRecord:
@@ -70,6 +71,7 @@ class JobRecord:
     done: bytearray = field(default_factory=bytearray)  # per index: result in yet?
     n_done: int = 0
     n_failed: int = 0
+    stolen: int = 0  # inputs that moved between nodes by stealing
     assignments: dict[str, Assignment] = field(default_factory=dict)
 
     @property
@@ -138,6 +140,7 @@ class Scheduler:
         node.cpu_percent = msg.cpu_percent
         node.mem_percent = msg.mem_percent
         node.running_by_job = {job_id: running for job_id, running, _queued, _done in msg.jobs}
+        node.queued_by_job = {job_id: queued for job_id, _running, queued, _done in msg.jobs}
 
     # --- admission -----------------------------------------------------------------------
 
@@ -312,6 +315,44 @@ class Scheduler:
                 job.n_failed += 1
             fresh.append(item)
         return fresh
+
+    def steal_plan(self) -> list[tuple[str, str, str]]:
+        """Idle nodes to hint at a peer with queued inputs: [(thief_id, job_id, donor_id)].
+
+        Only for jobs whose queue on the head is empty (else the head just pushes more).
+        """
+        hints = []
+        for job in self.jobs.values():
+            if job.status != RUNNING or job.pending or len(job.assignments) < 2:
+                continue
+            queued = {n: self.nodes[n].queued_by_job.get(job.job_id, 0) for n in job.assignments if n in self.nodes}
+            donors = sorted((q, n) for n, q in queued.items() if q >= 1)
+            if not donors:
+                continue
+            for node_id, assignment in job.assignments.items():
+                node = self.nodes.get(node_id)
+                if node is None or queued.get(node_id, 0) > 0:
+                    continue
+                if node.running_by_job.get(job.job_id, 0) >= assignment.parallelism:
+                    continue
+                donor_id = donors[-1][1]
+                if donor_id != node_id:
+                    hints.append((node_id, job.job_id, donor_id))
+        return hints
+
+    def record_steal(self, thief_id: str, job: JobRecord, donor_id: str, indices: list[int]) -> None:
+        """Inputs moved between nodes: if the thief dies, they must be requeued from it."""
+        donor = job.assignments.get(donor_id)
+        thief = job.assignments.get(thief_id)
+        if thief is None:
+            return
+        for index in indices:
+            if not 0 <= index < job.n_inputs or job.done[index]:
+                continue
+            data = donor.inflight.pop(index, None) if donor is not None else None
+            if data is not None:
+                thief.inflight[index] = data
+                job.stolen += 1
 
     def finish(self, job: JobRecord, status: str, reason: str = "") -> list[str]:
         """End a job; returns the nodes that should release it."""

@@ -83,6 +83,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     await site.start()
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
+    stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
     client_reaper = asyncio.create_task(cluster.client_reap_loop(settings.client_deadline_s), name="client-reaper")
     lifeline = None
     if settings.lifeline_fd is not None:
@@ -102,7 +103,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, reaper, client_reaper, lifeline):
+        for task in (progress, reaper, stealer, client_reaper, lifeline):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -227,6 +227,35 @@ class Dispatcher:
         job.workers.add(worker)
         job.inflight += size
 
+    # --- stealing ------------------------------------------------------------------------
+
+    def take_surplus(self, job_id: str, max_items: int) -> list:
+        """Give away half of a job's queued inputs (from the tail, the last to run here)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.cancelled or not job.queue:
+            return []
+        count = min(max_items, max(1, len(job.queue) // 2))
+        items = [job.queue.pop() for _ in range(count)]
+        items.reverse()
+        return items
+
+    def put_back(self, job_id: str, items: list) -> bool:
+        """Inputs given to a thief that never acknowledged them run here after all."""
+        job = self.jobs.get(job_id)
+        if job is None or job.cancelled:
+            return False
+        job.queue.extendleft(reversed(items))
+        self.pump()
+        return True
+
+    def add_stolen(self, job_id: str, items: list) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.cancelled:
+            return False
+        job.queue.extend(items)
+        self.pump()
+        return True
+
     # --- state ---------------------------------------------------------------------------
 
     def running_calls(self, job: NodeJob) -> int:

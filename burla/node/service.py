@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import signal
@@ -26,12 +25,15 @@ from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
 from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
+from burla.node.http import build_node_app
+from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
 
 log = logging.getLogger("burla.node")
 
 STATE_INTERVAL_S = 1.0
 RECONNECT_DELAY_S = 0.05
+STOLEN_REPORT_TIMEOUT_S = 10.0
 
 
 class NodeService:
@@ -44,6 +46,9 @@ class NodeService:
             settings.workers, env, self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump()
         )
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
+        self.donor = Donor(self.dispatcher, settings.steal_ack_timeout_s)
+        self.thief = Thief(settings.node_id, settings.token, self.dispatcher, self._report_stolen)
+        self._control: list[tuple[wire.Message, asyncio.Future]] = []  # sent before data, awaited
         self.url = ""
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._outgoing = asyncio.Event()
@@ -56,12 +61,12 @@ class NodeService:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        runner = web.AppRunner(self._http_app(), access_log=None)
+        runner = web.AppRunner(build_node_app(self), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.settings.host, 0)
+        site = web.TCPSite(runner, self.settings.host, self.settings.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self.settings.host}:{port}"
+        self.url = self.settings.advertise_url or f"http://{self.settings.host}:{port}"
         psutil.cpu_percent(interval=None)  # prime the counter
         pool_start = asyncio.create_task(self._start_pool())
         try:
@@ -73,6 +78,7 @@ class NodeService:
         except* _Stop:
             pass
         finally:
+            await self.thief.close()
             pool_start.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pool_start
@@ -183,6 +189,8 @@ class NodeService:
             if interrupted:
                 loop = asyncio.get_running_loop()
                 loop.call_later(HARD_KILL_AFTER_S, d.hard_kill_stragglers, msg.job_id, interrupted)
+        elif isinstance(msg, wire.StealHint):
+            self.thief.on_hint(msg)
         elif isinstance(msg, wire.ReleaseJob):
             d.release(msg.job_id)
             self._set_status()
@@ -202,10 +210,22 @@ class NodeService:
         self._pending_credit.add(job_id)
         self._outgoing.set()
 
+    async def _report_stolen(self, msg: wire.Stolen) -> None:
+        """Tell the head inputs moved here, and wait until that is on the wire (before the ack)."""
+        done = asyncio.get_running_loop().create_future()
+        self._control.append((msg, done))
+        self._outgoing.set()
+        await asyncio.wait_for(done, STOLEN_REPORT_TIMEOUT_S)
+
     async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
             await self._outgoing.wait()
             self._outgoing.clear()
+            control, self._control = self._control, []
+            for msg, done in control:
+                await ws.send_bytes(msg.encode())
+                if not done.done():
+                    done.set_result(None)
             for job_id, outputs, results in self.dispatcher.take_outgoing():
                 if outputs:
                     await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
@@ -234,6 +254,7 @@ class NodeService:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._state_changed.wait(), STATE_INTERVAL_S)
             self._state_changed.clear()
+            self.donor.expire(time.monotonic())
             await ws.send_bytes(self.state().encode())
 
     def state(self) -> wire.NodeState:
@@ -258,45 +279,6 @@ class NodeService:
             log.warning("worker %s (pid %s) exited with %s; replacing it", worker.number, worker.pid, exit_code)
         self.dispatcher.on_worker_exit(worker, exit_code)
         self._state_changed.set()
-
-    # --- HTTP ----------------------------------------------------------------------------
-
-    def _http_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024)
-        token = self.settings.token.encode()
-
-        @web.middleware
-        async def require_token(request: web.Request, handler):
-            if request.path != "/health":
-                given = request.headers.get("Authorization", "")
-                if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token):
-                    return web.json_response(
-                        {"error": "Unauthorized", "message": "send 'Authorization: Bearer <cluster token>'"},
-                        status=401,
-                    )
-            return await handler(request)
-
-        async def health(request: web.Request) -> web.Response:
-            return web.json_response({"ok": True, "node_id": self.settings.node_id})
-
-        async def state(request: web.Request) -> web.Response:
-            s = self.state()
-            return web.json_response(
-                {
-                    "node_id": s.node_id,
-                    "status": s.status,
-                    "workers_alive": s.workers_alive,
-                    "jobs": [dict(zip(("job_id", "running", "queued", "done"), j)) for j in s.jobs],
-                    "cpu_percent": s.cpu_percent,
-                    "mem_percent": s.mem_percent,
-                }
-            )
-
-        app.middlewares.append(require_token)
-        app.router.add_get("/health", health)
-        app.router.add_get("/v1/state", state)
-        return app
-
 
 class _Stop(Exception):
     pass

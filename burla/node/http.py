@@ -1,0 +1,73 @@
+"""The node's HTTP endpoints: a health check, its state, and the donor side of stealing."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from burla import wire
+from burla.auth import error_response, token_middleware
+from burla.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from burla.node.service import NodeService
+
+MAX_BODY = 64 * 1024
+
+
+def build_node_app(service: NodeService) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[token_middleware(service.settings.token)])
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "node_id": service.settings.node_id})
+
+    async def state(request: web.Request) -> web.Response:
+        s = service.state()
+        return web.json_response(
+            {
+                "node_id": s.node_id,
+                "status": s.status,
+                "workers_alive": s.workers_alive,
+                "jobs": [dict(zip(("job_id", "running", "queued", "done"), j)) for j in s.jobs],
+                "cpu_percent": s.cpu_percent,
+                "mem_percent": s.mem_percent,
+                "stolen": service.thief.stolen,
+            }
+        )
+
+    async def _decode(request: web.Request, kind: type) -> wire.Message:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ProtocolError(f"the body is over {MAX_BODY} bytes") from None
+        msg = wire.decode(body, (kind,))
+        if getattr(msg, "job_id", None) != request.match_info["job_id"]:
+            raise ProtocolError("the body's job_id does not match the URL")
+        return msg
+
+    async def steal(request: web.Request) -> web.Response:
+        try:
+            msg = await _decode(request, wire.StealRequest)
+            assert isinstance(msg, wire.StealRequest)
+            grant = service.donor.give(msg, time.monotonic())
+        except ProtocolError as e:
+            return error_response(400, "ProtocolError", str(e))
+        return web.Response(body=grant.encode(), content_type="application/msgpack")
+
+    async def steal_ack(request: web.Request) -> web.Response:
+        try:
+            msg = await _decode(request, wire.StealAck)
+        except ProtocolError as e:
+            return error_response(400, "ProtocolError", str(e))
+        assert isinstance(msg, wire.StealAck)
+        if not service.donor.ack(msg):
+            return error_response(404, "NotFound", f"no transfer {msg.transfer_id!r} here (already expired?)")
+        return web.Response(status=204)
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/state", state)
+    app.router.add_post("/v1/jobs/{job_id}/steal", steal)
+    app.router.add_post("/v1/jobs/{job_id}/steal/ack", steal_ack)
+    return app

@@ -1,0 +1,143 @@
+"""Work stealing between nodes (DESIGN.md §3).
+
+When the head has nothing left to push for a job, it hints an idle node at a peer that still
+holds queued inputs. The thief asks that donor for half its surplus under a transfer id (the
+same id always gets the same inputs, so retries are safe), tells the head the inputs moved,
+then acknowledges the transfer. A transfer the donor never sees acknowledged goes back into
+its own queue: at worst an input runs twice, and the head keeps only its first result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from burla import wire
+from burla.errors import ProtocolError
+from burla.node.dispatcher import Dispatcher
+
+log = logging.getLogger("burla.node")
+
+REQUEST_ATTEMPTS = 3
+REQUEST_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Transfer:
+    job_id: str
+    items: list
+    given_at: float
+    acked: bool = False
+
+
+class Donor:
+    """The giving side: remembers each transfer until it is acknowledged or expires."""
+
+    def __init__(self, dispatcher: Dispatcher, ack_timeout_s: float) -> None:
+        self._dispatcher = dispatcher
+        self._ack_timeout_s = ack_timeout_s
+        self.transfers: dict[str, Transfer] = {}
+
+    def give(self, request: wire.StealRequest, now: float) -> wire.StealGrant:
+        transfer = self.transfers.get(request.transfer_id)
+        if transfer is None:
+            items = self._dispatcher.take_surplus(request.job_id, max(1, request.max_items))
+            transfer = Transfer(request.job_id, items, now)
+            self.transfers[request.transfer_id] = transfer
+            if items:
+                log.info("gave %d inputs of job %s to %s (transfer %s)", len(items), request.job_id,
+                         request.thief_id, request.transfer_id)
+        elif transfer.job_id != request.job_id:
+            raise ProtocolError(f"transfer {request.transfer_id} belongs to job {transfer.job_id}")
+        return wire.StealGrant(request.job_id, request.transfer_id, transfer.items if not transfer.acked else [])
+
+    def ack(self, ack: wire.StealAck) -> bool:
+        transfer = self.transfers.get(ack.transfer_id)
+        if transfer is None or transfer.job_id != ack.job_id:
+            return False
+        transfer.acked = True
+        transfer.items = []
+        return True
+
+    def expire(self, now: float) -> None:
+        """Unacknowledged transfers return to this node's queue; acknowledged ones are forgotten."""
+        for transfer_id, transfer in list(self.transfers.items()):
+            if now - transfer.given_at < self._ack_timeout_s:
+                continue
+            del self.transfers[transfer_id]
+            if not transfer.acked and transfer.items:
+                returned = self._dispatcher.put_back(transfer.job_id, transfer.items)
+                log.warning("transfer %s was never acknowledged; %s %d inputs", transfer_id,
+                            "took back" if returned else "dropped (job gone)", len(transfer.items))
+
+
+class Thief:
+    """The taking side: one steal at a time per job, started by the head's hints."""
+
+    def __init__(self, node_id: str, token: str, dispatcher: Dispatcher,
+                 report: Callable[[wire.Stolen], Awaitable[None]]) -> None:
+        self._node_id = node_id
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._dispatcher = dispatcher
+        self._report = report
+        self._active: dict[str, asyncio.Task] = {}
+        self._ids = itertools.count(1)
+        self._session: aiohttp.ClientSession | None = None
+        self.stolen = 0
+
+    def on_hint(self, hint: wire.StealHint) -> None:
+        if hint.job_id in self._active or hint.job_id not in self._dispatcher.jobs:
+            return
+        task = asyncio.create_task(self._steal(hint), name=f"steal-{hint.job_id}")
+        self._active[hint.job_id] = task
+        task.add_done_callback(lambda _: self._active.pop(hint.job_id, None))
+
+    async def _steal(self, hint: wire.StealHint) -> None:
+        job = self._dispatcher.jobs.get(hint.job_id)
+        if job is None:
+            return
+        transfer_id = f"{self._node_id}-{next(self._ids)}-{time.monotonic_ns()}"
+        request = wire.StealRequest(hint.job_id, transfer_id, self._node_id, job.window())
+        grant = await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal", request)
+        if not isinstance(grant, wire.StealGrant) or not grant.items:
+            return
+        if not self._dispatcher.add_stolen(hint.job_id, grant.items):
+            return  # the job ended here meanwhile: no ack, so the donor keeps them
+        await self._report(wire.Stolen(hint.job_id, hint.donor_id, [i for i, _ in grant.items]))
+        self.stolen += len(grant.items)
+        log.info("stole %d inputs of job %s from %s", len(grant.items), hint.job_id, hint.donor_id)
+        await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal/ack", wire.StealAck(hint.job_id, transfer_id))
+
+    async def _post(self, url: str, msg: wire.Message) -> wire.Message | None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+        for attempt in range(REQUEST_ATTEMPTS):
+            try:
+                async with self._session.post(url, data=msg.encode(), headers=self._headers) as response:
+                    body = await response.read()
+                    if response.status == 204:
+                        return None
+                    if response.status == 200:
+                        return wire.decode(body, (wire.StealGrant,))
+                    log.warning("steal request to %s answered %d: %s", url, response.status, body[:200])
+                    return None
+            except (TimeoutError, aiohttp.ClientError, OSError, ProtocolError) as e:
+                log.info("steal request to %s failed (%s); attempt %d", url, e, attempt + 1)
+                await asyncio.sleep(0.1 * (attempt + 1))
+        return None
+
+    async def close(self) -> None:
+        for task in list(self._active.values()):
+            task.cancel()
+        for task in list(self._active.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._session is not None:
+            await self._session.close()

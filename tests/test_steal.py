@@ -1,0 +1,121 @@
+"""Stealing: an idle node takes half of a busy peer's queued inputs, safely under lost acks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from tests import functions
+from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.http_proxy import DroppingProxy
+
+
+def _get(head, path: str) -> dict:
+    request = urllib.request.Request(head.url + path, headers=head.headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Nodes:
+    """`burla node join` processes started by a test, stopped however the test ends."""
+
+    def __init__(self, head, log_dir) -> None:
+        self.head = head
+        self.log_dir = log_dir
+        self.processes: list[subprocess.Popen] = []
+
+    def join(self, name: str, *extra: str) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        env = dict(os.environ, **{ENV_TOKEN: self.head.token, ENV_CONFIG_DIR: str(self.head.config_dir)})
+        process = subprocess.Popen(
+            [sys.executable, "-m", "burla", "node", "join", "--head", self.head.url, "--node-id", name,
+             "--workers", "1", *extra],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+        )
+        log.close()
+        self.processes.append(process)
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture
+def bare_head(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=0)
+    monkeypatch.setenv(ENV_HEAD_URL, head.url)
+    monkeypatch.setenv(ENV_TOKEN, head.token)
+    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    nodes = Nodes(head, tmp_path)
+    try:
+        yield head, nodes
+    finally:
+        nodes.stop()
+        head.stop()
+
+
+def _skewed_job(out_dir, slow_s: float = 1.5):
+    # The first four inputs are 30x slower; they land on the first node before the second joins.
+    inputs = [(str(out_dir), i, slow_s if i < 4 else 0.05) for i in range(12)]
+    return remote_parallel_map(functions.record_interval, inputs, generator=True, spinner=False)
+
+
+def test_idle_node_steals_from_a_busy_peer(bare_head, tmp_path):
+    head, nodes = bare_head
+    nodes.join("node-a")
+    wait_for_nodes(head, 1)
+    out = tmp_path / "calls"
+    out.mkdir()
+    stream = _skewed_job(out)
+    nodes.join("node-b")
+    results = list(stream)
+    assert sorted(results) == list(range(12))
+    job = _get(head, "/v1/cluster")["jobs"][0]
+    assert job["stolen"] >= 1, head.log()
+    assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a")
+
+
+def test_a_lost_steal_ack_still_gives_every_result_exactly_once(bare_head, tmp_path):
+    head, nodes = bare_head
+    port = _free_port()
+    proxy = DroppingProxy(f"http://127.0.0.1:{port}", drop_suffix="/steal/ack")
+    try:
+        nodes.join("node-a", "--port", str(port), "--advertise-url", proxy.url, "--steal-ack-timeout", "0.5")
+        wait_for_nodes(head, 1)
+        out = tmp_path / "calls"
+        out.mkdir()
+        stream = _skewed_job(out, slow_s=2.0)
+        nodes.join("node-b")
+        results = list(stream)
+    finally:
+        proxy.close()
+    assert sorted(results) == list(range(12))  # delivered exactly once each
+    assert proxy.dropped >= 1
+    deadline = time.monotonic() + 30
+    while "never acknowledged" not in nodes.log("node-a") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "never acknowledged" in nodes.log("node-a")
