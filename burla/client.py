@@ -129,7 +129,7 @@ def _wait(event, runner: JobRunner) -> None:
 def _outcomes(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Outcome]:
     received = 0
     try:
-        while True:
+        while not (runner.opened.is_set() and received >= runner.n_inputs and runner.error is None):
             batch = runner.next_outcomes()
             if batch is None:
                 break

@@ -69,6 +69,9 @@ class JobRunner:
         self.job_id = job_id
         self.opening = opening
         self.n_inputs = opening.n_inputs if opening is not None else 0
+        # A detaching client only uploads: the head keeps every result for get_results, so
+        # neither results nor the upload window concern it.
+        self._detaching = opening is not None and opening.detach
         self.inputs = inputs
         self.display = display
         self.outcomes: queue.SimpleQueue = queue.SimpleQueue()  # Outcome lists, then _END
@@ -257,10 +260,15 @@ class JobRunner:
         for index in [i for i in self._sizes if i >= start]:  # never reached the head: send again
             self._outstanding_inputs -= 1
             self._outstanding_bytes -= self._sizes.pop(index)
+        detaching = self._detaching
         uploader = asyncio.create_task(self._upload(ws, start))
-        receiver = asyncio.create_task(self._receive(ws))
+        receiver = asyncio.create_task(self._receive(ws, collect=not detaching))
         try:
-            await asyncio.wait((uploader, receiver), return_when=asyncio.FIRST_EXCEPTION)
+            await asyncio.wait(
+                (uploader, receiver), return_when=asyncio.FIRST_COMPLETED if detaching else asyncio.FIRST_EXCEPTION
+            )
+            if detaching and uploader.done() and not uploader.cancelled() and uploader.exception() is None:
+                return  # the job runs on; its results wait on the head for get_results
             if uploader.done() and not uploader.cancelled() and uploader.exception() is not None:
                 error = uploader.exception()
                 if isinstance(error, _ConnectionLost):
@@ -300,7 +308,7 @@ class JobRunner:
                 raise UnpicklableInput(index, f"{type(e).__name__}: {e}") from e
             if len(data) > MAX_INPUT_BYTES:
                 raise InputTooBig(index, len(data), MAX_INPUT_BYTES)
-            while self._outstanding_inputs and (
+            while not self._detaching and self._outstanding_inputs and (
                 self._outstanding_inputs >= self._window_inputs
                 or self._outstanding_bytes + len(data) > self._window_bytes
             ):
@@ -330,7 +338,8 @@ class JobRunner:
                 self._outstanding_bytes -= size
         self._window_open.set()
 
-    async def _receive(self, ws) -> None:
+    async def _receive(self, ws, collect: bool = True) -> None:
+        """Take results, output and progress; with collect=False (detaching) leave results be."""
         display = self.display
         received = self._received
         while True:
@@ -340,6 +349,8 @@ class JobRunner:
                 if self._remaining == 0:
                     return
                 raise
+            if isinstance(msg, wire.ResultBatch) and not collect:
+                continue
             if isinstance(msg, wire.ResultBatch):
                 fresh = [item for item in msg.items if 0 <= item[0] < self.n_inputs and not received[item[0]]]
                 outcomes = [self._outcome(index, ok, payload) for index, ok, payload in fresh]

@@ -38,6 +38,7 @@ class Cluster:
         self.booting_ids: set[str] = set()
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
+        self._end_kind: dict[str, str] = {}  # job id -> the error kind it ended with
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -188,6 +189,8 @@ class Cluster:
                 "results were already collected, or the head restarted."
             )
         link.ack(msg.acked_seq)
+        if job.status != RUNNING:  # it ended while the client was away: say so after the results
+            link.send(wire.JobEnded(job.job_id, job.status, self._end_kind.get(job.job_id, ""), job.reason))
         resumed = wire.JobResumed(
             job.job_id, job.n_inputs, job.upload_prefix, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES
         )
@@ -250,6 +253,7 @@ class Cluster:
         released = self.scheduler.finish(job, status, reason)
         if not was_running:
             return
+        self._end_kind[job.job_id] = kind
         started, _ = self.job_times.get(job.job_id, (time.time(), None))
         self.job_times[job.job_id] = (started, time.time())
         for node_id in released:
@@ -271,6 +275,7 @@ class Cluster:
             self.scheduler.forget(old)
             self.job_times.pop(old, None)
             self.client_links.pop(old, None)
+            self._end_kind.pop(old, None)
         for key in [k for k in self._hinted if k[1] == job.job_id]:
             del self._hinted[key]
         self.pump()
