@@ -18,6 +18,7 @@ from burla.errors import (
 )
 from burla.job_runner import JobRunner, Outcome
 from burla.local_cluster import ClusterHandle, connect, running_local_head, start_head
+from burla.node.worker_context import waiting_on_children
 from burla.progress import Display
 from burla.serialization import dumps_function
 
@@ -127,6 +128,11 @@ def _wait(event, runner: JobRunner) -> None:
 
 
 def _outcomes(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Outcome]:
+    with waiting_on_children():  # inside a worker: lend this slot while the nested job runs
+        yield from _collect(runner, cluster, raise_errors)
+
+
+def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Outcome]:
     received = 0
     try:
         while not (runner.opened.is_set() and received >= runner.n_inputs and runner.error is None):

@@ -394,11 +394,18 @@ class WorkerReport(Message):
         _check_items("WorkerReport.outputs", self.outputs, (int, int, str))
 
 
+@message(35)
+class WorkerWaiting(Message):
+    """The running call is waiting on a nested job (True) or computing again (False)."""
+
+    waiting: bool
+
+
 CLIENT_TO_HEAD = (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob)
 NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen)
 HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint)
 HEAD_TO_CLIENT = (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch, Progress, JobEnded)
-WORKER_TO_NODE = (WorkerReady, WorkerReport)
+WORKER_TO_NODE = (WorkerReady, WorkerReport, WorkerWaiting)
 NODE_TO_WORKER = (LoadFunction, RunCalls, UnloadFunction)
 
 # The largest frame: one 200 MB input or 100 MB function plus its envelope.

@@ -123,3 +123,24 @@ def kill_self(x, crash_on=0):
 
         os.kill(os.getpid(), signal.SIGKILL)
     return x
+
+
+def nested_sum(n):
+    """A call that fans out a nested job on the same cluster and waits for it."""
+    from burla import remote_parallel_map
+
+    return sum(remote_parallel_map(double, range(n), spinner=False))
+
+
+def nested_sleepers(x):
+    from burla import remote_parallel_map
+
+    return remote_parallel_map(sleep_then_return, [(i, 60) for i in range(2)], spinner=False)
+
+
+def two_stage_pipeline(words):
+    """A driver function: two nested stages, submitted as one job."""
+    from burla import remote_parallel_map
+
+    lengths = remote_parallel_map(len, words, spinner=False)
+    return remote_parallel_map(double, lengths, spinner=False)

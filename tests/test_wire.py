@@ -36,6 +36,7 @@ SAMPLES: list[wire.Message] = [
     wire.StealGrant("j-1", "t-1", [[3, b"a"]]),
     wire.StealAck("j-1", "t-1"),
     wire.WorkerReady(123),
+    wire.WorkerWaiting(True),
     wire.LoadFunction("j-1", b"fn"),
     wire.RunCalls("j-1", [[0, b"a"]]),
     wire.UnloadFunction("j-1"),

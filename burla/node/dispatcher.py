@@ -181,7 +181,7 @@ class Dispatcher:
     # --- feeding workers -----------------------------------------------------------------
 
     def pump(self) -> None:
-        workers = [w for w in self._workers() if w.alive and w.ready.is_set()]
+        workers = [w for w in self._workers() if w.alive and w.ready.is_set() and not w.retired]
         if not workers or not self.jobs:
             return
         for worker in workers:
@@ -190,7 +190,7 @@ class Dispatcher:
                 if job is not None:
                     self._dispatch(worker, job, len(workers))
         for worker in workers:
-            if len(worker.batches) == 1:
+            if len(worker.batches) == 1 and not worker.waiting:
                 job = self.jobs.get(worker.batches[0].job_id)
                 if job is not None and job.queue and self._calls_are_short(job):
                     self._dispatch(worker, job, len(workers))

@@ -20,6 +20,7 @@ from typing import Any
 
 from burla import wire
 from burla.config import ENV_PARENT_JOB
+from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
 from burla.serialization import dumps_result, loads, pack_error
 
@@ -85,6 +86,7 @@ class Worker:
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal goes to the client
         self.capture.install()
+        worker_context.set_notifier(lambda waiting: self._send(wire.WorkerWaiting(waiting)))
         self._send(wire.WorkerReady(os.getpid()))
         while True:
             msg = self._recv()

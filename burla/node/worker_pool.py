@@ -8,6 +8,7 @@ the event loop and hands them to the owner through two callbacks.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import mmap
 import os
 import signal
@@ -44,6 +45,8 @@ class WorkerHandle:
     batches: deque[Batch] = field(default_factory=deque)
     last_progress_at: float = 0.0
     alive: bool = True
+    waiting: bool = False  # its call waits on a nested job: its slot is lent to another worker
+    retired: bool = False  # an extra worker told to exit now that the slot came back
     reader_task: asyncio.Task | None = None
 
     @property
@@ -90,6 +93,7 @@ class WorkerPool:
         self.workers: list[WorkerHandle] = []
         self._closing = False
         self._spawns: set[asyncio.Task] = set()
+        self._numbers = itertools.count(size)
 
     async def start(self) -> None:
         self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
@@ -130,6 +134,12 @@ class WorkerPool:
                 msg = wire.decode(await handle.reader.readexactly(size), wire.WORKER_TO_NODE)
                 if isinstance(msg, wire.WorkerReport):
                     self._on_report(handle, msg)
+                    if msg.batch_done:
+                        self.rebalance()
+                elif isinstance(msg, wire.WorkerWaiting):
+                    handle.waiting = msg.waiting
+                    self.rebalance()
+                    self._on_ready(handle)
                 elif isinstance(msg, wire.WorkerReady):
                     handle.last_progress_at = time.monotonic()
                     handle.ready.set()
@@ -141,15 +151,34 @@ class WorkerPool:
         exit_code = await handle.process.wait()
         if self._closing:
             return
-        self._on_exit(handle, exit_code)
-        task = asyncio.create_task(self._replace(handle))
-        self._spawns.add(task)
-        task.add_done_callback(self._spawns.discard)
+        if handle in self.workers:
+            self.workers.remove(handle)
+        if not handle.retired:
+            self._on_exit(handle, exit_code)
+        handle.shm.close()
+        self.rebalance()
 
-    async def _replace(self, dead: WorkerHandle) -> None:
-        replacement = await self._spawn(dead.number)
-        self.workers[self.workers.index(dead)] = replacement
-        dead.shm.close()
+    def rebalance(self) -> None:
+        """Keep `size` workers computing: add one per waiting worker, retire extras once idle."""
+        if self._closing:
+            return
+        computing = [w for w in self.workers if w.alive and not w.waiting and not w.retired]
+        missing = self.size - len(computing) - len(self._spawns)
+        for _ in range(max(0, missing)):
+            task = asyncio.create_task(self._add_worker())
+            self._spawns.add(task)
+            task.add_done_callback(self._spawns.discard)
+        surplus = -missing
+        for worker in computing:
+            if surplus <= 0:
+                break
+            if not worker.batches and worker.ready.is_set():
+                worker.retired = True
+                worker.writer.close()  # at EOF the worker exits
+                surplus -= 1
+
+    async def _add_worker(self) -> None:
+        self.workers.append(await self._spawn(next(self._numbers)))
 
     async def close(self) -> None:
         self._closing = True
