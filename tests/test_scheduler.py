@@ -130,3 +130,22 @@ def test_duplicate_job_id_is_refused():
     s.admit(spec())
     with pytest.raises(ProtocolError, match="already in use"):
         s.admit(spec())
+
+
+def test_an_input_on_too_many_lost_nodes_is_given_up():
+    from burla.head.scheduler import MAX_NODE_LOSSES
+
+    s = Scheduler()
+    job = None
+    for attempt in range(MAX_NODE_LOSSES):
+        s.add_node(node(f"n{attempt}"))
+        if job is None:
+            job = s.admit(spec(n=1))
+            s.add_inputs(job, [[0, b"x"]])
+        s.grant(f"n{attempt}", "j", 1)
+        assert s.plan() == [(f"n{attempt}", "j", [[0, b"x"]])]
+        [(affected, given_up)] = s.remove_node(f"n{attempt}")
+        if attempt < MAX_NODE_LOSSES - 1:
+            assert given_up == [] and [i for i, _ in job.pending] == [0]
+        else:
+            assert given_up == [0] and not job.pending

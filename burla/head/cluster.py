@@ -12,9 +12,10 @@ import time
 from collections import OrderedDict
 
 from burla import wire
-from burla.errors import JobNotFound
+from burla.errors import JobNotFound, NodeDisconnected
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
+from burla.serialization import pack_error
 
 log = logging.getLogger("burla.head")
 
@@ -67,7 +68,9 @@ class Cluster:
     def node_lost(self, node_id: str) -> None:
         self.node_links.pop(node_id, None)
         self.last_heard.pop(node_id, None)
-        for job in self.scheduler.remove_node(node_id):
+        for job, given_up in self.scheduler.remove_node(node_id):
+            if given_up:
+                self._accept_results(None, job, [[i, False, self._node_loss_error(i, job)] for i in given_up])
             if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
                 self.end_job(
                     job, FAILED, "NodeDisconnected",
@@ -143,11 +146,24 @@ class Cluster:
                 self.scheduler.record_steal(node_id, job, msg.donor_id, msg.indices)
             self._hinted.pop((node_id, msg.job_id), None)
 
+    @staticmethod
+    def _node_loss_error(index: int, job: JobRecord) -> bytes:
+        error = NodeDisconnected(
+            f"input {index} was on {job.node_losses.get(index, 0)} nodes that died or went silent while "
+            "running it; it is not retried again. If the call itself brings its machine down (memory, "
+            "disk), give it more with func_ram or bigger machines."
+        )
+        return pack_error(error)
+
     def _on_results(self, node_id: str, msg: wire.ResultBatch) -> None:
         job = self.scheduler.jobs.get(msg.job_id)
-        if job is None or job.status != RUNNING:
+        if job is not None:
+            self._accept_results(node_id, job, msg.items)
+
+    def _accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None:
+        if job.status != RUNNING:
             return
-        fresh = self.scheduler.record_results(node_id, job, msg.items)
+        fresh = self.scheduler.record_results(node_id, job, items)
         if not fresh:
             return
         link = self.client_links.get(job.job_id)

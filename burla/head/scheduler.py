@@ -19,6 +19,7 @@ COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 CANCELED = "CANCELED"
 
+MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
 MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger
 
 
@@ -72,6 +73,7 @@ class JobRecord:
     n_done: int = 0
     n_failed: int = 0
     stolen: int = 0  # inputs that moved between nodes by stealing
+    node_losses: dict[int, int] = field(default_factory=dict)  # index -> nodes lost while holding it
     assignments: dict[str, Assignment] = field(default_factory=dict)
 
     @property
@@ -117,18 +119,32 @@ class Scheduler:
                 joins.append((job, parallelism))
         return joins
 
-    def remove_node(self, node_id: str) -> list[JobRecord]:
-        """Forget a node and put every input it held back at the front of its job's queue."""
+    def remove_node(self, node_id: str) -> list[tuple[JobRecord, list[int]]]:
+        """Forget a node and put every input it held back at the front of its job's queue.
+
+        Returns the affected jobs, each with the inputs that have now been on too many lost
+        nodes (MAX_NODE_LOSSES): those end in an error instead of running again.
+        """
         self.nodes.pop(node_id, None)
         affected = []
         for job in self.jobs.values():
             assignment = job.assignments.pop(node_id, None)
             if assignment is None:
                 continue
-            affected.append(job)
+            given_up = []
             if job.status == RUNNING:
-                back = [[i, b] for i, b in assignment.inflight.items() if not job.done[i]]
+                back = []
+                for index, data in assignment.inflight.items():
+                    if job.done[index]:
+                        continue
+                    losses = job.node_losses.get(index, 0) + 1
+                    job.node_losses[index] = losses
+                    if losses >= MAX_NODE_LOSSES:
+                        given_up.append(index)
+                    else:
+                        back.append([index, data])
                 job.pending.extendleft(reversed(back))
+            affected.append((job, given_up))
         return affected
 
     def update_state(self, msg: wire.NodeState) -> None:
@@ -298,9 +314,9 @@ class Scheduler:
                     pushes.append((node_id, job.job_id, batch))
         return pushes
 
-    def record_results(self, node_id: str, job: JobRecord, items: list) -> list:
+    def record_results(self, node_id: str | None, job: JobRecord, items: list) -> list:
         """Keep the first result per index (results are delivered exactly once)."""
-        assignment = job.assignments.get(node_id)
+        assignment = job.assignments.get(node_id) if node_id is not None else None
         fresh = []
         done = job.done
         for item in items:
