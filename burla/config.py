@@ -154,4 +154,5 @@ class NodeSettings:
     register_deadline_s: float = 60.0  # give up if the head can't be reached for this long
     port: int = 0  # the node's HTTP port (peers steal through it); 0 picks a free one
     advertise_url: str | None = None  # the URL peers should use, if not http://host:port
+    memory_budget_gb: float = 1.0  # what all workers together may use before calls are stopped
     steal_ack_timeout_s: float = 5.0  # a transfer not acknowledged this long returns to its donor

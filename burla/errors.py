@@ -20,7 +20,8 @@
     │   ├── JobCanceled           Ctrl-C, `burla jobs cancel`, or the head cancelled it
     │   ├── JobFailed             the head ended the job (.reason names why)
     │   ├── NodeDisconnected      the connection to the cluster was lost mid-job
-    │   └── WorkerCrashed         the worker running a call died (.input_index, .exit_code)
+    │   ├── WorkerCrashed         the worker running a call died (.input_index, .exit_code)
+    │   └── OutOfMemory           a call went past func_ram, or past its node's memory alone
     └── RemoteError               a call raised an exception that could not be re-created
                                   here; carries the type name, message and traceback text
 
@@ -146,6 +147,24 @@ class WorkerCrashed(JobError):
 
     def __reduce__(self):
         return (type(self), (self.input_index, self.exit_code, self.attempts))
+
+
+class OutOfMemory(JobError):
+    def __init__(self, input_index: int, used_gb: float, limit_gb: float, per_call: bool) -> None:
+        self.input_index = input_index
+        self.used_gb = used_gb
+        self.limit_gb = limit_gb
+        self.per_call = per_call
+        if per_call:
+            how = f"past its func_ram={limit_gb:g} GB"
+            fix = "raise func_ram, or make the call use less memory"
+        else:
+            how = f"past the {limit_gb:.1f} GB this node has for calls, running alone"
+            fix = "use bigger machines, or make the call use less memory"
+        super().__init__(f"Input {input_index} used {used_gb:.2f} GB {how}; its worker was stopped. To fix: {fix}.")
+
+    def __reduce__(self):
+        return (type(self), (self.input_index, self.used_gb, self.limit_gb, self.per_call))
 
 
 class RemoteError(BurlaError):

@@ -283,6 +283,7 @@ class AssignJob(Message):
     function_name: str
     function_bytes: bytes
     parallelism: int
+    ram_gb_per_call: float | None  # enforced per call when set
 
 
 @message(23)

@@ -144,3 +144,10 @@ def two_stage_pipeline(words):
 
     lengths = remote_parallel_map(len, words, spinner=False)
     return remote_parallel_map(double, lengths, spinner=False)
+
+
+def hog(megabytes, hold_s=1.5):
+    """Hold this much memory (touched, so it counts) for a moment."""
+    data = b"x" * (megabytes * 2**20)
+    time.sleep(hold_s)
+    return len(data) // 2**20

@@ -39,10 +39,12 @@ def node() -> None:
               help="URL peers should use to reach this node, when not http://127.0.0.1:PORT (a proxy, NAT).")
 @click.option("--steal-ack-timeout", type=click.FloatRange(0.1, 600.0), default=5.0, show_default=True,
               help="Seconds before inputs given to a peer that never acknowledged them run here instead.")
+@click.option("--memory-limit-gb", type=click.FloatRange(0.05, None), default=None,
+              help="Memory all workers together may use. Default: 90% of this machine's memory.")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
          image: str | None, port: int, advertise_url: str | None, steal_ack_timeout: float,
-         lifeline_fd: int | None) -> None:
+         memory_limit_gb: float | None, lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
     import psutil
 
@@ -54,10 +56,12 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
                    "where its token is stored).", err=True)
         sys.exit(3)
     cpus = _cpu_count()
+    total_gb = psutil.virtual_memory().total / 2**30
+    budget_gb = memory_limit_gb if memory_limit_gb is not None else 0.9 * total_gb
     settings = NodeSettings(
         head_url=head_url.rstrip("/"), token=token, workers=workers or cpus,
         node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
-        ram_gb=psutil.virtual_memory().total / 2**30, image=image, region=region,
+        ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region,
         lifeline_fd=lifeline_fd, version=__version__, port=port,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, steal_ack_timeout_s=steal_ack_timeout,
     )

@@ -60,7 +60,7 @@ class Cluster:
         self.booting_ids.discard(msg.node_id)
         self.scheduler.booting = len(self.booting_ids)
         for job, parallelism in self.scheduler.add_node(node):
-            link.send(wire.AssignJob(job.job_id, job.spec.function_name, job.spec.function_bytes, parallelism))
+            link.send(self._assign_message(job.spec, parallelism))
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
         self.nodes_changed.set()
         return node
@@ -185,11 +185,13 @@ class Cluster:
         self.client_links[spec.job_id] = link
         self.job_times[spec.job_id] = (time.time(), None)
         for node_id, assignment in job.assignments.items():
-            self.node_links[node_id].send(
-                wire.AssignJob(spec.job_id, spec.function_name, spec.function_bytes, assignment.parallelism)
-            )
+            self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         return job, link
+
+    @staticmethod
+    def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
+        return wire.AssignJob(spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram)
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
         slots = sum(a.parallelism for a in job.assignments.values())

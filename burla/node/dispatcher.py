@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from burla import wire
-from burla.errors import WorkerCrashed
+from burla.errors import OutOfMemory, WorkerCrashed
 from burla.node.worker_pool import Batch, WorkerHandle
 from burla.serialization import pack_error
 
@@ -34,6 +34,7 @@ class NodeJob:
     job_id: str
     function_bytes: bytes
     parallelism: int
+    ram_gb_per_call: float | None = None
     queue: deque = field(default_factory=deque)  # [index, pickled args]
     workers: set[WorkerHandle] = field(default_factory=set)
     call_seconds: float | None = None  # EWMA of one call's duration
@@ -68,7 +69,7 @@ class Dispatcher:
     def assign(self, msg: wire.AssignJob) -> NodeJob:
         job = self.jobs.get(msg.job_id)
         if job is None:
-            job = NodeJob(msg.job_id, msg.function_bytes, max(1, msg.parallelism))
+            job = NodeJob(msg.job_id, msg.function_bytes, max(1, msg.parallelism), msg.ram_gb_per_call)
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)
@@ -152,8 +153,10 @@ class Dispatcher:
         self.pump()
 
     def on_worker_exit(self, worker: WorkerHandle, exit_code: int | None) -> None:
-        """Requeue what a dead worker held; the call it was running counts one crash."""
+        """Requeue what a dead worker held; the call it was running counts one crash (or, if
+        the node stopped it for memory, fails with OutOfMemory or runs again with fewer workers)."""
         crashed_index = worker.current_index()
+        kill = worker.killed_for
         for batch in reversed(worker.batches):
             job = self.jobs.get(batch.job_id)
             if job is None:
@@ -164,7 +167,14 @@ class Dispatcher:
                 continue
             requeue = []
             for index, argument_bytes in batch.remaining.items():
-                if index == crashed_index:
+                if index == crashed_index and kill is not None:
+                    if not kill.retry:
+                        error = OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
+                        job.out_results.append([index, False, pack_error(error)])
+                        job.done += 1
+                        self._on_outgoing()
+                        continue
+                elif index == crashed_index:
                     attempts = job.crash_attempts.get(index, 0) + 1
                     job.crash_attempts[index] = attempts
                     if attempts >= MAX_CRASH_ATTEMPTS:

@@ -26,6 +26,7 @@ from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.http import build_node_app
+from burla.node.memory import MemoryGuard
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
 
@@ -47,6 +48,9 @@ class NodeService:
         )
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
         self.donor = Donor(self.dispatcher, settings.steal_ack_timeout_s)
+        self.memory = MemoryGuard(
+            self.pool, self.dispatcher, settings.memory_budget_gb, lambda: self._state_changed.set()
+        )
         self.thief = Thief(settings.node_id, settings.token, self.dispatcher, self._report_stolen)
         self._control: list[tuple[wire.Message, asyncio.Future]] = []  # sent before data, awaited
         self.url = ""
@@ -74,6 +78,7 @@ class NodeService:
                 if self.settings.lifeline_fd is not None:
                     group.create_task(self._watch_lifeline(self.settings.lifeline_fd))
                 group.create_task(self._head_session_loop())
+                group.create_task(self.memory.run())
                 group.create_task(self._stop_when_asked(group))
         except* _Stop:
             pass

@@ -33,6 +33,14 @@ class Batch:
     dispatched_at: float
 
 
+@dataclass(frozen=True)
+class MemoryKill:
+    used_gb: float
+    limit_gb: float
+    per_call: bool  # over the job's func_ram (True) or the node's memory (False)
+    retry: bool  # run the input again (with fewer workers) instead of failing it
+
+
 @dataclass(eq=False)
 class WorkerHandle:
     number: int
@@ -47,6 +55,7 @@ class WorkerHandle:
     alive: bool = True
     waiting: bool = False  # its call waits on a nested job: its slot is lent to another worker
     retired: bool = False  # an extra worker told to exit now that the slot came back
+    killed_for: MemoryKill | None = None  # set when the node stopped it for using too much memory
     reader_task: asyncio.Task | None = None
 
     @property
