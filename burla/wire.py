@@ -284,6 +284,7 @@ class AssignJob(Message):
     function_bytes: bytes
     parallelism: int
     ram_gb_per_call: float | None  # enforced per call when set
+    cpus_per_call: int | None  # None: dynamic (the node may lower parallelism for CPU)
 
 
 @message(23)

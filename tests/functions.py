@@ -151,3 +151,22 @@ def hog(megabytes, hold_s=1.5):
     data = b"x" * (megabytes * 2**20)
     time.sleep(hold_s)
     return len(data) // 2**20
+
+
+def busy_threads(seconds):
+    """A multithreaded call: twice as many busy threads (hashing releases the GIL) as cores."""
+    import hashlib
+
+    block = os.urandom(4 * 2**20)
+    deadline = time.time() + seconds
+
+    def spin():
+        while time.time() < deadline:
+            hashlib.sha256(block).digest()
+
+    threads = [threading.Thread(target=spin) for _ in range(2 * (os.cpu_count() or 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return seconds

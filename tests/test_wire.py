@@ -26,7 +26,7 @@ SAMPLES: list[wire.Message] = [
     wire.JobResumed("j-1", 100, 100, 10, 1024),
     wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0"),
     wire.NodeRegistered("n", "0.1.0"),
-    wire.AssignJob("j-1", "f", b"fn", 2, 0.5),
+    wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None),
     wire.ReleaseJob("j-1"),
     wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0),
     wire.ShutdownNode("bye"),

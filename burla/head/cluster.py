@@ -191,7 +191,9 @@ class Cluster:
 
     @staticmethod
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
-        return wire.AssignJob(spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram)
+        return wire.AssignJob(
+            spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram, spec.func_cpu
+        )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
         slots = sum(a.parallelism for a in job.assignments.values())

@@ -35,6 +35,7 @@ class NodeJob:
     function_bytes: bytes
     parallelism: int
     ram_gb_per_call: float | None = None
+    cpus_per_call: int | None = None
     queue: deque = field(default_factory=deque)  # [index, pickled args]
     workers: set[WorkerHandle] = field(default_factory=set)
     call_seconds: float | None = None  # EWMA of one call's duration
@@ -69,7 +70,9 @@ class Dispatcher:
     def assign(self, msg: wire.AssignJob) -> NodeJob:
         job = self.jobs.get(msg.job_id)
         if job is None:
-            job = NodeJob(msg.job_id, msg.function_bytes, max(1, msg.parallelism), msg.ram_gb_per_call)
+            job = NodeJob(
+                msg.job_id, msg.function_bytes, max(1, msg.parallelism), msg.ram_gb_per_call, msg.cpus_per_call
+            )
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)

@@ -4,7 +4,7 @@ With `func_ram=N` a call whose worker grows past N GB is stopped and fails with 
 (never retried: it would only fail again). With `func_ram="dynamic"` the node watches the sum
 of its workers' memory against its budget: when calls together go over, the largest one is
 stopped, the node runs one worker fewer, and that input runs again; only a call that is over
-the budget alone fails. Parallelism comes back once the node is idle.
+the budget alone fails. Parallelism comes back once the node is idle (for this guard and the CPU one alike).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ class MemoryGuard:
         self._dispatcher = dispatcher
         self._budget_bytes = budget_gb * GB
         self._budget_gb = budget_gb
-        self._full_size = pool.size
         self._on_change = on_change
         self._processes: dict[int, psutil.Process] = {}
 
@@ -46,10 +45,6 @@ class MemoryGuard:
         live = {w.pid for w in workers}
         for pid in [p for p in self._processes if p not in live]:
             del self._processes[pid]
-        if not self._dispatcher.jobs and self._pool.size < self._full_size:
-            log.info("idle again; back to %d workers", self._full_size)
-            self._pool.size = self._full_size
-            self._pool.rebalance()
         usage: list[tuple[int, WorkerHandle]] = []
         for worker in workers:
             try:
@@ -71,7 +66,7 @@ class MemoryGuard:
         computing = [w for w in self._pool.workers if w.alive and not w.waiting and not w.retired]
         alone = len(computing) <= 1
         if not alone:
-            self._pool.size = max(1, self._pool.size - 1)
+            self._pool.shrink()
         log.warning("workers use %.2f GB, over this node's %.2f GB; stopping worker %d (%.2f GB)%s",
                     total / GB, self._budget_gb, worker.number, rss / GB,
                     "" if alone else f" and running {self._pool.size} at a time")
@@ -85,4 +80,6 @@ class MemoryGuard:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
+            if not self._dispatcher.jobs:
+                self._pool.restore()  # idle: whatever guards lowered comes back
             self.check()

@@ -24,6 +24,7 @@ from burla import wire
 from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
 from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
+from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.http import build_node_app
 from burla.node.memory import MemoryGuard
@@ -47,6 +48,7 @@ class NodeService:
             settings.workers, env, self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump()
         )
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
+        self.cpu = CpuGuard(self.pool, self.dispatcher)
         self.donor = Donor(self.dispatcher, settings.steal_ack_timeout_s)
         self.memory = MemoryGuard(
             self.pool, self.dispatcher, settings.memory_budget_gb, lambda: self._state_changed.set()
@@ -79,6 +81,7 @@ class NodeService:
                     group.create_task(self._watch_lifeline(self.settings.lifeline_fd))
                 group.create_task(self._head_session_loop())
                 group.create_task(self.memory.run())
+                group.create_task(self.cpu.run())
                 group.create_task(self._stop_when_asked(group))
         except* _Stop:
             pass

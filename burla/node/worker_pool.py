@@ -94,7 +94,8 @@ class WorkerPool:
     def __init__(
         self, size: int, env: dict[str, str], on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler
     ) -> None:
-        self.size = size
+        self.size = size  # workers computing at once; guards lower it under pressure
+        self.full_size = size
         self._env = env
         self._on_report = on_report
         self._on_exit = on_exit
@@ -166,6 +167,17 @@ class WorkerPool:
             self._on_exit(handle, exit_code)
         handle.shm.close()
         self.rebalance()
+
+    def shrink(self) -> int:
+        """Run one worker fewer (never below one); returns the new size."""
+        self.size = max(1, self.size - 1)
+        return self.size
+
+    def restore(self) -> None:
+        """Back to full parallelism (the node is idle again)."""
+        if self.size != self.full_size:
+            self.size = self.full_size
+            self.rebalance()
 
     def rebalance(self) -> None:
         """Keep `size` workers computing: add one per waiting worker, retire extras once idle."""

@@ -1,0 +1,46 @@
+"""func_cpu="dynamic": multithreaded calls that wait for cores make the node run fewer at once."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from tests import functions
+from tests.conftest import start_head, wait_for_nodes
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux scheduler statistics")
+
+
+@pytest.fixture
+def head(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=1, workers=2)
+    monkeypatch.setenv(ENV_HEAD_URL, head.url)
+    monkeypatch.setenv(ENV_TOKEN, head.token)
+    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    try:
+        wait_for_nodes(head, 1)
+        yield head
+    finally:
+        head.stop()
+
+
+def test_calls_waiting_for_cores_lower_parallelism(head):
+    assert remote_parallel_map(functions.busy_threads, [2.0] * 4, spinner=False) == [2.0] * 4
+    assert "calls wait for a core" in head.log()
+
+
+def test_single_threaded_calls_keep_every_slot(head, tmp_path):
+    out = tmp_path / "calls"
+    out.mkdir()
+    inputs = [(str(out), i, 0.5) for i in range(4)]
+    remote_parallel_map(functions.record_interval, inputs, spinner=False)
+    assert functions.max_overlap(out) == 2
+    assert "calls wait for a core" not in head.log()
+
+
+def test_an_integer_func_cpu_is_never_lowered(head):
+    assert remote_parallel_map(functions.busy_threads, [1.5] * 2, func_cpu=1, spinner=False) == [1.5] * 2
+    assert "calls wait for a core" not in head.log()
