@@ -115,3 +115,19 @@ def test_detached_job_runs_on_after_its_client_exits(cluster, tmp_path):
 def test_detach_needs_a_head_that_outlives_the_client(fresh_config):
     with pytest.raises(DetachRequiresDeployedCluster, match="get_cluster_dashboard_url"):
         remote_parallel_map(functions.double, [1], detach=True)
+
+
+def test_idle_nodes_are_removed_and_come_back_for_the_next_job(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=1, workers=1, extra=["--inactivity-timeout", "1"])
+    monkeypatch.setenv(ENV_HEAD_URL, head.url)
+    monkeypatch.setenv(ENV_TOKEN, head.token)
+    try:
+        wait_for_nodes(head, 1)
+        first = _node_processes(head)[0]
+        _wait_until(lambda: not _get(head, "/v1/cluster")["nodes"], what="idle node removed")
+        first.wait(30)  # the driver stopped its process
+        # The next job starts the local node again and runs.
+        assert remote_parallel_map(functions.double, [4], spinner=False) == [8]
+        assert "idle for" in head.log()
+    finally:
+        head.stop()

@@ -29,12 +29,15 @@ def head() -> None:
               help="Seconds a node may stay silent before it is dropped.")
 @click.option("--client-deadline", type=click.FloatRange(0.5, 3600.0), default=10.0, show_default=True,
               help="Seconds a job waits for its disconnected client to come back before it is cancelled.")
+@click.option("--inactivity-timeout", type=click.FloatRange(1.0, None), default=None,
+              help="Remove nodes idle this many seconds (local nodes start again with the next job). "
+                   "Default: keep them.")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
-          node_deadline: float, client_deadline: float, ephemeral: bool, ready_fd: int | None,
-          lifeline_fd: int | None) -> None:
+          node_deadline: float, client_deadline: float, inactivity_timeout: float | None, ephemeral: bool,
+          ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
     from burla.head.server import serve as run_head
@@ -52,6 +55,7 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
         host=host, port=port, token=token, config_dir=directory, local_nodes=local_nodes,
         local_node_workers=local_node_workers, advertise=not ephemeral, ready_fd=ready_fd,
         lifeline_fd=lifeline_fd, node_deadline_s=node_deadline, client_deadline_s=client_deadline,
+        inactivity_timeout_s=inactivity_timeout,
         version=__version__,
     )
     try:

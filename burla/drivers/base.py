@@ -48,8 +48,8 @@ class Driver(abc.ABC):
         """The machines this driver started for this cluster that still exist."""
 
     @abc.abstractmethod
-    async def delete(self, node_id: str) -> None:
-        """Stop one machine; a no-op if it is already gone."""
+    async def delete(self, node_id: str) -> bool:
+        """Stop one machine; returns False if this driver has no such machine."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -82,12 +82,13 @@ class LocalDriver(Driver):
             if process.poll() is None
         ]
 
-    async def delete(self, node_id: str) -> None:
+    async def delete(self, node_id: str) -> bool:
         process = self._processes.get(node_id)
         if process is None:
-            return
+            return False
         await self._stop(process)
         self._forget(node_id)
+        return True
 
     async def _stop(self, process: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):

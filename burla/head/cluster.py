@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 from burla import wire
 from burla.errors import JobNotFound, NodeDisconnected
@@ -40,6 +41,8 @@ class Cluster:
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
         self._end_kind: dict[str, str] = {}  # job id -> the error kind it ended with
+        self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
+        self.boot_local_nodes: Callable[[], list[str]] | None = None  # restarts the local nodes on demand
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -67,6 +70,7 @@ class Cluster:
 
     def node_lost(self, node_id: str) -> None:
         self.node_links.pop(node_id, None)
+        self.idle_since.pop(node_id, None)
         self.last_heard.pop(node_id, None)
         for job, given_up in self.scheduler.remove_node(node_id):
             if given_up:
@@ -113,6 +117,34 @@ class Cluster:
                 self._hinted[(thief_id, job_id)] = now
                 thief.send(wire.StealHint(job_id, donor_id, donor.url))
 
+    def _note_idleness(self, node_id: str) -> None:
+        busy = any(
+            node_id in job.assignments and job.status == RUNNING for job in self.scheduler.jobs.values()
+        )
+        if busy:
+            self.idle_since.pop(node_id, None)
+        else:
+            self.idle_since.setdefault(node_id, time.monotonic())
+
+    async def inactivity_loop(self, timeout_s: float, delete: Callable[[str], Awaitable[bool]]) -> None:
+        """Remove nodes idle past the timeout: through their driver, else by asking them to stop."""
+        while True:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            now = time.monotonic()
+            for node_id, since in list(self.idle_since.items()):
+                if node_id not in self.node_links:
+                    self.idle_since.pop(node_id, None)
+                    continue
+                self._note_idleness(node_id)
+                if node_id not in self.idle_since or now - since < timeout_s:
+                    continue
+                log.info("node %s idle for %.0f s; removing it", node_id, now - since)
+                link = self.node_links.get(node_id)
+                self.node_lost(node_id)
+                self.idle_since.pop(node_id, None)
+                if not await delete(node_id) and link is not None:
+                    link.send(wire.ShutdownNode(f"idle for more than {timeout_s:g} s"))
+
     async def reap_loop(self, deadline_s: float) -> None:
         """Drop nodes that stopped talking (frozen, cut off): their inputs go to live nodes."""
         while True:
@@ -140,6 +172,7 @@ class Cluster:
             self.pump()
         elif isinstance(msg, wire.NodeState):
             self.scheduler.update_state(msg)
+            self._note_idleness(node_id)
         elif isinstance(msg, wire.Stolen):
             job = self.scheduler.jobs.get(msg.job_id)
             if job is not None:
@@ -180,6 +213,8 @@ class Cluster:
     # --- clients -------------------------------------------------------------------------
 
     def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
+        if not self.scheduler.nodes and not self.booting_ids and self.boot_local_nodes is not None:
+            self.expect_nodes(self.boot_local_nodes())  # idle nodes were removed: start them again
         job = self.scheduler.admit(spec)
         link = ClientLink(spec.job_id)
         self.client_links[spec.job_id] = link

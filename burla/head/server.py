@@ -84,6 +84,14 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
     stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
+    idle_reaper = None
+    if settings.inactivity_timeout_s is not None:
+        idle_reaper = asyncio.create_task(
+            cluster.inactivity_loop(settings.inactivity_timeout_s, driver.delete), name="inactivity"
+        )
+    if settings.local_nodes:
+        request = BootRequest(settings.local_nodes, url, settings.token, settings.local_node_workers)
+        cluster.boot_local_nodes = lambda: driver.boot_now(request)
     client_reaper = asyncio.create_task(cluster.client_reap_loop(settings.client_deadline_s), name="client-reaper")
     lifeline = None
     if settings.lifeline_fd is not None:
@@ -103,7 +111,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, reaper, stealer, client_reaper, lifeline):
+        for task in (progress, reaper, stealer, client_reaper, idle_reaper, lifeline):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
