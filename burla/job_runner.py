@@ -22,6 +22,8 @@ from burla.errors import (
     HeadUnreachable,
     InputTooBig,
     JobCanceled,
+    JobFailed,
+    JobNotFound,
     NodeDisconnected,
     ProtocolError,
     RemoteError,
@@ -180,7 +182,16 @@ class JobRunner:
                             opened = True
                         else:
                             await ws.send_bytes(wire.ResumeJob(self.job_id, self._acked_seq).encode())
-                            start, window = await self._expect_opening(ws, wire.JobResumed)
+                            try:
+                                start, window = await self._expect_opening(ws, wire.JobResumed)
+                            except JobNotFound:
+                                if self.opening is None:
+                                    raise
+                                raise JobFailed(
+                                    f"the head at {self.cluster.url} no longer knows job {self.job_id} (it "
+                                    f"restarted while this client was reconnecting); {self._remaining} of "
+                                    f"{self.n_inputs} results are missing. Run the job again."
+                                ) from None
                         lost_at = None
                         await self._exchange(ws, start, window)
                         return

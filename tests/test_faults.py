@@ -1,0 +1,150 @@
+"""Fault injection against real clusters: every input's result arrives exactly once, or the job
+ends with a clear error. Each trial is counted in the fault ledger printed after the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import psutil
+import pytest
+
+from burla import JobFailed, remote_parallel_map
+from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from tests import functions
+from tests.cluster_runner import LocalCluster
+from tests.conftest import REPO, record_fault_trial
+from tests.proxy import CuttableProxy
+
+pytestmark = pytest.mark.faults
+
+INPUTS = 60
+TRIALS = range(2)
+PRELUDE = (
+    "import cloudpickle\n"
+    "from burla import remote_parallel_map\n"
+    "from tests import functions\n"
+    "cloudpickle.register_pickle_by_value(functions)\n"
+)
+
+
+def _use(cluster: LocalCluster, monkeypatch, url: str | None = None) -> None:
+    monkeypatch.setenv(ENV_HEAD_URL, url or cluster.url)
+    monkeypatch.setenv(ENV_TOKEN, cluster.token)
+    monkeypatch.setenv(ENV_CONFIG_DIR, str(cluster.config_dir))
+
+
+def _stream(seconds: float = 0.05):
+    inputs = [(i, seconds) for i in range(INPUTS)]
+    return remote_parallel_map(functions.sleep_then_return, inputs, generator=True, spinner=False)
+
+
+def _wait_until(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(0.05)
+
+
+def _assert_exactly_once(delivered: list[int]) -> None:
+    assert sorted(delivered) == list(range(INPUTS))
+
+
+@pytest.mark.parametrize("trial", TRIALS)
+def test_sigkill_a_node_mid_job(tmp_path, monkeypatch, trial):
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
+        _use(cluster, monkeypatch)
+        stream = _stream()
+        delivered = [next(stream)]
+        cluster.signal_node("node-0", signal.SIGKILL)
+        delivered.extend(stream)
+        record_fault_trial("SIGKILL a node mid-job", INPUTS, delivered)
+        _assert_exactly_once(delivered)
+
+
+@pytest.mark.parametrize("trial", TRIALS)
+def test_sigstop_a_node_then_sigcont(tmp_path, monkeypatch, trial):
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2, head_args=["--node-deadline", "3"]) as cluster:
+        _use(cluster, monkeypatch)
+        stream = _stream()
+        delivered = [next(stream)]
+        cluster.signal_node("node-0", signal.SIGSTOP)
+        delivered.extend(stream)
+        record_fault_trial("SIGSTOP a node (declared dead), then SIGCONT", INPUTS, delivered)
+        _assert_exactly_once(delivered)
+        cluster.signal_node("node-0", signal.SIGCONT)
+        cluster.wait_for_nodes(2)  # it rejoins by itself
+        assert remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
+
+
+@pytest.mark.parametrize("trial", TRIALS)
+def test_kill_workers_mid_job(tmp_path, monkeypatch, trial):
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
+        _use(cluster, monkeypatch)
+        stream = _stream(0.1)
+        delivered = [next(stream)]
+        for node_id in cluster.nodes:
+            workers = [p for p in psutil.Process(cluster.nodes[node_id].pid).children()
+                       if "burla.node.worker" in " ".join(p.cmdline())]
+            workers[0].kill()
+        delivered.extend(stream)
+        record_fault_trial("SIGKILL a worker on every node mid-job", INPUTS, delivered)
+        _assert_exactly_once(delivered)
+
+
+@pytest.mark.parametrize("trial", TRIALS)
+def test_cut_the_client_connection(tmp_path, monkeypatch, trial):
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
+        parsed = urllib.parse.urlsplit(cluster.url)
+        proxy = CuttableProxy(parsed.hostname, parsed.port)
+        _use(cluster, monkeypatch, url=proxy.url)
+        try:
+            stream = _stream()
+            delivered = [next(stream)]
+            proxy.cut()
+            time.sleep(1.0)
+            proxy.restore()
+            delivered.extend(stream)
+        finally:
+            proxy.close()
+        record_fault_trial("cut client<->head for a second", INPUTS, delivered)
+        _assert_exactly_once(delivered)
+
+
+@pytest.mark.parametrize("trial", TRIALS)
+def test_kill_the_client(tmp_path, trial):
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2, head_args=["--client-deadline", "1"]) as cluster:
+        script = PRELUDE + "remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(8)])\n"
+        client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_until(lambda: any(j["running"] for j in cluster.get("/v1/cluster")["jobs"]), what="job running")
+        finally:
+            client.kill()
+            client.wait()
+        _wait_until(lambda: cluster.get("/v1/cluster")["jobs"][0]["status"] == "CANCELED", what="job canceled")
+        job = cluster.get("/v1/cluster")["jobs"][0]
+        assert "did not come back" in job["reason"]
+        record_fault_trial("SIGKILL the client (job canceled, nodes freed)", 8, None, job["reason"])
+        # Its calls were stopped: a new job gets every slot at once.
+        _wait_until(lambda: not any(j["running"] for j in cluster.get("/v1/cluster")["jobs"]), what="calls stopped")
+
+
+@pytest.mark.parametrize("trial", TRIALS)
+def test_restart_the_head(tmp_path, monkeypatch, trial):
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
+        _use(cluster, monkeypatch)
+        stream = _stream(0.2)
+        next(stream)
+        cluster.restart_head()
+        # A running job is lost with the head's memory: its client says so clearly.
+        with pytest.raises(JobFailed, match="no longer knows job"):
+            list(stream)
+        record_fault_trial("restart the head mid-job (job fails clearly)", INPUTS, None, "JobFailed")
+        cluster.wait_for_nodes(2)  # nodes re-register by themselves
+        assert remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
