@@ -108,16 +108,20 @@ class LocalCluster:
         for process in self.nodes.values():
             if process.poll() is None:
                 try:
-                    os.killpg(process.pid, signal.SIGCONT)
-                    os.killpg(process.pid, signal.SIGTERM)
+                    os.killpg(process.pid, signal.SIGCONT)  # a frozen node must run to stop
+                    process.terminate()  # the node stops its own workers
                 except ProcessLookupError:
                     pass
         for process in self.nodes.values():
             try:
                 process.wait(15)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                process.kill()
                 process.wait()
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # anything the node left behind
+            except (ProcessLookupError, PermissionError):
+                pass
         self.stop_head()
 
     # --- looking at it -------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -127,16 +128,21 @@ def run_client(script: str, env: dict[str, str], timeout: float = 120) -> subpro
 
 # --- the fault-injection ledger ------------------------------------------------------------
 
-FAULT_LEDGER: dict[str, dict[str, int]] = {}
+FAULT_LEDGER: dict[str, dict] = {}
+SCENARIO_WIDTH = 48
 
 
-def record_fault_trial(scenario: str, inputs: int, delivered: list[int] | None, ended_with: str | None = None) -> None:
+def record_fault_trial(scenario: str, inputs: int, delivered: list[int] | None, ended_with: str = "") -> None:
     """Count one trial: which input indices were delivered, or the clear error the job ended with."""
-    row = FAULT_LEDGER.setdefault(scenario, {"trials": 0, "inputs": 0, "lost": 0, "duplicates": 0, "ended_with_error": 0})
+    row = FAULT_LEDGER.setdefault(
+        scenario, {"trials": 0, "inputs": 0, "lost": 0, "duplicates": 0, "ended_with_error": 0, "errors": []}
+    )
     row["trials"] += 1
     row["inputs"] += inputs
     if delivered is None:
         row["ended_with_error"] += 1
+        if ended_with not in row["errors"]:
+            row["errors"].append(ended_with)
         return
     row["lost"] += len(set(range(inputs)) - set(delivered))
     row["duplicates"] += len(delivered) - len(set(delivered))
@@ -146,12 +152,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if not FAULT_LEDGER:
         return
     terminalreporter.section("fault injection")
-    terminalreporter.write_line(f"{'scenario':44} {'trials':>6} {'inputs':>7} {'lost':>5} {'dupes':>5} {'clear errors':>12}")
+    header = f"{'scenario':{SCENARIO_WIDTH}} {'trials':>6} {'inputs':>7} {'lost':>5} {'dupes':>5} {'clear errors':>12}"
+    terminalreporter.write_line(header)
     for scenario, row in FAULT_LEDGER.items():
         terminalreporter.write_line(
-            f"{scenario:44} {row['trials']:6d} {row['inputs']:7d} {row['lost']:5d} {row['duplicates']:5d} "
-            f"{row['ended_with_error']:12d}"
+            f"{scenario:{SCENARIO_WIDTH}} {row['trials']:6d} {row['inputs']:7d} {row['lost']:5d} "
+            f"{row['duplicates']:5d} {row['ended_with_error']:12d}"
         )
     artifacts = REPO / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
-    (artifacts / "fault-report.json").write_text(__import__("json").dumps(FAULT_LEDGER, indent=2))
+    (artifacts / "fault-report.json").write_text(json.dumps(FAULT_LEDGER, indent=2))

@@ -67,7 +67,7 @@ class NodeService:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        runner = web.AppRunner(build_node_app(self), access_log=None)
+        runner = web.AppRunner(build_node_app(self), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.host, self.settings.port)
         await site.start()
@@ -97,6 +97,7 @@ class NodeService:
         await self.pool.start()
 
     def stop(self) -> None:
+        self.pool.begin_close()
         self._stopping.set()
 
     async def _stop_when_asked(self, group: asyncio.TaskGroup) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import mmap
 import os
 import signal
@@ -22,8 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from burla import wire
+from burla.errors import ProtocolError
 
+log = logging.getLogger("burla.node")
 _INDEX = struct.Struct("q")
+CLOSE_WAIT_S = 5.0
 
 
 @dataclass
@@ -104,6 +108,7 @@ class WorkerPool:
         self._closing = False
         self._spawns: set[asyncio.Task] = set()
         self._numbers = itertools.count(size)
+        self._processes: set[asyncio.subprocess.Process] = set()  # every worker process started
 
     async def start(self) -> None:
         self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
@@ -130,6 +135,7 @@ class WorkerPool:
                 stdin=asyncio.subprocess.DEVNULL,
                 env=self._env,
             )
+        self._processes.add(process)
         worker_end.close()
         reader, writer = await asyncio.open_connection(sock=node_end, limit=wire.MAX_FRAME_BYTES)
         handle = WorkerHandle(number, process, writer, reader, shm)
@@ -156,6 +162,9 @@ class WorkerPool:
                     self._on_ready(handle)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except ProtocolError as e:  # a worker that speaks garbage is broken: replace it
+            log.error("worker %d sent a bad frame (%s); replacing it", handle.number, e)
+            handle.kill()
         handle.alive = False
         handle.writer.close()
         exit_code = await handle.process.wait()
@@ -201,15 +210,33 @@ class WorkerPool:
     async def _add_worker(self) -> None:
         self.workers.append(await self._spawn(next(self._numbers)))
 
+    def begin_close(self) -> None:
+        """No more replacements: the node is stopping."""
+        self._closing = True
+
     async def close(self) -> None:
         self._closing = True
         for task in list(self._spawns):
             task.cancel()
+        for task in list(self._spawns):
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
         for handle in self.workers:
             handle.writer.close()
-            handle.kill()
+        for process in self._processes:
+            if process.returncode is None:
+                try:
+                    process.kill()
+                except ProcessLookupError:
+                    pass
+        for process in self._processes:
+            try:
+                await asyncio.wait_for(process.wait(), CLOSE_WAIT_S)
+            except TimeoutError:
+                pass
         for handle in self.workers:
-            await handle.process.wait()
             if handle.reader_task is not None:
                 handle.reader_task.cancel()
                 try:
