@@ -135,16 +135,26 @@ def test_kill_the_client(tmp_path, trial):
         _wait_until(lambda: not any(j["running"] for j in cluster.get("/v1/cluster")["jobs"]), what="calls stopped")
 
 
-@pytest.mark.parametrize("trial", TRIALS)
-def test_restart_the_head(tmp_path, monkeypatch, trial):
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_restart_the_head(tmp_path, monkeypatch, how):
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
         _use(cluster, monkeypatch)
+        assert remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)[0] == 0
+        finished = cluster.get("/v1/jobs")["jobs"][0]
         stream = _stream(0.2)
         next(stream)
-        cluster.restart_head()
+        running = cluster.get("/v1/jobs")["jobs"][0]
+        cluster.stop_head(how)
+        cluster.start_head()
         # A running job is lost with the head's memory: its client says so clearly.
-        with pytest.raises(JobFailed, match="no longer knows job"):
+        with pytest.raises(JobFailed, match="head"):
             list(stream)
-        record_fault_trial("restart the head mid-job (job fails clearly)", INPUTS, None, "JobFailed")
+        record_fault_trial("restart the head mid-job (job fails clearly)", INPUTS, None, f"JobFailed ({how.name})")
+        # History survives: the finished job with its failure, the interrupted one marked as such.
+        kept = cluster.get(f"/v1/jobs/{finished['job_id']}")
+        assert kept["status"] == "COMPLETED" and kept["n_failed"] == 1
+        assert cluster.get(f"/v1/jobs/{finished['job_id']}/failures")["failures"][0]["input_index"] == 3
+        interrupted = cluster.get(f"/v1/jobs/{running['job_id']}")
+        assert interrupted["status"] == "FAILED" and "head" in interrupted["reason"]
         cluster.wait_for_nodes(2)  # nodes re-register by themselves
         assert remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]

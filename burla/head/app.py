@@ -7,12 +7,12 @@ time); errors are JSON `{"error": kind, "message": what to fix}` with a 4xx stat
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from burla.auth import error_response, token_middleware
+from burla.head.api import add_api_routes
 from burla.head.channels import CLUSTER, job_channel, node_channel
 from burla.head.cluster import Cluster
 
@@ -39,49 +39,6 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "version": cluster.version})
 
 
-async def cluster_state(request: web.Request) -> web.Response:
-    cluster: Cluster = request.app[CLUSTER]
-    s = cluster.scheduler
-    return web.json_response(
-        {
-            "version": cluster.version,
-            "booting": s.booting,
-            "nodes": [cluster.node_view(n) for n in s.nodes.values()],
-            "jobs": [cluster.job_view(j) for j in reversed(list(s.jobs.values()))],
-        }
-    )
-
-
-def _job_or_404(request: web.Request):
-    cluster: Cluster = request.app[CLUSTER]
-    job_id = request.match_info["job_id"]
-    job = cluster.scheduler.jobs.get(job_id)
-    if job is None:
-        raise web.HTTPNotFound(text=f"no job {job_id!r} on this head; `GET /v1/cluster` lists jobs")
-    return cluster, job
-
-
-async def get_job(request: web.Request) -> web.Response:
-    cluster, job = _job_or_404(request)
-    return web.json_response(cluster.job_view(job))
-
-
-async def cancel_job(request: web.Request) -> web.Response:
-    cluster, job = _job_or_404(request)
-    reason = "canceled over HTTP"
-    if request.can_read_body:
-        try:
-            body = json.loads(await request.read() or b"{}")
-        except ValueError:
-            return error_response(400, "BadRequest", "the body must be JSON, e.g. {\"reason\": \"...\"}")
-        if not isinstance(body, dict) or not isinstance(body.get("reason", ""), str):
-            return error_response(400, "BadRequest", "the body must be an object whose 'reason' is a string")
-        reason = body.get("reason") or reason
-    if not cluster.cancel(job.job_id, reason):
-        return error_response(409, "Conflict", f"job {job.job_id} already ended ({job.status})")
-    return web.json_response(cluster.job_view(job))
-
-
 async def shutdown(request: web.Request) -> web.Response:
     request.app[STOP].set()
     return web.json_response({"ok": True})
@@ -94,10 +51,8 @@ def build_app(cluster: Cluster, token: str, stop_event: asyncio.Event) -> web.Ap
     app[CLUSTER] = cluster
     app[STOP] = stop_event
     app.router.add_get("/health", health)
-    app.router.add_get("/v1/cluster", cluster_state)
     app.router.add_get("/v1/jobs/ws", job_channel)
-    app.router.add_get("/v1/jobs/{job_id}", get_job)
-    app.router.add_post("/v1/jobs/{job_id}/cancel", cancel_job)
     app.router.add_get("/v1/nodes/ws", node_channel)
     app.router.add_post("/v1/shutdown", shutdown)
+    add_api_routes(app)
     return app

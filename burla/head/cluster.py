@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from burla import wire
 from burla.errors import JobNotFound, NodeDisconnected
+from burla.head.history import History
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
 from burla.serialization import pack_error
@@ -24,13 +25,15 @@ PROGRESS_INTERVAL_S = 0.25
 CLIENT_WINDOW_INPUTS = 200_000
 CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
+SHUTDOWN_NOTICE_S = 1.0
 STEAL_CHECK_S = 0.25
 STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
 
 
 class Cluster:
-    def __init__(self, version: str) -> None:
+    def __init__(self, version: str, history: History | None = None) -> None:
         self.version = version
+        self.history = history
         self.scheduler = Scheduler()
         self.node_links: dict[str, NodeLink] = {}
         self.client_links: dict[str, ClientLink] = {}
@@ -65,6 +68,8 @@ class Cluster:
         for job, parallelism in self.scheduler.add_node(node):
             link.send(self._assign_message(job.spec, parallelism))
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
+        if self.history is not None:
+            self.history.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
         self.nodes_changed.set()
         return node
 
@@ -82,6 +87,8 @@ class Cluster:
                     f"it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.",
                 )
         log.info("node %s left", node_id)
+        if self.history is not None:
+            self.history.node_event(node_id, "left")
         self.nodes_changed.set()
         self.pump()
 
@@ -95,6 +102,8 @@ class Cluster:
         if node_id not in self.booting_ids:
             return
         log.warning("node %s failed to boot: %s", node_id, why)
+        if self.history is not None:
+            self.history.node_event(node_id, "failed to boot", why)
         self.booting_ids.discard(node_id)
         self.scheduler.booting = len(self.booting_ids)
         if self.scheduler.booting == 0 and not self.scheduler.nodes:
@@ -139,6 +148,8 @@ class Cluster:
                 if node_id not in self.idle_since or now - since < timeout_s:
                     continue
                 log.info("node %s idle for %.0f s; removing it", node_id, now - since)
+                if self.history is not None:
+                    self.history.node_event(node_id, "removed", f"idle for {now - since:.0f} s")
                 link = self.node_links.get(node_id)
                 self.node_lost(node_id)
                 self.idle_since.pop(node_id, None)
@@ -154,6 +165,8 @@ class Cluster:
                 if now - heard > deadline_s:
                     link = self.node_links.get(node_id)
                     log.warning("node %s silent for %.1f s; declaring it dead", node_id, now - heard)
+                    if self.history is not None:
+                        self.history.node_event(node_id, "declared dead", f"silent for {now - heard:.1f} s")
                     self.node_lost(node_id)
                     if link is not None:
                         link.close()
@@ -165,14 +178,20 @@ class Cluster:
         elif isinstance(msg, wire.OutputBatch):
             job = self.scheduler.jobs.get(msg.job_id)
             link = self.client_links.get(msg.job_id)
-            if job is not None and job.status == RUNNING and link is not None:
-                link.deliver(msg.items, [])
+            if job is not None and job.status == RUNNING:
+                if link is not None:
+                    link.deliver(msg.items, [])
+                if self.history is not None:
+                    self.history.output(job.job_id, msg.items)
         elif isinstance(msg, wire.Credit):
             self.scheduler.grant(node_id, msg.job_id, msg.inputs)
             self.pump()
         elif isinstance(msg, wire.NodeState):
             self.scheduler.update_state(msg)
             self._note_idleness(node_id)
+            if self.history is not None:
+                running = sum(r for _, r, _, _ in msg.jobs)
+                self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.workers_alive, running)
         elif isinstance(msg, wire.Stolen):
             job = self.scheduler.jobs.get(msg.job_id)
             if job is not None:
@@ -199,6 +218,8 @@ class Cluster:
         fresh = self.scheduler.record_results(node_id, job, items)
         if not fresh:
             return
+        if self.history is not None and job.n_failed:
+            self.history.failures(job.job_id, fresh)
         link = self.client_links.get(job.job_id)
         if link is not None:
             link.deliver([], fresh)
@@ -222,6 +243,7 @@ class Cluster:
         for node_id, assignment in job.assignments.items():
             self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
+        self._record_job(job)
         return job, link
 
     @staticmethod
@@ -324,6 +346,7 @@ class Cluster:
             client.send(wire.JobEnded(job.job_id, status, kind, reason))
         self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
+        self._record_job(job)
         self._finished[job.job_id] = None
         while len(self._finished) > FINISHED_JOBS_KEPT:
             old, _ = self._finished.popitem(last=False)
@@ -334,6 +357,17 @@ class Cluster:
         for key in [k for k in self._hinted if k[1] == job.job_id]:
             del self._hinted[key]
         self.pump()
+
+    async def shut_down(self) -> None:
+        """The head is stopping: end running jobs clearly and give clients a moment to hear it."""
+        for job in list(self.scheduler.jobs.values()):
+            if job.status == RUNNING:
+                self.end_job(job, FAILED, "JobFailed", "the head stopped (a restart or shutdown) while the job ran")
+        deadline = time.monotonic() + SHUTDOWN_NOTICE_S
+        while any(link.pending_frames() for link in self.client_links.values() if link.attached):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
 
     def _cancel_children(self, parent: JobRecord) -> None:
         """A parent that ends early takes its running nested jobs with it."""
@@ -353,9 +387,27 @@ class Cluster:
             link.last_progress = snapshot
             link.send(wire.Progress(job.job_id, *snapshot))
 
+    def _record_job(self, job: JobRecord) -> None:
+        if self.history is None:
+            return
+        spec = job.spec
+        arguments = {
+            "func_cpu": spec.func_cpu, "func_ram": spec.func_ram, "func_gpu": spec.func_gpu, "image": spec.image,
+            "grow": spec.grow, "max_parallelism": spec.max_parallelism, "detach": spec.detach,
+            "raise_errors": spec.raise_errors, "region": spec.region, "disk_gb": spec.disk_gb,
+            "client_version": spec.client_version, "python_version": spec.python_version,
+        }
+        self.history.job(self.job_view(job), arguments)
+
     async def progress_loop(self) -> None:
+        recorded: dict[str, int] = {}
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
+            running = [job for job in self.scheduler.jobs.values() if job.status == RUNNING]
+            for job in running:  # keep history's counts current while jobs run
+                if recorded.get(job.job_id) != job.n_done:
+                    self._record_job(job)
+            recorded = {job.job_id: job.n_done for job in running}
             for job_id, link in list(self.client_links.items()):
                 job = self.scheduler.jobs.get(job_id)
                 if job is not None and job.status == RUNNING and link.attached:

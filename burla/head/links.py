@@ -96,6 +96,10 @@ class ClientLink:
         self.acked += covered
         return covered
 
+    def pending_frames(self) -> bool:
+        """Anything still waiting to go out to an attached client."""
+        return bool(self._control or self.results or self.outputs or self._resend)
+
     def unacked_results(self) -> int:
         return sum(len(items) for items in self._unacked.values()) + len(self.results)
 

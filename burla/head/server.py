@@ -67,8 +67,11 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
 
     from burla.head.app import build_app
     from burla.head.cluster import Cluster
+    from burla.head.history import History
 
-    cluster = Cluster(settings.version)
+    history = History(settings.history_path, settings.history_retention_days)
+    await history.open()
+    cluster = Cluster(settings.version, history)
     cluster.expect_nodes(booted)
     driver.on_boot_failed = cluster.node_boot_failed
     driver.start_watching()
@@ -116,6 +119,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await cluster.shut_down()
         await driver.close()
         await runner.cleanup()
+        await history.close()
 

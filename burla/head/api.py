@@ -1,0 +1,134 @@
+"""The head's JSON API for people and tools: the live cluster, jobs (live or from history),
+failed calls, call output and node events. Every route needs the cluster token."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from burla.auth import error_response
+from burla.head.channels import CLUSTER
+from burla.head.cluster import Cluster
+
+MAX_LIMIT = 1000
+JOB_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELED")
+
+
+def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"{name} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise web.HTTPBadRequest(text=f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+async def cluster_state(request: web.Request) -> web.Response:
+    cluster: Cluster = request.app[CLUSTER]
+    s = cluster.scheduler
+    return web.json_response(
+        {
+            "version": cluster.version,
+            "booting": s.booting,
+            "nodes": [cluster.node_view(n) for n in s.nodes.values()],
+            "jobs": [cluster.job_view(j) for j in reversed(list(s.jobs.values()))],
+        }
+    )
+
+
+def _job_or_404(request: web.Request):
+    cluster: Cluster = request.app[CLUSTER]
+    job_id = request.match_info["job_id"]
+    job = cluster.scheduler.jobs.get(job_id)
+    if job is None:
+        raise web.HTTPNotFound(text=f"no running job {job_id!r} on this head; `GET /v1/jobs` lists jobs")
+    return cluster, job
+
+
+async def _job_view_or_404(request: web.Request) -> dict:
+    """A job's live view if the head holds it, else its record in history."""
+    cluster: Cluster = request.app[CLUSTER]
+    job_id = request.match_info["job_id"]
+    job = cluster.scheduler.jobs.get(job_id)
+    if job is not None:
+        return cluster.job_view(job)
+    record = await cluster.history.get_job(job_id) if cluster.history is not None else None
+    if record is None:
+        raise web.HTTPNotFound(text=f"no job {job_id!r} on this head or in its history; `GET /v1/jobs` lists jobs")
+    return record
+
+
+async def get_job(request: web.Request) -> web.Response:
+    return web.json_response(await _job_view_or_404(request))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    cluster: Cluster = request.app[CLUSTER]
+    status = request.query.get("status")
+    if status is not None and status.upper() not in JOB_STATUSES:
+        raise web.HTTPBadRequest(text=f"status must be one of {', '.join(JOB_STATUSES)}, got {status!r}")
+    limit = _int_param(request, "limit", 50, 1, MAX_LIMIT)
+    jobs = await cluster.history.list_jobs(status.upper() if status else None, limit) if cluster.history else []
+    live = {job.job_id: cluster.job_view(job) for job in cluster.scheduler.jobs.values()}
+    merged = [{**job, **live.get(job["job_id"], {})} for job in jobs]  # live counts are fresher
+    return web.json_response({"jobs": merged})
+
+
+async def job_failures(request: web.Request) -> web.Response:
+    cluster: Cluster = request.app[CLUSTER]
+    view = await _job_view_or_404(request)
+    limit = _int_param(request, "limit", 1000, 1, 100_000)
+    failures = await cluster.history.failures_of(view["job_id"], limit) if cluster.history else []
+    return web.json_response({"job_id": view["job_id"], "failures": failures})
+
+
+async def call_output(request: web.Request) -> web.Response:
+    cluster: Cluster = request.app[CLUSTER]
+    view = await _job_view_or_404(request)
+    index = request.match_info["index"]
+    if not index.isdigit() or int(index) >= view["n_inputs"]:
+        raise web.HTTPBadRequest(text=f"input index must be 0..{view['n_inputs'] - 1}, got {index!r}")
+    rows = await cluster.history.output_of(view["job_id"], int(index)) if cluster.history else []
+    return web.json_response({"job_id": view["job_id"], "input_index": int(index), "output": rows})
+
+
+async def node_events(request: web.Request) -> web.Response:
+    cluster: Cluster = request.app[CLUSTER]
+    node_id = request.match_info["node_id"]
+    events = await cluster.history.node_events_of(node_id) if cluster.history else []
+    if not events and node_id not in cluster.scheduler.nodes:
+        raise web.HTTPNotFound(text=f"no node {node_id!r} on this head or in its history")
+    return web.json_response({"node_id": node_id, "events": events})
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    cluster, job = _job_or_404(request)
+    reason = "canceled over HTTP"
+    if request.can_read_body:
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            return error_response(400, "BadRequest", "the body must be JSON, e.g. {\"reason\": \"...\"}")
+        if not isinstance(body, dict) or not isinstance(body.get("reason", ""), str):
+            return error_response(400, "BadRequest", "the body must be an object whose 'reason' is a string")
+        reason = body.get("reason") or reason
+    if not cluster.cancel(job.job_id, reason):
+        return error_response(409, "Conflict", f"job {job.job_id} already ended ({job.status})")
+    return web.json_response(cluster.job_view(job))
+
+
+
+
+def add_api_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/cluster", cluster_state)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_get("/v1/jobs/{job_id}", get_job)
+    app.router.add_post("/v1/jobs/{job_id}/cancel", cancel_job)
+    app.router.add_get("/v1/jobs/{job_id}/failures", job_failures)
+    app.router.add_get("/v1/jobs/{job_id}/calls/{index}/output", call_output)
+    app.router.add_get("/v1/nodes/{node_id}/events", node_events)
