@@ -87,7 +87,7 @@ def test_output_index_out_of_range(cluster):
 def test_counts_are_current_while_a_job_runs(cluster):
     stream = remote_parallel_map(functions.sleep_then_return, [(i, 0.3) for i in range(6)], generator=True,
                                  spinner=False)
-    next(stream)
+    first = next(stream)
     deadline = time.monotonic() + 30
     while True:
         job = _last_job(cluster, "sleep_then_return")
@@ -95,4 +95,4 @@ def test_counts_are_current_while_a_job_runs(cluster):
             break
         assert time.monotonic() < deadline, job
         time.sleep(0.1)
-    assert sorted(stream) == [1, 2, 3, 4, 5]
+    assert sorted([first, *stream]) == list(range(6))

@@ -10,7 +10,10 @@ from aiohttp import web
 from burla.auth import error_response
 from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
+from burla.head.fleet import Fleet, SettingsError
+from burla.head.scheduler import RUNNING
 
+FLEET = web.AppKey("fleet", Fleet)
 MAX_LIMIT = 1000
 JOB_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELED")
 
@@ -124,6 +127,106 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 
 
+async def _json_body(request: web.Request) -> dict:
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    return body
+
+
+async def get_settings(request: web.Request) -> web.Response:
+    return web.json_response(request.app[FLEET].settings.to_dict())
+
+
+async def update_settings(request: web.Request) -> web.Response:
+    changes = await _json_body(request)
+    try:
+        settings = await request.app[FLEET].update_settings(changes)
+    except SettingsError as e:
+        return error_response(400, "InvalidSetting", str(e))
+    return web.json_response(settings.to_dict())
+
+
+async def cluster_start(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[FLEET].start())
+
+
+async def cluster_stop(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[FLEET].stop())
+
+
+async def cluster_restart(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    stopped = await fleet.stop()
+    started = await fleet.start()
+    return web.json_response({**stopped, **started})
+
+
+async def job_metrics(request: web.Request) -> web.Response:
+    """Progress over time and, per node that ran it, CPU and memory samples."""
+    import time
+
+    cluster: Cluster = request.app[CLUSTER]
+    view = await _job_view_or_404(request)
+    if cluster.history is None:
+        return web.json_response({"job_id": view["job_id"], "progress": [], "nodes": {}})
+    progress = await cluster.history.job_progress_of(view["job_id"])
+    since = view["started_at"] or 0.0
+    until = view["ended_at"] or time.time()
+    node_ids = view.get("nodes") or sorted({n for n in await cluster.history.nodes_seen()})
+    nodes = {}
+    for node_id in node_ids:
+        samples = await cluster.history.samples_of(node_id, since, until)
+        if samples:
+            nodes[node_id] = samples
+    return web.json_response({"job_id": view["job_id"], "progress": progress, "nodes": nodes})
+
+
+async def list_calls(request: web.Request) -> web.Response:
+    """Each call's state: done, failed or pending (paged)."""
+    cluster: Cluster = request.app[CLUSTER]
+    view = await _job_view_or_404(request)
+    failed_only = request.query.get("failed_only", "false").lower() in ("1", "true", "yes")
+    offset = _int_param(request, "offset", 0, 0, 10**9)
+    limit = _int_param(request, "limit", 100, 1, MAX_LIMIT)
+    failures = await cluster.history.failures_of(view["job_id"], 100_000) if cluster.history else []
+    failed = {f["input_index"]: f for f in failures}
+    live = cluster.scheduler.jobs.get(view["job_id"])
+
+    def state(index: int) -> str:
+        if index in failed:
+            return "failed"
+        if live is not None and live.status == RUNNING:
+            return "done" if live.done[index] else "pending"
+        return "done" if view["status"] == "COMPLETED" else "unknown"
+
+    indices = sorted(failed) if failed_only else range(view["n_inputs"])
+    page = list(indices)[offset:offset + limit]
+    calls = []
+    for index in page:
+        call = {"input_index": index, "state": state(index)}
+        if index in failed:
+            call["exception_type"] = failed[index]["exception_type"]
+            call["message"] = failed[index]["message"]
+        calls.append(call)
+    total = len(failed) if failed_only else view["n_inputs"]
+    return web.json_response({"job_id": view["job_id"], "total": total, "offset": offset, "calls": calls})
+
+
+async def get_node(request: web.Request) -> web.Response:
+    cluster: Cluster = request.app[CLUSTER]
+    node_id = request.match_info["node_id"]
+    node = cluster.scheduler.nodes.get(node_id)
+    events = await cluster.history.node_events_of(node_id, 20) if cluster.history else []
+    if node is None and not events:
+        raise web.HTTPNotFound(text=f"no node {node_id!r} on this head or in its history; `GET /v1/cluster` lists them")
+    view = cluster.node_view(node) if node is not None else {"node_id": node_id, "status": "GONE"}
+    return web.json_response({**view, "recent_events": events})
+
+
 def add_api_routes(app: web.Application) -> None:
     app.router.add_get("/v1/cluster", cluster_state)
     app.router.add_get("/v1/jobs", list_jobs)
@@ -132,3 +235,11 @@ def add_api_routes(app: web.Application) -> None:
     app.router.add_get("/v1/jobs/{job_id}/failures", job_failures)
     app.router.add_get("/v1/jobs/{job_id}/calls/{index}/output", call_output)
     app.router.add_get("/v1/nodes/{node_id}/events", node_events)
+    app.router.add_get("/v1/nodes/{node_id}", get_node)
+    app.router.add_get("/v1/jobs/{job_id}/metrics", job_metrics)
+    app.router.add_get("/v1/jobs/{job_id}/calls", list_calls)
+    app.router.add_get("/v1/settings", get_settings)
+    app.router.add_post("/v1/settings", update_settings)
+    app.router.add_post("/v1/cluster/start", cluster_start)
+    app.router.add_post("/v1/cluster/stop", cluster_stop)
+    app.router.add_post("/v1/cluster/restart", cluster_restart)

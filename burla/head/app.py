@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from burla.auth import error_response, token_middleware
-from burla.head.api import add_api_routes
+from burla.head.api import FLEET, add_api_routes
 from burla.head.channels import CLUSTER, job_channel, node_channel
 from burla.head.cluster import Cluster
+from burla.head.fleet import Fleet
 
 MAX_HTTP_BODY = 1024 * 1024
 STOP = web.AppKey("stop", asyncio.Event)
@@ -44,11 +45,12 @@ async def shutdown(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def build_app(cluster: Cluster, token: str, stop_event: asyncio.Event) -> web.Application:
+def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event) -> web.Application:
     app = web.Application(
         client_max_size=MAX_HTTP_BODY, middlewares=[_errors_middleware, token_middleware(token)]
     )
     app[CLUSTER] = cluster
+    app[FLEET] = fleet
     app[STOP] = stop_event
     app.router.add_get("/health", health)
     app.router.add_get("/v1/jobs/ws", job_channel)

@@ -45,7 +45,7 @@ class Cluster:
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
         self._end_kind: dict[str, str] = {}  # job id -> the error kind it ended with
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
-        self.boot_local_nodes: Callable[[], list[str]] | None = None  # restarts the local nodes on demand
+        self.boot_local_nodes: Callable[[], list[str]] | None = None  # boots nodes when a job finds none
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -135,10 +135,15 @@ class Cluster:
         else:
             self.idle_since.setdefault(node_id, time.monotonic())
 
-    async def inactivity_loop(self, timeout_s: float, delete: Callable[[str], Awaitable[bool]]) -> None:
+    async def inactivity_loop(
+        self, timeout_of: Callable[[], float | None], delete: Callable[[str], Awaitable[bool]]
+    ) -> None:
         """Remove nodes idle past the timeout: through their driver, else by asking them to stop."""
         while True:
-            await asyncio.sleep(min(1.0, timeout_s / 4))
+            timeout_s = timeout_of()
+            await asyncio.sleep(min(1.0, timeout_s / 4) if timeout_s else 1.0)
+            if not timeout_s:
+                continue
             now = time.monotonic()
             for node_id, since in list(self.idle_since.items()):
                 if node_id not in self.node_links:
@@ -407,6 +412,8 @@ class Cluster:
             for job in running:  # keep history's counts current while jobs run
                 if recorded.get(job.job_id) != job.n_done:
                     self._record_job(job)
+                    if self.history is not None:
+                        self.history.job_sample(job.job_id, job.n_done, job.n_failed, job.running(self.scheduler.nodes))
             recorded = {job.job_id: job.n_done for job in running}
             for job_id, link in list(self.client_links.items()):
                 job = self.scheduler.jobs.get(job_id)

@@ -74,6 +74,18 @@ CREATE TABLE IF NOT EXISTS node_samples (
     running INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS node_samples_node ON node_samples (node_id, at);
+CREATE TABLE IF NOT EXISTS job_samples (
+    job_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    n_done INTEGER NOT NULL,
+    n_failed INTEGER NOT NULL,
+    running INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_samples_job ON job_samples (job_id, at);
+CREATE TABLE IF NOT EXISTS settings (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    data TEXT NOT NULL
+);
 """
 
 JOB_COLUMNS = ("job_id", "parent_job_id", "function_name", "status", "reason", "n_inputs", "n_done", "n_failed",
@@ -90,6 +102,7 @@ class History:
         self._output: list[tuple] = []
         self._events: list[tuple] = []
         self._samples: list[tuple] = []
+        self._job_samples: list[tuple] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -158,6 +171,9 @@ class History:
         self._samples.append((node_id, time.time(), cpu_percent, mem_percent, workers_alive, running))
         self._poke(1)
 
+    def job_sample(self, job_id: str, n_done: int, n_failed: int, running: int) -> None:
+        self._job_samples.append((job_id, time.time(), n_done, n_failed, running))
+
     def _poke(self, rows: int) -> None:
         if len(self._output) + len(self._failures) > FLUSH_AT_ROWS:
             self._wake.set()
@@ -187,7 +203,8 @@ class History:
         output, self._output = self._output, []
         events, self._events = self._events, []
         samples, self._samples = self._samples, []
-        if not (jobs or failures or output or events or samples):
+        job_samples, self._job_samples = self._job_samples, []
+        if not (jobs or failures or output or events or samples or job_samples):
             return
         placeholders = ", ".join("?" * len(JOB_COLUMNS))
         await db.executemany(f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", jobs)
@@ -195,6 +212,7 @@ class History:
         await db.executemany("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output)
         await db.executemany("INSERT INTO node_events VALUES (?, ?, ?, ?)", events)
         await db.executemany("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?)", samples)
+        await db.executemany("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", job_samples)
         await db.commit()
 
     async def prune(self) -> None:
@@ -204,6 +222,7 @@ class History:
         old = "SELECT job_id FROM jobs WHERE started_at < ? AND status != 'RUNNING'"
         await self._db.execute(f"DELETE FROM call_output WHERE job_id IN ({old})", (cutoff,))
         await self._db.execute(f"DELETE FROM call_failures WHERE job_id IN ({old})", (cutoff,))
+        await self._db.execute(f"DELETE FROM job_samples WHERE job_id IN ({old})", (cutoff,))
         await self._db.execute("DELETE FROM jobs WHERE started_at < ? AND status != 'RUNNING'", (cutoff,))
         await self._db.execute("DELETE FROM node_events WHERE at < ?", (cutoff,))
         await self._db.execute("DELETE FROM node_samples WHERE at < ?", (cutoff,))
@@ -246,7 +265,24 @@ class History:
         return await self._rows(
             "SELECT event, detail, at FROM node_events WHERE node_id = ? ORDER BY at DESC LIMIT ?", (node_id, limit))
 
-    async def samples_of(self, node_id: str, since: float) -> list[dict[str, Any]]:
+    async def samples_of(self, node_id: str, since: float, until: float) -> list[dict[str, Any]]:
         return await self._rows(
             "SELECT at, cpu_percent, mem_percent, workers_alive, running FROM node_samples "
-            "WHERE node_id = ? AND at >= ? ORDER BY at", (node_id, since))
+            "WHERE node_id = ? AND at >= ? AND at <= ? ORDER BY at", (node_id, since, until))
+
+    async def job_progress_of(self, job_id: str) -> list[dict[str, Any]]:
+        return await self._rows(
+            "SELECT at, n_done, n_failed, running FROM job_samples WHERE job_id = ? ORDER BY at", (job_id,))
+
+    async def nodes_seen(self) -> list[str]:
+        rows = await self._rows("SELECT DISTINCT node_id FROM node_events")
+        return [row["node_id"] for row in rows]
+
+    async def load_settings(self) -> dict[str, Any] | None:
+        rows = await self._rows("SELECT data FROM settings WHERE id = 1")
+        return json.loads(rows[0]["data"]) if rows else None
+
+    async def save_settings(self, data: dict[str, Any]) -> None:
+        assert self._db is not None
+        await self._db.execute("INSERT OR REPLACE INTO settings VALUES (1, ?)", (json.dumps(data),))
+        await self._db.commit()

@@ -67,6 +67,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
 
     from burla.head.app import build_app
     from burla.head.cluster import Cluster
+    from burla.head.fleet import ClusterSettings, Fleet
     from burla.head.history import History
 
     history = History(settings.history_path, settings.history_retention_days)
@@ -80,21 +81,22 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    runner = web.AppRunner(build_app(cluster, settings.token, stop), access_log=None, shutdown_timeout=1.0)
+    defaults = ClusterSettings(
+        quantity=settings.local_nodes, workers_per_node=settings.local_node_workers,
+        inactivity_timeout_s=settings.inactivity_timeout_s,
+    )
+    fleet = await Fleet.load(cluster, driver, history, url, settings.token, defaults)
+    cluster.boot_local_nodes = fleet.boot_for_job
+    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.SockSite(runner, sock)
     await site.start()
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
     stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
-    idle_reaper = None
-    if settings.inactivity_timeout_s is not None:
-        idle_reaper = asyncio.create_task(
-            cluster.inactivity_loop(settings.inactivity_timeout_s, driver.delete), name="inactivity"
-        )
-    if settings.local_nodes:
-        request = BootRequest(settings.local_nodes, url, settings.token, settings.local_node_workers)
-        cluster.boot_local_nodes = lambda: driver.boot_now(request)
+    idle_reaper = asyncio.create_task(
+        cluster.inactivity_loop(lambda: fleet.settings.inactivity_timeout_s, driver.delete), name="inactivity"
+    )
     client_reaper = asyncio.create_task(cluster.client_reap_loop(settings.client_deadline_s), name="client-reaper")
     lifeline = None
     if settings.lifeline_fd is not None:
