@@ -192,8 +192,8 @@ class Scheduler:
             raise ProtocolError(f"job id {spec.job_id!r} is already in use")
         if not self.nodes and self.booting == 0:
             raise NoNodes(
-                "This cluster has no nodes. Start one with `burla node join --head URL`, or start "
-                "the head with `burla head serve --local-nodes 1`."
+                "This cluster has no nodes. Run `burla cluster start`, join one with `burla node join "
+                "--head URL`, or start the head with `burla head serve --local-nodes 1`."
             )
         reasons: dict[str, list[NodeRecord]] = {}
         eligible: list[tuple[NodeRecord, int]] = []

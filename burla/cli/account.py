@@ -1,0 +1,82 @@
+"""`burla config ...` and `burla auth status`: this machine's client configuration."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from burla.cli.common import CliError, JsonGroup, head_client, run
+from burla.config import ENV_TOKEN, config_dir, write_private_file
+
+CLOUDS = ("aws", "gcp", "azure")
+CONFIG_FILE = "config.json"
+
+
+def _read_config() -> dict:
+    try:
+        data = json.loads((config_dir() / CONFIG_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+@click.group(cls=JsonGroup)
+def config() -> None:
+    """Show or set this machine's burla configuration (JSON output)."""
+
+
+@config.command()
+def get() -> None:
+    """The configuration file's contents and where it is."""
+    run("config get", lambda: {"path": str(config_dir() / CONFIG_FILE), "config": _read_config()})
+
+
+@config.command("set")
+@click.argument("key", type=click.Choice(["cloud"]))
+@click.argument("value")
+def set_value(key: str, value: str) -> None:
+    """Set a value, e.g. `burla config set cloud aws`."""
+
+    def action() -> dict:
+        if value not in CLOUDS:
+            raise CliError("bad_usage", f"cloud must be one of {', '.join(CLOUDS)}, got {value!r}",
+                           "e.g. `burla config set cloud aws`", 2)
+        data = _read_config()
+        data[key] = value
+        write_private_file(config_dir() / CONFIG_FILE, json.dumps(data, indent=2))
+        return {"path": str(config_dir() / CONFIG_FILE), "config": data}
+
+    run("config set", action)
+
+
+@click.group(cls=JsonGroup)
+def auth() -> None:
+    """Which head this machine talks to, and with which token."""
+
+
+@auth.command()
+@click.pass_context
+def status(ctx: click.Context) -> None:
+    """The head URL, where it and the token come from, and whether the head accepts the token."""
+
+    def action() -> dict:
+        client = head_client(ctx)
+        if ctx.obj.get("token"):
+            token_source = "--token" if ctx.obj.get("token_from_flag") else ENV_TOKEN
+        elif client.token:
+            token_source = str(config_dir() / "cluster_token")
+        else:
+            token_source = None
+        try:
+            version = client.get("/v1/cluster")["version"]
+            authorized, reachable = True, True
+        except CliError as e:
+            if e.exit_code == 6:
+                version, authorized, reachable = None, False, False
+            else:
+                version, authorized, reachable = None, False, True
+        return {"head_url": client.url, "head_source": client.source, "token_source": token_source,
+                "reachable": reachable, "authorized": authorized, "head_version": version}
+
+    run("auth status", action)

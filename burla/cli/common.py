@@ -1,0 +1,154 @@
+"""What every management command shares: one JSON document out, exit codes that say what
+happened, and a small authenticated HTTP client for the head.
+
+    {"ok": true, "command": "jobs list", "data": ...}
+    {"ok": false, "command": "jobs show", "error": {"code", "message", "remediation"}}
+
+Exit codes: 0 ok, 2 bad usage, 3 auth, 4 not found, 5 conflict, 6 head unreachable,
+7 job failed, 8 job cancelled. Streams (watch, logs --follow) print one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from burla.config import ENV_HEAD_URL, ENV_TOKEN, HeadRecord, config_dir, read_token
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+EXIT_NOT_FOUND = 4
+EXIT_CONFLICT = 5
+EXIT_UNREACHABLE = 6
+EXIT_JOB_FAILED = 7
+EXIT_JOB_CANCELED = 8
+
+
+class CliError(Exception):
+    def __init__(self, code: str, message: str, remediation: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.remediation = remediation
+        self.exit_code = exit_code
+
+
+def _print(document: dict[str, Any]) -> None:
+    click.echo(json.dumps(document, default=str))
+
+
+def emit(command: str, data: Any) -> None:
+    _print({"ok": True, "command": command, "data": data})
+
+
+def emit_line(command: str, event: str, data: Any) -> None:
+    """One line of a stream (NDJSON)."""
+    click.echo(json.dumps({"command": command, "event": event, "data": data}, default=str))
+    sys.stdout.flush()
+
+
+def fail(command: str, error: CliError) -> None:
+    _print({"ok": False, "command": command,
+            "error": {"code": error.code, "message": error.message, "remediation": error.remediation}})
+    sys.exit(error.exit_code)
+
+
+def run(command: str, action: Callable[[], Any]) -> None:
+    """Run a command's action and print its one JSON document (or its error)."""
+    try:
+        data = action()
+    except CliError as e:
+        fail(command, e)
+    else:
+        emit(command, data)
+
+
+class JsonGroup(click.Group):
+    """A command group whose usage errors are JSON documents too (exit code 2)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            path = (e.ctx or ctx).command_path
+            command = " ".join(path.split()[1:]) or path
+            fail(command, CliError("bad_usage", e.format_message(), f"see `{path} --help`", EXIT_USAGE))
+
+
+@dataclass
+class HeadClient:
+    url: str
+    token: str | None
+    source: str  # where the URL came from
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
+        if not self.token:
+            raise CliError("no_token", f"no cluster token for {self.url}",
+                           f"set {ENV_TOKEN}, or put the head's token in {config_dir() / 'cluster_token'}", EXIT_AUTH)
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as e:
+            raise _http_error(e, self.url) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise CliError("head_unreachable", f"can't reach the head at {self.url}: {reason}",
+                           "start one with `burla cluster start`, or pass --head URL", EXIT_UNREACHABLE) from None
+
+    def get(self, path: str, **query: Any) -> Any:
+        params = {k: v for k, v in query.items() if v is not None}
+        return self.request("GET", path + (f"?{urllib.parse.urlencode(params)}" if params else ""))
+
+    def post(self, path: str, body: dict | None = None) -> Any:
+        return self.request("POST", path, body if body is not None else {})
+
+
+def _http_error(error: urllib.error.HTTPError, url: str) -> CliError:
+    try:
+        message = json.loads(error.read()).get("message", error.reason)
+    except (ValueError, AttributeError):
+        message = str(error.reason)
+    if error.code == 401:
+        return CliError("unauthorized", message, f"use the token of the head at {url} ({ENV_TOKEN})", EXIT_AUTH)
+    if error.code == 404:
+        return CliError("not_found", message, "list what exists with `burla jobs list` or `burla nodes list`",
+                        EXIT_NOT_FOUND)
+    if error.code == 409:
+        return CliError("conflict", message, "check its current state with `burla jobs show`", EXIT_CONFLICT)
+    if 400 <= error.code < 500:
+        return CliError("bad_request", message, "fix the value the message names", EXIT_USAGE)
+    return CliError("head_error", f"the head answered HTTP {error.code}: {message}", "see the head's log",
+                    EXIT_UNREACHABLE)
+
+
+def head_client(ctx: click.Context, required: bool = True) -> HeadClient | None:
+    """The head selected by --head, BURLA_CLUSTER_DASHBOARD_URL, or this machine's running head."""
+    directory = config_dir()
+    token = ctx.obj.get("token") if ctx.obj else None
+    token = token or read_token(directory)
+    url = ctx.obj.get("head") if ctx.obj else None
+    if url:
+        source = "--head" if ctx.obj.get("head_from_flag") else ENV_HEAD_URL
+        return HeadClient(url.rstrip("/"), token, source)
+    record = HeadRecord.read(directory)
+    if record is not None:
+        return HeadClient(record.url, token, f"running local head (pid {record.pid})")
+    if not required:
+        return None
+    raise CliError("no_head", "no head is configured and none runs on this machine",
+                   f"start one with `burla cluster start`, or pass --head URL (or set {ENV_HEAD_URL})",
+                   EXIT_UNREACHABLE)

@@ -1,0 +1,202 @@
+"""The management CLI through its real entry point: one JSON document per command, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from tests import functions
+from tests.conftest import REPO, start_head, wait_for_nodes
+
+PRELUDE = (
+    "import cloudpickle\n"
+    "from burla import remote_parallel_map\n"
+    "from tests import functions\n"
+    "cloudpickle.register_pickle_by_value(functions)\n"
+)
+
+
+def burla(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})), cwd=REPO)
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"no output; stderr: {done.stderr}"
+    return done.returncode, json.loads(lines[-1])
+
+
+def stream(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, list[dict]]:
+    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})), cwd=REPO)
+    return done.returncode, [json.loads(line) for line in done.stdout.strip().splitlines()]
+
+
+def _latest(function_name: str) -> dict:
+    code, doc = burla("jobs", "list", "--limit", "50")
+    assert code == 0
+    return next(j for j in doc["data"] if j["function_name"] == function_name)
+
+
+def test_cluster_status(cluster):
+    code, doc = burla("cluster", "status")
+    assert code == 0 and doc["ok"] and doc["command"] == "cluster status"
+    assert doc["data"]["head_url"] == cluster.url and len(doc["data"]["nodes"]) == 1
+
+
+def test_cluster_watch_streams_ndjson(cluster):
+    code, lines = stream("cluster", "watch", "--count", "1")
+    assert code == 0 and len(lines) == 1 and lines[0]["event"] == "snapshot"
+
+
+def test_debugging_a_failed_job(cluster):
+    remote_parallel_map(functions.fail_on, range(6), raise_errors=False, spinner=False)
+    job = _latest("fail_on")
+    code, doc = burla("jobs", "show", job["job_id"])
+    assert code == 0 and doc["data"]["n_failed"] == 1
+    code, doc = burla("jobs", "errors", job["job_id"])
+    assert code == 0
+    [group] = doc["data"]["groups"]
+    assert group["count"] == 1 and group["input_indices"] == [3] and "ValueError" in group["exception_type"]
+    code, doc = burla("jobs", "calls", "list", job["job_id"], "--failed-only")
+    assert code == 0 and [c["input_index"] for c in doc["data"]["calls"]] == [3]
+    code, doc = burla("jobs", "calls", "list", job["job_id"], "--limit", "2", "--offset", "2")
+    assert [c["state"] for c in doc["data"]["calls"]] == ["done", "failed"]
+
+
+def test_a_calls_logs(cluster):
+    remote_parallel_map(functions.chatty, [5, 6], spinner=False)
+    job = _latest("chatty")
+    code, doc = burla("jobs", "calls", "logs", job["job_id"], "1")
+    assert code == 0 and "stdout line from 6" in doc["data"]["text"] and "from 5" not in doc["data"]["text"]
+
+
+def test_job_metrics(cluster):
+    remote_parallel_map(functions.sleep_then_return, [(i, 0.3) for i in range(6)], spinner=False)
+    job = _latest("sleep_then_return")
+    code, doc = burla("jobs", "metrics", job["job_id"])
+    assert code == 0 and doc["data"]["progress"] and doc["data"]["progress"][-1]["n_done"] >= 1
+    assert doc["data"]["nodes"]  # CPU and memory samples of the node that ran it
+
+
+def test_watch_exit_codes_say_how_jobs_ended(cluster):
+    remote_parallel_map(functions.double, [1], spinner=False)
+    code, lines = stream("jobs", "watch", _latest("double")["job_id"])
+    assert code == 0 and lines[-1]["data"]["status"] == "COMPLETED"
+    with pytest.raises(ValueError):
+        remote_parallel_map(functions.fail_on, [3], spinner=False)
+    code, lines = stream("jobs", "watch", _latest("fail_on")["job_id"])
+    assert code == 7 and lines[-1]["data"]["status"] == "FAILED"
+
+
+def test_cancel_a_running_job(cluster):
+    client = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + "remote_parallel_map(functions.sleep_then_return, [(0, 60), (1, 60)])\n"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            code, doc = burla("jobs", "list", "--status", "running")
+            running = [j for j in doc["data"] if j["function_name"] == "sleep_then_return"]
+            if running:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        code, doc = burla("jobs", "cancel", running[0]["job_id"])
+        assert code == 0 and doc["data"]["status"] == "CANCELED"
+        code, doc = burla("jobs", "cancel", running[0]["job_id"])
+        assert code == 5 and doc["error"]["code"] == "conflict"
+        code, lines = stream("jobs", "watch", running[0]["job_id"])
+        assert code == 8
+    finally:
+        client.wait(60)
+
+
+def test_results_of_a_detached_job(cluster):
+    job_id = remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False)
+    deadline = time.monotonic() + 60
+    while burla("jobs", "show", job_id)[1]["data"]["status"] != "COMPLETED":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    code, doc = burla("jobs", "results", job_id)
+    assert code == 0 and [r["value"] for r in doc["data"]["results"]] == [2, 4, 6]
+    code, doc = burla("jobs", "results", job_id)
+    assert code == 4 and "already collected" in doc["error"]["message"]
+
+
+def test_nodes(cluster):
+    code, doc = burla("nodes", "list")
+    assert code == 0 and len(doc["data"]) == 1
+    node_id = doc["data"][0]["node_id"]
+    code, doc = burla("nodes", "show", node_id)
+    assert code == 0 and doc["data"]["node_id"] == node_id and doc["data"]["recent_events"]
+    code, doc = burla("nodes", "logs", node_id)
+    assert code == 0 and "registered" in [e["event"] for e in doc["data"]["events"]]
+    code, doc = burla("nodes", "show", "no-such-node")
+    assert code == 4
+
+
+def test_settings(cluster):
+    code, doc = burla("settings", "update", "--machine-type", "m7i.2xlarge", "--max-gpus", "A100=8")
+    assert code == 0 and doc["data"]["machine_type"] == "m7i.2xlarge" and doc["data"]["max_gpus"] == {"A100": 8}
+    code, doc = burla("settings", "show")
+    assert code == 0 and doc["data"]["machine_type"] == "m7i.2xlarge"
+    code, doc = burla("settings", "update", "--quantity", "-1")
+    assert code == 2 and "quantity" in doc["error"]["message"]
+    code, doc = burla("settings", "update", "--max-gpus", "A100")
+    assert code == 2 and "MODEL=N" in doc["error"]["message"]
+    code, doc = burla("settings", "update")
+    assert code == 2
+
+
+def test_config_and_auth(cluster, tmp_path):
+    env = {ENV_CONFIG_DIR: str(tmp_path)}
+    code, doc = burla("config", "set", "cloud", "gcp", env=env)
+    assert code == 0 and doc["data"]["config"] == {"cloud": "gcp"}
+    assert oct((tmp_path / "config.json").stat().st_mode)[-3:] == "600"
+    code, doc = burla("config", "get", env=env)
+    assert doc["data"]["config"]["cloud"] == "gcp"
+    code, doc = burla("config", "set", "cloud", "mars", env=env)
+    assert code == 2 and "aws, gcp, azure" in doc["error"]["message"]
+    code, doc = burla("auth", "status")
+    assert code == 0 and doc["data"]["authorized"] and doc["data"]["head_url"] == cluster.url
+    assert doc["data"]["token_source"] == ENV_TOKEN
+
+
+def test_error_exit_codes(cluster):
+    code, doc = burla("--token", "wrong", "cluster", "status")
+    assert code == 3 and doc["error"]["code"] == "unauthorized"
+    code, doc = burla("--head", "http://127.0.0.1:9", "cluster", "status")
+    assert code == 6 and doc["error"]["code"] == "head_unreachable" and doc["error"]["remediation"]
+    code, doc = burla("jobs", "show", "no-such-job")
+    assert code == 4
+    code, doc = burla("jobs", "list", "--status", "sleeping")
+    assert code == 2 and doc["ok"] is False
+
+
+def test_cluster_stop_and_start(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=1, workers=1)
+    env = {ENV_HEAD_URL: head.url, ENV_TOKEN: head.token, ENV_CONFIG_DIR: str(head.config_dir)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        wait_for_nodes(head, 1)
+        code, doc = burla("cluster", "stop", env=env)
+        assert code == 0 and len(doc["data"]["stopped"]) == 1
+        from burla import NoNodes
+
+        with pytest.raises(NoNodes, match="burla cluster start"):
+            remote_parallel_map(functions.double, [1], spinner=False)
+        code, doc = burla("cluster", "start", env=env)
+        assert code == 0 and len(doc["data"]["booted"]) == 1
+        wait_for_nodes(head, 1)
+        assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+        code, doc = burla("cluster", "restart", env=env)
+        assert code == 0 and len(doc["data"]["stopped"]) == 1 and len(doc["data"]["booted"]) == 1
+    finally:
+        head.stop()
