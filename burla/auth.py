@@ -1,22 +1,69 @@
-"""The bearer-token check every head and node endpoint shares (all but the health check)."""
+"""Who may call the head or a node: the cluster's bearer token, or (for the dashboard in a
+browser) a session cookie obtained through a one-time login link.
+
+Every endpoint but the health check and the login link itself requires one of them; tokens
+and codes are compared in constant time.
+"""
 
 from __future__ import annotations
 
 import hmac
+import secrets
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
+SESSION_COOKIE = "burla_session"
+LOGIN_CODE_TTL_S = 300.0
+SESSION_TTL_S = 7 * 86400.0
 
 
 def error_response(status: int, kind: str, message: str) -> web.Response:
     return web.json_response({"error": kind, "message": message}, status=status)
 
 
-def token_middleware(token: str):
-    """Reject any request without `Authorization: Bearer <token>` (compared in constant time)."""
+class Sessions:
+    """One-time login codes (minted with the token) and the browser sessions they open."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, float] = {}  # code -> expiry
+        self._sessions: dict[str, float] = {}  # session id -> expiry
+
+    def new_code(self) -> str:
+        self._expire()
+        code = secrets.token_urlsafe(24)
+        self._codes[code] = time.monotonic() + LOGIN_CODE_TTL_S
+        return code
+
+    def redeem(self, code: str) -> str | None:
+        """Trade a code (once) for a session id; None if it is unknown, used or expired."""
+        self._expire()
+        match = next((c for c in self._codes if hmac.compare_digest(c.encode(), code.encode())), None)
+        if match is None:
+            return None
+        del self._codes[match]
+        session = secrets.token_urlsafe(32)
+        self._sessions[session] = time.monotonic() + SESSION_TTL_S
+        return session
+
+    def valid(self, session: str | None) -> bool:
+        if not session:
+            return False
+        expiry = self._sessions.get(session)
+        return expiry is not None and expiry > time.monotonic()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for store in (self._codes, self._sessions):
+            for key in [k for k, expiry in store.items() if expiry <= now]:
+                del store[key]
+
+
+def token_middleware(token: str, sessions: Sessions | None = None, login_page: Handler | None = None):
+    """Reject any request without `Authorization: Bearer <token>` or a valid session cookie."""
     expected = token.encode()
 
     @web.middleware
@@ -24,12 +71,16 @@ def token_middleware(token: str):
         if request.path in OPEN_PATHS:
             return await handler(request)
         given = request.headers.get("Authorization", "")
-        if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].strip().encode(), expected):
-            return error_response(
-                401, "Unauthorized",
-                "Missing or wrong cluster token. Send 'Authorization: Bearer <token>'; the token is in "
-                "the burla config directory (file cluster_token) or BURLA_CLUSTER_TOKEN.",
-            )
-        return await handler(request)
+        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), expected):
+            return await handler(request)
+        if sessions is not None and sessions.valid(request.cookies.get(SESSION_COOKIE)):
+            return await handler(request)
+        if login_page is not None and request.method == "GET" and not request.path.startswith("/v1/"):
+            return await login_page(request)
+        return error_response(
+            401, "Unauthorized",
+            "Missing or wrong cluster token. Send 'Authorization: Bearer <token>'; the token is in "
+            "the burla config directory (file cluster_token) or BURLA_CLUSTER_TOKEN.",
+        )
 
     return require_token

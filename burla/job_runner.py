@@ -241,6 +241,8 @@ class JobRunner:
             raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
         if not isinstance(msg, kind):
             raise ProtocolError(f"the head answered with {type(msg).__name__}, expected {kind.__name__}")
+        if isinstance(msg, wire.JobAccepted):
+            self.display.announce(f"job {self.job_id}: {self.cluster.url}/jobs/{self.job_id}")
         if isinstance(msg, wire.JobResumed) and not self.opened.is_set():
             self.n_inputs = msg.n_inputs  # collecting a job this process did not start
             self._received = bytearray(msg.n_inputs)

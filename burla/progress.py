@@ -30,6 +30,12 @@ class Display:
         self.failed = 0
         self.running = 0
 
+    def announce(self, text: str) -> None:
+        """A line for the person running the job (its dashboard page), on stderr."""
+        self._clear()
+        self._err.write(f"[burla] {text}\n")
+        self._err.flush()
+
     def output(self, items: list) -> None:
         """Write what remote calls printed, each chunk to the stream it was written to."""
         if not items:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from burla._version import __version__
-from burla.cli.account import auth, config
+from burla.cli.account import auth, config, dashboard
 from burla.cli.cluster import cluster
 from burla.cli.head import head
 from burla.cli.jobs import jobs
@@ -43,5 +43,5 @@ def main(ctx: click.Context, head_url: str | None, token: str | None) -> None:
     }
 
 
-for command in (cluster, jobs, nodes, settings, config, auth, head, node, worker):
+for command in (cluster, jobs, nodes, settings, config, auth, dashboard, head, node, worker):
     main.add_command(command)

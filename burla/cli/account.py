@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 import click
 
@@ -80,3 +81,22 @@ def status(ctx: click.Context) -> None:
                 "reachable": reachable, "authorized": authorized, "head_version": version}
 
     run("auth status", action)
+
+
+@click.command()
+@click.option("--next", "target", default="/", show_default=True, help="Page to open, e.g. /jobs/JOB_ID.")
+@click.option("--open", "open_browser", is_flag=True, help="Also open the link in a web browser.")
+@click.pass_context
+def dashboard(ctx: click.Context, target: str, open_browser: bool) -> None:
+    """Print a one-time link (valid five minutes) that signs a browser in to the dashboard."""
+
+    def action() -> dict:
+        client = head_client(ctx)
+        link = client.post(f"/v1/login-link?{urllib.parse.urlencode({'next': target})}")
+        if open_browser:
+            import webbrowser
+
+            webbrowser.open(link["url"])
+        return {"head_url": client.url, **link}
+
+    run("dashboard", action)

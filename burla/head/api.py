@@ -70,16 +70,21 @@ async def get_job(request: web.Request) -> web.Response:
     return web.json_response(await _job_view_or_404(request))
 
 
+async def jobs_listing(cluster: Cluster, status: str | None, limit: int, parent: str | None = None) -> list[dict]:
+    """Jobs from history, most recent first, with live counts for the ones still running."""
+    jobs = await cluster.history.list_jobs(status, limit, parent) if cluster.history else []
+    live = {job.job_id: cluster.job_view(job) for job in cluster.scheduler.jobs.values()}
+    return [{**job, **live.get(job["job_id"], {})} for job in jobs]
+
+
 async def list_jobs(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
     status = request.query.get("status")
     if status is not None and status.upper() not in JOB_STATUSES:
         raise web.HTTPBadRequest(text=f"status must be one of {', '.join(JOB_STATUSES)}, got {status!r}")
     limit = _int_param(request, "limit", 50, 1, MAX_LIMIT)
-    jobs = await cluster.history.list_jobs(status.upper() if status else None, limit) if cluster.history else []
-    live = {job.job_id: cluster.job_view(job) for job in cluster.scheduler.jobs.values()}
-    merged = [{**job, **live.get(job["job_id"], {})} for job in jobs]  # live counts are fresher
-    return web.json_response({"jobs": merged})
+    jobs = await jobs_listing(cluster, status.upper() if status else None, limit, request.query.get("parent"))
+    return web.json_response({"jobs": jobs})
 
 
 async def job_failures(request: web.Request) -> web.Response:
@@ -165,24 +170,39 @@ async def cluster_restart(request: web.Request) -> web.Response:
     return web.json_response({**stopped, **started})
 
 
-async def job_metrics(request: web.Request) -> web.Response:
-    """Progress over time and, per node that ran it, CPU and memory samples."""
+async def metrics_of(cluster: Cluster, view: dict) -> dict:
+    """Progress over time and, per node that ran the job, CPU and memory samples."""
     import time
 
-    cluster: Cluster = request.app[CLUSTER]
-    view = await _job_view_or_404(request)
     if cluster.history is None:
-        return web.json_response({"job_id": view["job_id"], "progress": [], "nodes": {}})
+        return {"job_id": view["job_id"], "progress": [], "nodes": {}}
     progress = await cluster.history.job_progress_of(view["job_id"])
     since = view["started_at"] or 0.0
     until = view["ended_at"] or time.time()
-    node_ids = view.get("nodes") or sorted({n for n in await cluster.history.nodes_seen()})
+    node_ids = view.get("nodes") or sorted(await cluster.history.nodes_seen())
     nodes = {}
     for node_id in node_ids:
         samples = await cluster.history.samples_of(node_id, since, until)
         if samples:
             nodes[node_id] = samples
-    return web.json_response({"job_id": view["job_id"], "progress": progress, "nodes": nodes})
+    return {"job_id": view["job_id"], "progress": progress, "nodes": nodes}
+
+
+async def job_metrics(request: web.Request) -> web.Response:
+    cluster: Cluster = request.app[CLUSTER]
+    return web.json_response(await metrics_of(cluster, await _job_view_or_404(request)))
+
+
+async def search_output(request: web.Request) -> web.Response:
+    """Lines any call of the job printed that contain `search` (all output without it)."""
+    cluster: Cluster = request.app[CLUSTER]
+    view = await _job_view_or_404(request)
+    limit = _int_param(request, "limit", 200, 1, MAX_LIMIT)
+    text = request.query.get("search", "")
+    if len(text) > 500:
+        raise web.HTTPBadRequest(text="search text must be at most 500 characters")
+    rows = await cluster.history.search_output(view["job_id"], text, limit) if cluster.history else []
+    return web.json_response({"job_id": view["job_id"], "search": text, "matches": rows})
 
 
 async def list_calls(request: web.Request) -> web.Response:
@@ -237,6 +257,7 @@ def add_api_routes(app: web.Application) -> None:
     app.router.add_get("/v1/nodes/{node_id}/events", node_events)
     app.router.add_get("/v1/nodes/{node_id}", get_node)
     app.router.add_get("/v1/jobs/{job_id}/metrics", job_metrics)
+    app.router.add_get("/v1/jobs/{job_id}/output", search_output)
     app.router.add_get("/v1/jobs/{job_id}/calls", list_calls)
     app.router.add_get("/v1/settings", get_settings)
     app.router.add_post("/v1/settings", update_settings)

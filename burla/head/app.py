@@ -1,7 +1,9 @@
-"""The head's aiohttp application: authentication, HTTP routes and the two WebSockets.
+"""The head's aiohttp application: authentication, the JSON API, the two WebSockets and the
+dashboard.
 
-Every route but `/health` needs `Authorization: Bearer <cluster token>` (compared in constant
-time); errors are JSON `{"error": kind, "message": what to fix}` with a 4xx status.
+Every route but `/health` and `/login` needs `Authorization: Bearer <cluster token>` (compared
+in constant time) or a dashboard session cookie; errors are JSON `{"error": kind, "message":
+what to fix}` with a 4xx status.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from burla.auth import error_response, token_middleware
+from burla.auth import Sessions, error_response, token_middleware
 from burla.head.api import FLEET, add_api_routes
 from burla.head.channels import CLUSTER, job_channel, node_channel
 from burla.head.cluster import Cluster
+from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import Fleet
 
 MAX_HTTP_BODY = 1024 * 1024
@@ -45,9 +48,11 @@ async def shutdown(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event) -> web.Application:
+def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event, head_url: str) -> web.Application:
+    sessions = Sessions()
     app = web.Application(
-        client_max_size=MAX_HTTP_BODY, middlewares=[_errors_middleware, token_middleware(token)]
+        client_max_size=MAX_HTTP_BODY,
+        middlewares=[_errors_middleware, token_middleware(token, sessions, login_page=login_needed)],
     )
     app[CLUSTER] = cluster
     app[FLEET] = fleet
@@ -57,4 +62,5 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Ev
     app.router.add_get("/v1/nodes/ws", node_channel)
     app.router.add_post("/v1/shutdown", shutdown)
     add_api_routes(app)
+    add_dashboard_routes(app, sessions, head_url)
     return app

@@ -237,8 +237,16 @@ class History:
             names = [c[0] for c in cursor.description]
             return [dict(zip(names, row)) for row in await cursor.fetchall()]
 
-    async def list_jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        where, args = ("WHERE status = ?", (status,)) if status else ("", ())
+    async def list_jobs(self, status: str | None = None, limit: int = 50, parent: str | None = None
+                        ) -> list[dict[str, Any]]:
+        conditions, args = [], []
+        if status:
+            conditions.append("status = ?")
+            args.append(status)
+        if parent:
+            conditions.append("parent_job_id = ?")
+            args.append(parent)
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         rows = await self._rows(f"SELECT * FROM jobs {where} ORDER BY started_at DESC LIMIT ?", (*args, limit))
         for row in rows:
             row["arguments"] = json.loads(row["arguments"])
@@ -260,6 +268,12 @@ class History:
         return await self._rows(
             "SELECT stream, text, at FROM call_output WHERE job_id = ? AND input_index = ? ORDER BY rowid",
             (job_id, input_index))
+
+    async def search_output(self, job_id: str, text: str, limit: int) -> list[dict[str, Any]]:
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return await self._rows(
+            "SELECT input_index, stream, text, at FROM call_output WHERE job_id = ? AND text LIKE ? ESCAPE '\\' "
+            "ORDER BY input_index, rowid LIMIT ?", (job_id, pattern, limit))
 
     async def node_events_of(self, node_id: str, limit: int = 500) -> list[dict[str, Any]]:
         return await self._rows(

@@ -87,7 +87,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     )
     fleet = await Fleet.load(cluster, driver, history, url, settings.token, defaults)
     cluster.boot_local_nodes = fleet.boot_for_job
-    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.SockSite(runner, sock)
     await site.start()

@@ -1,0 +1,159 @@
+"""The web dashboard: pages, the one-time login link, and live updates over server-sent events.
+
+Pages are plain HTML and JavaScript from `burla/head/static` (no third-party code). Each page
+opens one event stream that sends a fresh snapshot whenever what it shows changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from burla.auth import SESSION_COOKIE, SESSION_TTL_S, Sessions
+from burla.head.api import _int_param, jobs_listing, metrics_of
+from burla.head.channels import CLUSTER
+from burla.head.cluster import Cluster
+
+STATIC = Path(__file__).parent / "static"
+SESSIONS = web.AppKey("sessions", Sessions)
+HEAD_URL = web.AppKey("head_url", str)
+STREAM_EVERY_S = 0.5
+PAGES = {"cluster": "cluster.html", "jobs": "jobs.html", "job": "job.html", "settings": "settings.html"}
+
+
+def _page(name: str) -> web.FileResponse:
+    return web.FileResponse(STATIC / PAGES[name], headers={"Cache-Control": "no-store"})
+
+
+async def cluster_page(request: web.Request) -> web.StreamResponse:
+    return _page("cluster")
+
+
+async def jobs_page(request: web.Request) -> web.StreamResponse:
+    return _page("jobs")
+
+
+async def job_page(request: web.Request) -> web.StreamResponse:
+    return _page("job")
+
+
+async def settings_page(request: web.Request) -> web.StreamResponse:
+    return _page("settings")
+
+
+async def login_needed(request: web.Request) -> web.Response:
+    """What a browser without a session sees: how to get in."""
+    html = (STATIC / "login.html").read_text()
+    return web.Response(text=html, content_type="text/html", status=401)
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    """Trade a one-time code for a session cookie, then go where the link pointed."""
+    code = request.query.get("code", "")
+    target = request.query.get("next", "/")
+    if not target.startswith("/") or target.startswith("//"):
+        target = "/"
+    session = request.app[SESSIONS].redeem(code) if code else None
+    if session is None:
+        return await login_needed(request)
+    response = web.HTTPFound(target)
+    response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="Strict", path="/",
+                        max_age=int(SESSION_TTL_S), secure=request.secure)
+    raise response
+
+
+async def login_link(request: web.Request) -> web.Response:
+    """A one-time link that logs a browser in (minted with the token, valid five minutes)."""
+    target = request.query.get("next", "/")
+    if not target.startswith("/") or target.startswith("//"):
+        raise web.HTTPBadRequest(text="next must be a path on this head, e.g. /jobs")
+    code = request.app[SESSIONS].new_code()
+    from urllib.parse import urlencode
+
+    url = f"{request.app[HEAD_URL]}/login?{urlencode({'code': code, 'next': target})}"
+    return web.json_response({"url": url, "expires_in_s": 300})
+
+
+async def static_file(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    path = (STATIC / name).resolve()
+    if path.parent != STATIC.resolve() or not path.is_file() or path.suffix not in (".js", ".css"):
+        raise web.HTTPNotFound(text=f"no static file {name!r}")
+    return web.FileResponse(path, headers={"Cache-Control": "no-store"})
+
+
+# --- live snapshots ------------------------------------------------------------------------
+
+
+async def _cluster_snapshot(cluster: Cluster, request: web.Request) -> dict:
+    s = cluster.scheduler
+    return {
+        "version": cluster.version,
+        "booting": s.booting,
+        "nodes": [cluster.node_view(n) for n in s.nodes.values()],
+        "jobs": await jobs_listing(cluster, None, 10),
+    }
+
+
+async def _jobs_snapshot(cluster: Cluster, request: web.Request) -> dict:
+    limit = _int_param(request, "limit", 200, 1, 1000)
+    return {"jobs": await jobs_listing(cluster, None, limit)}
+
+
+async def _job_snapshot(cluster: Cluster, request: web.Request) -> dict:
+    job_id = request.match_info["job_id"]
+    job = cluster.scheduler.jobs.get(job_id)
+    view = cluster.job_view(job) if job is not None else None
+    if view is None and cluster.history is not None:
+        view = await cluster.history.get_job(job_id)
+    if view is None:
+        raise web.HTTPNotFound(text=f"no job {job_id!r} on this head or in its history")
+    failures = await cluster.history.failures_of(job_id, 50) if cluster.history else []
+    children = await jobs_listing(cluster, None, 200, parent=job_id)
+    parent = None
+    if view.get("parent_job_id") and cluster.history is not None:
+        parent = await cluster.history.get_job(view["parent_job_id"])
+    return {"job": view, "metrics": await metrics_of(cluster, view), "failures": failures,
+            "children": children, "parent": parent, "now": time.time()}
+
+
+def _stream(build):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        cluster = request.app[CLUSTER]
+        first = await build(cluster, request)  # a 404 or 400 before the stream starts
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        await response.prepare(request)
+        last = None
+        snapshot = first
+        try:
+            while True:
+                text = json.dumps({k: v for k, v in snapshot.items() if k != "now"}, default=str)
+                if text != last:
+                    await response.write(f"data: {json.dumps(snapshot, default=str)}\n\n".encode())
+                    last = text
+                await asyncio.sleep(STREAM_EVERY_S)
+                snapshot = await build(cluster, request)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
+
+    return handler
+
+
+def add_dashboard_routes(app: web.Application, sessions: Sessions, head_url: str) -> None:
+    app[SESSIONS] = sessions
+    app[HEAD_URL] = head_url
+    app.router.add_get("/", cluster_page)
+    app.router.add_get("/jobs", jobs_page)
+    app.router.add_get("/jobs/{job_id}", job_page)
+    app.router.add_get("/settings", settings_page)
+    app.router.add_get("/login", login)
+    app.router.add_get("/static/{name}", static_file)
+    app.router.add_post("/v1/login-link", login_link)
+    app.router.add_get("/v1/stream/cluster", _stream(_cluster_snapshot))
+    app.router.add_get("/v1/stream/jobs", _stream(_jobs_snapshot))
+    app.router.add_get("/v1/stream/jobs/{job_id}", _stream(_job_snapshot))
