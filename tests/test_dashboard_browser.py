@@ -1,0 +1,186 @@
+"""The dashboard in a real headless Chromium (Debian's chromium, driven by Playwright)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from burla import remote_parallel_map
+from tests import functions
+from tests.conftest import REPO
+
+CHROMIUM = os.environ.get("BURLA_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = REPO / "tests" / "artifacts" / "screenshots"
+PRELUDE = (
+    "import cloudpickle\n"
+    "from burla import remote_parallel_map\n"
+    "from tests import functions\n"
+    "cloudpickle.register_pickle_by_value(functions)\n"
+)
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("BURLA_REQUIRE_BROWSER") == "1":
+        raise RuntimeError(f"browser tests need Chromium at {CHROMIUM} (apt-get install -y chromium)")
+    pytest.skip(f"no Chromium at {CHROMIUM}; `apt-get install -y chromium` runs these", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--no-first-run", "--disable-sync"],
+        )
+        yield browser
+        browser.close()
+
+
+def _login_link(head, target: str = "/") -> str:
+    request = urllib.request.Request(f"{head.url}/v1/login-link?next={target}", data=b"{}", method="POST",
+                                     headers=head.headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)["url"]
+
+
+@pytest.fixture
+def page(browser, cluster):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(_login_link(cluster))
+    yield page
+    context.close()
+
+
+def _shot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def _latest_job(head, function_name: str) -> str:
+    request = urllib.request.Request(f"{head.url}/v1/jobs?limit=50", headers=head.headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        jobs = json.load(response)["jobs"]
+    return next(j["job_id"] for j in jobs if j["function_name"] == function_name)
+
+
+def _running_job(head, function_name: str, timeout: float = 60.0) -> str:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(f"{head.url}/v1/jobs?status=RUNNING", headers=head.headers())
+        with urllib.request.urlopen(request, timeout=10) as response:
+            jobs = [j for j in json.load(response)["jobs"] if j["function_name"] == function_name]
+        if jobs:
+            return jobs[0]["job_id"]
+        assert time.monotonic() < deadline, f"no running {function_name} job"
+        time.sleep(0.05)
+
+
+def test_without_a_session_the_dashboard_explains_how_to_sign_in(browser, cluster):
+    context = browser.new_context()
+    page = context.new_page()
+    response = page.goto(f"{cluster.url}/jobs")
+    assert response.status == 401
+    assert "burla dashboard" in page.content()
+    link = _login_link(cluster, "/jobs")
+    page.goto(link)
+    page.wait_for_selector("h1:has-text('Jobs')")
+    second = context.new_page()  # the link works once
+    assert second.goto(link).status == 401
+    context.close()
+
+
+def test_cluster_page_shows_the_node(page, cluster):
+    page.goto(f"{cluster.url}/")
+    page.wait_for_selector("#nodes-table tbody tr[data-node]")
+    assert "READY" in page.inner_text("#nodes-table") or "RUNNING" in page.inner_text("#nodes-table")
+    _shot(page, "cluster")
+
+
+def test_jobs_page_shows_progress_advancing(page, cluster):
+    results: list = []
+    runner = threading.Thread(target=lambda: results.extend(remote_parallel_map(
+        functions.sleep_then_return, [(i, 0.25) for i in range(16)], spinner=False)))
+    runner.start()
+    try:
+        job_id = _running_job(cluster, "sleep_then_return")
+        page.goto(f"{cluster.url}/jobs")
+        row = f"#jobs-table tr[data-job='{job_id}'] [role=progressbar]"
+        page.wait_for_selector(row)
+        first = int(page.get_attribute(row, "aria-valuenow"))
+        page.wait_for_function(
+            """([selector, seen]) => {
+                const bar = document.querySelector(selector);
+                return bar && Number(bar.getAttribute('aria-valuenow')) > seen;
+            }""", arg=[row, first])
+        _shot(page, "jobs-running")
+    finally:
+        runner.join(60)
+    assert sorted(results) == list(range(16))
+    page.wait_for_function("""(selector) => document.querySelector(selector).getAttribute('aria-valuenow') === '16'""",
+                           arg=row)
+
+
+def test_job_page_shows_a_calls_output(page, cluster):
+    remote_parallel_map(functions.chatty, [11, 12, 13], spinner=False)
+    job_id = _latest_job(cluster, "chatty")
+    page.goto(f"{cluster.url}/jobs/{job_id}")
+    page.wait_for_selector("#count-done:has-text('3/3')")
+    page.fill("#output-index", "1")
+    page.wait_for_selector("#output-results:has-text('stdout line from 12')")
+    assert "from 11" not in page.inner_text("#output-results")
+    page.fill("#output-index", "")
+    page.fill("#output-search", "stderr line from 13")
+    page.wait_for_selector("#output-results .output-line[data-index='2']")
+    _shot(page, "job-output")
+
+
+def test_failed_calls_show_their_traceback(page, cluster):
+    remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)
+    job_id = _latest_job(cluster, "fail_on")
+    page.goto(f"{cluster.url}/jobs/{job_id}")
+    page.click("details.failure[data-index='3'] summary")
+    traceback = page.inner_text("details.failure[data-index='3'] pre")
+    assert "ValueError: input 3 is bad" in traceback and "fail_on" in traceback
+    _shot(page, "job-failures")
+
+
+def test_cancel_button_stops_the_job(page, cluster):
+    script = PRELUDE + "remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(4)])\n"
+    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        job_id = _running_job(cluster, "sleep_then_return")
+        page.goto(f"{cluster.url}/jobs")
+        page.click(f"#jobs-table tr[data-job='{job_id}'] a")
+        page.wait_for_selector("#count-running:not(:has-text('0'))")
+        _shot(page, "job-running")
+        page.click("#cancel-job")
+        page.wait_for_selector("#job-status:has-text('CANCELED')")
+        page.wait_for_selector("#count-running:has-text('0')")
+        _shot(page, "job-canceled")
+    finally:
+        client.wait(60)
+
+
+def test_settings_page_saves(page, cluster):
+    page.goto(f"{cluster.url}/settings")
+    page.fill("input[name=region]", "us-east-2")
+    page.click("#save-settings")
+    page.wait_for_selector("#settings-message:has-text('Saved')")
+    request = urllib.request.Request(f"{cluster.url}/v1/settings", headers=cluster.headers())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.load(response)["region"] == "us-east-2"
+    _shot(page, "settings")
