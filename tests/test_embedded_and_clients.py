@@ -210,4 +210,5 @@ def test_progress_line_on_a_tty(cluster):
 def test_no_progress_line_with_spinner_false_on_a_tty(cluster):
     script = PRELUDE + "print(remote_parallel_map(functions.double, [1, 2], spinner=False))\n"
     shown = _run_in_pty(script, {})
-    assert "[2, 4]" in shown and "[burla]" not in shown
+    assert "[2, 4]" in shown and "2/2 done" not in shown
+    assert "[burla] job double-" in shown  # the job's page is still announced
