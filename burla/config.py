@@ -131,7 +131,7 @@ class HeadSettings:
     ready_fd: int | None = None  # write "URL\n" here once serving
     lifeline_fd: int | None = None  # exit when this pipe reaches EOF (the parent died)
     node_deadline_s: float = 30.0  # a node silent this long is dropped
-    history_path: Path = Path("history.db")
+    history_path: Path | None = Path("history.db")  # None: keep no history
     history_retention_days: float = 30.0
     inactivity_timeout_s: float | None = None  # remove nodes idle this long (None: keep them)
     client_deadline_s: float = 10.0  # a job's client may be away this long before it is cancelled

@@ -35,6 +35,7 @@ def head() -> None:
                    "Default: keep them.")
 @click.option("--history", "history_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="SQLite file for job, call and node history. Default: history.db in the config directory.")
+@click.option("--no-history", is_flag=True, help="Keep no history (the dashboard and CLI then show live state only).")
 @click.option("--history-retention-days", type=click.FloatRange(0.01, None), default=30.0, show_default=True,
               help="Delete history older than this.")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
@@ -42,7 +43,7 @@ def head() -> None:
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
           node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
-          history_path: Path | None, history_retention_days: float, ephemeral: bool,
+          history_path: Path | None, no_history: bool, history_retention_days: float, ephemeral: bool,
           ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
@@ -61,7 +62,8 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
         host=host, port=port, token=token, config_dir=directory, local_nodes=local_nodes,
         local_node_workers=local_node_workers, advertise=not ephemeral, ready_fd=ready_fd,
         lifeline_fd=lifeline_fd, node_deadline_s=node_deadline, client_deadline_s=client_deadline,
-        inactivity_timeout_s=inactivity_timeout, history_path=history_path or directory / "history.db",
+        inactivity_timeout_s=inactivity_timeout,
+        history_path=None if no_history else history_path or directory / "history.db",
         history_retention_days=history_retention_days,
         version=__version__,
     )

@@ -72,7 +72,7 @@ def _check_int(values: dict, name: str, low: int, high: int, optional: bool = Fa
 
 
 class Fleet:
-    def __init__(self, cluster: Cluster, driver: Driver, history: History, head_url: str, token: str,
+    def __init__(self, cluster: Cluster, driver: Driver, history: History | None, head_url: str, token: str,
                  settings: ClusterSettings) -> None:
         self.cluster = cluster
         self.driver = driver
@@ -83,9 +83,9 @@ class Fleet:
         self.stopped = False  # `cluster stop` was asked: jobs don't boot nodes until `cluster start`
 
     @classmethod
-    async def load(cls, cluster: Cluster, driver: Driver, history: History, head_url: str, token: str,
+    async def load(cls, cluster: Cluster, driver: Driver, history: History | None, head_url: str, token: str,
                    defaults: ClusterSettings) -> Fleet:
-        saved = await history.load_settings()
+        saved = await history.load_settings() if history is not None else None
         settings = defaults
         if saved:
             try:
@@ -111,8 +111,9 @@ class Fleet:
         missing = max(0, self.settings.quantity - have)
         booted = await self.driver.boot(self._request(missing)) if missing else []
         self.cluster.expect_nodes(booted)
-        for node_id in booted:
-            self.history.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")
+        if self.history is not None:
+            for node_id in booted:
+                self.history.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")
         return {"booted": booted, "already_running": have, "quantity": self.settings.quantity}
 
     async def stop(self) -> dict[str, Any]:
@@ -136,5 +137,6 @@ class Fleet:
 
     async def update_settings(self, changes: dict[str, Any]) -> ClusterSettings:
         self.settings = self.settings.updated(changes)
-        await self.history.save_settings(self.settings.to_dict())
+        if self.history is not None:
+            await self.history.save_settings(self.settings.to_dict())
         return self.settings

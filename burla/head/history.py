@@ -21,6 +21,7 @@ import aiosqlite
 
 log = logging.getLogger("burla.head")
 
+SCHEMA_VERSION = 1
 FLUSH_EVERY_S = 0.5
 FLUSH_AT_ROWS = 20_000
 PRUNE_EVERY_S = 3600.0
@@ -50,14 +51,16 @@ CREATE TABLE IF NOT EXISTS call_failures (
     at REAL NOT NULL,
     PRIMARY KEY (job_id, input_index)
 );
+-- Output is stored a flush at a time per job (one row holds many calls' chunks as JSON), so a
+-- job whose every call prints costs a few rows a second, not one row per call.
 CREATE TABLE IF NOT EXISTS call_output (
     job_id TEXT NOT NULL,
-    input_index INTEGER NOT NULL,
-    stream INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    at REAL NOT NULL
+    min_index INTEGER NOT NULL,
+    max_index INTEGER NOT NULL,
+    at REAL NOT NULL,
+    chunks TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS call_output_call ON call_output (job_id, input_index);
+CREATE INDEX IF NOT EXISTS call_output_job ON call_output (job_id, min_index);
 CREATE TABLE IF NOT EXISTS node_events (
     node_id TEXT NOT NULL,
     event TEXT NOT NULL,
@@ -99,10 +102,11 @@ class History:
         self._db: aiosqlite.Connection | None = None
         self._jobs: dict[str, tuple] = {}  # latest row per job, upserted at the next flush
         self._failures: list[tuple] = []
-        self._output: list[tuple] = []
+        self._output: dict[str, list] = {}  # job id -> [[index, stream, text], ...] since the last flush
         self._events: list[tuple] = []
         self._samples: list[tuple] = []
         self._job_samples: list[tuple] = []
+        self._output_rows = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -111,6 +115,18 @@ class History:
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = await aiosqlite.connect(self.path)
+        async with self._db.execute("PRAGMA user_version") as cursor:
+            (version,) = await cursor.fetchone()
+        async with self._db.execute("SELECT count(*) FROM sqlite_master") as cursor:
+            (tables,) = await cursor.fetchone()
+        if tables and version != SCHEMA_VERSION:  # written by another burla version: keep it aside
+            await self._db.close()
+            aside = self.path.with_name(f"{self.path.name}.v{version}-{int(time.time())}")
+            self.path.rename(aside)
+            log.warning("history at %s has schema %d, not %d; moved it to %s", self.path, version, SCHEMA_VERSION,
+                        aside)
+            self._db = await aiosqlite.connect(self.path)
+        await self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.execute("PRAGMA synchronous=NORMAL")
         await self._db.executescript(SCHEMA)
@@ -158,8 +174,8 @@ class History:
         self._poke(len(results))
 
     def output(self, job_id: str, items: list) -> None:
-        now = time.time()
-        self._output.extend((job_id, index, stream, text, now) for index, stream, text in items)
+        self._output.setdefault(job_id, []).extend(items)
+        self._output_rows += len(items)
         self._poke(len(items))
 
     def node_event(self, node_id: str, event: str, detail: str = "") -> None:
@@ -175,7 +191,7 @@ class History:
         self._job_samples.append((job_id, time.time(), n_done, n_failed, running))
 
     def _poke(self, rows: int) -> None:
-        if len(self._output) + len(self._failures) > FLUSH_AT_ROWS:
+        if self._output_rows + len(self._failures) > FLUSH_AT_ROWS:
             self._wake.set()
 
     # --- writing -------------------------------------------------------------------------
@@ -200,16 +216,22 @@ class History:
             return
         jobs, self._jobs = list(self._jobs.values()), {}
         failures, self._failures = self._failures, []
-        output, self._output = self._output, []
+        output, self._output = self._output, {}
+        self._output_rows = 0
+        now = time.time()
+        output_rows = [
+            (job_id, min(c[0] for c in chunks), max(c[0] for c in chunks), now, json.dumps(chunks))
+            for job_id, chunks in output.items()
+        ]
         events, self._events = self._events, []
         samples, self._samples = self._samples, []
         job_samples, self._job_samples = self._job_samples, []
-        if not (jobs or failures or output or events or samples or job_samples):
+        if not (jobs or failures or output_rows or events or samples or job_samples):
             return
         placeholders = ", ".join("?" * len(JOB_COLUMNS))
         await db.executemany(f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", jobs)
         await db.executemany("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", failures)
-        await db.executemany("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output)
+        await db.executemany("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows)
         await db.executemany("INSERT INTO node_events VALUES (?, ?, ?, ?)", events)
         await db.executemany("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?)", samples)
         await db.executemany("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", job_samples)
@@ -264,16 +286,28 @@ class History:
             "SELECT input_index, exception_type, message, traceback, at FROM call_failures WHERE job_id = ? "
             "ORDER BY input_index LIMIT ?", (job_id, limit))
 
-    async def output_of(self, job_id: str, input_index: int) -> list[dict[str, Any]]:
-        return await self._rows(
-            "SELECT stream, text, at FROM call_output WHERE job_id = ? AND input_index = ? ORDER BY rowid",
-            (job_id, input_index))
-
     async def search_output(self, job_id: str, text: str, limit: int) -> list[dict[str, Any]]:
-        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return await self._rows(
-            "SELECT input_index, stream, text, at FROM call_output WHERE job_id = ? AND text LIKE ? ESCAPE '\\' "
-            "ORDER BY input_index, rowid LIMIT ?", (job_id, pattern, limit))
+        """Chunks any call of the job printed that contain `text`, by input index."""
+        escaped = json.dumps(text)[1:-1]  # chunks are stored JSON-encoded
+        pattern = "%" + escaped.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = await self._rows(
+            "SELECT at, chunks FROM call_output WHERE job_id = ? AND chunks LIKE ? ESCAPE '\\' ORDER BY rowid",
+            (job_id, pattern))
+        matches = [
+            {"input_index": index, "stream": stream, "text": chunk, "at": row["at"]}
+            for row in rows for index, stream, chunk in json.loads(row["chunks"]) if text in chunk
+        ]
+        matches.sort(key=lambda m: m["input_index"])  # stable: each call's chunks stay in order
+        return matches[:limit]
+
+    async def output_of(self, job_id: str, input_index: int) -> list[dict[str, Any]]:
+        rows = await self._rows(
+            "SELECT at, chunks FROM call_output WHERE job_id = ? AND min_index <= ? AND max_index >= ? ORDER BY rowid",
+            (job_id, input_index, input_index))
+        return [
+            {"stream": stream, "text": chunk, "at": row["at"]}
+            for row in rows for index, stream, chunk in json.loads(row["chunks"]) if index == input_index
+        ]
 
     async def node_events_of(self, node_id: str, limit: int = 500) -> list[dict[str, Any]]:
         return await self._rows(

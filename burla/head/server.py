@@ -70,8 +70,10 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     from burla.head.fleet import ClusterSettings, Fleet
     from burla.head.history import History
 
-    history = History(settings.history_path, settings.history_retention_days)
-    await history.open()
+    history = None
+    if settings.history_path is not None:
+        history = History(settings.history_path, settings.history_retention_days)
+        await history.open()
     cluster = Cluster(settings.version, history)
     cluster.expect_nodes(booted)
     driver.on_boot_failed = cluster.node_boot_failed
@@ -124,5 +126,6 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         await cluster.shut_down()
         await driver.close()
         await runner.cleanup()
-        await history.close()
+        if history is not None:
+            await history.close()
 

@@ -1,0 +1,73 @@
+"""The history store on its own: batching, reads, retention, schema changes."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from burla.head.history import SCHEMA_VERSION, History
+
+
+def _view(job_id: str, started_at: float, status: str = "COMPLETED") -> dict:
+    return {"job_id": job_id, "parent_job_id": None, "function_name": "f", "status": status, "reason": "",
+            "n_inputs": 3, "n_done": 3, "n_failed": 0, "started_at": started_at, "ended_at": started_at + 1}
+
+
+async def test_rows_wait_in_memory_until_a_flush(tmp_path):
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    try:
+        history.job(_view("j1", time.time()), {})
+        history.output("j1", [[0, 1, "a\n"], [2, 1, "c\n"], [0, 2, "b\n"]])
+        with sqlite3.connect(tmp_path / "h.db") as raw:
+            assert raw.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0  # not on the hot path
+        assert [r["text"] for r in await history.output_of("j1", 0)] == ["a\n", "b\n"]  # a read flushes first
+        assert [m["input_index"] for m in await history.search_output("j1", "c", 10)] == [2]
+        assert (await history.get_job("j1"))["status"] == "COMPLETED"
+    finally:
+        await history.close()
+
+
+async def test_retention_prunes_old_jobs_and_their_rows(tmp_path):
+    history = History(tmp_path / "h.db", retention_days=1)
+    await history.open()
+    try:
+        old = time.time() - 3 * 86400
+        history.job(_view("old", old), {})
+        history.output("old", [[0, 1, "x\n"]])
+        history.job(_view("new", time.time()), {})
+        await history.flush()
+        await history.prune()
+        assert [j["job_id"] for j in await history.list_jobs()] == ["new"]
+        assert await history.output_of("old", 0) == []
+    finally:
+        await history.close()
+
+
+async def test_running_jobs_of_a_stopped_head_are_marked_failed(tmp_path):
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    history.job(_view("j", time.time(), status="RUNNING"), {})
+    await history.close()
+    again = History(tmp_path / "h.db", retention_days=30)
+    await again.open()
+    try:
+        job = await again.get_job("j")
+        assert job["status"] == "FAILED" and "head restarted" in job["reason"]
+    finally:
+        await again.close()
+
+
+async def test_a_history_of_another_schema_is_kept_aside(tmp_path):
+    with sqlite3.connect(tmp_path / "h.db") as raw:
+        raw.execute("CREATE TABLE call_output (job_id TEXT, input_index INTEGER)")
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    try:
+        history.output("j", [[0, 1, "x\n"]])
+        assert [r["text"] for r in await history.output_of("j", 0)] == ["x\n"]
+    finally:
+        await history.close()
+    assert len(list(tmp_path.glob("h.db.v0-*"))) == 1
+    with sqlite3.connect(tmp_path / "h.db") as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
