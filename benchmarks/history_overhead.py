@@ -20,6 +20,7 @@ from tests.cluster_runner import LocalCluster  # noqa: E402
 
 CALLS = 100_000
 REPEATS = 3
+ROUNDS = 4
 
 
 def chatty(x: int) -> int:
@@ -48,7 +49,7 @@ def timed_run(head_args: list[str]) -> list[float]:
 
 def main() -> None:
     with_history, without_history = [], []
-    for _ in range(2):  # interleave, so drift on a shared machine hits both alike
+    for _ in range(ROUNDS):  # interleave, so drift on a shared machine hits both alike
         with_history += timed_run([])
         without_history += timed_run(["--no-history"])
     on, off = statistics.median(with_history), statistics.median(without_history)
@@ -58,6 +59,7 @@ def main() -> None:
         "with_history_s": round(on, 3),
         "without_history_s": round(off, 3),
         "overhead_pct": round((on / off - 1) * 100, 1),
+        "spread_pct": round((statistics.pstdev(without_history) / off) * 100, 1),  # run-to-run noise
         "target_overhead_pct": "a few",
     }))
 
