@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -13,40 +12,18 @@ import urllib.request
 import pytest
 
 from burla import JobNotFound, get_results, remote_parallel_map
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from burla.config import ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.helpers import PRELUDE, get_json, use_head, wait_until
 from tests.proxy import CuttableProxy
-
-PRELUDE = (
-    "import cloudpickle\n"
-    "from burla import remote_parallel_map\n"
-    "from tests import functions\n"
-    "cloudpickle.register_pickle_by_value(functions)\n"
-)
-
-
-def _get(head, path: str) -> dict:
-    request = urllib.request.Request(head.url + path, headers=head.headers())
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)
-
-
-def _wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
 
 
 @pytest.fixture
 def quick_head(tmp_path, monkeypatch):
     """A head that gives a vanished client one second to come back."""
     head = start_head(tmp_path / "config", extra=["--client-deadline", "1"])
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    use_head(monkeypatch, head)
     try:
         wait_for_nodes(head, 1)
         yield head
@@ -96,12 +73,12 @@ def test_vanished_client_gets_its_job_cancelled_after_the_deadline(quick_head):
     env = {ENV_HEAD_URL: quick_head.url, ENV_TOKEN: quick_head.token}
     client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**__import__("os").environ, **env})
     try:
-        _wait_until(lambda: any(j["running"] for j in _get(quick_head, "/v1/cluster")["jobs"]), what="job running")
+        wait_until(lambda: any(j["running"] for j in get_json(quick_head, "/v1/cluster")["jobs"]), what="job running")
     finally:
         client.send_signal(signal.SIGKILL)
         client.wait()
-    _wait_until(lambda: _get(quick_head, "/v1/cluster")["jobs"][0]["status"] == "CANCELED", what="job canceled")
-    job = _get(quick_head, "/v1/cluster")["jobs"][0]
+    wait_until(lambda: get_json(quick_head, "/v1/cluster")["jobs"][0]["status"] == "CANCELED", what="job canceled")
+    job = get_json(quick_head, "/v1/cluster")["jobs"][0]
     assert "did not come back" in job["reason"]
     # The node is free again: a new job runs right away.
     assert remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]

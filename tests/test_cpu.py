@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from burla import remote_parallel_map
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import start_head, wait_for_nodes
+from tests.helpers import use_head
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux scheduler statistics")
 
@@ -17,9 +17,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 @pytest.fixture
 def head(tmp_path, monkeypatch):
     head = start_head(tmp_path / "config", local_nodes=1, workers=2)
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    use_head(monkeypatch, head)
     try:
         wait_for_nodes(head, 1)
         yield head

@@ -15,15 +15,10 @@ import pytest
 from burla import remote_parallel_map
 from tests import functions
 from tests.conftest import REPO
+from tests.helpers import PRELUDE
 
 CHROMIUM = os.environ.get("BURLA_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "tests" / "artifacts" / "screenshots"
-PRELUDE = (
-    "import cloudpickle\n"
-    "from burla import remote_parallel_map\n"
-    "from tests import functions\n"
-    "cloudpickle.register_pickle_by_value(functions)\n"
-)
 
 if not Path(CHROMIUM).exists():
     if os.environ.get("BURLA_REQUIRE_BROWSER") == "1":

@@ -16,6 +16,7 @@ import psutil
 
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
 from tests.conftest import REPO, run_client, start_head, wait_for_nodes
+from tests.helpers import wait_until
 
 PRELUDE = (
     "import cloudpickle\n"
@@ -44,13 +45,6 @@ def _burla_processes(config_dir) -> list[psutil.Process]:
     return found
 
 
-def _wait_until(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
-
 
 def test_embedded_cluster_starts_runs_and_stops(tmp_path):
     config_dir = tmp_path / "config"
@@ -60,7 +54,7 @@ def test_embedded_cluster_starts_runs_and_stops(tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [x * 2 for x in range(20)]
     assert HeadRecord.read(config_dir) is None  # an embedded head is not advertised
     # Head, node and workers all go away with the client.
-    _wait_until(lambda: not _burla_processes(config_dir), what="embedded cluster exit")
+    wait_until(lambda: not _burla_processes(config_dir), what="embedded cluster exit")
     log = (config_dir / "logs" / "embedded-head.log").read_text()
     assert "COMPLETED" in log
 
@@ -102,7 +96,7 @@ def test_get_cluster_dashboard_url_starts_a_head_that_outlives_the_client(tmp_pa
         assert again.stdout.splitlines()[-2:] == [url, "[10]"]
     finally:
         os.kill(record.pid, signal.SIGTERM)
-        _wait_until(lambda: not _burla_processes(config_dir), what="background head exit")
+        wait_until(lambda: not _burla_processes(config_dir), what="background head exit")
 
 
 def test_several_clients_at_once_each_get_their_own_results(cluster):
@@ -135,7 +129,7 @@ def test_jobs_share_slots_instead_of_failing(cluster, tmp_path):
     long_job = subprocess.Popen([sys.executable, "-c", script, "2"], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
-        _wait_until(lambda: _running_jobs(cluster) >= 1, what="long job running")
+        wait_until(lambda: _running_jobs(cluster) >= 1, what="long job running")
         short = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [21], spinner=False))\n", {})
         assert short.returncode == 0, short.stderr
         assert "[42]" in short.stdout
@@ -161,7 +155,7 @@ def test_ctrl_c_cancels_the_job_and_frees_the_node(cluster):
     )
     client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    _wait_until(lambda: _running_jobs(cluster) >= 1, what="job running")
+    wait_until(lambda: _running_jobs(cluster) >= 1, what="job running")
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=60)
     assert "canceled:" in out, err

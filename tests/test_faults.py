@@ -18,18 +18,13 @@ from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.cluster_runner import LocalCluster
 from tests.conftest import REPO, record_fault_trial
+from tests.helpers import PRELUDE, wait_until
 from tests.proxy import CuttableProxy
 
 pytestmark = pytest.mark.faults
 
 INPUTS = 60
 TRIALS = range(2)
-PRELUDE = (
-    "import cloudpickle\n"
-    "from burla import remote_parallel_map\n"
-    "from tests import functions\n"
-    "cloudpickle.register_pickle_by_value(functions)\n"
-)
 
 
 def _use(cluster: LocalCluster, monkeypatch, url: str | None = None) -> None:
@@ -42,13 +37,6 @@ def _stream(seconds: float = 0.05):
     inputs = [(i, seconds) for i in range(INPUTS)]
     return remote_parallel_map(functions.sleep_then_return, inputs, generator=True, spinner=False)
 
-
-def _wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
 
 
 def _assert_exactly_once(delivered: list[int]) -> None:
@@ -123,16 +111,16 @@ def test_kill_the_client(tmp_path, trial):
         client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_until(lambda: any(j["running"] for j in cluster.get("/v1/cluster")["jobs"]), what="job running")
+            wait_until(lambda: any(j["running"] for j in cluster.get("/v1/cluster")["jobs"]), what="job running")
         finally:
             client.kill()
             client.wait()
-        _wait_until(lambda: cluster.get("/v1/cluster")["jobs"][0]["status"] == "CANCELED", what="job canceled")
+        wait_until(lambda: cluster.get("/v1/cluster")["jobs"][0]["status"] == "CANCELED", what="job canceled")
         job = cluster.get("/v1/cluster")["jobs"][0]
         assert "did not come back" in job["reason"]
         record_fault_trial("SIGKILL the client (job canceled, nodes freed)", 8, None, job["reason"])
         # Its calls were stopped: a new job gets every slot at once.
-        _wait_until(lambda: not any(j["running"] for j in cluster.get("/v1/cluster")["jobs"]), what="calls stopped")
+        wait_until(lambda: not any(j["running"] for j in cluster.get("/v1/cluster")["jobs"]), what="calls stopped")
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])

@@ -11,23 +11,18 @@ import pytest
 
 from burla import remote_parallel_map
 from tests import functions
-
-
-def _get(head, path: str) -> dict:
-    request = urllib.request.Request(head.url + path, headers=head.headers())
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)
+from tests.helpers import get_json
 
 
 def _status_of(head, path: str) -> tuple[int, dict]:
     try:
-        return 200, _get(head, path)
+        return 200, get_json(head, path)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
 
 
 def _last_job(head, function_name: str) -> dict:
-    return next(j for j in _get(head, "/v1/jobs?limit=50")["jobs"] if j["function_name"] == function_name)
+    return next(j for j in get_json(head, "/v1/jobs?limit=50")["jobs"] if j["function_name"] == function_name)
 
 
 def test_jobs_failures_and_output_are_recorded(cluster):
@@ -35,7 +30,7 @@ def test_jobs_failures_and_output_are_recorded(cluster):
     job = _last_job(cluster, "fail_on")
     assert job["status"] == "COMPLETED" and job["n_done"] == 5 and job["n_failed"] == 1
     assert job["arguments"]["raise_errors"] is False
-    failures = _get(cluster, f"/v1/jobs/{job['job_id']}/failures")["failures"]
+    failures = get_json(cluster, f"/v1/jobs/{job['job_id']}/failures")["failures"]
     assert [f["input_index"] for f in failures] == [3]
     assert failures[0]["exception_type"].endswith("ValueError") and "input 3 is bad" in failures[0]["traceback"]
 
@@ -43,20 +38,20 @@ def test_jobs_failures_and_output_are_recorded(cluster):
 def test_each_calls_output_is_kept(cluster):
     remote_parallel_map(functions.chatty, [7, 8], spinner=False)
     job = _last_job(cluster, "chatty")
-    output = _get(cluster, f"/v1/jobs/{job['job_id']}/calls/1/output")["output"]
+    output = get_json(cluster, f"/v1/jobs/{job['job_id']}/calls/1/output")["output"]
     text = "".join(row["text"] for row in output)
     assert "stdout line from 8" in text and "stderr line from 8" in text and "from 7" not in text
 
 
 def test_node_events_are_kept(cluster):
-    node_id = _get(cluster, "/v1/cluster")["nodes"][0]["node_id"]
-    events = _get(cluster, f"/v1/nodes/{node_id}/events")["events"]
+    node_id = get_json(cluster, "/v1/cluster")["nodes"][0]["node_id"]
+    events = get_json(cluster, f"/v1/nodes/{node_id}/events")["events"]
     assert "registered" in [e["event"] for e in events]
 
 
 def test_listing_filters_by_status(cluster):
     remote_parallel_map(functions.double, [1], spinner=False)
-    jobs = _get(cluster, "/v1/jobs?status=completed&limit=5")["jobs"]
+    jobs = get_json(cluster, "/v1/jobs?status=completed&limit=5")["jobs"]
     assert jobs and all(j["status"] == "COMPLETED" for j in jobs) and len(jobs) <= 5
 
 

@@ -14,13 +14,7 @@ from burla import remote_parallel_map
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-
-PRELUDE = (
-    "import cloudpickle\n"
-    "from burla import remote_parallel_map\n"
-    "from tests import functions\n"
-    "cloudpickle.register_pickle_by_value(functions)\n"
-)
+from tests.helpers import PRELUDE
 
 
 def burla(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:

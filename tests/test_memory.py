@@ -9,9 +9,10 @@ import sys
 import pytest
 
 from burla import OutOfMemory, remote_parallel_map
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from burla.config import ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.helpers import use_head
 
 
 def test_a_call_past_its_func_ram_fails_clearly_and_the_node_survives(cluster):
@@ -27,9 +28,7 @@ def test_a_call_past_its_func_ram_fails_clearly_and_the_node_survives(cluster):
 def small_node(tmp_path, monkeypatch):
     """A head and one two-worker node that may use only 0.7 GB for calls."""
     head = start_head(tmp_path / "config", local_nodes=0)
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    use_head(monkeypatch, head)
     log_path = tmp_path / "node.log"
     with open(log_path, "wb") as log:
         node = subprocess.Popen(

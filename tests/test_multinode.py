@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from burla import remote_parallel_map
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.cluster_runner import LocalCluster
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -53,13 +53,6 @@ def multinode():
                         os.environ[key] = value
 
 
-def _wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
-
 
 def test_every_node_runs_calls_and_results_stay_in_order(multinode):
     n_nodes = len(multinode.get("/v1/cluster")["nodes"])
@@ -83,13 +76,13 @@ def test_cancel_stops_running_calls_on_every_node(multinode, tmp_path):
     stream = remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(6)], generator=True,
                                  spinner=False)
     try:
-        _wait_until(lambda: sum(j["running"] for j in multinode.get("/v1/cluster")["jobs"]) >= 2, what="calls running")
+        wait_until(lambda: sum(j["running"] for j in multinode.get("/v1/cluster")["jobs"]) >= 2, what="calls running")
         job_id = multinode.get("/v1/cluster")["jobs"][0]["job_id"]
         request = urllib.request.Request(f"{multinode.url}/v1/jobs/{job_id}/cancel", method="POST",
                                          headers={"Authorization": f"Bearer {multinode.token}"})
         urllib.request.urlopen(request, timeout=10).close()
         # Every node stops the calls (they would sleep a minute) and is free for the next job.
-        _wait_until(lambda: not any(n["jobs"] for n in multinode.get("/v1/cluster")["nodes"]), timeout=30,
+        wait_until(lambda: not any(n["jobs"] for n in multinode.get("/v1/cluster")["nodes"]), timeout=30,
                     what="calls stopped on every node")
     finally:
         stream.close()

@@ -5,19 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 
 from burla import remote_parallel_map
 from tests import functions
 from tests.conftest import REPO
-
-PRELUDE = (
-    "import cloudpickle\n"
-    "from burla import remote_parallel_map\n"
-    "from tests import functions\n"
-    "cloudpickle.register_pickle_by_value(functions)\n"
-)
+from tests.helpers import PRELUDE, wait_until
 
 
 def _jobs(head) -> list[dict]:
@@ -25,13 +18,6 @@ def _jobs(head) -> list[dict]:
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)["jobs"]
 
-
-def _wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
 
 
 def test_nested_job_runs_on_the_same_cluster_and_records_its_parent(cluster):
@@ -56,7 +42,7 @@ def test_canceling_a_parent_cancels_its_children(cluster):
     client = subprocess.Popen([sys.executable, "-c", PRELUDE + "remote_parallel_map(functions.nested_sleepers, [0])\n"],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_until(lambda: any(j["parent_job_id"] and j["running"] for j in _jobs(cluster)), what="child running")
+        wait_until(lambda: any(j["parent_job_id"] and j["running"] for j in _jobs(cluster)), what="child running")
         parent = next(j for j in _jobs(cluster) if j["function_name"] == "nested_sleepers")
         request = urllib.request.Request(f"{cluster.url}/v1/jobs/{parent['job_id']}/cancel", method="POST",
                                          headers=cluster.headers())
@@ -66,5 +52,5 @@ def test_canceling_a_parent_cancels_its_children(cluster):
     finally:
         client.wait(60)
     # Every slot is free again.
-    _wait_until(lambda: not any(j["running"] for j in _jobs(cluster)), what="calls stopped")
+    wait_until(lambda: not any(j["running"] for j in _jobs(cluster)), what="calls stopped")
     assert remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]

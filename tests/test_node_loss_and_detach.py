@@ -2,40 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
-import urllib.request
 
 import psutil
 import pytest
 
 from burla import DetachRequiresDeployedCluster, remote_parallel_map
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from burla.config import ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import run_client, start_head, wait_for_nodes
-
-PRELUDE = (
-    "import cloudpickle\n"
-    "from burla import remote_parallel_map\n"
-    "from tests import functions\n"
-    "cloudpickle.register_pickle_by_value(functions)\n"
-)
-
-
-def _get(head, path: str) -> dict:
-    request = urllib.request.Request(head.url + path, headers=head.headers())
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)
-
-
-def _wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
+from tests.helpers import PRELUDE, get_json, use_head, wait_until
 
 
 def _node_processes(head) -> list[psutil.Process]:
@@ -45,9 +22,7 @@ def _node_processes(head) -> list[psutil.Process]:
 @pytest.fixture
 def two_node_head(tmp_path, monkeypatch):
     head = start_head(tmp_path / "config", local_nodes=2, workers=1, extra=["--node-deadline", "3"])
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    use_head(monkeypatch, head)
     try:
         wait_for_nodes(head, 2)
         yield head
@@ -70,10 +45,10 @@ def test_frozen_node_is_declared_dead_and_its_inputs_rerun(two_node_head, tmp_pa
     rest = list(stream)
     assert sorted([first, *rest]) == list(range(12))  # every input exactly once
     assert "silent for" in head.log()
-    assert len(_get(head, "/v1/cluster")["nodes"]) == 1
+    assert len(get_json(head, "/v1/cluster")["nodes"]) == 1
     # Thawed, the node comes back by itself and serves the next job.
     frozen.send_signal(signal.SIGCONT)
-    _wait_until(lambda: len(_get(head, "/v1/cluster")["nodes"]) == 2, what="node re-registered")
+    wait_until(lambda: len(get_json(head, "/v1/cluster")["nodes"]) == 2, what="node re-registered")
     assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
 
 
@@ -108,7 +83,7 @@ def test_detached_job_runs_on_after_its_client_exits(cluster, tmp_path):
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip().splitlines()[-1]
     assert "Done uploading inputs!" in done.stderr
-    _wait_until(lambda: _get(cluster, f"/v1/jobs/{job_id}")["status"] == "COMPLETED", what="detached job done")
+    wait_until(lambda: get_json(cluster, f"/v1/jobs/{job_id}")["status"] == "COMPLETED", what="detached job done")
     assert sorted(p.name for p in out.iterdir()) == [f"{i}.txt" for i in range(4)]
 
 
@@ -124,7 +99,7 @@ def test_idle_nodes_are_removed_and_come_back_for_the_next_job(tmp_path, monkeyp
     try:
         wait_for_nodes(head, 1)
         first = _node_processes(head)[0]
-        _wait_until(lambda: not _get(head, "/v1/cluster")["nodes"], what="idle node removed")
+        wait_until(lambda: not get_json(head, "/v1/cluster")["nodes"], what="idle node removed")
         first.wait(30)  # the driver stopped its process
         # The next job starts the local node again and runs.
         assert remote_parallel_map(functions.double, [4], spinner=False) == [8]

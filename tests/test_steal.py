@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
 from burla import remote_parallel_map
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from burla.config import ENV_CONFIG_DIR, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.helpers import get_json, use_head
 from tests.http_proxy import DroppingProxy
-
-
-def _get(head, path: str) -> dict:
-    request = urllib.request.Request(head.url + path, headers=head.headers())
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)
 
 
 def _free_port() -> int:
@@ -67,9 +60,7 @@ class Nodes:
 @pytest.fixture
 def bare_head(tmp_path, monkeypatch):
     head = start_head(tmp_path / "config", local_nodes=0)
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+    use_head(monkeypatch, head)
     nodes = Nodes(head, tmp_path)
     try:
         yield head, nodes
@@ -94,7 +85,7 @@ def test_idle_node_steals_from_a_busy_peer(bare_head, tmp_path):
     nodes.join("node-b")
     results = list(stream)
     assert sorted(results) == list(range(12))
-    job = _get(head, "/v1/cluster")["jobs"][0]
+    job = get_json(head, "/v1/cluster")["jobs"][0]
     assert job["stolen"] >= 1, head.log()
     assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a")
 

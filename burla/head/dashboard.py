@@ -22,11 +22,13 @@ STATIC = Path(__file__).parent / "static"
 SESSIONS = web.AppKey("sessions", Sessions)
 HEAD_URL = web.AppKey("head_url", str)
 STREAM_EVERY_S = 0.5
-PAGES = {"cluster": "cluster.html", "jobs": "jobs.html", "job": "job.html", "settings": "settings.html"}
+PAGES = {"cluster": "Cluster", "jobs": "Jobs", "job": "Job", "settings": "Settings"}
 
 
-def _page(name: str) -> web.FileResponse:
-    return web.FileResponse(STATIC / PAGES[name], headers={"Cache-Control": "no-store"})
+def _page(name: str) -> web.Response:
+    """Every page is the same shell; app.js draws the one named in <body data-page>."""
+    html = (STATIC / "page.html").read_text().replace("{{page}}", name).replace("{{title}}", PAGES[name])
+    return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
 
 
 async def cluster_page(request: web.Request) -> web.StreamResponse:

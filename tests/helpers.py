@@ -1,0 +1,41 @@
+"""Small helpers the test modules share."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+
+# A client script's opening: test helpers are pickled by value, like a user's __main__.
+PRELUDE = (
+    "import cloudpickle\n"
+    "from burla import remote_parallel_map\n"
+    "from tests import functions\n"
+    "cloudpickle.register_pickle_by_value(functions)\n"
+)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition") -> None:
+    """Poll until `predicate()` is true; generous deadlines, never a bare sleep in a test."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(0.05)
+
+
+def get_json(head, path: str) -> dict:
+    """GET a head endpoint with the head's token (`head` has .url and .token)."""
+    request = urllib.request.Request(head.url + path, headers={"Authorization": f"Bearer {head.token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def use_head(monkeypatch, head) -> None:
+    """Point this test process's burla client at `head` (has .url, .token, .config_dir)."""
+    from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+
+    monkeypatch.setenv(ENV_HEAD_URL, head.url)
+    monkeypatch.setenv(ENV_TOKEN, head.token)
+    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
