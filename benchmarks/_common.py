@@ -14,6 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import cloudpickle  # noqa: E402
+
+# Workers load these functions by value (like a user's __main__), from any working directory.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 
 def noop(x):
     return x
@@ -34,19 +39,12 @@ def cores() -> int:
 @contextlib.contextmanager
 def private_config() -> Iterator[Path]:
     """Point burla at a fresh config directory so no other head on this machine is used."""
-    saved = {k: os.environ.get(k) for k in ("BURLA_CONFIG_DIR", "BURLA_CLUSTER_DASHBOARD_URL", "BURLA_CLUSTER_TOKEN")}
-    with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
-        os.environ["BURLA_CONFIG_DIR"] = directory
-        os.environ.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
-        os.environ.pop("BURLA_CLUSTER_TOKEN", None)
-        try:
-            yield Path(directory)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    from tests.helpers import environment
+
+    with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory, environment(
+        BURLA_CONFIG_DIR=directory, BURLA_CLUSTER_DASHBOARD_URL=None, BURLA_CLUSTER_TOKEN=None
+    ):
+        yield Path(directory)
 
 
 @contextlib.contextmanager

@@ -95,18 +95,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     config_dir = tmp_path_factory.mktemp("cluster-config")
     head = start_head(config_dir)
     wait_for_nodes(head, 1)
-    saved = {k: os.environ.get(k) for k in (ENV_HEAD_URL, ENV_TOKEN, ENV_CONFIG_DIR)}
-    os.environ[ENV_HEAD_URL] = head.url
-    os.environ[ENV_TOKEN] = head.token
-    os.environ[ENV_CONFIG_DIR] = str(config_dir)
+    from tests.helpers import environment
+
     try:
-        yield head
+        with environment(**{ENV_HEAD_URL: head.url, ENV_TOKEN: head.token, ENV_CONFIG_DIR: str(config_dir)}):
+            yield head
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         head.stop()
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 # A client script's opening: test helpers are pickled by value, like a user's __main__.
 PRELUDE = (
@@ -39,3 +41,22 @@ def use_head(monkeypatch, head) -> None:
     monkeypatch.setenv(ENV_HEAD_URL, head.url)
     monkeypatch.setenv(ENV_TOKEN, head.token)
     monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
+
+
+@contextlib.contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Set (or, with None, unset) environment variables for the block, then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

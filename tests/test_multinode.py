@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from burla import remote_parallel_map
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from burla.config import ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.cluster_runner import LocalCluster
-from tests.helpers import wait_until
+from tests.helpers import environment, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -39,18 +39,9 @@ def multinode():
     if os.environ.get("BURLA_TEST_CLUSTER") == "1":
         yield External()
         return
-    saved = {k: os.environ.get(k) for k in (ENV_HEAD_URL, ENV_TOKEN, ENV_CONFIG_DIR)}
     with tempfile.TemporaryDirectory(prefix="burla-multinode-") as directory:
-        with LocalCluster(Path(directory), nodes=3, workers=1) as cluster:
-            os.environ.update(cluster.env())
-            try:
-                yield cluster
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+        with LocalCluster(Path(directory), nodes=3, workers=1) as cluster, environment(**cluster.env()):
+            yield cluster
 
 
 
