@@ -300,6 +300,8 @@ class NodeState(Message):
     jobs: list  # [[job_id, running, queued, done], ...]
     cpu_percent: float
     mem_percent: float
+    net_sent_bps: float  # bytes per second over the last interval
+    net_recv_bps: float
 
     def validate(self) -> None:
         _check_items("NodeState.jobs", self.jobs, (str, int, int, int))

@@ -75,7 +75,8 @@ def test_job_metrics(cluster):
     job = _latest("sleep_then_return")
     code, doc = burla("jobs", "metrics", job["job_id"])
     assert code == 0 and doc["data"]["progress"] and doc["data"]["progress"][-1]["n_done"] >= 1
-    assert doc["data"]["nodes"]  # CPU and memory samples of the node that ran it
+    samples = next(iter(doc["data"]["nodes"].values()))  # CPU, memory and network of the node that ran it
+    assert {"cpu_percent", "mem_percent", "net_sent_bps", "net_recv_bps"} <= set(samples[0])
 
 
 def test_watch_exit_codes_say_how_jobs_ended(cluster):

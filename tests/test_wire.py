@@ -28,7 +28,7 @@ SAMPLES: list[wire.Message] = [
     wire.NodeRegistered("n", "0.1.0"),
     wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None),
     wire.ReleaseJob("j-1"),
-    wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0),
+    wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0, 1024.0, 2048.0),
     wire.ShutdownNode("bye"),
     wire.StealHint("j-1", "n2", "http://127.0.0.1:2"),
     wire.Stolen("j-1", "n2", [3, 4]),

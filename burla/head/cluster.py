@@ -196,7 +196,8 @@ class Cluster:
             self._note_idleness(node_id)
             if self.history is not None:
                 running = sum(r for _, r, _, _ in msg.jobs)
-                self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.workers_alive, running)
+                self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
+                                         msg.net_recv_bps, msg.workers_alive, running)
         elif isinstance(msg, wire.Stolen):
             job = self.scheduler.jobs.get(msg.job_id)
             if job is not None:
@@ -460,5 +461,7 @@ class Cluster:
             "workers_alive": node.workers_alive,
             "cpu_percent": node.cpu_percent,
             "mem_percent": node.mem_percent,
+            "net_sent_bps": node.net_sent_bps,
+            "net_recv_bps": node.net_recv_bps,
             "jobs": sorted(node.running_by_job),
         }

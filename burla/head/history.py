@@ -21,7 +21,7 @@ import aiosqlite
 
 log = logging.getLogger("burla.head")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FLUSH_EVERY_S = 0.5
 FLUSH_AT_ROWS = 20_000
 PRUNE_EVERY_S = 3600.0
@@ -73,6 +73,8 @@ CREATE TABLE IF NOT EXISTS node_samples (
     at REAL NOT NULL,
     cpu_percent REAL NOT NULL,
     mem_percent REAL NOT NULL,
+    net_sent_bps REAL NOT NULL,
+    net_recv_bps REAL NOT NULL,
     workers_alive INTEGER NOT NULL,
     running INTEGER NOT NULL
 );
@@ -182,9 +184,10 @@ class History:
         self._events.append((node_id, event, detail, time.time()))
         self._poke(1)
 
-    def node_sample(self, node_id: str, cpu_percent: float, mem_percent: float, workers_alive: int,
-                    running: int) -> None:
-        self._samples.append((node_id, time.time(), cpu_percent, mem_percent, workers_alive, running))
+    def node_sample(self, node_id: str, cpu_percent: float, mem_percent: float, net_sent_bps: float,
+                    net_recv_bps: float, workers_alive: int, running: int) -> None:
+        self._samples.append((node_id, time.time(), cpu_percent, mem_percent, net_sent_bps, net_recv_bps,
+                              workers_alive, running))
         self._poke(1)
 
     def job_sample(self, job_id: str, n_done: int, n_failed: int, running: int) -> None:
@@ -233,7 +236,7 @@ class History:
         await db.executemany("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", failures)
         await db.executemany("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows)
         await db.executemany("INSERT INTO node_events VALUES (?, ?, ?, ?)", events)
-        await db.executemany("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?)", samples)
+        await db.executemany("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", samples)
         await db.executemany("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", job_samples)
         await db.commit()
 
@@ -315,7 +318,7 @@ class History:
 
     async def samples_of(self, node_id: str, since: float, until: float) -> list[dict[str, Any]]:
         return await self._rows(
-            "SELECT at, cpu_percent, mem_percent, workers_alive, running FROM node_samples "
+            "SELECT at, cpu_percent, mem_percent, net_sent_bps, net_recv_bps, workers_alive, running FROM node_samples "
             "WHERE node_id = ? AND at >= ? AND at <= ? ORDER BY at", (node_id, since, until))
 
     async def job_progress_of(self, job_id: str) -> list[dict[str, Any]]:

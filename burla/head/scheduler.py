@@ -40,6 +40,8 @@ class NodeRecord:
     workers_alive: int = 0
     cpu_percent: float = 0.0
     mem_percent: float = 0.0
+    net_sent_bps: float = 0.0
+    net_recv_bps: float = 0.0
     running_by_job: dict[str, int] = field(default_factory=dict)
     queued_by_job: dict[str, int] = field(default_factory=dict)
 
@@ -155,6 +157,8 @@ class Scheduler:
         node.workers_alive = msg.workers_alive
         node.cpu_percent = msg.cpu_percent
         node.mem_percent = msg.mem_percent
+        node.net_sent_bps = msg.net_sent_bps
+        node.net_recv_bps = msg.net_recv_bps
         node.running_by_job = {job_id: running for job_id, running, _queued, _done in msg.jobs}
         node.queued_by_job = {job_id: queued for job_id, _running, queued, _done in msg.jobs}
 

@@ -63,6 +63,7 @@ class NodeService:
         self._stopping = asyncio.Event()
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
         self.exit_code = 0
+        self._last_network: tuple[float, int, int] = (0.0, 0, 0)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -269,6 +270,7 @@ class NodeService:
     def state(self) -> wire.NodeState:
         d = self.dispatcher
         jobs = [[j.job_id, d.running_calls(j), len(j.queue), j.done] for j in d.jobs.values()]
+        sent_bps, recv_bps = self._network_rates()
         return wire.NodeState(
             self.settings.node_id,
             self._status,
@@ -276,7 +278,20 @@ class NodeService:
             jobs,
             float(psutil.cpu_percent(interval=None)),
             float(psutil.virtual_memory().percent),
+            sent_bps,
+            recv_bps,
         )
+
+    def _network_rates(self) -> tuple[float, float]:
+        """Bytes per second sent and received by this machine since the last state."""
+        now = time.monotonic()
+        counters = psutil.net_io_counters()
+        last_at, last_sent, last_recv = self._last_network
+        self._last_network = (now, counters.bytes_sent, counters.bytes_recv)
+        elapsed = now - last_at
+        if elapsed <= 0 or last_at == 0.0:
+            return 0.0, 0.0
+        return (counters.bytes_sent - last_sent) / elapsed, (counters.bytes_recv - last_recv) / elapsed
 
     # --- worker callbacks ----------------------------------------------------------------
 
