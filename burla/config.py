@@ -12,6 +12,7 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ENV_CONFIG_DIR = "BURLA_CONFIG_DIR"
 ENV_HEAD_URL = "BURLA_CLUSTER_DASHBOARD_URL"
@@ -136,6 +137,7 @@ class HeadSettings:
     inactivity_timeout_s: float | None = None  # remove nodes idle this long (None: keep them)
     client_deadline_s: float = 10.0  # a job's client may be away this long before it is cancelled
     version: str = ""
+    cloud: Any = None  # the cloud driver's config (e.g. drivers.ec2.Ec2Config); None: local nodes only
 
 
 @dataclass(frozen=True)

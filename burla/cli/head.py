@@ -11,6 +11,18 @@ from burla._version import __version__
 from burla.config import ENV_TOKEN, HeadSettings, config_dir, load_or_create_token, read_token, write_private_file
 
 
+def _cloud_config(driver: str, region: str | None, token: str):
+    if driver != "ec2":
+        return None
+    import hashlib
+    import os
+
+    from burla.drivers.ec2 import Ec2Config
+
+    cluster_id = hashlib.sha256(token.encode()).hexdigest()[:12]  # tags this cluster's VMs, reveals nothing
+    return Ec2Config.from_environment(dict(os.environ), region, cluster_id)
+
+
 @click.group()
 def head() -> None:
     """Run a cluster head (the control plane every client and node talks to)."""
@@ -38,12 +50,17 @@ def head() -> None:
 @click.option("--no-history", is_flag=True, help="Keep no history (the dashboard and CLI then show live state only).")
 @click.option("--history-retention-days", type=click.FloatRange(0.01, None), default=30.0, show_default=True,
               help="Delete history older than this.")
+@click.option("--driver", type=click.Choice(["local", "ec2"]), default="local", show_default=True,
+              help="Where `burla cluster start` boots nodes: this machine, or EC2 VMs in your AWS account.")
+@click.option("--region", default=None,
+              help="Cloud region for the ec2 driver. Default: AWS_REGION or AWS_DEFAULT_REGION.")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
           node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
-          history_path: Path | None, no_history: bool, history_retention_days: float, ephemeral: bool,
+          history_path: Path | None, no_history: bool, history_retention_days: float, driver: str,
+          region: str | None, ephemeral: bool,
           ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
@@ -65,6 +82,7 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
         inactivity_timeout_s=inactivity_timeout,
         history_path=None if no_history else history_path or directory / "history.db",
         history_retention_days=history_retention_days,
+        cloud=_cloud_config(driver, region, token),
         version=__version__,
     )
     try:

@@ -53,4 +53,5 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None:
-        """Stop every machine this driver started and release its resources."""
+        """Release the driver's resources. Cloud machines outlive their head (their nodes join the
+        next one); the local driver stops its node processes, which can't."""

@@ -135,6 +135,10 @@ class Fleet:
         self.cluster.scheduler.booting = 0
         return {"stopped": stopped}
 
+    async def delete_node(self, node_id: str) -> bool:
+        """Delete a node through whichever driver started it; False if none did."""
+        return await self.driver.delete(node_id)
+
     async def update_settings(self, changes: dict[str, Any]) -> ClusterSettings:
         self.settings = self.settings.updated(changes)
         if self.history is not None:

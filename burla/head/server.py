@@ -87,7 +87,12 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         quantity=settings.local_nodes, workers_per_node=settings.local_node_workers,
         inactivity_timeout_s=settings.inactivity_timeout_s,
     )
-    fleet = await Fleet.load(cluster, driver, history, url, settings.token, defaults)
+    fleet_driver = driver
+    if settings.cloud is not None:
+        from burla.drivers.ec2 import Ec2Driver
+
+        fleet_driver = Ec2Driver(settings.cloud)
+    fleet = await Fleet.load(cluster, fleet_driver, history, url, settings.token, defaults)
     cluster.boot_local_nodes = fleet.boot_for_job
     runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
@@ -97,7 +102,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
     stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
     idle_reaper = asyncio.create_task(
-        cluster.inactivity_loop(lambda: fleet.settings.inactivity_timeout_s, driver.delete), name="inactivity"
+        cluster.inactivity_loop(lambda: fleet.settings.inactivity_timeout_s, fleet.delete_node), name="inactivity"
     )
     client_reaper = asyncio.create_task(cluster.client_reap_loop(settings.client_deadline_s), name="client-reaper")
     lifeline = None
@@ -125,6 +130,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
                     await task
         await cluster.shut_down()
         await driver.close()
+        if fleet_driver is not driver:
+            await fleet_driver.close()
         await runner.cleanup()
         if history is not None:
             await history.close()

@@ -1,0 +1,147 @@
+"""The EC2 driver end to end against moto (a real EC2 API emulator) on 127.0.0.1.
+
+`burla cluster start` makes the head create instances in moto with the right type, tags, user
+data and spot flag; the test then "boots" each instance by running its user data's node command
+here, so a real node joins, a job runs, the node idles, and the head terminates the instance.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import boto3  # noqa: E402  (the test extra installs moto[server] and boto3)
+import moto.server as moto_server  # noqa: E402
+import pytest
+
+from burla import remote_parallel_map
+from burla.config import ENV_TOKEN
+from tests import functions
+from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.helpers import get_json, use_head, wait_until
+
+
+@pytest.fixture
+def moto(monkeypatch):
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for key, value in {"AWS_ENDPOINT_URL_EC2": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    try:
+        yield boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+    finally:
+        server.stop()
+
+
+def _instances(ec2, state: str | None = None) -> list[dict]:
+    filters = [{"Name": "tag-key", "Values": ["burla-node-id"]}]
+    if state:
+        filters.append({"Name": "instance-state-name", "Values": [state]})
+    reservations = ec2.describe_instances(Filters=filters)["Reservations"]
+    return [i for r in reservations for i in r["Instances"]]
+
+
+def _boot_locally(ec2, instance: dict, head) -> subprocess.Popen:
+    """Play the VM: run the `burla node join` line of the instance's user data on this machine."""
+    import base64
+
+    data = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+    script = base64.b64decode(data["UserData"]["Value"]).decode()
+    token = re.search(r"^export BURLA_CLUSTER_TOKEN=(.+)$", script, re.M).group(1)
+    join = shlex.split(re.search(r"^exec (.+)$", script, re.M).group(1))
+    assert join[0] == "/opt/burla/bin/burla" and join[1:3] == ["node", "join"]
+    env = dict(os.environ, **{ENV_TOKEN: shlex.split(token)[0]})
+    return subprocess.Popen([sys.executable, "-m", "burla", *join[1:], "--workers", "1"], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(moto, tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--inactivity-timeout", "3"])
+    use_head(monkeypatch, head)
+    node = None
+    try:
+        env = {"BURLA_CLUSTER_DASHBOARD_URL": head.url}
+        subprocess.run([sys.executable, "-m", "burla", "settings", "update", "--quantity", "1", "--machine-type",
+                        "t3.micro", "--spot", "--disk-gb", "40"], check=True, env=dict(os.environ, **env),
+                       capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], env=dict(os.environ, **env),
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        [instance] = _instances(moto)
+        tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+        assert instance["InstanceType"] == "t3.micro"
+        assert instance.get("InstanceLifecycle") == "spot"
+        assert tags["burla-cluster"] and tags["burla-node-id"].startswith("burla-node-")
+        node = _boot_locally(moto, instance, head)
+        wait_for_nodes(head, 1)
+        assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == tags["burla-node-id"]
+        assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+        # Idle past the timeout: the head terminates the VM through the driver.
+        wait_until(lambda: not _instances(moto, "running") and not _instances(moto, "pending"), timeout=60,
+                   what="instance terminated")
+        assert _instances(moto, "terminated")
+    finally:
+        if node is not None:
+            node.terminate()
+            node.wait(15)
+        head.stop()
+
+
+def test_user_data_installs_this_version_and_joins_the_head():
+    from burla._version import __version__
+    from burla.drivers.ec2 import startup_script
+
+    script = startup_script("http://10.0.0.1:5001", "t0k'en", "burla-node-1", 4)
+    assert f"pip install --quiet burla=={__version__}" in script
+    assert "export BURLA_CLUSTER_TOKEN='t0k'\"'\"'en'" in script  # quoted for the shell
+    assert script.rstrip().endswith(
+        "/opt/burla/bin/burla node join --head http://10.0.0.1:5001 --node-id burla-node-1 --workers 4")
+
+
+def _no_aws_environment(monkeypatch, home) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask an instance metadata service
+
+
+def test_credentials_come_from_the_shared_files(monkeypatch, tmp_path):
+    from burla.drivers.ec2 import Ec2Config, resolve_credentials
+
+    _no_aws_environment(monkeypatch, tmp_path)
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = AKIADEFAULT\naws_secret_access_key = s1\n"
+        "[work]\naws_access_key_id = AKIAWORK\naws_secret_access_key = s2\naws_session_token = t2\n")
+    assert resolve_credentials(Ec2Config(region="us-east-1")) == ("AKIADEFAULT", "s1", None)
+    assert resolve_credentials(Ec2Config(region="us-east-1", profile="work")) == ("AKIAWORK", "s2", "t2")
+
+
+def test_missing_credentials_name_the_fix(monkeypatch, tmp_path):
+    from burla.drivers.ec2 import CloudSetupError, Ec2Config, resolve_credentials
+
+    _no_aws_environment(monkeypatch, tmp_path)
+    with pytest.raises(CloudSetupError, match="aws configure"):
+        resolve_credentials(Ec2Config(region="us-east-1"))
+    with pytest.raises(CloudSetupError, match="aws configure list-profiles"):
+        resolve_credentials(Ec2Config(region="us-east-1", profile="nope"))
+
+
+def test_endpoint_variables_are_honoured():
+    from burla.drivers.ec2 import Ec2Config
+
+    config = Ec2Config.from_environment({"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_REGION": "eu-west-1"},
+                                        None, "c1")
+    assert (config.endpoint, config.region) == ("http://127.0.0.1:1", "eu-west-1")
+    specific = Ec2Config.from_environment({"AWS_ENDPOINT_URL": "http://a:1", "AWS_ENDPOINT_URL_EC2": "http://b:2"},
+                                          "us-west-2", "c1")
+    assert (specific.endpoint, specific.region) == ("http://b:2", "us-west-2")
