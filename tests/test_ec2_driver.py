@@ -30,6 +30,9 @@ def moto(monkeypatch):
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10).close()
     for key, value in {"AWS_ENDPOINT_URL_EC2": endpoint, "AWS_ACCESS_KEY_ID": "testing",
                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
@@ -145,3 +148,36 @@ def test_endpoint_variables_are_honoured():
     specific = Ec2Config.from_environment({"AWS_ENDPOINT_URL": "http://a:1", "AWS_ENDPOINT_URL_EC2": "http://b:2"},
                                           "us-west-2", "c1")
     assert (specific.endpoint, specific.region) == ("http://b:2", "us-west-2")
+
+
+def test_grow_boots_what_a_job_lacks_then_removes_it_when_idle(moto, tmp_path, monkeypatch):
+    import threading
+
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--inactivity-timeout", "3"])
+    use_head(monkeypatch, head)
+    nodes: list[subprocess.Popen] = []
+    results: list = []
+    failure: list = []
+
+    def run_job():
+        try:
+            results.extend(remote_parallel_map(functions.double, range(3), grow=True, spinner=False))
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            failure.append(e)
+
+    job = threading.Thread(target=run_job)
+    job.start()
+    try:
+        wait_until(lambda: _instances(moto), what="grown instance")
+        [instance] = _instances(moto)
+        assert instance["InstanceType"] == "m7i.xlarge"  # 3 calls: the smallest machine with 3+ vCPUs
+        nodes.append(_boot_locally(moto, instance, head))
+        job.join(120)
+        assert not failure and results == [0, 2, 4]
+        wait_until(lambda: _instances(moto, "terminated"), timeout=60, what="grown instance terminated")
+    finally:
+        job.join(5)
+        for node in nodes:
+            node.terminate()
+            node.wait(15)
+        head.stop()

@@ -41,10 +41,12 @@ def node() -> None:
               help="Seconds before inputs given to a peer that never acknowledged them run here instead.")
 @click.option("--memory-limit-gb", type=click.FloatRange(0.05, None), default=None,
               help="Memory all workers together may use. Default: 90% of this machine's memory.")
+@click.option("--gpu", default=None, help="GPU model this node offers, e.g. A100_40G.")
+@click.option("--gpu-count", type=click.IntRange(0, 64), default=0, show_default=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
          image: str | None, port: int, advertise_url: str | None, steal_ack_timeout: float,
-         memory_limit_gb: float | None, lifeline_fd: int | None) -> None:
+         memory_limit_gb: float | None, gpu: str | None, gpu_count: int, lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
     import psutil
 
@@ -61,7 +63,8 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
     settings = NodeSettings(
         head_url=head_url.rstrip("/"), token=token, workers=workers or cpus,
         node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
-        ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region,
+        ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region, gpu=gpu,
+        gpu_count=gpu_count if gpu else 0,
         lifeline_fd=lifeline_fd, version=__version__, port=port,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, steal_ack_timeout_s=steal_ack_timeout,
     )

@@ -23,6 +23,13 @@ class BootRequest:
     image: str | None = None
     spot: bool = False
     gpu: str | None = None
+    gpu_count: int = 0
+    node_ids: tuple[str, ...] = ()  # names for the nodes (else the driver picks them)
+
+    def ids(self, prefix: str) -> list[str]:
+        import secrets
+
+        return list(self.node_ids) or [f"{prefix}-{secrets.token_hex(4)}" for _ in range(self.count)]
 
 
 @dataclass(frozen=True)

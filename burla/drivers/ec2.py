@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 import shlex
 import threading
 import urllib.parse
@@ -87,11 +86,18 @@ def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
     return frozen.access_key, frozen.secret_key, frozen.token
 
 
-def startup_script(head_url: str, token: str, node_id: str, workers: int | None) -> str:
+def startup_script(head_url: str, token: str, node_id: str, workers: int | None, gpu: str | None = None,
+                   gpu_count: int = 0, image: str | None = None, region: str | None = None) -> str:
     """The VM's user data: install this burla version, then join the head as `node_id`."""
     join = ["burla", "node", "join", "--head", head_url, "--node-id", node_id]
     if workers is not None:
         join += ["--workers", str(workers)]
+    if gpu is not None:
+        join += ["--gpu", gpu, "--gpu-count", str(gpu_count)]
+    if image is not None:
+        join += ["--image", image]
+    if region is not None:
+        join += ["--region", region]
     return "\n".join([
         "#!/bin/bash",
         "set -euo pipefail",
@@ -177,7 +183,8 @@ class Ec2Driver(Driver):
         size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
         tags = {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id}
         kwargs: dict[str, Any] = {
-            "ex_userdata": startup_script(request.head_url, request.token, node_id, request.workers),
+            "ex_userdata": startup_script(request.head_url, request.token, node_id, request.workers, request.gpu,
+                                          request.gpu_count, request.image, request.region or self.config.region),
             "ex_metadata": tags,
             "ex_terminate_on_shutdown": True,
             "ex_spot": request.spot,
@@ -195,7 +202,7 @@ class Ec2Driver(Driver):
         return node_id
 
     async def boot(self, request: BootRequest) -> list[str]:
-        node_ids = [f"burla-node-{secrets.token_hex(4)}" for _ in range(request.count)]
+        node_ids = request.ids("burla-node")
         await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
         return node_ids
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -30,8 +29,7 @@ class LocalDriver(Driver):
     def boot_now(self, request: BootRequest) -> list[str]:
         """Start node processes synchronously (usable before an event loop exists)."""
         node_ids = []
-        for _ in range(request.count):
-            node_id = f"local-{secrets.token_hex(4)}"
+        for node_id in request.ids("local"):
             read_end, write_end = os.pipe()  # the node exits when this head does
             command = [sys.executable, "-m", "burla", "node", "join", "--head", request.head_url,
                        "--node-id", node_id, "--lifeline-fd", str(read_end)]

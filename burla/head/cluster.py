@@ -26,6 +26,7 @@ CLIENT_WINDOW_INPUTS = 200_000
 CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
 SHUTDOWN_NOTICE_S = 1.0
+INACTIVITY_CHECK_S = 0.5
 STEAL_CHECK_S = 0.25
 STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
 
@@ -45,7 +46,7 @@ class Cluster:
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
         self._end_kind: dict[str, str] = {}  # job id -> the error kind it ended with
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
-        self.boot_local_nodes: Callable[[], list[str]] | None = None  # boots nodes when a job finds none
+        self.prepare_job: Callable[[wire.OpenJob], None] | None = None  # boots what a new job needs
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -136,21 +137,19 @@ class Cluster:
             self.idle_since.setdefault(node_id, time.monotonic())
 
     async def inactivity_loop(
-        self, timeout_of: Callable[[], float | None], delete: Callable[[str], Awaitable[bool]]
+        self, timeout_of: Callable[[str], float | None], delete: Callable[[str], Awaitable[bool]]
     ) -> None:
-        """Remove nodes idle past the timeout: through their driver, else by asking them to stop."""
+        """Remove nodes idle past their timeout: through their driver, else by asking them to stop."""
         while True:
-            timeout_s = timeout_of()
-            await asyncio.sleep(min(1.0, timeout_s / 4) if timeout_s else 1.0)
-            if not timeout_s:
-                continue
+            await asyncio.sleep(INACTIVITY_CHECK_S)
             now = time.monotonic()
             for node_id, since in list(self.idle_since.items()):
                 if node_id not in self.node_links:
                     self.idle_since.pop(node_id, None)
                     continue
                 self._note_idleness(node_id)
-                if node_id not in self.idle_since or now - since < timeout_s:
+                timeout_s = timeout_of(node_id)
+                if not timeout_s or node_id not in self.idle_since or now - since < timeout_s:
                     continue
                 log.info("node %s idle for %.0f s; removing it", node_id, now - since)
                 if self.history is not None:
@@ -240,8 +239,8 @@ class Cluster:
     # --- clients -------------------------------------------------------------------------
 
     def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
-        if not self.scheduler.nodes and not self.booting_ids and self.boot_local_nodes is not None:
-            self.expect_nodes(self.boot_local_nodes())  # idle nodes were removed: start them again
+        if self.prepare_job is not None:
+            self.prepare_job(spec)  # grow, or restart local nodes removed for idleness
         job = self.scheduler.admit(spec)
         link = ClientLink(spec.job_id)
         self.client_links[spec.job_id] = link

@@ -3,6 +3,8 @@ and deletes them. `burla cluster start | stop | restart` and `burla settings` la
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -10,11 +12,16 @@ from typing import Any
 
 from burla import wire
 from burla.drivers.base import BootRequest, Driver
+from burla.drivers.catalog import MachineType, gpu_model
 from burla.head.cluster import Cluster
+from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
 from burla.head.scheduler import RUNNING
 
 log = logging.getLogger("burla.head")
+
+GROWN_IDLE_S = 60.0
+CLOUD_OF_DRIVER = {"ec2": "aws", "gce": "gcp", "azure": "azure"}
 
 
 class SettingsError(ValueError):
@@ -81,6 +88,10 @@ class Fleet:
         self.token = token
         self.settings = settings
         self.stopped = False  # `cluster stop` was asked: jobs don't boot nodes until `cluster start`
+        self.grown: set[str] = set()  # nodes booted by grow=True: removed after a short idle time
+        self._booting_slots: dict[str, int] = {}
+        self._booting_machines: dict[str, MachineType] = {}
+        self._tasks: set[asyncio.Task] = set()
 
     @classmethod
     async def load(cls, cluster: Cluster, driver: Driver, history: History | None, head_url: str, token: str,
@@ -99,11 +110,77 @@ class Fleet:
         return BootRequest(count, self.head_url, self.token, s.workers_per_node, s.machine_type, s.region, s.disk_gb,
                            s.image, s.spot)
 
-    def boot_for_job(self) -> list[str]:
-        """A job arrived and no node is up or booting: boot the configured quantity (unless stopped)."""
-        if self.stopped or self.settings.quantity < 1 or not hasattr(self.driver, "boot_now"):
-            return []
-        return self.driver.boot_now(self._request(self.settings.quantity))  # type: ignore[attr-defined]
+    @property
+    def cloud(self) -> str | None:
+        return CLOUD_OF_DRIVER.get(self.driver.name)
+
+    def prepare_job(self, spec: wire.OpenJob) -> None:
+        """Before a job is admitted: grow for it, or start local nodes idleness removed."""
+        if spec.grow and self.cloud is not None:
+            self._grow(spec)
+        elif not self.cluster.scheduler.nodes and not self.cluster.booting_ids and not self.stopped:
+            if self.settings.quantity >= 1 and hasattr(self.driver, "boot_now"):
+                self.cluster.expect_nodes(self.driver.boot_now(self._request(self.settings.quantity)))
+
+    def _grow(self, spec: wire.OpenJob) -> None:
+        """Boot what the job lacks; it starts on ready nodes while the rest boot."""
+        scheduler = self.cluster.scheduler
+        for node_id in [n for n in self._booting_machines if n not in self.cluster.booting_ids]:
+            self._booting_machines.pop(node_id, None)  # registered or failed by now
+        self.grown &= set(scheduler.nodes) | self.cluster.booting_ids
+        have_slots = sum(
+            scheduler._node_parallelism(node, spec) for node in scheduler.nodes.values()
+            if scheduler.ineligibility(node, spec) is None
+        ) + sum(self._booting_slots.get(node_id, 0) for node_id in self.cluster.booting_ids)
+        have_vcpus = sum(node.cpus for node in scheduler.nodes.values()) + sum(
+            self._booting_machines[n].vcpus for n in self.cluster.booting_ids if n in self._booting_machines)
+        have_gpus: dict[str, int] = {}
+        for node in scheduler.nodes.values():
+            if node.gpu:
+                have_gpus[gpu_model(node.gpu)] = have_gpus.get(gpu_model(node.gpu), 0) + node.gpu_count
+        s = self.settings
+        machines = plan_growth(spec, have_slots, have_vcpus, have_gpus, self.cloud or "aws", s.machine_type,
+                               s.max_vcpus, s.max_gpus)
+        for machine in machines:
+            request = BootRequest(
+                1, self.head_url, self.token, s.workers_per_node, machine.name, spec.region or s.region,
+                spec.disk_gb or s.disk_gb, spec.image or s.image, s.spot, machine.gpu, machine.gpu_count,
+            )
+            node_ids = request.ids("burla-node")
+            request = dataclasses.replace(request, node_ids=tuple(node_ids))
+            self.cluster.expect_nodes(node_ids)
+            for node_id in node_ids:
+                self.grown.add(node_id)
+                self._booting_slots[node_id] = slots_of(machine, spec)
+                self._booting_machines[node_id] = machine
+            task = asyncio.create_task(self._boot(request), name="grow")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if machines:
+            log.info("growing for job %s: %s", spec.job_id, ", ".join(m.name for m in machines))
+
+    async def _boot(self, request: BootRequest) -> None:
+        try:
+            await self.driver.boot(request)
+        except Exception as e:  # the job learns why if no node can run it
+            for node_id in request.node_ids:
+                self.cluster.node_boot_failed(node_id, f"{type(e).__name__}: {e}")
+        for node_id in request.node_ids:
+            self._booting_slots.pop(node_id, None)
+
+    def idle_timeout(self, node_id: str) -> float | None:
+        """Grown nodes go after a short idle time; others after the configured one (if any)."""
+        configured = self.settings.inactivity_timeout_s
+        if node_id in self.grown:
+            return min(configured, GROWN_IDLE_S) if configured else GROWN_IDLE_S
+        return configured
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def start(self) -> dict[str, Any]:
         self.stopped = False

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from burla import wire
+from burla.drivers.catalog import gpu_model
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 
 RUNNING = "RUNNING"
@@ -169,7 +170,7 @@ class Scheduler:
         """Why this node can't run the job, or None if it can."""
         if _major_minor(node.python_version) != _major_minor(spec.python_version):
             return "python"
-        if spec.func_gpu is not None and (node.gpu or "").upper() != spec.func_gpu.upper():
+        if spec.func_gpu is not None and gpu_model(node.gpu or "") != gpu_model(spec.func_gpu):
             return "gpu"
         if spec.image is not None and node.image != spec.image:
             return "image"

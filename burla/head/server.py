@@ -93,7 +93,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
 
         fleet_driver = Ec2Driver(settings.cloud)
     fleet = await Fleet.load(cluster, fleet_driver, history, url, settings.token, defaults)
-    cluster.boot_local_nodes = fleet.boot_for_job
+    cluster.prepare_job = fleet.prepare_job
     runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.SockSite(runner, sock)
@@ -102,7 +102,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
     stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
     idle_reaper = asyncio.create_task(
-        cluster.inactivity_loop(lambda: fleet.settings.inactivity_timeout_s, fleet.delete_node), name="inactivity"
+        cluster.inactivity_loop(fleet.idle_timeout, fleet.delete_node), name="inactivity"
     )
     client_reaper = asyncio.create_task(cluster.client_reap_loop(settings.client_deadline_s), name="client-reaper")
     lifeline = None
@@ -129,6 +129,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await cluster.shut_down()
+        await fleet.close()
         await driver.close()
         if fleet_driver is not driver:
             await fleet_driver.close()

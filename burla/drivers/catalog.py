@@ -1,0 +1,57 @@
+"""Machine catalogs per cloud (vCPUs, memory, GPUs): slot counts for nodes, and what grow boots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MachineType:
+    name: str
+    vcpus: int
+    memory_gb: float
+    gpu: str | None = None
+    gpu_count: int = 0
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".")[0] if "." in self.name else self.name.rsplit("-", 1)[0]
+
+
+def _family(prefix: str, sizes: dict[str, int], gb_per_vcpu: float, sep: str = ".") -> list[MachineType]:
+    return [MachineType(f"{prefix}{sep}{size}", vcpus, vcpus * gb_per_vcpu) for size, vcpus in sizes.items()]
+
+
+AWS = [
+    *_family("m7i", {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "16xlarge": 64,
+                     "48xlarge": 192}, 4),
+    MachineType("r7i.16xlarge", 64, 512),
+    MachineType("t3.micro", 2, 1),
+    MachineType("g4dn.xlarge", 4, 16, "T4", 1),
+    MachineType("g4dn.12xlarge", 48, 192, "T4", 4),
+    MachineType("p4d.24xlarge", 96, 1152, "A100_40G", 8),
+    MachineType("p4de.24xlarge", 96, 1152, "A100_80G", 8),
+    MachineType("p5.48xlarge", 192, 2048, "H100_80G", 8),
+]
+
+GCP = [
+    *[MachineType(f"n4-standard-{n}", n, n * 4) for n in (2, 4, 8, 16, 32, 48, 64, 80)],
+    *[MachineType(f"a2-highgpu-{n}g", 12 * n, 85 * n, "A100_40G", n) for n in (1, 2, 4, 8)],
+    *[MachineType(f"a2-ultragpu-{n}g", 12 * n, 170 * n, "A100_80G", n) for n in (1, 2, 4, 8)],
+    MachineType("a3-highgpu-8g", 208, 1872, "H100_80G", 8),
+]
+
+AZURE = [MachineType(f"Standard_D{n}as_v5", n, n * 4) for n in (2, 4, 8, 16, 32, 48, 64)]
+
+CATALOGS = {"aws": AWS, "gcp": GCP, "azure": AZURE}
+DEFAULT_MACHINE = {"aws": "m7i.2xlarge", "gcp": "n4-standard-4", "azure": "Standard_D8as_v5"}
+GPU_ALIASES = {"A100": "A100_40G", "H100": "H100_80G"}
+
+
+def gpu_model(name: str) -> str:
+    upper = name.upper()
+    return GPU_ALIASES.get(upper, upper)
+
+
+def lookup(cloud: str, name: str) -> MachineType | None:
+    return next((m for m in CATALOGS.get(cloud, []) if m.name == name), None)
