@@ -18,6 +18,9 @@ ENV_CONFIG_DIR = "BURLA_CONFIG_DIR"
 ENV_HEAD_URL = "BURLA_CLUSTER_DASHBOARD_URL"
 ENV_TOKEN = "BURLA_CLUSTER_TOKEN"
 ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
+ENV_CLOUD = "BURLA_CLOUD"
+CLIENT_CONFIG_FILE = "config.json"
+CLOUD_DRIVERS = {"aws": "ec2"}  # clouds whose driver exists: `burla config set cloud ...`
 
 TOKEN_FILE = "cluster_token"
 HEAD_STATE_FILE = "head.json"
@@ -72,6 +75,15 @@ def read_token(directory: Path) -> str | None:
         return None
 
 
+def read_client_config(directory: Path) -> dict:
+    """`burla config set` values (config.json in the config directory); {} if none."""
+    try:
+        data = json.loads((directory / CLIENT_CONFIG_FILE).read_text())
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 @dataclass(frozen=True)
 class HeadRecord:
     """What a long-lived head advertises in the config directory so clients can reuse it."""
@@ -106,10 +118,12 @@ class ClientSettings:
     head_url: str | None  # explicit head (env); None means "find or start a local one"
     token: str | None
     parent_job_id: str | None
+    cloud: str | None = None  # where heads this client starts boot nodes (None: this machine)
 
     @classmethod
     def resolve(cls) -> ClientSettings:
         directory = config_dir()
+        cloud = os.environ.get(ENV_CLOUD) or read_client_config(directory).get("cloud")
         head_url = os.environ.get(ENV_HEAD_URL) or None
         token = os.environ.get(ENV_TOKEN) or read_token(directory)
         return cls(
@@ -117,6 +131,7 @@ class ClientSettings:
             head_url=head_url.rstrip("/") if head_url else None,
             token=token,
             parent_job_id=os.environ.get(ENV_PARENT_JOB) or None,
+            cloud=cloud if isinstance(cloud, str) else None,
         )
 
 

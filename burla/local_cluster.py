@@ -18,8 +18,8 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from burla.config import ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token
-from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, Unauthorized
+from burla.config import CLOUD_DRIVERS, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token
+from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
 
 HEAD_START_TIMEOUT_S = 60.0
 HEAD_STOP_WAIT_S = 10.0
@@ -125,7 +125,16 @@ def start_head(settings: ClientSettings, token: str, embedded: bool) -> ClusterH
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / ("embedded-head.log" if embedded else "head.log")
     ready_read, ready_write = os.pipe()
-    command = [sys.executable, "-m", "burla", "head", "serve", "--local-nodes", "1", "--ready-fd", str(ready_write)]
+    command = [sys.executable, "-m", "burla", "head", "serve", "--ready-fd", str(ready_write)]
+    if settings.cloud is None:
+        command += ["--local-nodes", "1"]
+    elif settings.cloud in CLOUD_DRIVERS:
+        command += ["--driver", CLOUD_DRIVERS[settings.cloud]]  # nodes boot in the user's account
+    else:
+        raise InvalidArgument(
+            f"cloud {settings.cloud!r} has no driver in this burla version; run `burla config set cloud aws`, "
+            "or unset it to run on this machine."
+        )
     pass_fds = [ready_write]
     lifeline_write = None
     if embedded:

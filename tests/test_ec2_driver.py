@@ -181,3 +181,33 @@ def test_grow_boots_what_a_job_lacks_then_removes_it_when_idle(moto, tmp_path, m
             node.terminate()
             node.wait(15)
         head.stop()
+
+
+def test_config_set_cloud_aws_makes_started_heads_boot_ec2(moto, tmp_path, monkeypatch):
+    import json
+    import signal as signals
+
+    from burla.config import HeadRecord
+
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
+    for key in ("BURLA_CLUSTER_DASHBOARD_URL", "BURLA_CLUSTER_TOKEN"):
+        env.pop(key, None)
+
+    def burla(*args: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "burla", *args], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    burla("config", "set", "cloud", "aws")
+    try:
+        started = burla("cluster", "start")  # starts this machine's head, with the ec2 driver
+        assert started["data"]["booted"] == []  # quantity 0 nodes booted until configured
+        burla("settings", "update", "--quantity", "2", "--machine-type", "m7i.large")
+        assert len(burla("cluster", "start")["data"]["booted"]) == 2
+        assert sorted(i["InstanceType"] for i in _instances(moto)) == ["m7i.large", "m7i.large"]
+    finally:
+        record = HeadRecord.read(tmp_path)
+        if record is not None:
+            os.kill(record.pid, signals.SIGTERM)
+            wait_until(lambda: HeadRecord.read(tmp_path) is None, what="head stopped")

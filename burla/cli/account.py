@@ -8,18 +8,14 @@ import urllib.parse
 import click
 
 from burla.cli.common import CliError, JsonGroup, head_client, run
-from burla.config import ENV_TOKEN, config_dir, write_private_file
+from burla.config import CLIENT_CONFIG_FILE as CONFIG_FILE
+from burla.config import ENV_TOKEN, config_dir, read_client_config, write_private_file
 
 CLOUDS = ("aws", "gcp", "azure")
-CONFIG_FILE = "config.json"
 
 
 def _read_config() -> dict:
-    try:
-        data = json.loads((config_dir() / CONFIG_FILE).read_text())
-        return data if isinstance(data, dict) else {}
-    except (FileNotFoundError, ValueError):
-        return {}
+    return read_client_config(config_dir())
 
 
 @click.group(cls=JsonGroup)
