@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -40,31 +39,40 @@ def _is_float(value: Any) -> bool:
     return type(value) is float or type(value) is int
 
 
-def _checker_for(tp: Any) -> _Checker:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, __import__("types").UnionType):
-        parts = [_checker_for(a) for a in typing.get_args(tp) if a is not type(None)]
-        allows_none = type(None) in typing.get_args(tp)
+_SIMPLE: dict[str, _Checker] = {
+    "int": _is_int,
+    "float": _is_float,
+    "bool": lambda v: type(v) is bool,
+    "str": lambda v: type(v) is str,
+    "bytes": lambda v: type(v) is bytes,
+    "list": lambda v: type(v) is list,
+    "dict": lambda v: type(v) is dict,
+}
 
-        def check_union(value: Any) -> bool:
-            return (allows_none and value is None) or any(p(value) for p in parts)
 
-        return check_union
-    if tp is int:
-        return _is_int
-    if tp is float:
-        return _is_float
-    if tp is bool:
-        return lambda v: type(v) is bool
-    if tp is str:
-        return lambda v: type(v) is str
-    if tp is bytes:
-        return lambda v: type(v) is bytes
-    if tp is list or origin is list:
-        return lambda v: type(v) is list
-    if tp is dict or origin is dict:
-        return lambda v: type(v) is dict
-    raise TypeError(f"unsupported wire field type {tp!r}")
+def _checker_for(annotation: str) -> _Checker:
+    """A type check from a field's annotation text ("int", "str | None", "list"...).
+
+    Annotations are read as text (this module uses postponed evaluation) rather than through
+    typing.get_type_hints, which costs every process that imports this module tens of ms.
+    """
+    names = [part.strip() for part in annotation.split("|")]
+    allows_none = "None" in names
+    checks = []
+    for name in names:
+        if name == "None":
+            continue
+        base = name.split("[", 1)[0]
+        if base not in _SIMPLE:
+            raise TypeError(f"unsupported wire field type {annotation!r}")
+        checks.append(_SIMPLE[base])
+    if len(checks) == 1 and not allows_none:
+        return checks[0]
+
+    def check_union(value: Any) -> bool:
+        return (allows_none and value is None) or any(check(value) for check in checks)
+
+    return check_union
 
 
 class Message:
@@ -86,12 +94,12 @@ _REGISTRY: dict[int, type[Message]] = {}
 
 def message(tag: int) -> Callable[[type], type]:
     def register(cls: type) -> type:
+        annotations = dict(cls.__annotations__)
         cls = dataclass(frozen=True, slots=True)(cls)
-        hints = typing.get_type_hints(cls)
         fields = tuple(f.name for f in dataclasses.fields(cls))
         cls.TAG = tag
         cls._fields = fields
-        cls._checkers = tuple(_checker_for(hints[f]) for f in fields)
+        cls._checkers = tuple(_checker_for(annotations[f]) for f in fields)
         if tag in _REGISTRY:
             raise RuntimeError(f"duplicate wire tag {tag}")
         _REGISTRY[tag] = cls

@@ -18,7 +18,7 @@ MAX_LIMIT = 1000
 JOB_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELED")
 
 
-def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
@@ -82,7 +82,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     status = request.query.get("status")
     if status is not None and status.upper() not in JOB_STATUSES:
         raise web.HTTPBadRequest(text=f"status must be one of {', '.join(JOB_STATUSES)}, got {status!r}")
-    limit = _int_param(request, "limit", 50, 1, MAX_LIMIT)
+    limit = int_param(request, "limit", 50, 1, MAX_LIMIT)
     jobs = await jobs_listing(cluster, status.upper() if status else None, limit, request.query.get("parent"))
     return web.json_response({"jobs": jobs})
 
@@ -90,7 +90,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 async def job_failures(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
     view = await _job_view_or_404(request)
-    limit = _int_param(request, "limit", 1000, 1, 100_000)
+    limit = int_param(request, "limit", 1000, 1, 100_000)
     failures = await cluster.history.failures_of(view["job_id"], limit) if cluster.history else []
     return web.json_response({"job_id": view["job_id"], "failures": failures})
 
@@ -197,7 +197,7 @@ async def search_output(request: web.Request) -> web.Response:
     """Lines any call of the job printed that contain `search` (all output without it)."""
     cluster: Cluster = request.app[CLUSTER]
     view = await _job_view_or_404(request)
-    limit = _int_param(request, "limit", 200, 1, MAX_LIMIT)
+    limit = int_param(request, "limit", 200, 1, MAX_LIMIT)
     text = request.query.get("search", "")
     if len(text) > 500:
         raise web.HTTPBadRequest(text="search text must be at most 500 characters")
@@ -210,8 +210,8 @@ async def list_calls(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
     view = await _job_view_or_404(request)
     failed_only = request.query.get("failed_only", "false").lower() in ("1", "true", "yes")
-    offset = _int_param(request, "offset", 0, 0, 10**9)
-    limit = _int_param(request, "limit", 100, 1, MAX_LIMIT)
+    offset = int_param(request, "offset", 0, 0, 10**9)
+    limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
     failures = await cluster.history.failures_of(view["job_id"], 100_000) if cluster.history else []
     failed = {f["input_index"]: f for f in failures}
     live = cluster.scheduler.jobs.get(view["job_id"])

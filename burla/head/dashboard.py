@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from burla.auth import SESSION_COOKIE, SESSION_TTL_S, Sessions
-from burla.head.api import _int_param, jobs_listing, metrics_of
+from burla.head.api import int_param, jobs_listing, metrics_of
 from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
 
@@ -102,7 +102,7 @@ async def _cluster_snapshot(cluster: Cluster, request: web.Request) -> dict:
 
 
 async def _jobs_snapshot(cluster: Cluster, request: web.Request) -> dict:
-    limit = _int_param(request, "limit", 200, 1, 1000)
+    limit = int_param(request, "limit", 200, 1, 1000)
     return {"jobs": await jobs_listing(cluster, None, limit)}
 
 

@@ -93,17 +93,14 @@ class Fleet:
         self._booting_machines: dict[str, MachineType] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    @classmethod
-    async def load(cls, cluster: Cluster, driver: Driver, history: History | None, head_url: str, token: str,
-                   defaults: ClusterSettings) -> Fleet:
-        saved = await history.load_settings() if history is not None else None
-        settings = defaults
+    async def load_saved_settings(self) -> None:
+        """Settings saved by an earlier head replace the defaults (once history is open)."""
+        saved = await self.history.load_settings() if self.history is not None else None
         if saved:
             try:
-                settings = defaults.updated(saved)
+                self.settings = self.settings.updated(saved)
             except SettingsError as e:
                 log.warning("ignoring saved settings (%s)", e)
-        return cls(cluster, driver, history, head_url, token, settings)
 
     def _request(self, count: int) -> BootRequest:
         s = self.settings
@@ -129,7 +126,7 @@ class Fleet:
             self._booting_machines.pop(node_id, None)  # registered or failed by now
         self.grown &= set(scheduler.nodes) | self.cluster.booting_ids
         have_slots = sum(
-            scheduler._node_parallelism(node, spec) for node in scheduler.nodes.values()
+            scheduler.node_parallelism(node, spec) for node in scheduler.nodes.values()
             if scheduler.ineligibility(node, spec) is None
         ) + sum(self._booting_slots.get(node_id, 0) for node_id in self.cluster.booting_ids)
         have_vcpus = sum(node.cpus for node in scheduler.nodes.values()) + sum(

@@ -110,11 +110,13 @@ class History:
         self._job_samples: list[tuple] = []
         self._output_rows = 0
         self._wake = asyncio.Event()
+        self._ready = asyncio.Event()  # set once the database is open; reads wait for it
         self._task: asyncio.Task | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
     async def open(self) -> None:
+        """Open (or create) the database. Rows recorded before it is open wait in memory."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = await aiosqlite.connect(self.path)
         async with self._db.execute("PRAGMA user_version") as cursor:
@@ -140,6 +142,7 @@ class History:
         )
         await self._db.commit()
         await self.prune()
+        self._ready.set()
         self._task = asyncio.create_task(self._flush_loop(), name="history-writer")
 
     async def close(self) -> None:
@@ -215,8 +218,8 @@ class History:
 
     async def flush(self) -> None:
         db = self._db
-        if db is None:
-            return
+        if db is None or not self._ready.is_set():
+            return  # not open yet: rows keep waiting in memory
         jobs, self._jobs = list(self._jobs.values()), {}
         failures, self._failures = self._failures, []
         output, self._output = self._output, {}
@@ -256,6 +259,7 @@ class History:
     # --- reading -------------------------------------------------------------------------
 
     async def _rows(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
+        await self._ready.wait()
         assert self._db is not None
         await self.flush()  # a read sees everything recorded so far
         async with self._db.execute(sql, args) as cursor:
@@ -334,6 +338,7 @@ class History:
         return json.loads(rows[0]["data"]) if rows else None
 
     async def save_settings(self, data: dict[str, Any]) -> None:
+        await self._ready.wait()
         assert self._db is not None
         await self._db.execute("INSERT OR REPLACE INTO settings VALUES (1, ?)", (json.dumps(data),))
         await self._db.commit()

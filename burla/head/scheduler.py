@@ -113,7 +113,7 @@ class Scheduler:
         for job in self.jobs.values():
             if job.status != RUNNING or self.ineligibility(node, job.spec) is not None:
                 continue
-            parallelism = self._node_parallelism(node, job.spec)
+            parallelism = self.node_parallelism(node, job.spec)
             if job.spec.max_parallelism is not None:
                 used = sum(a.parallelism for a in job.assignments.values())
                 parallelism = min(parallelism, job.spec.max_parallelism - used)
@@ -176,12 +176,12 @@ class Scheduler:
             return "image"
         if spec.region is not None and node.region != spec.region:
             return "region"
-        if Scheduler._node_parallelism(node, spec) < 1:
+        if Scheduler.node_parallelism(node, spec) < 1:
             return "capacity"
         return None
 
     @staticmethod
-    def _node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
+    def node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
         parallelism = node.slots
         if spec.func_gpu is not None:
             parallelism = min(parallelism, node.gpu_count)
@@ -205,7 +205,7 @@ class Scheduler:
         for node in self.nodes.values():
             reason = self.ineligibility(node, spec)
             if reason is None:
-                eligible.append((node, self._node_parallelism(node, spec)))
+                eligible.append((node, self.node_parallelism(node, spec)))
             else:
                 reasons.setdefault(reason, []).append(node)
         if not eligible and self.booting == 0:

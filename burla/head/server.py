@@ -73,7 +73,6 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     history = None
     if settings.history_path is not None:
         history = History(settings.history_path, settings.history_retention_days)
-        await history.open()
     cluster = Cluster(settings.version, history)
     cluster.expect_nodes(booted)
     driver.on_boot_failed = cluster.node_boot_failed
@@ -92,7 +91,9 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         from burla.drivers.ec2 import Ec2Driver
 
         fleet_driver = Ec2Driver(settings.cloud)
-    fleet = await Fleet.load(cluster, fleet_driver, history, url, settings.token, defaults)
+    fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults)
+    # Serve first; history opens meanwhile (what is recorded before waits in memory).
+    startup = asyncio.create_task(_open_history(history, fleet), name="history-open")
     cluster.prepare_job = fleet.prepare_job
     runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
@@ -123,7 +124,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, reaper, stealer, client_reaper, idle_reaper, lifeline):
+        for task in (progress, reaper, stealer, client_reaper, idle_reaper, lifeline, startup):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -137,3 +138,9 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         if history is not None:
             await history.close()
 
+
+
+async def _open_history(history, fleet) -> None:
+    if history is not None:
+        await history.open()
+        await fleet.load_saved_settings()
