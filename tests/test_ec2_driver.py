@@ -206,6 +206,28 @@ def test_config_set_cloud_aws_makes_started_heads_boot_ec2(moto, tmp_path, monke
         burla("settings", "update", "--quantity", "2", "--machine-type", "m7i.large")
         assert len(burla("cluster", "start")["data"]["booted"]) == 2
         assert sorted(i["InstanceType"] for i in _instances(moto)) == ["m7i.large", "m7i.large"]
+        # The driver lists this cluster's machines by tag, and deletes one by its node id.
+        import asyncio
+
+        from burla.drivers.ec2 import Ec2Config, Ec2Driver
+
+        token = (tmp_path / "cluster_token").read_text().strip()
+        import hashlib
+
+        config = Ec2Config.from_environment(dict(os.environ), None, hashlib.sha256(token.encode()).hexdigest()[:12])
+
+        async def list_then_delete():
+            driver = Ec2Driver(config)
+            try:
+                handles = await driver.list_nodes()
+                deleted = await driver.delete(handles[0].node_id)
+                return handles, deleted, await driver.delete("burla-node-unknown")
+            finally:
+                await driver.close()
+
+        handles, deleted, unknown = asyncio.run(list_then_delete())
+        assert len(handles) == 2 and deleted is True and unknown is False
+        assert len(_instances(moto, "terminated")) == 1
     finally:
         record = HeadRecord.read(tmp_path)
         if record is not None:

@@ -40,7 +40,6 @@ class Cluster:
         self.client_links: dict[str, ClientLink] = {}
         self.job_times: dict[str, tuple[float, float | None]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
-        self.nodes_changed = asyncio.Event()
         self.booting_ids: set[str] = set()
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
@@ -71,7 +70,6 @@ class Cluster:
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
         if self.history is not None:
             self.history.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
-        self.nodes_changed.set()
         return node
 
     def node_lost(self, node_id: str) -> None:
@@ -90,7 +88,6 @@ class Cluster:
         log.info("node %s left", node_id)
         if self.history is not None:
             self.history.node_event(node_id, "left")
-        self.nodes_changed.set()
         self.pump()
 
     def expect_nodes(self, node_ids: list[str]) -> None:
