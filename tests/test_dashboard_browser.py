@@ -179,3 +179,16 @@ def test_settings_page_saves(page, cluster):
     with urllib.request.urlopen(request, timeout=10) as response:
         assert json.load(response)["region"] == "us-east-2"
     _shot(page, "settings")
+
+
+def test_job_page_shows_its_nested_jobs(page, cluster):
+    assert remote_parallel_map(functions.nested_sum, [2], spinner=False) == [2]
+    parent_id = _latest_job(cluster, "nested_sum")
+    child_id = _latest_job(cluster, "double")
+    page.goto(f"{cluster.url}/jobs/{parent_id}")
+    page.wait_for_selector(f"#jobs-table tr[data-job='{child_id}']")
+    page.goto(f"{cluster.url}/jobs/{child_id}")
+    page.wait_for_selector(f"a[href='/jobs/{parent_id}']")  # and the child links back to its parent
+    page.goto(f"{cluster.url}/jobs")
+    page.wait_for_selector(f"#jobs-table tr[data-job='{child_id}'] td.child")  # nested under its parent
+    _shot(page, "jobs-nested")
