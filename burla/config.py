@@ -151,6 +151,7 @@ class HeadSettings:
     history_retention_days: float = 30.0
     inactivity_timeout_s: float | None = None  # remove nodes idle this long (None: keep them)
     client_deadline_s: float = 10.0  # a job's client may be away this long before it is cancelled
+    boot_deadline_s: float = 900.0  # a node not registered this long after its driver started it is deleted
     version: str = ""
     cloud: Any = None  # the cloud driver's config (e.g. drivers.ec2.Ec2Config); None: local nodes only
 

@@ -233,3 +233,23 @@ def test_config_set_cloud_aws_makes_started_heads_boot_ec2(moto, tmp_path, monke
         if record is not None:
             os.kill(record.pid, signals.SIGTERM)
             wait_until(lambda: HeadRecord.read(tmp_path) is None, what="head stopped")
+
+
+def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--boot-deadline", "2"])
+    use_head(monkeypatch, head)
+    try:
+        env = dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url)
+        subprocess.run([sys.executable, "-m", "burla", "settings", "update", "--quantity", "1"], check=True, env=env,
+                       capture_output=True)
+        subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], check=True, env=env, capture_output=True)
+        [instance] = _instances(moto)
+        node_id = {t["Key"]: t["Value"] for t in instance["Tags"]}["burla-node-id"]
+        # Nobody runs its user data: it never registers, so the head deletes it after the deadline.
+        wait_until(lambda: _instances(moto, "terminated"), timeout=60, what="unready instance deleted")
+        events = get_json(head, f"/v1/nodes/{node_id}/events")["events"]
+        kinds = {e["event"]: e["detail"] for e in events}
+        assert "not ready 2 s after it was started" in kinds["failed to boot"]
+        assert "boot log" in kinds  # the console output, kept for debugging
+    finally:
+        head.stop()

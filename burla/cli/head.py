@@ -54,13 +54,15 @@ def head() -> None:
               help="Where `burla cluster start` boots nodes: this machine, or EC2 VMs in your AWS account.")
 @click.option("--region", default=None,
               help="Cloud region for the ec2 driver. Default: AWS_REGION or AWS_DEFAULT_REGION.")
+@click.option("--boot-deadline", type=click.FloatRange(1.0, None), default=900.0, show_default=True,
+              help="Seconds a booting node may take to register before it is deleted (its console kept).")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
           node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
           history_path: Path | None, no_history: bool, history_retention_days: float, driver: str,
-          region: str | None, ephemeral: bool,
+          region: str | None, boot_deadline: float, ephemeral: bool,
           ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
@@ -82,7 +84,7 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
         inactivity_timeout_s=inactivity_timeout,
         history_path=None if no_history else history_path or directory / "history.db",
         history_retention_days=history_retention_days,
-        cloud=_cloud_config(driver, region, token),
+        cloud=_cloud_config(driver, region, token), boot_deadline_s=boot_deadline,
         version=__version__,
     )
     try:

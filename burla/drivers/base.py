@@ -58,6 +58,10 @@ class Driver(abc.ABC):
     async def delete(self, node_id: str) -> bool:
         """Stop one machine; returns False if this driver has no such machine."""
 
+    async def boot_log(self, node_id: str) -> str:
+        """What the machine printed while booting (its console), for history; "" if unknown."""
+        return ""
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release the driver's resources. Cloud machines outlive their head (their nodes join the

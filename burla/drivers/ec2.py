@@ -225,5 +225,14 @@ class Ec2Driver(Driver):
     async def delete(self, node_id: str) -> bool:
         return await self._call(self._delete, node_id)
 
+    def _console(self, driver, node_id: str) -> str:
+        matches = [n for n in self._cluster_nodes(driver) if n.extra.get("tags", {}).get(NODE_TAG) == node_id]
+        if not matches:
+            return ""
+        return driver.ex_get_console_output(matches[0]).get("output") or ""
+
+    async def boot_log(self, node_id: str) -> str:
+        return await self._call(self._console, node_id)
+
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -41,6 +41,7 @@ class Cluster:
         self.job_times: dict[str, tuple[float, float | None]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.booting_ids: set[str] = set()
+        self.booting_since: dict[str, float] = {}  # node id -> when its driver started it
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
         self._end_kind: dict[str, str] = {}  # job id -> the error kind it ended with
@@ -64,6 +65,7 @@ class Cluster:
         self.node_links[msg.node_id] = link
         self.last_heard[msg.node_id] = time.monotonic()
         self.booting_ids.discard(msg.node_id)
+        self.booting_since.pop(msg.node_id, None)
         self.scheduler.booting = len(self.booting_ids)
         for job, parallelism in self.scheduler.add_node(node):
             link.send(self._assign_message(job.spec, parallelism))
@@ -93,6 +95,9 @@ class Cluster:
     def expect_nodes(self, node_ids: list[str]) -> None:
         """A driver is starting these nodes; jobs may wait for them instead of failing."""
         self.booting_ids.update(node_ids)
+        now = time.monotonic()
+        for node_id in node_ids:
+            self.booting_since.setdefault(node_id, now)
         self.scheduler.booting = len(self.booting_ids)
 
     def node_boot_failed(self, node_id: str, why: str) -> None:
@@ -103,6 +108,7 @@ class Cluster:
         if self.history is not None:
             self.history.node_event(node_id, "failed to boot", why)
         self.booting_ids.discard(node_id)
+        self.booting_since.pop(node_id, None)
         self.scheduler.booting = len(self.booting_ids)
         if self.scheduler.booting == 0 and not self.scheduler.nodes:
             for job in list(self.scheduler.jobs.values()):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +165,27 @@ class Fleet:
                 self.cluster.node_boot_failed(node_id, f"{type(e).__name__}: {e}")
         for node_id in request.node_ids:
             self._booting_slots.pop(node_id, None)
+
+    async def boot_watch_loop(self, deadline_s: float) -> None:
+        """Delete machines that never became ready, keeping what their console printed."""
+        while True:
+            await asyncio.sleep(min(1.0, deadline_s / 4))
+            now = time.monotonic()
+            for node_id, since in list(self.cluster.booting_since.items()):
+                if node_id not in self.cluster.booting_ids or now - since < deadline_s:
+                    continue
+                try:
+                    console = await self.driver.boot_log(node_id)
+                except Exception as e:  # the log is a courtesy; the deletion is what matters
+                    console = f"(console unavailable: {type(e).__name__}: {e})"
+                why = f"not ready {deadline_s:g} s after it was started; deleted"
+                if self.history is not None and console:
+                    self.history.node_event(node_id, "boot log", console[-100_000:])
+                self.cluster.node_boot_failed(node_id, why)
+                try:
+                    await self.driver.delete(node_id)
+                except Exception as e:
+                    log.error("could not delete node %s that failed to boot: %s", node_id, e)
 
     def idle_timeout(self, node_id: str) -> float | None:
         """Grown nodes go after a short idle time; others after the configured one (if any)."""

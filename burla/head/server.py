@@ -105,6 +105,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     idle_reaper = asyncio.create_task(
         cluster.inactivity_loop(fleet.idle_timeout, fleet.delete_node), name="inactivity"
     )
+    boot_watch = asyncio.create_task(fleet.boot_watch_loop(settings.boot_deadline_s), name="boot-watch")
     client_reaper = asyncio.create_task(cluster.client_reap_loop(settings.client_deadline_s), name="client-reaper")
     lifeline = None
     if settings.lifeline_fd is not None:
@@ -124,7 +125,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, reaper, stealer, client_reaper, idle_reaper, lifeline, startup):
+        for task in (progress, reaper, stealer, client_reaper, idle_reaper, boot_watch, lifeline, startup):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
