@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,3 +158,18 @@ def pytest_terminal_summary(terminalreporter) -> None:
     artifacts = REPO / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
     (artifacts / "fault-report.json").write_text(json.dumps(FAULT_LEDGER, indent=2))
+
+
+@contextlib.contextmanager
+def own_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_nodes: int = 1, **start: object) -> Iterator[Head]:
+    """A head (and its local nodes) for one test, which this test process's client uses."""
+    from tests.helpers import use_head
+
+    head = start_head(tmp_path / "config", local_nodes=local_nodes, **start)  # type: ignore[arg-type]
+    use_head(monkeypatch, head)
+    try:
+        if local_nodes:
+            wait_for_nodes(head, local_nodes)
+        yield head
+    finally:
+        head.stop()

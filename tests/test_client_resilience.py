@@ -14,21 +14,16 @@ import pytest
 from burla import JobNotFound, get_results, remote_parallel_map
 from burla.config import ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
-from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import PRELUDE, get_json, use_head, wait_until
+from tests.conftest import REPO, own_head
+from tests.helpers import PRELUDE, get_json, wait_until
 from tests.proxy import CuttableProxy
 
 
 @pytest.fixture
 def quick_head(tmp_path, monkeypatch):
     """A head that gives a vanished client one second to come back."""
-    head = start_head(tmp_path / "config", extra=["--client-deadline", "1"])
-    use_head(monkeypatch, head)
-    try:
-        wait_for_nodes(head, 1)
+    with own_head(tmp_path, monkeypatch, extra=["--client-deadline", "1"]) as head:
         yield head
-    finally:
-        head.stop()
 
 
 def test_client_resumes_after_the_connection_is_cut(cluster, tmp_path, monkeypatch):

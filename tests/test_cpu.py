@@ -8,21 +8,15 @@ import pytest
 
 from burla import remote_parallel_map
 from tests import functions
-from tests.conftest import start_head, wait_for_nodes
-from tests.helpers import use_head
+from tests.conftest import own_head
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux scheduler statistics")
 
 
 @pytest.fixture
 def head(tmp_path, monkeypatch):
-    head = start_head(tmp_path / "config", local_nodes=1, workers=2)
-    use_head(monkeypatch, head)
-    try:
-        wait_for_nodes(head, 1)
+    with own_head(tmp_path, monkeypatch) as head:
         yield head
-    finally:
-        head.stop()
 
 
 def test_calls_waiting_for_cores_lower_parallelism(head):

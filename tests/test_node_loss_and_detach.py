@@ -11,8 +11,8 @@ import pytest
 from burla import DetachRequiresDeployedCluster, remote_parallel_map
 from burla.config import ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
-from tests.conftest import run_client, start_head, wait_for_nodes
-from tests.helpers import PRELUDE, get_json, use_head, wait_until
+from tests.conftest import own_head, run_client, start_head, wait_for_nodes
+from tests.helpers import PRELUDE, get_json, wait_until
 
 
 def _node_processes(head) -> list[psutil.Process]:
@@ -21,15 +21,12 @@ def _node_processes(head) -> list[psutil.Process]:
 
 @pytest.fixture
 def two_node_head(tmp_path, monkeypatch):
-    head = start_head(tmp_path / "config", local_nodes=2, workers=1, extra=["--node-deadline", "3"])
-    use_head(monkeypatch, head)
-    try:
-        wait_for_nodes(head, 2)
-        yield head
-    finally:
-        for process in _node_processes(head):
-            process.send_signal(signal.SIGCONT)
-        head.stop()
+    with own_head(tmp_path, monkeypatch, local_nodes=2, workers=1, extra=["--node-deadline", "3"]) as head:
+        try:
+            yield head
+        finally:
+            for process in _node_processes(head):
+                process.send_signal(signal.SIGCONT)
 
 
 def test_frozen_node_is_declared_dead_and_its_inputs_rerun(two_node_head, tmp_path):
