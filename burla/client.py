@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from burla import wire
+from burla import local_code, wire
 from burla._version import __version__
 from burla.config import MAX_FUNCTION_BYTES, ClientSettings
 from burla.errors import (
@@ -88,6 +88,7 @@ def remote_parallel_map(
         parent_job_id=settings.parent_job_id,
         client_version=__version__,
         python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
+        local_code=local_code.collect(function_),
     )
     display = Display(len(inputs), show_progress=spinner)
     runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)

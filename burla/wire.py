@@ -164,6 +164,7 @@ class OpenJob(Message):
     parent_job_id: str | None
     client_version: str
     python_version: str
+    local_code: bytes  # a zip of the user's local modules the function needs (b"" if none)
 
 
 @message(2)
@@ -293,6 +294,7 @@ class AssignJob(Message):
     parallelism: int
     ram_gb_per_call: float | None  # enforced per call when set
     cpus_per_call: int | None  # None: dynamic (the node may lower parallelism for CPU)
+    local_code: bytes
 
 
 @message(23)
@@ -381,6 +383,7 @@ class WorkerReady(Message):
 class LoadFunction(Message):
     job_id: str
     function_bytes: bytes
+    local_code: bytes
 
 
 @message(32)

@@ -257,7 +257,8 @@ class Cluster:
     @staticmethod
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
         return wire.AssignJob(
-            spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram, spec.func_cpu
+            spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram, spec.func_cpu,
+            spec.local_code,
         )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:

@@ -36,6 +36,7 @@ class NodeJob:
     parallelism: int
     ram_gb_per_call: float | None = None
     cpus_per_call: int | None = None
+    local_code: bytes = b""
     queue: deque = field(default_factory=deque)  # [index, pickled args]
     workers: set[WorkerHandle] = field(default_factory=set)
     call_seconds: float | None = None  # EWMA of one call's duration
@@ -71,7 +72,8 @@ class Dispatcher:
         job = self.jobs.get(msg.job_id)
         if job is None:
             job = NodeJob(
-                msg.job_id, msg.function_bytes, max(1, msg.parallelism), msg.ram_gb_per_call, msg.cpus_per_call
+                msg.job_id, msg.function_bytes, max(1, msg.parallelism), msg.ram_gb_per_call, msg.cpus_per_call,
+                msg.local_code,
             )
             self.jobs[msg.job_id] = job
         else:
@@ -230,7 +232,7 @@ class Dispatcher:
         size = max(1, min(size, spread, len(job.queue)))
         items = [job.queue.popleft() for _ in range(size)]
         if job.job_id not in worker.loaded_jobs:
-            worker.send(wire.LoadFunction(job.job_id, job.function_bytes))
+            worker.send(wire.LoadFunction(job.job_id, job.function_bytes, job.local_code))
             worker.loaded_jobs.add(job.job_id)
         worker.send(wire.RunCalls(job.job_id, items))
         now = time.monotonic()

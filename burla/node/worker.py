@@ -8,17 +8,20 @@ if this process dies. Imports stay minimal: this process starts once per slot.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
+import shutil
 import signal
 import socket
 import struct
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from burla import wire
+from burla import local_code, wire
 from burla.config import ENV_PARENT_JOB
 from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
@@ -45,6 +48,7 @@ class Worker:
         self._shm = shm
         self._functions: dict[str, Callable[..., Any] | _LoadFailure] = {}
         self._cancelled_jobs: set[str] = set()
+        self._code: tuple[str, str] | None = None  # (digest, directory) of the shipped modules in use
         self._in_call = False
         self._batch_job: str | None = None
         self._cancel_requested = False
@@ -95,19 +99,42 @@ class Worker:
             if isinstance(msg, wire.RunCalls):
                 self._run_batch(msg.job_id, msg.items)
             elif isinstance(msg, wire.LoadFunction):
-                self._load(msg.job_id, msg.function_bytes)
+                self._load(msg.job_id, msg.function_bytes, msg.local_code)
             elif isinstance(msg, wire.UnloadFunction):
                 self._functions.pop(msg.job_id, None)
                 self._cancelled_jobs.discard(msg.job_id)
 
-    def _load(self, job_id: str, function_bytes: bytes) -> None:
+    def _load(self, job_id: str, function_bytes: bytes, code: bytes) -> None:
         try:
+            if code:  # the user's local modules, importable before the function loads
+                self._use_local_code(code)
             function = loads(function_bytes)
             if not callable(function):
                 raise TypeError(f"the job's function is a {type(function).__name__}, not callable")
             self._functions[job_id] = function
         except BaseException as e:  # a missing module on this node, a broken pickle...
             self._functions[job_id] = _LoadFailure(pack_error(e))
+
+    def _use_local_code(self, code: bytes) -> None:
+        """Unpack shipped modules, unless the same ones are already in place from an earlier job.
+
+        Modules of a different version are unimported first, so a job never runs stale code.
+        """
+        digest = hashlib.sha256(code).hexdigest()
+        if self._code is not None and self._code[0] == digest:
+            return
+        if self._code is not None:
+            directory = self._code[1]
+            for name, module in list(sys.modules.items()):
+                if (getattr(module, "__file__", None) or "").startswith(directory + os.sep):
+                    del sys.modules[name]
+            if directory in sys.path:
+                sys.path.remove(directory)
+            shutil.rmtree(directory, ignore_errors=True)
+            self._code = None
+        directory = tempfile.mkdtemp(prefix="burla-code-")
+        local_code.install(code, directory)
+        self._code = (digest, directory)
 
     def _run_batch(self, job_id: str, items: list) -> None:
         function = self._functions.get(job_id)

@@ -1,0 +1,67 @@
+"""The user's local modules travel with the job: workers that can't import them still run them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from burla.local_code import collect, install
+
+CLIENT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, ".")
+    import helpers_here
+    from mypkg.ops import square
+    from burla import remote_parallel_map
+    print(remote_parallel_map(helpers_here.triple, [1, 2], spinner=False))
+    print(remote_parallel_map(square, [3], spinner=False))
+""")
+
+
+def _project(tmp_path, version: int):
+    (tmp_path / "helpers_here.py").write_text(f"def triple(x):\n    return {version} * x\n")
+    (tmp_path / "mypkg").mkdir(exist_ok=True)
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "ops.py").write_text(
+        "from mypkg.util import twice\n\ndef square(x):\n    return twice(x) // 2 * x\n")
+    (tmp_path / "mypkg" / "util.py").write_text("def twice(x):\n    return 2 * x\n")
+    (tmp_path / "client.py").write_text(CLIENT)
+
+
+def test_local_modules_and_packages_are_shipped_and_imported(cluster, tmp_path):
+    _project(tmp_path, 3)
+    # The client runs in the project directory; the cluster's workers run elsewhere.
+    done = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["[3, 6]", "[9]"]
+    # A changed module is shipped again, and workers drop the old version after each job.
+    _project(tmp_path, 5)
+    done = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2] == "[5, 10]"
+
+
+def test_installed_and_standard_modules_are_not_shipped():
+    import json
+
+    import aiohttp.web
+
+    assert collect(json.dumps) == b""  # the standard library
+    assert collect(aiohttp.web.json_response) == b""  # an installed package
+
+
+def test_install_refuses_paths_outside_its_directory(tmp_path):
+    import io
+    import zipfile
+
+    import pytest
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("../escape.py", "x = 1\n")
+    with pytest.raises(ValueError, match="outside"):
+        install(buffer.getvalue(), str(tmp_path / "job"))
