@@ -11,6 +11,7 @@ from typing import Any
 from burla import local_code, wire
 from burla._version import __version__
 from burla.config import MAX_FUNCTION_BYTES, ClientSettings
+from burla.environment import client_packages
 from burla.errors import (
     FunctionTooBig,
     InvalidArgument,
@@ -89,6 +90,7 @@ def remote_parallel_map(
         client_version=__version__,
         python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
         local_code=local_code.collect(function_),
+        packages=client_packages(),
     )
     display = Display(len(inputs), show_progress=spinner)
     runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)

@@ -165,6 +165,7 @@ class OpenJob(Message):
     client_version: str
     python_version: str
     local_code: bytes  # a zip of the user's local modules the function needs (b"" if none)
+    packages: dict  # the client's installed distributions: {canonical name: version}
 
 
 @message(2)
@@ -295,6 +296,7 @@ class AssignJob(Message):
     ram_gb_per_call: float | None  # enforced per call when set
     cpus_per_call: int | None  # None: dynamic (the node may lower parallelism for CPU)
     local_code: bytes
+    packages: dict  # what the node installs before running the job, if it lacks them
 
 
 @message(23)

@@ -23,7 +23,7 @@ def open_job(**overrides) -> wire.OpenJob:
                   func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=False, max_parallelism=None,
                   detach=False, raise_errors=True, region=None, disk_gb=None, parent_job_id=None,
                   client_version=__version__, python_version="{}.{}.0".format(*sys.version_info[:2]),
-                  local_code=b"")
+                  local_code=b"", packages={})
     values.update(overrides)
     return wire.OpenJob(**values)
 
@@ -153,7 +153,7 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         (["hello"], "ProtocolError", "binary"),
         ([b"\xc1garbage"], "ProtocolError", "msgpack"),
         ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
-        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 18 fields"),
+        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 19 fields"),
         ([wire.InputBatch("j", []).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),

@@ -10,7 +10,8 @@ from burla.errors import ProtocolError
 
 SAMPLES: list[wire.Message] = [
     wire.OpenJob(
-        "j-1", "f", b"fn", 3, None, 2.5, None, None, False, 4, False, True, None, None, None, "0.1.0", "3.11.7", b""
+        "j-1", "f", b"fn", 3, None, 2.5, None, None, False, 4, False, True, None, None, None, "0.1.0", "3.11.7", b"",
+        {"numpy": "2.0.0"},
     ),
     wire.JobAccepted("j-1", 10, 1024, 1, 2),
     wire.ErrorReply("NoNodes", "none", 503),
@@ -26,7 +27,7 @@ SAMPLES: list[wire.Message] = [
     wire.JobResumed("j-1", 100, 100, 10, 1024),
     wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0"),
     wire.NodeRegistered("n", "0.1.0"),
-    wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None, b"zip"),
+    wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None, b"zip", {}),
     wire.ReleaseJob("j-1"),
     wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0, 1024.0, 2048.0),
     wire.ShutdownNode("bye"),

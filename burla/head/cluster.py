@@ -258,7 +258,7 @@ class Cluster:
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
         return wire.AssignJob(
             spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram, spec.func_cpu,
-            spec.local_code,
+            spec.local_code, spec.packages,
         )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:

@@ -37,6 +37,8 @@ class NodeJob:
     ram_gb_per_call: float | None = None
     cpus_per_call: int | None = None
     local_code: bytes = b""
+    ready: bool = True  # False while the node installs packages the job needs
+    failed_payload: bytes | None = None  # why every call of the job fails here (installation failed)
     queue: deque = field(default_factory=deque)  # [index, pickled args]
     workers: set[WorkerHandle] = field(default_factory=set)
     call_seconds: float | None = None  # EWMA of one call's duration
@@ -87,9 +89,41 @@ class Dispatcher:
         job.credit_unused = max(0, job.credit_unused - len(items))
         size = sum(len(b) for _, b in items) / max(1, len(items))
         job.mean_input_bytes = size if not job.mean_input_bytes else 0.8 * job.mean_input_bytes + 0.2 * size
+        if job.failed_payload is not None:
+            self._fail_all(job, items)
+            return True
         job.queue.extend(items)
         self.pump()
         return True
+
+    # --- package installation before a job runs ------------------------------------------
+
+    def install_output(self, job_id: str, text: str) -> None:
+        """Installation progress, shown to the client like output (input index -1)."""
+        job = self.jobs.get(job_id)
+        if job is not None and not job.cancelled:
+            job.out_outputs.append([-1, 2, text])
+            self._on_outgoing()
+
+    def install_done(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.ready = True
+            self.pump()
+
+    def install_failed(self, job_id: str, payload: bytes) -> None:
+        """Every input of the job, queued or still to come, ends in the installation error."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.failed_payload = payload
+        queued, job.queue = list(job.queue), deque()
+        self._fail_all(job, queued)
+
+    def _fail_all(self, job: NodeJob, items: list) -> None:
+        job.out_results.extend([index, False, job.failed_payload] for index, _ in items)
+        job.done += len(items)
+        self._on_outgoing()
 
     def cancel(self, job_id: str) -> list[WorkerHandle]:
         """Stop a job here: drop its queue and interrupt its running calls."""
@@ -218,7 +252,7 @@ class Dispatcher:
         jobs = list(self.jobs.values())
         for offset in range(len(jobs)):
             job = jobs[(self._rr + offset) % len(jobs)]
-            if job.queue and not job.cancelled and len(job.workers) < job.parallelism:
+            if job.queue and job.ready and not job.cancelled and len(job.workers) < job.parallelism:
                 self._rr = (self._rr + offset + 1) % len(jobs)
                 return job
         return None

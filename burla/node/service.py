@@ -28,8 +28,10 @@ from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.http import build_node_app
 from burla.node.memory import MemoryGuard
+from burla.node.packages import Environment
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
+from burla.serialization import pack_error
 
 log = logging.getLogger("burla.node")
 
@@ -63,6 +65,8 @@ class NodeService:
         self._stopping = asyncio.Event()
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
         self.exit_code = 0
+        self.environment = Environment()
+        self._installs: set[asyncio.Task] = set()
         self._last_network: tuple[float, int, int] = (0.0, 0, 0)
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -87,6 +91,8 @@ class NodeService:
         except* _Stop:
             pass
         finally:
+            for task in list(self._installs):
+                task.cancel()
             await self.thief.close()
             pool_start.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -193,6 +199,11 @@ class NodeService:
                 self._set_status()
         elif isinstance(msg, wire.AssignJob):
             job = d.assign(msg)
+            if self.environment.missing(msg.packages):
+                job.ready = False  # inputs queue up while the node installs what the job needs
+                task = asyncio.create_task(self._install(job.job_id, msg.packages), name=f"install-{job.job_id}")
+                self._installs.add(task)
+                task.add_done_callback(self._installs.discard)
             self._queue_credit(job.job_id)
         elif isinstance(msg, wire.CancelJob):
             interrupted = d.cancel(msg.job_id)
@@ -204,6 +215,15 @@ class NodeService:
         elif isinstance(msg, wire.ReleaseJob):
             d.release(msg.job_id)
             self._set_status()
+
+    async def _install(self, job_id: str, packages: dict[str, str]) -> None:
+        try:
+            await self.environment.install(packages, lambda line: self.dispatcher.install_output(job_id, line))
+        except Exception as e:  # InstallFailed, or the installer could not even start
+            log.error("installing packages for job %s failed: %s", job_id, e)
+            self.dispatcher.install_failed(job_id, pack_error(e))
+        else:
+            self.dispatcher.install_done(job_id)
 
     def _drop_all_jobs(self) -> None:
         for job_id in list(self.dispatcher.jobs):

@@ -9,6 +9,7 @@ if this process dies. Imports stay minimal: this process starts once per slot.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import mmap
 import os
 import shutil
@@ -106,6 +107,7 @@ class Worker:
 
     def _load(self, job_id: str, function_bytes: bytes, code: bytes) -> None:
         try:
+            importlib.invalidate_caches()  # packages the node just installed are importable
             if code:  # the user's local modules, importable before the function loads
                 self._use_local_code(code)
             function = loads(function_bytes)
