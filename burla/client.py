@@ -12,6 +12,7 @@ from burla import local_code, wire
 from burla._version import __version__
 from burla.config import MAX_FUNCTION_BYTES, ClientSettings
 from burla.environment import client_packages
+from burla.environment import prefetch as prefetch_environment
 from burla.errors import (
     FunctionTooBig,
     InvalidArgument,
@@ -70,6 +71,7 @@ def remote_parallel_map(
             "them as inputs, or load them inside the function."
         )
     settings = ClientSettings.resolve()
+    prefetch_environment()  # read while the cluster is found or started
     cluster = connect(settings, allow_embedded=not detach)
     spec = wire.OpenJob(
         job_id=_job_id(function_),

@@ -39,6 +39,8 @@ class InstallFailed(Exception):
 
 
 class Environment:
+    """The node's Python environment, read once at start-up (off the event loop) and after installs."""
+
     def __init__(self) -> None:
         self._satisfied: set[str] = set()
         self._lock = asyncio.Lock()  # one installation at a time in this environment
@@ -51,7 +53,6 @@ class Environment:
         """Requirements (name==version) this environment lacks; [] when already satisfied."""
         if not packages or self._digest(packages) in self._satisfied:
             return []
-        installed_distributions.cache_clear()
         have = dict(installed_distributions())
         wanted = [f"{name}=={version}" for name, version in sorted(packages.items())
                   if have.get(canonical(name)) != version]
@@ -81,5 +82,6 @@ class Environment:
             if await process.wait() != 0:
                 raise InstallFailed(requirements, "".join(lines))
             importlib.invalidate_caches()
+            installed_distributions.cache_clear()  # read the environment again next time
             self._satisfied.add(self._digest(packages))
             log.info("installed %s", ", ".join(requirements))

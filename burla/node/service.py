@@ -22,6 +22,7 @@ from aiohttp import web
 
 from burla import wire
 from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
+from burla.environment import installed_distributions
 from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
 from burla.node.cpu import CpuGuard
@@ -80,6 +81,8 @@ class NodeService:
         self.url = self.settings.advertise_url or f"http://{self.settings.host}:{port}"
         psutil.cpu_percent(interval=None)  # prime the counter
         pool_start = asyncio.create_task(self._start_pool())
+        # Read the installed distributions now, so the first job's package check is instant.
+        reading = asyncio.get_running_loop().run_in_executor(None, installed_distributions)
         try:
             async with asyncio.TaskGroup() as group:
                 if self.settings.lifeline_fd is not None:
@@ -91,6 +94,7 @@ class NodeService:
         except* _Stop:
             pass
         finally:
+            reading.cancel()
             for task in list(self._installs):
                 task.cancel()
             await self.thief.close()
