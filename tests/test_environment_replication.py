@@ -57,8 +57,16 @@ def wheel_dir(tmp_path_factory) -> Path:
 
 
 def _venv(path: Path) -> Path:
-    _run(sys.executable, "-m", "venv", "--system-site-packages", str(path))
-    return path / "bin" / "python"
+    """A new virtual environment that also sees this test run's packages (burla among them)."""
+    import site
+    import sysconfig
+
+    _run(sys.executable, "-m", "venv", str(path))
+    python = path / "bin" / "python"
+    purelib = _run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    inherited = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], str(REPO)]
+    (Path(purelib) / "inherited.pth").write_text("\n".join(dict.fromkeys(inherited)) + "\n")
+    return python
 
 
 def test_a_node_installs_what_the_client_has_and_it_lacks(wheel_dir, tmp_path):
