@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,13 +71,16 @@ def _venv(path: Path) -> Path:
     return python
 
 
-def test_a_node_installs_what_the_client_has_and_it_lacks(wheel_dir, tmp_path):
+@contextlib.contextmanager
+def _cluster(tmp_path: Path, wheel_dir: Path, node_finds: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A client environment with the demo package, and a head with one node whose separate environment
+    lacks it and may install only from `node_finds`. Yields the client's Python and environment."""
     client_python = _venv(tmp_path / "client-env")
     _run(str(client_python), "-m", "pip", "install", "--no-index", "--find-links", str(wheel_dir), "burla-demo-pkg")
     node_python = _venv(tmp_path / "node-env")
     head = start_head(tmp_path / "config", local_nodes=0)
-    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheel_dir), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-               "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(wheel_dir)}  # pip or uv, whichever the node uses
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(node_finds), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+               "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(node_finds)}  # pip or uv, whichever the node uses
     node = subprocess.Popen(
         [str(node_python), "-m", "burla", "node", "join", "--head", head.url, "--workers", "1"],
         env=dict(os.environ, BURLA_CLUSTER_TOKEN=head.token, **offline), cwd=REPO,
@@ -83,43 +88,29 @@ def test_a_node_installs_what_the_client_has_and_it_lacks(wheel_dir, tmp_path):
     )
     try:
         wait_for_nodes(head, 1)
-        env = dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token)
         (tmp_path / "client.py").write_text(CLIENT)
+        yield client_python, dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token)
+    finally:
+        node.terminate()
+        node.wait(15)
+        head.stop()
+
+
+def test_a_node_installs_what_the_client_has_and_it_lacks(wheel_dir, tmp_path):
+    with _cluster(tmp_path, wheel_dir, node_finds=wheel_dir) as (client_python, env):
         first = _run(str(client_python), "client.py", cwd=tmp_path, env=env)
         assert first.stdout.strip().splitlines()[-1] == "[('1.2.3', 42)]"
         assert "installing 1 package(s) on this node: burla-demo-pkg==1.2.3" in first.stderr  # streamed back
         second = _run(str(client_python), "client.py", cwd=tmp_path, env=env)
         assert second.stdout.strip().splitlines()[-1] == "[('1.2.3', 42)]"
         assert "installing" not in second.stderr  # the same packages install nothing the second time
-    finally:
-        node.terminate()
-        node.wait(15)
-        head.stop()
 
 
 def test_a_package_the_node_cannot_get_fails_the_job_clearly(tmp_path, wheel_dir):
-    client_python = _venv(tmp_path / "client-env")
-    _run(str(client_python), "-m", "pip", "install", "--no-index", "--find-links", str(wheel_dir), "burla-demo-pkg")
-    node_python = _venv(tmp_path / "node-env")
-    head = start_head(tmp_path / "config", local_nodes=0)
     empty = tmp_path / "no-wheels"
     empty.mkdir()
-    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(empty), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-               "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(empty)}
-    node = subprocess.Popen(
-        [str(node_python), "-m", "burla", "node", "join", "--head", head.url, "--workers", "1"],
-        env=dict(os.environ, BURLA_CLUSTER_TOKEN=head.token, **offline), cwd=REPO,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_nodes(head, 1)
-        env = dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token)
-        (tmp_path / "client.py").write_text(CLIENT)
+    with _cluster(tmp_path, wheel_dir, node_finds=empty) as (client_python, env):
         done = subprocess.run([str(client_python), "client.py"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode != 0
         assert "InstallFailed" in done.stderr and "burla-demo-pkg==1.2.3" in done.stderr
-    finally:
-        node.terminate()
-        node.wait(15)
-        head.stop()
