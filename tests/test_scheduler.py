@@ -28,7 +28,7 @@ def test_no_nodes_at_all():
 
 def test_booting_nodes_let_the_job_wait():
     s = Scheduler()
-    s.booting = 1
+    s.booting_ids.add("booting-node")
     job = s.admit(spec())
     assert job.status == RUNNING and not job.assignments
     joins = s.add_node(node())

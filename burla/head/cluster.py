@@ -40,11 +40,9 @@ class Cluster:
         self.client_links: dict[str, ClientLink] = {}
         self.job_times: dict[str, tuple[float, float | None]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
-        self.booting_ids: set[str] = set()
         self.booting_since: dict[str, float] = {}  # node id -> when its driver started it
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
-        self._end_kind: dict[str, str] = {}  # job id -> the error kind it ended with
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
         self.prepare_job: Callable[[wire.OpenJob], None] | None = None  # boots what a new job needs
 
@@ -66,7 +64,6 @@ class Cluster:
         self.last_heard[msg.node_id] = time.monotonic()
         self.booting_ids.discard(msg.node_id)
         self.booting_since.pop(msg.node_id, None)
-        self.scheduler.booting = len(self.booting_ids)
         for job, parallelism in self.scheduler.add_node(node):
             link.send(self._assign_message(job.spec, parallelism))
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
@@ -92,13 +89,17 @@ class Cluster:
             self.history.node_event(node_id, "left")
         self.pump()
 
+    @property
+    def booting_ids(self) -> set[str]:
+        """Nodes a driver is starting (the scheduler's set: jobs may wait for them)."""
+        return self.scheduler.booting_ids
+
     def expect_nodes(self, node_ids: list[str]) -> None:
         """A driver is starting these nodes; jobs may wait for them instead of failing."""
         self.booting_ids.update(node_ids)
         now = time.monotonic()
         for node_id in node_ids:
             self.booting_since.setdefault(node_id, now)
-        self.scheduler.booting = len(self.booting_ids)
 
     def node_boot_failed(self, node_id: str, why: str) -> None:
         """A driver's node process ended; if it never registered, stop waiting for it."""
@@ -109,7 +110,6 @@ class Cluster:
             self.history.node_event(node_id, "failed to boot", why)
         self.booting_ids.discard(node_id)
         self.booting_since.pop(node_id, None)
-        self.scheduler.booting = len(self.booting_ids)
         if self.scheduler.booting == 0 and not self.scheduler.nodes:
             for job in list(self.scheduler.jobs.values()):
                 if job.status == RUNNING and not job.assignments:
@@ -276,7 +276,7 @@ class Cluster:
             )
         link.ack(msg.acked_seq)
         if job.status != RUNNING:  # it ended while the client was away: say so after the results
-            link.send(wire.JobEnded(job.job_id, job.status, self._end_kind.get(job.job_id, ""), job.reason))
+            link.send(wire.JobEnded(job.job_id, job.status, job.end_kind, job.reason))
         resumed = wire.JobResumed(
             job.job_id, job.n_inputs, job.upload_prefix, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES
         )
@@ -339,7 +339,7 @@ class Cluster:
         released = self.scheduler.finish(job, status, reason)
         if not was_running:
             return
-        self._end_kind[job.job_id] = kind
+        job.end_kind = kind
         started, _ = self.job_times.get(job.job_id, (time.time(), None))
         self.job_times[job.job_id] = (started, time.time())
         for node_id in released:
@@ -362,7 +362,6 @@ class Cluster:
             self.scheduler.forget(old)
             self.job_times.pop(old, None)
             self.client_links.pop(old, None)
-            self._end_kind.pop(old, None)
         for key in [k for k in self._hinted if k[1] == job.job_id]:
             del self._hinted[key]
         self.pump()

@@ -227,8 +227,8 @@ class Fleet:
         for node_id in list(self.cluster.booting_ids):
             await self.driver.delete(node_id)
             self.cluster.booting_ids.discard(node_id)
+            self.cluster.booting_since.pop(node_id, None)
             stopped.append(node_id)
-        self.cluster.scheduler.booting = 0
         return {"stopped": stopped}
 
     async def delete_node(self, node_id: str) -> bool:

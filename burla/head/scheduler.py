@@ -68,6 +68,7 @@ class JobRecord:
     spec: wire.OpenJob
     status: str = RUNNING
     reason: str = ""
+    end_kind: str = ""  # the error kind it ended with (an exception class name), if not COMPLETED
     pending: deque = field(default_factory=deque)  # [index, pickled args] not yet on a node
     received: int = 0  # inputs uploaded by the client so far
     upload_prefix: int = 0  # every index below this one has been uploaded
@@ -102,7 +103,11 @@ class Scheduler:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
-        self.booting = 0  # nodes a driver is starting that have not registered yet
+        self.booting_ids: set[str] = set()  # nodes a driver is starting that have not registered yet
+
+    @property
+    def booting(self) -> int:
+        return len(self.booting_ids)
 
     # --- nodes ---------------------------------------------------------------------------
 
