@@ -101,8 +101,9 @@ def test_user_data_installs_this_version_and_joins_the_head():
     from burla._version import __version__
     from burla.drivers.ec2 import startup_script
 
-    script = startup_script("http://10.0.0.1:5001", "t0k'en", "burla-node-1", 4)
-    assert f"pip install --quiet burla=={__version__}" in script
+    script = startup_script("http://10.0.0.1:5001", "t0k'en", "burla-node-1", 4, python_version="3.11")
+    assert f"uv pip install --quiet --python /opt/burla/bin/python burla=={__version__}" in script
+    assert "uv venv --quiet --python 3.11 /opt/burla" in script  # the client's Python, fetched if missing
     assert "export BURLA_CLUSTER_TOKEN='t0k'\"'\"'en'" in script  # quoted for the shell
     assert script.rstrip().endswith(
         "/opt/burla/bin/burla node join --head http://10.0.0.1:5001 --node-id burla-node-1 --workers 4")

@@ -25,6 +25,7 @@ class BootRequest:
     gpu: str | None = None
     gpu_count: int = 0
     node_ids: tuple[str, ...] = ()  # names for the nodes (else the driver picks them)
+    python_version: str | None = None  # major.minor for the nodes' Python (None: the head's)
 
     def ids(self, prefix: str) -> list[str]:
         import secrets

@@ -8,37 +8,27 @@
 - Each VM's user data installs this burla version and runs `burla node join` against the head;
   the node then registers by itself. VMs are tagged with the cluster and node id, listed and
   deleted by those tags.
-- libcloud is blocking and its drivers are not thread safe: every call runs in a dedicated
-  thread pool, with one driver object per thread (see DESIGN.md §2).
+- Every libcloud call runs in the driver's own thread pool (`burla.drivers.cloud`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import shlex
-import threading
 import urllib.parse
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from burla._version import __version__
-from burla.drivers.base import BootRequest, Driver, NodeHandle
-from burla.errors import ClusterError
+from burla.drivers.base import BootRequest, NodeHandle
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
 
-CLUSTER_TAG = "burla-cluster"
-NODE_TAG = "burla-node-id"
+__all__ = ["CloudSetupError", "Ec2Config", "Ec2Driver", "resolve_credentials", "startup_script"]
+
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 DEFAULT_AMI_NAME = "al2023-ami-2023*-x86_64"
 FALLBACK_AMI_NAME = "amzn2-ami-hvm-*"
-POOL_THREADS = 8
 _EC2_NAMESPACE = re.compile(r'\s?xmlns="http://ec2\.amazonaws\.com/doc/[^"]*"')
-
-
-class CloudSetupError(ClusterError):
-    """The cloud account can't be used as configured; the message names the command that fixes it."""
 
 
 @dataclass(frozen=True)
@@ -86,29 +76,6 @@ def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
     return frozen.access_key, frozen.secret_key, frozen.token
 
 
-def startup_script(head_url: str, token: str, node_id: str, workers: int | None, gpu: str | None = None,
-                   gpu_count: int = 0, image: str | None = None, region: str | None = None) -> str:
-    """The VM's user data: install this burla version, then join the head as `node_id`."""
-    join = ["burla", "node", "join", "--head", head_url, "--node-id", node_id]
-    if workers is not None:
-        join += ["--workers", str(workers)]
-    if gpu is not None:
-        join += ["--gpu", gpu, "--gpu-count", str(gpu_count)]
-    if image is not None:
-        join += ["--image", image]
-    if region is not None:
-        join += ["--region", region]
-    return "\n".join([
-        "#!/bin/bash",
-        "set -euo pipefail",
-        "python3 -m venv /opt/burla",
-        f"/opt/burla/bin/pip install --quiet burla=={__version__}",
-        f"export BURLA_CLUSTER_TOKEN={shlex.quote(token)}",
-        "exec /opt/burla/bin/" + " ".join(shlex.quote(part) for part in join),
-        "",
-    ])
-
-
 def _libcloud_driver_class() -> type:
     from libcloud.compute.drivers.ec2 import NAMESPACE, EC2Connection, EC2NodeDriver, EC2Response
 
@@ -132,35 +99,24 @@ def _libcloud_driver_class() -> type:
     return NodeDriver
 
 
-class Ec2Driver(Driver):
+class Ec2Driver(ThreadedCloudDriver):
     name = "ec2"
 
     def __init__(self, config: Ec2Config, credentials: Callable[[Ec2Config], tuple[str, str, str | None]]
                  = resolve_credentials) -> None:
         self.config = config
         self._credentials = credentials
-        self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="libcloud-ec2")
-        self._local = threading.local()
-        self.on_boot_failed = None
+        super().__init__()
 
-    # --- one libcloud driver per thread ----------------------------------------------------
-
-    def _driver(self):
-        driver = getattr(self._local, "driver", None)
-        if driver is None:
-            key, secret, token = self._credentials(self.config)
-            kwargs: dict[str, Any] = {"region": self.config.region, "signature_version": "4", "token": token,
-                                      "timeout": 60}
-            if self.config.endpoint:
-                parsed = urllib.parse.urlsplit(self.config.endpoint)
-                kwargs.update(host=parsed.hostname, port=parsed.port or (443 if parsed.scheme == "https" else 80),
-                              secure=parsed.scheme == "https")
-            driver = self._local.driver = _libcloud_driver_class()(key, secret, **kwargs)
-        return driver
-
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(self._driver(), *args))
+    def _new_libcloud_driver(self) -> Any:
+        key, secret, token = self._credentials(self.config)
+        kwargs: dict[str, Any] = {"region": self.config.region, "signature_version": "4", "token": token,
+                                  "timeout": 60}
+        if self.config.endpoint:
+            parsed = urllib.parse.urlsplit(self.config.endpoint)
+            kwargs.update(host=parsed.hostname, port=parsed.port or (443 if parsed.scheme == "https" else 80),
+                          secure=parsed.scheme == "https")
+        return _libcloud_driver_class()(key, secret, **kwargs)
 
     # --- the driver interface --------------------------------------------------------------
 
@@ -184,7 +140,8 @@ class Ec2Driver(Driver):
         tags = {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id}
         kwargs: dict[str, Any] = {
             "ex_userdata": startup_script(request.head_url, request.token, node_id, request.workers, request.gpu,
-                                          request.gpu_count, request.image, request.region or self.config.region),
+                                          request.gpu_count, request.image, request.region or self.config.region,
+                                          request.python_version),
             "ex_metadata": tags,
             "ex_terminate_on_shutdown": True,
             "ex_spot": request.spot,
@@ -233,6 +190,3 @@ class Ec2Driver(Driver):
 
     async def boot_log(self, node_id: str) -> str:
         return await self._call(self._console, node_id)
-
-    async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -143,6 +143,7 @@ class Fleet:
             request = BootRequest(
                 1, self.head_url, self.token, s.workers_per_node, machine.name, spec.region or s.region,
                 spec.disk_gb or s.disk_gb, spec.image or s.image, s.spot, machine.gpu, machine.gpu_count,
+                python_version=".".join(spec.python_version.split(".")[:2]),
             )
             node_ids = request.ids("burla-node")
             request = dataclasses.replace(request, node_ids=tuple(node_ids))

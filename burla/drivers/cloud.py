@@ -1,0 +1,98 @@
+"""What the cloud drivers (EC2, GCE, Azure) share: the setup error, the tags that mark a cluster's
+machines, the startup script every VM runs, and the thread pool libcloud's blocking calls run in.
+
+libcloud is blocking and its driver objects are not thread safe (connection state, GCE paging
+parameters, zone caches), so every call runs in a dedicated pool with one libcloud driver per
+thread (DESIGN.md §2). Cancelling an awaiting task does not stop its thread, so each driver also
+sets request timeouts.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import shlex
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from burla._version import __version__
+from burla.drivers.base import Driver
+from burla.errors import ClusterError
+
+CLUSTER_TAG = "burla-cluster"
+NODE_TAG = "burla-node-id"
+POOL_THREADS = 8
+BOOTSTRAP_DIR = "/opt/burla-bootstrap"
+NODE_ENV_DIR = "/opt/burla"
+
+
+class CloudSetupError(ClusterError):
+    """The cloud account can't be used as configured; the message names the command that fixes it."""
+
+
+def this_python() -> str:
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def startup_script(head_url: str, token: str, node_id: str, workers: int | None, gpu: str | None = None,
+                   gpu_count: int = 0, image: str | None = None, region: str | None = None,
+                   python_version: str | None = None) -> str:
+    """A VM's first-boot script: a Python environment at the client's major.minor with this burla
+    version (uv fetches that Python if the image lacks it), then `burla node join` as `node_id`."""
+    join = ["burla", "node", "join", "--head", head_url, "--node-id", node_id]
+    if workers is not None:
+        join += ["--workers", str(workers)]
+    if gpu is not None:
+        join += ["--gpu", gpu, "--gpu-count", str(gpu_count)]
+    if image is not None:
+        join += ["--image", image]
+    if region is not None:
+        join += ["--region", region]
+    python = shlex.quote(python_version or this_python())
+    return "\n".join([
+        "#!/bin/bash",
+        f"# burla {__version__} node bootstrap",
+        "set -euo pipefail",
+        "export HOME=${HOME:-/root}",
+        "if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then",
+        "  if command -v apt-get >/dev/null; then",
+        "    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv",
+        "  elif command -v dnf >/dev/null; then dnf install -y -q python3-pip; fi",
+        "fi",
+        f"python3 -m venv {BOOTSTRAP_DIR}",
+        f"{BOOTSTRAP_DIR}/bin/pip install --quiet uv",
+        f"{BOOTSTRAP_DIR}/bin/uv venv --quiet --python {python} {NODE_ENV_DIR}",
+        f"{BOOTSTRAP_DIR}/bin/uv pip install --quiet --python {NODE_ENV_DIR}/bin/python burla=={__version__}",
+        f"export BURLA_CLUSTER_TOKEN={shlex.quote(token)}",
+        f"exec {NODE_ENV_DIR}/bin/" + " ".join(shlex.quote(part) for part in join),
+        "",
+    ])
+
+
+class ThreadedCloudDriver(Driver):
+    """A driver whose libcloud calls run in its own pool, one libcloud driver object per thread."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=f"libcloud-{self.name}")
+        self._local = threading.local()
+        self.on_boot_failed = None
+
+    @abc.abstractmethod
+    def _new_libcloud_driver(self) -> Any:
+        """A libcloud driver for the calling thread (runs in the pool)."""
+
+    def _driver(self) -> Any:
+        driver = getattr(self._local, "driver", None)
+        if driver is None:
+            driver = self._local.driver = self._new_libcloud_driver()
+        return driver
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(self._driver(), *args))
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
