@@ -20,7 +20,7 @@ ENV_TOKEN = "BURLA_CLUSTER_TOKEN"
 ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
 ENV_CLOUD = "BURLA_CLOUD"
 CLIENT_CONFIG_FILE = "config.json"
-CLOUD_DRIVERS = {"aws": "ec2"}  # clouds whose driver exists: `burla config set cloud ...`
+CLOUD_DRIVERS = {"aws": "ec2", "gcp": "gce", "azure": "azure"}  # clouds whose driver exists: `burla config set cloud ...`
 
 TOKEN_FILE = "cluster_token"
 HEAD_STATE_FILE = "head.json"

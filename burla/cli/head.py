@@ -12,15 +12,19 @@ from burla.config import ENV_TOKEN, HeadSettings, config_dir, load_or_create_tok
 
 
 def _cloud_config(driver: str, region: str | None, token: str):
-    if driver != "ec2":
+    if driver == "local":
         return None
     import hashlib
     import os
 
-    from burla.drivers.ec2 import Ec2Config
+    from burla.drivers.cloud import CloudSetupError, cloud_config
 
     cluster_id = hashlib.sha256(token.encode()).hexdigest()[:12]  # tags this cluster's VMs, reveals nothing
-    return Ec2Config.from_environment(dict(os.environ), region, cluster_id)
+    try:
+        return cloud_config(driver, dict(os.environ), region, cluster_id)
+    except CloudSetupError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
 
 
 @click.group()
@@ -50,10 +54,12 @@ def head() -> None:
 @click.option("--no-history", is_flag=True, help="Keep no history (the dashboard and CLI then show live state only).")
 @click.option("--history-retention-days", type=click.FloatRange(0.01, None), default=30.0, show_default=True,
               help="Delete history older than this.")
-@click.option("--driver", type=click.Choice(["local", "ec2"]), default="local", show_default=True,
-              help="Where `burla cluster start` boots nodes: this machine, or EC2 VMs in your AWS account.")
+@click.option("--driver", type=click.Choice(["local", "ec2", "gce", "azure"]), default="local", show_default=True,
+              help="Where `burla cluster start` boots nodes: this machine, or VMs in your AWS (ec2), Google Cloud "
+                   "(gce) or Azure account.")
 @click.option("--region", default=None,
-              help="Cloud region for the ec2 driver. Default: AWS_REGION or AWS_DEFAULT_REGION.")
+              help="Cloud region for nodes. Default: the cloud CLI's (AWS_REGION, gcloud compute/region, "
+                   "AZURE_LOCATION).")
 @click.option("--boot-deadline", type=click.FloatRange(1.0, None), default=900.0, show_default=True,
               help="Seconds a booting node may take to register before it is deleted (its console kept).")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")

@@ -96,3 +96,38 @@ class ThreadedCloudDriver(Driver):
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def cloud_config(driver_name: str, environ: dict[str, str], region: str | None, cluster_id: str) -> Any:
+    """The named cloud driver's settings, resolved once from the environment (raises CloudSetupError)."""
+    if driver_name == "ec2":
+        from burla.drivers.ec2 import Ec2Config
+
+        return Ec2Config.from_environment(environ, region, cluster_id)
+    if driver_name == "gce":
+        from burla.drivers.gce import GceConfig
+
+        return GceConfig.from_environment(environ, region, cluster_id)
+    if driver_name == "azure":
+        from burla.drivers.azure import AzureConfig
+
+        return AzureConfig.from_environment(environ, region, cluster_id)
+    raise ValueError(f"no cloud driver named {driver_name!r}")
+
+
+def cloud_driver(config: Any) -> Driver:
+    """The driver for settings made by `cloud_config`."""
+    kind = type(config).__name__
+    if kind == "Ec2Config":
+        from burla.drivers.ec2 import Ec2Driver
+
+        return Ec2Driver(config)
+    if kind == "GceConfig":
+        from burla.drivers.gce import GceDriver
+
+        return GceDriver(config)
+    if kind == "AzureConfig":
+        from burla.drivers.azure import AzureDriver
+
+        return AzureDriver(config)
+    raise ValueError(f"no cloud driver takes {kind}")

@@ -88,9 +88,9 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     )
     fleet_driver = driver
     if settings.cloud is not None:
-        from burla.drivers.ec2 import Ec2Driver
+        from burla.drivers.cloud import cloud_driver
 
-        fleet_driver = Ec2Driver(settings.cloud)
+        fleet_driver = cloud_driver(settings.cloud)
     fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults)
     # Serve first; history opens meanwhile (what is recorded before waits in memory).
     startup = asyncio.create_task(_open_history(history, fleet), name="history-open")

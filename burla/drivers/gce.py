@@ -1,0 +1,310 @@
+"""The GCE driver: nodes are VMs in the user's Google Cloud project, through apache-libcloud.
+
+- Credentials are Google's application default credentials through google-auth (the gcloud
+  `application-default login` file, `GOOGLE_APPLICATION_CREDENTIALS` service-account keys,
+  workload identity, the metadata server on a GCE VM). libcloud's own OAuth is bypassed: it reads
+  none of those and caches tokens in the home directory.
+- The project comes from `GOOGLE_CLOUD_PROJECT` / `CLOUDSDK_CORE_PROJECT`, then gcloud's active
+  configuration, then the credentials; unset, `CloudSetupError` says `gcloud config set project`.
+- gcloud's `CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE` is honoured (private endpoints; the tests'
+  recorded-API server on 127.0.0.1).
+- Each VM runs the shared startup script (`startup-script` metadata), is labelled with the
+  cluster and node id, and is listed with a server-side label filter. Spot VMs use the SPOT
+  provisioning model, which libcloud's create call lacks (see `_spot_scheduling`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import configparser
+import json
+import os
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from burla.drivers.base import BootRequest, NodeHandle
+from burla.drivers.catalog import gpu_model, lookup
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+
+DEFAULT_MACHINE_TYPE = "n4-standard-4"
+DEFAULT_ZONE = "us-central1-a"
+DEFAULT_IMAGE = "debian-cloud/debian-12"  # PROJECT/FAMILY
+DEFAULT_DISK_TYPE = "pd-balanced"
+NETWORK_TAG = "burla-node"
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+# GPU models (catalog names) to the accelerator types attached to general-purpose machines.
+ACCELERATORS = {
+    "T4": "nvidia-tesla-t4", "L4": "nvidia-l4", "V100": "nvidia-tesla-v100", "P100": "nvidia-tesla-p100",
+    "A100_40G": "nvidia-tesla-a100", "A100_80G": "nvidia-a100-80gb", "H100_80G": "nvidia-h100-80gb",
+}
+_LOGIN_FIX = "Run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a " \
+             "service-account key file."
+
+
+@dataclass(frozen=True)
+class GceConfig:
+    project: str
+    zone: str | None = None  # gcloud's compute/zone; None: the first zone of the region
+    region: str | None = None  # gcloud's compute/region, or --region
+    endpoint: str | None = None  # CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE
+    image: str = DEFAULT_IMAGE  # PROJECT/FAMILY, or an image selfLink
+    network: str = "default"
+    cluster_id: str = "default"
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> GceConfig:
+        gcloud = _gcloud_properties(environ)
+        project = (environ.get("GOOGLE_CLOUD_PROJECT") or environ.get("CLOUDSDK_CORE_PROJECT")
+                   or gcloud.get(("core", "project")) or _credentials_project(environ))
+        if not project:
+            raise CloudSetupError(
+                "No Google Cloud project is set. Run `gcloud config set project PROJECT_ID` (or set "
+                "GOOGLE_CLOUD_PROJECT)."
+            )
+        return cls(
+            project=project,
+            zone=environ.get("CLOUDSDK_COMPUTE_ZONE") or gcloud.get(("compute", "zone")) or None,
+            region=region or environ.get("CLOUDSDK_COMPUTE_REGION") or gcloud.get(("compute", "region")) or None,
+            endpoint=environ.get("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE") or None,
+            image=environ.get("BURLA_GCP_IMAGE") or DEFAULT_IMAGE,
+            network=environ.get("BURLA_GCP_NETWORK") or "default",
+            cluster_id=cluster_id,
+        )
+
+
+def _gcloud_properties(environ: dict[str, str]) -> dict[tuple[str, str], str]:
+    """Properties of gcloud's active configuration (read from its files; gcloud need not be installed)."""
+    directory = Path(environ.get("CLOUDSDK_CONFIG") or Path(environ.get("HOME", "~")).expanduser() / ".config/gcloud")
+    name = environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME")
+    if not name:
+        try:
+            name = (directory / "active_config").read_text().strip() or "default"
+        except OSError:
+            name = "default"
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(directory / "configurations" / f"config_{name}")
+    except configparser.Error:
+        return {}
+    return {(section, key): value for section in parser.sections() for key, value in parser[section].items()}
+
+
+def _credentials_project(environ: dict[str, str]) -> str | None:
+    """The project a service-account key (or ADC file) names, if any."""
+    candidates = [environ.get("GOOGLE_APPLICATION_CREDENTIALS")]
+    directory = environ.get("CLOUDSDK_CONFIG") or str(Path(environ.get("HOME", "~")).expanduser() / ".config/gcloud")
+    candidates.append(os.path.join(directory, "application_default_credentials.json"))
+    for path in candidates:
+        if not path:
+            continue
+        try:
+            info = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        project = info.get("project_id") or info.get("quota_project_id")
+        if project:
+            return str(project)
+    return None
+
+
+class GoogleToken:
+    """Access tokens from application default credentials, refreshed before they expire. One per
+    driver, shared by its threads (google-auth credentials are refreshed under a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._credentials: Any = None
+
+    def _load(self) -> Any:
+        try:
+            import google.auth
+            from google.auth.exceptions import DefaultCredentialsError
+        except ImportError:
+            raise CloudSetupError("The GCP driver needs google-auth: pip install 'burla[gcp]'.") from None
+        try:
+            credentials, _ = google.auth.default(scopes=list(SCOPES))
+        except DefaultCredentialsError:
+            raise CloudSetupError(f"No Google Cloud credentials found. {_LOGIN_FIX}") from None
+        return credentials
+
+    @property
+    def access_token(self) -> str:
+        from google.auth.exceptions import RefreshError, TransportError
+        from google.auth.transport.requests import Request
+
+        with self._lock:
+            if self._credentials is None:
+                self._credentials = self._load()
+            if not self._credentials.valid:
+                try:
+                    self._credentials.refresh(Request())
+                except RefreshError as e:
+                    raise CloudSetupError(f"Google Cloud credentials were refused ({e}). {_LOGIN_FIX}") from None
+                except TransportError as e:
+                    raise CloudSetupError(f"Could not reach Google's token service: {e}") from None
+            return self._credentials.token
+
+
+def _spot_scheduling() -> dict[str, Any]:
+    return {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE", "automaticRestart": False,
+            "onHostMaintenance": "TERMINATE"}
+
+
+def _libcloud_driver_class(token: GoogleToken, endpoint: str | None) -> type:
+    from libcloud.common.google import GoogleBaseConnection
+    from libcloud.compute.drivers.gce import API_VERSION, GCEConnection, GCENodeDriver
+
+    class Connection(GCEConnection):
+        def __init__(self, user_id, key, secure, auth_type=None, credential_file=None, project=None, scopes=None,
+                     **kwargs):
+            # Skip GoogleBaseConnection's OAuth setup (token file in the home directory, no ADC).
+            super(GoogleBaseConnection, self).__init__(user_id, key, secure=secure, **kwargs)
+            if endpoint:  # libcloud passes a host override into GCE's auth arguments, so set it here
+                parsed = urllib.parse.urlsplit(endpoint)
+                self.secure = 1 if parsed.scheme == "https" else 0
+                self.host = parsed.hostname
+                self.port = parsed.port or (443 if self.secure else 80)
+            self.oauth2_credential = token
+            self.request_path = f"/compute/{API_VERSION}/projects/{project}"
+            self.gce_params = None
+
+    class NodeDriver(GCENodeDriver):
+        connectionCls = Connection
+
+        def _build_scheduling_gce_struct(self, on_host_maintenance=None, automatic_restart=None, preemptible=None):
+            if preemptible:  # libcloud knows only legacy preemptible VMs; ask for Spot
+                return _spot_scheduling()
+            return super()._build_scheduling_gce_struct(on_host_maintenance, automatic_restart, preemptible)
+
+        def ex_get_node(self, name, zone=None):
+            # create_node ends here; libcloud's Node conversion would list every disk in the project.
+            zone_name = getattr(zone, "name", zone)
+            return self.connection.request(f"/zones/{zone_name}/instances/{name}", method="GET").object
+
+    return NodeDriver
+
+
+class GceDriver(ThreadedCloudDriver):
+    name = "gce"
+
+    def __init__(self, config: GceConfig, token: GoogleToken | None = None) -> None:
+        self.config = config
+        self._token = token or GoogleToken()
+        self._zones_of_region: dict[str, str] = {}
+        super().__init__()
+
+    def _new_libcloud_driver(self) -> Any:
+        driver_class = _libcloud_driver_class(self._token, self.config.endpoint)
+        return driver_class("burla", "application-default", project=self.config.project, timeout=60)
+
+    # --- placement -------------------------------------------------------------------------
+
+    def _zone(self, driver, region: str | None) -> str:
+        """The configured zone if it lies in the wanted region, else the region's first zone."""
+        region = region or self.config.region
+        zone = self.config.zone
+        if zone and (region is None or zone.startswith(region + "-")):
+            return zone
+        if region is None:
+            return DEFAULT_ZONE
+        if region not in self._zones_of_region:
+            info = driver.connection.request(f"/regions/{region}", method="GET").object
+            zones = sorted(url.rsplit("/", 1)[-1] for url in info.get("zones", []))
+            if not zones:
+                raise CloudSetupError(f"GCP region {region} has no zones available to project {self.config.project}.")
+            self._zones_of_region[region] = zones[0]
+        return self._zones_of_region[region]
+
+    def _image(self, driver):
+        if self.config.image.startswith("https://"):
+            return driver.ex_get_image_from_family(self.config.image)
+        project, _, family = self.config.image.partition("/")
+        image = driver.ex_get_image_from_family(family, ex_project_list=[project], ex_standard_projects=False)
+        if image is None:
+            raise CloudSetupError(f"No image in family {family!r} of project {project!r}; set BURLA_GCP_IMAGE to "
+                                  "PROJECT/FAMILY of an image with Python 3.")
+        return image
+
+    # --- the driver interface --------------------------------------------------------------
+
+    def _boot_one(self, driver, request: BootRequest, node_id: str) -> str:
+        zone = self._zone(driver, request.region)
+        machine_type = request.machine_type or DEFAULT_MACHINE_TYPE
+        kwargs: dict[str, Any] = {
+            "location": zone,
+            "ex_network": self.config.network,
+            "ex_tags": [NETWORK_TAG],
+            "ex_metadata": {"startup-script": startup_script(
+                request.head_url, request.token, node_id, request.workers, request.gpu, request.gpu_count,
+                request.image, zone.rsplit("-", 1)[0], request.python_version)},
+            "ex_labels": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
+            "ex_disk_type": DEFAULT_DISK_TYPE,
+            "ex_disk_size": request.disk_gb,
+        }
+        if request.spot:
+            kwargs["ex_preemptible"] = True
+        built_in = lookup("gcp", machine_type)
+        if request.gpu is not None:
+            kwargs["ex_on_host_maintenance"] = "TERMINATE"  # GPU VMs can't live-migrate
+            if built_in is None or built_in.gpu is None:
+                accelerator = ACCELERATORS.get(gpu_model(request.gpu))
+                if accelerator is None:
+                    raise CloudSetupError(f"GCP has no accelerator for GPU {request.gpu!r}; known: "
+                                          f"{', '.join(sorted(ACCELERATORS))}.")
+                kwargs.update(ex_accelerator_type=accelerator, ex_accelerator_count=max(1, request.gpu_count))
+        driver.create_node(node_id, machine_type, self._image(driver), **kwargs)
+        return node_id
+
+    async def boot(self, request: BootRequest) -> list[str]:
+        node_ids = request.ids("burla-node")
+        await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
+        return node_ids
+
+    def _cluster_instances(self, driver) -> list[dict[str, Any]]:
+        """This cluster's instances in every zone: one aggregated request with a label filter."""
+        params = {"filter": f"labels.{CLUSTER_TAG} = {self.config.cluster_id}", "maxResults": 500}
+        instances: list[dict[str, Any]] = []
+        while True:
+            page = driver.connection.request("/aggregated/instances", method="GET", params=params).object
+            for scope in page.get("items", {}).values():
+                instances.extend(scope.get("instances", []))
+            if not page.get("nextPageToken"):
+                return instances
+            params["pageToken"] = page["nextPageToken"]
+
+    async def list_nodes(self) -> list[NodeHandle]:
+        instances = await self._call(self._cluster_instances)
+        return [NodeHandle(i.get("labels", {}).get(NODE_TAG, i["name"]), self.name,
+                           _STATES.get(i.get("status", ""), "BOOTING"), i.get("selfLink", i["name"]))
+                for i in instances]
+
+    def _find(self, driver, node_id: str) -> list[dict[str, Any]]:
+        return [i for i in self._cluster_instances(driver) if i.get("labels", {}).get(NODE_TAG) == node_id]
+
+    def _delete(self, driver, node_id: str) -> bool:
+        matches = self._find(driver, node_id)
+        for instance in matches:
+            zone = instance["zone"].rsplit("/", 1)[-1]
+            driver.connection.async_request(f"/zones/{zone}/instances/{instance['name']}", method="DELETE")
+        return bool(matches)
+
+    async def delete(self, node_id: str) -> bool:
+        return await self._call(self._delete, node_id)
+
+    def _console(self, driver, node_id: str) -> str:
+        matches = self._find(driver, node_id)
+        if not matches:
+            return ""
+        zone = matches[0]["zone"].rsplit("/", 1)[-1]
+        path = f"/zones/{zone}/instances/{matches[0]['name']}/serialPort"
+        return driver.connection.request(path, method="GET", params={"port": 1}).object.get("contents") or ""
+
+    async def boot_log(self, node_id: str) -> str:
+        return await self._call(self._console, node_id)
+
+
+_STATES = {"PROVISIONING": "BOOTING", "STAGING": "BOOTING", "RUNNING": "RUNNING", "STOPPING": "STOPPED",
+           "SUSPENDED": "STOPPED", "TERMINATED": "STOPPED"}

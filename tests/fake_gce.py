@@ -1,0 +1,211 @@
+"""The part of the Compute Engine v1 API that burla's GCE driver uses, answered from recorded
+responses (`tests/fixtures/gce/`) with instance state kept like the real API, plus Google's OAuth
+token endpoint for service-account keys whose `token_uri` points here."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+
+from aiohttp import web
+
+from tests.fake_cloud_api import FakeCloudApi, json_response
+
+PREFIX = "/compute/v1/projects/{project}"
+LABEL_FILTER = re.compile(r"^labels\.([\w-]+)\s*=\s*\"?([\w-]+)\"?$")
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
+         "us-east1-d", "europe-west4-a", "europe-west4-b")
+BOOT_LOG = "Booting Linux on physical CPU 0x0\ngoogle_metadata_script_runner: startup-script: python3 -m venv\n"
+
+
+def _error(status: int, reason: str, message: str) -> web.Response:
+    return json_response({"error": {"code": status, "message": message,
+                                    "errors": [{"message": message, "domain": "global", "reason": reason}]}}, status)
+
+
+class FakeGce(FakeCloudApi):
+    fixture_dir = "gce"
+
+    def __init__(self) -> None:
+        self.instances: dict[tuple[str, str, str], dict] = {}  # (project, zone, name) -> instance
+        self.operations: dict[str, dict] = {}
+        self.tokens_issued: list[str] = []
+        self.token_assertions: list[dict] = []
+        self.refuse_tokens = False
+        self._ids = itertools.count(4_861_000_000_000_000_001)
+        super().__init__()
+
+    # --- OAuth ----------------------------------------------------------------------------
+
+    async def token(self, request: web.Request) -> web.Response:
+        form = dict(await request.post())
+        if self.refuse_tokens:
+            return json_response({"error": "invalid_grant", "error_description": "Invalid JWT Signature."}, 400)
+        if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+            return json_response({"error": "unsupported_grant_type"}, 400)
+        claims_part = form["assertion"].split(".")[1]
+        self.token_assertions.append(json.loads(base64.urlsafe_b64decode(claims_part + "=" * (-len(claims_part) % 4))))
+        token = f"ya29.fake-{len(self.tokens_issued) + 1}"
+        self.tokens_issued.append(token)
+        return json_response({"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
+
+    # --- the compute API ------------------------------------------------------------------
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler) -> web.StreamResponse:
+        if request.path.startswith("/compute/"):
+            bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if bearer not in self.tokens_issued:
+                return _error(401, "authError", "Request had invalid authentication credentials.")
+        return await handler(request)
+
+    def routes(self, app: web.Application) -> None:
+        app.middlewares.append(self._authorize)
+        p = PREFIX
+        app.router.add_post("/token", self.token)
+        app.router.add_get(p + "/regions/{region}", self.region)
+        app.router.add_get(p + "/zones", self.zones)
+        app.router.add_get(p + "/zones/{zone}", self.zone)
+        app.router.add_get(p + "/zones/{zone}/machineTypes/{name}", self.zonal("machine_type"))
+        app.router.add_get(p + "/zones/{zone}/diskTypes/{name}", self.zonal("disk_type"))
+        app.router.add_get(p + "/zones/{zone}/acceleratorTypes/{name}", self.zonal("accelerator_type"))
+        app.router.add_get(p + "/global/networks/{name}", self.network)
+        app.router.add_get(p + "/global/images/family/{family}", self.image_family)
+        app.router.add_post(p + "/zones/{zone}/instances", self.insert)
+        app.router.add_get(p + "/zones/{zone}/instances/{name}", self.get_instance)
+        app.router.add_delete(p + "/zones/{zone}/instances/{name}", self.delete_instance)
+        app.router.add_get(p + "/zones/{zone}/instances/{name}/serialPort", self.serial_port)
+        app.router.add_get(p + "/zones/{zone}/disks/{name}", self.disk)
+        app.router.add_get(p + "/zones/{zone}/operations/{op}", self.operation)
+        app.router.add_get(p + "/aggregated/instances", self.aggregated_instances)
+
+    @staticmethod
+    def _region_of(zone: str) -> str:
+        return zone.rsplit("-", 1)[0]
+
+    async def region(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        return json_response(self.fixture("region", project=m["project"], region=m["region"]))
+
+    async def zones(self, request: web.Request) -> web.Response:
+        project = request.match_info["project"]
+        items = [self.fixture("zone", project=project, zone=zone, region=self._region_of(zone)) for zone in ZONES]
+        return json_response({"kind": "compute#zoneList", "id": f"projects/{project}/zones", "items": items,
+                              "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/zones"})
+
+    async def zone(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        return json_response(self.fixture("zone", project=m["project"], zone=m["zone"],
+                                          region=self._region_of(m["zone"])))
+
+    def zonal(self, fixture: str):
+        async def handler(request: web.Request) -> web.Response:
+            m = request.match_info
+            return json_response(self.fixture(fixture, project=m["project"], zone=m["zone"], name=m["name"]))
+        return handler
+
+    async def network(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        return json_response(self.fixture("network", project=m["project"], name=m["name"]))
+
+    async def image_family(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        if m["family"] not in ("debian-12", "ubuntu-2204-lts"):
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/global/images/family/"
+                                           f"{m['family']}' was not found")
+        return json_response(self.fixture("image", image_project=m["project"], family=m["family"]))
+
+    def _operation(self, project: str, zone: str, name: str, kind: str, instance_id: str) -> dict:
+        op_name = f"operation-{next(self._ids)}"
+        op = self.fixture("operation", project=project, zone=zone, name=name, op_id=str(next(self._ids)),
+                          op_name=op_name, op_type=kind, instance_id=instance_id, status="RUNNING", progress=0)
+        self.operations[op_name] = op
+        return op
+
+    async def operation(self, request: web.Request) -> web.Response:
+        op = self.operations.get(request.match_info["op"])
+        if op is None:
+            return _error(404, "notFound", "operation not found")
+        op.update(status="DONE", progress=100, endTime="2026-11-29T10:00:05.000-08:00")
+        return json_response(op)
+
+    async def insert(self, request: web.Request) -> web.Response:
+        m, body = request.match_info, request["json"]
+        key = (m["project"], m["zone"], body.get("name", ""))
+        if key in self.instances:
+            return _error(409, "alreadyExists", f"The resource 'projects/{key[0]}/zones/{key[1]}/instances/"
+                                                f"{key[2]}' already exists")
+        boot = body["disks"][0]["initializeParams"]
+        instance = self.fixture(
+            "instance", project=m["project"], zone=m["zone"], region=self._region_of(m["zone"]), name=body["name"],
+            instance_id=str(next(self._ids)), machine_type=body["machineType"].rsplit("/", 1)[-1], status="RUNNING",
+            internal_ip=f"10.128.0.{len(self.instances) + 2}", external_ip=f"34.10.0.{len(self.instances) + 2}",
+            size_gb=str(boot.get("diskSizeGb") or 10),
+        )
+        for copied in ("labels", "scheduling", "guestAccelerators", "tags", "serviceAccounts"):
+            if copied in body:
+                instance[copied] = body[copied]
+        if "tags" in body:
+            instance["tags"] = {**body["tags"], "fingerprint": "6smc4R4d39I="}
+        instance["metadata"] = {"kind": "compute#metadata", "fingerprint": "5CvkSjLsr9E=",
+                                "items": body.get("metadata", {}).get("items", [])}
+        instance["sourceImage"] = boot["sourceImage"]
+        self.instances[key] = instance
+        return json_response(self._operation(m["project"], m["zone"], body["name"], "insert", instance["id"]))
+
+    def _instance_or_404(self, request: web.Request) -> dict | web.Response:
+        m = request.match_info
+        instance = self.instances.get((m["project"], m["zone"], m["name"]))
+        if instance is None:
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/zones/{m['zone']}/instances/"
+                                           f"{m['name']}' was not found")
+        return instance
+
+    async def get_instance(self, request: web.Request) -> web.Response:
+        found = self._instance_or_404(request)
+        return found if isinstance(found, web.Response) else json_response(found)
+
+    async def delete_instance(self, request: web.Request) -> web.Response:
+        found = self._instance_or_404(request)
+        if isinstance(found, web.Response):
+            return found
+        m = request.match_info
+        del self.instances[(m["project"], m["zone"], m["name"])]
+        return json_response(self._operation(m["project"], m["zone"], m["name"], "delete", found["id"]))
+
+    async def serial_port(self, request: web.Request) -> web.Response:
+        found = self._instance_or_404(request)
+        if isinstance(found, web.Response):
+            return found
+        m = request.match_info
+        return json_response(self.fixture("serial_port", project=m["project"], zone=m["zone"], name=m["name"],
+                                          contents=BOOT_LOG, length=str(len(BOOT_LOG))))
+
+    async def disk(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        instance = self.instances.get((m["project"], m["zone"], m["name"]))
+        if instance is None:
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/zones/{m['zone']}/disks/"
+                                           f"{m['name']}' was not found")
+        return json_response(self.fixture("disk", project=m["project"], zone=m["zone"], name=m["name"],
+                                          disk_id=str(next(self._ids)), size_gb=instance["disks"][0]["diskSizeGb"],
+                                          source_image=instance["sourceImage"]))
+
+    async def aggregated_instances(self, request: web.Request) -> web.Response:
+        project = request.match_info["project"]
+        wanted = None
+        if "filter" in request.query:
+            match = LABEL_FILTER.match(request.query["filter"].strip())
+            if match is None:
+                return _error(400, "invalid", f"Invalid value for field 'filter': '{request.query['filter']}'.")
+            wanted = match.groups()
+        items: dict[str, dict] = {}
+        for (proj, zone, _), instance in self.instances.items():
+            if proj != project or (wanted and instance.get("labels", {}).get(wanted[0]) != wanted[1]):
+                continue
+            items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(instance)
+        return json_response({"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
+                              "items": items, "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}"
+                                                          "/aggregated/instances"})
