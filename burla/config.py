@@ -20,7 +20,8 @@ ENV_TOKEN = "BURLA_CLUSTER_TOKEN"
 ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
 ENV_CLOUD = "BURLA_CLOUD"
 CLIENT_CONFIG_FILE = "config.json"
-CLOUD_DRIVERS = {"aws": "ec2", "gcp": "gce", "azure": "azure"}  # clouds whose driver exists: `burla config set cloud ...`
+# `burla config set cloud ...` -> the driver heads started on this machine boot nodes with
+CLOUD_DRIVERS = {"aws": "ec2", "gcp": "gce", "azure": "azure"}
 
 TOKEN_FILE = "cluster_token"
 HEAD_STATE_FILE = "head.json"

@@ -206,6 +206,6 @@ class FakeGce(FakeCloudApi):
             if proj != project or (wanted and instance.get("labels", {}).get(wanted[0]) != wanted[1]):
                 continue
             items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(instance)
-        return json_response({"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
-                              "items": items, "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}"
-                                                          "/aggregated/instances"})
+        link = f"https://www.googleapis.com/compute/v1/projects/{project}/aggregated/instances"
+        return json_response({"kind": "compute#instanceAggregatedList", "items": items, "selfLink": link,
+                              "id": f"projects/{project}/aggregated/instances"})
