@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 FIXTURES = Path(__file__).parent / "fixtures"
+JSON_BODY = web.RequestKey("json_body", object)
 
 
 @dataclass
@@ -77,7 +78,7 @@ class FakeCloudApi:
         with self._lock:
             self.requests.append(LoggedRequest(request.method, request.path, dict(request.query), body,
                                                request.headers.get("Authorization", ""), form))
-        request["json"] = body
+        request[JSON_BODY] = body
         return await handler(request)
 
     def _run(self) -> None:

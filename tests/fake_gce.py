@@ -11,7 +11,7 @@ import re
 
 from aiohttp import web
 
-from tests.fake_cloud_api import FakeCloudApi, json_response
+from tests.fake_cloud_api import JSON_BODY, FakeCloudApi, json_response
 
 PREFIX = "/compute/v1/projects/{project}"
 LABEL_FILTER = re.compile(r"^labels\.([\w-]+)\s*=\s*\"?([\w-]+)\"?$")
@@ -132,7 +132,7 @@ class FakeGce(FakeCloudApi):
         return json_response(op)
 
     async def insert(self, request: web.Request) -> web.Response:
-        m, body = request.match_info, request["json"]
+        m, body = request.match_info, request[JSON_BODY]
         key = (m["project"], m["zone"], body.get("name", ""))
         if key in self.instances:
             return _error(409, "alreadyExists", f"The resource 'projects/{key[0]}/zones/{key[1]}/instances/"

@@ -8,8 +8,6 @@ here, so a real node joins, a job runs, the node idles, and the head terminates 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import subprocess
 import sys
 
@@ -18,10 +16,9 @@ import moto.server as moto_server  # noqa: E402
 import pytest
 
 from burla import remote_parallel_map
-from burla.config import ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import get_json, use_head, wait_until
+from tests.helpers import boot_from_startup_script, get_json, use_head, wait_until
 
 
 @pytest.fixture
@@ -52,17 +49,11 @@ def _instances(ec2, state: str | None = None) -> list[dict]:
 
 
 def _boot_locally(ec2, instance: dict, head) -> subprocess.Popen:
-    """Play the VM: run the `burla node join` line of the instance's user data on this machine."""
+    """Play the VM: run the node command of the instance's user data on this machine."""
     import base64
 
     data = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
-    script = base64.b64decode(data["UserData"]["Value"]).decode()
-    token = re.search(r"^export BURLA_CLUSTER_TOKEN=(.+)$", script, re.M).group(1)
-    join = shlex.split(re.search(r"^exec (.+)$", script, re.M).group(1))
-    assert join[0] == "/opt/burla/bin/burla" and join[1:3] == ["node", "join"]
-    env = dict(os.environ, **{ENV_TOKEN: shlex.split(token)[0]})
-    return subprocess.Popen([sys.executable, "-m", "burla", *join[1:], "--workers", "1"], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return boot_from_startup_script(base64.b64decode(data["UserData"]["Value"]).decode())
 
 
 def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(moto, tmp_path, monkeypatch):

@@ -1,0 +1,370 @@
+"""The Azure driver: nodes are VMs in the user's Azure subscription, through apache-libcloud's
+Resource Manager connection.
+
+- Credentials: a service principal from `AZURE_CLIENT_ID` / `AZURE_CLIENT_SECRET` /
+  `AZURE_TENANT_ID` (the names Azure's SDKs use), else the Azure CLI's login (`az account
+  get-access-token`). libcloud's own login (AAD v1, secret only) is bypassed. `AZURE_AUTHORITY_HOST`
+  is honoured, as in Azure's SDKs.
+- The subscription comes from `AZURE_SUBSCRIPTION_ID`, else the Azure CLI's default one.
+- libcloud's VM calls use an old API version without Spot or custom data that works on Python 3
+  (apache/libcloud#1893), so burla sends its own PUT through libcloud's connection: custom data
+  carries the shared startup script, NIC, public IP and OS disk are created inline and deleted
+  with the VM. Listing and deletion use libcloud's calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import configparser
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from burla.drivers.base import BootRequest, NodeHandle
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+
+DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
+DEFAULT_REGION = "eastus"
+DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # publisher:offer:sku:version
+ARM_ENDPOINT = "https://management.azure.com"
+AUTHORITY = "https://login.microsoftonline.com"
+VM_API = "2024-07-01"
+NETWORK_API = "2024-05-01"
+GROUP_API = "2021-04-01"
+ADDRESS_SPACE = "10.42.0.0/16"
+ADMIN_USER = "burla"
+_SP_FIX = ("Check AZURE_CLIENT_ID, AZURE_CLIENT_SECRET and AZURE_TENANT_ID, or create a new secret with "
+           "`az ad sp credential reset --id $AZURE_CLIENT_ID`.")
+
+
+@dataclass(frozen=True)
+class AzureConfig:
+    subscription_id: str
+    tenant_id: str | None = None
+    region: str = DEFAULT_REGION
+    resource_group: str = "burla"
+    client_id: str | None = None  # a service principal, else the Azure CLI's login
+    client_secret: str | None = None
+    arm_endpoint: str = ARM_ENDPOINT
+    authority: str = AUTHORITY
+    image: str = DEFAULT_IMAGE
+    ssh_public_key: str | None = None
+    cluster_id: str = "default"
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> AzureConfig:
+        directory = Path(environ.get("AZURE_CONFIG_DIR") or Path(environ.get("HOME", "~")).expanduser() / ".azure")
+        profile = _cli_default_subscription(directory)
+        subscription = environ.get("AZURE_SUBSCRIPTION_ID") or profile.get("id")
+        if not subscription:
+            raise CloudSetupError(
+                "No Azure subscription is selected. Run `az login` (then `az account set --subscription ID`), or "
+                "set AZURE_SUBSCRIPTION_ID."
+            )
+        client_id, secret = environ.get("AZURE_CLIENT_ID"), environ.get("AZURE_CLIENT_SECRET")
+        tenant = environ.get("AZURE_TENANT_ID") or profile.get("tenantId")
+        if client_id and secret and not tenant:
+            raise CloudSetupError("AZURE_CLIENT_ID and AZURE_CLIENT_SECRET are set but AZURE_TENANT_ID is not; set "
+                                  "it to the service principal's tenant (`az account show --query tenantId`).")
+        return cls(
+            subscription_id=subscription,
+            tenant_id=tenant,
+            region=region or environ.get("AZURE_DEFAULTS_LOCATION") or _cli_default(directory, "location")
+            or DEFAULT_REGION,
+            resource_group=environ.get("BURLA_AZURE_RESOURCE_GROUP") or f"burla-{cluster_id}",
+            client_id=client_id if secret else None,
+            client_secret=secret if client_id else None,
+            arm_endpoint=(environ.get("BURLA_AZURE_RESOURCE_MANAGER_URL") or ARM_ENDPOINT).rstrip("/"),
+            authority=(environ.get("AZURE_AUTHORITY_HOST") or AUTHORITY).rstrip("/"),
+            image=environ.get("BURLA_AZURE_IMAGE") or DEFAULT_IMAGE,
+            ssh_public_key=_ssh_public_key(environ),
+            cluster_id=cluster_id,
+        )
+
+
+def _cli_default_subscription(directory: Path) -> dict[str, Any]:
+    """The Azure CLI's default subscription (`az account show`), read from its profile file."""
+    try:
+        profile = json.loads((directory / "azureProfile.json").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return {}
+    return next((s for s in profile.get("subscriptions", []) if s.get("isDefault")), {})
+
+
+def _cli_default(directory: Path, name: str) -> str | None:
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(directory / "config")
+    except configparser.Error:
+        return None
+    return parser.get("defaults", name, fallback=None) or None
+
+
+def _ssh_public_key(environ: dict[str, str]) -> str | None:
+    """The user's SSH public key (so they can log in to nodes), if they have one."""
+    home = Path(environ.get("HOME", "~")).expanduser()
+    for path in [environ.get("BURLA_AZURE_SSH_PUBLIC_KEY"), home / ".ssh/id_rsa.pub", home / ".ssh/id_ed25519.pub"]:
+        if path:
+            try:
+                return Path(path).read_text().strip()
+            except OSError:
+                continue
+    return None
+
+
+def _generated_ssh_key() -> str:
+    """A throwaway public key: Azure requires one for Linux VMs; nobody logs in with it."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+    except ImportError:
+        raise CloudSetupError("The Azure driver needs an SSH public key: create one with `ssh-keygen`, or "
+                              "pip install 'burla[azure]'.") from None
+    key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode() + " burla-node"
+
+
+class AzureToken:
+    """Resource Manager access tokens for a service principal or the Azure CLI's login, renewed
+    five minutes before they expire. One per driver, shared by its threads."""
+
+    def __init__(self, config: AzureConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._token: tuple[str, float] | None = None
+
+    def get(self) -> tuple[str, float]:
+        with self._lock:
+            if self._token is None or time.time() + 300 >= self._token[1]:
+                self._token = self._service_principal() if self.config.client_id else self._cli()
+            return self._token
+
+    def _service_principal(self) -> tuple[str, float]:
+        c = self.config
+        form = urllib.parse.urlencode({
+            "grant_type": "client_credentials", "client_id": c.client_id, "client_secret": c.client_secret,
+            "scope": f"{c.arm_endpoint}/.default",
+        }).encode()
+        request = urllib.request.Request(f"{c.authority}/{c.tenant_id}/oauth2/v2.0/token", data=form, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            try:
+                detail = json.loads(e.read()).get("error_description", "").splitlines()[0]
+            except (ValueError, IndexError):
+                detail = f"HTTP {e.code}"
+            raise CloudSetupError(f"Azure refused the service principal ({detail}). {_SP_FIX}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise CloudSetupError(f"Could not reach Azure's login service at {c.authority}: {e}") from None
+        return answer["access_token"], time.time() + float(answer.get("expires_in", 3600))
+
+    def _cli(self) -> tuple[str, float]:
+        az = shutil.which("az")
+        if az is None:
+            raise CloudSetupError(
+                "No Azure credentials: install the Azure CLI and run `az login`, or set AZURE_CLIENT_ID, "
+                "AZURE_CLIENT_SECRET and AZURE_TENANT_ID for a service principal."
+            )
+        command = [az, "account", "get-access-token", "--resource", f"{self.config.arm_endpoint}/", "--subscription",
+                   self.config.subscription_id, "--output", "json"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            raise CloudSetupError("`az account get-access-token` did not answer within 60 s.") from None
+        if done.returncode != 0:
+            message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+            if "az login" in done.stderr:
+                raise CloudSetupError(f"The Azure CLI's login has expired or is missing ({message}). Run `az login`.")
+            raise CloudSetupError(f"`az account get-access-token` failed: {message}")
+        answer = json.loads(done.stdout)
+        expires = answer.get("expires_on")
+        if expires is None:  # older CLIs give only local time
+            expires = time.mktime(time.strptime(answer["expiresOn"].split(".")[0], "%Y-%m-%d %H:%M:%S"))
+        return answer["accessToken"], float(expires)
+
+
+def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
+    from libcloud.common.azure_arm import AzureResourceManagementConnection
+    from libcloud.compute.drivers.azure_arm import AzureNodeDriver
+
+    parsed = urllib.parse.urlsplit(endpoint)
+
+    class Connection(AzureResourceManagementConnection):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            # libcloud takes the host from the cloud environment but not the port or scheme.
+            self.secure = 1 if parsed.scheme == "https" else 0
+            self.host = parsed.hostname
+            self.port = parsed.port or (443 if self.secure else 80)
+
+        def get_token_from_credentials(self):
+            self.access_token, self.expires_on = token.get()
+
+        def encode_data(self, data):
+            return json.dumps(data, default=lambda o: o.decode() if isinstance(o, bytes) else str(o))
+
+    class NodeDriver(AzureNodeDriver):
+        connectionCls = Connection
+
+    return NodeDriver
+
+
+class AzureDriver(ThreadedCloudDriver):
+    name = "azure"
+
+    def __init__(self, config: AzureConfig, token: AzureToken | None = None) -> None:
+        self.config = config
+        self._token = token or AzureToken(config)
+        self._networks_ready: set[str] = set()
+        self._network_lock = threading.Lock()
+        self._ssh_key = config.ssh_public_key
+        super().__init__()
+
+    def _new_libcloud_driver(self) -> Any:
+        c = self.config
+        environment = {"resourceManagerEndpointUrl": c.arm_endpoint, "activeDirectoryEndpointUrl": c.authority,
+                       "activeDirectoryResourceId": f"{c.arm_endpoint}/", "storageEndpointSuffix": "core.windows.net"}
+        driver_class = _libcloud_driver_class(self._token, c.arm_endpoint)
+        return driver_class(c.tenant_id or "", c.subscription_id, "burla", "unused", region=c.region,
+                            cloud_environment=environment, timeout=60)
+
+    # --- resources ---------------------------------------------------------------------------
+
+    @property
+    def _group_path(self) -> str:
+        return f"/subscriptions/{self.config.subscription_id}/resourceGroups/{self.config.resource_group}"
+
+    def _put(self, driver, path: str, api_version: str, body: dict[str, Any]) -> dict[str, Any]:
+        return driver.connection.request(path, params={"api-version": api_version}, data=body, method="PUT").object
+
+    def _ensure_network(self, driver, region: str) -> str:
+        """The resource group and this region's virtual network (created once); returns the subnet id."""
+        vnet = f"{self._group_path}/providers/Microsoft.Network/virtualNetworks/burla-{region}"
+        subnet = f"{vnet}/subnets/nodes"
+        with self._network_lock:
+            if region in self._networks_ready:
+                return subnet
+            self._put(driver, self._group_path, GROUP_API,
+                      {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id}})
+            state = self._put(driver, vnet, NETWORK_API, {
+                "location": region, "tags": {CLUSTER_TAG: self.config.cluster_id},
+                "properties": {"addressSpace": {"addressPrefixes": [ADDRESS_SPACE]},
+                               "subnets": [{"name": "nodes", "properties": {"addressPrefix": ADDRESS_SPACE}}]},
+            })
+            deadline = time.monotonic() + 120
+            while state.get("properties", {}).get("provisioningState") not in ("Succeeded", None):
+                if state["properties"]["provisioningState"] == "Failed" or time.monotonic() > deadline:
+                    raise CloudSetupError(f"Azure could not create the virtual network {vnet.rsplit('/', 1)[-1]}.")
+                time.sleep(2)
+                state = driver.connection.request(vnet, params={"api-version": NETWORK_API}).object
+            self._networks_ready.add(region)
+        return subnet
+
+    def _vm_body(self, request: BootRequest, node_id: str, region: str, subnet: str) -> dict[str, Any]:
+        publisher, offer, sku, version = self.config.image.split(":")
+        if self._ssh_key is None:
+            self._ssh_key = _generated_ssh_key()
+        script = startup_script(request.head_url, request.token, node_id, request.workers, request.gpu,
+                                request.gpu_count, request.image, region, request.python_version)
+        os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
+                                   "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
+        if request.disk_gb:
+            os_disk["diskSizeGB"] = request.disk_gb
+        ip_configuration = {"name": "ipconfig", "properties": {
+            "subnet": {"id": subnet},
+            "publicIPAddressConfiguration": {"name": f"{node_id}-ip", "sku": {"name": "Standard"},
+                                             "properties": {"deleteOption": "Delete",
+                                                            "publicIPAllocationMethod": "Static"}},
+        }}
+        properties: dict[str, Any] = {
+            "hardwareProfile": {"vmSize": request.machine_type or DEFAULT_MACHINE_TYPE},
+            "storageProfile": {"imageReference": {"publisher": publisher, "offer": offer, "sku": sku,
+                                                  "version": version}, "osDisk": os_disk},
+            "osProfile": {
+                "computerName": node_id, "adminUsername": ADMIN_USER,
+                "customData": base64.b64encode(script.encode()),  # bytes: the connection encodes them
+                "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
+                    {"path": f"/home/{ADMIN_USER}/.ssh/authorized_keys", "keyData": self._ssh_key}]}},
+            },
+            "networkProfile": {"networkApiVersion": "2022-11-01", "networkInterfaceConfigurations": [
+                {"name": f"{node_id}-nic", "properties": {"primary": True, "deleteOption": "Delete",
+                                                          "ipConfigurations": [ip_configuration]}}]},
+            "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
+        }
+        if request.spot:
+            properties.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
+        return {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
+                "properties": properties}
+
+    # --- the driver interface ----------------------------------------------------------------
+
+    def _boot_one(self, driver, request: BootRequest, node_id: str) -> str:
+        region = request.region or self.config.region
+        subnet = self._ensure_network(driver, region)
+        path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
+        self._put(driver, path, VM_API, self._vm_body(request, node_id, region, subnet))
+        return node_id
+
+    async def boot(self, request: BootRequest) -> list[str]:
+        node_ids = request.ids("burla-node")
+        await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
+        return node_ids
+
+    def _cluster_nodes(self, driver) -> list:
+        from libcloud.common.exceptions import BaseHTTPError
+
+        try:
+            nodes = driver.list_nodes(ex_resource_group=self.config.resource_group, ex_fetch_nic=False,
+                                      ex_fetch_power_state=False)
+        except BaseHTTPError as e:
+            if e.code == 404:  # no resource group yet: nothing booted
+                return []
+            raise
+        return [n for n in nodes if (n.extra.get("tags") or {}).get(CLUSTER_TAG) == self.config.cluster_id]
+
+    async def list_nodes(self) -> list[NodeHandle]:
+        nodes = await self._call(self._cluster_nodes)
+        return [NodeHandle(n.extra["tags"].get(NODE_TAG, n.name), self.name, _STATES.get(str(n.state), "BOOTING"),
+                           n.id) for n in nodes]
+
+    def _find(self, driver, node_id: str) -> list:
+        return [n for n in self._cluster_nodes(driver) if n.extra["tags"].get(NODE_TAG) == node_id]
+
+    def _delete(self, driver, node_id: str) -> bool:
+        matches = self._find(driver, node_id)
+        for node in matches:  # NIC, public IP and disk go with the VM (deleteOption)
+            driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
+        return bool(matches)
+
+    async def delete(self, node_id: str) -> bool:
+        return await self._call(self._delete, node_id)
+
+    def _console(self, driver, node_id: str) -> str:
+        matches = self._find(driver, node_id)
+        if not matches:
+            return ""
+        uris = driver.connection.request(f"{matches[0].id}/retrieveBootDiagnosticsData", method="POST",
+                                         params={"api-version": VM_API, "sasUriExpirationTimeInMinutes": 10}).object
+        blob = uris.get("serialConsoleLogBlobUri")
+        if not blob:
+            return ""
+        with urllib.request.urlopen(blob, timeout=30) as response:  # a SAS URL: no other credentials
+            return response.read().decode(errors="replace")
+
+    async def boot_log(self, node_id: str) -> str:
+        return await self._call(self._console, node_id)
+
+
+_STATES = {"running": "RUNNING", "pending": "BOOTING", "updating": "BOOTING", "terminated": "STOPPED",
+           "error": "STOPPED", "unknown": "BOOTING"}

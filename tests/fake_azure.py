@@ -1,0 +1,178 @@
+"""The part of Azure Resource Manager that burla's Azure driver uses (resource groups, virtual
+networks, virtual machines, boot diagnostics), answered from recorded responses
+(`tests/fixtures/azure/`) with state kept like the real API, plus the identity platform's token
+endpoint for service principals (reached through AZURE_AUTHORITY_HOST)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+
+from aiohttp import web
+
+from tests.fake_cloud_api import JSON_BODY, FakeCloudApi, json_response
+
+GROUP = "/subscriptions/{subscription}/resourceGroups/{group}"
+BOOT_LOG = "[    0.000000] Linux version 6.8.0-1017-azure\ncloud-init[812]: python3 -m venv /opt/burla-bootstrap\n"
+
+
+class FakeAzure(FakeCloudApi):
+    fixture_dir = "azure"
+
+    def __init__(self, client_id: str = "", client_secret: str = "") -> None:
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.groups: dict[tuple[str, str], dict] = {}
+        self.networks: dict[tuple[str, str, str], dict] = {}
+        self.machines: dict[tuple[str, str, str], dict] = {}
+        self.custom_data: dict[str, str] = {}  # VM name -> base64 custom data (never returned by GET)
+        self.tokens_issued: list[str] = []
+        self._ids = itertools.count(1)
+        super().__init__()
+
+    def _error(self, status: int, code: str, message: str) -> web.Response:
+        return json_response(self.fixture("not_found", code=code, message=message), status)
+
+    # --- identity platform ------------------------------------------------------------------
+
+    async def token(self, request: web.Request) -> web.Response:
+        form = dict(await request.post())
+        if form.get("client_id") != self.client_id or form.get("client_secret") != self.client_secret:
+            return json_response(self.fixture("token_error", client_id=form.get("client_id", "")), 401)
+        token = f"eyJ0eXAiOiJKV1QifQ.fake-{len(self.tokens_issued) + 1}"
+        self.tokens_issued.append(token)
+        return json_response(self.fixture("token", access_token=token))
+
+    def issue_token(self) -> str:
+        """A token as `az account get-access-token` would print it (the CLI's own login)."""
+        token = f"eyJ0eXAiOiJKV1QifQ.cli-{len(self.tokens_issued) + 1}"
+        self.tokens_issued.append(token)
+        return token
+
+    # --- Resource Manager -------------------------------------------------------------------
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler) -> web.StreamResponse:
+        if request.path.startswith("/subscriptions/"):
+            if "api-version" not in request.query:
+                return self._error(400, "MissingApiVersionParameter",
+                                   "The api-version query parameter (?api-version=) is required for all requests.")
+            if request.headers.get("Authorization", "").removeprefix("Bearer ") not in self.tokens_issued:
+                return self._error(401, "InvalidAuthenticationToken", "The access token is invalid.")
+        return await handler(request)
+
+    def routes(self, app: web.Application) -> None:
+        app.middlewares.append(self._authorize)
+        app.router.add_post("/{tenant}/oauth2/v2.0/token", self.token)
+        app.router.add_put(GROUP, self.put_group)
+        app.router.add_put(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.put_network)
+        app.router.add_get(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.get_network)
+        app.router.add_get(GROUP + "/providers/Microsoft.Compute/virtualMachines", self.list_machines)
+        app.router.add_put(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}", self.put_machine)
+        app.router.add_get(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}", self.get_machine)
+        app.router.add_delete(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}", self.delete_machine)
+        app.router.add_post(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}/retrieveBootDiagnosticsData",
+                            self.boot_diagnostics)
+        app.router.add_get("/blobs/{blob}", self.blob)
+
+    async def put_group(self, request: web.Request) -> web.Response:
+        m, body = request.match_info, request[JSON_BODY] or {}
+        key = (m["subscription"], m["group"])
+        created = key not in self.groups
+        self.groups[key] = self.fixture("resource_group", subscription=m["subscription"], group=m["group"],
+                                        location=body.get("location", ""), tags=body.get("tags", {}))
+        return json_response(self.groups[key], 201 if created else 200)
+
+    def _group_or_404(self, request: web.Request) -> web.Response | None:
+        m = request.match_info
+        if (m["subscription"], m["group"]) not in self.groups:
+            return self._error(404, "ResourceGroupNotFound", f"Resource group '{m['group']}' could not be found.")
+        return None
+
+    async def put_network(self, request: web.Request) -> web.Response:
+        missing = self._group_or_404(request)
+        if missing is not None:
+            return missing
+        m, body = request.match_info, request[JSON_BODY]
+        properties = body["properties"]
+        network = self.fixture(
+            "virtual_network", subscription=m["subscription"], group=m["group"], name=m["name"],
+            location=body["location"], tags=body.get("tags", {}), state="Updating",
+            address_space=properties["addressSpace"], subnets=[
+                {"name": s["name"], "id": f"{request.path}/subnets/{s['name']}", "properties": s["properties"]}
+                for s in properties.get("subnets", [])],
+        )
+        self.networks[(m["subscription"], m["group"], m["name"])] = network
+        return json_response(network, 201)
+
+    async def get_network(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        network = self.networks.get((m["subscription"], m["group"], m["name"]))
+        if network is None:
+            return self._error(404, "ResourceNotFound", f"The Resource '{m['name']}' was not found.")
+        network["properties"]["provisioningState"] = "Succeeded"  # provisioned by the time it is asked again
+        return json_response(network)
+
+    async def put_machine(self, request: web.Request) -> web.Response:
+        missing = self._group_or_404(request)
+        if missing is not None:
+            return missing
+        m, body = request.match_info, request[JSON_BODY]
+        properties = body["properties"]
+        subnet = properties["networkProfile"]["networkInterfaceConfigurations"][0]["properties"][
+            "ipConfigurations"][0]["properties"]["subnet"]["id"]
+        vnet_name = subnet.split("/virtualNetworks/")[1].split("/")[0]
+        if (m["subscription"], m["group"], vnet_name) not in self.networks:
+            return self._error(404, "InvalidResourceReference", f"Resource {subnet} referenced by resource "
+                                                                f"{request.path} was not found.")
+        linux = dict(properties["osProfile"]["linuxConfiguration"])
+        machine = self.fixture(
+            "virtual_machine", subscription=m["subscription"], group=m["group"], name=m["name"],
+            location=body["location"], tags=body.get("tags", {}), vm_id=str(uuid.UUID(int=next(self._ids))),
+            hardware=properties["hardwareProfile"], image=properties["storageProfile"]["imageReference"],
+            disk_suffix=f"{next(self._ids):032x}", disk_gb=properties["storageProfile"]["osDisk"].get("diskSizeGB", 30),
+            linux=linux, nic_configurations=properties["networkProfile"]["networkInterfaceConfigurations"],
+            state="Creating",
+        )
+        for copied in ("priority", "evictionPolicy", "billingProfile"):
+            if copied in properties:
+                machine["properties"][copied] = properties[copied]
+        self.custom_data[m["name"]] = properties["osProfile"].get("customData", "")
+        self.machines[(m["subscription"], m["group"], m["name"])] = machine
+        return json_response(machine, 201)
+
+    async def get_machine(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        machine = self.machines.get((m["subscription"], m["group"], m["name"]))
+        if machine is None:
+            return self._error(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/virtualMachines/{m['name']}'"
+                                                        f" under resource group '{m['group']}' was not found.")
+        return json_response(machine)
+
+    async def list_machines(self, request: web.Request) -> web.Response:
+        missing = self._group_or_404(request)
+        if missing is not None:
+            return missing
+        m = request.match_info
+        for machine in self.machines.values():  # created by the time anyone lists again
+            machine["properties"]["provisioningState"] = "Succeeded"
+        value = [vm for (sub, group, _), vm in self.machines.items() if (sub, group) == (m["subscription"], m["group"])]
+        return json_response({"value": value})
+
+    async def delete_machine(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        if self.machines.pop((m["subscription"], m["group"], m["name"]), None) is None:
+            return web.Response(status=204)
+        return web.Response(status=202, headers={"Location": f"{self.url}/operations/{uuid.uuid4()}"})
+
+    async def boot_diagnostics(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        if (m["subscription"], m["group"], m["name"]) not in self.machines:
+            return self._error(404, "ResourceNotFound", f"The Resource '{m['name']}' was not found.")
+        return json_response(self.fixture("boot_diagnostics", name=m["name"], blob_base=f"{self.url}/blobs"))
+
+    async def blob(self, request: web.Request) -> web.Response:
+        if request.match_info["blob"].endswith(".serialconsole.log") and request.query.get("sig"):
+            return web.Response(text=BOOT_LOG)
+        return web.Response(status=403, text=json.dumps({"error": "AuthenticationFailed"}))

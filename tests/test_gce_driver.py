@@ -1,0 +1,208 @@
+"""The GCE driver against recorded Compute Engine API responses served on 127.0.0.1
+(`tests/fake_gce.py`): the exact create request (startup script, labels, Spot, GPUs), listing,
+deletion, boot logs, credential discovery from fake gcloud files, and a head that boots an
+instance whose startup script (played here) joins, runs a job and is deleted when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.drivers.base import BootRequest
+from tests import functions
+from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.fake_gce import FakeGce
+from tests.helpers import boot_from_startup_script, get_json, use_head, wait_until
+
+PROJECT = "burla-test"
+
+
+def _service_account_key(token_uri: str) -> dict:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    return {"type": "service_account", "project_id": PROJECT, "private_key_id": "k1", "private_key": pem,
+            "client_email": f"burla@{PROJECT}.iam.gserviceaccount.com", "client_id": "1", "token_uri": token_uri}
+
+
+def _gcloud_config(directory, project: str | None = PROJECT, zone: str | None = "us-central1-a") -> None:
+    (directory / "configurations").mkdir(parents=True, exist_ok=True)
+    (directory / "active_config").write_text("work")
+    lines = ["[core]", f"project = {project}" if project else "", "[compute]", f"zone = {zone}" if zone else ""]
+    (directory / "configurations" / "config_work").write_text("\n".join(lines) + "\n")
+
+
+def _clean_google_environment(monkeypatch, home) -> None:
+    for key in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "GCLOUD_PROJECT",
+                "CLOUDSDK_COMPUTE_ZONE", "CLOUDSDK_COMPUTE_REGION", "CLOUDSDK_ACTIVE_CONFIG_NAME", "BURLA_GCP_IMAGE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # never look for a GCE metadata server
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+
+
+@pytest.fixture
+def gce(monkeypatch, tmp_path):
+    fake = FakeGce()
+    home = tmp_path / "home"
+    home.mkdir()
+    _clean_google_environment(monkeypatch, home)
+    _gcloud_config(home / "gcloud")
+    key_file = home / "sa.json"
+    key_file.write_text(json.dumps(_service_account_key(fake.url + "/token")))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
+    monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE", fake.url + "/compute/v1/")
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def _driver(region: str | None = None):
+    from burla.drivers.gce import GceConfig, GceDriver
+
+    return GceDriver(GceConfig.from_environment(dict(os.environ), region, "cluster-1"))
+
+
+def _startup_script(insert_body: dict) -> str:
+    return next(i["value"] for i in insert_body["metadata"]["items"] if i["key"] == "startup-script")
+
+
+def test_create_request_carries_script_labels_spot_and_gpus_then_list_and_delete(gce):
+    driver = _driver(region="us-east1")
+
+    async def scenario():
+        t4 = BootRequest(1, "http://10.0.0.2:5001", "tok", 4, "n1-standard-8", None, 50, None, True, "T4", 2,
+                         python_version="3.12")
+        a100 = BootRequest(1, "http://10.0.0.2:5001", "tok", None, "a2-highgpu-1g", None, None, None, False,
+                           "A100_40G", 1)
+        booted = await driver.boot(t4) + await driver.boot(a100)
+        listed = await driver.list_nodes()
+        console = await driver.boot_log(booted[0])
+        deleted = [await driver.delete(booted[0]), await driver.delete("burla-node-unknown")]
+        after = await driver.list_nodes()
+        await driver.close()
+        return booted, listed, console, deleted, after
+
+    booted, listed, console, deleted, after = asyncio.run(scenario())
+    t4_body, a100_body = (r.body for r in gce.logged("POST", "/instances"))
+    # The region has zones b, c, d: the first is used; the token came from the service-account key.
+    assert [r.path for r in gce.logged("POST", "/instances")] == [
+        f"/compute/v1/projects/{PROJECT}/zones/us-east1-b/instances"] * 2
+    assert gce.token_assertions[0]["iss"] == f"burla@{PROJECT}.iam.gserviceaccount.com"
+    assert t4_body["name"] == booted[0] and t4_body["machineType"].endswith("/zones/us-east1-b/machineTypes/n1-standard-8")
+    assert t4_body["labels"] == {"burla-cluster": "cluster-1", "burla-node-id": booted[0]}
+    assert t4_body["scheduling"] == {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+                                     "automaticRestart": False, "onHostMaintenance": "TERMINATE"}
+    [accelerator] = t4_body["guestAccelerators"]
+    assert accelerator["acceleratorType"].endswith("/acceleratorTypes/nvidia-tesla-t4")
+    assert accelerator["acceleratorCount"] == 2
+    boot_disk = t4_body["disks"][0]["initializeParams"]
+    assert boot_disk["diskSizeGb"] == 50 and boot_disk["sourceImage"].endswith("/debian-12-v20261110")
+    script = _startup_script(t4_body)
+    assert "uv venv --quiet --python 3.12 /opt/burla" in script
+    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --workers 4 "
+                                    "--gpu T4 --gpu-count 2 --region us-east1")
+    # A machine type with GPUs built in gets no extra accelerators, but can't live-migrate.
+    assert "guestAccelerators" not in a100_body
+    assert a100_body["scheduling"] == {"onHostMaintenance": "TERMINATE"}
+    assert sorted(n.node_id for n in listed) == sorted(booted) and {n.state for n in listed} == {"RUNNING"}
+    assert all(r.query["filter"] == "labels.burla-cluster = cluster-1" for r in gce.logged("GET", "/aggregated/"))
+    assert "startup-script" in console
+    assert deleted == [True, False]
+    assert [n.node_id for n in after] == [booted[1]]
+    assert gce.logged("DELETE") and gce.logged("DELETE")[0].path.endswith(f"/us-east1-b/instances/{booted[0]}")
+
+
+def test_an_unknown_gpu_is_refused_before_any_instance_is_created(gce):
+    from burla.drivers.cloud import CloudSetupError
+
+    driver = _driver()
+    request = BootRequest(1, "http://10.0.0.2:5001", "tok", gpu="Z9000", gpu_count=1)
+    with pytest.raises(CloudSetupError, match="no accelerator for GPU 'Z9000'"):
+        asyncio.run(driver.boot(request))
+    asyncio.run(driver.close())
+    assert not gce.instances
+
+
+def test_project_and_zone_come_from_the_active_gcloud_configuration(monkeypatch, tmp_path):
+    from burla.drivers.gce import GceConfig, GoogleToken
+
+    _clean_google_environment(monkeypatch, tmp_path)
+    _gcloud_config(tmp_path / "gcloud", project="from-gcloud", zone="europe-west4-b")
+    # gcloud's application-default login file (a user's refresh token); found without any network call.
+    (tmp_path / "gcloud" / "application_default_credentials.json").write_text(json.dumps(
+        {"type": "authorized_user", "client_id": "c.apps.googleusercontent.com", "client_secret": "s",
+         "refresh_token": "1//r"}))
+    config = GceConfig.from_environment(dict(os.environ), None, "c1")
+    assert (config.project, config.zone, config.region) == ("from-gcloud", "europe-west4-b", None)
+    assert type(GoogleToken()._load()).__module__ == "google.oauth2.credentials"
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "from-env")  # the environment wins, as with gcloud
+    assert GceConfig.from_environment(dict(os.environ), None, "c1").project == "from-env"
+
+
+def test_an_unset_project_or_missing_credentials_name_the_gcloud_fix(monkeypatch, tmp_path):
+    from burla.drivers.cloud import CloudSetupError
+    from burla.drivers.gce import GceConfig, GoogleToken
+
+    _clean_google_environment(monkeypatch, tmp_path)
+    _gcloud_config(tmp_path / "gcloud", project=None)
+    with pytest.raises(CloudSetupError, match=r"gcloud config set project PROJECT_ID"):
+        GceConfig.from_environment(dict(os.environ), None, "c1")
+    with pytest.raises(CloudSetupError, match=r"gcloud auth application-default login"):
+        GoogleToken().access_token
+
+
+def test_a_refused_key_names_the_fix(gce):
+    from burla.drivers.cloud import CloudSetupError
+
+    gce.refuse_tokens = True
+    driver = _driver()
+    with pytest.raises(CloudSetupError, match="refused.*gcloud auth application-default login"):
+        asyncio.run(driver.list_nodes())
+    asyncio.run(driver.close())
+
+
+def _burla(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])["data"]
+
+
+def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(gce, tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "gce", "--inactivity-timeout", "3"])
+    use_head(monkeypatch, head)
+    node = None
+    try:
+        _burla("settings", "update", "--quantity", "1", "--machine-type", "n4-standard-4", "--spot", "--disk-gb", "40")
+        assert len(_burla("cluster", "start")["booted"]) == 1
+        [insert] = gce.logged("POST", "/instances")
+        assert insert.path == f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances"  # gcloud's zone
+        assert insert.body["machineType"].endswith("/machineTypes/n4-standard-4")
+        assert insert.body["scheduling"]["provisioningModel"] == "SPOT"
+        assert insert.body["disks"][0]["initializeParams"]["diskSizeGb"] == 40
+        node_id = insert.body["labels"]["burla-node-id"]
+        node = boot_from_startup_script(_startup_script(insert.body))
+        wait_for_nodes(head, 1)
+        assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == node_id
+        assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+        # Idle past the timeout: the head deletes the instance through the driver.
+        wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
+        assert gce.logged("DELETE")[0].path.endswith(f"/zones/us-central1-a/instances/{node_id}")
+    finally:
+        if node is not None:
+            node.terminate()
+            node.wait(15)
+        head.stop()
