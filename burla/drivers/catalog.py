@@ -41,7 +41,15 @@ GCP = [
     MachineType("a3-highgpu-8g", 208, 1872, "H100_80G", 8),
 ]
 
-AZURE = [MachineType(f"Standard_D{n}as_v5", n, n * 4) for n in (2, 4, 8, 16, 32, 48, 64)]
+AZURE = [
+    *[MachineType(f"Standard_D{n}as_v5", n, n * 4) for n in (2, 4, 8, 16, 32, 48, 64, 96)],
+    MachineType("Standard_NC4as_T4_v3", 4, 28, "T4", 1),
+    MachineType("Standard_NC64as_T4_v3", 64, 440, "T4", 4),
+    MachineType("Standard_NC24ads_A100_v4", 24, 220, "A100_80G", 1),
+    MachineType("Standard_NC96ads_A100_v4", 96, 880, "A100_80G", 4),
+    MachineType("Standard_ND96asr_v4", 96, 900, "A100_40G", 8),
+    MachineType("Standard_ND96isr_H100_v5", 96, 1900, "H100_80G", 8),
+]
 
 CATALOGS = {"aws": AWS, "gcp": GCP, "azure": AZURE}
 DEFAULT_MACHINE = {"aws": "m7i.2xlarge", "gcp": "n4-standard-4", "azure": "Standard_D8as_v5"}

@@ -1,0 +1,224 @@
+"""The Azure driver against recorded Resource Manager and identity-platform responses served on
+127.0.0.1 (`tests/fake_azure.py`): the exact VM request (custom data, tags, Spot, size, disk,
+inline NIC and public IP deleted with the VM), listing, deletion, boot logs, credential
+discovery (service principal, the Azure CLI's login through a stand-in `az` on PATH, fake CLI
+profile files) and a head that boots a VM whose custom data (played here) joins and runs a job."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.drivers.base import BootRequest
+from tests import functions
+from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.fake_azure import FakeAzure
+from tests.helpers import boot_from_startup_script, get_json, use_head, wait_until
+
+SUBSCRIPTION = "3f6d2b1c-0a4e-4d7b-9c55-2e8f7a1b6c90"
+TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"
+CLIENT_ID = "0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
+SECRET = "s3cret~value"
+
+
+def _clean_azure_environment(monkeypatch, home) -> None:
+    for key in ("AZURE_SUBSCRIPTION_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET",
+                "AZURE_CONFIG_DIR", "AZURE_DEFAULTS_LOCATION", "BURLA_AZURE_RESOURCE_GROUP", "BURLA_AZURE_IMAGE",
+                "BURLA_AZURE_SSH_PUBLIC_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PATH", f"{home / 'bin'}:/usr/bin:/bin")  # only the stand-in `az`, if a test adds one
+
+
+def _cli_profile(home, subscription: str | None = SUBSCRIPTION) -> None:
+    """What `az login` leaves in ~/.azure (azureProfile.json is written with a byte-order mark)."""
+    (home / ".azure").mkdir(exist_ok=True)
+    subscriptions = [{"id": "00000000-0000-0000-0000-000000000001", "name": "Other", "tenantId": TENANT,
+                      "isDefault": False, "state": "Enabled", "user": {"name": "u@example.com", "type": "user"}}]
+    if subscription:
+        subscriptions.append({"id": subscription, "name": "Research", "tenantId": TENANT, "isDefault": True,
+                              "state": "Enabled", "user": {"name": "u@example.com", "type": "user"}})
+    (home / ".azure" / "azureProfile.json").write_text(
+        json.dumps({"installationId": "i-1", "subscriptions": subscriptions}), encoding="utf-8-sig")
+    (home / ".azure" / "config").write_text("[defaults]\nlocation = northeurope\n")
+
+
+def _stand_in_az(home, stdout: str, stderr: str = "", code: int = 0) -> None:
+    """An `az` on PATH that answers `az account get-access-token` as the Azure CLI does."""
+    (home / "bin").mkdir(exist_ok=True)
+    script = home / "bin" / "az"
+    script.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write({stdout!r})\nsys.stderr.write({stderr!r})\n"
+                      f"open({str(home / 'az-args')!r}, 'w').write(' '.join(sys.argv[1:]))\nsys.exit({code})\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def azure(monkeypatch, tmp_path):
+    fake = FakeAzure(CLIENT_ID, SECRET)
+    home = tmp_path / "home"
+    home.mkdir()
+    _clean_azure_environment(monkeypatch, home)
+    for key, value in {"AZURE_SUBSCRIPTION_ID": SUBSCRIPTION, "AZURE_TENANT_ID": TENANT, "AZURE_CLIENT_ID": CLIENT_ID,
+                       "AZURE_CLIENT_SECRET": SECRET, "AZURE_AUTHORITY_HOST": fake.url,
+                       "BURLA_AZURE_RESOURCE_MANAGER_URL": fake.url}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def _driver(region: str | None = None):
+    from burla.drivers.azure import AzureConfig, AzureDriver
+
+    return AzureDriver(AzureConfig.from_environment(dict(os.environ), region, "cluster-1"))
+
+
+def _custom_data(fake: FakeAzure, node_id: str) -> str:
+    return base64.b64decode(fake.custom_data[node_id]).decode()
+
+
+def test_vm_request_carries_custom_data_tags_spot_and_size_then_list_and_delete(azure):
+    driver = _driver(region="westeurope")
+
+    async def scenario():
+        empty = await driver.list_nodes()  # no resource group yet
+        request = BootRequest(2, "http://10.0.0.2:5001", "tok", 4, "Standard_NC4as_T4_v3", None, 64, None, True,
+                              "T4", 1, python_version="3.12")
+        booted = await driver.boot(request)
+        listed = await driver.list_nodes()
+        console = await driver.boot_log(booted[0])
+        deleted = [await driver.delete(booted[0]), await driver.delete("burla-node-unknown")]
+        after = await driver.list_nodes()
+        await driver.close()
+        return empty, booted, listed, console, deleted, after
+
+    empty, booted, listed, console, deleted, after = asyncio.run(scenario())
+    assert empty == []
+    group = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/burla-cluster-1"
+    # One token for every thread; the group and network are created once, before the VMs.
+    assert len(azure.logged("POST", "/oauth2/v2.0/token")) == 1
+    assert azure.logged("POST", "/oauth2/v2.0/token")[0].path == f"/{TENANT}/oauth2/v2.0/token"
+    puts = [r.path for r in azure.logged("PUT")]
+    assert puts[:2] == [group, f"{group}/providers/Microsoft.Network/virtualNetworks/burla-westeurope"]
+    assert sorted(puts[2:]) == sorted(f"{group}/providers/Microsoft.Compute/virtualMachines/{n}" for n in booted)
+    vm = next(r for r in azure.logged("PUT", "/virtualMachines/") if r.path.endswith(booted[0]))
+    assert vm.query["api-version"] == "2024-07-01"
+    body = vm.body
+    assert body["location"] == "westeurope"
+    assert body["tags"] == {"burla-cluster": "cluster-1", "burla-node-id": booted[0]}
+    properties = body["properties"]
+    assert properties["hardwareProfile"] == {"vmSize": "Standard_NC4as_T4_v3"}
+    assert (properties["priority"], properties["evictionPolicy"], properties["billingProfile"]) == (
+        "Spot", "Delete", {"maxPrice": -1})
+    assert properties["storageProfile"]["osDisk"]["diskSizeGB"] == 64
+    assert properties["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    [nic] = properties["networkProfile"]["networkInterfaceConfigurations"]
+    assert nic["properties"]["deleteOption"] == "Delete"
+    public_ip = nic["properties"]["ipConfigurations"][0]["properties"]["publicIPAddressConfiguration"]
+    assert public_ip["properties"]["deleteOption"] == "Delete"
+    assert properties["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"].startswith("ssh-rsa ")
+    script = _custom_data(azure, booted[0])
+    assert "uv venv --quiet --python 3.12 /opt/burla" in script
+    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --workers 4 "
+                                    "--gpu T4 --gpu-count 1 --region westeurope")
+    assert sorted(n.node_id for n in listed) == sorted(booted)
+    assert "cloud-init" in console
+    assert deleted == [True, False]
+    assert [n.node_id for n in after] == [booted[1]]
+    [delete] = azure.logged("DELETE")
+    assert delete.path.endswith(f"/virtualMachines/{booted[0]}")  # NIC, IP and disk go with it (deleteOption)
+
+
+def test_a_wrong_service_principal_secret_names_the_fix(azure, monkeypatch):
+    from burla.drivers.cloud import CloudSetupError
+
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", "not-the-secret")
+    driver = _driver()
+    with pytest.raises(CloudSetupError, match=r"AADSTS7000215.*az ad sp credential reset"):
+        asyncio.run(driver.list_nodes())
+    asyncio.run(driver.close())
+
+
+def test_the_azure_cli_login_and_default_subscription_are_used(azure, monkeypatch, tmp_path):
+    home = tmp_path / "home"
+    for key in ("AZURE_SUBSCRIPTION_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET"):
+        monkeypatch.delenv(key)
+    _cli_profile(home)
+    token = azure.issue_token()
+    _stand_in_az(home, json.dumps({"accessToken": token, "expiresOn": "2099-01-01 00:00:00.000000",
+                                   "expires_on": 4070908800, "subscription": SUBSCRIPTION, "tenant": TENANT,
+                                   "tokenType": "Bearer"}))
+    driver = _driver()
+    assert (driver.config.subscription_id, driver.config.region) == (SUBSCRIPTION, "northeurope")
+    assert driver.config.client_id is None
+    asyncio.run(driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok")))
+    asyncio.run(driver.close())
+    assert not azure.logged("POST", "/oauth2/")  # no service principal login
+    assert {r.authorization for r in azure.logged("PUT")} == {f"Bearer {token}"}
+    asked = (home / "az-args").read_text()
+    assert asked.startswith("account get-access-token") and f"--subscription {SUBSCRIPTION}" in asked
+
+
+def test_missing_azure_setup_names_the_command_that_fixes_it(monkeypatch, tmp_path):
+    from burla.drivers.azure import AzureConfig, AzureToken
+    from burla.drivers.cloud import CloudSetupError
+
+    _clean_azure_environment(monkeypatch, tmp_path)
+    with pytest.raises(CloudSetupError, match=r"az login.*AZURE_SUBSCRIPTION_ID"):
+        AzureConfig.from_environment(dict(os.environ), None, "c1")
+    _cli_profile(tmp_path)
+    config = AzureConfig.from_environment(dict(os.environ), None, "c1")
+    with pytest.raises(CloudSetupError, match=r"install the Azure CLI and run `az login`"):
+        AzureToken(config).get()  # no `az` on PATH and no service principal
+    _stand_in_az(tmp_path, "", "ERROR: AADSTS70043: The refresh token has expired. Please run 'az login' to setup "
+                               "account.\n", code=1)
+    with pytest.raises(CloudSetupError, match=r"expired or is missing.*Run `az login`"):
+        AzureToken(config).get()
+    monkeypatch.setenv("AZURE_CLIENT_ID", CLIENT_ID)
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", SECRET)
+    monkeypatch.setenv("AZURE_TENANT_ID", "")
+    (tmp_path / ".azure" / "azureProfile.json").unlink()
+    monkeypatch.setenv("AZURE_SUBSCRIPTION_ID", SUBSCRIPTION)
+    with pytest.raises(CloudSetupError, match="AZURE_TENANT_ID is not"):
+        AzureConfig.from_environment(dict(os.environ), None, "c1")
+
+
+def _burla(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])["data"]
+
+
+def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "azure", "--inactivity-timeout", "3",
+                                                                 "--region", "westus3"])
+    use_head(monkeypatch, head)
+    node = None
+    try:
+        _burla("settings", "update", "--quantity", "1", "--machine-type", "Standard_D4as_v5", "--disk-gb", "40")
+        [node_id] = _burla("cluster", "start")["booted"]
+        [vm] = azure.logged("PUT", "/virtualMachines/")
+        assert vm.body["properties"]["hardwareProfile"]["vmSize"] == "Standard_D4as_v5"
+        assert vm.body["location"] == "westus3" and "priority" not in vm.body["properties"]
+        node = boot_from_startup_script(_custom_data(azure, node_id))
+        wait_for_nodes(head, 1)
+        assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == node_id
+        assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+        wait_until(lambda: not azure.machines, timeout=60, what="VM deleted")
+        assert azure.logged("DELETE")[0].path.endswith(f"/virtualMachines/{node_id}")
+    finally:
+        if node is not None:
+            node.terminate()
+            node.wait(15)
+        head.stop()
