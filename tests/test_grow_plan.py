@@ -42,5 +42,7 @@ def test_cpu_per_call_and_max_parallelism():
 def test_gpus_by_model_within_their_cap():
     plan = plan_growth(spec(20, func_gpu="A100"), 0, 0, {}, "gcp", None, 2560, {"A100_40G": 12})
     assert sum(m.gpu_count for m in plan) == 12 and {m.gpu for m in plan} == {"A100_40G"}
-    with pytest.raises(NoCompatibleNodes, match="no machine with a T4"):
-        plan_growth(spec(1, func_gpu="T4"), 0, 0, {}, "azure", None, 2560, {})
+    with pytest.raises(NoCompatibleNodes, match="no machine with a B200 GPU; pick one of A100_40G, A100_80G"):
+        plan_growth(spec(1, func_gpu="B200"), 0, 0, {}, "azure", None, 2560, {})
+    [t4] = plan_growth(spec(1, func_gpu="T4"), 0, 0, {}, "azure", None, 2560, {})
+    assert (t4.name, t4.gpu_count) == ("Standard_NC4as_T4_v3", 1)
