@@ -120,6 +120,7 @@ class ClientSettings:
     token: str | None
     parent_job_id: str | None
     cloud: str | None = None  # where heads this client starts boot nodes (None: this machine)
+    head_cert: str | None = None  # an https head's pinned certificate (BURLA_HEAD_CERT)
 
     @classmethod
     def resolve(cls) -> ClientSettings:
@@ -133,6 +134,7 @@ class ClientSettings:
             token=token,
             parent_job_id=os.environ.get(ENV_PARENT_JOB) or None,
             cloud=cloud if isinstance(cloud, str) else None,
+            head_cert=os.environ.get("BURLA_HEAD_CERT") or None,
         )
 
 
@@ -155,6 +157,9 @@ class HeadSettings:
     boot_deadline_s: float = 900.0  # a node not registered this long after its driver started it is deleted
     version: str = ""
     cloud: Any = None  # the cloud driver's config (e.g. drivers.ec2.Ec2Config); None: local nodes only
+    tls_cert: Path | None = None  # serve https with this certificate and key
+    tls_key: Path | None = None
+    public_url: str | None = None  # how clients and nodes reach this head ("{port}": the bound port)
 
 
 @dataclass(frozen=True)
@@ -178,3 +183,4 @@ class NodeSettings:
     advertise_url: str | None = None  # the URL peers should use, if not http://host:port
     memory_budget_gb: float = 1.0  # what all workers together may use before calls are stopped
     steal_ack_timeout_s: float = 5.0  # a transfer not acknowledged this long returns to its donor
+    head_cert: str | None = None  # the head's pinned certificate (an https head with a self-signed one)

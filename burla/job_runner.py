@@ -162,7 +162,10 @@ class JobRunner:
         self._loop = asyncio.get_running_loop()
         lost_at: float | None = None
         opened = self.opening is None  # collecting results: resume from the start
-        async with aiohttp.ClientSession() as session:
+        from burla.tls import client_context
+
+        connector = aiohttp.TCPConnector(ssl=client_context(self.cluster.cert) or True)
+        async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
                     ws = await self._connect(session)
@@ -230,6 +233,11 @@ class JobRunner:
                     "that head."
                 ) from None
             raise _ConnectionLost(f"HTTP {e.status}") from None
+        except aiohttp.ClientConnectorCertificateError as e:
+            from burla.tls import CERT_FIX
+
+            raise HeadUnreachable(f"{self.cluster.url} presented a certificate this client does not trust "
+                                  f"({e.certificate_error}); {CERT_FIX}.") from None
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise _ConnectionLost(str(e) or type(e).__name__) from None
 

@@ -29,6 +29,7 @@ HEAD_STOP_WAIT_S = 10.0
 class ClusterHandle:
     url: str
     token: str
+    cert: str | None = None  # the head's pinned certificate (https heads with a self-signed one)
     embedded: EmbeddedHead | None = None  # set when this process started the head for one job
 
     def close(self) -> None:
@@ -67,11 +68,16 @@ def _reap_stopping_heads() -> None:
     _stopping_heads.clear()
 
 
-def head_is_healthy(url: str, timeout: float = 1.0) -> bool:
+def head_is_healthy(url: str, timeout: float = 1.0, cert: str | None = None) -> bool:
     parsed = urllib.parse.urlsplit(url)
-    connection_class = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
     try:
-        connection = connection_class(parsed.hostname, parsed.port, timeout=timeout)
+        if parsed.scheme == "https":
+            from burla.tls import client_context
+
+            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+                parsed.hostname, parsed.port, timeout=timeout, context=client_context(cert))
+        else:
+            connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
         connection.request("GET", "/health")
         ok = connection.getresponse().status == 200
         connection.close()
@@ -94,7 +100,7 @@ def running_local_head(settings: ClientSettings) -> str | None:
     record = HeadRecord.read(settings.config_dir)
     if record is None or not _pid_alive(record.pid):
         return None
-    return record.url if head_is_healthy(record.url) else None
+    return record.url if head_is_healthy(record.url, cert=settings.head_cert) else None
 
 
 def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHandle:
@@ -105,11 +111,11 @@ def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHan
                 f"{settings.head_url} needs the cluster token: set BURLA_CLUSTER_TOKEN or put it in "
                 f"{settings.config_dir / 'cluster_token'}."
             )
-        return ClusterHandle(settings.head_url, settings.token)
+        return ClusterHandle(settings.head_url, settings.token, settings.head_cert)
     url = running_local_head(settings)
     token = settings.token or load_or_create_token(settings.config_dir)
     if url is not None:
-        return ClusterHandle(url, token)
+        return ClusterHandle(url, token, settings.head_cert)
     if not allow_embedded:
         raise DetachRequiresDeployedCluster(
             "detach=True needs a head that outlives this process. Start one with "

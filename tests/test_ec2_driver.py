@@ -90,9 +90,11 @@ def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(m
 
 def test_user_data_installs_this_version_and_joins_the_head():
     from burla._version import __version__
+    from burla.drivers.base import BootRequest
     from burla.drivers.ec2 import startup_script
 
-    script = startup_script("http://10.0.0.1:5001", "t0k'en", "burla-node-1", 4, python_version="3.11")
+    script = startup_script(BootRequest(1, "http://10.0.0.1:5001", "t0k'en", 4, python_version="3.11"),
+                            "burla-node-1", None)
     assert f"uv pip install --quiet --python /opt/burla/bin/python burla=={__version__}" in script
     assert "uv venv --quiet --python 3.11 /opt/burla" in script  # the client's Python, fetched if missing
     assert "export BURLA_CLUSTER_TOKEN='t0k'\"'\"'en'" in script  # quoted for the shell

@@ -101,7 +101,8 @@ def test_create_request_carries_script_labels_spot_and_gpus_then_list_and_delete
     assert [r.path for r in gce.logged("POST", "/instances")] == [
         f"/compute/v1/projects/{PROJECT}/zones/us-east1-b/instances"] * 2
     assert gce.token_assertions[0]["iss"] == f"burla@{PROJECT}.iam.gserviceaccount.com"
-    assert t4_body["name"] == booted[0] and t4_body["machineType"].endswith("/zones/us-east1-b/machineTypes/n1-standard-8")
+    assert t4_body["name"] == booted[0]
+    assert t4_body["machineType"].endswith("/zones/us-east1-b/machineTypes/n1-standard-8")
     assert t4_body["labels"] == {"burla-cluster": "cluster-1", "burla-node-id": booted[0]}
     assert t4_body["scheduling"] == {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
                                      "automaticRestart": False, "onHostMaintenance": "TERMINATE"}
@@ -161,7 +162,7 @@ def test_an_unset_project_or_missing_credentials_name_the_gcloud_fix(monkeypatch
     with pytest.raises(CloudSetupError, match=r"gcloud config set project PROJECT_ID"):
         GceConfig.from_environment(dict(os.environ), None, "c1")
     with pytest.raises(CloudSetupError, match=r"gcloud auth application-default login"):
-        GoogleToken().access_token
+        _ = GoogleToken().access_token
 
 
 def test_a_refused_key_names_the_fix(gce):

@@ -11,12 +11,13 @@ Exit codes: 0 ok, 2 bad usage, 3 auth, 4 not found, 5 conflict, 6 head unreachab
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -89,6 +90,7 @@ class HeadClient:
     url: str
     token: str | None
     source: str  # where the URL came from
+    cert: str | None = field(default_factory=lambda: os.environ.get("BURLA_HEAD_CERT") or None)
 
     def request(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
         if not self.token:
@@ -99,13 +101,18 @@ class HeadClient:
             self.url + path, data=data, method=method,
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
         )
+        from burla.tls import CERT_FIX, client_context, is_certificate_error
+
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=client_context(self.cert)) as response:
                 return json.load(response)
         except urllib.error.HTTPError as e:
             raise _http_error(e, self.url) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
+            if is_certificate_error(e):
+                raise CliError("head_untrusted", f"the head at {self.url} presented a certificate this machine "
+                               f"does not trust: {reason}", CERT_FIX, EXIT_UNREACHABLE) from None
             raise CliError("head_unreachable", f"can't reach the head at {self.url}: {reason}",
                            "start one with `burla cluster start`, or pass --head URL", EXIT_UNREACHABLE) from None
 

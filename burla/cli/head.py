@@ -27,6 +27,41 @@ def _cloud_config(driver: str, region: str | None, token: str):
         sys.exit(2)
 
 
+def _tls_files(directory: Path, host: str, public_url: str | None, cert: Path | None, key: Path | None,
+               self_signed: bool) -> tuple[Path | None, Path | None]:
+    """The certificate and key to serve with, if any (made here for --tls-self-signed)."""
+    if (cert is None) != (key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    if self_signed and cert is not None:
+        raise click.UsageError("pass either --tls-self-signed or --tls-cert/--tls-key, not both")
+    if public_url is not None and not public_url.startswith(("http://", "https://")):
+        raise click.UsageError(f"--url must start with http:// or https://, got {public_url!r}")
+    from burla.tls import TlsSetupError, make_self_signed, server_context
+
+    if not self_signed:
+        if cert is not None and key is not None:
+            try:
+                server_context(cert, key)  # fail here, with the reason, rather than once serving
+            except TlsSetupError as e:
+                click.echo(f"error: {e}", err=True)
+                sys.exit(2)
+        return cert, key
+    import urllib.parse
+
+    names = [host] if host not in ("0.0.0.0", "::") else []
+    if public_url:
+        names.append(urllib.parse.urlsplit(public_url.replace("{port}", "1")).hostname or "")
+    names = [n for n in names + ["127.0.0.1", "localhost"] if n]
+    try:
+        cert, key = make_self_signed(names, directory)
+    except TlsSetupError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"serving https with a self-signed certificate; clients and nodes trust it with "
+               f"BURLA_HEAD_CERT={cert}", err=True)
+    return cert, key
+
+
 @click.group()
 def head() -> None:
     """Run a cluster head (the control plane every client and node talks to)."""
@@ -62,22 +97,35 @@ def head() -> None:
                    "AZURE_LOCATION).")
 @click.option("--boot-deadline", type=click.FloatRange(1.0, None), default=900.0, show_default=True,
               help="Seconds a booting node may take to register before it is deleted (its console kept).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Serve https with this certificate (PEM); needs --tls-key.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The private key of --tls-cert (PEM).")
+@click.option("--tls-self-signed", is_flag=True,
+              help="Serve https with a certificate made for --host / --url (kept in the config directory); "
+                   "clients and nodes pin it through BURLA_HEAD_CERT.")
+@click.option("--url", "public_url", default=None,
+              help="The URL clients and nodes reach this head at, when it differs from --host (e.g. "
+                   "https://10.0.0.5:{port}; {port} is the bound port).")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
           node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
           history_path: Path | None, no_history: bool, history_retention_days: float, driver: str,
-          region: str | None, boot_deadline: float, ephemeral: bool,
+          region: str | None, boot_deadline: float, tls_cert: Path | None, tls_key: Path | None,
+          tls_self_signed: bool, public_url: str | None, ephemeral: bool,
           ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
     from burla.head.server import serve as run_head
 
     directory = config_dir()
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    tls_cert, tls_key = _tls_files(directory, host, public_url, tls_cert, tls_key, tls_self_signed)
+    if host not in ("127.0.0.1", "localhost", "::1") and tls_cert is None:
         click.echo(f"warning: listening on {host} without TLS; anyone who can reach it sees the token "
-                   "in transit. Prefer 127.0.0.1 behind an SSH tunnel or a TLS proxy.", err=True)
+                   "in transit. Pass --tls-self-signed (or --tls-cert/--tls-key), or keep 127.0.0.1 behind an "
+                   "SSH tunnel.", err=True)
     if token:
         if not ephemeral and read_token(directory) != token:
             write_private_file(directory / "cluster_token", token + "\n")
@@ -91,6 +139,7 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
         history_path=None if no_history else history_path or directory / "history.db",
         history_retention_days=history_retention_days,
         cloud=_cloud_config(driver, region, token), boot_deadline_s=boot_deadline,
+        tls_cert=tls_cert, tls_key=tls_key, public_url=public_url,
         version=__version__,
     )
     try:

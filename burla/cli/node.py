@@ -43,10 +43,13 @@ def node() -> None:
               help="Memory all workers together may use. Default: 90% of this machine's memory.")
 @click.option("--gpu", default=None, help="GPU model this node offers, e.g. A100_40G.")
 @click.option("--gpu-count", type=click.IntRange(0, 64), default=0, show_default=True)
+@click.option("--head-cert", type=click.Path(exists=True, dir_okay=False), envvar="BURLA_HEAD_CERT", default=None,
+              help="The head's own certificate, for an https head with a self-signed one (pinned).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
          image: str | None, port: int, advertise_url: str | None, steal_ack_timeout: float,
-         memory_limit_gb: float | None, gpu: str | None, gpu_count: int, lifeline_fd: int | None) -> None:
+         memory_limit_gb: float | None, gpu: str | None, gpu_count: int, head_cert: str | None,
+         lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
     import psutil
 
@@ -65,7 +68,7 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
         node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
         ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region, gpu=gpu,
         gpu_count=gpu_count if gpu else 0,
-        lifeline_fd=lifeline_fd, version=__version__, port=port,
+        lifeline_fd=lifeline_fd, version=__version__, port=port, head_cert=head_cert,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, steal_ack_timeout_s=steal_ack_timeout,
     )
     sys.exit(run_node(settings))

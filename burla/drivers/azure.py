@@ -275,8 +275,7 @@ class AzureDriver(ThreadedCloudDriver):
         publisher, offer, sku, version = self.config.image.split(":")
         if self._ssh_key is None:
             self._ssh_key = _generated_ssh_key()
-        script = startup_script(request.head_url, request.token, node_id, request.workers, request.gpu,
-                                request.gpu_count, request.image, region, request.python_version)
+        script = startup_script(request, node_id, region)
         os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
                                    "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
         if request.disk_gb:

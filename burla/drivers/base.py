@@ -26,6 +26,7 @@ class BootRequest:
     gpu_count: int = 0
     node_ids: tuple[str, ...] = ()  # names for the nodes (else the driver picks them)
     python_version: str | None = None  # major.minor for the nodes' Python (None: the head's)
+    head_cert: str | None = None  # PEM of the head's own certificate, which nodes pin (https heads)
 
     def ids(self, prefix: str) -> list[str]:
         import secrets

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from burla._version import __version__
-from burla.drivers.base import Driver
+from burla.drivers.base import BootRequest, Driver
 from burla.errors import ClusterError
 
 CLUSTER_TAG = "burla-cluster"
@@ -27,6 +27,7 @@ NODE_TAG = "burla-node-id"
 POOL_THREADS = 8
 BOOTSTRAP_DIR = "/opt/burla-bootstrap"
 NODE_ENV_DIR = "/opt/burla"
+HEAD_CERT_PATH = "/opt/burla-head-cert.pem"
 
 
 class CloudSetupError(ClusterError):
@@ -37,21 +38,25 @@ def this_python() -> str:
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-def startup_script(head_url: str, token: str, node_id: str, workers: int | None, gpu: str | None = None,
-                   gpu_count: int = 0, image: str | None = None, region: str | None = None,
-                   python_version: str | None = None) -> str:
+def startup_script(request: BootRequest, node_id: str, region: str | None) -> str:
     """A VM's first-boot script: a Python environment at the client's major.minor with this burla
-    version (uv fetches that Python if the image lacks it), then `burla node join` as `node_id`."""
-    join = ["burla", "node", "join", "--head", head_url, "--node-id", node_id]
-    if workers is not None:
-        join += ["--workers", str(workers)]
-    if gpu is not None:
-        join += ["--gpu", gpu, "--gpu-count", str(gpu_count)]
-    if image is not None:
-        join += ["--image", image]
+    version (uv fetches that Python if the image lacks it), then `burla node join` as `node_id`.
+    An https head's own certificate is written next to it and pinned."""
+    join = ["burla", "node", "join", "--head", request.head_url, "--node-id", node_id]
+    if request.workers is not None:
+        join += ["--workers", str(request.workers)]
+    if request.gpu is not None:
+        join += ["--gpu", request.gpu, "--gpu-count", str(request.gpu_count)]
+    if request.image is not None:
+        join += ["--image", request.image]
     if region is not None:
         join += ["--region", region]
-    python = shlex.quote(python_version or this_python())
+    certificate: list[str] = []
+    if request.head_cert:
+        join += ["--head-cert", HEAD_CERT_PATH]
+        certificate = [f"mkdir -p {NODE_ENV_DIR}", f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'",
+                       request.head_cert.strip(), "BURLA_HEAD_CERT"]
+    python = shlex.quote(request.python_version or this_python())
     return "\n".join([
         "#!/bin/bash",
         f"# burla {__version__} node bootstrap",
@@ -66,7 +71,8 @@ def startup_script(head_url: str, token: str, node_id: str, workers: int | None,
         f"{BOOTSTRAP_DIR}/bin/pip install --quiet uv",
         f"{BOOTSTRAP_DIR}/bin/uv venv --quiet --python {python} {NODE_ENV_DIR}",
         f"{BOOTSTRAP_DIR}/bin/uv pip install --quiet --python {NODE_ENV_DIR}/bin/python burla=={__version__}",
-        f"export BURLA_CLUSTER_TOKEN={shlex.quote(token)}",
+        *certificate,
+        f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
         f"exec {NODE_ENV_DIR}/bin/" + " ".join(shlex.quote(part) for part in join),
         "",
     ])

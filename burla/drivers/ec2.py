@@ -139,9 +139,7 @@ class Ec2Driver(ThreadedCloudDriver):
         size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
         tags = {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id}
         kwargs: dict[str, Any] = {
-            "ex_userdata": startup_script(request.head_url, request.token, node_id, request.workers, request.gpu,
-                                          request.gpu_count, request.image, request.region or self.config.region,
-                                          request.python_version),
+            "ex_userdata": startup_script(request, node_id, request.region or self.config.region),
             "ex_metadata": tags,
             "ex_terminate_on_shutdown": True,
             "ex_spot": request.spot,

@@ -237,9 +237,7 @@ class GceDriver(ThreadedCloudDriver):
             "location": zone,
             "ex_network": self.config.network,
             "ex_tags": [NETWORK_TAG],
-            "ex_metadata": {"startup-script": startup_script(
-                request.head_url, request.token, node_id, request.workers, request.gpu, request.gpu_count,
-                request.image, zone.rsplit("-", 1)[0], request.python_version)},
+            "ex_metadata": {"startup-script": startup_script(request, node_id, zone.rsplit("-", 1)[0])},
             "ex_labels": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
             "ex_disk_type": DEFAULT_DISK_TYPE,
             "ex_disk_size": request.disk_gb,

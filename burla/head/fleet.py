@@ -81,13 +81,14 @@ def _check_int(values: dict, name: str, low: int, high: int, optional: bool = Fa
 
 class Fleet:
     def __init__(self, cluster: Cluster, driver: Driver, history: History | None, head_url: str, token: str,
-                 settings: ClusterSettings) -> None:
+                 settings: ClusterSettings, head_cert: str | None = None) -> None:
         self.cluster = cluster
         self.driver = driver
         self.history = history
         self.head_url = head_url
         self.token = token
         self.settings = settings
+        self.head_cert = head_cert  # PEM nodes pin, when this head serves https with its own certificate
         self.stopped = False  # `cluster stop` was asked: jobs don't boot nodes until `cluster start`
         self.grown: set[str] = set()  # nodes booted by grow=True: removed after a short idle time
         self._booting_slots: dict[str, int] = {}
@@ -106,7 +107,7 @@ class Fleet:
     def _request(self, count: int) -> BootRequest:
         s = self.settings
         return BootRequest(count, self.head_url, self.token, s.workers_per_node, s.machine_type, s.region, s.disk_gb,
-                           s.image, s.spot)
+                           s.image, s.spot, head_cert=self.head_cert)
 
     @property
     def cloud(self) -> str | None:
@@ -143,7 +144,7 @@ class Fleet:
             request = BootRequest(
                 1, self.head_url, self.token, s.workers_per_node, machine.name, spec.region or s.region,
                 spec.disk_gb or s.disk_gb, spec.image or s.image, s.spot, machine.gpu, machine.gpu_count,
-                python_version=".".join(spec.python_version.split(".")[:2]),
+                python_version=".".join(spec.python_version.split(".")[:2]), head_cert=self.head_cert,
             )
             node_ids = request.ids("burla-node")
             request = dataclasses.replace(request, node_ids=tuple(node_ids))

@@ -45,17 +45,21 @@ def bind(host: str, port: int | None) -> socket.socket:
     return sock
 
 
-def url_of(sock: socket.socket, host: str) -> str:
+def url_of(sock: socket.socket, settings: HeadSettings) -> str:
     port = sock.getsockname()[1]
+    if settings.public_url:
+        return settings.public_url.replace("{port}", str(port)).rstrip("/")
+    host = settings.host
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
+    return f"{'https' if settings.tls_cert else 'http'}://{shown}:{port}"
 
 
 def serve(settings: HeadSettings) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s head %(levelname)s %(message)s")
     sock = bind(settings.host, settings.port)
-    url = url_of(sock, settings.host)
-    driver = LocalDriver()
+    url = url_of(sock, settings)
+    # Local nodes pin this head's own certificate when it serves https.
+    driver = LocalDriver(env=dict(os.environ, BURLA_HEAD_CERT=str(settings.tls_cert)) if settings.tls_cert else None)
     booted: list[str] = []
     if settings.local_nodes:
         booted = driver.boot_now(BootRequest(settings.local_nodes, url, settings.token, settings.local_node_workers))
@@ -91,13 +95,19 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         from burla.drivers.cloud import cloud_driver
 
         fleet_driver = cloud_driver(settings.cloud)
-    fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults)
+    head_cert = settings.tls_cert.read_text() if settings.tls_cert is not None else None
+    fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults, head_cert)
     # Serve first; history opens meanwhile (what is recorded before waits in memory).
     startup = asyncio.create_task(_open_history(history, fleet), name="history-open")
     cluster.prepare_job = fleet.prepare_job
     runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.SockSite(runner, sock)
+    ssl_context = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        from burla.tls import server_context
+
+        ssl_context = server_context(settings.tls_cert, settings.tls_key)
+    site = web.SockSite(runner, sock, ssl_context=ssl_context)
     await site.start()
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")

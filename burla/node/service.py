@@ -125,7 +125,10 @@ class NodeService:
     async def _head_session_loop(self) -> None:
         deadline = time.monotonic() + self.settings.register_deadline_s
         headers = {"Authorization": f"Bearer {self.settings.token}"}
-        async with aiohttp.ClientSession() as session:
+        from burla.tls import client_context
+
+        connector = aiohttp.TCPConnector(ssl=client_context(self.settings.head_cert) or True)
+        async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
                     async with session.ws_connect(

@@ -1,0 +1,112 @@
+"""TLS for heads that listen beyond loopback.
+
+A head serves HTTPS with a certificate it is given, or one it makes for itself
+(`--tls-self-signed`). Clients, nodes and the CLI trust a self-signed head by pinning: the head's
+own certificate file (`BURLA_HEAD_CERT`) is the only authority they accept for it, so no other
+certificate passes, whatever name it carries. Without a pinned certificate, https heads are
+verified against the system's authorities as usual.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import ipaddress
+import ssl
+from pathlib import Path
+
+from burla.config import write_private_file
+from burla.errors import ClusterError
+
+ENV_HEAD_CERT = "BURLA_HEAD_CERT"
+CERT_FILE = "head-cert.pem"
+KEY_FILE = "head-key.pem"
+
+
+class TlsSetupError(ClusterError):
+    """The head's certificate or key can't be used; the message says what to fix."""
+
+
+def make_self_signed(names: list[str], directory: Path) -> tuple[Path, Path]:
+    """A certificate for these host names / IP addresses and its key, written to `directory`
+    (the key readable by its owner only). Reused if one for the same names exists."""
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        raise TlsSetupError("--tls-self-signed needs the cryptography package: pip install cryptography") from None
+    cert_path, key_path = directory / CERT_FILE, directory / KEY_FILE
+    if cert_path.exists() and key_path.exists():
+        existing = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        try:
+            san = existing.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            covered = {str(v) for v in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(
+                x509.DNSName))
+        except x509.ExtensionNotFound:
+            covered = set()
+        if set(names) <= covered and existing.not_valid_after_utc > datetime.datetime.now(datetime.UTC):
+            return cert_path, key_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    alternatives: list[x509.GeneralName] = []
+    for name in dict.fromkeys(names):
+        try:
+            alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alternatives.append(x509.DNSName(name))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "burla-head")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    write_private_file(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()).decode())
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise TlsSetupError(f"can't use the certificate {cert} with the key {key}: {e}") from None
+    return context
+
+
+@functools.lru_cache(maxsize=8)
+def client_context(pinned_cert: str | None) -> ssl.SSLContext | None:
+    """The context for talking to a head: its pinned certificate if given, else None (defaults)."""
+    if not pinned_cert:
+        return None
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=pinned_cert)
+    except (OSError, ssl.SSLError) as e:
+        raise TlsSetupError(f"can't read the head certificate {pinned_cert} ({ENV_HEAD_CERT}): {e}") from None
+    context.check_hostname = False  # pinned: only this exact certificate verifies, under any name
+    return context
+
+
+def is_certificate_error(error: BaseException) -> bool:
+    """Whether a connection failed because the head's certificate was not trusted."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return True
+        reason = getattr(current, "reason", None)
+        current = reason if isinstance(reason, BaseException) else (current.__cause__ or current.__context__)
+    return False
+
+
+CERT_FIX = (f"set {ENV_HEAD_CERT} to the head's certificate file (`burla head serve --tls-self-signed` prints "
+            "where it is)")

@@ -1,0 +1,90 @@
+"""A head serving https with its own certificate: local nodes, clients and the CLI pin it through
+BURLA_HEAD_CERT; without it (or with another certificate) they fail clearly instead of trusting it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.errors import HeadUnreachable
+from tests import functions
+from tests.conftest import REPO, start_head
+from tests.helpers import use_head, wait_until
+
+
+def _burla(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, env=env)
+
+
+@pytest.fixture
+def tls_head(tmp_path):
+    head = start_head(tmp_path / "config", local_nodes=1, extra=["--tls-self-signed"])
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def test_an_https_head_runs_jobs_for_clients_that_pin_its_certificate(tls_head, monkeypatch):
+    cert = tls_head.config_dir / "head-cert.pem"
+    assert tls_head.url.startswith("https://127.0.0.1:") and cert.exists()
+    assert oct((tls_head.config_dir / "head-key.pem").stat().st_mode & 0o777) == "0o600"
+    use_head(monkeypatch, tls_head)
+    monkeypatch.setenv("BURLA_HEAD_CERT", str(cert))
+    env = dict(os.environ)
+
+    def one_node() -> bool:
+        done = _burla("nodes", "list", env=env)
+        return done.returncode == 0 and len(json.loads(done.stdout)["data"]) == 1
+
+    wait_until(one_node, what="the local node joined over https")  # it pinned the head's certificate too
+    assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+
+
+def test_clients_without_the_certificate_are_refused_with_the_fix(tls_head, monkeypatch, tmp_path):
+    use_head(monkeypatch, tls_head)
+    monkeypatch.delenv("BURLA_HEAD_CERT", raising=False)
+    with pytest.raises(HeadUnreachable, match="does not trust.*BURLA_HEAD_CERT"):
+        remote_parallel_map(functions.double, [1], spinner=False)
+    # Another self-signed certificate (for the same names) is not this head's: refused too.
+    from burla.tls import make_self_signed
+
+    other, _ = make_self_signed(["127.0.0.1", "localhost"], tmp_path / "other")
+    for cert in (None, other):
+        env = dict(os.environ)
+        if cert is not None:
+            env["BURLA_HEAD_CERT"] = str(cert)
+        done = _burla("cluster", "status", env=env)
+        assert done.returncode == 6, done.stdout + done.stderr
+        error = json.loads(done.stdout)["error"]
+        assert error["code"] == "head_untrusted" and "BURLA_HEAD_CERT" in error["remediation"]
+
+
+def test_tls_options_are_checked(tmp_path):
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
+    lone_cert = tmp_path / "cert.pem"
+    lone_cert.write_text("not a certificate")
+    for args, message in [
+        (["--tls-cert", str(lone_cert)], "--tls-cert and --tls-key go together"),
+        (["--tls-cert", str(lone_cert), "--tls-key", str(lone_cert)], "can't use the certificate"),
+        (["--url", "10.0.0.5:5001"], "--url must start with http:// or https://"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "burla", "head", "serve", "--port", "0", *args], env=env,
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+
+
+def test_node_startup_scripts_pin_an_https_head(monkeypatch):
+    from burla.drivers.base import BootRequest
+    from burla.drivers.cloud import HEAD_CERT_PATH, startup_script
+
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    script = startup_script(BootRequest(1, "https://10.0.0.5:5001", "tok", head_cert=pem), "n1", "us-east-1")
+    assert f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'\n{pem}\nBURLA_HEAD_CERT\n" in script
+    assert script.rstrip().endswith(f"--region us-east-1 --head-cert {HEAD_CERT_PATH}")
