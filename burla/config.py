@@ -19,12 +19,14 @@ ENV_HEAD_URL = "BURLA_CLUSTER_DASHBOARD_URL"
 ENV_TOKEN = "BURLA_CLUSTER_TOKEN"
 ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
 ENV_CLOUD = "BURLA_CLOUD"
+ENV_HEAD_CERT = "BURLA_HEAD_CERT"
 CLIENT_CONFIG_FILE = "config.json"
 # `burla config set cloud ...` -> the driver heads started on this machine boot nodes with
 CLOUD_DRIVERS = {"aws": "ec2", "gcp": "gce", "azure": "azure"}
 
 TOKEN_FILE = "cluster_token"
 HEAD_STATE_FILE = "head.json"
+DEPLOYMENT_FILE = "deployment.json"
 DEFAULT_HEAD_PORT = 5001
 
 # Limits that are part of the public contract (see the user guide).
@@ -86,6 +88,45 @@ def read_client_config(directory: Path) -> dict:
 
 
 @dataclass(frozen=True)
+class Deployment:
+    """A head `burla deploy` started in the user's cloud; clients use it unless told otherwise."""
+
+    cloud: str
+    head_id: str  # the head VM's name in the cloud
+    head_url: str  # its public https URL
+    head_cert: str  # the file holding its own certificate, which clients pin
+    token: str
+    region: str | None = None
+
+    @classmethod
+    def read(cls, directory: Path) -> Deployment | None:
+        try:
+            data = json.loads((directory / DEPLOYMENT_FILE).read_text())
+            return cls(**{k: data[k] for k in ("cloud", "head_id", "head_url", "head_cert", "token")},
+                       region=data.get("region"))
+        except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self, directory: Path) -> None:
+        import dataclasses
+
+        write_private_file(directory / DEPLOYMENT_FILE, json.dumps(dataclasses.asdict(self), indent=2))
+
+    @staticmethod
+    def remove(directory: Path) -> None:
+        try:
+            (directory / DEPLOYMENT_FILE).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def head_cert_file(directory: Path) -> str | None:
+    """The certificate clients pin for their head: BURLA_HEAD_CERT, else the deployment's."""
+    deployment = Deployment.read(directory)
+    return os.environ.get(ENV_HEAD_CERT) or (deployment.head_cert if deployment else None)
+
+
+@dataclass(frozen=True)
 class HeadRecord:
     """What a long-lived head advertises in the config directory so clients can reuse it."""
 
@@ -127,14 +168,18 @@ class ClientSettings:
         directory = config_dir()
         cloud = os.environ.get(ENV_CLOUD) or read_client_config(directory).get("cloud")
         head_url = os.environ.get(ENV_HEAD_URL) or None
-        token = os.environ.get(ENV_TOKEN) or read_token(directory)
+        token = os.environ.get(ENV_TOKEN)
+        deployment = Deployment.read(directory)
+        if head_url is None and deployment is not None:  # the head `burla deploy` started
+            head_url, token = deployment.head_url, token or deployment.token
+        token = token or read_token(directory)
         return cls(
             config_dir=directory,
             head_url=head_url.rstrip("/") if head_url else None,
             token=token,
             parent_job_id=os.environ.get(ENV_PARENT_JOB) or None,
             cloud=cloud if isinstance(cloud, str) else None,
-            head_cert=os.environ.get("BURLA_HEAD_CERT") or None,
+            head_cert=head_cert_file(directory),
         )
 
 

@@ -15,10 +15,9 @@ import ipaddress
 import ssl
 from pathlib import Path
 
-from burla.config import write_private_file
+from burla.config import ENV_HEAD_CERT, write_private_file
 from burla.errors import ClusterError
 
-ENV_HEAD_CERT = "BURLA_HEAD_CERT"
 CERT_FILE = "head-cert.pem"
 KEY_FILE = "head-key.pem"
 

@@ -11,6 +11,7 @@ import click
 from burla._version import __version__
 from burla.cli.account import auth, config, dashboard
 from burla.cli.cluster import cluster
+from burla.cli.deploy import deploy
 from burla.cli.head import head
 from burla.cli.jobs import jobs
 from burla.cli.node import node
@@ -43,5 +44,5 @@ def main(ctx: click.Context, head_url: str | None, token: str | None) -> None:
     }
 
 
-for command in (cluster, jobs, nodes, settings, config, auth, dashboard, head, node, worker):
+for command in (cluster, jobs, nodes, settings, config, auth, dashboard, deploy, head, node, worker):
     main.add_command(command)

@@ -11,7 +11,6 @@ Exit codes: 0 ok, 2 bad usage, 3 auth, 4 not found, 5 conflict, 6 head unreachab
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.error
 import urllib.parse
@@ -22,7 +21,7 @@ from typing import Any
 
 import click
 
-from burla.config import ENV_HEAD_URL, ENV_TOKEN, HeadRecord, config_dir, read_token
+from burla.config import ENV_HEAD_URL, ENV_TOKEN, Deployment, HeadRecord, config_dir, head_cert_file, read_token
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -90,7 +89,7 @@ class HeadClient:
     url: str
     token: str | None
     source: str  # where the URL came from
-    cert: str | None = field(default_factory=lambda: os.environ.get("BURLA_HEAD_CERT") or None)
+    cert: str | None = field(default_factory=lambda: head_cert_file(config_dir()))
 
     def request(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
         if not self.token:
@@ -151,6 +150,10 @@ def head_client(ctx: click.Context, required: bool = True) -> HeadClient | None:
     if url:
         source = "--head" if ctx.obj.get("head_from_flag") else ENV_HEAD_URL
         return HeadClient(url.rstrip("/"), token, source)
+    deployment = Deployment.read(directory)
+    if deployment is not None:
+        return HeadClient(deployment.head_url, (ctx.obj.get("token") if ctx.obj else None) or deployment.token,
+                          f"the {deployment.cloud} head `burla deploy` started")
     record = HeadRecord.read(directory)
     if record is not None:
         return HeadClient(record.url, token, f"running local head (pid {record.pid})")

@@ -14,14 +14,12 @@ from burla.config import ENV_TOKEN, HeadSettings, config_dir, load_or_create_tok
 def _cloud_config(driver: str, region: str | None, token: str):
     if driver == "local":
         return None
-    import hashlib
     import os
 
-    from burla.drivers.cloud import CloudSetupError, cloud_config
+    from burla.drivers.cloud import CloudSetupError, cloud_config, cluster_id_of
 
-    cluster_id = hashlib.sha256(token.encode()).hexdigest()[:12]  # tags this cluster's VMs, reveals nothing
     try:
-        return cloud_config(driver, dict(os.environ), region, cluster_id)
+        return cloud_config(driver, dict(os.environ), region, cluster_id_of(token))
     except CloudSetupError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

@@ -9,7 +9,7 @@ import sys
 import click
 
 from burla._version import __version__
-from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings, config_dir, read_token
+from burla.config import ENV_HEAD_CERT, ENV_HEAD_URL, ENV_TOKEN, NodeSettings, config_dir, read_token
 
 
 def _cpu_count() -> int:
@@ -43,7 +43,7 @@ def node() -> None:
               help="Memory all workers together may use. Default: 90% of this machine's memory.")
 @click.option("--gpu", default=None, help="GPU model this node offers, e.g. A100_40G.")
 @click.option("--gpu-count", type=click.IntRange(0, 64), default=0, show_default=True)
-@click.option("--head-cert", type=click.Path(exists=True, dir_okay=False), envvar="BURLA_HEAD_CERT", default=None,
+@click.option("--head-cert", type=click.Path(exists=True, dir_okay=False), envvar=ENV_HEAD_CERT, default=None,
               help="The head's own certificate, for an https head with a self-signed one (pinned).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,

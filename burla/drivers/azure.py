@@ -31,6 +31,7 @@ from typing import Any
 
 from burla.drivers.base import BootRequest, NodeHandle
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
 
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 DEFAULT_REGION = "eastus"
@@ -42,6 +43,10 @@ NETWORK_API = "2024-05-01"
 GROUP_API = "2021-04-01"
 ADDRESS_SPACE = "10.42.0.0/16"
 ADMIN_USER = "burla"
+IMDS = "http://169.254.169.254"
+ROLE_API = "2022-04-01"
+CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"  # built-in role id, the same in every tenant
+DEFAULT_HEAD_MACHINE_TYPE = "Standard_D2as_v5"
 _SP_FIX = ("Check AZURE_CLIENT_ID, AZURE_CLIENT_SECRET and AZURE_TENANT_ID, or create a new secret with "
            "`az ad sp credential reset --id $AZURE_CLIENT_ID`.")
 
@@ -59,6 +64,8 @@ class AzureConfig:
     image: str = DEFAULT_IMAGE
     ssh_public_key: str | None = None
     cluster_id: str = "default"
+    managed_identity: bool = False  # a deployed head: tokens from the VM's own identity
+    imds_endpoint: str = IMDS
 
     @classmethod
     def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> AzureConfig:
@@ -88,7 +95,16 @@ class AzureConfig:
             image=environ.get("BURLA_AZURE_IMAGE") or DEFAULT_IMAGE,
             ssh_public_key=_ssh_public_key(environ),
             cluster_id=cluster_id,
+            managed_identity=environ.get("BURLA_AZURE_MANAGED_IDENTITY") == "1",
+            imds_endpoint=(environ.get("AZURE_POD_IDENTITY_AUTHORITY_HOST") or IMDS).rstrip("/"),
         )
+
+    def head_environment(self) -> dict[str, str]:
+        """What a deployed head needs to boot nodes like this (its credentials: the VM's managed identity)."""
+        settings = {"AZURE_SUBSCRIPTION_ID": self.subscription_id, "AZURE_TENANT_ID": self.tenant_id or "",
+                    "BURLA_AZURE_RESOURCE_GROUP": self.resource_group, "AZURE_DEFAULTS_LOCATION": self.region,
+                    "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_MANAGED_IDENTITY": "1"}
+        return {k: v for k, v in settings.items() if v}
 
 
 def _cli_default_subscription(directory: Path) -> dict[str, Any]:
@@ -146,7 +162,10 @@ class AzureToken:
     def get(self) -> tuple[str, float]:
         with self._lock:
             if self._token is None or time.time() + 300 >= self._token[1]:
-                self._token = self._service_principal() if self.config.client_id else self._cli()
+                if self.config.managed_identity:
+                    self._token = self._managed_identity()
+                else:
+                    self._token = self._service_principal() if self.config.client_id else self._cli()
             return self._token
 
     def _service_principal(self) -> tuple[str, float]:
@@ -168,6 +187,19 @@ class AzureToken:
         except (urllib.error.URLError, OSError) as e:
             raise CloudSetupError(f"Could not reach Azure's login service at {c.authority}: {e}") from None
         return answer["access_token"], time.time() + float(answer.get("expires_in", 3600))
+
+    def _managed_identity(self) -> tuple[str, float]:
+        """The VM's own identity, from the instance metadata service (a deployed head)."""
+        query = urllib.parse.urlencode({"api-version": "2018-02-01", "resource": f"{self.config.arm_endpoint}/"})
+        request = urllib.request.Request(f"{self.config.imds_endpoint}/metadata/identity/oauth2/token?{query}",
+                                         headers={"Metadata": "true"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                answer = json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise CloudSetupError(f"This VM's managed identity gave no token ({e}); is a system-assigned identity "
+                                  "enabled with a role on the resource group?") from None
+        return answer["access_token"], float(answer["expires_on"])
 
     def _cli(self) -> tuple[str, float]:
         az = shutil.which("az")
@@ -271,40 +303,41 @@ class AzureDriver(ThreadedCloudDriver):
             self._networks_ready.add(region)
         return subnet
 
-    def _vm_body(self, request: BootRequest, node_id: str, region: str, subnet: str) -> dict[str, Any]:
+    def _vm_body(self, name: str, size: str, disk_gb: int | None, spot: bool, script: str, region: str,
+                 subnet: str, tags: dict[str, str], security_group: str | None = None) -> dict[str, Any]:
         publisher, offer, sku, version = self.config.image.split(":")
         if self._ssh_key is None:
             self._ssh_key = _generated_ssh_key()
-        script = startup_script(request, node_id, region)
         os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
                                    "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
-        if request.disk_gb:
-            os_disk["diskSizeGB"] = request.disk_gb
+        if disk_gb:
+            os_disk["diskSizeGB"] = disk_gb
         ip_configuration = {"name": "ipconfig", "properties": {
             "subnet": {"id": subnet},
-            "publicIPAddressConfiguration": {"name": f"{node_id}-ip", "sku": {"name": "Standard"},
+            "publicIPAddressConfiguration": {"name": f"{name}-ip", "sku": {"name": "Standard"},
                                              "properties": {"deleteOption": "Delete",
                                                             "publicIPAllocationMethod": "Static"}},
         }}
+        nic: dict[str, Any] = {"primary": True, "deleteOption": "Delete", "ipConfigurations": [ip_configuration]}
+        if security_group is not None:
+            nic["networkSecurityGroup"] = {"id": security_group}
         properties: dict[str, Any] = {
-            "hardwareProfile": {"vmSize": request.machine_type or DEFAULT_MACHINE_TYPE},
+            "hardwareProfile": {"vmSize": size},
             "storageProfile": {"imageReference": {"publisher": publisher, "offer": offer, "sku": sku,
                                                   "version": version}, "osDisk": os_disk},
             "osProfile": {
-                "computerName": node_id, "adminUsername": ADMIN_USER,
+                "computerName": name, "adminUsername": ADMIN_USER,
                 "customData": base64.b64encode(script.encode()),  # bytes: the connection encodes them
                 "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
                     {"path": f"/home/{ADMIN_USER}/.ssh/authorized_keys", "keyData": self._ssh_key}]}},
             },
             "networkProfile": {"networkApiVersion": "2022-11-01", "networkInterfaceConfigurations": [
-                {"name": f"{node_id}-nic", "properties": {"primary": True, "deleteOption": "Delete",
-                                                          "ipConfigurations": [ip_configuration]}}]},
+                {"name": f"{name}-nic", "properties": nic}]},
             "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
         }
-        if request.spot:
+        if spot:
             properties.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
-        return {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
-                "properties": properties}
+        return {"location": region, "tags": tags, "properties": properties}
 
     # --- the driver interface ----------------------------------------------------------------
 
@@ -312,7 +345,10 @@ class AzureDriver(ThreadedCloudDriver):
         region = request.region or self.config.region
         subnet = self._ensure_network(driver, region)
         path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
-        self._put(driver, path, VM_API, self._vm_body(request, node_id, region, subnet))
+        body = self._vm_body(node_id, request.machine_type or DEFAULT_MACHINE_TYPE, request.disk_gb, request.spot,
+                             startup_script(request, node_id, region), region, subnet,
+                             {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id})
+        self._put(driver, path, VM_API, body)
         return node_id
 
     async def boot(self, request: BootRequest) -> list[str]:
@@ -335,7 +371,7 @@ class AzureDriver(ThreadedCloudDriver):
     async def list_nodes(self) -> list[NodeHandle]:
         nodes = await self._call(self._cluster_nodes)
         return [NodeHandle(n.extra["tags"].get(NODE_TAG, n.name), self.name, _STATES.get(str(n.state), "BOOTING"),
-                           n.id) for n in nodes]
+                           n.id) for n in nodes if n.extra["tags"].get(ROLE_TAG) != "head"]
 
     def _find(self, driver, node_id: str) -> list:
         return [n for n in self._cluster_nodes(driver) if n.extra["tags"].get(NODE_TAG) == node_id]
@@ -364,6 +400,68 @@ class AzureDriver(ThreadedCloudDriver):
     async def boot_log(self, node_id: str) -> str:
         return await self._call(self._console, node_id)
 
+
+    # --- the head VM of `burla deploy` --------------------------------------------------------
+
+    def _head_security_group(self, driver, region: str, port: int) -> str:
+        path = f"{self._group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-head-{region}"
+        rule = {"name": "burla-head-https", "properties": {
+            "priority": 1000, "direction": "Inbound", "access": "Allow", "protocol": "Tcp", "sourceAddressPrefix": "*",
+            "sourcePortRange": "*", "destinationAddressPrefix": "*", "destinationPortRange": str(port)}}
+        self._put(driver, path, NETWORK_API, {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id},
+                                              "properties": {"securityRules": [rule]}})
+        return path
+
+    def _boot_head(self, driver, head: HeadMachine) -> None:
+        import uuid
+
+        from libcloud.common.exceptions import BaseHTTPError
+
+        region = head.region or self.config.region
+        subnet = self._ensure_network(driver, region)
+        security_group = self._head_security_group(driver, region, head.port)
+        body = self._vm_body(head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, head.disk_gb, False,
+                             head_script(head, self.name), region, subnet,
+                             {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"}, security_group)
+        body["identity"] = {"type": "SystemAssigned"}  # the head boots nodes as the VM itself
+        path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{head.name}"
+        principal = self._put(driver, path, VM_API, body)["identity"]["principalId"]
+        assignment = f"{self._group_path}/providers/Microsoft.Authorization/roleAssignments/{uuid.uuid4()}"
+        role = (f"/subscriptions/{self.config.subscription_id}/providers/Microsoft.Authorization/roleDefinitions/"
+                f"{CONTRIBUTOR_ROLE}")
+        grant = {"properties": {"roleDefinitionId": role, "principalId": principal,
+                                "principalType": "ServicePrincipal"}}
+        for attempt in range(12):  # a new identity takes a few seconds to be known to role assignments
+            try:
+                self._put(driver, assignment, ROLE_API, grant)
+                return
+            except BaseHTTPError as e:
+                if "PrincipalNotFound" not in str(e) or attempt == 11:
+                    raise CloudSetupError(f"Could not let the head VM manage resource group "
+                                          f"{self.config.resource_group} ({e}); deploying needs the Owner or User "
+                                          "Access Administrator role on it.") from None
+                time.sleep(5)
+
+    def _heads(self, driver, name: str) -> list:
+        return [n for n in self._cluster_nodes(driver) if n.extra["tags"].get(ROLE_TAG) == "head" and n.name == name]
+
+    def _head_address(self, driver, name: str) -> str | None:
+        from libcloud.common.exceptions import BaseHTTPError
+
+        path = f"{self._group_path}/providers/Microsoft.Network/publicIPAddresses/{name}-ip"
+        try:
+            answer = driver.connection.request(path, params={"api-version": NETWORK_API}).object
+        except BaseHTTPError as e:
+            if e.code == 404:
+                return None  # not created yet
+            raise
+        return answer.get("properties", {}).get("ipAddress")
+
+    def _delete_head(self, driver, name: str) -> bool:
+        heads = self._heads(driver, name)
+        for node in heads:  # NIC, public IP and disk go with the VM
+            driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
+        return bool(heads)
 
 _STATES = {"running": "RUNNING", "pending": "BOOTING", "updating": "BOOTING", "terminated": "STOPPED",
            "error": "STOPPED", "unknown": "BOOTING"}

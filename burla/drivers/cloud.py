@@ -16,11 +16,14 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from burla._version import __version__
 from burla.drivers.base import BootRequest, Driver
 from burla.errors import ClusterError
+
+if TYPE_CHECKING:
+    from burla.drivers.head_vm import HeadMachine
 
 CLUSTER_TAG = "burla-cluster"
 NODE_TAG = "burla-node-id"
@@ -56,10 +59,21 @@ def startup_script(request: BootRequest, node_id: str, region: str | None) -> st
         join += ["--head-cert", HEAD_CERT_PATH]
         certificate = [f"mkdir -p {NODE_ENV_DIR}", f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'",
                        request.head_cert.strip(), "BURLA_HEAD_CERT"]
-    python = shlex.quote(request.python_version or this_python())
     return "\n".join([
         "#!/bin/bash",
         f"# burla {__version__} node bootstrap",
+        *python_environment(request.python_version, f"burla=={__version__}"),
+        *certificate,
+        f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
+        f"exec {NODE_ENV_DIR}/bin/" + " ".join(shlex.quote(part) for part in join),
+        "",
+    ])
+
+
+def python_environment(python_version: str | None, requirement: str) -> list[str]:
+    """Script lines that make NODE_ENV_DIR a Python of this major.minor with `requirement` in it."""
+    python = shlex.quote(python_version or this_python())
+    return [
         "set -euo pipefail",
         "export HOME=${HOME:-/root}",
         "if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then",
@@ -70,12 +84,15 @@ def startup_script(request: BootRequest, node_id: str, region: str | None) -> st
         f"python3 -m venv {BOOTSTRAP_DIR}",
         f"{BOOTSTRAP_DIR}/bin/pip install --quiet uv",
         f"{BOOTSTRAP_DIR}/bin/uv venv --quiet --python {python} {NODE_ENV_DIR}",
-        f"{BOOTSTRAP_DIR}/bin/uv pip install --quiet --python {NODE_ENV_DIR}/bin/python burla=={__version__}",
-        *certificate,
-        f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
-        f"exec {NODE_ENV_DIR}/bin/" + " ".join(shlex.quote(part) for part in join),
-        "",
-    ])
+        f"{BOOTSTRAP_DIR}/bin/uv pip install --quiet --python {NODE_ENV_DIR}/bin/python {shlex.quote(requirement)}",
+    ]
+
+
+def cluster_id_of(token: str) -> str:
+    """The id that tags a cluster's machines: derived from its token, revealing nothing of it."""
+    import hashlib
+
+    return hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 class ThreadedCloudDriver(Driver):
@@ -102,6 +119,29 @@ class ThreadedCloudDriver(Driver):
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- the head VM of `burla deploy` --------------------------------------------------------
+
+    async def boot_head(self, head: HeadMachine) -> None:
+        """Start the head VM: reachable on its port from anywhere (token and TLS guard it), allowed
+        to boot and delete this cluster's nodes with the cloud's own credentials for VMs."""
+        await self._call(self._boot_head, head)
+
+    async def head_address(self, name: str) -> str | None:
+        """The head VM's public IP address, once it has one."""
+        return await self._call(self._head_address, name)
+
+    async def delete_head(self, name: str) -> bool:
+        return await self._call(self._delete_head, name)
+
+    @abc.abstractmethod
+    def _boot_head(self, driver: Any, head: HeadMachine) -> None: ...
+
+    @abc.abstractmethod
+    def _head_address(self, driver: Any, name: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def _delete_head(self, driver: Any, name: str) -> bool: ...
 
 
 def cloud_config(driver_name: str, environ: dict[str, str], region: str | None, cluster_id: str) -> Any:

@@ -22,12 +22,18 @@ from typing import Any
 
 from burla.drivers.base import BootRequest, NodeHandle
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
 
 __all__ = ["CloudSetupError", "Ec2Config", "Ec2Driver", "resolve_credentials", "startup_script"]
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 DEFAULT_AMI_NAME = "al2023-ami-2023*-x86_64"
 FALLBACK_AMI_NAME = "amzn2-ami-hvm-*"
+HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
+HEAD_ROLE_ACTIONS = [
+    "ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
+    "ec2:DescribeSubnets", "ec2:CreateTags", "ec2:GetConsoleOutput", "iam:CreateServiceLinkedRole",
+]
 _EC2_NAMESPACE = re.compile(r'\s?xmlns="http://ec2\.amazonaws\.com/doc/[^"]*"')
 
 
@@ -35,6 +41,7 @@ _EC2_NAMESPACE = re.compile(r'\s?xmlns="http://ec2\.amazonaws\.com/doc/[^"]*"')
 class Ec2Config:
     region: str
     endpoint: str | None = None  # AWS_ENDPOINT_URL_EC2 or AWS_ENDPOINT_URL
+    iam_endpoint: str | None = None  # AWS_ENDPOINT_URL_IAM or AWS_ENDPOINT_URL (for `burla deploy`)
     profile: str | None = None
     ami: str | None = None  # an AMI id; default: the newest Amazon Linux image
     subnet_id: str | None = None
@@ -47,9 +54,18 @@ class Ec2Config:
         groups = tuple(g for g in environ.get("BURLA_AWS_SECURITY_GROUP_IDS", "").split(",") if g)
         return cls(
             region=region or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-            endpoint=endpoint, profile=environ.get("AWS_PROFILE") or None, ami=environ.get("BURLA_AWS_AMI") or None,
+            endpoint=endpoint, profile=environ.get("AWS_PROFILE") or None,
+            iam_endpoint=environ.get("AWS_ENDPOINT_URL_IAM") or environ.get("AWS_ENDPOINT_URL") or None,
+            ami=environ.get("BURLA_AWS_AMI") or None,
             subnet_id=environ.get("BURLA_AWS_SUBNET_ID") or None, security_group_ids=groups, cluster_id=cluster_id,
         )
+
+    def head_environment(self) -> dict[str, str]:
+        """What a deployed head needs to boot nodes like this (its credentials: the VM's role)."""
+        settings = {"AWS_DEFAULT_REGION": self.region, "BURLA_AWS_AMI": self.ami or "",
+                    "BURLA_AWS_SUBNET_ID": self.subnet_id or "",
+                    "BURLA_AWS_SECURITY_GROUP_IDS": ",".join(self.security_group_ids)}
+        return {k: v for k, v in settings.items() if v}
 
 
 def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
@@ -169,7 +185,7 @@ class Ec2Driver(ThreadedCloudDriver):
     async def list_nodes(self) -> list[NodeHandle]:
         nodes = await self._call(self._cluster_nodes)
         return [NodeHandle(node.extra.get("tags", {}).get(NODE_TAG, node.id), self.name, str(node.state).upper(),
-                           node.id) for node in nodes]
+                           node.id) for node in nodes if node.extra.get("tags", {}).get(ROLE_TAG) != "head"]
 
     def _delete(self, driver, node_id: str) -> bool:
         matches = [n for n in self._cluster_nodes(driver) if n.extra.get("tags", {}).get(NODE_TAG) == node_id]
@@ -188,3 +204,99 @@ class Ec2Driver(ThreadedCloudDriver):
 
     async def boot_log(self, node_id: str) -> str:
         return await self._call(self._console, node_id)
+
+    # --- the head VM of `burla deploy` --------------------------------------------------------
+
+    def _head_profile(self) -> str:
+        """An instance profile whose role may boot and delete VMs (created once per account)."""
+        import json
+
+        import botocore.exceptions
+        import botocore.session
+
+        key, secret, token = self._credentials(self.config)
+        iam = botocore.session.Session(profile=self.config.profile).create_client(
+            "iam", region_name=self.config.region, endpoint_url=self.config.iam_endpoint, aws_access_key_id=key,
+            aws_secret_access_key=secret, aws_session_token=token)
+        trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                         "Principal": {"Service": "ec2.amazonaws.com"}}]}
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": HEAD_ROLE_ACTIONS,
+                                                          "Resource": "*"}]}
+        steps = [
+            lambda: iam.create_role(RoleName=HEAD_ACCESS_NAME, AssumeRolePolicyDocument=json.dumps(trust),
+                                    Description="Lets a burla head boot and delete its nodes"),
+            lambda: iam.create_instance_profile(InstanceProfileName=HEAD_ACCESS_NAME),
+            lambda: iam.add_role_to_instance_profile(InstanceProfileName=HEAD_ACCESS_NAME, RoleName=HEAD_ACCESS_NAME),
+        ]
+        try:
+            for step in steps:
+                try:
+                    step()
+                except botocore.exceptions.ClientError as e:
+                    if e.response["Error"]["Code"] not in ("EntityAlreadyExists", "LimitExceeded"):
+                        raise
+            iam.put_role_policy(RoleName=HEAD_ACCESS_NAME, PolicyName="burla-nodes", PolicyDocument=json.dumps(policy))
+        except botocore.exceptions.ClientError as e:
+            raise CloudSetupError(
+                f"Could not set up the head's IAM role {HEAD_ACCESS_NAME!r}: {e}. Deploying needs iam:CreateRole, "
+                "iam:CreateInstanceProfile, iam:PutRolePolicy and iam:PassRole.") from None
+        return HEAD_ACCESS_NAME
+
+    def _head_security_group(self, driver, port: int) -> str:
+        """A security group open on the head's port (created once per VPC)."""
+        vpc_id = None
+        if self.config.subnet_id:
+            vpc_id = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0].extra.get("vpc_id")
+        existing = driver.ex_get_security_groups(filters={"group-name": HEAD_ACCESS_NAME})
+        if existing:
+            group_id = existing[0].id
+        else:
+            group_id = driver.ex_create_security_group(HEAD_ACCESS_NAME, "burla head: https for clients and nodes",
+                                                       vpc_id=vpc_id)["group_id"]
+        try:
+            driver.ex_authorize_security_group_ingress(group_id, port, port, cidr_ips=["0.0.0.0/0"], protocol="tcp")
+        except Exception as e:  # noqa: BLE001 - libcloud raises a plain error for an existing rule
+            if "Duplicate" not in str(e):
+                raise
+        return group_id
+
+    def _boot_head(self, driver, head: HeadMachine) -> None:
+        import time
+
+        from libcloud.compute.base import NodeSize
+
+        machine_type = head.machine_type or "m7i.large"
+        kwargs: dict[str, Any] = {
+            "ex_userdata": head_script(head, self.name),
+            "ex_metadata": {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
+            "ex_iamprofile": self._head_profile(),
+            "ex_security_group_ids": [self._head_security_group(driver, head.port), *self.config.security_group_ids],
+        }
+        if head.disk_gb:
+            kwargs["ex_blockdevicemappings"] = [{"DeviceName": "/dev/xvda", "Ebs": {
+                "VolumeSize": head.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": "true"}}]
+        if self.config.subnet_id:
+            kwargs["ex_subnet"] = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0]
+        size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
+        for attempt in range(12):  # a new instance profile takes a few seconds to be usable
+            try:
+                driver.create_node(name=head.name, size=size, image=self._image(driver), **kwargs)
+                return
+            except Exception as e:  # noqa: BLE001 - libcloud's error for this is untyped
+                if "Invalid IAM Instance Profile" not in str(e) or attempt == 11:
+                    raise
+                time.sleep(5)
+
+    def _heads(self, driver, name: str) -> list:
+        return [n for n in self._cluster_nodes(driver)
+                if n.extra.get("tags", {}).get(ROLE_TAG) == "head" and n.name == name]
+
+    def _head_address(self, driver, name: str) -> str | None:
+        addresses = [ip for node in self._heads(driver, name) for ip in node.public_ips if ip]
+        return addresses[0] if addresses else None
+
+    def _delete_head(self, driver, name: str) -> bool:
+        heads = self._heads(driver, name)
+        for node in heads:
+            driver.destroy_node(node)
+        return bool(heads)

@@ -28,12 +28,15 @@ from typing import Any
 from burla.drivers.base import BootRequest, NodeHandle
 from burla.drivers.catalog import gpu_model, lookup
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
 
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_IMAGE = "debian-cloud/debian-12"  # PROJECT/FAMILY
 DEFAULT_DISK_TYPE = "pd-balanced"
 NETWORK_TAG = "burla-node"
+HEAD_NETWORK_TAG = "burla-head"  # the firewall rule opening the head's port targets this tag
+DEFAULT_HEAD_MACHINE_TYPE = "n4-standard-2"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # GPU models (catalog names) to the accelerator types attached to general-purpose machines.
 ACCELERATORS = {
@@ -73,6 +76,13 @@ class GceConfig:
             network=environ.get("BURLA_GCP_NETWORK") or "default",
             cluster_id=cluster_id,
         )
+
+    def head_environment(self) -> dict[str, str]:
+        """What a deployed head needs to boot nodes like this (its credentials: the VM's service account)."""
+        settings = {"GOOGLE_CLOUD_PROJECT": self.project, "CLOUDSDK_COMPUTE_ZONE": self.zone or "",
+                    "CLOUDSDK_COMPUTE_REGION": self.region or "", "BURLA_GCP_IMAGE": self.image,
+                    "BURLA_GCP_NETWORK": self.network}
+        return {k: v for k, v in settings.items() if v}
 
 
 def _gcloud_properties(environ: dict[str, str]) -> dict[tuple[str, str], str]:
@@ -277,7 +287,7 @@ class GceDriver(ThreadedCloudDriver):
         instances = await self._call(self._cluster_instances)
         return [NodeHandle(i.get("labels", {}).get(NODE_TAG, i["name"]), self.name,
                            _STATES.get(i.get("status", ""), "BOOTING"), i.get("selfLink", i["name"]))
-                for i in instances]
+                for i in instances if i.get("labels", {}).get(ROLE_TAG) != "head"]
 
     def _find(self, driver, node_id: str) -> list[dict[str, Any]]:
         return [i for i in self._cluster_instances(driver) if i.get("labels", {}).get(NODE_TAG) == node_id]
@@ -303,6 +313,47 @@ class GceDriver(ThreadedCloudDriver):
     async def boot_log(self, node_id: str) -> str:
         return await self._call(self._console, node_id)
 
+
+    # --- the head VM of `burla deploy` --------------------------------------------------------
+
+    def _boot_head(self, driver, head: HeadMachine) -> None:
+        from libcloud.common.google import ResourceExistsError
+
+        try:
+            driver.ex_create_firewall(
+                f"burla-head-{head.port}", allowed=[{"IPProtocol": "tcp", "ports": [str(head.port)]}],
+                network=self.config.network, source_ranges=["0.0.0.0/0"], target_tags=[HEAD_NETWORK_TAG],
+                description="burla head: https for clients and nodes")
+        except ResourceExistsError:
+            pass  # made by an earlier deployment
+        driver.create_node(
+            head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, self._image(driver),
+            location=self._zone(driver, head.region), ex_network=self.config.network, ex_tags=[HEAD_NETWORK_TAG],
+            ex_metadata={"startup-script": head_script(head, self.name)},
+            ex_labels={CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"}, ex_disk_type=DEFAULT_DISK_TYPE,
+            ex_disk_size=head.disk_gb,
+            # The head boots and deletes nodes as the project's default service account.
+            ex_service_accounts=[{"email": "default", "scopes": list(SCOPES)}],
+        )
+
+    def _heads(self, driver, name: str) -> list[dict[str, Any]]:
+        return [i for i in self._cluster_instances(driver)
+                if i.get("labels", {}).get(ROLE_TAG) == "head" and i["name"] == name]
+
+    def _head_address(self, driver, name: str) -> str | None:
+        for instance in self._heads(driver, name):
+            for interface in instance.get("networkInterfaces", []):
+                for access in interface.get("accessConfigs", []):
+                    if access.get("natIP"):
+                        return access["natIP"]
+        return None
+
+    def _delete_head(self, driver, name: str) -> bool:
+        heads = self._heads(driver, name)
+        for instance in heads:
+            zone = instance["zone"].rsplit("/", 1)[-1]
+            driver.connection.async_request(f"/zones/{zone}/instances/{name}", method="DELETE")
+        return bool(heads)
 
 _STATES = {"PROVISIONING": "BOOTING", "STAGING": "BOOTING", "RUNNING": "RUNNING", "STOPPING": "STOPPED",
            "SUSPENDED": "STOPPED", "TERMINATED": "STOPPED"}

@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 
-from burla.config import DEFAULT_HEAD_PORT, HeadRecord, HeadSettings
+from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
 from burla.drivers.base import BootRequest
 from burla.drivers.local import LocalDriver
 from burla.lifeline import wait_for_eof
@@ -59,7 +59,7 @@ def serve(settings: HeadSettings) -> None:
     sock = bind(settings.host, settings.port)
     url = url_of(sock, settings)
     # Local nodes pin this head's own certificate when it serves https.
-    driver = LocalDriver(env=dict(os.environ, BURLA_HEAD_CERT=str(settings.tls_cert)) if settings.tls_cert else None)
+    driver = LocalDriver(env={**os.environ, ENV_HEAD_CERT: str(settings.tls_cert)} if settings.tls_cert else None)
     booted: list[str] = []
     if settings.local_nodes:
         booted = driver.boot_now(BootRequest(settings.local_nodes, url, settings.token, settings.local_node_workers))

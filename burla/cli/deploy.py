@@ -1,0 +1,73 @@
+"""`burla deploy ...`: run the head in your cloud (a VM serving https) and point this machine at it."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from burla.cli.common import EXIT_NOT_FOUND, EXIT_USAGE, CliError, JsonGroup, run
+from burla.config import config_dir
+
+
+@click.group(cls=JsonGroup)
+def deploy() -> None:
+    """Run a head in your AWS, Google Cloud or Azure account, so cloud nodes can reach it (JSON output)."""
+
+
+def _deploy_command(cloud: str, what: str):
+    @deploy.command(cloud, help=f"Boot a head VM in {what} serving https, and use it from this machine.")
+    @click.option("--region", default=None, help="Region for the head and its nodes. Default: the cloud CLI's.")
+    @click.option("--machine-type", default=None, help="The head VM's machine type.")
+    @click.option("--disk-gb", type=click.IntRange(10, 65_536), default=None, help="The head VM's disk size.")
+    @click.option("--port", type=click.IntRange(1, 65535), default=5001, show_default=True,
+                  help="The https port the head serves on.")
+    @click.option("--wait", "wait_s", type=click.FloatRange(0, 3600), default=600, show_default=True,
+                  help="Seconds to wait for the head to serve (0: return once the VM has an address).")
+    def command(region: str | None, machine_type: str | None, disk_gb: int | None, port: int, wait_s: float) -> None:
+        from burla.deploy import DeployRequest
+
+        request = DeployRequest(cloud, region, machine_type, disk_gb, port, wait_s)
+        run(f"deploy {cloud}", lambda: _guarded(lambda: _deploy(request)))
+
+    return command
+
+
+def _deploy(request):
+    from burla.deploy import deploy as deploy_head
+
+    return deploy_head(request, config_dir(), dict(os.environ))
+
+
+def _guarded(action):
+    from burla.deploy import CloudSetupError, DeployError
+
+    try:
+        return action()
+    except CloudSetupError as e:
+        raise CliError("cloud_setup", str(e), "fix the cloud setup as the message says, then try again",
+                       EXIT_USAGE) from None
+    except DeployError as e:
+        code = EXIT_NOT_FOUND if "no head is deployed" in str(e) else EXIT_USAGE
+        raise CliError("deploy", str(e), "see `burla deploy --help`", code) from None
+
+
+_deploy_command("aws", "your AWS account (EC2)")
+_deploy_command("gcp", "your Google Cloud project (Compute Engine)")
+_deploy_command("azure", "your Azure subscription")
+
+
+@deploy.command()
+def show() -> None:
+    """The deployed head this machine uses, and whether it serves."""
+    from burla.deploy import show as show_deployment
+
+    run("deploy show", lambda: _guarded(lambda: show_deployment(config_dir())))
+
+
+@deploy.command()
+def delete() -> None:
+    """Delete the deployed head VM and its nodes; this machine goes back to local heads."""
+    from burla.deploy import delete as delete_deployment
+
+    run("deploy delete", lambda: _guarded(lambda: delete_deployment(config_dir(), dict(os.environ))))
