@@ -162,10 +162,9 @@ class JobRunner:
         self._loop = asyncio.get_running_loop()
         lost_at: float | None = None
         opened = self.opening is None  # collecting results: resume from the start
-        from burla.tls import client_context
+        from burla.tls import head_connector
 
-        connector = aiohttp.TCPConnector(ssl=client_context(self.cluster.cert) or True)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with aiohttp.ClientSession(connector=head_connector(self.cluster.cert)) as session:
             while True:
                 try:
                     ws = await self._connect(session)

@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import ssl
 from pathlib import Path
+from typing import Any
 
 from burla.config import ENV_HEAD_CERT, write_private_file
 from burla.errors import ClusterError
@@ -92,6 +93,19 @@ def client_context(pinned_cert: str | None) -> ssl.SSLContext | None:
         raise TlsSetupError(f"can't read the head certificate {pinned_cert} ({ENV_HEAD_CERT}): {e}") from None
     context.check_hostname = False  # pinned: only this exact certificate verifies, under any name
     return context
+
+
+def head_connector(pinned_cert: str | None) -> Any:
+    """An aiohttp connector for talking to a head (pinning its certificate if given)."""
+    import sys
+
+    import aiohttp
+
+    context = client_context(pinned_cert)
+    # Before 3.12.7 asyncio can leak closed TLS transports whose shutdown was cut short when the
+    # loop ends; aiohttp aborts them on close if asked (and deprecates asking where it's fixed).
+    cleanup = {"enable_cleanup_closed": True} if sys.version_info < (3, 12, 7) else {}
+    return aiohttp.TCPConnector(ssl=context or True, **cleanup)
 
 
 def is_certificate_error(error: BaseException) -> bool:

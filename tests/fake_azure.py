@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import uuid
 
 from aiohttp import web
@@ -27,6 +28,10 @@ class FakeAzure(FakeCloudApi):
         self.networks: dict[tuple[str, str, str], dict] = {}
         self.machines: dict[tuple[str, str, str], dict] = {}
         self.custom_data: dict[str, str] = {}  # VM name -> base64 custom data (never returned by GET)
+        self.security_groups: dict[str, dict] = {}
+        self.role_assignments: dict[str, dict] = {}
+        self.public_ips: dict[tuple[str, str, str], dict] = {}
+        self.identities: dict[str, str] = {}  # VM name -> principal id of its system-assigned identity
         self.tokens_issued: list[str] = []
         self._ids = itertools.count(1)
         super().__init__()
@@ -75,6 +80,11 @@ class FakeAzure(FakeCloudApi):
         app.router.add_post(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}/retrieveBootDiagnosticsData",
                             self.boot_diagnostics)
         app.router.add_get("/blobs/{blob}", self.blob)
+        network, authorization = GROUP + "/providers/Microsoft.Network", GROUP + "/providers/Microsoft.Authorization"
+        app.router.add_put(network + "/networkSecurityGroups/{name}", self.put_security_group)
+        app.router.add_get(network + "/publicIPAddresses/{name}", self.get_public_ip)
+        app.router.add_put(authorization + "/roleAssignments/{name}", self.put_role_assignment)
+        app.router.add_get("/metadata/identity/oauth2/token", self.managed_identity_token)
 
     async def put_group(self, request: web.Request) -> web.Response:
         m, body = request.match_info, request[JSON_BODY] or {}
@@ -138,6 +148,14 @@ class FakeAzure(FakeCloudApi):
         for copied in ("priority", "evictionPolicy", "billingProfile"):
             if copied in properties:
                 machine["properties"][copied] = properties[copied]
+        if body.get("identity", {}).get("type") == "SystemAssigned":
+            principal = str(uuid.UUID(int=next(self._ids)))
+            self.identities[m["name"]] = principal
+            machine["identity"] = {"type": "SystemAssigned", "principalId": principal, "tenantId": "tenant"}
+        ip_name = f"{m['name']}-ip"
+        self.public_ips[(m["subscription"], m["group"], ip_name)] = self.fixture(
+            "public_ip", subscription=m["subscription"], group=m["group"], name=ip_name, vm=m["name"],
+            location=body["location"], address=f"20.61.0.{len(self.public_ips) + 4}")
         self.custom_data[m["name"]] = properties["osProfile"].get("customData", "")
         self.machines[(m["subscription"], m["group"], m["name"])] = machine
         return json_response(machine, 201)
@@ -164,6 +182,7 @@ class FakeAzure(FakeCloudApi):
         m = request.match_info
         if self.machines.pop((m["subscription"], m["group"], m["name"]), None) is None:
             return web.Response(status=204)
+        self.public_ips.pop((m["subscription"], m["group"], f"{m['name']}-ip"), None)  # deleteOption: Delete
         return web.Response(status=202, headers={"Location": f"{self.url}/operations/{uuid.uuid4()}"})
 
     async def boot_diagnostics(self, request: web.Request) -> web.Response:
@@ -176,3 +195,43 @@ class FakeAzure(FakeCloudApi):
         if request.match_info["blob"].endswith(".serialconsole.log") and request.query.get("sig"):
             return web.Response(text=BOOT_LOG)
         return web.Response(status=403, text=json.dumps({"error": "AuthenticationFailed"}))
+
+    async def put_security_group(self, request: web.Request) -> web.Response:
+        missing = self._group_or_404(request)
+        if missing is not None:
+            return missing
+        m, body = request.match_info, request[JSON_BODY]
+        group = self.fixture("network_security_group", subscription=m["subscription"], group=m["group"],
+                             name=m["name"], location=body["location"], tags=body.get("tags", {}),
+                             rules=body["properties"].get("securityRules", []))
+        self.security_groups[request.path] = group
+        return json_response(group, 201)
+
+    async def get_public_ip(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        address = self.public_ips.get((m["subscription"], m["group"], m["name"]))
+        if address is None:
+            return self._error(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/publicIPAddresses/"
+                                                        f"{m['name']}' was not found.")
+        return json_response(address)
+
+    async def put_role_assignment(self, request: web.Request) -> web.Response:
+        m, body = request.match_info, request[JSON_BODY]
+        scope = request.path.split("/providers/Microsoft.Authorization/")[0]
+        if body["properties"]["principalId"] not in self.identities.values():
+            return self._error(400, "PrincipalNotFound", f"Principal {body['properties']['principalId']} does not "
+                                                         "exist in the directory.")
+        assignment = self.fixture("role_assignment", role=body["properties"]["roleDefinitionId"], scope=scope,
+                                  principal=body["properties"]["principalId"], name=m["name"])
+        self.role_assignments[m["name"]] = assignment
+        return json_response(assignment, 201)
+
+    async def managed_identity_token(self, request: web.Request) -> web.Response:
+        if request.headers.get("Metadata") != "true" or request.query.get("api-version") != "2018-02-01":
+            return json_response({"error": "invalid_request", "error_description": "Required metadata header not "
+                                                                                   "specified"}, 400)
+        token = f"eyJ0eXAiOiJKV1QifQ.identity-{len(self.tokens_issued) + 1}"
+        self.tokens_issued.append(token)
+        now = int(time.time())
+        return json_response(self.fixture("managed_identity_token", access_token=token, expires_on=str(now + 86399),
+                                          not_before=str(now - 300), resource=request.query.get("resource", "")))

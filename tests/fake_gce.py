@@ -31,6 +31,7 @@ class FakeGce(FakeCloudApi):
     def __init__(self) -> None:
         self.instances: dict[tuple[str, str, str], dict] = {}  # (project, zone, name) -> instance
         self.operations: dict[str, dict] = {}
+        self.firewalls: dict[tuple[str, str], dict] = {}
         self.tokens_issued: list[str] = []
         self.token_assertions: list[dict] = []
         self.refuse_tokens = False
@@ -80,6 +81,9 @@ class FakeGce(FakeCloudApi):
         app.router.add_get(p + "/zones/{zone}/disks/{name}", self.disk)
         app.router.add_get(p + "/zones/{zone}/operations/{op}", self.operation)
         app.router.add_get(p + "/aggregated/instances", self.aggregated_instances)
+        app.router.add_post(p + "/global/firewalls", self.insert_firewall)
+        app.router.add_get(p + "/global/firewalls/{name}", self.get_firewall)
+        app.router.add_get(p + "/global/operations/{op}", self.operation)
 
     @staticmethod
     def _region_of(zone: str) -> str:
@@ -130,6 +134,30 @@ class FakeGce(FakeCloudApi):
             return _error(404, "notFound", "operation not found")
         op.update(status="DONE", progress=100, endTime="2026-11-29T10:00:05.000-08:00")
         return json_response(op)
+
+    async def insert_firewall(self, request: web.Request) -> web.Response:
+        project, body = request.match_info["project"], request[JSON_BODY]
+        if (project, body["name"]) in self.firewalls:
+            return _error(409, "alreadyExists", f"The resource 'projects/{project}/global/firewalls/{body['name']}' "
+                                                "already exists")
+        firewall = self.fixture("firewall", project=project, name=body["name"], firewall_id=str(next(self._ids)),
+                                description=body.get("description") or "", network=body["network"],
+                                source_ranges=body.get("sourceRanges", []), target_tags=body.get("targetTags", []),
+                                allowed=body.get("allowed", []))
+        self.firewalls[(project, body["name"])] = firewall
+        op_name = f"operation-{next(self._ids)}"
+        op = self.fixture("global_operation", project=project, name=body["name"], op_id=str(next(self._ids)),
+                          op_name=op_name, op_type="insert", target_id=firewall["id"])
+        self.operations[op_name] = op
+        return json_response(op)
+
+    async def get_firewall(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        firewall = self.firewalls.get((m["project"], m["name"]))
+        if firewall is None:
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/global/firewalls/{m['name']}' "
+                                           "was not found")
+        return json_response(firewall)
 
     async def insert(self, request: web.Request) -> web.Response:
         m, body = request.match_info, request[JSON_BODY]

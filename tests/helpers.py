@@ -61,21 +61,3 @@ def environment(**values: str | None) -> Iterator[None]:
             else:
                 os.environ[key] = value
 
-
-def boot_from_startup_script(script: str, workers: int = 1):
-    """Play a cloud VM: run the `burla node join` line of a node's startup script on this machine
-    (with the token the script exports), so a real node joins the head the script names."""
-    import re
-    import shlex
-    import subprocess
-    import sys
-
-    from burla.config import ENV_TOKEN
-    from tests.conftest import REPO
-
-    token = re.search(r"^export BURLA_CLUSTER_TOKEN=(.+)$", script, re.M).group(1)
-    join = shlex.split(re.search(r"^exec (.+)$", script, re.M).group(1))
-    assert join[0] == "/opt/burla/bin/burla" and join[1:3] == ["node", "join"], join
-    env = dict(os.environ, **{ENV_TOKEN: shlex.split(token)[0]})
-    return subprocess.Popen([sys.executable, "-m", "burla", *join[1:], "--workers", str(workers)], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -21,7 +21,8 @@ from burla.drivers.base import BootRequest
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_azure import FakeAzure
-from tests.helpers import boot_from_startup_script, get_json, use_head, wait_until
+from tests.helpers import get_json, use_head, wait_until
+from tests.play_vm import boot_from_startup_script
 
 SUBSCRIPTION = "3f6d2b1c-0a4e-4d7b-9c55-2e8f7a1b6c90"
 TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"

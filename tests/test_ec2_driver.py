@@ -18,7 +18,8 @@ import pytest
 from burla import remote_parallel_map
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import boot_from_startup_script, get_json, use_head, wait_until
+from tests.helpers import get_json, use_head, wait_until
+from tests.play_vm import boot_from_startup_script
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def moto(monkeypatch):
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10).close()
-    for key, value in {"AWS_ENDPOINT_URL_EC2": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+    for key, value in {"AWS_ENDPOINT_URL_EC2": endpoint, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)

@@ -18,7 +18,8 @@ from burla.drivers.base import BootRequest
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_gce import FakeGce
-from tests.helpers import boot_from_startup_script, get_json, use_head, wait_until
+from tests.helpers import get_json, use_head, wait_until
+from tests.play_vm import boot_from_startup_script
 
 PROJECT = "burla-test"
 

@@ -31,6 +31,7 @@ EXIT_CONFLICT = 5
 EXIT_UNREACHABLE = 6
 EXIT_JOB_FAILED = 7
 EXIT_JOB_CANCELED = 8
+EXIT_CLOUD = 9  # a cloud API refused or failed
 
 
 class CliError(Exception):

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from burla.cli.common import EXIT_NOT_FOUND, EXIT_USAGE, CliError, JsonGroup, run
+from burla.cli.common import EXIT_CLOUD, EXIT_NOT_FOUND, EXIT_USAGE, CliError, JsonGroup, run
 from burla.config import config_dir
 
 
@@ -50,6 +50,9 @@ def _guarded(action):
     except DeployError as e:
         code = EXIT_NOT_FOUND if "no head is deployed" in str(e) else EXIT_USAGE
         raise CliError("deploy", str(e), "see `burla deploy --help`", code) from None
+    except Exception as e:  # the cloud refused or failed: say what it said
+        raise CliError("cloud_error", f"{type(e).__name__}: {e}", "check the cloud console; `burla deploy delete` "
+                       "removes what was created", EXIT_CLOUD) from None
 
 
 _deploy_command("aws", "your AWS account (EC2)")

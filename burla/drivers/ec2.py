@@ -165,12 +165,28 @@ class Ec2Driver(ThreadedCloudDriver):
                 {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": request.disk_gb, "VolumeType": "gp3",
                                                     "DeleteOnTermination": "true"}}
             ]
-        if self.config.subnet_id:
-            kwargs["ex_subnet"] = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0]
-        if self.config.security_group_ids:
-            kwargs["ex_security_group_ids"] = list(self.config.security_group_ids)
+        kwargs.update(self._placement(driver, list(self.config.security_group_ids), public_ip=False))
         driver.create_node(name=node_id, size=size, image=self._image(driver), **kwargs)
         return node_id
+
+    def _placement(self, driver, group_ids: list[str], public_ip: bool) -> dict[str, Any]:
+        """Subnet and security groups (EC2 takes group ids only with a subnet: the default one if none is set)."""
+        if not group_ids and not self.config.subnet_id:
+            return {}
+        if self.config.subnet_id:
+            subnet = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0]
+        else:
+            defaults = driver.ex_list_subnets(filters={"default-for-az": "true"})
+            if not defaults:
+                raise CloudSetupError(f"No default subnet in {self.config.region}; set BURLA_AWS_SUBNET_ID to a "
+                                      "subnet id.")
+            subnet = sorted(defaults, key=lambda s: s.extra.get("zone") or "")[0]
+        kwargs: dict[str, Any] = {"ex_subnet": subnet}
+        if group_ids:
+            kwargs["ex_security_group_ids"] = group_ids
+        if public_ip:
+            kwargs["ex_assign_public_ip"] = True
+        return kwargs
 
     async def boot(self, request: BootRequest) -> list[str]:
         node_ids = request.ids("burla-node")
@@ -270,13 +286,12 @@ class Ec2Driver(ThreadedCloudDriver):
             "ex_userdata": head_script(head, self.name),
             "ex_metadata": {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
             "ex_iamprofile": self._head_profile(),
-            "ex_security_group_ids": [self._head_security_group(driver, head.port), *self.config.security_group_ids],
         }
+        group_ids = [self._head_security_group(driver, head.port), *self.config.security_group_ids]
+        kwargs.update(self._placement(driver, group_ids, public_ip=True))
         if head.disk_gb:
             kwargs["ex_blockdevicemappings"] = [{"DeviceName": "/dev/xvda", "Ebs": {
                 "VolumeSize": head.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": "true"}}]
-        if self.config.subnet_id:
-            kwargs["ex_subnet"] = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0]
         size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
         for attempt in range(12):  # a new instance profile takes a few seconds to be usable
             try:

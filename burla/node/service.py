@@ -125,10 +125,9 @@ class NodeService:
     async def _head_session_loop(self) -> None:
         deadline = time.monotonic() + self.settings.register_deadline_s
         headers = {"Authorization": f"Bearer {self.settings.token}"}
-        from burla.tls import client_context
+        from burla.tls import head_connector
 
-        connector = aiohttp.TCPConnector(ssl=client_context(self.settings.head_cert) or True)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with aiohttp.ClientSession(connector=head_connector(self.settings.head_cert)) as session:
             while True:
                 try:
                     async with session.ws_connect(
