@@ -418,8 +418,16 @@ class WorkerWaiting(Message):
     waiting: bool
 
 
+@message(36)
+class NodeLeaving(Message):
+    """Node to head: this node is stopping (signal, lost lifeline); requeue its inputs now and
+    delete its machine (the head owns every cloud call)."""
+
+    reason: str
+
+
 CLIENT_TO_HEAD = (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob)
-NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen)
+NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen, NodeLeaving)
 HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint)
 HEAD_TO_CLIENT = (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch, Progress, JobEnded)
 WORKER_TO_NODE = (WorkerReady, WorkerReport, WorkerWaiting)

@@ -28,6 +28,7 @@ def boot_from_startup_script(script: str, workers: int = 1) -> subprocess.Popen:
     token = re.search(r"^export BURLA_CLUSTER_TOKEN=(.+)$", script, re.M).group(1)
     join = shlex.split(re.search(r"^exec (.+)$", script, re.M).group(1))
     assert join[0] == "/opt/burla/bin/burla" and join[1:3] == ["node", "join"], join
+    join[join.index("--host") + 1] = "127.0.0.1"  # a VM listens on its network; here, loopback only
     if "--head-cert" in join:
         cert = Path(tempfile.mkdtemp()) / "head-cert.pem"
         cert.write_text(heredoc(script, "BURLA_HEAD_CERT") + "\n")

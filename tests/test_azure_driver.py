@@ -129,7 +129,8 @@ def test_vm_request_carries_custom_data_tags_spot_and_size_then_list_and_delete(
     assert properties["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"].startswith("ssh-rsa ")
     script = _custom_data(azure, booted[0])
     assert "uv venv --quiet --python 3.12 /opt/burla" in script
-    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --workers 4 "
+    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --host 0.0.0.0 "
+                                    "--workers 4 "
                                     "--gpu T4 --gpu-count 1 --region westeurope")
     assert sorted(n.node_id for n in listed) == sorted(booted)
     assert "cloud-init" in console

@@ -100,7 +100,7 @@ def test_user_data_installs_this_version_and_joins_the_head():
     assert "uv venv --quiet --python 3.11 /opt/burla" in script  # the client's Python, fetched if missing
     assert "export BURLA_CLUSTER_TOKEN='t0k'\"'\"'en'" in script  # quoted for the shell
     assert script.rstrip().endswith(
-        "/opt/burla/bin/burla node join --head http://10.0.0.1:5001 --node-id burla-node-1 --workers 4")
+        "/opt/burla/bin/burla node join --head http://10.0.0.1:5001 --node-id burla-node-1 --host 0.0.0.0 --workers 4")
 
 
 def _no_aws_environment(monkeypatch, home) -> None:
@@ -248,3 +248,18 @@ def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_
         assert "boot log" in kinds  # the console output, kept for debugging
     finally:
         head.stop()
+
+
+def test_nodes_for_a_container_image_run_inside_it():
+    from burla.drivers.base import BootRequest
+    from burla.drivers.cloud import startup_script
+
+    request = BootRequest(1, "https://10.0.0.1:5001", "tok", 4, image="ghcr.io/acme/model:3", gpu="T4", gpu_count=1,
+                          head_cert="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----")
+    script = startup_script(request, "burla-node-1", "us-east-1")
+    assert "docker pull --quiet ghcr.io/acme/model:3" in script
+    docker_run = script.rstrip().splitlines()[-1]
+    assert docker_run.startswith("exec docker run --rm --network host -e BURLA_CLUSTER_TOKEN --gpus all -v "
+                                 "/opt/burla-head-cert.pem:/opt/burla-head-cert.pem:ro ghcr.io/acme/model:3 sh -c ")
+    assert "python3 -m burla node join --head https://10.0.0.1:5001 --node-id burla-node-1" in docker_run
+    assert "--image ghcr.io/acme/model:3" in docker_run and "uv venv" not in script  # the image's own Python

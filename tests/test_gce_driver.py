@@ -114,7 +114,8 @@ def test_create_request_carries_script_labels_spot_and_gpus_then_list_and_delete
     assert boot_disk["diskSizeGb"] == 50 and boot_disk["sourceImage"].endswith("/debian-12-v20261110")
     script = _startup_script(t4_body)
     assert "uv venv --quiet --python 3.12 /opt/burla" in script
-    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --workers 4 "
+    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --host 0.0.0.0 "
+                                    "--workers 4 "
                                     "--gpu T4 --gpu-count 2 --region us-east1")
     # A machine type with GPUs built in gets no extra accelerators, but can't live-migrate.
     assert "guestAccelerators" not in a100_body
@@ -206,5 +207,52 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
     finally:
         if node is not None:
             node.terminate()
+            node.wait(15)
+        head.stop()
+
+
+def test_a_node_that_stops_on_its_own_has_its_instance_deleted_by_the_head(gce, tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "gce"])  # no idle timeout
+    use_head(monkeypatch, head)
+    node = None
+    try:
+        _burla("settings", "update", "--quantity", "1")
+        [node_id] = _burla("cluster", "start")["booted"]
+        [insert] = gce.logged("POST", "/instances")
+        node = boot_from_startup_script(_startup_script(insert.body))
+        wait_for_nodes(head, 1)
+        node.terminate()  # SIGTERM, as when the VM shuts down: the node tells the head it is leaving
+        node.wait(30)
+        wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
+        assert gce.logged("DELETE")[0].path.endswith(f"/instances/{node_id}")
+
+        def recorded() -> set[str]:
+            return {e["event"] for e in get_json(head, f"/v1/nodes/{node_id}/events")["events"]}
+
+        wait_until(lambda: {"leaving", "deleted"} <= recorded(), what="leaving and deletion in history")
+    finally:
+        if node is not None and node.poll() is None:
+            node.kill()
+            node.wait(15)
+        head.stop()
+
+
+def test_a_silent_node_has_its_instance_deleted_once_declared_dead(gce, tmp_path, monkeypatch):
+    import signal
+
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "gce", "--node-deadline", "2"])
+    use_head(monkeypatch, head)
+    node = None
+    try:
+        _burla("settings", "update", "--quantity", "1")
+        [node_id] = _burla("cluster", "start")["booted"]
+        node = boot_from_startup_script(_startup_script(gce.logged("POST", "/instances")[0].body))
+        wait_for_nodes(head, 1)
+        node.send_signal(signal.SIGSTOP)  # a frozen VM: it costs money and does nothing
+        wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
+        assert gce.logged("DELETE")[0].path.endswith(f"/instances/{node_id}")
+    finally:
+        if node is not None:
+            node.kill()
             node.wait(15)
         head.stop()

@@ -33,6 +33,9 @@ def node() -> None:
 @click.option("--node-id", default=None, help="This node's name. Default: a random one.")
 @click.option("--region", default="local", show_default=True, help="Region this node reports.")
 @click.option("--image", default=None, help="Container image this node reports running.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address this node's HTTP endpoint listens on; 0.0.0.0 for peers on other machines (it then "
+                   "advertises the address it reaches the head from).")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Port of this node's HTTP endpoint (peers steal work through it); 0 picks a free one.")
 @click.option("--advertise-url", default=None,
@@ -47,7 +50,7 @@ def node() -> None:
               help="The head's own certificate, for an https head with a self-signed one (pinned).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
-         image: str | None, port: int, advertise_url: str | None, steal_ack_timeout: float,
+         image: str | None, host: str, port: int, advertise_url: str | None, steal_ack_timeout: float,
          memory_limit_gb: float | None, gpu: str | None, gpu_count: int, head_cert: str | None,
          lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
@@ -68,7 +71,7 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
         node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
         ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region, gpu=gpu,
         gpu_count=gpu_count if gpu else 0,
-        lifeline_fd=lifeline_fd, version=__version__, port=port, head_cert=head_cert,
+        lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, steal_ack_timeout_s=steal_ack_timeout,
     )
     sys.exit(run_node(settings))

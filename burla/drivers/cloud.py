@@ -45,7 +45,8 @@ def startup_script(request: BootRequest, node_id: str, region: str | None) -> st
     """A VM's first-boot script: a Python environment at the client's major.minor with this burla
     version (uv fetches that Python if the image lacks it), then `burla node join` as `node_id`.
     An https head's own certificate is written next to it and pinned."""
-    join = ["burla", "node", "join", "--head", request.head_url, "--node-id", node_id]
+    # Listen on the VM's network (peers steal through it), not only its loopback.
+    join = ["burla", "node", "join", "--head", request.head_url, "--node-id", node_id, "--host", "0.0.0.0"]
     if request.workers is not None:
         join += ["--workers", str(request.workers)]
     if request.gpu is not None:
@@ -57,17 +58,41 @@ def startup_script(request: BootRequest, node_id: str, region: str | None) -> st
     certificate: list[str] = []
     if request.head_cert:
         join += ["--head-cert", HEAD_CERT_PATH]
-        certificate = [f"mkdir -p {NODE_ENV_DIR}", f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'",
-                       request.head_cert.strip(), "BURLA_HEAD_CERT"]
-    return "\n".join([
-        "#!/bin/bash",
-        f"# burla {__version__} node bootstrap",
-        *python_environment(request.python_version, f"burla=={__version__}"),
-        *certificate,
+        certificate = [f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'", request.head_cert.strip(), "BURLA_HEAD_CERT"]
+    if request.image is not None:
+        run = _in_container(request, join)
+    else:
+        run = [*python_environment(request.python_version, f"burla=={__version__}"), *certificate,
+               f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
+               f"exec {NODE_ENV_DIR}/bin/" + " ".join(shlex.quote(part) for part in join)]
+        certificate = []
+    return "\n".join(["#!/bin/bash", f"# burla {__version__} node bootstrap", *certificate, *run, ""])
+
+
+def _in_container(request: BootRequest, join: list[str]) -> list[str]:
+    """Run the node inside the job's container image (its Python and packages), on the host's
+    network so peers and the head reach it as they would the VM."""
+    assert request.image is not None
+    inner = f"python3 -m pip install --quiet burla=={__version__} && exec python3 -m " + " ".join(
+        shlex.quote(part) for part in join)
+    docker = ["docker", "run", "--rm", "--network", "host", "-e", "BURLA_CLUSTER_TOKEN"]
+    if request.gpu is not None:
+        docker += ["--gpus", "all"]  # needs the NVIDIA container toolkit on GPU images
+    if request.head_cert:
+        docker += ["-v", f"{HEAD_CERT_PATH}:{HEAD_CERT_PATH}:ro"]
+    docker += [request.image, "sh", "-c", inner]
+    return [
+        "set -euo pipefail",
+        "if ! command -v docker >/dev/null; then",
+        "  if command -v apt-get >/dev/null; then",
+        "    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io",
+        "  else dnf install -y -q docker; fi",
+        "  systemctl start docker",
+        "fi",
+        f"docker pull --quiet {shlex.quote(request.image)}",
         f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
-        f"exec {NODE_ENV_DIR}/bin/" + " ".join(shlex.quote(part) for part in join),
-        "",
-    ])
+        "exec " + " ".join(shlex.quote(part) for part in docker),
+    ]
 
 
 def python_environment(python_version: str | None, requirement: str) -> list[str]:

@@ -45,6 +45,8 @@ class Cluster:
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
         self.prepare_job: Callable[[wire.OpenJob], None] | None = None  # boots what a new job needs
+        # A node that left or went silent: its machine should go (set by the fleet; cloud nodes).
+        self.remove_machine: Callable[[str, str], None] | None = None
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -177,6 +179,8 @@ class Cluster:
                     self.node_lost(node_id)
                     if link is not None:
                         link.close()
+                    if self.remove_machine is not None:
+                        self.remove_machine(node_id, f"silent for {now - heard:.1f} s")
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
         self.last_heard[node_id] = time.monotonic()
@@ -205,6 +209,16 @@ class Cluster:
             if job is not None:
                 self.scheduler.record_steal(node_id, job, msg.donor_id, msg.indices)
             self._hinted.pop((node_id, msg.job_id), None)
+        elif isinstance(msg, wire.NodeLeaving):
+            log.info("node %s is leaving: %s", node_id, msg.reason)
+            if self.history is not None:
+                self.history.node_event(node_id, "leaving", msg.reason)
+            link = self.node_links.get(node_id)
+            self.node_lost(node_id)  # its inputs go to other nodes now, not after the deadline
+            if link is not None:
+                link.close()
+            if self.remove_machine is not None:
+                self.remove_machine(node_id, msg.reason)
 
     @staticmethod
     def _node_loss_error(index: int, job: JobRecord) -> bytes:

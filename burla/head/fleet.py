@@ -233,6 +233,24 @@ class Fleet:
             stopped.append(node_id)
         return {"stopped": stopped}
 
+    def remove_machine(self, node_id: str, why: str) -> None:
+        """A cloud node left or went silent: delete its VM (local nodes' processes end by themselves)."""
+        if self.cloud is None:
+            return
+        self.grown.discard(node_id)
+        task = asyncio.create_task(self._remove_machine(node_id, why), name=f"remove-{node_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _remove_machine(self, node_id: str, why: str) -> None:
+        try:
+            deleted = await self.driver.delete(node_id)
+        except Exception as e:  # the next cluster stop or deploy delete tries again
+            log.error("could not delete the machine of node %s (%s): %s", node_id, why, e)
+            return
+        if deleted and self.history is not None:
+            self.history.node_event(node_id, "deleted", f"its machine was deleted ({why})")
+
     async def delete_node(self, node_id: str) -> bool:
         """Delete a node through whichever driver started it; False if none did."""
         return await self.driver.delete(node_id)

@@ -100,6 +100,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     # Serve first; history opens meanwhile (what is recorded before waits in memory).
     startup = asyncio.create_task(_open_history(history, fleet), name="history-open")
     cluster.prepare_job = fleet.prepare_job
+    cluster.remove_machine = fleet.remove_machine
     runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     ssl_context = None

@@ -64,6 +64,7 @@ class NodeService:
         self._state_changed = asyncio.Event()
         self._status = "READY"
         self._stopping = asyncio.Event()
+        self._leaving: str | None = None  # why this node stops on its own (None: the head asked, or silent)
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
         self.exit_code = 0
         self.environment = Environment()
@@ -78,7 +79,7 @@ class NodeService:
         site = web.TCPSite(runner, self.settings.host, self.settings.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = self.settings.advertise_url or f"http://{self.settings.host}:{port}"
+        self.url = self.settings.advertise_url or f"http://{self._reachable_host()}:{port}"
         psutil.cpu_percent(interval=None)  # prime the counter
         pool_start = asyncio.create_task(self._start_pool())
         # Read the installed distributions now, so the first job's package check is instant.
@@ -104,21 +105,44 @@ class NodeService:
             await self.pool.close()
             await runner.cleanup()
 
+    def _reachable_host(self) -> str:
+        """The address peers use: the bound one, or for a wildcard bind the one this machine reaches
+        the head from (its address on the cluster's network; no packet is sent to find it)."""
+        host = self.settings.host
+        if host not in ("0.0.0.0", "::", ""):
+            return host
+        import socket
+        import urllib.parse
+
+        head = urllib.parse.urlsplit(self.settings.head_url)
+        family = socket.AF_INET6 if ":" in (head.hostname or "") else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((head.hostname or "127.0.0.1", head.port or 80))
+            address = probe.getsockname()[0]
+        return f"[{address}]" if family == socket.AF_INET6 else address
+
     async def _start_pool(self) -> None:
         await self.pool.start()
 
-    def stop(self) -> None:
+    def stop(self, reason: str | None = None) -> None:
+        """Stop serving; with a reason, the head is told this node is leaving (so it deletes the machine)."""
+        if reason is not None and self._leaving is None:
+            self._leaving = reason
         self.pool.begin_close()
         self._stopping.set()
 
     async def _stop_when_asked(self, group: asyncio.TaskGroup) -> None:
         await self._stopping.wait()
+        ws = self._ws
+        if self._leaving is not None and ws is not None and not ws.closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.send_bytes(wire.NodeLeaving(self._leaving).encode()), 2.0)
         raise _Stop()
 
     async def _watch_lifeline(self, fd: int) -> None:
         await wait_for_eof(fd)
         log.info("lifeline closed; stopping")
-        self.stop()
+        self.stop("its parent process ended")
 
     # --- head link -----------------------------------------------------------------------
 
@@ -342,7 +366,7 @@ def run_node(settings: NodeSettings) -> int:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, service.stop)
+            loop.add_signal_handler(sig, service.stop, f"stopped by {sig.name}")
         await service.run()
 
     asyncio.run(main())
