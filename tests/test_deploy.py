@@ -108,10 +108,10 @@ def test_deploy_aws_runs_a_pinned_https_head_that_boots_nodes_and_delete_removes
         wait_for_nodes_https(env)
         assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
     finally:
+        head.stop()  # the head first: a node killed after it can't ask for its VM's deletion
         if node is not None:
-            node.terminate()
+            node.kill()
             node.wait(15)
-        head.stop()
 
     removed = _ok(_burla("deploy", "delete", env=_client_env(config)))
     assert removed["head_deleted"] is True and removed["nodes_deleted"] == [node_id]
