@@ -51,26 +51,29 @@ class Head:
 def start_head(config_dir: Path, local_nodes: int = 1, workers: int | None = 2, token: str = "test-token",
                extra: list[str] | None = None) -> Head:
     """Start `burla head serve` on an ephemeral port and wait until it serves."""
+    command = ["head", "serve", "--port", "0", "--local-nodes", str(local_nodes)]
+    if workers is not None:
+        command += ["--local-node-workers", str(workers)]
+    return launch_head(command + (extra or []), {ENV_CONFIG_DIR: str(config_dir), ENV_TOKEN: token}, config_dir)
+
+
+def launch_head(arguments: list[str], environment: dict[str, str], config_dir: Path) -> Head:
+    """Run `burla <arguments>` (a head serve command) with this environment, wait until it serves."""
     config_dir.mkdir(parents=True, exist_ok=True)
     log_path = config_dir / f"head-{len(list(config_dir.glob('head-*.log')))}.log"
     read_fd, write_fd = os.pipe()
-    command = [sys.executable, "-m", "burla", "head", "serve", "--port", "0", "--local-nodes", str(local_nodes),
-               "--ready-fd", str(write_fd)]
-    if workers is not None:
-        command += ["--local-node-workers", str(workers)]
-    command += extra or []
-    env = dict(os.environ, **{ENV_CONFIG_DIR: str(config_dir), ENV_TOKEN: token})
+    env = {**os.environ, **environment}
     env.pop(ENV_HEAD_URL, None)
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env=env, pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=REPO)
+        process = subprocess.Popen([sys.executable, "-m", "burla", *arguments, "--ready-fd", str(write_fd)], env=env,
+                                   pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as ready:
         line = ready.readline().decode().strip()
     if not line:
         process.wait(10)
         raise RuntimeError(f"head failed to start:\n{log_path.read_text()}")
-    return Head(line, token, process, config_dir, log_path)
+    return Head(line, env[ENV_TOKEN], process, config_dir, log_path)
 
 
 def wait_for_nodes(head: Head, count: int, timeout: float = START_TIMEOUT_S) -> list[dict]:

@@ -7,7 +7,6 @@ method, path, query, JSON body and Authorization header, so tests assert the exa
 
 from __future__ import annotations
 
-import asyncio
 import json
 import string
 import threading
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from tests.loopback_server import LoopbackServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 JSON_BODY = web.RequestKey("json_body", object)
@@ -31,24 +32,13 @@ class LoggedRequest:
     form: dict[str, str] = field(default_factory=dict)
 
 
-class FakeCloudApi:
+class FakeCloudApi(LoopbackServer):
     fixture_dir: str = ""
 
     def __init__(self) -> None:
         self.requests: list[LoggedRequest] = []
-        self.port = 0
         self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True, name=type(self).__name__)
-        self._thread.start()
-        if not self._ready.wait(15):
-            raise RuntimeError("the fake cloud API did not start")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__()
 
     def fixture(self, fixture_name: str, **values: Any) -> Any:
         """A recorded response with its placeholders filled in."""
@@ -81,27 +71,10 @@ class FakeCloudApi:
         request[JSON_BODY] = body
         return await handler(request)
 
-    def _run(self) -> None:
-        self._loop.run_until_complete(self._serve())
-        self._loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
+    def build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._log])
         self.routes(app)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        await self._stop.wait()
-        await runner.cleanup()
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        return app
 
 
 def json_response(payload: Any, status: int = 200) -> web.Response:

@@ -11,8 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from burla.config import ENV_HEAD_URL, ENV_TOKEN
-from tests.conftest import REPO, Head
+from burla.config import ENV_TOKEN
+from tests.conftest import REPO, Head, launch_head
 
 
 def heredoc(script: str, marker: str) -> str:
@@ -59,17 +59,4 @@ def head_from_script(script: str, directory: Path) -> tuple[list[str], dict[str,
 def start_played_head(script: str, directory: Path) -> Head:
     """Run the head VM's head here and wait until it serves (its URL is https://127.0.0.1:PORT)."""
     command, environment = head_from_script(script, directory)
-    read_fd, write_fd = os.pipe()
-    log_path = directory / "head.log"
-    env = {**os.environ, **environment}
-    env.pop(ENV_HEAD_URL, None)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "burla", *command, "--ready-fd", str(write_fd)], env=env,
-                                   pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as ready:
-        url = ready.readline().decode().strip()
-    if not url:
-        process.wait(10)
-        raise RuntimeError(f"the played head failed to start:\n{log_path.read_text()}")
-    return Head(url, environment[ENV_TOKEN], process, directory, log_path)
+    return launch_head(command, environment, directory)

@@ -103,7 +103,7 @@ def test_a_lost_steal_ack_still_gives_every_result_exactly_once(bare_head, tmp_p
         nodes.join("node-b")
         results = list(stream)
     finally:
-        proxy.close()
+        proxy.stop()
     assert sorted(results) == list(range(12))  # delivered exactly once each
     assert proxy.dropped >= 1
     deadline = time.monotonic() + 30

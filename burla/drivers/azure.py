@@ -14,7 +14,6 @@ Resource Manager connection.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import configparser
 import json
@@ -351,11 +350,6 @@ class AzureDriver(ThreadedCloudDriver):
         self._put(driver, path, VM_API, body)
         return node_id
 
-    async def boot(self, request: BootRequest) -> list[str]:
-        node_ids = request.ids("burla-node")
-        await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
-        return node_ids
-
     def _cluster_nodes(self, driver) -> list:
         from libcloud.common.exceptions import BaseHTTPError
 
@@ -382,9 +376,6 @@ class AzureDriver(ThreadedCloudDriver):
             driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
         return bool(matches)
 
-    async def delete(self, node_id: str) -> bool:
-        return await self._call(self._delete, node_id)
-
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)
         if not matches:
@@ -396,9 +387,6 @@ class AzureDriver(ThreadedCloudDriver):
             return ""
         with urllib.request.urlopen(blob, timeout=30) as response:  # a SAS URL: no other credentials
             return response.read().decode(errors="replace")
-
-    async def boot_log(self, node_id: str) -> str:
-        return await self._call(self._console, node_id)
 
 
     # --- the head VM of `burla deploy` --------------------------------------------------------

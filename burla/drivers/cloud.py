@@ -145,6 +145,28 @@ class ThreadedCloudDriver(Driver):
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    # --- nodes: each call runs in the pool ---------------------------------------------------
+
+    async def boot(self, request: BootRequest) -> list[str]:
+        node_ids = request.ids("burla-node")
+        await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
+        return node_ids
+
+    async def delete(self, node_id: str) -> bool:
+        return await self._call(self._delete, node_id)
+
+    async def boot_log(self, node_id: str) -> str:
+        return await self._call(self._console, node_id)
+
+    @abc.abstractmethod
+    def _boot_one(self, driver: Any, request: BootRequest, node_id: str) -> str: ...
+
+    @abc.abstractmethod
+    def _delete(self, driver: Any, node_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    def _console(self, driver: Any, node_id: str) -> str: ...
+
     # --- the head VM of `burla deploy` --------------------------------------------------------
 
     async def boot_head(self, head: HeadMachine) -> None:

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -188,11 +187,6 @@ class Ec2Driver(ThreadedCloudDriver):
             kwargs["ex_assign_public_ip"] = True
         return kwargs
 
-    async def boot(self, request: BootRequest) -> list[str]:
-        node_ids = request.ids("burla-node")
-        await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
-        return node_ids
-
     def _cluster_nodes(self, driver) -> list:
         filters = {f"tag:{CLUSTER_TAG}": self.config.cluster_id,
                    "instance-state-name": ["pending", "running", "stopping", "stopped"]}
@@ -209,17 +203,11 @@ class Ec2Driver(ThreadedCloudDriver):
             driver.destroy_node(node)
         return bool(matches)
 
-    async def delete(self, node_id: str) -> bool:
-        return await self._call(self._delete, node_id)
-
     def _console(self, driver, node_id: str) -> str:
         matches = [n for n in self._cluster_nodes(driver) if n.extra.get("tags", {}).get(NODE_TAG) == node_id]
         if not matches:
             return ""
         return driver.ex_get_console_output(matches[0]).get("output") or ""
-
-    async def boot_log(self, node_id: str) -> str:
-        return await self._call(self._console, node_id)
 
     # --- the head VM of `burla deploy` --------------------------------------------------------
 

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import configparser
 import json
 import os
@@ -266,11 +265,6 @@ class GceDriver(ThreadedCloudDriver):
         driver.create_node(node_id, machine_type, self._image(driver), **kwargs)
         return node_id
 
-    async def boot(self, request: BootRequest) -> list[str]:
-        node_ids = request.ids("burla-node")
-        await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
-        return node_ids
-
     def _cluster_instances(self, driver) -> list[dict[str, Any]]:
         """This cluster's instances in every zone: one aggregated request with a label filter."""
         params = {"filter": f"labels.{CLUSTER_TAG} = {self.config.cluster_id}", "maxResults": 500}
@@ -299,9 +293,6 @@ class GceDriver(ThreadedCloudDriver):
             driver.connection.async_request(f"/zones/{zone}/instances/{instance['name']}", method="DELETE")
         return bool(matches)
 
-    async def delete(self, node_id: str) -> bool:
-        return await self._call(self._delete, node_id)
-
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)
         if not matches:
@@ -309,9 +300,6 @@ class GceDriver(ThreadedCloudDriver):
         zone = matches[0]["zone"].rsplit("/", 1)[-1]
         path = f"/zones/{zone}/instances/{matches[0]['name']}/serialPort"
         return driver.connection.request(path, method="GET", params={"port": 1}).object.get("contents") or ""
-
-    async def boot_log(self, node_id: str) -> str:
-        return await self._call(self._console, node_id)
 
 
     # --- the head VM of `burla deploy` --------------------------------------------------------
