@@ -263,3 +263,23 @@ def test_nodes_for_a_container_image_run_inside_it():
                                  "/opt/burla-head-cert.pem:/opt/burla-head-cert.pem:ro ghcr.io/acme/model:3 sh -c ")
     assert "python3 -m burla node join --head https://10.0.0.1:5001 --node-id burla-node-1" in docker_run
     assert "--image ghcr.io/acme/model:3" in docker_run and "uv venv" not in script  # the image's own Python
+
+
+def test_an_expired_sso_session_names_the_login_command(monkeypatch, tmp_path):
+    import hashlib
+    import json
+
+    from burla.drivers.ec2 import CloudSetupError, Ec2Config, resolve_credentials
+
+    _no_aws_environment(monkeypatch, tmp_path)
+    start_url = "https://example.awsapps.com/start"
+    (tmp_path / ".aws" / "sso" / "cache").mkdir(parents=True)
+    (tmp_path / ".aws" / "config").write_text(
+        f"[profile dev]\nsso_start_url = {start_url}\nsso_region = us-east-1\nsso_account_id = 123456789012\n"
+        "sso_role_name = Admin\nregion = us-east-1\n")
+    # What `aws sso login` left in its cache, long expired.
+    (tmp_path / ".aws" / "sso" / "cache" / f"{hashlib.sha1(start_url.encode()).hexdigest()}.json").write_text(
+        json.dumps({"startUrl": start_url, "region": "us-east-1", "accessToken": "t",
+                    "expiresAt": "2020-01-01T00:00:00Z"}))
+    with pytest.raises(CloudSetupError, match=r"SSO session has expired. Run `aws sso login --profile dev`"):
+        resolve_credentials(Ec2Config(region="us-east-1", profile="dev"))

@@ -73,12 +73,13 @@ def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
     import botocore.session
 
     session = botocore.session.Session(profile=config.profile)
+    login = f"aws sso login --profile {config.profile}" if config.profile else "aws sso login"
     try:
         credentials = session.get_credentials()
     except botocore.exceptions.ProfileNotFound as e:
         raise CloudSetupError(f"{e}. List profiles with `aws configure list-profiles`, or unset AWS_PROFILE.") from None
     except botocore.exceptions.SSOTokenLoadError:
-        raise CloudSetupError("The AWS SSO session has expired. Run `aws sso login` and try again.") from None
+        raise CloudSetupError(f"The AWS SSO session has expired. Run `{login}` and try again.") from None
     if credentials is None:
         raise CloudSetupError(
             "No AWS credentials found. Run `aws configure` (access keys) or `aws sso login` (SSO), or set "
@@ -87,7 +88,7 @@ def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
     try:
         frozen = credentials.get_frozen_credentials()
     except (botocore.exceptions.SSOTokenLoadError, botocore.exceptions.UnauthorizedSSOTokenError):
-        raise CloudSetupError("The AWS SSO session has expired. Run `aws sso login` and try again.") from None
+        raise CloudSetupError(f"The AWS SSO session has expired. Run `{login}` and try again.") from None
     return frozen.access_key, frozen.secret_key, frozen.token
 
 
