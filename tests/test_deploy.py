@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import boto3
+import pytest
 
 from burla import remote_parallel_map
 from tests import functions
@@ -224,3 +225,47 @@ def test_a_deployed_azure_head_takes_tokens_from_its_managed_identity(azure, mon
     [token_request] = azure.logged("GET", "/metadata/identity/oauth2/token")
     assert token_request.query["resource"] == f"{azure.url}/"
     assert not azure.logged("POST", "/oauth2/")
+
+
+def _gce_scripts(fake) -> dict[str, str]:
+    return {i["name"]: next(m["value"] for m in i["metadata"]["items"] if m["key"] == "startup-script")
+            for i in fake.instances.values()}
+
+
+def _azure_scripts(fake) -> dict[str, str]:
+    return {key[2]: base64.b64decode(fake.custom_data[key[2]]).decode() for key in fake.machines}
+
+
+@pytest.mark.parametrize("cloud", ["gcp", "azure"])
+def test_deploy_then_a_job_through_the_played_head_then_delete(cloud, request, tmp_path, monkeypatch):
+    fake = request.getfixturevalue({"gcp": "gce", "azure": "azure"}[cloud])
+    scripts = {"gcp": _gce_scripts, "azure": _azure_scripts}[cloud]
+    config = tmp_path / "client"
+    deployment = _ok(_burla("deploy", cloud, "--wait", "0", env=_client_env(config)))["deployment"]
+    head_script = scripts(fake)[deployment["head_id"]]
+    assert deployment["head_url"].startswith("https://") and f"--driver {'gce' if cloud == 'gcp' else 'azure'}" in \
+        head_script
+    if cloud == "azure":  # the played head asks its managed identity for tokens: the fake answers for IMDS
+        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", fake.url)
+    head = start_played_head(head_script, tmp_path / "head-vm")
+    node = None
+    try:
+        monkeypatch.setenv("BURLA_CONFIG_DIR", str(config))
+        monkeypatch.setenv("BURLA_CLUSTER_DASHBOARD_URL", head.url)  # the fake's address leads nowhere
+        monkeypatch.setenv("BURLA_CLUSTER_TOKEN", head.token)
+        env = dict(os.environ)
+        _ok(_burla("settings", "update", "--quantity", "1", env=env))
+        [node_id] = _ok(_burla("cluster", "start", env=env))["booted"]
+        node = boot_from_startup_script(scripts(fake)[node_id])
+        wait_for_nodes_https(env)
+        assert remote_parallel_map(functions.double, [4, 5], spinner=False) == [8, 10]
+    finally:
+        head.stop()
+        if node is not None:
+            node.kill()
+            node.wait(15)
+    removed = _ok(_burla("deploy", "delete", env=_client_env(config)))
+    assert removed["head_deleted"] is True and removed["nodes_deleted"] == [node_id]
+    assert scripts(fake) == {}
+    if cloud == "azure":
+        assert fake.logged("GET", "/metadata/identity/oauth2/token")  # the head used its own identity

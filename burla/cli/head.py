@@ -92,7 +92,7 @@ def head() -> None:
                    "(gce) or Azure account.")
 @click.option("--region", default=None,
               help="Cloud region for nodes. Default: the cloud CLI's (AWS_REGION, gcloud compute/region, "
-                   "AZURE_LOCATION).")
+                   "AZURE_DEFAULTS_LOCATION).")
 @click.option("--boot-deadline", type=click.FloatRange(1.0, None), default=900.0, show_default=True,
               help="Seconds a booting node may take to register before it is deleted (its console kept).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
