@@ -17,16 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from burla.config import CLOUD_DRIVERS, Deployment
-from burla.drivers.cloud import CloudSetupError, cloud_config, cloud_driver, cluster_id_of, this_python
+from burla.drivers.cloud import cloud_config, cloud_driver, cluster_id_of, this_python
 from burla.drivers.head_vm import HEAD_PORT, HeadMachine
-from burla.errors import ClusterError
+from burla.errors import DeployError
 
 DEPLOYMENT_DIR = "deployment"  # in the config directory: the deployed head's certificate and key
 ADDRESS_TIMEOUT_S = 300.0
-
-
-class DeployError(ClusterError):
-    """A deployment can't go ahead (or be removed); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -141,4 +137,3 @@ def delete(directory: Path, environ: dict[str, str]) -> dict[str, Any]:
     return {"head_deleted": head_deleted, "nodes_deleted": nodes, "head_id": deployment.head_id}
 
 
-__all__ = ["CloudSetupError", "DeployError", "DeployRequest", "delete", "deploy", "show"]

@@ -15,7 +15,10 @@
     │   ├── VersionMismatch       client and head run incompatible burla versions
     │   ├── ProtocolError         a peer sent a message that does not decode (HTTP 400)
     │   ├── JobNotFound           the head has no such job, or no results left for it (HTTP 404)
-    │   └── DetachRequiresDeployedCluster
+    │   ├── DetachRequiresDeployedCluster
+    │   ├── CloudSetupError       the cloud account can't be used as configured (names the fix)
+    │   ├── TlsSetupError         the head's certificate or key can't be used
+    │   └── DeployError           a head can't be deployed or removed as asked
     ├── JobError                  the job started but did not end normally
     │   ├── JobCanceled           Ctrl-C, `burla jobs cancel`, or the head cancelled it
     │   ├── JobFailed             the head ended the job (.reason names why)
@@ -115,6 +118,18 @@ class JobNotFound(ClusterError):
 
 class DetachRequiresDeployedCluster(ClusterError):
     pass
+
+
+class CloudSetupError(ClusterError):
+    """The cloud account can't be used as configured; the message names the command that fixes it."""
+
+
+class TlsSetupError(ClusterError):
+    """The head's certificate or key can't be used; the message says what to fix."""
+
+
+class DeployError(ClusterError):
+    """A head can't be deployed (or removed) as asked; the message says what to do."""
 
 
 class JobError(BurlaError):

@@ -17,14 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from burla.config import ENV_HEAD_CERT, write_private_file
-from burla.errors import ClusterError
+from burla.errors import TlsSetupError
 
 CERT_FILE = "head-cert.pem"
 KEY_FILE = "head-key.pem"
-
-
-class TlsSetupError(ClusterError):
-    """The head's certificate or key can't be used; the message says what to fix."""
 
 
 def make_self_signed(names: list[str], directory: Path) -> tuple[Path, Path]:

@@ -141,7 +141,7 @@ def test_vm_request_carries_custom_data_tags_spot_and_size_then_list_and_delete(
 
 
 def test_a_wrong_service_principal_secret_names_the_fix(azure, monkeypatch):
-    from burla.drivers.cloud import CloudSetupError
+    from burla.errors import CloudSetupError
 
     monkeypatch.setenv("AZURE_CLIENT_SECRET", "not-the-secret")
     driver = _driver()
@@ -172,7 +172,7 @@ def test_the_azure_cli_login_and_default_subscription_are_used(azure, monkeypatc
 
 def test_missing_azure_setup_names_the_command_that_fixes_it(monkeypatch, tmp_path):
     from burla.drivers.azure import AzureConfig, AzureToken
-    from burla.drivers.cloud import CloudSetupError
+    from burla.errors import CloudSetupError
 
     _clean_azure_environment(monkeypatch, tmp_path)
     with pytest.raises(CloudSetupError, match=r"az login.*AZURE_SUBSCRIPTION_ID"):

@@ -92,7 +92,7 @@ def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(m
 def test_user_data_installs_this_version_and_joins_the_head():
     from burla._version import __version__
     from burla.drivers.base import BootRequest
-    from burla.drivers.ec2 import startup_script
+    from burla.drivers.cloud import startup_script
 
     script = startup_script(BootRequest(1, "http://10.0.0.1:5001", "t0k'en", 4, python_version="3.11"),
                             "burla-node-1", None)
@@ -125,7 +125,8 @@ def test_credentials_come_from_the_shared_files(monkeypatch, tmp_path):
 
 
 def test_missing_credentials_name_the_fix(monkeypatch, tmp_path):
-    from burla.drivers.ec2 import CloudSetupError, Ec2Config, resolve_credentials
+    from burla.drivers.ec2 import Ec2Config, resolve_credentials
+    from burla.errors import CloudSetupError
 
     _no_aws_environment(monkeypatch, tmp_path)
     with pytest.raises(CloudSetupError, match="aws configure"):
@@ -269,7 +270,8 @@ def test_an_expired_sso_session_names_the_login_command(monkeypatch, tmp_path):
     import hashlib
     import json
 
-    from burla.drivers.ec2 import CloudSetupError, Ec2Config, resolve_credentials
+    from burla.drivers.ec2 import Ec2Config, resolve_credentials
+    from burla.errors import CloudSetupError
 
     _no_aws_environment(monkeypatch, tmp_path)
     start_url = "https://example.awsapps.com/start"

@@ -129,7 +129,7 @@ def test_create_request_carries_script_labels_spot_and_gpus_then_list_and_delete
 
 
 def test_an_unknown_gpu_is_refused_before_any_instance_is_created(gce):
-    from burla.drivers.cloud import CloudSetupError
+    from burla.errors import CloudSetupError
 
     driver = _driver()
     request = BootRequest(1, "http://10.0.0.2:5001", "tok", gpu="Z9000", gpu_count=1)
@@ -156,8 +156,8 @@ def test_project_and_zone_come_from_the_active_gcloud_configuration(monkeypatch,
 
 
 def test_an_unset_project_or_missing_credentials_name_the_gcloud_fix(monkeypatch, tmp_path):
-    from burla.drivers.cloud import CloudSetupError
     from burla.drivers.gce import GceConfig, GoogleToken
+    from burla.errors import CloudSetupError
 
     _clean_google_environment(monkeypatch, tmp_path)
     _gcloud_config(tmp_path / "gcloud", project=None)
@@ -168,7 +168,7 @@ def test_an_unset_project_or_missing_credentials_name_the_gcloud_fix(monkeypatch
 
 
 def test_a_refused_key_names_the_fix(gce):
-    from burla.drivers.cloud import CloudSetupError
+    from burla.errors import CloudSetupError
 
     gce.refuse_tokens = True
     driver = _driver()

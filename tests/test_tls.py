@@ -88,3 +88,24 @@ def test_node_startup_scripts_pin_an_https_head(monkeypatch):
     script = startup_script(BootRequest(1, "https://10.0.0.5:5001", "tok", head_cert=pem), "n1", "us-east-1")
     assert f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'\n{pem}\nBURLA_HEAD_CERT\n" in script
     assert script.rstrip().endswith(f"--region us-east-1 --head-cert {HEAD_CERT_PATH}")
+
+
+def test_a_head_other_machines_can_reach_serves_https_unless_told_not_to(tmp_path):
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
+    env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
+    # 127.0.0.2 is loopback to the OS but not one of the head's loopback names: it counts as "other machines".
+    process = subprocess.Popen([sys.executable, "-m", "burla", "head", "serve", "--host", "127.0.0.2", "--port", "0",
+                                "--ephemeral"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("burla head serving at https://127.0.0.2:"), line
+        assert (tmp_path / "head-cert.pem").exists()
+    finally:
+        process.terminate()
+        process.wait(15)
+        process.stdout.close()
+        process.stderr.close()
+    done = subprocess.run([sys.executable, "-m", "burla", "head", "serve", "--host", "127.0.0.2", "--no-tls",
+                           "--tls-self-signed"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--no-tls contradicts" in done.stderr

@@ -40,7 +40,7 @@ def _deploy(request):
 
 
 def _guarded(action):
-    from burla.deploy import CloudSetupError, DeployError
+    from burla.errors import CloudSetupError, DeployError
 
     try:
         return action()

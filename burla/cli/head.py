@@ -16,7 +16,8 @@ def _cloud_config(driver: str, region: str | None, token: str):
         return None
     import os
 
-    from burla.drivers.cloud import CloudSetupError, cloud_config, cluster_id_of
+    from burla.drivers.cloud import cloud_config, cluster_id_of
+    from burla.errors import CloudSetupError
 
     try:
         return cloud_config(driver, dict(os.environ), region, cluster_id_of(token))
@@ -34,7 +35,8 @@ def _tls_files(directory: Path, host: str, public_url: str | None, cert: Path | 
         raise click.UsageError("pass either --tls-self-signed or --tls-cert/--tls-key, not both")
     if public_url is not None and not public_url.startswith(("http://", "https://")):
         raise click.UsageError(f"--url must start with http:// or https://, got {public_url!r}")
-    from burla.tls import TlsSetupError, make_self_signed, server_context
+    from burla.errors import TlsSetupError
+    from burla.tls import make_self_signed, server_context
 
     if not self_signed:
         if cert is not None and key is not None:
@@ -102,6 +104,8 @@ def head() -> None:
 @click.option("--tls-self-signed", is_flag=True,
               help="Serve https with a certificate made for --host / --url (kept in the config directory); "
                    "clients and nodes pin it through BURLA_HEAD_CERT.")
+@click.option("--no-tls", is_flag=True,
+              help="Serve plain http even on a non-loopback address (only behind a TLS proxy of your own).")
 @click.option("--url", "public_url", default=None,
               help="The URL clients and nodes reach this head at, when it differs from --host (e.g. "
                    "https://10.0.0.5:{port}; {port} is the bound port).")
@@ -112,18 +116,22 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
           node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
           history_path: Path | None, no_history: bool, history_retention_days: float, driver: str,
           region: str | None, boot_deadline: float, tls_cert: Path | None, tls_key: Path | None,
-          tls_self_signed: bool, public_url: str | None, ephemeral: bool,
+          tls_self_signed: bool, no_tls: bool, public_url: str | None, ephemeral: bool,
           ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
     from burla.head.server import serve as run_head
 
     directory = config_dir()
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    if no_tls and (tls_cert or tls_self_signed):
+        raise click.UsageError("--no-tls contradicts --tls-cert / --tls-self-signed")
+    if not loopback and tls_cert is None and not no_tls:
+        tls_self_signed = True  # a head other machines reach serves https (DESIGN §6)
     tls_cert, tls_key = _tls_files(directory, host, public_url, tls_cert, tls_key, tls_self_signed)
-    if host not in ("127.0.0.1", "localhost", "::1") and tls_cert is None:
-        click.echo(f"warning: listening on {host} without TLS; anyone who can reach it sees the token "
-                   "in transit. Pass --tls-self-signed (or --tls-cert/--tls-key), or keep 127.0.0.1 behind an "
-                   "SSH tunnel.", err=True)
+    if not loopback and no_tls:
+        click.echo(f"warning: listening on {host} without TLS (--no-tls); anyone who can reach it sees the token "
+                   "in transit unless your proxy adds TLS.", err=True)
     if token:
         if not ephemeral and read_token(directory) != token:
             write_private_file(directory / "cluster_token", token + "\n")

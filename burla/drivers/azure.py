@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from burla.drivers.base import BootRequest, NodeHandle
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, startup_script
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
+from burla.errors import CloudSetupError
 
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 DEFAULT_REGION = "eastus"

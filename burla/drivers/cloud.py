@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from burla._version import __version__
 from burla.drivers.base import BootRequest, Driver
-from burla.errors import ClusterError
 
 if TYPE_CHECKING:
     from burla.drivers.head_vm import HeadMachine
@@ -31,10 +30,6 @@ POOL_THREADS = 8
 BOOTSTRAP_DIR = "/opt/burla-bootstrap"
 NODE_ENV_DIR = "/opt/burla"
 HEAD_CERT_PATH = "/opt/burla-head-cert.pem"
-
-
-class CloudSetupError(ClusterError):
-    """The cloud account can't be used as configured; the message names the command that fixes it."""
 
 
 def this_python() -> str:

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from burla.drivers.base import BootRequest, NodeHandle
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, startup_script
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
-
-__all__ = ["CloudSetupError", "Ec2Config", "Ec2Driver", "resolve_credentials", "startup_script"]
+from burla.errors import CloudSetupError
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 DEFAULT_AMI_NAME = "al2023-ami-2023*-x86_64"

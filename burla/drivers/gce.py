@@ -26,8 +26,9 @@ from typing import Any
 
 from burla.drivers.base import BootRequest, NodeHandle
 from burla.drivers.catalog import gpu_model, lookup
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, CloudSetupError, ThreadedCloudDriver, startup_script
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, startup_script
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
+from burla.errors import CloudSetupError
 
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"
