@@ -10,7 +10,6 @@ verified against the system's authorities as usual.
 from __future__ import annotations
 
 import datetime
-import functools
 import ipaddress
 import ssl
 from pathlib import Path
@@ -77,12 +76,13 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-@functools.lru_cache(maxsize=8)
 def client_context(pinned_cert: str | None) -> ssl.SSLContext | None:
     """The context for talking to a head: its pinned certificate if given, else None (defaults)."""
     if not pinned_cert:
         return None
-    context = ssl.create_default_context()
+    # Not create_default_context(): with names unchecked, trusting the system's authorities too
+    # would let any publicly signed certificate through. Only the pinned one may verify.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         context.load_verify_locations(cafile=pinned_cert)
     except (OSError, ssl.SSLError) as e:

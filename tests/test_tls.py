@@ -109,3 +109,53 @@ def test_a_head_other_machines_can_reach_serves_https_unless_told_not_to(tmp_pat
     done = subprocess.run([sys.executable, "-m", "burla", "head", "serve", "--host", "127.0.0.2", "--no-tls",
                            "--tls-self-signed"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--no-tls contradicts" in done.stderr
+
+
+def _authority_and_leaf(directory) -> tuple[str, str, str]:
+    """A certificate authority (as if publicly trusted) and a certificate it signed for 127.0.0.1."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Some Public CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "elsewhere")]))
+            .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False).sign(ca_key, hashes.SHA256()))
+    paths = [directory / "ca.pem", directory / "leaf.pem", directory / "leaf-key.pem"]
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(leaf_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    return tuple(str(p) for p in paths)
+
+
+def test_a_pinned_certificate_is_the_only_one_trusted_not_the_systems_authorities(tmp_path):
+    from burla.tls import make_self_signed
+
+    ca, leaf, leaf_key = _authority_and_leaf(tmp_path)
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--tls-cert", leaf, "--tls-key", leaf_key])
+    try:
+        # The authority is trusted system-wide (SSL_CERT_FILE): an unpinned client accepts the head...
+        env = dict(os.environ, SSL_CERT_FILE=ca, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token,
+                   BURLA_CONFIG_DIR=str(tmp_path / "client"))
+        env.pop("BURLA_HEAD_CERT", None)
+        done = _burla("cluster", "status", env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # ...but a client pinning another certificate refuses it, however well it is signed.
+        pinned, _ = make_self_signed(["127.0.0.1"], tmp_path / "pinned")
+        done = _burla("cluster", "status", env={**env, "BURLA_HEAD_CERT": str(pinned)})
+        assert done.returncode == 6 and json.loads(done.stdout)["error"]["code"] == "head_untrusted", done.stdout
+    finally:
+        head.stop()
