@@ -120,9 +120,9 @@ class Deployment:
             pass
 
 
-def head_cert_file(directory: Path) -> str | None:
+def head_cert_file(directory: Path, deployment: Deployment | None = None) -> str | None:
     """The certificate clients pin for their head: BURLA_HEAD_CERT, else the deployment's."""
-    deployment = Deployment.read(directory)
+    deployment = deployment or Deployment.read(directory)
     return os.environ.get(ENV_HEAD_CERT) or (deployment.head_cert if deployment else None)
 
 
@@ -179,7 +179,7 @@ class ClientSettings:
             token=token,
             parent_job_id=os.environ.get(ENV_PARENT_JOB) or None,
             cloud=cloud if isinstance(cloud, str) else None,
-            head_cert=head_cert_file(directory),
+            head_cert=head_cert_file(directory, deployment),
         )
 
 

@@ -55,18 +55,20 @@ def startup_script(request: BootRequest, node_id: str, region: str | None) -> st
         join += ["--head-cert", HEAD_CERT_PATH]
         certificate = [f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'", request.head_cert.strip(), "BURLA_HEAD_CERT"]
     if request.image is not None:
-        run = _in_container(request, join)
+        prepare, command = _in_container(request, join)
     else:
-        run = [*python_environment(request.python_version, f"burla=={__version__}"), *certificate,
-               f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
-               f"exec {NODE_ENV_DIR}/bin/" + " ".join(shlex.quote(part) for part in join)]
-        certificate = []
-    return "\n".join(["#!/bin/bash", f"# burla {__version__} node bootstrap", *certificate, *run, ""])
+        prepare = python_environment(request.python_version, f"burla=={__version__}")
+        command = [f"{NODE_ENV_DIR}/bin/{join[0]}", *join[1:]]
+    return "\n".join([
+        "#!/bin/bash", f"# burla {__version__} node bootstrap", "set -euo pipefail", *certificate, *prepare,
+        f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
+        "exec " + " ".join(shlex.quote(part) for part in command), "",
+    ])
 
 
-def _in_container(request: BootRequest, join: list[str]) -> list[str]:
-    """Run the node inside the job's container image (its Python and packages), on the host's
-    network so peers and the head reach it as they would the VM."""
+def _in_container(request: BootRequest, join: list[str]) -> tuple[list[str], list[str]]:
+    """Script lines that get Docker and the job's image, and the command that runs the node inside
+    it (its Python and packages) on the host's network, so peers and the head reach it as the VM."""
     assert request.image is not None
     inner = f"python3 -m pip install --quiet burla=={__version__} && exec python3 -m " + " ".join(
         shlex.quote(part) for part in join)
@@ -75,9 +77,7 @@ def _in_container(request: BootRequest, join: list[str]) -> list[str]:
         docker += ["--gpus", "all"]  # needs the NVIDIA container toolkit on GPU images
     if request.head_cert:
         docker += ["-v", f"{HEAD_CERT_PATH}:{HEAD_CERT_PATH}:ro"]
-    docker += [request.image, "sh", "-c", inner]
-    return [
-        "set -euo pipefail",
+    prepare = [
         "if ! command -v docker >/dev/null; then",
         "  if command -v apt-get >/dev/null; then",
         "    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io",
@@ -85,16 +85,14 @@ def _in_container(request: BootRequest, join: list[str]) -> list[str]:
         "  systemctl start docker",
         "fi",
         f"docker pull --quiet {shlex.quote(request.image)}",
-        f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
-        "exec " + " ".join(shlex.quote(part) for part in docker),
     ]
+    return prepare, [*docker, request.image, "sh", "-c", inner]
 
 
 def python_environment(python_version: str | None, requirement: str) -> list[str]:
     """Script lines that make NODE_ENV_DIR a Python of this major.minor with `requirement` in it."""
     python = shlex.quote(python_version or this_python())
     return [
-        "set -euo pipefail",
         "export HOME=${HOME:-/root}",
         "if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then",
         "  if command -v apt-get >/dev/null; then",

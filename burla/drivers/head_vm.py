@@ -47,6 +47,7 @@ def head_script(head: HeadMachine, driver_name: str) -> str:
     return "\n".join([
         "#!/bin/bash",
         f"# burla {__version__} head bootstrap",
+        "set -euo pipefail",
         *python_environment(head.python_version, f"burla[{EXTRAS[driver_name]}]=={__version__}"),
         f"install -d -m 700 {HEAD_DIR}",
         f"cat > {HEAD_DIR}/head-cert.pem <<'BURLA_HEAD_CERT'", head.cert_pem.strip(), "BURLA_HEAD_CERT",
