@@ -18,7 +18,9 @@
     │   ├── DetachRequiresDeployedCluster
     │   ├── CloudSetupError       the cloud account can't be used as configured (names the fix)
     │   ├── TlsSetupError         the head's certificate or key can't be used
-    │   └── DeployError           a head can't be deployed or removed as asked
+    │   ├── DeployError           a head can't be deployed or removed as asked
+    │   ├── BuildUnavailable      the running burla can't be packed for VMs (no metadata)
+    │   └── BootstrapFailed       a VM could not be reached over SSH or set up as a node
     ├── JobError                  the job started but did not end normally
     │   ├── JobCanceled           Ctrl-C, `burla jobs cancel`, or the head cancelled it
     │   ├── JobFailed             the head ended the job (.reason names why)
@@ -130,6 +132,14 @@ class TlsSetupError(ClusterError):
 
 class DeployError(ClusterError):
     """A head can't be deployed (or removed) as asked; the message says what to do."""
+
+
+class BuildUnavailable(ClusterError):
+    pass
+
+
+class BootstrapFailed(ClusterError):
+    pass
 
 
 class JobError(BurlaError):

@@ -279,6 +279,7 @@ class RegisterNode(Message):
     region: str
     python_version: str
     version: str
+    build: str  # burla.build.build_hash(): the head refuses a node whose build differs from its own
 
 
 @message(21)

@@ -14,6 +14,7 @@ import pytest
 
 from burla import remote_parallel_map, wire
 from burla._version import __version__
+from burla.build import build_hash
 from tests import functions
 from tests.conftest import wait_for_nodes
 
@@ -157,7 +158,7 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         ([wire.InputBatch("j", []).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),
-        ([open_job(client_version="0.0.1").encode()], "VersionMismatch", "pip install burla=="),
+        ([open_job(client_version="0.0.1").encode()], "VersionMismatch", "Run the same burla"),
         ([open_job(func_gpu="H100").encode()], "NoCompatibleNodes", "func_gpu"),
     ],
 )
@@ -186,8 +187,12 @@ async def test_job_channel_rejects_bad_inputs(cluster, batch, words):
     "frame, words",
     [
         (b"\x00\x01", "msgpack"),
-        (wire.RegisterNode("n", "u", 0, 1, 1.0, None, 0, None, "r", "3.11", __version__).encode(), "slots >= 1"),
-        (wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "9.9.9").encode(), "pip install"),
+        (wire.RegisterNode("n", "u", 0, 1, 1.0, None, 0, None, "r", "3.11", __version__, build_hash()).encode(),
+         "slots >= 1"),
+        (wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "9.9.9", build_hash()).encode(),
+         "runs burla 9.9.9"),
+        (wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", __version__, "0.1.0+0000").encode(),
+         f"runs burla build 0.1.0+0000 but the head runs build {build_hash()}"),
         (wire.Credit("j", 1, 0).encode(), "not accepted on this channel"),
     ],
 )

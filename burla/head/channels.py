@@ -67,8 +67,18 @@ async def _first_frame(ws: web.WebSocketResponse, allowed: tuple) -> wire.Messag
 def _check_version(theirs: str, ours: str) -> str | None:
     if theirs.split(".")[:2] != ours.split(".")[:2]:
         return (
-            f"This head runs burla {ours} and the peer runs burla {theirs}. Install the same version "
-            f"on both: `pip install burla=={ours}`."
+            f"This head runs burla {ours} and the peer runs burla {theirs}. Run the same burla on both "
+            f"(the head installs its own build on the VMs it boots)."
+        )
+    return None
+
+
+def _check_build(theirs: str, ours: str) -> str | None:
+    if theirs != ours:
+        return (
+            f"This node runs burla build {theirs} but the head runs build {ours}. Nodes must run the head's "
+            "exact build: the head installs it on the VMs it boots; for a node started by hand, install burla "
+            "from the same checkout or wheel as the head."
         )
     return None
 
@@ -81,10 +91,14 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     if first is None:
         return ws
     assert isinstance(first, wire.RegisterNode)
-    problem = _check_version(first.version, cluster.version)
+    problem = _check_version(first.version, cluster.version) or _check_build(first.build, cluster.build)
     if problem is None and (first.slots < 1 or first.cpus < 1 or not first.node_id):
         problem = "RegisterNode needs a node_id, slots >= 1 and cpus >= 1"
     if problem is not None:
+        if first.node_id in cluster.booting_ids:  # a VM this head booted that can never join: remove it
+            cluster.node_boot_failed(first.node_id, f"refused: {problem}")
+            if cluster.remove_machine is not None:
+                cluster.remove_machine(first.node_id, "refused at registration")
         await _refuse(ws, ProtocolError(problem))
         return ws
     link = NodeLink(first.node_id, ws)

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from burla import wire
+from burla.build import build_hash
 from burla.errors import JobNotFound, NodeDisconnected
 from burla.head.history import History
 from burla.head.links import ClientLink, NodeLink
@@ -34,6 +35,7 @@ STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show bef
 class Cluster:
     def __init__(self, version: str, history: History | None = None) -> None:
         self.version = version
+        self.build = build_hash()  # nodes must run exactly this build
         self.history = history
         self.scheduler = Scheduler()
         self.node_links: dict[str, NodeLink] = {}

@@ -21,6 +21,7 @@ import psutil
 from aiohttp import web
 
 from burla import wire
+from burla.build import build_hash
 from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
 from burla.environment import installed_distributions
 from burla.errors import ProtocolError
@@ -186,7 +187,7 @@ class NodeService:
         s = self.settings
         register = wire.RegisterNode(
             s.node_id, self.url, s.workers, s.cpus, float(s.ram_gb), s.gpu, s.gpu_count, s.image, s.region,
-            s.python_version, s.version,
+            s.python_version, s.version, build_hash(),
         )
         await ws.send_bytes(register.encode())
         first = await ws.receive()
