@@ -20,6 +20,9 @@ ENV_TOKEN = "BURLA_CLUSTER_TOKEN"
 ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
 ENV_CLOUD = "BURLA_CLOUD"
 ENV_HEAD_CERT = "BURLA_HEAD_CERT"
+ENV_NODE_INDEX_URL = "BURLA_NODE_INDEX_URL"
+ENV_NODE_WHEELHOUSE = "BURLA_NODE_WHEELHOUSE"
+ENV_SSH_ADDRESS_MAP = "BURLA_SSH_ADDRESS_MAP"
 CLIENT_CONFIG_FILE = "config.json"
 # `burla config set cloud ...` -> the driver heads started on this machine boot nodes with
 CLOUD_DRIVERS = {"aws": "ec2", "gcp": "gce", "azure": "azure"}
@@ -205,6 +208,12 @@ class HeadSettings:
     tls_cert: Path | None = None  # serve https with this certificate and key
     tls_key: Path | None = None
     public_url: str | None = None  # how clients and nodes reach this head ("{port}": the bound port)
+    keep_nodes: bool = False  # leave cloud VMs running when this head stops (else it deletes them)
+    node_link: str = "tunnel"  # cloud nodes reach the head through an SSH tunnel, or "direct" at its URL
+    orphan_timeout_s: float = 600.0  # a cloud node that can't reach its head this long powers its VM off
+    node_index_url: str | None = None  # where VMs get burla's dependencies (default: pip's own index)
+    node_wheelhouse: Path | None = None  # or only from these wheels, uploaded to every VM
+    ssh_address_map: Path | None = None  # JSON {vm address: "host:port"} to dial instead (stand-in VMs)
 
 
 @dataclass(frozen=True)
@@ -226,6 +235,7 @@ class NodeSettings:
     register_deadline_s: float = 60.0  # give up if the head can't be reached for this long
     port: int = 0  # the node's HTTP port (peers steal through it); 0 picks a free one
     advertise_url: str | None = None  # the URL peers should use, if not http://host:port
+    advertise_host: str | None = None  # the address peers should use with the bound port (a VM's private one)
     memory_budget_gb: float = 1.0  # what all workers together may use before calls are stopped
     steal_ack_timeout_s: float = 5.0  # a transfer not acknowledged this long returns to its donor
     head_cert: str | None = None  # the head's pinned certificate (an https head with a self-signed one)

@@ -133,7 +133,7 @@ def start_head(settings: ClientSettings, token: str, embedded: bool) -> ClusterH
     ready_read, ready_write = os.pipe()
     command = [sys.executable, "-m", "burla", "head", "serve", "--ready-fd", str(ready_write)]
     if settings.cloud is None:
-        command += ["--local-nodes", "1"]
+        command += ["--local-nodes", "1", "--driver", "local"]
     elif settings.cloud in CLOUD_DRIVERS:
         command += ["--driver", CLOUD_DRIVERS[settings.cloud]]  # nodes boot in the user's account
     else:

@@ -176,3 +176,49 @@ def own_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_nodes: int =
         yield head
     finally:
         head.stop()
+
+
+@pytest.fixture
+def moto(monkeypatch):
+    """A moto EC2 + IAM server on 127.0.0.1 that the EC2 driver reaches through AWS's endpoint
+    variables; yields a boto3 EC2 client for it."""
+    import boto3
+    import moto.server as moto_server
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10).close()
+    for key, value in {"AWS_ENDPOINT_URL_EC2": endpoint, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    try:
+        yield boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """burla's dependencies as wheels, made once from this environment (stand-in VMs install from it)."""
+    from tests.wheelhouse import build_wheelhouse
+
+    return build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture(scope="session")
+def client_venv(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's virtual environment with only burla in it (installed from the running build and the
+    wheelhouse, offline); returns its Python. Jobs from it carry a package set VMs can reproduce."""
+    from burla.build import build_wheel
+
+    root = tmp_path_factory.mktemp("client-venv")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "env")], check=True)
+    python = root / "env" / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
+                    "--find-links", str(wheelhouse), str(build_wheel(root / "build"))], check=True)
+    return python

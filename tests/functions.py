@@ -170,3 +170,17 @@ def busy_threads(seconds):
     for thread in threads:
         thread.join()
     return seconds
+
+
+def where_burla_runs_from(x):
+    """The file of the burla package the call runs with (a VM's own install, or the test's)."""
+    import burla
+
+    return burla.__file__
+
+
+def pause_then_double(x, seconds=0.3):
+    import time
+
+    time.sleep(seconds)
+    return x * 2

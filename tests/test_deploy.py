@@ -26,7 +26,7 @@ from tests.conftest import REPO
 from tests.helpers import wait_until
 from tests.play_vm import boot_from_startup_script, heredoc, start_played_head
 from tests.test_azure_driver import azure  # noqa: F401 - fixture
-from tests.test_ec2_driver import _instances, moto  # noqa: F401 - fixture
+from tests.test_ec2_driver import _instances
 from tests.test_gce_driver import gce  # noqa: F401 - fixture
 
 

@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 
-import boto3  # noqa: E402  (the test extra installs moto[server] and boto3)
-import moto.server as moto_server  # noqa: E402
 import pytest
 
 from burla import remote_parallel_map
@@ -20,25 +18,6 @@ from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.helpers import get_json, use_head, wait_until
 from tests.play_vm import boot_from_startup_script
-
-
-@pytest.fixture
-def moto(monkeypatch):
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    import urllib.request
-
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10).close()
-    for key, value in {"AWS_ENDPOINT_URL_EC2": endpoint, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    try:
-        yield boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
-    finally:
-        server.stop()
 
 
 def _instances(ec2, state: str | None = None) -> list[dict]:

@@ -8,7 +8,41 @@ from pathlib import Path
 import click
 
 from burla._version import __version__
-from burla.config import ENV_TOKEN, HeadSettings, config_dir, load_or_create_token, read_token, write_private_file
+from burla.config import (
+    ENV_NODE_INDEX_URL,
+    ENV_NODE_WHEELHOUSE,
+    ENV_SSH_ADDRESS_MAP,
+    ENV_TOKEN,
+    HeadSettings,
+    config_dir,
+    load_or_create_token,
+    read_token,
+    write_private_file,
+)
+
+
+def _driver_name(chosen: str | None) -> str:
+    """--driver, else the cloud `burla config set cloud` chose, else the one cloud signed in here."""
+    if chosen is not None:
+        return chosen
+    import os
+
+    from burla.config import CLOUD_DRIVERS, ENV_CLOUD, read_client_config
+    from burla.drivers.cloud import signed_in_clouds
+
+    configured = os.environ.get(ENV_CLOUD) or read_client_config(config_dir()).get("cloud")
+    if isinstance(configured, str) and configured:
+        if configured not in CLOUD_DRIVERS:
+            click.echo(f"error: the configured cloud {configured!r} is not one of aws, gcp, azure; run "
+                       "`burla config set cloud aws|gcp|azure`.", err=True)
+            sys.exit(2)
+        return CLOUD_DRIVERS[configured]
+    signed_in = signed_in_clouds(dict(os.environ))
+    if len(signed_in) > 1:
+        click.echo(f"error: signed in to several clouds ({', '.join(signed_in)}); choose one with "
+                   "`burla config set cloud aws|gcp|azure`, or pass --driver.", err=True)
+        sys.exit(2)
+    return CLOUD_DRIVERS[signed_in[0]] if signed_in else "local"
 
 
 def _cloud_config(driver: str, region: str | None, token: str):
@@ -89,9 +123,27 @@ def head() -> None:
 @click.option("--no-history", is_flag=True, help="Keep no history (the dashboard and CLI then show live state only).")
 @click.option("--history-retention-days", type=click.FloatRange(0.01, None), default=30.0, show_default=True,
               help="Delete history older than this.")
-@click.option("--driver", type=click.Choice(["local", "ec2", "gce", "azure"]), default="local", show_default=True,
-              help="Where `burla cluster start` boots nodes: this machine, or VMs in your AWS (ec2), Google Cloud "
-                   "(gce) or Azure account.")
+@click.option("--driver", type=click.Choice(["local", "ec2", "gce", "azure"]), default=None,
+              help="Where `burla cluster start` and grow=True boot nodes: this machine, or VMs in your AWS (ec2), "
+                   "Google Cloud (gce) or Azure account. Default: the cloud `burla config set cloud` chose, else "
+                   "the one cloud this machine is signed in to, else this machine.")
+@click.option("--keep-nodes", is_flag=True,
+              help="Leave this cluster's cloud VMs running when the head stops (they power off once they have "
+                   "been without a head for --orphan-timeout). Default: the head deletes them as it stops.")
+@click.option("--node-link", type=click.Choice(["tunnel", "direct"]), default="tunnel", show_default=True,
+              help="How cloud nodes reach this head: through a port forward on the head's SSH connection to "
+                   "their VM (a laptop, a head behind NAT), or directly at --url (a head inside the cloud network).")
+@click.option("--orphan-timeout", type=click.FloatRange(10.0, None), default=600.0, show_default=True,
+              help="Seconds a cloud node may be without its head before it powers its VM off.")
+@click.option("--node-index-url", envvar=ENV_NODE_INDEX_URL, default=None,
+              help="Package index (a mirror) VMs install burla's dependencies from. Default: pip's own setting "
+                   "on the VM. burla itself is never taken from an index: the head uploads its own build.")
+@click.option("--node-wheelhouse", envvar=ENV_NODE_WHEELHOUSE, default=None,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A directory of wheels for burla's dependencies, uploaded to every VM and installed from "
+                   "with no index (VMs without internet access).")
+@click.option("--ssh-address-map", envvar=ENV_SSH_ADDRESS_MAP, default=None, hidden=True,
+              type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--region", default=None,
               help="Cloud region for nodes. Default: the cloud CLI's (AWS_REGION, gcloud compute/region, "
                    "AZURE_DEFAULTS_LOCATION).")
@@ -114,15 +166,17 @@ def head() -> None:
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
           node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
-          history_path: Path | None, no_history: bool, history_retention_days: float, driver: str,
-          region: str | None, boot_deadline: float, tls_cert: Path | None, tls_key: Path | None,
-          tls_self_signed: bool, no_tls: bool, public_url: str | None, ephemeral: bool,
-          ready_fd: int | None, lifeline_fd: int | None) -> None:
+          history_path: Path | None, no_history: bool, history_retention_days: float, driver: str | None,
+          keep_nodes: bool, node_link: str, orphan_timeout: float, node_index_url: str | None,
+          node_wheelhouse: Path | None, ssh_address_map: Path | None, region: str | None, boot_deadline: float,
+          tls_cert: Path | None, tls_key: Path | None, tls_self_signed: bool, no_tls: bool, public_url: str | None,
+          ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
     from burla.head.server import serve as run_head
 
     directory = config_dir()
+    driver = _driver_name(driver)
     loopback = host in ("127.0.0.1", "localhost", "::1")
     if no_tls and (tls_cert or tls_self_signed):
         raise click.UsageError("--no-tls contradicts --tls-cert / --tls-self-signed")
@@ -146,7 +200,8 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
         history_retention_days=history_retention_days,
         cloud=_cloud_config(driver, region, token), boot_deadline_s=boot_deadline,
         tls_cert=tls_cert, tls_key=tls_key, public_url=public_url,
-        version=__version__,
+        version=__version__, keep_nodes=keep_nodes, node_link=node_link, orphan_timeout_s=orphan_timeout,
+        node_index_url=node_index_url, node_wheelhouse=node_wheelhouse, ssh_address_map=ssh_address_map,
     )
     try:
         run_head(settings)

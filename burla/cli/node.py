@@ -40,6 +40,11 @@ def node() -> None:
               help="Port of this node's HTTP endpoint (peers steal work through it); 0 picks a free one.")
 @click.option("--advertise-url", default=None,
               help="URL peers should use to reach this node, when not http://127.0.0.1:PORT (a proxy, NAT).")
+@click.option("--advertise-host", default=None,
+              help="Address peers reach this node at (its private address on the cluster's network); the URL "
+                   "is http://ADDRESS:PORT with the bound port.")
+@click.option("--orphan-timeout", type=click.FloatRange(1.0, None), default=60.0, show_default=True,
+              help="Seconds without reaching the head before this node gives up and exits (code 6).")
 @click.option("--steal-ack-timeout", type=click.FloatRange(0.1, 600.0), default=5.0, show_default=True,
               help="Seconds before inputs given to a peer that never acknowledged them run here instead.")
 @click.option("--memory-limit-gb", type=click.FloatRange(0.05, None), default=None,
@@ -50,7 +55,8 @@ def node() -> None:
               help="The head's own certificate, for an https head with a self-signed one (pinned).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
-         image: str | None, host: str, port: int, advertise_url: str | None, steal_ack_timeout: float,
+         image: str | None, host: str, port: int, advertise_url: str | None, advertise_host: str | None,
+         orphan_timeout: float, steal_ack_timeout: float,
          memory_limit_gb: float | None, gpu: str | None, gpu_count: int, head_cert: str | None,
          lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
@@ -72,6 +78,22 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
         ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region, gpu=gpu,
         gpu_count=gpu_count if gpu else 0,
         lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
-        advertise_url=advertise_url.rstrip("/") if advertise_url else None, steal_ack_timeout_s=steal_ack_timeout,
+        advertise_url=advertise_url.rstrip("/") if advertise_url else None, advertise_host=advertise_host,
+        register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout,
     )
     sys.exit(run_node(settings))
+
+
+@node.command(hidden=True, context_settings={"ignore_unknown_options": True})
+@click.option("--orphan-timeout", type=click.FloatRange(1.0, None), default=600.0, show_default=True,
+              help="Power the machine off after the node kept crashing this long.")
+@click.option("--image", default=None, help="Run the node inside this container image.")
+@click.option("--gpus", is_flag=True, help="Give the container every GPU.")
+@click.argument("join_args", nargs=-1, type=click.UNPROCESSED)
+def supervise(orphan_timeout: float, image: str | None, gpus: bool, join_args: tuple[str, ...]) -> None:
+    """Run `burla node join JOIN_ARGS` on a cloud VM: restart it when it crashes, power the VM off
+    when the node is done (its head gone past the orphan timeout, refused, or stopped)."""
+    from burla.node.supervisor import SupervisorSettings
+    from burla.node.supervisor import supervise as run_supervisor
+
+    sys.exit(run_supervisor(SupervisorSettings(tuple(join_args), orphan_timeout, image, gpus)))

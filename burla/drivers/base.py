@@ -1,7 +1,9 @@
 """The driver interface: how a head boots, lists and deletes the machines its nodes run on.
 
-A driver starts machines whose startup runs `burla node join --head URL` with the cluster
-token; the node then registers with the head by itself. The head owns every driver call.
+A driver starts machines that end up running `burla node join --head URL` with the cluster
+token (local processes directly; cloud VMs once the head set them up over SSH, see
+`burla.drivers.ssh`); the node then registers with the head by itself. The head owns every
+driver call.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class BootRequest:
     node_ids: tuple[str, ...] = ()  # names for the nodes (else the driver picks them)
     python_version: str | None = None  # major.minor for the nodes' Python (None: the head's)
     head_cert: str | None = None  # PEM of the head's own certificate, which nodes pin (https heads)
+    ssh_public_key: str | None = None  # the cluster's key (OpenSSH form), authorised through the cloud
 
     def ids(self, prefix: str) -> list[str]:
         import secrets
@@ -40,6 +43,14 @@ class NodeHandle:
     driver: str
     state: str  # BOOTING, RUNNING, STOPPED
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class VmAddress:
+    """Where a VM is reachable: its public address (from outside its network) and private one."""
+
+    public: str | None
+    private: str | None
 
 
 BootFailed = Callable[[str, str], None]  # (node_id, why)
@@ -59,6 +70,10 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     async def delete(self, node_id: str) -> bool:
         """Stop one machine; returns False if this driver has no such machine."""
+
+    def boot_problem(self, node_id: str) -> str | None:
+        """Why a booting machine is not (yet) a node, when the driver knows; None otherwise."""
+        return None
 
     async def boot_log(self, node_id: str) -> str:
         """What the machine printed while booting (its console), for history; "" if unknown."""

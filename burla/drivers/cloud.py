@@ -16,10 +16,11 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from burla._version import __version__
-from burla.drivers.base import BootRequest, Driver
+from burla.drivers.base import BootRequest, Driver, VmAddress
 
 if TYPE_CHECKING:
     from burla.drivers.head_vm import HeadMachine
@@ -106,6 +107,24 @@ def python_environment(python_version: str | None, requirement: str) -> list[str
     ]
 
 
+def signed_in_clouds(environ: dict[str, str]) -> list[str]:
+    """The clouds ("aws", "gcp", "azure") this machine has credentials for, judged from their CLIs'
+    environment variables and files only (no network: a laptop must not wait on metadata servers)."""
+    home = Path(environ.get("HOME") or Path.home())
+    found = []
+    aws_files = [environ.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials",
+                 environ.get("AWS_CONFIG_FILE") or home / ".aws" / "config"]
+    if environ.get("AWS_ACCESS_KEY_ID") or environ.get("AWS_PROFILE") or any(Path(f).is_file() for f in aws_files):
+        found.append("aws")
+    gcloud = Path(environ.get("CLOUDSDK_CONFIG") or home / ".config" / "gcloud")
+    if environ.get("GOOGLE_APPLICATION_CREDENTIALS") or (gcloud / "application_default_credentials.json").is_file():
+        found.append("gcp")
+    azure = Path(environ.get("AZURE_CONFIG_DIR") or home / ".azure")
+    if (environ.get("AZURE_CLIENT_ID") and environ.get("AZURE_TENANT_ID")) or (azure / "azureProfile.json").is_file():
+        found.append("azure")
+    return found
+
+
 def cluster_id_of(token: str) -> str:
     """The id that tags a cluster's machines: derived from its token, revealing nothing of it."""
     import hashlib
@@ -151,6 +170,10 @@ class ThreadedCloudDriver(Driver):
     async def boot_log(self, node_id: str) -> str:
         return await self._call(self._console, node_id)
 
+    async def address(self, node_id: str) -> VmAddress | None:
+        """The VM's public and private addresses once it runs; None before."""
+        return await self._call(self._address, node_id)
+
     @abc.abstractmethod
     def _boot_one(self, driver: Any, request: BootRequest, node_id: str) -> str: ...
 
@@ -159,6 +182,9 @@ class ThreadedCloudDriver(Driver):
 
     @abc.abstractmethod
     def _console(self, driver: Any, node_id: str) -> str: ...
+
+    @abc.abstractmethod
+    def _address(self, driver: Any, node_id: str) -> VmAddress | None: ...
 
     # --- the head VM of `burla deploy` --------------------------------------------------------
 

@@ -5,9 +5,10 @@
   the command that fixes it.
 - `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` are honoured, as AWS SDK users expect (this is also
   how the tests reach a moto server on 127.0.0.1).
-- Each VM's user data installs this burla version and runs `burla node join` against the head;
-  the node then registers by itself. VMs are tagged with the cluster and node id, listed and
-  deleted by those tags.
+- Node VMs carry no user data: the head imports the cluster's SSH key as an EC2 key pair and
+  sets each VM up over SSH (`burla.drivers.ssh`). They sit in a security group `burla-nodes`
+  that opens port 22 and lets nodes reach each other, and terminate when shut down. VMs are
+  tagged with the cluster and node id, listed and deleted by those tags.
 - Every libcloud call runs in the driver's own thread pool (`burla.drivers.cloud`).
 """
 
@@ -19,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from burla.drivers.base import BootRequest, NodeHandle
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, startup_script
+from burla.drivers.base import BootRequest, NodeHandle, VmAddress
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
 from burla.errors import CloudSetupError
 
@@ -28,9 +29,13 @@ DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 DEFAULT_AMI_NAME = "al2023-ami-2023*-x86_64"
 FALLBACK_AMI_NAME = "amzn2-ami-hvm-*"
 HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
+NODE_GROUP_NAME = "burla-nodes"  # port 22 from anywhere (key-only logins), any port between nodes
+DEFAULT_SSH_USER = "ec2-user"  # Amazon Linux's login user
 HEAD_ROLE_ACTIONS = [
     "ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
     "ec2:DescribeSubnets", "ec2:CreateTags", "ec2:GetConsoleOutput", "iam:CreateServiceLinkedRole",
+    "ec2:DescribeKeyPairs", "ec2:ImportKeyPair", "ec2:DescribeSecurityGroups", "ec2:CreateSecurityGroup",
+    "ec2:AuthorizeSecurityGroupIngress",
 ]
 _EC2_NAMESPACE = re.compile(r'\s?xmlns="http://ec2\.amazonaws\.com/doc/[^"]*"')
 
@@ -45,6 +50,7 @@ class Ec2Config:
     subnet_id: str | None = None
     security_group_ids: tuple[str, ...] = ()
     cluster_id: str = "default"
+    ssh_user: str = DEFAULT_SSH_USER  # the login user of the image (BURLA_AWS_SSH_USER)
 
     @classmethod
     def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> Ec2Config:
@@ -56,13 +62,15 @@ class Ec2Config:
             iam_endpoint=environ.get("AWS_ENDPOINT_URL_IAM") or environ.get("AWS_ENDPOINT_URL") or None,
             ami=environ.get("BURLA_AWS_AMI") or None,
             subnet_id=environ.get("BURLA_AWS_SUBNET_ID") or None, security_group_ids=groups, cluster_id=cluster_id,
+            ssh_user=environ.get("BURLA_AWS_SSH_USER") or DEFAULT_SSH_USER,
         )
 
     def head_environment(self) -> dict[str, str]:
         """What a deployed head needs to boot nodes like this (its credentials: the VM's role)."""
         settings = {"AWS_DEFAULT_REGION": self.region, "BURLA_AWS_AMI": self.ami or "",
                     "BURLA_AWS_SUBNET_ID": self.subnet_id or "",
-                    "BURLA_AWS_SECURITY_GROUP_IDS": ",".join(self.security_group_ids)}
+                    "BURLA_AWS_SECURITY_GROUP_IDS": ",".join(self.security_group_ids),
+                    "BURLA_AWS_SSH_USER": self.ssh_user if self.ssh_user != DEFAULT_SSH_USER else ""}
         return {k: v for k, v in settings.items() if v}
 
 
@@ -120,6 +128,7 @@ class Ec2Driver(ThreadedCloudDriver):
     def __init__(self, config: Ec2Config, credentials: Callable[[Ec2Config], tuple[str, str, str | None]]
                  = resolve_credentials) -> None:
         self.config = config
+        self.ssh_user = config.ssh_user
         self._credentials = credentials
         super().__init__()
 
@@ -154,19 +163,67 @@ class Ec2Driver(ThreadedCloudDriver):
         size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
         tags = {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id}
         kwargs: dict[str, Any] = {
-            "ex_userdata": startup_script(request, node_id, request.region or self.config.region),
             "ex_metadata": tags,
-            "ex_terminate_on_shutdown": True,
+            "ex_terminate_on_shutdown": True,  # a node that powers its VM off deletes it
             "ex_spot": request.spot,
         }
+        if request.ssh_public_key:
+            kwargs["ex_keyname"] = self._key_pair(driver, request.ssh_public_key)
         if request.disk_gb:
             kwargs["ex_blockdevicemappings"] = [
                 {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": request.disk_gb, "VolumeType": "gp3",
                                                     "DeleteOnTermination": "true"}}
             ]
-        kwargs.update(self._placement(driver, list(self.config.security_group_ids), public_ip=False))
+        # A public address: the head reaches the VM over SSH, and the VM reaches the package index.
+        groups = [self._node_security_group(driver), *self.config.security_group_ids]
+        kwargs.update(self._placement(driver, groups, public_ip=True))
         driver.create_node(name=node_id, size=size, image=self._image(driver), **kwargs)
         return node_id
+
+    def _key_pair(self, driver, public_key: str) -> str:
+        """The cluster's SSH key as an EC2 key pair (imported once per region)."""
+        name = f"burla-{self.config.cluster_id}"
+        try:
+            if name not in {pair.name for pair in driver.list_key_pairs()}:
+                driver.import_key_pair_from_string(name, public_key)
+        except Exception as e:  # noqa: BLE001 - libcloud's errors are untyped
+            if "UnauthorizedOperation" in str(e) or "AccessDenied" in str(e):
+                raise CloudSetupError(
+                    f"Could not import the cluster's SSH key as EC2 key pair {name!r}: {e}. The head needs "
+                    "ec2:DescribeKeyPairs and ec2:ImportKeyPair.") from None
+            if "Duplicate" not in str(e):
+                raise
+        return name
+
+    def _node_security_group(self, driver) -> str:
+        """`burla-nodes`: port 22 open (logins take the cluster's key only) and any port between
+        its members (peers steal through their node's port). Created once per VPC."""
+        vpc_id = None
+        if self.config.subnet_id:
+            vpc_id = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0].extra.get("vpc_id")
+        try:
+            existing = driver.ex_get_security_groups(filters={"group-name": NODE_GROUP_NAME})
+            if existing:
+                return existing[0].id
+            group_id = driver.ex_create_security_group(NODE_GROUP_NAME, "burla nodes: SSH from their head, any "
+                                                       "port between nodes", vpc_id=vpc_id)["group_id"]
+            driver.ex_authorize_security_group_ingress(group_id, 22, 22, cidr_ips=["0.0.0.0/0"], protocol="tcp")
+            driver.ex_authorize_security_group_ingress(group_id, 0, 65535, group_pairs=[{"group_id": group_id}],
+                                                       protocol="tcp")
+        except Exception as e:  # noqa: BLE001 - libcloud's errors are untyped
+            if "UnauthorizedOperation" in str(e) or "AccessDenied" in str(e):
+                raise CloudSetupError(
+                    f"Could not set up security group {NODE_GROUP_NAME!r}: {e}. The head needs "
+                    "ec2:DescribeSecurityGroups, ec2:CreateSecurityGroup and ec2:AuthorizeSecurityGroupIngress.",
+                ) from None
+            raise
+        return group_id
+
+    def _address(self, driver, node_id: str) -> VmAddress | None:
+        for node in self._cluster_nodes(driver):
+            if node.extra.get("tags", {}).get(NODE_TAG) == node_id and str(node.state).lower() == "running":
+                return VmAddress(next(iter(node.public_ips), None), next(iter(node.private_ips), None))
+        return None
 
     def _placement(self, driver, group_ids: list[str], public_ip: bool) -> dict[str, Any]:
         """Subnet and security groups (EC2 takes group ids only with a subnet: the default one if none is set)."""

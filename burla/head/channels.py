@@ -122,7 +122,7 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await writer
         if cluster.node_links.get(first.node_id) is link:
-            cluster.node_lost(first.node_id)
+            cluster.node_dropped(first.node_id)
     return ws
 
 

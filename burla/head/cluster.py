@@ -44,6 +44,7 @@ class Cluster:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.booting_since: dict[str, float] = {}  # node id -> when its driver started it
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
+        self.rejoining: dict[str, float] = {}  # node id -> when its connection dropped (it may come back)
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
         self.prepare_job: Callable[[wire.OpenJob], None] | None = None  # boots what a new job needs
@@ -105,19 +106,32 @@ class Cluster:
         for node_id in node_ids:
             self.booting_since.setdefault(node_id, now)
 
-    def node_boot_failed(self, node_id: str, why: str) -> None:
-        """A driver's node process ended; if it never registered, stop waiting for it."""
+    def node_dropped(self, node_id: str) -> None:
+        """The node's connection closed without a goodbye. Its inputs go elsewhere now, but it may be
+        back in a moment (a network blip, a re-established SSH tunnel): jobs wait for it as for a
+        booting node, up to the node deadline (see reap_loop)."""
+        self.rejoining[node_id] = time.monotonic()
+        self.booting_ids.add(node_id)
+        self.node_lost(node_id)
+
+    def node_boot_failed(self, node_id: str, why: str, what: str = "failed to boot") -> None:
+        """A node a job may wait for (booting, or gone and expected back) won't come: stop waiting."""
+        was_running = self.rejoining.pop(node_id, None) is not None
         if node_id not in self.booting_ids:
             return
-        log.warning("node %s failed to boot: %s", node_id, why)
+        log.warning("node %s %s: %s", node_id, what, why)
         if self.history is not None:
-            self.history.node_event(node_id, "failed to boot", why)
+            self.history.node_event(node_id, what, why)
         self.booting_ids.discard(node_id)
         self.booting_since.pop(node_id, None)
         if self.scheduler.booting == 0 and not self.scheduler.nodes:
             for job in list(self.scheduler.jobs.values()):
-                if job.status == RUNNING and not job.assignments:
-                    self.end_job(job, FAILED, "NoNodes", f"The node started for this job failed to boot: {why}")
+                if job.status == RUNNING and not job.assignments and was_running:
+                    self.end_job(job, FAILED, "NodeDisconnected",
+                                 f"Every node running this job was lost (last: {node_id}, {why}) and no node can "
+                                 f"replace it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.")
+                elif job.status == RUNNING and not job.assignments:
+                    self.end_job(job, FAILED, "NoNodes", f"No node is left for this job: {node_id} {what}: {why}")
 
     async def steal_loop(self) -> None:
         """Point idle nodes at peers that still hold queued inputs (they steal half)."""
@@ -183,6 +197,14 @@ class Cluster:
                         link.close()
                     if self.remove_machine is not None:
                         self.remove_machine(node_id, f"silent for {now - heard:.1f} s")
+            for node_id, dropped in list(self.rejoining.items()):
+                if node_id not in self.booting_ids:
+                    self.rejoining.pop(node_id, None)  # it came back (or its driver gave up on it)
+                elif now - dropped > deadline_s:
+                    self.node_boot_failed(node_id, f"its connection dropped and it did not come back within "
+                                                   f"{deadline_s:g} s", what="lost")
+                    if self.remove_machine is not None:
+                        self.remove_machine(node_id, "its connection dropped and it did not come back")
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
         self.last_heard[node_id] = time.monotonic()

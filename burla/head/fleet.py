@@ -22,6 +22,8 @@ from burla.head.scheduler import RUNNING
 log = logging.getLogger("burla.head")
 
 GROWN_IDLE_S = 60.0
+CLOUD_IDLE_S = 600.0  # cloud nodes from `cluster start` go after this idle time unless configured
+DELETE_ON_STOP_S = 120.0  # how long a stopping head spends deleting its VMs
 CLOUD_OF_DRIVER = {"ec2": "aws", "gce": "gcp", "azure": "azure"}
 
 
@@ -180,7 +182,8 @@ class Fleet:
                     console = await self.driver.boot_log(node_id)
                 except Exception as e:  # the log is a courtesy; the deletion is what matters
                     console = f"(console unavailable: {type(e).__name__}: {e})"
-                why = f"not ready {deadline_s:g} s after it was started; deleted"
+                problem = self.driver.boot_problem(node_id)
+                why = f"not ready {deadline_s:g} s after it was started; deleted" + (f" ({problem})" if problem else "")
                 if self.history is not None and console:
                     self.history.node_event(node_id, "boot log", console[-100_000:])
                 self.cluster.node_boot_failed(node_id, why)
@@ -190,11 +193,41 @@ class Fleet:
                     log.error("could not delete node %s that failed to boot: %s", node_id, e)
 
     def idle_timeout(self, node_id: str) -> float | None:
-        """Grown nodes go after a short idle time; others after the configured one (if any)."""
+        """Grown nodes go after a short idle time; others after the configured one (on a cloud, ten
+        minutes if none is configured: a VM nobody uses should not stay billed)."""
         configured = self.settings.inactivity_timeout_s
         if node_id in self.grown:
             return min(configured, GROWN_IDLE_S) if configured else GROWN_IDLE_S
+        if configured is None and self.cloud is not None:
+            return CLOUD_IDLE_S
         return configured
+
+    async def delete_machines(self) -> None:
+        """The head is stopping: delete every VM of this cluster (boots in flight finish first)."""
+        if self.cloud is None:
+            return
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=DELETE_ON_STOP_S / 2)
+        try:
+            listed = {handle.node_id for handle in await asyncio.wait_for(self.driver.list_nodes(), DELETE_ON_STOP_S)}
+        except Exception as e:  # noqa: BLE001 - still delete the ones this head knows
+            log.error("could not list this cluster's VMs to delete them: %s", e)
+            listed = set()
+        node_ids = sorted(listed | set(self.cluster.scheduler.nodes) | self.cluster.booting_ids)
+        if not node_ids:
+            return
+        log.info("deleting %d VM(s) as the head stops: %s", len(node_ids), ", ".join(node_ids))
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(self.driver.delete(n) for n in node_ids), return_exceptions=True), DELETE_ON_STOP_S)
+        except TimeoutError:
+            log.error("deleting VMs took over %.0f s; some may remain: %s", DELETE_ON_STOP_S, ", ".join(node_ids))
+            return
+        for node_id, result in zip(node_ids, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("could not delete the VM of node %s: %s", node_id, result)
+            elif self.history is not None:
+                self.history.node_event(node_id, "deleted", "the head stopped")
 
     async def close(self) -> None:
         for task in list(self._tasks):

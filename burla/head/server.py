@@ -16,7 +16,7 @@ import socket
 import sys
 
 from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
-from burla.drivers.base import BootRequest
+from burla.drivers.base import BootRequest, Driver
 from burla.drivers.local import LocalDriver
 from burla.lifeline import wait_for_eof
 
@@ -90,12 +90,10 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         quantity=settings.local_nodes, workers_per_node=settings.local_node_workers,
         inactivity_timeout_s=settings.inactivity_timeout_s,
     )
-    fleet_driver = driver
-    if settings.cloud is not None:
-        from burla.drivers.cloud import cloud_driver
-
-        fleet_driver = cloud_driver(settings.cloud)
     head_cert = settings.tls_cert.read_text() if settings.tls_cert is not None else None
+    fleet_driver: Driver = driver
+    if settings.cloud is not None:
+        fleet_driver = _cloud_driver(settings, url, head_cert, history)
     fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults, head_cert)
     # Serve first; history opens meanwhile (what is recorded before waits in memory).
     startup = asyncio.create_task(_open_history(history, fleet), name="history-open")
@@ -142,6 +140,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await cluster.shut_down()
+        if not settings.keep_nodes:
+            await fleet.delete_machines()
         await fleet.close()
         await driver.close()
         if fleet_driver is not driver:
@@ -150,6 +150,26 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         if history is not None:
             await history.close()
 
+
+
+def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, history) -> Driver:
+    """The configured cloud's driver, its VMs set up over SSH by this head."""
+    from burla.drivers.bootstrap import PackageSource
+    from burla.drivers.cloud import cloud_driver
+    from burla.drivers.ssh import SshBootstrapDriver, SshSettings
+
+    ssh = SshSettings(
+        config_dir=settings.config_dir, cluster_id=settings.cloud.cluster_id, head_url=url, token=settings.token,
+        head_cert=head_cert, tunnel=settings.node_link == "tunnel",
+        packages=PackageSource(settings.node_index_url,
+                               str(settings.node_wheelhouse) if settings.node_wheelhouse else None),
+        orphan_timeout_s=settings.orphan_timeout_s, boot_deadline_s=settings.boot_deadline_s,
+        address_map=settings.ssh_address_map,
+    )
+    wrapped = SshBootstrapDriver(cloud_driver(settings.cloud), ssh)
+    if history is not None:
+        wrapped.on_event = history.node_event
+    return wrapped
 
 
 async def _open_history(history, fleet) -> None:

@@ -80,7 +80,8 @@ class NodeService:
         site = web.TCPSite(runner, self.settings.host, self.settings.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = self.settings.advertise_url or f"http://{self._reachable_host()}:{port}"
+        host = self.settings.advertise_host or self._reachable_host()
+        self.url = self.settings.advertise_url or f"http://{host}:{port}"
         psutil.cpu_percent(interval=None)  # prime the counter
         pool_start = asyncio.create_task(self._start_pool())
         # Read the installed distributions now, so the first job's package check is instant.

@@ -1,0 +1,111 @@
+"""What runs on a VM over SSH to make it a node (or a deployed head): the files the head uploads,
+the bootstrap script that installs the head's exact build, and the command that starts the node
+under its supervisor.
+
+Everything lives in `~/.burla` of the SSH user (0700), so the same script runs on any image and
+on the loopback stand-ins the tests use. Secrets (the token, a head's TLS key) arrive as 0600
+files over SFTP, never in user data, metadata or a command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from burla.build import build_hash, wheel_name
+
+HOME_DIR = ".burla"  # relative to the SSH user's home directory (SFTP's starting directory)
+ENV_DIR = "env"
+BUILD_DIR = "build"
+WHEELHOUSE_DIR = "wheelhouse"
+CONFIG_DIR = "config"  # BURLA_CONFIG_DIR on the VM: holds cluster_token (0600)
+HEAD_CERT_FILE = "head-cert.pem"
+SCRIPT_FILE = "bootstrap.sh"
+NODE_LOG_FILE = "node.log"
+SUPERVISOR_PID_FILE = "supervisor.pid"
+INSTALLED_MARKER = "installed-build"
+
+
+def this_python() -> str:
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def remote(*parts: str) -> str:
+    """A path under ~/.burla, relative to the home directory (how SFTP addresses it)."""
+    return str(PurePosixPath(HOME_DIR, *parts))
+
+
+@dataclass(frozen=True)
+class PackageSource:
+    """Where a VM gets burla's dependencies: the package index pip is configured with by default,
+    a mirror (`index_url`), or only the wheels the head uploads (`wheelhouse`)."""
+
+    index_url: str | None = None
+    wheelhouse: str | None = None  # a local directory of wheels, uploaded to every VM
+
+    def pip_flags(self) -> list[str]:
+        if self.wheelhouse:
+            return ["--no-index", "--find-links", f"$B/{WHEELHOUSE_DIR}"]
+        if self.index_url:
+            return ["--index-url", shlex.quote(self.index_url)]
+        return []
+
+
+def install_script(python_version: str | None, source: PackageSource, extra: str | None = None) -> str:
+    """The bootstrap: a Python of this major.minor in ~/.burla/env with the uploaded build in it.
+    Skipped when that build is already installed (a reconnect runs it again)."""
+    version = python_version or this_python()
+    major, minor = version.split(".")[:2]
+    flags = " ".join(source.pip_flags())
+    wheel = f"$B/{BUILD_DIR}/{wheel_name()}"
+    requirement = f'"{wheel}[{extra}]"' if extra else f'"{wheel}"'
+    return "\n".join([
+        "#!/bin/bash",
+        f"# burla {build_hash()} bootstrap",
+        "set -euo pipefail",
+        f'B="$HOME/{HOME_DIR}"',
+        'cd "$B"',
+        f'if [ "$(cat {INSTALLED_MARKER} 2>/dev/null)" = {shlex.quote(build_hash())} ]; then exit 0; fi',
+        'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
+        # A Python with venv: the image's, or one uv fetches when its major.minor differs.
+        "if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then",
+        "  if command -v apt-get >/dev/null; then",
+        "    as_root apt-get update -q",
+        "    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv",
+        "  elif command -v dnf >/dev/null; then as_root dnf install -y -q python3-pip; fi",
+        "fi",
+        f"rm -rf {ENV_DIR}",
+        f"if python3 -c 'import sys; sys.exit(sys.version_info[:2] != ({major}, {minor}))'; then",
+        f"  python3 -m venv {ENV_DIR}",
+        "else",
+        "  python3 -m venv uv-env",
+        f"  uv-env/bin/python -m pip install --quiet {flags} uv",
+        f"  uv-env/bin/uv venv --quiet --seed --python {shlex.quote(f'{major}.{minor}')} {ENV_DIR}",
+        "fi",
+        f"{ENV_DIR}/bin/python -m pip install --quiet --disable-pip-version-check {flags} {requirement}",
+        f"echo {shlex.quote(build_hash())} > {INSTALLED_MARKER}",
+        "",
+    ])
+
+
+def supervise_command(join_args: list[str], orphan_timeout_s: float, image: str | None = None,
+                      gpu: bool = False) -> str:
+    """A shell command that starts `burla node join` under its supervisor, detached from the SSH
+    session, unless a supervisor already runs (a reconnect runs it again)."""
+    supervise = [f"$B/{ENV_DIR}/bin/burla", "node", "supervise", "--orphan-timeout", f"{orphan_timeout_s:g}"]
+    if image is not None:
+        supervise += ["--image", image] + (["--gpus"] if gpu else [])
+    supervise += ["--", *join_args]
+    quoted = " ".join(part if part.startswith("$B/") else shlex.quote(part) for part in supervise)
+    return "\n".join([
+        f'B="$HOME/{HOME_DIR}"',
+        'cd "$B"',
+        f'if [ -f {SUPERVISOR_PID_FILE} ] && kill -0 "$(cat {SUPERVISOR_PID_FILE})" 2>/dev/null; then',
+        "  echo already running; exit 0",
+        "fi",
+        f'BURLA_CONFIG_DIR="$B/{CONFIG_DIR}" setsid nohup {quoted} >> {NODE_LOG_FILE} 2>&1 < /dev/null &',
+        f"echo $! > {SUPERVISOR_PID_FILE}",
+        "echo started",
+    ])

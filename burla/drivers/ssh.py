@@ -1,0 +1,454 @@
+"""How a head reaches its cloud VMs: over SSH, with a per-cluster key the cloud authorises.
+
+When a VM's address appears the head connects (retrying until the boot deadline), uploads its
+exact build, the token and its certificate over SFTP (0600 files in ~/.burla), runs the
+bootstrap, and starts `burla node join` under its supervisor. When the VMs can't reach the
+head's URL (a laptop behind NAT, a loopback head) the node reaches it through a remote port
+forward on that same connection, which is held open and re-established when it drops.
+
+Host keys: trust on first use, per node. The first connection to a new VM records its host key
+(in `ssh/known-hosts-<cluster>.json`, 0600, and in the node's history); every later connection
+to that VM must present the same key. A VM is new only once, minutes after the head booted it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from burla.build import build_hash, build_wheel, wheel_name
+from burla.config import TOKEN_FILE, write_private_file
+from burla.drivers.base import BootRequest, Driver, NodeHandle, VmAddress
+from burla.drivers.bootstrap import (
+    BUILD_DIR,
+    CONFIG_DIR,
+    HEAD_CERT_FILE,
+    HOME_DIR,
+    INSTALLED_MARKER,
+    SCRIPT_FILE,
+    WHEELHOUSE_DIR,
+    PackageSource,
+    install_script,
+    remote,
+    supervise_command,
+)
+from burla.errors import BootstrapFailed
+
+log = logging.getLogger("burla.ssh")
+
+CONNECT_TIMEOUT_S = 15.0
+RETRY_EVERY_S = 3.0
+ADDRESS_POLL_S = 2.0
+KEEPALIVE_S = 10.0
+KEEPALIVE_MISSES = 3
+TRANSCRIPT_LIMIT = 20_000
+
+NodeEvent = Callable[[str, str, str], None]  # (node_id, kind, detail)
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    config_dir: Path  # holds the cluster's key, its known host keys and the build cache
+    cluster_id: str
+    head_url: str
+    token: str
+    head_cert: str | None = None  # PEM of the head's own certificate (https heads)
+    tunnel: bool = True  # nodes reach the head through a remote port forward (else at head_url)
+    packages: PackageSource = PackageSource()
+    orphan_timeout_s: float = 600.0
+    boot_deadline_s: float = 900.0
+    address_map: Path | None = None  # JSON {address: "host:port"}: where to dial a VM's port 22 instead
+
+
+def cluster_key(config_dir: Path, cluster_id: str) -> tuple[Path, str]:
+    """The cluster's ed25519 key (created once, 0600) and its public half in OpenSSH form."""
+    import asyncssh
+
+    path = config_dir / "ssh" / f"burla-{cluster_id}"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key = asyncssh.generate_private_key("ssh-ed25519", comment=f"burla-{cluster_id}")
+        write_private_file(path, key.export_private_key().decode())
+    public = asyncssh.read_private_key(path).export_public_key().decode().strip()
+    return path, public
+
+
+class HostKeys:
+    """Each VM's host key, recorded on first use and required after (a JSON file, 0600)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._keys: dict[str, str] = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            self._keys = {}
+
+    def get(self, node_id: str) -> str | None:
+        return self._keys.get(node_id)
+
+    def record(self, node_id: str, key: str) -> None:
+        self._keys[node_id] = key
+        write_private_file(self.path, json.dumps(self._keys, indent=1))
+
+    def forget(self, node_id: str) -> None:
+        if self._keys.pop(node_id, None) is not None:
+            write_private_file(self.path, json.dumps(self._keys, indent=1))
+
+
+def _head_endpoint(head_url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) the tunnel forwards to: the head's own listening address."""
+    parts = urllib.parse.urlsplit(head_url)
+    host = parts.hostname or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _explain(error: BaseException, address: str, user: str) -> str:
+    import asyncssh
+
+    if isinstance(error, asyncssh.PermissionDenied):
+        return (f"the VM at {address} refused the cluster's SSH key for user {user!r}; check that the image "
+                "accepts keys through the cloud's key mechanism (or set the SSH user for this cloud)")
+    if isinstance(error, asyncssh.HostKeyNotVerifiable):
+        return f"the VM at {address} presented a different SSH host key than when it was first reached"
+    if isinstance(error, (OSError, TimeoutError, asyncssh.DisconnectError)):
+        return (f"nothing answered SSH on port 22 of {address} ({type(error).__name__}: {error}); check that "
+                "the firewall or security group lets this machine reach port 22 and that the VM is running")
+    return f"{type(error).__name__}: {error}"
+
+
+class VmSession:
+    """One VM: bootstrap it once, then hold the SSH connection its node's tunnel runs through."""
+
+    def __init__(self, owner: SshBootstrapDriver, request: BootRequest, node_id: str) -> None:
+        self.owner = owner
+        self.request = request
+        self.node_id = node_id
+        self.problem: str | None = None  # why it could not be set up, once that is known
+        self.transcript: list[str] = []
+        self.remote_port = 0  # the tunnel's port on the VM (kept across reconnections)
+        self._connection: Any = None
+        self._address: VmAddress | None = None
+
+    def note(self, text: str) -> None:
+        self.transcript.append(f"[{time.strftime('%H:%M:%S')}] {text}")
+        total = sum(len(line) for line in self.transcript)
+        while total > TRANSCRIPT_LIMIT and len(self.transcript) > 1:
+            total -= len(self.transcript.pop(0))
+
+    async def run(self) -> None:
+        settings = self.owner.settings
+        deadline = time.monotonic() + settings.boot_deadline_s
+        try:
+            await self._bootstrap(deadline)
+        except BootstrapFailed as e:
+            self.problem = str(e)
+            self.note(f"gave up: {e}")
+            self.owner.event(self.node_id, "bootstrap failed", "\n".join(self.transcript))
+            return
+        finally:
+            if not settings.tunnel:
+                await self._close_connection()
+        if settings.tunnel:
+            await self._hold()
+
+    # --- reaching the VM ---------------------------------------------------------------------
+
+    async def _wait_for_address(self, deadline: float) -> VmAddress:
+        while True:
+            try:
+                address = await self.owner.inner.address(self.node_id)
+            except Exception as e:  # noqa: BLE001 - a cloud API hiccup; ask again
+                address = None
+                self.note(f"address lookup failed: {type(e).__name__}: {e}")
+            if address is not None and (address.public or address.private):
+                return address
+            if time.monotonic() > deadline:
+                raise BootstrapFailed("the VM never got a network address before the boot deadline")
+            await asyncio.sleep(ADDRESS_POLL_S)
+
+    def _dial_address(self, address: VmAddress) -> str:
+        # A head inside the cloud network (no tunnel) uses private addresses; a laptop the public one.
+        if self.owner.settings.tunnel:
+            return address.public or address.private or ""
+        return address.private or address.public or ""
+
+    def _endpoint(self, address: str) -> tuple[str, int]:
+        mapping = self.owner.settings.address_map
+        if mapping is not None:
+            try:
+                target = json.loads(mapping.read_text()).get(address)
+            except (OSError, ValueError):
+                target = None
+            if target:
+                host, port = target.rsplit(":", 1)
+                return host, int(port)
+        return address, 22
+
+    async def _connect(self, address: str) -> Any:
+        import asyncssh
+
+        host, port = self._endpoint(address)
+        pinned = self.owner.host_keys.get(self.node_id)
+        known_hosts = ([asyncssh.import_public_key(pinned)], [], []) if pinned else None
+        connection = await asyncio.wait_for(asyncssh.connect(
+            host, port, username=self.owner.user, client_keys=[self.owner.key_path], known_hosts=known_hosts,
+            connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_MISSES,
+            agent_path=None, config=None,
+        ), CONNECT_TIMEOUT_S * 2)
+        if pinned is None:
+            key = connection.get_server_host_key().export_public_key().decode().strip()
+            self.owner.host_keys.record(self.node_id, key)
+            self.owner.event(self.node_id, "ssh host key", f"recorded on first use: {key}")
+        return connection
+
+    async def _connect_until(self, address: str, deadline: float) -> Any:
+        last = ""
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                connection = await self._connect(address)
+                self.note(f"connected to {address} as {self.owner.user} (attempt {attempts})")
+                return connection
+            except Exception as e:  # noqa: BLE001 - every failure is retried until the deadline
+                import asyncssh
+
+                last = _explain(e, address, self.owner.user)
+                if isinstance(e, asyncssh.HostKeyNotVerifiable):
+                    raise BootstrapFailed(last) from None
+                if attempts == 1 or attempts % 10 == 0:
+                    self.note(f"attempt {attempts}: {last}")
+            if time.monotonic() > deadline:
+                raise BootstrapFailed(f"after {attempts} attempts, {last}")
+            await asyncio.sleep(RETRY_EVERY_S)
+
+    # --- setting it up -----------------------------------------------------------------------
+
+    async def _bootstrap(self, deadline: float) -> None:
+        self._address = await self._wait_for_address(deadline)
+        address = self._dial_address(self._address)
+        self.note(f"address: public {self._address.public}, private {self._address.private}")
+        self._connection = await self._connect_until(address, deadline)
+        await self._upload()
+        script = await self._connection.run(f"bash {remote(SCRIPT_FILE)}",
+                                            timeout=max(30.0, deadline - time.monotonic()))
+        self._record_output("bootstrap", script)
+        if script.exit_status != 0:
+            tail = "\n".join(((script.stdout or "") + (script.stderr or "")).strip().splitlines()[-15:])
+            raise BootstrapFailed(f"the bootstrap exited with {script.exit_status}: {tail}")
+        if self.owner.settings.tunnel:
+            await self._forward()
+        await self._start_node()
+
+    async def _upload(self) -> None:
+        import asyncssh
+
+        settings = self.owner.settings
+        attrs = asyncssh.SFTPAttrs(permissions=0o700)
+        async with self._connection.start_sftp_client() as sftp:
+            for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
+                await sftp.makedirs(directory, attrs=attrs, exist_ok=True)
+                await sftp.chmod(directory, 0o700)
+            await self._write(sftp, remote(CONFIG_DIR, TOKEN_FILE), settings.token + "\n")
+            if settings.head_cert:
+                await self._write(sftp, remote(HEAD_CERT_FILE), settings.head_cert)
+            installed = ""
+            with contextlib.suppress(asyncssh.SFTPError):
+                async with sftp.open(remote(INSTALLED_MARKER)) as marker:
+                    installed = (await marker.read()).strip()
+            if installed != build_hash():
+                await sftp.put(str(self.owner.wheel), remote(BUILD_DIR, wheel_name()))
+                wheelhouse = settings.packages.wheelhouse
+                if wheelhouse:
+                    await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)
+                    wheels = sorted(str(p) for p in Path(wheelhouse).iterdir() if p.suffix in (".whl", ".gz"))
+                    await sftp.put(wheels, remote(WHEELHOUSE_DIR))
+            script = install_script(self.request.python_version, settings.packages)
+            await self._write(sftp, remote(SCRIPT_FILE), script)
+        self.note(f"uploaded the build {build_hash()}, the token and the bootstrap")
+
+    @staticmethod
+    async def _write(sftp: Any, path: str, text: str) -> None:
+        import asyncssh
+
+        async with sftp.open(path, "w", attrs=asyncssh.SFTPAttrs(permissions=0o600)) as handle:
+            await handle.write(text)
+        await sftp.chmod(path, 0o600)
+
+    async def _forward(self) -> None:
+        _, host, port = _head_endpoint(self.owner.settings.head_url)
+        listener = await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
+        self.remote_port = listener.get_port()
+        self.note(f"tunnel: 127.0.0.1:{self.remote_port} on the VM reaches the head at {host}:{port}")
+
+    def _join_args(self) -> list[str]:
+        settings = self.owner.settings
+        request = self.request
+        if settings.tunnel:
+            scheme = _head_endpoint(settings.head_url)[0]
+            head_url = f"{scheme}://127.0.0.1:{self.remote_port}"
+        else:
+            head_url = settings.head_url
+        args = ["--head", head_url, "--node-id", self.node_id, "--host", "0.0.0.0",
+                "--orphan-timeout", f"{settings.orphan_timeout_s:g}"]
+        private = self._address.private if self._address else None
+        if private:
+            args += ["--advertise-host", private]
+        if request.workers is not None:
+            args += ["--workers", str(request.workers)]
+        if request.gpu is not None:
+            args += ["--gpu", request.gpu, "--gpu-count", str(request.gpu_count)]
+        if request.image is not None:
+            args += ["--image", request.image]
+        if request.region is not None:
+            args += ["--region", request.region]
+        if settings.head_cert:
+            args += ["--head-cert", f"$B/{HEAD_CERT_FILE}"]
+        return args
+
+    async def _start_node(self) -> None:
+        settings = self.owner.settings
+        command = supervise_command(self._join_args(), settings.orphan_timeout_s, self.request.image,
+                                    gpu=self.request.gpu is not None)
+        started = await self._connection.run(command, timeout=60)
+        self._record_output("start", started)
+        if started.exit_status != 0:
+            raise BootstrapFailed(f"the node's supervisor did not start (exit {started.exit_status}): "
+                                  f"{(started.stderr or '').strip()[-500:]}")
+
+    def _record_output(self, step: str, result: Any) -> None:
+        output = ((result.stdout or "") + (result.stderr or "")).strip()
+        self.note(f"{step}: exit {result.exit_status}" + (f"\n{output[-4000:]}" if output else ""))
+
+    # --- holding the tunnel --------------------------------------------------------------------
+
+    async def _hold(self) -> None:
+        """Keep the connection (and with it the node's tunnel) up; reconnect when it drops."""
+        assert self._address is not None
+        address = self._dial_address(self._address)
+        while True:
+            await self._connection.wait_closed()
+            self.note("the SSH connection dropped; reconnecting")
+            self.owner.event(self.node_id, "ssh", "the connection dropped; reconnecting")
+            while True:
+                try:
+                    self._connection = await self._connect(address)
+                    await self._forward()
+                    await self._start_node()  # starts the supervisor again only if it is gone
+                    break
+                except Exception as e:  # noqa: BLE001 - keep trying: the head reaps a node silent too long
+                    await self._close_connection()
+                    self.note(f"reconnect failed: {_explain(e, address, self.owner.user)}")
+                    await asyncio.sleep(RETRY_EVERY_S)
+            self.owner.event(self.node_id, "ssh", f"reconnected; tunnel on port {self.remote_port}")
+
+    async def _close_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+            with contextlib.suppress(Exception):
+                await connection.wait_closed()
+
+    async def close(self) -> None:
+        await self._close_connection()
+
+
+class SshBootstrapDriver(Driver):
+    """A cloud driver whose VMs the head sets up over SSH (see the module docstring)."""
+
+    def __init__(self, inner: Any, settings: SshSettings) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.settings = settings
+        self.user = inner.ssh_user
+        self.key_path, self.public_key = cluster_key(settings.config_dir, settings.cluster_id)
+        self.host_keys = HostKeys(settings.config_dir / "ssh" / f"known-hosts-{settings.cluster_id}.json")
+        self.wheel = build_wheel(settings.config_dir / "builds")
+        self.on_event: NodeEvent | None = None
+        self._sessions: dict[str, VmSession] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._problems: dict[str, str] = {}
+
+    def event(self, node_id: str, kind: str, detail: str) -> None:
+        if self.on_event is not None:
+            self.on_event(node_id, kind, detail)
+
+    async def boot(self, request: BootRequest) -> list[str]:
+        request = dataclasses.replace(request, ssh_public_key=self.public_key)
+        node_ids = request.ids("burla-node")
+        request = dataclasses.replace(request, node_ids=tuple(node_ids))
+        booted = await self.inner.boot(request)
+        for node_id in booted:
+            session = VmSession(self, request, node_id)
+            self._sessions[node_id] = session
+            task = asyncio.create_task(session.run(), name=f"ssh-{node_id}")
+            self._tasks[node_id] = task
+            task.add_done_callback(lambda t, n=node_id: self._session_ended(n, t))
+        return booted
+
+    def _session_ended(self, node_id: str, task: asyncio.Task) -> None:
+        if self._tasks.get(node_id) is task:
+            self._tasks.pop(node_id, None)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.error("SSH session of %s crashed", node_id, exc_info=error)
+            session = self._sessions.get(node_id)
+            if session is not None and session.problem is None:
+                session.problem = f"setting the VM up crashed: {type(error).__name__}: {error}"
+
+    def boot_problem(self, node_id: str) -> str | None:
+        session = self._sessions.get(node_id)
+        if session is None:
+            return self._problems.get(node_id)
+        if session.problem:
+            return session.problem
+        if session._connection is None and session.transcript:
+            return f"still being set up over SSH; last step: {session.transcript[-1][:500]}"
+        return None
+
+    async def list_nodes(self) -> list[NodeHandle]:
+        return await self.inner.list_nodes()
+
+    async def _end_session(self, node_id: str, forget: bool = True) -> None:
+        session = self._sessions.pop(node_id, None)
+        task = self._tasks.pop(node_id, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if session is not None:
+            if session.problem:
+                self._problems[node_id] = session.problem
+            await session.close()
+        if forget:  # the VM is gone; a new one may come back at this name
+            self.host_keys.forget(node_id)
+
+    async def delete(self, node_id: str) -> bool:
+        await self._end_session(node_id)
+        return await self.inner.delete(node_id)
+
+    async def boot_log(self, node_id: str) -> str:
+        console = ""
+        with contextlib.suppress(Exception):
+            console = await self.inner.boot_log(node_id)
+        session = self._sessions.get(node_id)
+        transcript = "\n".join(session.transcript) if session is not None else ""
+        parts = [f"--- console ---\n{console}" if console else "", f"--- ssh ---\n{transcript}" if transcript else ""]
+        return "\n".join(p for p in parts if p)
+
+    async def close(self) -> None:
+        """End every session (VMs kept with --keep-nodes keep their recorded host keys)."""
+        for node_id in list(self._sessions):
+            await self._end_session(node_id, forget=False)
+        await self.inner.close()

@@ -1,0 +1,186 @@
+"""Cloud VMs set up over SSH, end to end: a head on loopback (a laptop's) boots EC2 instances in
+moto, each played by an SSH server on 127.0.0.1 (`tests.vm_standin`); the head uploads its exact
+build, the token and the bootstrap over SFTP, installs them with no index from an uploaded
+wheelhouse, starts the node under its supervisor, and the node reaches the head through a remote
+port forward on that connection. Nothing else plays a part: the node that runs calls imports burla
+from the VM's own environment. Clients run from a virtual environment with only burla in it, as a
+user's would, so the VMs have nothing more to install."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import start_head, wait_for_nodes
+from tests.helpers import get_json, wait_until
+from tests.vm_standin import MotoVmFarm
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _instances(ec2, *states: str) -> list[dict]:
+    filters = [{"Name": "tag-key", "Values": ["burla-node-id"]}]
+    if states:
+        filters.append({"Name": "instance-state-name", "Values": list(states)})
+    return [i for r in ec2.describe_instances(Filters=filters)["Reservations"] for i in r["Instances"]]
+
+
+@pytest.fixture
+def farm(moto, tmp_path):
+    farm = MotoVmFarm(moto, tmp_path / "vms")
+    yield farm
+    farm.close()
+
+
+def _cloud_head(tmp_path, farm, wheelhouse, *extra: str):
+    return start_head(tmp_path / "config", local_nodes=0, workers=None, extra=[
+        "--driver", "ec2", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(farm.map_path),
+        *extra])
+
+
+def _env(head) -> dict[str, str]:
+    return dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token,
+                BURLA_CONFIG_DIR=str(head.config_dir))
+
+
+def _cli(head, *args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=60,
+                          env=_env(head))
+    return json.loads(done.stdout)
+
+
+def _client(python: Path, head, script: str, cwd: Path, timeout: float = 200) -> subprocess.Popen:
+    """Start a client script in the user's environment; it prints one JSON line per result it reports."""
+    return subprocess.Popen([str(python), "-c", textwrap.dedent(script)], env=_env(head), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(client: subprocess.Popen, timeout: float = 200) -> list:
+    out, err = client.communicate(timeout=timeout)
+    assert client.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(moto, farm, wheelhouse, client_venv,
+                                                                                tmp_path):
+    head = _cloud_head(tmp_path, farm, wheelhouse)
+    try:
+        assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
+        assert _cli(head, "cluster", "start")["ok"]
+        [instance] = _instances(moto)
+        node_id = {t["Key"]: t["Value"] for t in instance["Tags"]}["burla-node-id"]
+        vm = farm.vm(node_id)
+        wait_for_nodes(head, 1, timeout=240)
+
+        # The node runs the head's exact build, installed on the VM, not the test's copy.
+        [where] = _finish(_client(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            def where(x):
+                import burla
+                return burla.__file__
+            print(json.dumps(remote_parallel_map(where, [0], spinner=False)))
+        """, tmp_path))
+        assert where[0].startswith(str(vm.home / ".burla" / "env")), where
+        assert set(vm.logins) == {"ec2-user"}  # Amazon Linux's login user, with the imported key
+        # It reaches the head through the tunnel: its head URL is the VM's own loopback.
+        [node] = get_json(head, "/v1/cluster")["nodes"]
+        assert node["node_id"] == node_id
+        assert any("node supervise" in c and "--head http://127.0.0.1:" in c for c in vm.commands), vm.commands
+
+        # Secrets arrive as private files, never in user data; the key pair is the cluster's.
+        token_file = vm.home / ".burla" / "config" / "cluster_token"
+        assert token_file.read_text().strip() == head.token
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE((vm.home / ".burla").stat().st_mode) == 0o700
+        user_data = moto.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+        assert head.token not in base64.b64decode(user_data.get("UserData", {}).get("Value", "") or "").decode()
+        assert not any(head.token in command for command in vm.commands)
+        key_file = head.config_dir / "ssh" / instance["KeyName"]
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        shutdown = moto.describe_instance_attribute(InstanceId=instance["InstanceId"],
+                                                    Attribute="instanceInitiatedShutdownBehavior")
+        assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        events = get_json(head, f"/v1/nodes/{node_id}/events")["events"]
+        assert any(e["event"] == "ssh host key" for e in events), events
+
+        # Cutting the SSH connection mid-job loses nothing: the head reconnects, the tunnel comes
+        # back on the same port and the node's link resumes.
+        marker = tmp_path / "first-result"
+        client = _client(client_venv, head, f"""
+            import json, pathlib, time
+            from burla import remote_parallel_map
+            def pause_then_double(x):
+                time.sleep(0.3)
+                return x * 2
+            results = remote_parallel_map(pause_then_double, range(40), spinner=False, generator=True)
+            collected = [next(results)]
+            pathlib.Path({str(marker)!r}).write_text("1")
+            collected += list(results)
+            print(json.dumps(sorted(collected)))
+        """, tmp_path)
+        wait_until(marker.exists, timeout=120, what="the first result")
+        assert farm.drop_connections() >= 1
+        [collected] = _finish(client)
+        assert collected == [x * 2 for x in range(40)]
+        wait_until(lambda: any("reconnected" in e["detail"] for e in get_json(
+            head, f"/v1/nodes/{node_id}/events")["events"]), timeout=60, what="the SSH connection back")
+
+        # A stopping head deletes what it booted.
+        head.process.send_signal(signal.SIGTERM)
+        head.process.wait(150)
+        wait_until(lambda: _instances(moto, "terminated"), timeout=60, what="the VM terminated")
+    finally:
+        head.stop()
+
+
+def test_a_node_without_its_head_powers_its_vm_off(moto, farm, wheelhouse, tmp_path):
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--keep-nodes", "--orphan-timeout", "10")
+    try:
+        assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
+        assert _cli(head, "cluster", "start")["ok"]
+        wait_for_nodes(head, 1, timeout=240)
+    finally:
+        head.process.kill()  # gone without a word: nothing deletes the VM but the VM itself
+        head.process.wait(30)
+    # The tunnel died with the head; after the orphan timeout the supervisor shuts the VM down,
+    # which EC2 turns into termination.
+    wait_until(lambda: farm.terminated_by_shutdown, timeout=120, what="the VM powered itself off")
+    assert _instances(moto, "terminated")
+
+
+@pytest.mark.parametrize("broken, words", [
+    ({"authorize": False}, "refused the cluster's SSH key"),
+    ({"answer": False}, "nothing answered SSH on port 22"),
+])
+def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_path, wheelhouse, client_venv, broken,
+                                                                    words):
+    farm = MotoVmFarm(moto, tmp_path / "vms", **broken)
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--boot-deadline", "12")
+    try:
+        [outcome] = _finish(_client(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            try:
+                remote_parallel_map(abs, [-1], grow=True, spinner=False)
+            except Exception as e:
+                print(json.dumps([type(e).__name__, str(e)]))
+        """, tmp_path))
+        assert outcome[0] == "NoNodes" and words in outcome[1], outcome
+        wait_until(lambda: not _instances(moto, "pending", "running"), timeout=60, what="the VM deleted")
+        [instance] = _instances(moto)
+        node_id = {t["Key"]: t["Value"] for t in instance["Tags"]}["burla-node-id"]
+        logs = _cli(head, "nodes", "logs", node_id)
+        assert words in json.dumps(logs), logs
+    finally:
+        head.stop()
+        farm.close()

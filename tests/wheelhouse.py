@@ -1,0 +1,65 @@
+"""A directory of wheels for burla's dependencies, made offline from this test environment's own
+installed distributions (the stand-in VMs install from it with no index, as a VM without internet
+would from a wheelhouse its head uploads)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata
+import re
+import zipfile
+from pathlib import Path
+
+from packaging.requirements import Requirement  # noqa: I001 - ships with pip's vendored tree too
+
+
+def _dependencies(name: str, extras: frozenset[str] = frozenset()) -> list[importlib.metadata.Distribution]:
+    """The distribution and everything it needs here, recursively."""
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    pending = [(name, extras)]
+    while pending:
+        current, current_extras = pending.pop()
+        key = re.sub(r"[-_.]+", "-", current).lower()
+        if key in seen:
+            continue
+        distribution = importlib.metadata.distribution(current)
+        seen[key] = distribution
+        for text in distribution.requires or []:
+            requirement = Requirement(text)
+            environments = [{"extra": e} for e in current_extras] or [{"extra": ""}]
+            if requirement.marker is None or any(requirement.marker.evaluate(env) for env in environments):
+                pending.append((requirement.name, frozenset(requirement.extras)))
+    return list(seen.values())
+
+
+def _repack(distribution: importlib.metadata.Distribution, target: Path) -> Path:
+    """The installed distribution as a wheel again (its files, its tag, a fresh RECORD)."""
+    dist_info = next(str(f).split("/")[0] for f in distribution.files or [] if str(f).endswith(".dist-info/METADATA"))
+    tags = [line.split(":", 1)[1].strip() for line in (distribution.read_text("WHEEL") or "").splitlines()
+            if line.startswith("Tag:")]
+    name = re.sub(r"[-_.]+", "_", distribution.metadata["Name"])
+    wheel = target / f"{name}-{distribution.version}-{tags[0] if tags else 'py3-none-any'}.whl"
+    records = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for file in distribution.files or []:
+            path = str(file)
+            if path.startswith("..") or "__pycache__" in path or path.endswith((".pyc", "/RECORD", "/INSTALLER",
+                                                                                "/direct_url.json", "/REQUESTED")):
+                continue
+            data = Path(distribution.locate_file(file)).read_bytes()
+            archive.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            records.append(f"{path},sha256={digest},{len(data)}")
+        records.append(f"{dist_info}/RECORD,,")
+        archive.writestr(f"{dist_info}/RECORD", "\n".join(records) + "\n")
+    return wheel
+
+
+def build_wheelhouse(target: Path) -> Path:
+    """Wheels of burla's runtime dependencies (not burla itself: the head ships its own build)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for distribution in _dependencies("burla"):
+        if distribution.metadata["Name"].lower() != "burla":
+            _repack(distribution, target)
+    return target
