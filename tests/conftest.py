@@ -24,6 +24,17 @@ REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 60.0
 
 
+@pytest.fixture(autouse=True)
+def _no_ssh_beyond_loopback(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heads started by tests dial VMs only through an address map (stand-in VMs on 127.0.0.1);
+    one with no entries unless a test gives its own, so no test ever dials a cloud address."""
+    if "BURLA_SSH_ADDRESS_MAP" not in os.environ:
+        empty = tmp_path_factory.getbasetemp() / "empty-ssh-address-map.json"
+        if not empty.exists():
+            empty.write_text("{}")
+        monkeypatch.setenv("BURLA_SSH_ADDRESS_MAP", str(empty))
+
+
 @dataclass
 class Head:
     url: str

@@ -31,6 +31,7 @@ class FakeAzure(FakeCloudApi):
         self.security_groups: dict[str, dict] = {}
         self.role_assignments: dict[str, dict] = {}
         self.public_ips: dict[tuple[str, str, str], dict] = {}
+        self.network_interfaces: dict[tuple[str, str, str], dict] = {}
         self.identities: dict[str, str] = {}  # VM name -> principal id of its system-assigned identity
         self.tokens_issued: list[str] = []
         self._ids = itertools.count(1)
@@ -83,6 +84,7 @@ class FakeAzure(FakeCloudApi):
         network, authorization = GROUP + "/providers/Microsoft.Network", GROUP + "/providers/Microsoft.Authorization"
         app.router.add_put(network + "/networkSecurityGroups/{name}", self.put_security_group)
         app.router.add_get(network + "/publicIPAddresses/{name}", self.get_public_ip)
+        app.router.add_get(network + "/networkInterfaces/{name}", self.get_network_interface)
         app.router.add_put(authorization + "/roleAssignments/{name}", self.put_role_assignment)
         app.router.add_get("/metadata/identity/oauth2/token", self.managed_identity_token)
 
@@ -156,6 +158,10 @@ class FakeAzure(FakeCloudApi):
         self.public_ips[(m["subscription"], m["group"], ip_name)] = self.fixture(
             "public_ip", subscription=m["subscription"], group=m["group"], name=ip_name, vm=m["name"],
             location=body["location"], address=f"20.61.0.{len(self.public_ips) + 4}")
+        nic_name = f"{m['name']}-nic"
+        self.network_interfaces[(m["subscription"], m["group"], nic_name)] = self.fixture(
+            "network_interface", subscription=m["subscription"], group=m["group"], name=nic_name, vm=m["name"],
+            location=body["location"], subnet=subnet, private_address=f"10.42.0.{len(self.network_interfaces) + 4}")
         self.custom_data[m["name"]] = properties["osProfile"].get("customData", "")
         self.machines[(m["subscription"], m["group"], m["name"])] = machine
         return json_response(machine, 201)
@@ -183,6 +189,7 @@ class FakeAzure(FakeCloudApi):
         if self.machines.pop((m["subscription"], m["group"], m["name"]), None) is None:
             return web.Response(status=204)
         self.public_ips.pop((m["subscription"], m["group"], f"{m['name']}-ip"), None)  # deleteOption: Delete
+        self.network_interfaces.pop((m["subscription"], m["group"], f"{m['name']}-nic"), None)
         return web.Response(status=202, headers={"Location": f"{self.url}/operations/{uuid.uuid4()}"})
 
     async def boot_diagnostics(self, request: web.Request) -> web.Response:
@@ -214,6 +221,14 @@ class FakeAzure(FakeCloudApi):
             return self._error(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/publicIPAddresses/"
                                                         f"{m['name']}' was not found.")
         return json_response(address)
+
+    async def get_network_interface(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        nic = self.network_interfaces.get((m["subscription"], m["group"], m["name"]))
+        if nic is None:
+            return self._error(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/networkInterfaces/"
+                                                        f"{m['name']}' was not found.")
+        return json_response(nic)
 
     async def put_role_assignment(self, request: web.Request) -> web.Response:
         m, body = request.match_info, request[JSON_BODY]

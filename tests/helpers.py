@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -61,3 +62,27 @@ def environment(**values: str | None) -> Iterator[None]:
             else:
                 os.environ[key] = value
 
+
+
+def client_env(head) -> dict[str, str]:
+    return dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token,
+                BURLA_CONFIG_DIR=str(head.config_dir))
+
+
+def start_client(python, head, script: str, cwd) -> subprocess.Popen:
+    """Run a client script with `python` (a user's environment) against `head`; it prints JSON lines."""
+    import textwrap
+
+    return subprocess.Popen([str(python), "-c", textwrap.dedent(script)], env=client_env(head), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_client(client: subprocess.Popen, timeout: float = 200) -> list:
+    """The JSON lines a client script printed, once it exits successfully."""
+    out, err = client.communicate(timeout=timeout)
+    assert client.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def run_client_in(python, head, script: str, cwd, timeout: float = 200) -> list:
+    return finish_client(start_client(python, head, script, cwd), timeout)

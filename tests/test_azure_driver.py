@@ -16,13 +16,11 @@ import sys
 
 import pytest
 
-from burla import remote_parallel_map
 from burla.drivers.base import BootRequest
-from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_azure import FakeAzure
-from tests.helpers import get_json, use_head, wait_until
-from tests.play_vm import boot_from_startup_script
+from tests.helpers import get_json, run_client_in, use_head, wait_until
+from tests.vm_standin import AzureVmFarm
 
 SUBSCRIPTION = "3f6d2b1c-0a4e-4d7b-9c55-2e8f7a1b6c90"
 TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"
@@ -87,30 +85,37 @@ def _custom_data(fake: FakeAzure, node_id: str) -> str:
     return base64.b64decode(fake.custom_data[node_id]).decode()
 
 
-def test_vm_request_carries_custom_data_tags_spot_and_size_then_list_and_delete(azure):
+CLUSTER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGSoU/Sv+4Aho0bDRzg6Jfw/gNeQpWA7MK3bgrvqtfIJ burla-cluster-1"
+
+
+def test_vm_request_carries_the_ssh_key_tags_spot_and_size_then_list_and_delete(azure):
     driver = _driver(region="westeurope")
 
     async def scenario():
         empty = await driver.list_nodes()  # no resource group yet
-        request = BootRequest(2, "http://10.0.0.2:5001", "tok", 4, "Standard_NC4as_T4_v3", None, 64, None, True,
-                              "T4", 1, python_version="3.12")
+        request = BootRequest(2, "http://10.0.0.2:5001", "secret-token", 4, "Standard_NC4as_T4_v3", None, 64, None,
+                              True, "T4", 1, python_version="3.12", ssh_public_key=CLUSTER_KEY)
         booted = await driver.boot(request)
         listed = await driver.list_nodes()
+        address = await driver.address(booted[0])
         console = await driver.boot_log(booted[0])
         deleted = [await driver.delete(booted[0]), await driver.delete("burla-node-unknown")]
         after = await driver.list_nodes()
         await driver.close()
-        return empty, booted, listed, console, deleted, after
+        return empty, booted, listed, address, console, deleted, after
 
-    empty, booted, listed, console, deleted, after = asyncio.run(scenario())
+    empty, booted, listed, address, console, deleted, after = asyncio.run(scenario())
     assert empty == []
     group = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/burla-cluster-1"
     # One token for every thread; the group and network are created once, before the VMs.
     assert len(azure.logged("POST", "/oauth2/v2.0/token")) == 1
     assert azure.logged("POST", "/oauth2/v2.0/token")[0].path == f"/{TENANT}/oauth2/v2.0/token"
     puts = [r.path for r in azure.logged("PUT")]
-    assert puts[:2] == [group, f"{group}/providers/Microsoft.Network/virtualNetworks/burla-westeurope"]
-    assert sorted(puts[2:]) == sorted(f"{group}/providers/Microsoft.Compute/virtualMachines/{n}" for n in booted)
+    nodes_group = f"{group}/providers/Microsoft.Network/networkSecurityGroups/burla-nodes-westeurope"
+    assert puts[:3] == [group, f"{group}/providers/Microsoft.Network/virtualNetworks/burla-westeurope", nodes_group]
+    assert sorted(puts[3:]) == sorted(f"{group}/providers/Microsoft.Compute/virtualMachines/{n}" for n in booted)
+    [rule] = azure.logged("PUT", "/networkSecurityGroups/")[0].body["properties"]["securityRules"]
+    assert (rule["properties"]["destinationPortRange"], rule["properties"]["access"]) == ("22", "Allow")
     vm = next(r for r in azure.logged("PUT", "/virtualMachines/") if r.path.endswith(booted[0]))
     assert vm.query["api-version"] == "2024-07-01"
     body = vm.body
@@ -126,12 +131,13 @@ def test_vm_request_carries_custom_data_tags_spot_and_size_then_list_and_delete(
     assert nic["properties"]["deleteOption"] == "Delete"
     public_ip = nic["properties"]["ipConfigurations"][0]["properties"]["publicIPAddressConfiguration"]
     assert public_ip["properties"]["deleteOption"] == "Delete"
-    assert properties["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"].startswith("ssh-rsa ")
-    script = _custom_data(azure, booted[0])
-    assert "uv venv --quiet --python 3.12 /opt/burla" in script
-    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --host 0.0.0.0 "
-                                    "--workers 4 "
-                                    "--gpu T4 --gpu-count 1 --region westeurope")
+    assert nic["properties"]["networkSecurityGroup"] == {"id": nodes_group}
+    # The cluster's key for user burla; no custom data and no secret anywhere.
+    assert properties["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"] == [
+        {"path": "/home/burla/.ssh/authorized_keys", "keyData": CLUSTER_KEY}]
+    assert "customData" not in properties["osProfile"]
+    assert "secret-token" not in json.dumps([r.body for r in azure.requests])
+    assert address is not None and address.public.startswith("20.61.0.") and address.private.startswith("10.42.0.")
     assert sorted(n.node_id for n in listed) == sorted(booted)
     assert "cloud-init" in console
     assert deleted == [True, False]
@@ -201,26 +207,31 @@ def _burla(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])["data"]
 
 
-def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure, tmp_path, monkeypatch):
+def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure, tmp_path, monkeypatch, wheelhouse,
+                                                                           client_venv):
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
-    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "azure", "--inactivity-timeout", "3",
-                                                                 "--region", "westus3"])
+    farm = AzureVmFarm(azure, tmp_path / "vms")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "azure", "--inactivity-timeout", "3", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
+        "--ssh-address-map", str(farm.map_path)])
     use_head(monkeypatch, head)
-    node = None
     try:
         _burla("settings", "update", "--quantity", "1", "--machine-type", "Standard_D4as_v5", "--disk-gb", "40")
         [node_id] = _burla("cluster", "start")["booted"]
         [vm] = azure.logged("PUT", "/virtualMachines/")
         assert vm.body["properties"]["hardwareProfile"]["vmSize"] == "Standard_D4as_v5"
         assert vm.body["location"] == "westus3" and "priority" not in vm.body["properties"]
-        node = boot_from_startup_script(_custom_data(azure, node_id))
-        wait_for_nodes(head, 1)
+        assert head.token not in json.dumps(vm.body)
+        wait_for_nodes(head, 1, timeout=240)
+        assert farm.vm(node_id).logins[0] == "burla"  # the admin user linuxConfiguration authorises
         assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == node_id
-        assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+        assert run_client_in(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            print(json.dumps(remote_parallel_map(abs, [-1, -2, -3], spinner=False)))
+        """, tmp_path) == [[1, 2, 3]]
         wait_until(lambda: not azure.machines, timeout=60, what="VM deleted")
         assert azure.logged("DELETE")[0].path.endswith(f"/virtualMachines/{node_id}")
     finally:
-        if node is not None:
-            node.terminate()
-            node.wait(15)
         head.stop()
+        farm.close()

@@ -1,8 +1,9 @@
 """The EC2 driver end to end against moto (a real EC2 API emulator) on 127.0.0.1.
 
-`burla cluster start` makes the head create instances in moto with the right type, tags, user
-data and spot flag; the test then "boots" each instance by running its user data's node command
-here, so a real node joins, a job runs, the node idles, and the head terminates the instance.
+`burla cluster start` makes the head create instances in moto with the right type, tags and spot
+flag; each running instance is played by an SSH server on 127.0.0.1 (`tests.vm_standin`) that the
+head sets up as a node, so a real node joins, a job runs, the node idles, and the head terminates
+the instance.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import sys
 
 import pytest
 
-from burla import remote_parallel_map
-from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import get_json, use_head, wait_until
-from tests.play_vm import boot_from_startup_script
+from tests.helpers import client_env, finish_client, get_json, run_client_in, start_client, use_head, wait_until
+from tests.vm_standin import MotoVmFarm
 
 
 def _instances(ec2, state: str | None = None) -> list[dict]:
@@ -28,58 +27,42 @@ def _instances(ec2, state: str | None = None) -> list[dict]:
     return [i for r in reservations for i in r["Instances"]]
 
 
-def _boot_locally(ec2, instance: dict, head) -> subprocess.Popen:
-    """Play the VM: run the node command of the instance's user data on this machine."""
-    import base64
+def _join_script() -> str:
+    return """
+        import json
+        from burla import remote_parallel_map
+        print(json.dumps(remote_parallel_map(abs, [-1, -2, -3], spinner=False)))
+    """
 
-    data = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
-    return boot_from_startup_script(base64.b64decode(data["UserData"]["Value"]).decode())
 
-
-def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(moto, tmp_path, monkeypatch):
-    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--inactivity-timeout", "3"])
-    use_head(monkeypatch, head)
-    node = None
+def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(moto, tmp_path, wheelhouse,
+                                                                               client_venv):
+    farm = MotoVmFarm(moto, tmp_path / "vms")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "ec2", "--inactivity-timeout", "3", "--node-wheelhouse", str(wheelhouse),
+        "--ssh-address-map", str(farm.map_path)])
     try:
-        env = {"BURLA_CLUSTER_DASHBOARD_URL": head.url}
+        env = client_env(head)
         subprocess.run([sys.executable, "-m", "burla", "settings", "update", "--quantity", "1", "--machine-type",
-                        "t3.micro", "--spot", "--disk-gb", "40"], check=True, env=dict(os.environ, **env),
-                       capture_output=True)
-        done = subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], env=dict(os.environ, **env),
-                              capture_output=True, text=True)
+                        "t3.micro", "--spot", "--disk-gb", "40"], check=True, env=env, capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], env=env, capture_output=True,
+                              text=True)
         assert done.returncode == 0, done.stdout + done.stderr
         [instance] = _instances(moto)
         tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
         assert instance["InstanceType"] == "t3.micro"
         assert instance.get("InstanceLifecycle") == "spot"
         assert tags["burla-cluster"] and tags["burla-node-id"].startswith("burla-node-")
-        node = _boot_locally(moto, instance, head)
-        wait_for_nodes(head, 1)
+        wait_for_nodes(head, 1, timeout=240)
         assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == tags["burla-node-id"]
-        assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+        assert run_client_in(client_venv, head, _join_script(), tmp_path) == [[1, 2, 3]]
         # Idle past the timeout: the head terminates the VM through the driver.
         wait_until(lambda: not _instances(moto, "running") and not _instances(moto, "pending"), timeout=60,
                    what="instance terminated")
         assert _instances(moto, "terminated")
     finally:
-        if node is not None:
-            node.terminate()
-            node.wait(15)
         head.stop()
-
-
-def test_user_data_installs_this_version_and_joins_the_head():
-    from burla._version import __version__
-    from burla.drivers.base import BootRequest
-    from burla.drivers.cloud import startup_script
-
-    script = startup_script(BootRequest(1, "http://10.0.0.1:5001", "t0k'en", 4, python_version="3.11"),
-                            "burla-node-1", None)
-    assert f"uv pip install --quiet --python /opt/burla/bin/python burla=={__version__}" in script
-    assert "uv venv --quiet --python 3.11 /opt/burla" in script  # the client's Python, fetched if missing
-    assert "export BURLA_CLUSTER_TOKEN='t0k'\"'\"'en'" in script  # quoted for the shell
-    assert script.rstrip().endswith(
-        "/opt/burla/bin/burla node join --head http://10.0.0.1:5001 --node-id burla-node-1 --host 0.0.0.0 --workers 4")
+        farm.close()
 
 
 def _no_aws_environment(monkeypatch, home) -> None:
@@ -125,37 +108,25 @@ def test_endpoint_variables_are_honoured():
     assert (specific.endpoint, specific.region) == ("http://b:2", "us-west-2")
 
 
-def test_grow_boots_what_a_job_lacks_then_removes_it_when_idle(moto, tmp_path, monkeypatch):
-    import threading
-
-    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--inactivity-timeout", "3"])
-    use_head(monkeypatch, head)
-    nodes: list[subprocess.Popen] = []
-    results: list = []
-    failure: list = []
-
-    def run_job():
-        try:
-            results.extend(remote_parallel_map(functions.double, range(3), grow=True, spinner=False))
-        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
-            failure.append(e)
-
-    job = threading.Thread(target=run_job)
-    job.start()
+def test_grow_boots_what_a_job_lacks_then_removes_it_when_idle(moto, tmp_path, wheelhouse, client_venv):
+    farm = MotoVmFarm(moto, tmp_path / "vms")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "ec2", "--inactivity-timeout", "3", "--node-wheelhouse", str(wheelhouse),
+        "--ssh-address-map", str(farm.map_path)])
     try:
+        job = start_client(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            print(json.dumps(remote_parallel_map(abs, [0, -1, -2], grow=True, spinner=False)))
+        """, tmp_path)
         wait_until(lambda: _instances(moto), what="grown instance")
         [instance] = _instances(moto)
         assert instance["InstanceType"] == "m7i.xlarge"  # 3 calls: the smallest machine with 3+ vCPUs
-        nodes.append(_boot_locally(moto, instance, head))
-        job.join(120)
-        assert not failure and results == [0, 2, 4]
+        assert finish_client(job, timeout=240) == [[0, 1, 2]]
         wait_until(lambda: _instances(moto, "terminated"), timeout=60, what="grown instance terminated")
     finally:
-        job.join(5)
-        for node in nodes:
-            node.terminate()
-            node.wait(15)
         head.stop()
+        farm.close()
 
 
 def test_config_set_cloud_aws_makes_started_heads_boot_ec2(moto, tmp_path, monkeypatch):
@@ -211,7 +182,9 @@ def test_config_set_cloud_aws_makes_started_heads_boot_ec2(moto, tmp_path, monke
 
 
 def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_path, monkeypatch):
-    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--boot-deadline", "2"])
+    farm = MotoVmFarm(moto, tmp_path / "vms", answer=False)
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--boot-deadline", "2",
+                                                                 "--ssh-address-map", str(farm.map_path)])
     use_head(monkeypatch, head)
     try:
         env = dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url)
@@ -220,29 +193,37 @@ def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_
         subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], check=True, env=env, capture_output=True)
         [instance] = _instances(moto)
         node_id = {t["Key"]: t["Value"] for t in instance["Tags"]}["burla-node-id"]
-        # Nobody runs its user data: it never registers, so the head deletes it after the deadline.
+        # Nothing answers SSH on it: it never registers, so the head deletes it after the deadline.
         wait_until(lambda: _instances(moto, "terminated"), timeout=60, what="unready instance deleted")
         events = get_json(head, f"/v1/nodes/{node_id}/events")["events"]
         kinds = {e["event"]: e["detail"] for e in events}
         assert "not ready 2 s after it was started" in kinds["failed to boot"]
-        assert "boot log" in kinds  # the console output, kept for debugging
+        assert "boot log" in kinds  # the console output and the SSH attempts, kept for debugging
+        assert "nothing answered SSH on port 22" in kinds["boot log"]
     finally:
         head.stop()
+        farm.close()
 
 
-def test_nodes_for_a_container_image_run_inside_it():
-    from burla.drivers.base import BootRequest
-    from burla.drivers.cloud import startup_script
+def test_nodes_for_a_container_image_run_inside_it(monkeypatch):
+    from burla.build import wheel_name
+    from burla.drivers.bootstrap import PackageSource, install_script
+    from burla.node import supervisor
 
-    request = BootRequest(1, "https://10.0.0.1:5001", "tok", 4, image="ghcr.io/acme/model:3", gpu="T4", gpu_count=1,
-                          head_cert="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----")
-    script = startup_script(request, "burla-node-1", "us-east-1")
-    assert "docker pull --quiet ghcr.io/acme/model:3" in script
-    docker_run = script.rstrip().splitlines()[-1]
-    assert docker_run.startswith("exec docker run --rm --network host -e BURLA_CLUSTER_TOKEN --gpus all -v "
-                                 "/opt/burla-head-cert.pem:/opt/burla-head-cert.pem:ro ghcr.io/acme/model:3 sh -c ")
-    assert "python3 -m burla node join --head https://10.0.0.1:5001 --node-id burla-node-1" in docker_run
-    assert "--image ghcr.io/acme/model:3" in docker_run and "uv venv" not in script  # the image's own Python
+    script = install_script("3.11", PackageSource(), image="ghcr.io/acme/model:3")
+    assert "as_root docker pull --quiet ghcr.io/acme/model:3" in script
+    monkeypatch.setattr(supervisor.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(supervisor.sys, "executable", "/home/ec2-user/.burla/env/bin/python")
+    command = supervisor.node_command(supervisor.SupervisorSettings(
+        ("--head", "http://127.0.0.1:4000", "--node-id", "n1", "--image", "ghcr.io/acme/model:3"), 600,
+        "ghcr.io/acme/model:3", gpus=True))
+    assert command[:12] == ["sudo", "-n", "-E", "docker", "run", "--rm", "--network", "host", "-v",
+                            "/home/ec2-user/.burla:/home/ec2-user/.burla", "-e", "BURLA_CONFIG_DIR"]
+    assert command[12:16] == ["--gpus", "all", "ghcr.io/acme/model:3", "sh"]
+    # The image's own Python gets the head's build from the uploaded wheel, then runs the node.
+    assert command[-1] == (f"python3 -m pip install --quiet --disable-pip-version-check /home/ec2-user/.burla/build/"
+                           f"{wheel_name()} && exec python3 -m burla node join --head http://127.0.0.1:4000 "
+                           "--node-id n1 --image ghcr.io/acme/model:3")
 
 
 def test_an_expired_sso_session_names_the_login_command(monkeypatch, tmp_path):

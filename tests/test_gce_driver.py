@@ -13,13 +13,11 @@ import sys
 
 import pytest
 
-from burla import remote_parallel_map
 from burla.drivers.base import BootRequest
-from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_gce import FakeGce
-from tests.helpers import get_json, use_head, wait_until
-from tests.play_vm import boot_from_startup_script
+from tests.helpers import get_json, run_client_in, use_head, wait_until
+from tests.vm_standin import GceVmFarm
 
 PROJECT = "burla-test"
 
@@ -76,18 +74,17 @@ def _driver(region: str | None = None):
     return GceDriver(GceConfig.from_environment(dict(os.environ), region, "cluster-1"))
 
 
-def _startup_script(insert_body: dict) -> str:
-    return next(i["value"] for i in insert_body["metadata"]["items"] if i["key"] == "startup-script")
+CLUSTER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGSoU/Sv+4Aho0bDRzg6Jfw/gNeQpWA7MK3bgrvqtfIJ burla-cluster-1"
 
 
-def test_create_request_carries_script_labels_spot_and_gpus_then_list_and_delete(gce):
+def test_create_request_carries_the_ssh_key_labels_spot_and_gpus_then_list_and_delete(gce):
     driver = _driver(region="us-east1")
 
     async def scenario():
-        t4 = BootRequest(1, "http://10.0.0.2:5001", "tok", 4, "n1-standard-8", None, 50, None, True, "T4", 2,
-                         python_version="3.12")
-        a100 = BootRequest(1, "http://10.0.0.2:5001", "tok", None, "a2-highgpu-1g", None, None, None, False,
-                           "A100_40G", 1)
+        t4 = BootRequest(1, "http://10.0.0.2:5001", "secret-token", 4, "n1-standard-8", None, 50, None, True, "T4",
+                         2, python_version="3.12", ssh_public_key=CLUSTER_KEY)
+        a100 = BootRequest(1, "http://10.0.0.2:5001", "secret-token", None, "a2-highgpu-1g", None, None, None, False,
+                           "A100_40G", 1, ssh_public_key=CLUSTER_KEY)
         booted = await driver.boot(t4) + await driver.boot(a100)
         listed = await driver.list_nodes()
         console = await driver.boot_log(booted[0])
@@ -112,11 +109,9 @@ def test_create_request_carries_script_labels_spot_and_gpus_then_list_and_delete
     assert accelerator["acceleratorCount"] == 2
     boot_disk = t4_body["disks"][0]["initializeParams"]
     assert boot_disk["diskSizeGb"] == 50 and boot_disk["sourceImage"].endswith("/debian-12-v20261110")
-    script = _startup_script(t4_body)
-    assert "uv venv --quiet --python 3.12 /opt/burla" in script
-    assert script.rstrip().endswith(f"node join --head http://10.0.0.2:5001 --node-id {booted[0]} --host 0.0.0.0 "
-                                    "--workers 4 "
-                                    "--gpu T4 --gpu-count 2 --region us-east1")
+    # The cluster's key for user burla is the only metadata: no startup script, no secret.
+    assert t4_body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{CLUSTER_KEY}"}]
+    assert "secret-token" not in json.dumps([r.body for r in gce.requests])
     # A machine type with GPUs built in gets no extra accelerators, but can't live-migrate.
     assert "guestAccelerators" not in a100_body
     assert a100_body["scheduling"] == {"onHostMaintenance": "TERMINATE"}
@@ -184,10 +179,22 @@ def _burla(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])["data"]
 
 
-def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(gce, tmp_path, monkeypatch):
-    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "gce", "--inactivity-timeout", "3"])
+def _cloud_head(tmp_path, farm, wheelhouse, *extra: str):
+    return start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "gce", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(farm.map_path), *extra])
+
+
+@pytest.fixture
+def farm(gce, tmp_path):
+    farm = GceVmFarm(gce, tmp_path / "vms")
+    yield farm
+    farm.close()
+
+
+def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(gce, farm, tmp_path, monkeypatch,
+                                                                               wheelhouse, client_venv):
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--inactivity-timeout", "3")
     use_head(monkeypatch, head)
-    node = None
     try:
         _burla("settings", "update", "--quantity", "1", "--machine-type", "n4-standard-4", "--spot", "--disk-gb", "40")
         assert len(_burla("cluster", "start")["booted"]) == 1
@@ -196,33 +203,34 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         assert insert.body["machineType"].endswith("/machineTypes/n4-standard-4")
         assert insert.body["scheduling"]["provisioningModel"] == "SPOT"
         assert insert.body["disks"][0]["initializeParams"]["diskSizeGb"] == 40
+        [metadata] = insert.body["metadata"]["items"]
+        assert metadata["key"] == "ssh-keys" and metadata["value"].startswith("burla:ssh-ed25519 ")
+        assert head.token not in json.dumps(insert.body)
         node_id = insert.body["labels"]["burla-node-id"]
-        node = boot_from_startup_script(_startup_script(insert.body))
-        wait_for_nodes(head, 1)
+        wait_for_nodes(head, 1, timeout=240)
+        assert farm.vm(node_id).logins[0] == "burla"  # the user the ssh-keys metadata names
         assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == node_id
-        assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+        assert run_client_in(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            print(json.dumps(remote_parallel_map(abs, [-1, -2, -3], spinner=False)))
+        """, tmp_path) == [[1, 2, 3]]
         # Idle past the timeout: the head deletes the instance through the driver.
         wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
         assert gce.logged("DELETE")[0].path.endswith(f"/zones/us-central1-a/instances/{node_id}")
     finally:
-        if node is not None:
-            node.terminate()
-            node.wait(15)
         head.stop()
 
 
-def test_a_node_that_stops_on_its_own_has_its_instance_deleted_by_the_head(gce, tmp_path, monkeypatch):
-    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "gce"])  # no idle timeout
+def test_a_node_that_stops_on_its_own_has_its_instance_deleted_by_the_head(gce, farm, tmp_path, monkeypatch,
+                                                                          wheelhouse):
+    head = _cloud_head(tmp_path, farm, wheelhouse)  # no idle timeout
     use_head(monkeypatch, head)
-    node = None
     try:
         _burla("settings", "update", "--quantity", "1")
         [node_id] = _burla("cluster", "start")["booted"]
-        [insert] = gce.logged("POST", "/instances")
-        node = boot_from_startup_script(_startup_script(insert.body))
-        wait_for_nodes(head, 1)
-        node.terminate()  # SIGTERM, as when the VM shuts down: the node tells the head it is leaving
-        node.wait(30)
+        wait_for_nodes(head, 1, timeout=240)
+        farm.vm(node_id).node_process().terminate()  # SIGTERM: the node tells the head it is leaving
         wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
         assert gce.logged("DELETE")[0].path.endswith(f"/instances/{node_id}")
 
@@ -231,28 +239,18 @@ def test_a_node_that_stops_on_its_own_has_its_instance_deleted_by_the_head(gce, 
 
         wait_until(lambda: {"leaving", "deleted"} <= recorded(), what="leaving and deletion in history")
     finally:
-        if node is not None and node.poll() is None:
-            node.kill()
-            node.wait(15)
         head.stop()
 
 
-def test_a_silent_node_has_its_instance_deleted_once_declared_dead(gce, tmp_path, monkeypatch):
-    import signal
-
-    head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "gce", "--node-deadline", "2"])
+def test_a_silent_node_has_its_instance_deleted_once_declared_dead(gce, farm, tmp_path, monkeypatch, wheelhouse):
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--node-deadline", "2")
     use_head(monkeypatch, head)
-    node = None
     try:
         _burla("settings", "update", "--quantity", "1")
         [node_id] = _burla("cluster", "start")["booted"]
-        node = boot_from_startup_script(_startup_script(gce.logged("POST", "/instances")[0].body))
-        wait_for_nodes(head, 1)
-        node.send_signal(signal.SIGSTOP)  # a frozen VM: it costs money and does nothing
+        wait_for_nodes(head, 1, timeout=240)
+        farm.vm(node_id).node_process().suspend()  # a frozen VM: it costs money and does nothing
         wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
         assert gce.logged("DELETE")[0].path.endswith(f"/instances/{node_id}")
     finally:
-        if node is not None:
-            node.kill()
-            node.wait(15)
         head.stop()

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
 import stat
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import start_head, wait_for_nodes
-from tests.helpers import get_json, wait_until
+from tests.helpers import client_env, finish_client, get_json, run_client_in, start_client, wait_until
 from tests.vm_standin import MotoVmFarm
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,27 +44,10 @@ def _cloud_head(tmp_path, farm, wheelhouse, *extra: str):
         *extra])
 
 
-def _env(head) -> dict[str, str]:
-    return dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token,
-                BURLA_CONFIG_DIR=str(head.config_dir))
-
-
 def _cli(head, *args: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=60,
-                          env=_env(head))
+                          env=client_env(head))
     return json.loads(done.stdout)
-
-
-def _client(python: Path, head, script: str, cwd: Path, timeout: float = 200) -> subprocess.Popen:
-    """Start a client script in the user's environment; it prints one JSON line per result it reports."""
-    return subprocess.Popen([str(python), "-c", textwrap.dedent(script)], env=_env(head), cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _finish(client: subprocess.Popen, timeout: float = 200) -> list:
-    out, err = client.communicate(timeout=timeout)
-    assert client.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
 def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(moto, farm, wheelhouse, client_venv,
@@ -82,14 +62,14 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         wait_for_nodes(head, 1, timeout=240)
 
         # The node runs the head's exact build, installed on the VM, not the test's copy.
-        [where] = _finish(_client(client_venv, head, """
+        [where] = run_client_in(client_venv, head, """
             import json
             from burla import remote_parallel_map
             def where(x):
                 import burla
                 return burla.__file__
             print(json.dumps(remote_parallel_map(where, [0], spinner=False)))
-        """, tmp_path))
+        """, tmp_path)
         assert where[0].startswith(str(vm.home / ".burla" / "env")), where
         assert set(vm.logins) == {"ec2-user"}  # Amazon Linux's login user, with the imported key
         # It reaches the head through the tunnel: its head URL is the VM's own loopback.
@@ -116,7 +96,7 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         # Cutting the SSH connection mid-job loses nothing: the head reconnects, the tunnel comes
         # back on the same port and the node's link resumes.
         marker = tmp_path / "first-result"
-        client = _client(client_venv, head, f"""
+        client = start_client(client_venv, head, f"""
             import json, pathlib, time
             from burla import remote_parallel_map
             def pause_then_double(x):
@@ -130,7 +110,7 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         """, tmp_path)
         wait_until(marker.exists, timeout=120, what="the first result")
         assert farm.drop_connections() >= 1
-        [collected] = _finish(client)
+        [collected] = finish_client(client)
         assert collected == [x * 2 for x in range(40)]
         wait_until(lambda: any("reconnected" in e["detail"] for e in get_json(
             head, f"/v1/nodes/{node_id}/events")["events"]), timeout=60, what="the SSH connection back")
@@ -154,7 +134,7 @@ def test_a_node_without_its_head_powers_its_vm_off(moto, farm, wheelhouse, tmp_p
         head.process.wait(30)
     # The tunnel died with the head; after the orphan timeout the supervisor shuts the VM down,
     # which EC2 turns into termination.
-    wait_until(lambda: farm.terminated_by_shutdown, timeout=120, what="the VM powered itself off")
+    wait_until(lambda: farm.powered_off, timeout=120, what="the VM powered itself off")
     assert _instances(moto, "terminated")
 
 
@@ -167,14 +147,14 @@ def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_pa
     farm = MotoVmFarm(moto, tmp_path / "vms", **broken)
     head = _cloud_head(tmp_path, farm, wheelhouse, "--boot-deadline", "12")
     try:
-        [outcome] = _finish(_client(client_venv, head, """
+        [outcome] = run_client_in(client_venv, head, """
             import json
             from burla import remote_parallel_map
             try:
                 remote_parallel_map(abs, [-1], grow=True, spinner=False)
             except Exception as e:
                 print(json.dumps([type(e).__name__, str(e)]))
-        """, tmp_path))
+        """, tmp_path)
         assert outcome[0] == "NoNodes" and words in outcome[1], outcome
         wait_until(lambda: not _instances(moto, "pending", "running"), timeout=60, what="the VM deleted")
         [instance] = _instances(moto)

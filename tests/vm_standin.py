@@ -2,12 +2,12 @@
 home directory of its own with a clean environment, so the head's real bootstrap runs through it:
 SFTP uploads, the install from the uploaded wheel, the supervised node, the remote port forward.
 
-`MotoVmFarm` watches a moto EC2 server: each instance that starts running gets a stand-in that
-authorises the public key of the instance's EC2 key pair (as cloud-init would), and the address
-map the head dials through (`BURLA_SSH_ADDRESS_MAP`) points the instance's addresses at it. A
-terminated instance's stand-in is stopped with everything it runs; a stand-in whose machine is
-shut down from inside (`shutdown -h now`, as the node supervisor does) terminates its instance
-when the instance was started with InstanceInitiatedShutdownBehavior=terminate, as EC2 does.
+A `VmFarm` watches a cloud API (moto's EC2, the recorded-API fakes of Compute Engine and Azure):
+each instance that starts running gets a stand-in that authorises the public key the cloud put on
+the instance (an EC2 key pair, `ssh-keys` metadata, `linuxConfiguration.ssh`), and the address map
+the head dials through (`BURLA_SSH_ADDRESS_MAP`) points the instance's addresses at it. A deleted
+instance's stand-in is stopped with everything it runs; a stand-in whose machine is shut down from
+inside (`shutdown -h now`, as the node supervisor does) gets what that cloud does on shutdown.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,20 @@ class StandinVm:
             connection.abort()
         return len(connections)
 
+    def node_process(self, timeout: float = 60.0):
+        """The VM's `burla node join` process (the supervisor's child), as a psutil.Process."""
+        import psutil
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ValueError, psutil.Error):
+                supervisor = psutil.Process(int((self.home / ".burla" / "supervisor.pid").read_text().strip()))
+                for child in supervisor.children():
+                    if "join" in child.cmdline():
+                        return child
+            time.sleep(0.1)
+        raise TimeoutError(f"no node process on {self.name}")
+
     def kill_processes(self) -> None:
         """Everything the VM runs dies with it (the supervisor's session and its children)."""
         pid_file = self.home / ".burla" / "supervisor.pid"
@@ -140,26 +155,45 @@ class StandinVm:
         self.kill_processes()
 
 
-class MotoVmFarm:
-    """Stand-in VMs for the instances of a moto EC2 server (see the module docstring)."""
+@dataclass(frozen=True)
+class VmRecord:
+    """What a cloud API says of one of its VMs, as much as a stand-in needs."""
 
-    def __init__(self, ec2: Any, root: Path, authorize: bool = True, answer: bool = True) -> None:
-        self.ec2 = ec2
+    instance_id: str
+    node_id: str
+    running: bool
+    gone: bool  # terminated, stopped or deleted
+    addresses: tuple[str, ...]
+    authorized_key: str  # the public key the cloud authorised on the VM ("" if none)
+
+
+class VmFarm:
+    """Stand-in VMs for the instances a cloud API (moto, a recorded-API fake) says are running.
+    Subclasses read the API's instances and do what the cloud does when a VM shuts itself down."""
+
+    def __init__(self, root: Path, authorize: bool = True, answer: bool = True) -> None:
         self.root = root
         self.map_path = root / "ssh-address-map.json"
         self.authorize = authorize  # False: the VM refuses the cluster's key
         self.answer = answer  # False: nothing listens on the VM's port 22
         self.vms: dict[str, StandinVm] = {}  # instance id -> stand-in
         self.node_ids: dict[str, str] = {}  # instance id -> burla node id
-        self.terminated_by_shutdown: list[str] = []
+        self.powered_off: list[str] = []  # instance ids whose machine shut itself down
         self._gone: set[str] = set()
         self._loop = LoopThread()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
         self.map_path.write_text("{}")
-        self._thread = threading.Thread(target=self._watch, name="moto-vm-farm", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="vm-farm", daemon=True)
         self._thread.start()
+
+    def _records(self) -> list[VmRecord]:
+        raise NotImplementedError
+
+    def _shut_down(self, record: VmRecord) -> None:
+        """The VM powered itself off: what the cloud does then (terminate, stop)."""
+        raise NotImplementedError
 
     def vm(self, node_id: str, timeout: float = 60.0) -> StandinVm:
         deadline = time.monotonic() + timeout
@@ -171,65 +205,43 @@ class MotoVmFarm:
             time.sleep(0.1)
         raise TimeoutError(f"no stand-in VM for node {node_id}")
 
-    def only_vm(self, timeout: float = 60.0) -> StandinVm:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self.vms:
-                    return next(iter(self.vms.values()))
-            time.sleep(0.1)
-        raise TimeoutError("no stand-in VM started")
-
     def _watch(self) -> None:
         while not self._stop.wait(0.3):
             try:
                 self._poll()
-            except Exception as e:  # noqa: BLE001 - moto restarting between tests; keep watching
+            except Exception as e:  # noqa: BLE001 - the API restarting between tests; keep watching
                 print(f"vm farm: {type(e).__name__}: {e}", file=sys.stderr)
 
-    def _instances(self) -> list[dict]:
-        reservations = self.ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["burla-node-id"]}])
-        return [i for r in reservations["Reservations"] for i in r["Instances"]]
-
     def _poll(self) -> None:
-        for instance in self._instances():
-            instance_id, state = instance["InstanceId"], instance["State"]["Name"]
-            vm = self.vms.get(instance_id)
-            if state == "running" and vm is None and instance_id not in self._gone:
-                self._start(instance)
-            elif vm is not None and state in ("shutting-down", "terminated", "stopping", "stopped"):
-                self._retire(instance_id)
+        records = self._records()
+        for record in records:
+            vm = self.vms.get(record.instance_id)
+            if record.running and vm is None and record.instance_id not in self._gone:
+                self._start(record)
+            elif vm is not None and record.gone:
+                self._retire(record.instance_id)
             elif vm is not None and vm.powered_off:
-                behaviour = self.ec2.describe_instance_attribute(
-                    InstanceId=instance_id, Attribute="instanceInitiatedShutdownBehavior")
-                if behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate":
-                    self.ec2.terminate_instances(InstanceIds=[instance_id])
-                    self.terminated_by_shutdown.append(instance_id)
-                else:
-                    self.ec2.stop_instances(InstanceIds=[instance_id])
-                self._retire(instance_id)
+                self.powered_off.append(record.instance_id)
+                self._shut_down(record)
+                self._retire(record.instance_id)
+        listed = {record.instance_id for record in records}
+        for instance_id in [i for i in list(self.vms) if i not in listed]:
+            self._retire(instance_id)  # deleted from the API altogether
 
-    def _start(self, instance: dict) -> None:
-        instance_id = instance["InstanceId"]
-        tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-        key = ""
-        if instance.get("KeyName"):
-            pairs = self.ec2.describe_key_pairs(KeyNames=[instance["KeyName"]], IncludePublicKey=True)["KeyPairs"]
-            key = pairs[0]["PublicKey"]
+    def _start(self, record: VmRecord) -> None:
+        key = record.authorized_key
         if not self.authorize or not key:
             key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
-        vm = StandinVm(self.root / instance_id, key, instance_id)
+        vm = StandinVm(self.root / record.instance_id, key, record.instance_id)
         port = self._loop.run(vm.start())
         if not self.answer:
             self._loop.run(vm.stop())
             port = _closed_port()
         with self._lock:
-            self.vms[instance_id] = vm
-            self.node_ids[instance_id] = tags.get("burla-node-id", "")
+            self.vms[record.instance_id] = vm
+            self.node_ids[record.instance_id] = record.node_id
             mapping = json.loads(self.map_path.read_text())
-            for address in (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")):
-                if address:
-                    mapping[address] = f"127.0.0.1:{port}"
+            mapping.update({address: f"127.0.0.1:{port}" for address in record.addresses if address})
             partial = self.map_path.with_suffix(".tmp")
             partial.write_text(json.dumps(mapping))
             partial.replace(self.map_path)
@@ -252,6 +264,93 @@ class MotoVmFarm:
         for instance_id in list(self.vms):
             self._retire(instance_id)
         self._loop.close()
+
+
+class MotoVmFarm(VmFarm):
+    """EC2 in moto: the key is the instance's key pair's; a shutdown terminates the instance when it
+    was started with InstanceInitiatedShutdownBehavior=terminate, else stops it, as EC2 does."""
+
+    def __init__(self, ec2: Any, root: Path, **options: bool) -> None:
+        self.ec2 = ec2
+        super().__init__(root, **options)
+
+    def _records(self) -> list[VmRecord]:
+        reservations = self.ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["burla-node-id"]}])
+        records = []
+        for instance in (i for r in reservations["Reservations"] for i in r["Instances"]):
+            state = instance["State"]["Name"]
+            key = ""
+            if state == "running" and instance["InstanceId"] not in self.vms and instance.get("KeyName"):
+                pairs = self.ec2.describe_key_pairs(KeyNames=[instance["KeyName"]], IncludePublicKey=True)
+                key = pairs["KeyPairs"][0]["PublicKey"]
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            records.append(VmRecord(
+                instance["InstanceId"], tags.get("burla-node-id", ""), state == "running",
+                state in ("shutting-down", "terminated", "stopping", "stopped"),
+                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key))
+        return records
+
+    def _shut_down(self, record: VmRecord) -> None:
+        behaviour = self.ec2.describe_instance_attribute(InstanceId=record.instance_id,
+                                                         Attribute="instanceInitiatedShutdownBehavior")
+        if behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate":
+            self.ec2.terminate_instances(InstanceIds=[record.instance_id])
+        else:
+            self.ec2.stop_instances(InstanceIds=[record.instance_id])
+
+
+class GceVmFarm(VmFarm):
+    """Compute Engine's recorded-API fake: the key comes from the `ssh-keys` metadata; a guest
+    shutdown leaves the instance TERMINATED (stopped), as Compute Engine does."""
+
+    def __init__(self, fake: Any, root: Path, **options: bool) -> None:
+        self.fake = fake
+        super().__init__(root, **options)
+
+    def _records(self) -> list[VmRecord]:
+        records = []
+        for instance in list(self.fake.instances.values()):
+            items = {i["key"]: i["value"] for i in instance.get("metadata", {}).get("items", [])}
+            key = items.get("ssh-keys", "").split(":", 1)[-1]
+            interface = instance["networkInterfaces"][0]
+            addresses = (interface.get("networkIP"), *(a.get("natIP") for a in interface.get("accessConfigs", [])))
+            records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id", ""),
+                                    instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
+                                    addresses, key))
+        return records
+
+    def _shut_down(self, record: VmRecord) -> None:
+        for instance in list(self.fake.instances.values()):
+            if instance["id"] == record.instance_id:
+                instance["status"] = "TERMINATED"
+
+
+class AzureVmFarm(VmFarm):
+    """Azure Resource Manager's recorded-API fake: the key comes from `linuxConfiguration.ssh`; a
+    guest shutdown leaves the VM stopped (still allocated), as Azure does."""
+
+    def __init__(self, fake: Any, root: Path, **options: bool) -> None:
+        self.fake = fake
+        self.stopped: set[str] = set()
+        super().__init__(root, **options)
+
+    def _records(self) -> list[VmRecord]:
+        records = []
+        for (subscription, group, name), machine in list(self.fake.machines.items()):
+            keys = machine["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"]
+            public = self.fake.public_ips.get((subscription, group, f"{name}-ip"), {})
+            nic = self.fake.network_interfaces.get((subscription, group, f"{name}-nic"), {})
+            addresses = (public.get("properties", {}).get("ipAddress"),
+                         nic.get("properties", {}).get("ipConfigurations", [{}])[0].get("properties", {}).get(
+                             "privateIPAddress"))
+            records.append(VmRecord(machine["properties"]["vmId"], machine.get("tags", {}).get("burla-node-id", ""),
+                                    machine["properties"]["vmId"] not in self.stopped,
+                                    machine["properties"]["vmId"] in self.stopped, addresses,
+                                    keys[0]["keyData"] if keys else ""))
+        return records
+
+    def _shut_down(self, record: VmRecord) -> None:
+        self.stopped.add(record.instance_id)
 
 
 async def _call(function):

@@ -7,9 +7,12 @@ Resource Manager connection.
   is honoured, as in Azure's SDKs.
 - The subscription comes from `AZURE_SUBSCRIPTION_ID`, else the Azure CLI's default one.
 - libcloud's VM calls use an old API version without Spot or custom data that works on Python 3
-  (apache/libcloud#1893), so burla sends its own PUT through libcloud's connection: custom data
-  carries the shared startup script, NIC, public IP and OS disk are created inline and deleted
-  with the VM. Listing and deletion use libcloud's calls.
+  (apache/libcloud#1893), so burla sends its own PUT through libcloud's connection: NIC, public IP
+  and OS disk are created inline and deleted with the VM. Listing and deletion use libcloud's calls.
+- Node VMs carry no custom data: `linuxConfiguration.ssh` authorises the cluster's SSH key for
+  user `burla`, the network security group `burla-nodes-<region>` opens port 22 (the virtual
+  network's own traffic is allowed by Azure's default rules), and the head sets them up over SSH
+  (`burla.drivers.ssh`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.drivers.base import BootRequest, NodeHandle
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, startup_script
+from burla.drivers.base import BootRequest, NodeHandle, VmAddress
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
 from burla.errors import CloudSetupError
 
@@ -254,6 +257,7 @@ def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
 
 class AzureDriver(ThreadedCloudDriver):
     name = "azure"
+    ssh_user = ADMIN_USER
 
     def __init__(self, config: AzureConfig, token: AzureToken | None = None) -> None:
         self.config = config
@@ -303,11 +307,14 @@ class AzureDriver(ThreadedCloudDriver):
             self._networks_ready.add(region)
         return subnet
 
-    def _vm_body(self, name: str, size: str, disk_gb: int | None, spot: bool, script: str, region: str,
-                 subnet: str, tags: dict[str, str], security_group: str | None = None) -> dict[str, Any]:
+    def _vm_body(self, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,
+                 subnet: str, tags: dict[str, str], security_group: str | None = None,
+                 ssh_key: str | None = None) -> dict[str, Any]:
         publisher, offer, sku, version = self.config.image.split(":")
-        if self._ssh_key is None:
-            self._ssh_key = _generated_ssh_key()
+        if ssh_key is None:
+            if self._ssh_key is None:
+                self._ssh_key = _generated_ssh_key()
+            ssh_key = self._ssh_key
         os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
                                    "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
         if disk_gb:
@@ -327,14 +334,15 @@ class AzureDriver(ThreadedCloudDriver):
                                                   "version": version}, "osDisk": os_disk},
             "osProfile": {
                 "computerName": name, "adminUsername": ADMIN_USER,
-                "customData": base64.b64encode(script.encode()),  # bytes: the connection encodes them
                 "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
-                    {"path": f"/home/{ADMIN_USER}/.ssh/authorized_keys", "keyData": self._ssh_key}]}},
+                    {"path": f"/home/{ADMIN_USER}/.ssh/authorized_keys", "keyData": ssh_key}]}},
             },
             "networkProfile": {"networkApiVersion": "2022-11-01", "networkInterfaceConfigurations": [
                 {"name": f"{name}-nic", "properties": nic}]},
             "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
         }
+        if script is not None:
+            properties["osProfile"]["customData"] = base64.b64encode(script.encode())  # the connection encodes bytes
         if spot:
             properties.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
         return {"location": region, "tags": tags, "properties": properties}
@@ -346,10 +354,42 @@ class AzureDriver(ThreadedCloudDriver):
         subnet = self._ensure_network(driver, region)
         path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
         body = self._vm_body(node_id, request.machine_type or DEFAULT_MACHINE_TYPE, request.disk_gb, request.spot,
-                             startup_script(request, node_id, region), region, subnet,
-                             {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id})
+                             None, region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
+                             security_group=self._node_security_group(driver, region),
+                             ssh_key=request.ssh_public_key)
         self._put(driver, path, VM_API, body)
         return node_id
+
+    def _node_security_group(self, driver, region: str) -> str:
+        """`burla-nodes-<region>`: SSH in (logins take the cluster's key only); created once per region."""
+        path = f"{self._group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-nodes-{region}"
+        with self._network_lock:
+            if path not in self._networks_ready:
+                rule = {"name": "burla-ssh", "properties": {
+                    "priority": 1000, "direction": "Inbound", "access": "Allow", "protocol": "Tcp",
+                    "sourceAddressPrefix": "*", "sourcePortRange": "*", "destinationAddressPrefix": "*",
+                    "destinationPortRange": "22"}}
+                self._put(driver, path, NETWORK_API, {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id},
+                                                      "properties": {"securityRules": [rule]}})
+                self._networks_ready.add(path)
+        return path
+
+    def _address(self, driver, node_id: str) -> VmAddress | None:
+        from libcloud.common.exceptions import BaseHTTPError
+
+        network = f"{self._group_path}/providers/Microsoft.Network"
+        try:
+            public = driver.connection.request(f"{network}/publicIPAddresses/{node_id}-ip",
+                                               params={"api-version": NETWORK_API}).object
+            nic = driver.connection.request(f"{network}/networkInterfaces/{node_id}-nic",
+                                            params={"api-version": NETWORK_API}).object
+        except BaseHTTPError as e:
+            if e.code == 404:
+                return None  # not created yet
+            raise
+        configurations = nic.get("properties", {}).get("ipConfigurations") or [{}]
+        private = configurations[0].get("properties", {}).get("privateIPAddress")
+        return VmAddress(public.get("properties", {}).get("ipAddress"), private)
 
     def _cluster_nodes(self, driver) -> list:
         from libcloud.common.exceptions import BaseHTTPError

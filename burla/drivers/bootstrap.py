@@ -53,9 +53,11 @@ class PackageSource:
         return []
 
 
-def install_script(python_version: str | None, source: PackageSource, extra: str | None = None) -> str:
-    """The bootstrap: a Python of this major.minor in ~/.burla/env with the uploaded build in it.
-    Skipped when that build is already installed (a reconnect runs it again)."""
+def install_script(python_version: str | None, source: PackageSource, extra: str | None = None,
+                   image: str | None = None) -> str:
+    """The bootstrap: a Python of this major.minor in ~/.burla/env with the uploaded build in it
+    (and for a node that runs in a container `image`: Docker and the image). Skipped when that
+    build is already installed (a reconnect runs it again)."""
     version = python_version or this_python()
     major, minor = version.split(".")[:2]
     flags = " ".join(source.pip_flags())
@@ -85,9 +87,23 @@ def install_script(python_version: str | None, source: PackageSource, extra: str
         f"  uv-env/bin/uv venv --quiet --seed --python {shlex.quote(f'{major}.{minor}')} {ENV_DIR}",
         "fi",
         f"{ENV_DIR}/bin/python -m pip install --quiet --disable-pip-version-check {flags} {requirement}",
+        *(_container_lines(image) if image else []),
         f"echo {shlex.quote(build_hash())} > {INSTALLED_MARKER}",
         "",
     ])
+
+
+def _container_lines(image: str) -> list[str]:
+    """Docker (installed if the image lacks it, usable by the login user) and the job's image."""
+    return [
+        "if ! command -v docker >/dev/null; then",
+        "  if command -v apt-get >/dev/null; then",
+        "    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io",
+        "  else as_root dnf install -y -q docker; fi",
+        "fi",
+        "as_root systemctl start docker",
+        f"as_root docker pull --quiet {shlex.quote(image)}",
+    ]
 
 
 def supervise_command(join_args: list[str], orphan_timeout_s: float, image: str | None = None,

@@ -8,9 +8,12 @@
   configuration, then the credentials; unset, `CloudSetupError` says `gcloud config set project`.
 - gcloud's `CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE` is honoured (private endpoints; the tests'
   recorded-API server on 127.0.0.1).
-- Each VM runs the shared startup script (`startup-script` metadata), is labelled with the
-  cluster and node id, and is listed with a server-side label filter. Spot VMs use the SPOT
-  provisioning model, which libcloud's create call lacks (see `_spot_scheduling`).
+- Node VMs carry no startup script: their `ssh-keys` metadata authorises the cluster's SSH key
+  for user `burla` (the guest agent creates it) and the head sets them up over SSH
+  (`burla.drivers.ssh`); the default network's `default-allow-ssh` and `default-allow-internal`
+  rules let the head and the peers in. VMs are labelled with the cluster and node id and listed
+  with a server-side label filter. Spot VMs use the SPOT provisioning model, deleted when
+  preempted (see `_spot_scheduling`).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.drivers.base import BootRequest, NodeHandle
+from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.catalog import gpu_model, lookup
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, startup_script
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
 from burla.errors import CloudSetupError
 
@@ -35,6 +38,7 @@ DEFAULT_ZONE = "us-central1-a"
 DEFAULT_IMAGE = "debian-cloud/debian-12"  # PROJECT/FAMILY
 DEFAULT_DISK_TYPE = "pd-balanced"
 NETWORK_TAG = "burla-node"
+SSH_USER = "burla"  # created by the guest agent from the ssh-keys metadata
 HEAD_NETWORK_TAG = "burla-head"  # the firewall rule opening the head's port targets this tag
 DEFAULT_HEAD_MACHINE_TYPE = "n4-standard-2"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
@@ -199,6 +203,7 @@ def _libcloud_driver_class(token: GoogleToken, endpoint: str | None) -> type:
 
 class GceDriver(ThreadedCloudDriver):
     name = "gce"
+    ssh_user = SSH_USER
 
     def __init__(self, config: GceConfig, token: GoogleToken | None = None) -> None:
         self.config = config
@@ -247,7 +252,7 @@ class GceDriver(ThreadedCloudDriver):
             "location": zone,
             "ex_network": self.config.network,
             "ex_tags": [NETWORK_TAG],
-            "ex_metadata": {"startup-script": startup_script(request, node_id, zone.rsplit("-", 1)[0])},
+            "ex_metadata": {"ssh-keys": f"{SSH_USER}:{request.ssh_public_key}"} if request.ssh_public_key else {},
             "ex_labels": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
             "ex_disk_type": DEFAULT_DISK_TYPE,
             "ex_disk_size": request.disk_gb,
@@ -286,6 +291,15 @@ class GceDriver(ThreadedCloudDriver):
 
     def _find(self, driver, node_id: str) -> list[dict[str, Any]]:
         return [i for i in self._cluster_instances(driver) if i.get("labels", {}).get(NODE_TAG) == node_id]
+
+    def _address(self, driver, node_id: str) -> VmAddress | None:
+        for instance in self._find(driver, node_id):
+            if instance.get("status") != "RUNNING":
+                continue
+            for interface in instance.get("networkInterfaces", []):
+                public = next((a["natIP"] for a in interface.get("accessConfigs", []) if a.get("natIP")), None)
+                return VmAddress(public, interface.get("networkIP"))
+        return None
 
     def _delete(self, driver, node_id: str) -> bool:
         matches = self._find(driver, node_id)

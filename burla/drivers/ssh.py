@@ -184,16 +184,19 @@ class VmSession:
         return address.private or address.public or ""
 
     def _endpoint(self, address: str) -> tuple[str, int]:
+        """Where to dial the VM's SSH: its port 22, or with an address map (stand-in VMs) only what
+        the map says, so nothing is ever dialled outside it."""
         mapping = self.owner.settings.address_map
-        if mapping is not None:
-            try:
-                target = json.loads(mapping.read_text()).get(address)
-            except (OSError, ValueError):
-                target = None
-            if target:
-                host, port = target.rsplit(":", 1)
-                return host, int(port)
-        return address, 22
+        if mapping is None:
+            return address, 22
+        try:
+            target = json.loads(mapping.read_text()).get(address)
+        except (OSError, ValueError):
+            target = None
+        if not target:
+            raise ConnectionRefusedError(f"{address} is not in the SSH address map {mapping}")
+        host, port = target.rsplit(":", 1)
+        return host, int(port)
 
     async def _connect(self, address: str) -> Any:
         import asyncssh
@@ -274,7 +277,7 @@ class VmSession:
                     await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)
                     wheels = sorted(str(p) for p in Path(wheelhouse).iterdir() if p.suffix in (".whl", ".gz"))
                     await sftp.put(wheels, remote(WHEELHOUSE_DIR))
-            script = install_script(self.request.python_version, settings.packages)
+            script = install_script(self.request.python_version, settings.packages, image=self.request.image)
             await self._write(sftp, remote(SCRIPT_FILE), script)
         self.note(f"uploaded the build {build_hash()}, the token and the bootstrap")
 

@@ -49,7 +49,9 @@ def node_command(settings: SupervisorSettings) -> list[str]:
 
     inner = (f"python3 -m pip install --quiet --disable-pip-version-check {shlex.quote(home)}/{BUILD_DIR}/"
              f"{wheel_name()} && exec python3 -m burla " + " ".join(shlex.quote(p) for p in join))
-    docker = ["docker", "run", "--rm", "--network", "host", "-v", f"{home}:{home}", "-e", "BURLA_CONFIG_DIR"]
+    as_root = [] if os.geteuid() == 0 else ["sudo", "-n", "-E"]  # the login user may not be in group docker
+    docker = [*as_root, "docker", "run", "--rm", "--network", "host", "-v", f"{home}:{home}", "-e",
+              "BURLA_CONFIG_DIR"]
     if settings.gpus:
         docker += ["--gpus", "all"]  # needs the NVIDIA container toolkit on GPU images
     return [*docker, settings.image, "sh", "-c", inner]
