@@ -2,8 +2,12 @@
 
 The head gets a fresh cluster token and a certificate made here (clients pin it, so the address
 in the URL needs no matching name); it boots and deletes nodes with the cloud's own credentials
-for VMs (an instance role, a service account, a managed identity). The deployment record in the
-config directory makes clients and the CLI use that head until `burla deploy delete`.
+for VMs (an instance role, a service account, a managed identity). The VM is set up the way a
+head sets up its nodes: over SSH with a key the cloud authorises, this machine uploading the
+exact burla build it runs, the token, the certificate and its key (0600 files; nothing secret
+goes in user data or metadata). Whether the head serves is checked through that same SSH
+connection. The deployment record in the config directory makes clients and the CLI use that
+head until `burla deploy delete`.
 """
 
 from __future__ import annotations
@@ -17,12 +21,22 @@ from pathlib import Path
 from typing import Any
 
 from burla.config import CLOUD_DRIVERS, Deployment
-from burla.drivers.cloud import cloud_config, cloud_driver, cluster_id_of, this_python
-from burla.drivers.head_vm import HEAD_PORT, HeadMachine
-from burla.errors import DeployError
+from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, remote, this_python
+from burla.drivers.cloud import cloud_config, cloud_driver, cluster_id_of
+from burla.drivers.head_vm import EXTRAS, HEAD_CERT, HEAD_KEY, HEAD_PORT, HeadMachine, start_command
+from burla.errors import BootstrapFailed, DeployError
 
 DEPLOYMENT_DIR = "deployment"  # in the config directory: the deployed head's certificate and key
 ADDRESS_TIMEOUT_S = 300.0
+SSH_TIMEOUT_S = 600.0  # a new VM may take minutes to accept SSH
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    """How this machine sets the head VM up (resolved once, from the environment)."""
+
+    packages: PackageSource = PackageSource()  # where the VM gets burla's dependencies
+    ssh_address_map: Path | None = None  # stand-in VMs: where to dial instead (forwarded to the head)
 
 
 @dataclass(frozen=True)
@@ -35,7 +49,8 @@ class DeployRequest:
     wait_s: float = 600.0  # how long to wait for the head to serve (0: don't)
 
 
-def deploy(request: DeployRequest, directory: Path, environ: dict[str, str]) -> dict[str, Any]:
+def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
+           settings: DeploySettings = DeploySettings()) -> dict[str, Any]:
     existing = Deployment.read(directory)
     if existing is not None:
         raise DeployError(f"a head is already deployed on {existing.cloud} ({existing.head_url}); remove it with "
@@ -44,20 +59,108 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str]) -> 
         raise DeployError(f"cloud must be one of {', '.join(CLOUD_DRIVERS)}, got {request.cloud!r}")
     driver_name = CLOUD_DRIVERS[request.cloud]
     token = secrets.token_urlsafe(32)
-    config = cloud_config(driver_name, environ, request.region, cluster_id_of(token))
+    cluster_id = cluster_id_of(token)
+    config = cloud_config(driver_name, environ, request.region, cluster_id)
     cert_path, key_path = _fresh_certificate(directory / DEPLOYMENT_DIR)
+    from burla.drivers.ssh import cluster_key
+
+    ssh_key, public_key = cluster_key(directory, cluster_id)
+    environment = dict(config.head_environment())
+    if settings.ssh_address_map is not None:
+        environment["BURLA_SSH_ADDRESS_MAP"] = str(settings.ssh_address_map)
+    if settings.packages.index_url:
+        environment["BURLA_NODE_INDEX_URL"] = settings.packages.index_url
     head = HeadMachine(
-        name=f"burla-head-{cluster_id_of(token)[:8]}", token=token, cert_pem=cert_path.read_text(),
-        key_pem=key_path.read_text(), machine_type=request.machine_type, region=config.region,
-        disk_gb=request.disk_gb, environment=config.head_environment(), port=request.port,
+        name=f"burla-head-{cluster_id[:8]}", ssh_public_key=public_key, machine_type=request.machine_type,
+        region=config.region, disk_gb=request.disk_gb, environment=environment, port=request.port,
         python_version=this_python(),
     )
-    address = asyncio.run(_boot(cloud_driver(config), head))
+    driver = cloud_driver(config)
+    address = asyncio.run(_boot(driver, head))
     deployment = Deployment(request.cloud, head.name, f"https://{address}:{request.port}", str(cert_path), token,
                             config.region)
-    deployment.write(directory)
-    serving = _wait_until_serving(deployment, request.wait_s)
+    deployment.write(directory)  # from here on, `burla deploy delete` removes what was made
+    from burla.build import build_wheel
+    from burla.drivers.ssh import SshLogin
+
+    setup = HeadSetup(head, driver_name, SshLogin(driver.ssh_user, ssh_key, settings.ssh_address_map), address,
+                      token, cert_path.read_text(), key_path.read_text(), build_wheel(directory / "builds"),
+                      settings.packages)
+    try:
+        serving = asyncio.run(setup.run(request.wait_s))
+    except BootstrapFailed as e:
+        raise DeployError(f"the head VM {head.name} at {address} could not be set up: {e}. Its setup log: "
+                          f"{setup.transcript_tail()}. `burla deploy delete` removes it.") from None
     return {"deployment": _public(deployment), "serving": serving}
+
+
+class HeadSetup:
+    """The head VM over SSH: upload, install, start; then whether it serves (through the tunnel)."""
+
+    def __init__(self, head: HeadMachine, driver_name: str, login: Any, address: str, token: str, cert_pem: str,
+                 key_pem: str, wheel: Path, packages: PackageSource) -> None:
+        self.head = head
+        self.driver_name = driver_name
+        self.login = login
+        self.address = address
+        self.token = token
+        self.cert_pem = cert_pem
+        self.key_pem = key_pem
+        self.wheel = wheel
+        self.packages = packages
+        self.transcript: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.transcript.append(text)
+
+    def transcript_tail(self) -> str:
+        return " | ".join(line.replace("\n", " ")[:300] for line in self.transcript[-4:])
+
+    async def run(self, wait_s: float) -> bool:
+        from burla.drivers.ssh import completed_output, upload_setup, write_private
+
+        deadline = time.monotonic() + max(wait_s, SSH_TIMEOUT_S)
+        connection = await self.login.connect_until(self.address, deadline, None, self.note)
+        try:
+            script = install_script(self.head.python_version, self.packages, extra=EXTRAS[self.driver_name])
+            async with connection.start_sftp_client() as sftp:
+                await upload_setup(sftp, self.wheel, self.packages, self.token, self.cert_pem, script)
+                await write_private(sftp, remote(HEAD_CERT), self.cert_pem)
+                await write_private(sftp, remote(HEAD_KEY), self.key_pem)
+            for step, command in (("bootstrap", f"bash {remote(SCRIPT_FILE)}"),
+                                  ("start", start_command(self.driver_name, self.head,
+                                                          wheelhouse=bool(self.packages.wheelhouse)))):
+                result = await connection.run(command, timeout=max(60.0, deadline - time.monotonic()))
+                self.note(f"{step}: exit {result.exit_status}: {completed_output(result)[-2000:]}")
+                if result.exit_status != 0:
+                    tail = "\n".join(completed_output(result).splitlines()[-15:])
+                    raise BootstrapFailed(f"the head's {step} exited with {result.exit_status}: {tail}")
+            return await self._serves(connection, wait_s)
+        finally:
+            connection.close()
+
+    async def _serves(self, connection: Any, wait_s: float) -> bool:
+        """Whether the head answers on its port, asked through the SSH connection (no firewall rule
+        or public route needed), within `wait_s` seconds."""
+        import tempfile
+
+        from burla.local_cluster import head_is_healthy
+
+        listener = await connection.forward_local_port("127.0.0.1", 0, "127.0.0.1", self.head.port)
+        with tempfile.NamedTemporaryFile("w", suffix=".pem") as cert:
+            cert.write(self.cert_pem)
+            cert.flush()
+            url = f"https://127.0.0.1:{listener.get_port()}"
+            deadline = time.monotonic() + wait_s
+            try:
+                while True:
+                    if await asyncio.to_thread(head_is_healthy, url, 5.0, cert.name):
+                        return True
+                    if time.monotonic() >= deadline:
+                        return False
+                    await asyncio.sleep(2)
+            finally:
+                listener.close()
 
 
 def _fresh_certificate(directory: Path) -> tuple[Path, Path]:
@@ -81,18 +184,6 @@ async def _boot(driver: Any, head: HeadMachine) -> str:
             await asyncio.sleep(3)
     finally:
         await driver.close()
-
-
-def _wait_until_serving(deployment: Deployment, wait_s: float) -> bool:
-    from burla.local_cluster import head_is_healthy
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        if head_is_healthy(deployment.head_url, timeout=5.0, cert=deployment.head_cert):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(5)
 
 
 def _public(deployment: Deployment) -> dict[str, Any]:

@@ -32,6 +32,8 @@ SHIMS = {
     "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nexec "$@"\n',
     # Powering off: recorded; the farm turns it into what the cloud does on shutdown.
     "shutdown": '#!/bin/sh\necho "$@" >> "$HOME/../powered-off"\n',
+    # The VM's network is this machine's loopback: its private address is 127.0.0.1.
+    "hostname": '#!/bin/sh\nif [ "$1" = "-I" ]; then echo 127.0.0.1; else exec /bin/hostname "$@"; fi\n',
 }
 
 
@@ -53,8 +55,9 @@ class LoopThread:
 
 
 class StandinVm:
-    def __init__(self, root: Path, authorized_key: str, name: str) -> None:
+    def __init__(self, root: Path, authorized_key: str, name: str, environment: dict[str, str] | None = None) -> None:
         self.root = root
+        self.extra_environment = environment or {}  # what the VM's own identity provides (a role's credentials)
         self.name = name
         self.home = root / "home"
         self.shims = root / "shims"
@@ -93,6 +96,9 @@ class StandinVm:
             def server_requested(self, listen_host: str, listen_port: int) -> bool:
                 return listen_host in ("127.0.0.1", "localhost")  # remote forwards on the VM's loopback
 
+            def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
+                return dest_host in ("127.0.0.1", "localhost")  # local forwards to the VM's loopback (sshd's default)
+
         self._server = await asyncssh.create_server(
             Server, "127.0.0.1", 0, server_host_keys=[self.host_key],
             authorized_client_keys=asyncssh.import_authorized_keys(self.authorized_key + "\n"),
@@ -107,7 +113,7 @@ class StandinVm:
                                 "/bin", "/usr/sbin", "/sbin"])
         # No package index: what the VM installs must come from what its head uploads.
         return {"HOME": str(self.home), "PATH": path, "LANG": "C.UTF-8", "PIP_NO_INDEX": "1",
-                "USER": self.logins[-1] if self.logins else "root"}
+                "USER": self.logins[-1] if self.logins else "root", **self.extra_environment}
 
     async def _run(self, process: asyncssh.SSHServerProcess) -> None:
         command = process.command or "true"
@@ -142,10 +148,10 @@ class StandinVm:
         raise TimeoutError(f"no node process on {self.name}")
 
     def kill_processes(self) -> None:
-        """Everything the VM runs dies with it (the supervisor's session and its children)."""
-        pid_file = self.home / ".burla" / "supervisor.pid"
-        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-            os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
+        """Everything the VM runs dies with it (each supervisor's session and its children)."""
+        for pid_file in (self.home / ".burla").glob("*.pid"):
+            with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+                os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
 
     async def stop(self) -> None:
         self.drop_connections()
@@ -171,8 +177,10 @@ class VmFarm:
     """Stand-in VMs for the instances a cloud API (moto, a recorded-API fake) says are running.
     Subclasses read the API's instances and do what the cloud does when a VM shuts itself down."""
 
-    def __init__(self, root: Path, authorize: bool = True, answer: bool = True) -> None:
+    def __init__(self, root: Path, authorize: bool = True, answer: bool = True,
+                 vm_environment: dict[str, str] | None = None) -> None:
         self.root = root
+        self.vm_environment = vm_environment or {}
         self.map_path = root / "ssh-address-map.json"
         self.authorize = authorize  # False: the VM refuses the cluster's key
         self.answer = answer  # False: nothing listens on the VM's port 22
@@ -232,7 +240,7 @@ class VmFarm:
         key = record.authorized_key
         if not self.authorize or not key:
             key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
-        vm = StandinVm(self.root / record.instance_id, key, record.instance_id)
+        vm = StandinVm(self.root / record.instance_id, key, record.instance_id, self.vm_environment)
         port = self._loop.run(vm.start())
         if not self.answer:
             self._loop.run(vm.stop())
@@ -270,12 +278,12 @@ class MotoVmFarm(VmFarm):
     """EC2 in moto: the key is the instance's key pair's; a shutdown terminates the instance when it
     was started with InstanceInitiatedShutdownBehavior=terminate, else stops it, as EC2 does."""
 
-    def __init__(self, ec2: Any, root: Path, **options: bool) -> None:
+    def __init__(self, ec2: Any, root: Path, **options: Any) -> None:
         self.ec2 = ec2
         super().__init__(root, **options)
 
     def _records(self) -> list[VmRecord]:
-        reservations = self.ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["burla-node-id"]}])
+        reservations = self.ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["burla-cluster"]}])
         records = []
         for instance in (i for r in reservations["Reservations"] for i in r["Instances"]):
             state = instance["State"]["Name"]
@@ -285,7 +293,7 @@ class MotoVmFarm(VmFarm):
                 key = pairs["KeyPairs"][0]["PublicKey"]
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
             records.append(VmRecord(
-                instance["InstanceId"], tags.get("burla-node-id", ""), state == "running",
+                instance["InstanceId"], tags.get("burla-node-id") or tags.get("Name", ""), state == "running",
                 state in ("shutting-down", "terminated", "stopping", "stopped"),
                 (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key))
         return records
@@ -303,7 +311,7 @@ class GceVmFarm(VmFarm):
     """Compute Engine's recorded-API fake: the key comes from the `ssh-keys` metadata; a guest
     shutdown leaves the instance TERMINATED (stopped), as Compute Engine does."""
 
-    def __init__(self, fake: Any, root: Path, **options: bool) -> None:
+    def __init__(self, fake: Any, root: Path, **options: Any) -> None:
         self.fake = fake
         super().__init__(root, **options)
 
@@ -314,7 +322,7 @@ class GceVmFarm(VmFarm):
             key = items.get("ssh-keys", "").split(":", 1)[-1]
             interface = instance["networkInterfaces"][0]
             addresses = (interface.get("networkIP"), *(a.get("natIP") for a in interface.get("accessConfigs", [])))
-            records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id", ""),
+            records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id") or instance["name"],
                                     instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
                                     addresses, key))
         return records
@@ -329,7 +337,7 @@ class AzureVmFarm(VmFarm):
     """Azure Resource Manager's recorded-API fake: the key comes from `linuxConfiguration.ssh`; a
     guest shutdown leaves the VM stopped (still allocated), as Azure does."""
 
-    def __init__(self, fake: Any, root: Path, **options: bool) -> None:
+    def __init__(self, fake: Any, root: Path, **options: Any) -> None:
         self.fake = fake
         self.stopped: set[str] = set()
         super().__init__(root, **options)
@@ -343,7 +351,7 @@ class AzureVmFarm(VmFarm):
             addresses = (public.get("properties", {}).get("ipAddress"),
                          nic.get("properties", {}).get("ipConfigurations", [{}])[0].get("properties", {}).get(
                              "privateIPAddress"))
-            records.append(VmRecord(machine["properties"]["vmId"], machine.get("tags", {}).get("burla-node-id", ""),
+            records.append(VmRecord(machine["properties"]["vmId"], machine.get("tags", {}).get("burla-node-id") or name,
                                     machine["properties"]["vmId"] not in self.stopped,
                                     machine["properties"]["vmId"] in self.stopped, addresses,
                                     keys[0]["keyData"] if keys else ""))

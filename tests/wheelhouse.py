@@ -39,7 +39,10 @@ def _repack(distribution: importlib.metadata.Distribution, target: Path) -> Path
     tags = [line.split(":", 1)[1].strip() for line in (distribution.read_text("WHEEL") or "").splitlines()
             if line.startswith("Tag:")]
     name = re.sub(r"[-_.]+", "_", distribution.metadata["Name"])
-    wheel = target / f"{name}-{distribution.version}-{tags[0] if tags else 'py3-none-any'}.whl"
+    parts = [tag.split("-") for tag in tags] or [["py3", "none", "any"]]
+    # The compressed tag set of every tag the wheel had (e.g. py2.py3-none-any).
+    compressed = "-".join(".".join(dict.fromkeys(part[i] for part in parts)) for i in range(3))
+    wheel = target / f"{name}-{distribution.version}-{compressed}.whl"
     records = []
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
         for file in distribution.files or []:
@@ -57,9 +60,10 @@ def _repack(distribution: importlib.metadata.Distribution, target: Path) -> Path
 
 
 def build_wheelhouse(target: Path) -> Path:
-    """Wheels of burla's runtime dependencies (not burla itself: the head ships its own build)."""
+    """Wheels of burla's runtime dependencies with every cloud extra (a deployed head installs
+    one), not burla itself: the head ships its own build."""
     target.mkdir(parents=True, exist_ok=True)
-    for distribution in _dependencies("burla"):
+    for distribution in _dependencies("burla", frozenset({"aws", "gcp", "azure"})):
         if distribution.metadata["Name"].lower() != "burla":
             _repack(distribution, target)
     return target

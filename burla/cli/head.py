@@ -208,3 +208,13 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
     except PortInUse as e:
         click.echo(f"error: {e}. Pass --port 0 for any free port, or stop what uses it.", err=True)
         sys.exit(5)
+
+
+@head.command(hidden=True, context_settings={"ignore_unknown_options": True})
+@click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
+def supervise(serve_args: tuple[str, ...]) -> None:
+    """Run `burla head serve SERVE_ARGS`, starting it again whenever it exits (a deployed head on
+    an image without systemd)."""
+    from burla.supervisor import supervise_head
+
+    sys.exit(supervise_head(tuple(serve_args)))

@@ -93,7 +93,6 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
 def supervise(orphan_timeout: float, image: str | None, gpus: bool, join_args: tuple[str, ...]) -> None:
     """Run `burla node join JOIN_ARGS` on a cloud VM: restart it when it crashes, power the VM off
     when the node is done (its head gone past the orphan timeout, refused, or stopped)."""
-    from burla.node.supervisor import SupervisorSettings
-    from burla.node.supervisor import supervise as run_supervisor
+    from burla.supervisor import SupervisorSettings, supervise_node
 
-    sys.exit(run_supervisor(SupervisorSettings(tuple(join_args), orphan_timeout, image, gpus)))
+    sys.exit(supervise_node(SupervisorSettings(tuple(join_args), orphan_timeout, image, gpus)))

@@ -33,7 +33,7 @@ from typing import Any
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
-from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
+from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
 
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
@@ -65,7 +65,6 @@ class AzureConfig:
     arm_endpoint: str = ARM_ENDPOINT
     authority: str = AUTHORITY
     image: str = DEFAULT_IMAGE
-    ssh_public_key: str | None = None
     cluster_id: str = "default"
     managed_identity: bool = False  # a deployed head: tokens from the VM's own identity
     imds_endpoint: str = IMDS
@@ -96,7 +95,6 @@ class AzureConfig:
             arm_endpoint=(environ.get("BURLA_AZURE_RESOURCE_MANAGER_URL") or ARM_ENDPOINT).rstrip("/"),
             authority=(environ.get("AZURE_AUTHORITY_HOST") or AUTHORITY).rstrip("/"),
             image=environ.get("BURLA_AZURE_IMAGE") or DEFAULT_IMAGE,
-            ssh_public_key=_ssh_public_key(environ),
             cluster_id=cluster_id,
             managed_identity=environ.get("BURLA_AZURE_MANAGED_IDENTITY") == "1",
             imds_endpoint=(environ.get("AZURE_POD_IDENTITY_AUTHORITY_HOST") or IMDS).rstrip("/"),
@@ -106,7 +104,8 @@ class AzureConfig:
         """What a deployed head needs to boot nodes like this (its credentials: the VM's managed identity)."""
         settings = {"AZURE_SUBSCRIPTION_ID": self.subscription_id, "AZURE_TENANT_ID": self.tenant_id or "",
                     "BURLA_AZURE_RESOURCE_GROUP": self.resource_group, "AZURE_DEFAULTS_LOCATION": self.region,
-                    "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_MANAGED_IDENTITY": "1"}
+                    "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_MANAGED_IDENTITY": "1",
+                    "BURLA_AZURE_RESOURCE_MANAGER_URL": self.arm_endpoint if self.arm_endpoint != ARM_ENDPOINT else ""}
         return {k: v for k, v in settings.items() if v}
 
 
@@ -126,31 +125,6 @@ def _cli_default(directory: Path, name: str) -> str | None:
     except configparser.Error:
         return None
     return parser.get("defaults", name, fallback=None) or None
-
-
-def _ssh_public_key(environ: dict[str, str]) -> str | None:
-    """The user's SSH public key (so they can log in to nodes), if they have one."""
-    home = Path(environ.get("HOME", "~")).expanduser()
-    for path in [environ.get("BURLA_AZURE_SSH_PUBLIC_KEY"), home / ".ssh/id_rsa.pub", home / ".ssh/id_ed25519.pub"]:
-        if path:
-            try:
-                return Path(path).read_text().strip()
-            except OSError:
-                continue
-    return None
-
-
-def _generated_ssh_key() -> str:
-    """A throwaway public key: Azure requires one for Linux VMs; nobody logs in with it."""
-    try:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-    except ImportError:
-        raise CloudSetupError("The Azure driver needs an SSH public key: create one with `ssh-keygen`, or "
-                              "pip install 'burla[azure]'.") from None
-    key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
-    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                         serialization.PublicFormat.OpenSSH).decode() + " burla-node"
 
 
 class AzureToken:
@@ -264,7 +238,6 @@ class AzureDriver(ThreadedCloudDriver):
         self._token = token or AzureToken(config)
         self._networks_ready: set[str] = set()
         self._network_lock = threading.Lock()
-        self._ssh_key = config.ssh_public_key
         super().__init__()
 
     def _new_libcloud_driver(self) -> Any:
@@ -308,13 +281,10 @@ class AzureDriver(ThreadedCloudDriver):
         return subnet
 
     def _vm_body(self, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,
-                 subnet: str, tags: dict[str, str], security_group: str | None = None,
-                 ssh_key: str | None = None) -> dict[str, Any]:
+                 subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None) -> dict[str, Any]:
         publisher, offer, sku, version = self.config.image.split(":")
         if ssh_key is None:
-            if self._ssh_key is None:
-                self._ssh_key = _generated_ssh_key()
-            ssh_key = self._ssh_key
+            raise CloudSetupError("Azure Linux VMs need an SSH key; burla authorises the cluster's key on every VM")
         os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
                                    "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
         if disk_gb:
@@ -434,11 +404,13 @@ class AzureDriver(ThreadedCloudDriver):
 
     def _head_security_group(self, driver, region: str, port: int) -> str:
         path = f"{self._group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-head-{region}"
-        rule = {"name": "burla-head-https", "properties": {
-            "priority": 1000, "direction": "Inbound", "access": "Allow", "protocol": "Tcp", "sourceAddressPrefix": "*",
-            "sourcePortRange": "*", "destinationAddressPrefix": "*", "destinationPortRange": str(port)}}
+        rules = [{"name": name, "properties": {
+            "priority": priority, "direction": "Inbound", "access": "Allow", "protocol": "Tcp",
+            "sourceAddressPrefix": "*", "sourcePortRange": "*", "destinationAddressPrefix": "*",
+            "destinationPortRange": str(opened)}} for name, priority, opened in (
+            ("burla-head-https", 1000, port), ("burla-ssh", 1010, 22))]  # SSH: `burla deploy` sets it up
         self._put(driver, path, NETWORK_API, {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id},
-                                              "properties": {"securityRules": [rule]}})
+                                              "properties": {"securityRules": rules}})
         return path
 
     def _boot_head(self, driver, head: HeadMachine) -> None:
@@ -450,8 +422,8 @@ class AzureDriver(ThreadedCloudDriver):
         subnet = self._ensure_network(driver, region)
         security_group = self._head_security_group(driver, region, head.port)
         body = self._vm_body(head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, head.disk_gb, False,
-                             head_script(head, self.name), region, subnet,
-                             {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"}, security_group)
+                             None, region, subnet, {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
+                             security_group, ssh_key=head.ssh_public_key)
         body["identity"] = {"type": "SystemAssigned"}  # the head boots nodes as the VM itself
         path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{head.name}"
         principal = self._put(driver, path, VM_API, body)["identity"]["principalId"]

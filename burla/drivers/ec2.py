@@ -22,7 +22,7 @@ from typing import Any
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
-from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
+from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
@@ -70,7 +70,9 @@ class Ec2Config:
         settings = {"AWS_DEFAULT_REGION": self.region, "BURLA_AWS_AMI": self.ami or "",
                     "BURLA_AWS_SUBNET_ID": self.subnet_id or "",
                     "BURLA_AWS_SECURITY_GROUP_IDS": ",".join(self.security_group_ids),
-                    "BURLA_AWS_SSH_USER": self.ssh_user if self.ssh_user != DEFAULT_SSH_USER else ""}
+                    "BURLA_AWS_SSH_USER": self.ssh_user if self.ssh_user != DEFAULT_SSH_USER else "",
+                    # AWS-compatible endpoints the deploying machine uses, the head uses too.
+                    "AWS_ENDPOINT_URL_EC2": self.endpoint or "", "AWS_ENDPOINT_URL_IAM": self.iam_endpoint or ""}
         return {k: v for k, v in settings.items() if v}
 
 
@@ -181,8 +183,11 @@ class Ec2Driver(ThreadedCloudDriver):
         return node_id
 
     def _key_pair(self, driver, public_key: str) -> str:
-        """The cluster's SSH key as an EC2 key pair (imported once per region)."""
-        name = f"burla-{self.config.cluster_id}"
+        """The SSH key as an EC2 key pair (imported once per region). The name carries the key's
+        digest: a deploying machine and the deployed head each have their own key for one cluster."""
+        import hashlib
+
+        name = f"burla-{self.config.cluster_id}-{hashlib.sha256(public_key.split()[1].encode()).hexdigest()[:8]}"
         try:
             if name not in {pair.name for pair in driver.list_key_pairs()}:
                 driver.import_key_pair_from_string(name, public_key)
@@ -314,11 +319,13 @@ class Ec2Driver(ThreadedCloudDriver):
         else:
             group_id = driver.ex_create_security_group(HEAD_ACCESS_NAME, "burla head: https for clients and nodes",
                                                        vpc_id=vpc_id)["group_id"]
-        try:
-            driver.ex_authorize_security_group_ingress(group_id, port, port, cidr_ips=["0.0.0.0/0"], protocol="tcp")
-        except Exception as e:  # noqa: BLE001 - libcloud raises a plain error for an existing rule
-            if "Duplicate" not in str(e):
-                raise
+        for opened in (port, 22):  # https for clients and nodes; SSH for `burla deploy` to set it up
+            try:
+                driver.ex_authorize_security_group_ingress(group_id, opened, opened, cidr_ips=["0.0.0.0/0"],
+                                                           protocol="tcp")
+            except Exception as e:  # noqa: BLE001 - libcloud raises a plain error for an existing rule
+                if "Duplicate" not in str(e):
+                    raise
         return group_id
 
     def _boot_head(self, driver, head: HeadMachine) -> None:
@@ -328,9 +335,9 @@ class Ec2Driver(ThreadedCloudDriver):
 
         machine_type = head.machine_type or "m7i.large"
         kwargs: dict[str, Any] = {
-            "ex_userdata": head_script(head, self.name),
             "ex_metadata": {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
             "ex_iamprofile": self._head_profile(),
+            "ex_keyname": self._key_pair(driver, head.ssh_public_key),  # set up over SSH by `burla deploy`
         }
         group_ids = [self._head_security_group(driver, head.port), *self.config.security_group_ids]
         kwargs.update(self._placement(driver, group_ids, public_ip=True))

@@ -30,7 +30,7 @@ from typing import Any
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.catalog import gpu_model, lookup
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
-from burla.drivers.head_vm import ROLE_TAG, HeadMachine, head_script
+from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
 
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
@@ -85,7 +85,7 @@ class GceConfig:
         """What a deployed head needs to boot nodes like this (its credentials: the VM's service account)."""
         settings = {"GOOGLE_CLOUD_PROJECT": self.project, "CLOUDSDK_COMPUTE_ZONE": self.zone or "",
                     "CLOUDSDK_COMPUTE_REGION": self.region or "", "BURLA_GCP_IMAGE": self.image,
-                    "BURLA_GCP_NETWORK": self.network}
+                    "BURLA_GCP_NETWORK": self.network, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": self.endpoint or ""}
         return {k: v for k, v in settings.items() if v}
 
 
@@ -332,7 +332,7 @@ class GceDriver(ThreadedCloudDriver):
         driver.create_node(
             head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, self._image(driver),
             location=self._zone(driver, head.region), ex_network=self.config.network, ex_tags=[HEAD_NETWORK_TAG],
-            ex_metadata={"startup-script": head_script(head, self.name)},
+            ex_metadata={"ssh-keys": f"{SSH_USER}:{head.ssh_public_key}"},  # set up over SSH by `burla deploy`
             ex_labels={CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"}, ex_disk_type=DEFAULT_DISK_TYPE,
             ex_disk_size=head.disk_gb,
             # The head boots and deletes nodes as the project's default service account.

@@ -1,9 +1,11 @@
-"""The head VM `burla deploy` boots: what it is given and the first-boot script that makes it a
-head serving https under systemd (restarted if it stops, started again after a reboot).
+"""The head VM `burla deploy` boots: what the cloud is given (no secret: the deploying machine's
+SSH key for the head's cluster, the machine's shape) and the command that starts the head on it
+once the deploying machine has set it up over SSH (`burla.deploy`).
 
-The head listens on every interface; nodes reach it at its private address (written into the
-unit at boot, since it is only known then), clients at its public one. Both pin its certificate,
-so the name in the URL does not matter.
+The head listens on every interface; nodes reach it at its private address (read on the VM when
+the head starts), clients at its public one. Both pin its certificate, so the name in the URL
+does not matter. It runs under systemd where the image has it (restarted if it stops, started
+again after a reboot), else under burla's own supervisor.
 """
 
 from __future__ import annotations
@@ -11,65 +13,91 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from burla._version import __version__
-from burla.drivers.cloud import NODE_ENV_DIR, python_environment
+from burla.drivers.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR
 
-HEAD_DIR = "/opt/burla-head"
 HEAD_PORT = 5001
 ROLE_TAG = "burla-role"
 EXTRAS = {"ec2": "aws", "gce": "gcp", "azure": "azure"}
+HEAD_CERT = "head-cert.pem"  # the head's own certificate and key, in ~/.burla
+HEAD_KEY = "head-key.pem"
+HEAD_ENV = "head.env"
+HEAD_LOG = "head.log"
+HEAD_PID = "head-supervisor.pid"
+UNIT = "burla-head.service"
 
 
 @dataclass(frozen=True)
 class HeadMachine:
     name: str
-    token: str
-    cert_pem: str
-    key_pem: str
+    ssh_public_key: str  # authorised through the cloud's own key mechanism
     machine_type: str | None = None
     region: str | None = None
     disk_gb: int | None = None
-    environment: dict[str, str] = field(default_factory=dict)  # cloud settings the head's driver reads
+    environment: dict[str, str] = field(default_factory=dict)  # cloud settings the head's driver reads (no secret)
     port: int = HEAD_PORT
     python_version: str | None = None
 
 
-def head_script(head: HeadMachine, driver_name: str) -> str:
-    serve = [f"{NODE_ENV_DIR}/bin/burla", "head", "serve", "--host", "0.0.0.0", "--port", str(head.port),
-             "--tls-cert", f"{HEAD_DIR}/head-cert.pem", "--tls-key", f"{HEAD_DIR}/head-key.pem", "--driver",
-             driver_name]
+def serve_arguments(driver_name: str, head: HeadMachine, wheelhouse: bool) -> list[str]:
+    """`burla head serve ...` on the VM ($B is ~/.burla, $PRIVATE its private address)."""
+    serve = ["head", "serve", "--host", "0.0.0.0", "--port", str(head.port), "--tls-cert", f"$B/{HEAD_CERT}",
+             "--tls-key", f"$B/{HEAD_KEY}", "--driver", driver_name, "--url", f"https://$PRIVATE:{head.port}",
+             "--node-link", "direct", "--keep-nodes"]  # nodes in its network reach it directly, and outlive restarts
     if head.region:
         serve += ["--region", head.region]
-    environment = {"BURLA_CLUSTER_TOKEN": head.token, "BURLA_CONFIG_DIR": HEAD_DIR, **head.environment}
-    for key, value in environment.items():
-        if "\n" in value or "\n" in key:
-            raise ValueError(f"environment value for {key} spans lines")
+    if wheelhouse:
+        serve += ["--node-wheelhouse", f"$B/{WHEELHOUSE_DIR}"]  # the wheels the deploying machine uploaded
+    return serve
+
+
+def _shell(parts: list[str]) -> str:
+    return " ".join(f'"{part}"' if "$" in part else shlex.quote(part) for part in parts)
+
+
+def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
+    """Write the head's environment file and start it: under systemd where the image runs it,
+    else detached under `burla head supervise`. Running it again restarts the head."""
+    for key, value in head.environment.items():
+        if "\n" in key or "\n" in value or "=" in key:
+            raise ValueError(f"environment value for {key!r} can't go in an environment file")
+    burla = f"$B/{ENV_DIR}/bin/burla"
+    arguments = serve_arguments(driver_name, head, wheelhouse)
+    serve = _shell(arguments)
+    environment = [f"BURLA_CONFIG_DIR=$B/{CONFIG_DIR}", *(f"{k}={v}" for k, v in head.environment.items())]
     return "\n".join([
-        "#!/bin/bash",
-        f"# burla {__version__} head bootstrap",
-        "set -euo pipefail",
-        *python_environment(head.python_version, f"burla[{EXTRAS[driver_name]}]=={__version__}"),
-        f"install -d -m 700 {HEAD_DIR}",
-        f"cat > {HEAD_DIR}/head-cert.pem <<'BURLA_HEAD_CERT'", head.cert_pem.strip(), "BURLA_HEAD_CERT",
-        f"(umask 077; cat > {HEAD_DIR}/head-key.pem <<'BURLA_HEAD_KEY'", head.key_pem.strip(), "BURLA_HEAD_KEY", ")",
-        f"(umask 077; cat > {HEAD_DIR}/env <<'BURLA_HEAD_ENV'",
-        *(f"{key}={value}" for key, value in environment.items()),
-        "BURLA_HEAD_ENV", ")",
-        f'echo "BURLA_HEAD_PRIVATE_URL=https://$(hostname -I | cut -d" " -f1):{head.port}" >> {HEAD_DIR}/env',
-        "cat > /etc/systemd/system/burla-head.service <<'BURLA_HEAD_UNIT'",
+        "set -eu",
+        f'B="$HOME/{HOME_DIR}"',
+        'cd "$B"',
+        'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
+        "PRIVATE=$(hostname -I | cut -d' ' -f1)",
+        f"(umask 077; : > {HEAD_ENV})",
+        *(f'echo {_shell([line])} >> {HEAD_ENV}' for line in environment),
+        "if [ -d /run/systemd/system ] && as_root true 2>/dev/null; then",
+        f"  as_root tee /etc/systemd/system/{UNIT} >/dev/null <<UNIT",
         "[Unit]",
         "Description=burla head",
         "After=network-online.target",
         "Wants=network-online.target",
         "[Service]",
-        f"EnvironmentFile={HEAD_DIR}/env",
-        "ExecStart=" + " ".join(shlex.quote(part) for part in serve) + " --url ${BURLA_HEAD_PRIVATE_URL}",
+        "User=$(id -un)",
+        f"EnvironmentFile=$B/{HEAD_ENV}",
+        f"ExecStart={burla} {serve}",
         "Restart=always",
         "RestartSec=5",
         "[Install]",
         "WantedBy=multi-user.target",
-        "BURLA_HEAD_UNIT",
-        "systemctl daemon-reload",
-        "systemctl enable --now burla-head.service",
-        "",
+        "UNIT",
+        "  as_root systemctl daemon-reload",
+        f"  as_root systemctl enable {UNIT}",
+        f"  as_root systemctl restart {UNIT}",
+        "  echo started under systemd",
+        "else",
+        f'  if [ -f {HEAD_PID} ] && kill -0 "$(cat {HEAD_PID})" 2>/dev/null; then',
+        f'    kill "$(cat {HEAD_PID})"; sleep 2',
+        "  fi",
+        f"  set -a; . ./{HEAD_ENV}; set +a",
+        f"  setsid nohup {burla} head supervise -- {_shell(arguments[2:])} >> {HEAD_LOG} 2>&1 < /dev/null &",
+        f"  echo $! > {HEAD_PID}",
+        "  echo started under the burla supervisor",
+        "fi",
     ])

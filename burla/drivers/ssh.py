@@ -113,7 +113,8 @@ def _head_endpoint(head_url: str) -> tuple[str, str, int]:
     return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _explain(error: BaseException, address: str, user: str) -> str:
+def explain(error: BaseException, address: str, user: str) -> str:
+    """What a failed SSH attempt means for the user, and what to check."""
     import asyncssh
 
     if isinstance(error, asyncssh.PermissionDenied):
@@ -125,6 +126,106 @@ def _explain(error: BaseException, address: str, user: str) -> str:
         return (f"nothing answered SSH on port 22 of {address} ({type(error).__name__}: {error}); check that "
                 "the firewall or security group lets this machine reach port 22 and that the VM is running")
     return f"{type(error).__name__}: {error}"
+
+
+@dataclass(frozen=True)
+class SshLogin:
+    """How this machine logs in to a cloud's VMs."""
+
+    user: str
+    key_path: Path
+    address_map: Path | None = None  # JSON {address: "host:port"}: dial only these (stand-in VMs)
+
+    def endpoint(self, address: str) -> tuple[str, int]:
+        """Where to dial the VM's SSH: its port 22, or with an address map only what the map says,
+        so nothing is ever dialled outside it."""
+        if self.address_map is None:
+            return address, 22
+        try:
+            target = json.loads(self.address_map.read_text()).get(address)
+        except (OSError, ValueError):
+            target = None
+        if not target:
+            raise ConnectionRefusedError(f"{address} is not in the SSH address map {self.address_map}")
+        host, port = target.rsplit(":", 1)
+        return host, int(port)
+
+    async def connect(self, address: str, pinned_host_key: str | None) -> Any:
+        """One connection; with a pinned host key, only a server presenting it is accepted."""
+        import asyncssh
+
+        host, port = self.endpoint(address)
+        known_hosts = ([asyncssh.import_public_key(pinned_host_key)], [], []) if pinned_host_key else None
+        return await asyncio.wait_for(asyncssh.connect(
+            host, port, username=self.user, client_keys=[self.key_path], known_hosts=known_hosts,
+            connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_MISSES,
+            agent_path=None, config=None,
+        ), CONNECT_TIMEOUT_S * 2)
+
+    async def connect_until(self, address: str, deadline: float, pinned_host_key: str | None,
+                            note: Callable[[str], None]) -> Any:
+        """Connect, retrying until the deadline; BootstrapFailed says what kept failing."""
+        import asyncssh
+
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                connection = await self.connect(address, pinned_host_key)
+                note(f"connected to {address} as {self.user} (attempt {attempts})")
+                return connection
+            except Exception as e:  # noqa: BLE001 - every failure is retried until the deadline
+                last = explain(e, address, self.user)
+                if isinstance(e, asyncssh.HostKeyNotVerifiable):
+                    raise BootstrapFailed(last) from None
+                if attempts == 1 or attempts % 10 == 0:
+                    note(f"attempt {attempts}: {last}")
+            if time.monotonic() > deadline:
+                raise BootstrapFailed(f"after {attempts} attempts, {last}")
+            await asyncio.sleep(RETRY_EVERY_S)
+
+
+def host_key_of(connection: Any) -> str:
+    return connection.get_server_host_key().export_public_key().decode().strip()
+
+
+async def write_private(sftp: Any, path: str, text: str) -> None:
+    """A file only its owner reads (0600) on the VM."""
+    import asyncssh
+
+    async with sftp.open(path, "w", attrs=asyncssh.SFTPAttrs(permissions=0o600)) as handle:
+        await handle.write(text)
+    await sftp.chmod(path, 0o600)
+
+
+async def upload_setup(sftp: Any, wheel: Path, packages: PackageSource, token: str, head_cert: str | None,
+                       script: str) -> None:
+    """~/.burla (0700) with the token (0600), the head's certificate, the build and the bootstrap.
+    The build and the wheelhouse go only when that build is not installed there yet."""
+    import asyncssh
+
+    attrs = asyncssh.SFTPAttrs(permissions=0o700)
+    for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
+        await sftp.makedirs(directory, attrs=attrs, exist_ok=True)
+        await sftp.chmod(directory, 0o700)
+    await write_private(sftp, remote(CONFIG_DIR, TOKEN_FILE), token + "\n")
+    if head_cert:
+        await write_private(sftp, remote(HEAD_CERT_FILE), head_cert)
+    installed = ""
+    with contextlib.suppress(asyncssh.SFTPError):
+        async with sftp.open(remote(INSTALLED_MARKER)) as marker:
+            installed = (await marker.read()).strip()
+    if installed != build_hash():
+        await sftp.put(str(wheel), remote(BUILD_DIR, wheel_name()))
+        if packages.wheelhouse:
+            await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)
+            wheels = sorted(str(p) for p in Path(packages.wheelhouse).iterdir() if p.suffix in (".whl", ".gz"))
+            await sftp.put(wheels, remote(WHEELHOUSE_DIR))
+    await write_private(sftp, remote(SCRIPT_FILE), script)
+
+
+def completed_output(result: Any) -> str:
+    return ((result.stdout or "") + (result.stderr or "")).strip()
 
 
 class VmSession:
@@ -183,58 +284,17 @@ class VmSession:
             return address.public or address.private or ""
         return address.private or address.public or ""
 
-    def _endpoint(self, address: str) -> tuple[str, int]:
-        """Where to dial the VM's SSH: its port 22, or with an address map (stand-in VMs) only what
-        the map says, so nothing is ever dialled outside it."""
-        mapping = self.owner.settings.address_map
-        if mapping is None:
-            return address, 22
-        try:
-            target = json.loads(mapping.read_text()).get(address)
-        except (OSError, ValueError):
-            target = None
-        if not target:
-            raise ConnectionRefusedError(f"{address} is not in the SSH address map {mapping}")
-        host, port = target.rsplit(":", 1)
-        return host, int(port)
-
-    async def _connect(self, address: str) -> Any:
-        import asyncssh
-
-        host, port = self._endpoint(address)
-        pinned = self.owner.host_keys.get(self.node_id)
-        known_hosts = ([asyncssh.import_public_key(pinned)], [], []) if pinned else None
-        connection = await asyncio.wait_for(asyncssh.connect(
-            host, port, username=self.owner.user, client_keys=[self.owner.key_path], known_hosts=known_hosts,
-            connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_MISSES,
-            agent_path=None, config=None,
-        ), CONNECT_TIMEOUT_S * 2)
-        if pinned is None:
-            key = connection.get_server_host_key().export_public_key().decode().strip()
-            self.owner.host_keys.record(self.node_id, key)
-            self.owner.event(self.node_id, "ssh host key", f"recorded on first use: {key}")
+    async def _connect_until(self, address: str, deadline: float) -> Any:
+        connection = await self.owner.login.connect_until(address, deadline, self.owner.host_keys.get(self.node_id),
+                                                          self.note)
+        self._record_host_key(connection)
         return connection
 
-    async def _connect_until(self, address: str, deadline: float) -> Any:
-        last = ""
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                connection = await self._connect(address)
-                self.note(f"connected to {address} as {self.owner.user} (attempt {attempts})")
-                return connection
-            except Exception as e:  # noqa: BLE001 - every failure is retried until the deadline
-                import asyncssh
-
-                last = _explain(e, address, self.owner.user)
-                if isinstance(e, asyncssh.HostKeyNotVerifiable):
-                    raise BootstrapFailed(last) from None
-                if attempts == 1 or attempts % 10 == 0:
-                    self.note(f"attempt {attempts}: {last}")
-            if time.monotonic() > deadline:
-                raise BootstrapFailed(f"after {attempts} attempts, {last}")
-            await asyncio.sleep(RETRY_EVERY_S)
+    def _record_host_key(self, connection: Any) -> None:
+        if self.owner.host_keys.get(self.node_id) is None:
+            key = host_key_of(connection)
+            self.owner.host_keys.record(self.node_id, key)
+            self.owner.event(self.node_id, "ssh host key", f"recorded on first use: {key}")
 
     # --- setting it up -----------------------------------------------------------------------
 
@@ -248,46 +308,18 @@ class VmSession:
                                             timeout=max(30.0, deadline - time.monotonic()))
         self._record_output("bootstrap", script)
         if script.exit_status != 0:
-            tail = "\n".join(((script.stdout or "") + (script.stderr or "")).strip().splitlines()[-15:])
+            tail = "\n".join(completed_output(script).splitlines()[-15:])
             raise BootstrapFailed(f"the bootstrap exited with {script.exit_status}: {tail}")
         if self.owner.settings.tunnel:
             await self._forward()
         await self._start_node()
 
     async def _upload(self) -> None:
-        import asyncssh
-
         settings = self.owner.settings
-        attrs = asyncssh.SFTPAttrs(permissions=0o700)
+        script = install_script(self.request.python_version, settings.packages, image=self.request.image)
         async with self._connection.start_sftp_client() as sftp:
-            for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
-                await sftp.makedirs(directory, attrs=attrs, exist_ok=True)
-                await sftp.chmod(directory, 0o700)
-            await self._write(sftp, remote(CONFIG_DIR, TOKEN_FILE), settings.token + "\n")
-            if settings.head_cert:
-                await self._write(sftp, remote(HEAD_CERT_FILE), settings.head_cert)
-            installed = ""
-            with contextlib.suppress(asyncssh.SFTPError):
-                async with sftp.open(remote(INSTALLED_MARKER)) as marker:
-                    installed = (await marker.read()).strip()
-            if installed != build_hash():
-                await sftp.put(str(self.owner.wheel), remote(BUILD_DIR, wheel_name()))
-                wheelhouse = settings.packages.wheelhouse
-                if wheelhouse:
-                    await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)
-                    wheels = sorted(str(p) for p in Path(wheelhouse).iterdir() if p.suffix in (".whl", ".gz"))
-                    await sftp.put(wheels, remote(WHEELHOUSE_DIR))
-            script = install_script(self.request.python_version, settings.packages, image=self.request.image)
-            await self._write(sftp, remote(SCRIPT_FILE), script)
+            await upload_setup(sftp, self.owner.wheel, settings.packages, settings.token, settings.head_cert, script)
         self.note(f"uploaded the build {build_hash()}, the token and the bootstrap")
-
-    @staticmethod
-    async def _write(sftp: Any, path: str, text: str) -> None:
-        import asyncssh
-
-        async with sftp.open(path, "w", attrs=asyncssh.SFTPAttrs(permissions=0o600)) as handle:
-            await handle.write(text)
-        await sftp.chmod(path, 0o600)
 
     async def _forward(self) -> None:
         _, host, port = _head_endpoint(self.owner.settings.head_url)
@@ -331,7 +363,7 @@ class VmSession:
                                   f"{(started.stderr or '').strip()[-500:]}")
 
     def _record_output(self, step: str, result: Any) -> None:
-        output = ((result.stdout or "") + (result.stderr or "")).strip()
+        output = completed_output(result)
         self.note(f"{step}: exit {result.exit_status}" + (f"\n{output[-4000:]}" if output else ""))
 
     # --- holding the tunnel --------------------------------------------------------------------
@@ -346,13 +378,14 @@ class VmSession:
             self.owner.event(self.node_id, "ssh", "the connection dropped; reconnecting")
             while True:
                 try:
-                    self._connection = await self._connect(address)
+                    self._connection = await self.owner.login.connect(address, self.owner.host_keys.get(self.node_id))
+                    self._record_host_key(self._connection)
                     await self._forward()
                     await self._start_node()  # starts the supervisor again only if it is gone
                     break
                 except Exception as e:  # noqa: BLE001 - keep trying: the head reaps a node silent too long
                     await self._close_connection()
-                    self.note(f"reconnect failed: {_explain(e, address, self.owner.user)}")
+                    self.note(f"reconnect failed: {explain(e, address, self.owner.login.user)}")
                     await asyncio.sleep(RETRY_EVERY_S)
             self.owner.event(self.node_id, "ssh", f"reconnected; tunnel on port {self.remote_port}")
 
@@ -374,8 +407,9 @@ class SshBootstrapDriver(Driver):
         self.inner = inner
         self.name = inner.name
         self.settings = settings
-        self.user = inner.ssh_user
-        self.key_path, self.public_key = cluster_key(settings.config_dir, settings.cluster_id)
+        logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per packet exchange otherwise
+        key_path, self.public_key = cluster_key(settings.config_dir, settings.cluster_id)
+        self.login = SshLogin(inner.ssh_user, key_path, settings.address_map)
         self.host_keys = HostKeys(settings.config_dir / "ssh" / f"known-hosts-{settings.cluster_id}.json")
         self.wheel = build_wheel(settings.config_dir / "builds")
         self.on_event: NodeEvent | None = None

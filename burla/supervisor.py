@@ -1,13 +1,16 @@
-"""The supervisor a cloud VM's node runs under: restarts `burla node join` when it crashes and
-powers the VM off when the node is done for good, so no VM outlives its purpose.
+"""The supervisor a cloud VM's node (or a deployed head without systemd) runs under: it restarts
+the process when it crashes, and for a node powers the VM off when the node is done for good,
+so no VM outlives its purpose.
 
-- A node that exits because its head was unreachable past `--orphan-timeout` (exit 6), was
-  refused (exit 2: wrong build or version; 3: wrong token), or was told to stop (exit 0) is
-  done: the supervisor powers the VM off (clouds delete it on shutdown where they can).
-- A node that crashes (any other exit) is started again with backoff. A node that keeps
-  crashing for the whole orphan timeout is done too.
-- SIGTERM or SIGINT to the supervisor stops the node (which tells its head it is leaving) and
-  ends the supervisor without powering off.
+For a node:
+- exiting because its head was unreachable past `--orphan-timeout` (exit 6), refused (exit 2:
+  wrong build or version; 3: wrong token), or told to stop (exit 0) means done: the supervisor
+  powers the VM off (clouds delete it on shutdown where they can);
+- any other exit is a crash: started again with backoff; one that keeps crashing for the whole
+  orphan timeout is done too.
+A head is restarted whenever it exits, except on a usage error (exit 2).
+SIGTERM or SIGINT to the supervisor stops the child (a node then tells its head it is leaving)
+and ends the supervisor without powering off.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("burla.supervisor")
 
-DONE_EXIT_CODES = {0, 2, 3, 6}
+NODE_DONE_EXIT_CODES = frozenset({0, 2, 3, 6})
+HEAD_DONE_EXIT_CODES = frozenset({2})
 HEALTHY_RUN_S = 60.0  # a run this long resets the backoff and the crash clock
 MAX_BACKOFF_S = 30.0
 POWER_OFF = ["shutdown", "-h", "now"]
@@ -67,7 +72,17 @@ def power_off() -> None:
         log.error("could not power off (%s); the head deletes this machine when it sees it", e)
 
 
-def supervise(settings: SupervisorSettings) -> int:
+def supervise_node(settings: SupervisorSettings) -> int:
+    return supervise(node_command(settings), NODE_DONE_EXIT_CODES, power_off, settings.orphan_timeout_s)
+
+
+def supervise_head(serve_args: tuple[str, ...]) -> int:
+    return supervise([sys.executable, "-m", "burla", "head", "serve", *serve_args], HEAD_DONE_EXIT_CODES, None, None)
+
+
+def supervise(command: list[str], done_codes: frozenset[int], when_done: Callable[[], None] | None,
+              give_up_after_s: float | None) -> int:
+    """Run `command` until it exits with a done code (then `when_done`), restarting it otherwise."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s supervisor %(levelname)s %(message)s")
     stopping = False
@@ -85,23 +100,25 @@ def supervise(settings: SupervisorSettings) -> int:
     crashing_since: float | None = None
     while not stopping:
         started = time.monotonic()
-        child = subprocess.Popen(node_command(settings))
+        child = subprocess.Popen(command)
         code = child.wait()
         if stopping:
             return 0
         ran = time.monotonic() - started
-        if code in DONE_EXIT_CODES:
-            log.info("the node is done (exit %d)", code)
-            power_off()
+        if code in done_codes:
+            log.info("done (exit %d)", code)
+            if when_done is not None:
+                when_done()
             return code
         if ran >= HEALTHY_RUN_S:
             backoff, crashing_since = 1.0, None
         crashing_since = crashing_since or started
-        if time.monotonic() - crashing_since > settings.orphan_timeout_s:
-            log.error("the node kept crashing for %.0f s; giving up", time.monotonic() - crashing_since)
-            power_off()
+        if give_up_after_s is not None and time.monotonic() - crashing_since > give_up_after_s:
+            log.error("kept crashing for %.0f s; giving up", time.monotonic() - crashing_since)
+            if when_done is not None:
+                when_done()
             return code
-        log.warning("the node exited with %d after %.1f s; starting it again in %.0f s", code, ran, backoff)
+        log.warning("exited with %d after %.1f s; starting again in %.0f s", code, ran, backoff)
         deadline = time.monotonic() + backoff
         while not stopping and time.monotonic() < deadline:
             time.sleep(0.2)
