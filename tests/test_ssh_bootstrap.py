@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 import stat
 import subprocess
@@ -45,8 +46,10 @@ def _cloud_head(tmp_path, farm, wheelhouse, *extra: str):
 
 
 def _cli(head, *args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=60,
-                          env=client_env(head))
+    env = client_env(head)
+    if head.url.startswith("https://"):
+        env["BURLA_HEAD_CERT"] = str(head.config_dir / "head-cert.pem")
+    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=60, env=env)
     return json.loads(done.stdout)
 
 
@@ -164,3 +167,65 @@ def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_pa
     finally:
         head.stop()
         farm.close()
+
+
+def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, wheelhouse, tmp_path):
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--tls-self-signed")
+    try:
+        assert head.url.startswith("https://127.0.0.1:")
+        assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
+        [node_id] = _cli(head, "cluster", "start")["data"]["booted"]
+        vm = farm.vm(node_id)
+        # The node reaches the https head through its tunnel, pinning the certificate it was given.
+        wait_until(lambda: _cli(head, "nodes", "list")["data"], timeout=240, what="the node joined")
+        pinned = vm.home / ".burla" / "head-cert.pem"
+        assert pinned.read_text() == (head.config_dir / "head-cert.pem").read_text()
+        [start] = [c for c in vm.commands if "node supervise" in c]
+        assert "--head https://127.0.0.1:" in start and '--head-cert "$B/head-cert.pem"' in start
+    finally:
+        head.stop()
+
+
+def test_the_bootstrap_installs_the_uploaded_build_never_burla_by_name():
+    from burla.build import build_hash, wheel_name
+    from burla.drivers.bootstrap import PackageSource, install_script
+
+    script = install_script("3.12", PackageSource(index_url="https://mirror.example/simple"))
+    assert f'"$B/build/{wheel_name()}"' in script and "--index-url https://mirror.example/simple" in script
+    assert "burla==" not in script and "pip install burla" not in script
+    assert "uv-env/bin/uv venv --quiet --seed --python 3.12 env" in script  # the client's Python, fetched if missing
+    assert f"echo {build_hash()} > installed-build" in script
+    offline = install_script(None, PackageSource(wheelhouse="/wheels"))
+    assert '--no-index --find-links $B/wheelhouse' in offline
+
+
+def test_the_configured_cloud_then_the_one_signed_in_picks_the_driver(tmp_path):
+    from burla.drivers.cloud import resolve_driver
+    from burla.errors import CloudSetupError
+
+    home = tmp_path / "home"
+    environ = {"HOME": str(home)}
+    assert resolve_driver(None, None, environ) == "local"  # signed in nowhere: this machine
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text("[default]\naws_access_key_id = A\naws_secret_access_key = B\n")
+    assert resolve_driver(None, None, environ) == "ec2"
+    assert resolve_driver(None, "gcp", environ) == "gce"  # `burla config set cloud gcp` wins
+    assert resolve_driver("local", "gcp", environ) == "local"  # and --driver over both
+    with pytest.raises(CloudSetupError, match="signed in to several clouds .aws, azure.*burla config set cloud"):
+        resolve_driver(None, None, {**environ, "AZURE_CLIENT_ID": "c", "AZURE_TENANT_ID": "t"})
+    with pytest.raises(CloudSetupError, match="not one of aws, gcp, azure"):
+        resolve_driver(None, "oracle", environ)
+
+
+def test_head_serve_with_several_clouds_signed_in_names_the_fix(tmp_path):
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "config").write_text("[default]\nregion = us-east-1\n")
+    (home / ".azure").mkdir()
+    (home / ".azure" / "azureProfile.json").write_text("{}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_", "CLOUDSDK_"))}
+    env.update(HOME=str(home), BURLA_CONFIG_DIR=str(tmp_path / "config"))
+    env.pop("BURLA_CLOUD", None)
+    done = subprocess.run([sys.executable, "-m", "burla", "head", "serve", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "signed in to several clouds (aws, azure)" in done.stderr, done.stderr

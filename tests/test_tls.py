@@ -80,16 +80,6 @@ def test_tls_options_are_checked(tmp_path):
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
 
 
-def test_node_startup_scripts_pin_an_https_head(monkeypatch):
-    from burla.drivers.base import BootRequest
-    from burla.drivers.cloud import HEAD_CERT_PATH, startup_script
-
-    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
-    script = startup_script(BootRequest(1, "https://10.0.0.5:5001", "tok", head_cert=pem), "n1", "us-east-1")
-    assert f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'\n{pem}\nBURLA_HEAD_CERT\n" in script
-    assert script.rstrip().endswith(f"--region us-east-1 --head-cert {HEAD_CERT_PATH}")
-
-
 def test_a_head_other_machines_can_reach_serves_https_unless_told_not_to(tmp_path):
     env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
     env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)

@@ -23,26 +23,18 @@ from burla.config import (
 
 def _driver_name(chosen: str | None) -> str:
     """--driver, else the cloud `burla config set cloud` chose, else the one cloud signed in here."""
-    if chosen is not None:
-        return chosen
     import os
 
-    from burla.config import CLOUD_DRIVERS, ENV_CLOUD, read_client_config
-    from burla.drivers.cloud import signed_in_clouds
+    from burla.config import ENV_CLOUD, read_client_config
+    from burla.drivers.cloud import resolve_driver
+    from burla.errors import CloudSetupError
 
     configured = os.environ.get(ENV_CLOUD) or read_client_config(config_dir()).get("cloud")
-    if isinstance(configured, str) and configured:
-        if configured not in CLOUD_DRIVERS:
-            click.echo(f"error: the configured cloud {configured!r} is not one of aws, gcp, azure; run "
-                       "`burla config set cloud aws|gcp|azure`.", err=True)
-            sys.exit(2)
-        return CLOUD_DRIVERS[configured]
-    signed_in = signed_in_clouds(dict(os.environ))
-    if len(signed_in) > 1:
-        click.echo(f"error: signed in to several clouds ({', '.join(signed_in)}); choose one with "
-                   "`burla config set cloud aws|gcp|azure`, or pass --driver.", err=True)
+    try:
+        return resolve_driver(chosen, configured if isinstance(configured, str) else None, dict(os.environ))
+    except CloudSetupError as e:
+        click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    return CLOUD_DRIVERS[signed_in[0]] if signed_in else "local"
 
 
 def _cloud_config(driver: str, region: str | None, token: str):

@@ -32,6 +32,11 @@ def this_python() -> str:
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
+def shell_words(parts: list[str]) -> str:
+    """A command line for the VM's shell: parts with `$B` or `$PRIVATE` in them are expanded there."""
+    return " ".join(f'"{part}"' if "$" in part else shlex.quote(part) for part in parts)
+
+
 def remote(*parts: str) -> str:
     """A path under ~/.burla, relative to the home directory (how SFTP addresses it)."""
     return str(PurePosixPath(HOME_DIR, *parts))
@@ -114,7 +119,7 @@ def supervise_command(join_args: list[str], orphan_timeout_s: float, image: str 
     if image is not None:
         supervise += ["--image", image] + (["--gpus"] if gpu else [])
     supervise += ["--", *join_args]
-    quoted = " ".join(part if part.startswith("$B/") else shlex.quote(part) for part in supervise)
+    quoted = shell_words(supervise)
     return "\n".join([
         f'B="$HOME/{HOME_DIR}"',
         'cd "$B"',

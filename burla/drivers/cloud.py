@@ -1,5 +1,6 @@
-"""What the cloud drivers (EC2, GCE, Azure) share: the setup error, the tags that mark a cluster's
-machines, the startup script every VM runs, and the thread pool libcloud's blocking calls run in.
+"""What the cloud drivers (EC2, GCE, Azure) share: the tags that mark a cluster's machines, which
+clouds this machine is signed in to, and the thread pool libcloud's blocking calls run in. (VMs
+are set up over SSH by the head: `burla.drivers.ssh`.)
 
 libcloud is blocking and its driver objects are not thread safe (connection state, GCE paging
 parameters, zone caches), so every call runs in a dedicated pool with one libcloud driver per
@@ -11,15 +12,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import shlex
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from burla._version import __version__
 from burla.drivers.base import BootRequest, Driver, VmAddress
 
 if TYPE_CHECKING:
@@ -28,83 +26,6 @@ if TYPE_CHECKING:
 CLUSTER_TAG = "burla-cluster"
 NODE_TAG = "burla-node-id"
 POOL_THREADS = 8
-BOOTSTRAP_DIR = "/opt/burla-bootstrap"
-NODE_ENV_DIR = "/opt/burla"
-HEAD_CERT_PATH = "/opt/burla-head-cert.pem"
-
-
-def this_python() -> str:
-    return f"{sys.version_info[0]}.{sys.version_info[1]}"
-
-
-def startup_script(request: BootRequest, node_id: str, region: str | None) -> str:
-    """A VM's first-boot script: a Python environment at the client's major.minor with this burla
-    version (uv fetches that Python if the image lacks it), then `burla node join` as `node_id`.
-    An https head's own certificate is written next to it and pinned."""
-    # Listen on the VM's network (peers steal through it), not only its loopback.
-    join = ["burla", "node", "join", "--head", request.head_url, "--node-id", node_id, "--host", "0.0.0.0"]
-    if request.workers is not None:
-        join += ["--workers", str(request.workers)]
-    if request.gpu is not None:
-        join += ["--gpu", request.gpu, "--gpu-count", str(request.gpu_count)]
-    if request.image is not None:
-        join += ["--image", request.image]
-    if region is not None:
-        join += ["--region", region]
-    certificate: list[str] = []
-    if request.head_cert:
-        join += ["--head-cert", HEAD_CERT_PATH]
-        certificate = [f"cat > {HEAD_CERT_PATH} <<'BURLA_HEAD_CERT'", request.head_cert.strip(), "BURLA_HEAD_CERT"]
-    if request.image is not None:
-        prepare, command = _in_container(request, join)
-    else:
-        prepare = python_environment(request.python_version, f"burla=={__version__}")
-        command = [f"{NODE_ENV_DIR}/bin/{join[0]}", *join[1:]]
-    return "\n".join([
-        "#!/bin/bash", f"# burla {__version__} node bootstrap", "set -euo pipefail", *certificate, *prepare,
-        f"export BURLA_CLUSTER_TOKEN={shlex.quote(request.token)}",
-        "exec " + " ".join(shlex.quote(part) for part in command), "",
-    ])
-
-
-def _in_container(request: BootRequest, join: list[str]) -> tuple[list[str], list[str]]:
-    """Script lines that get Docker and the job's image, and the command that runs the node inside
-    it (its Python and packages) on the host's network, so peers and the head reach it as the VM."""
-    assert request.image is not None
-    inner = f"python3 -m pip install --quiet burla=={__version__} && exec python3 -m " + " ".join(
-        shlex.quote(part) for part in join)
-    docker = ["docker", "run", "--rm", "--network", "host", "-e", "BURLA_CLUSTER_TOKEN"]
-    if request.gpu is not None:
-        docker += ["--gpus", "all"]  # needs the NVIDIA container toolkit on GPU images
-    if request.head_cert:
-        docker += ["-v", f"{HEAD_CERT_PATH}:{HEAD_CERT_PATH}:ro"]
-    prepare = [
-        "if ! command -v docker >/dev/null; then",
-        "  if command -v apt-get >/dev/null; then",
-        "    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io",
-        "  else dnf install -y -q docker; fi",
-        "  systemctl start docker",
-        "fi",
-        f"docker pull --quiet {shlex.quote(request.image)}",
-    ]
-    return prepare, [*docker, request.image, "sh", "-c", inner]
-
-
-def python_environment(python_version: str | None, requirement: str) -> list[str]:
-    """Script lines that make NODE_ENV_DIR a Python of this major.minor with `requirement` in it."""
-    python = shlex.quote(python_version or this_python())
-    return [
-        "export HOME=${HOME:-/root}",
-        "if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then",
-        "  if command -v apt-get >/dev/null; then",
-        "    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv",
-        "  elif command -v dnf >/dev/null; then dnf install -y -q python3-pip; fi",
-        "fi",
-        f"python3 -m venv {BOOTSTRAP_DIR}",
-        f"{BOOTSTRAP_DIR}/bin/pip install --quiet uv",
-        f"{BOOTSTRAP_DIR}/bin/uv venv --quiet --python {python} {NODE_ENV_DIR}",
-        f"{BOOTSTRAP_DIR}/bin/uv pip install --quiet --python {NODE_ENV_DIR}/bin/python {shlex.quote(requirement)}",
-    ]
 
 
 def signed_in_clouds(environ: dict[str, str]) -> list[str]:
@@ -123,6 +44,26 @@ def signed_in_clouds(environ: dict[str, str]) -> list[str]:
     if (environ.get("AZURE_CLIENT_ID") and environ.get("AZURE_TENANT_ID")) or (azure / "azureProfile.json").is_file():
         found.append("azure")
     return found
+
+
+def resolve_driver(chosen: str | None, configured_cloud: str | None, environ: dict[str, str]) -> str:
+    """The driver a head boots nodes with: `chosen` (--driver), else the cloud `burla config set
+    cloud` configured, else the one cloud this machine is signed in to, else "local"."""
+    from burla.config import CLOUD_DRIVERS
+    from burla.errors import CloudSetupError
+
+    if chosen is not None:
+        return chosen
+    if configured_cloud:
+        if configured_cloud not in CLOUD_DRIVERS:
+            raise CloudSetupError(f"the configured cloud {configured_cloud!r} is not one of aws, gcp, azure; run "
+                                  "`burla config set cloud aws|gcp|azure`.")
+        return CLOUD_DRIVERS[configured_cloud]
+    signed_in = signed_in_clouds(environ)
+    if len(signed_in) > 1:
+        raise CloudSetupError(f"signed in to several clouds ({', '.join(signed_in)}); choose one with "
+                              "`burla config set cloud aws|gcp|azure`, or pass --driver.")
+    return CLOUD_DRIVERS[signed_in[0]] if signed_in else "local"
 
 
 def cluster_id_of(token: str) -> str:

@@ -10,10 +10,9 @@ again after a reboot), else under burla's own supervisor.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 
-from burla.drivers.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR
+from burla.drivers.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR, shell_words
 
 HEAD_PORT = 5001
 ROLE_TAG = "burla-role"
@@ -50,10 +49,6 @@ def serve_arguments(driver_name: str, head: HeadMachine, wheelhouse: bool) -> li
     return serve
 
 
-def _shell(parts: list[str]) -> str:
-    return " ".join(f'"{part}"' if "$" in part else shlex.quote(part) for part in parts)
-
-
 def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
     """Write the head's environment file and start it: under systemd where the image runs it,
     else detached under `burla head supervise`. Running it again restarts the head."""
@@ -62,7 +57,7 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
             raise ValueError(f"environment value for {key!r} can't go in an environment file")
     burla = f"$B/{ENV_DIR}/bin/burla"
     arguments = serve_arguments(driver_name, head, wheelhouse)
-    serve = _shell(arguments)
+    serve = shell_words(arguments)
     environment = [f"BURLA_CONFIG_DIR=$B/{CONFIG_DIR}", *(f"{k}={v}" for k, v in head.environment.items())]
     return "\n".join([
         "set -eu",
@@ -71,7 +66,7 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
         'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
         "PRIVATE=$(hostname -I | cut -d' ' -f1)",
         f"(umask 077; : > {HEAD_ENV})",
-        *(f'echo {_shell([line])} >> {HEAD_ENV}' for line in environment),
+        *(f'echo {shell_words([line])} >> {HEAD_ENV}' for line in environment),
         "if [ -d /run/systemd/system ] && as_root true 2>/dev/null; then",
         f"  as_root tee /etc/systemd/system/{UNIT} >/dev/null <<UNIT",
         "[Unit]",
@@ -96,7 +91,7 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
         f'    kill "$(cat {HEAD_PID})"; sleep 2',
         "  fi",
         f"  set -a; . ./{HEAD_ENV}; set +a",
-        f"  setsid nohup {burla} head supervise -- {_shell(arguments[2:])} >> {HEAD_LOG} 2>&1 < /dev/null &",
+        f"  setsid nohup {burla} head supervise -- {shell_words(arguments[2:])} >> {HEAD_LOG} 2>&1 < /dev/null &",
         f"  echo $! > {HEAD_PID}",
         "  echo started under the burla supervisor",
         "fi",
