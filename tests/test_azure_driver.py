@@ -168,7 +168,7 @@ def test_the_azure_cli_login_and_default_subscription_are_used(azure, monkeypatc
     driver = _driver()
     assert (driver.config.subscription_id, driver.config.region) == (SUBSCRIPTION, "northeurope")
     assert driver.config.client_id is None
-    asyncio.run(driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok")))
+    asyncio.run(driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok", ssh_public_key=CLUSTER_KEY)))
     asyncio.run(driver.close())
     assert not azure.logged("POST", "/oauth2/")  # no service principal login
     assert {r.authorization for r in azure.logged("PUT")} == {f"Bearer {token}"}

@@ -88,7 +88,8 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         user_data = moto.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
         assert head.token not in base64.b64decode(user_data.get("UserData", {}).get("Value", "") or "").decode()
         assert not any(head.token in command for command in vm.commands)
-        key_file = head.config_dir / "ssh" / instance["KeyName"]
+        [key_file] = (head.config_dir / "ssh").glob("burla-*")  # the cluster's key, imported as the key pair
+        assert instance["KeyName"].startswith(f"{key_file.name}-")
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         shutdown = moto.describe_instance_attribute(InstanceId=instance["InstanceId"],
                                                     Attribute="instanceInitiatedShutdownBehavior")
@@ -139,6 +140,28 @@ def test_a_node_without_its_head_powers_its_vm_off(moto, farm, wheelhouse, tmp_p
     # which EC2 turns into termination.
     wait_until(lambda: farm.powered_off, timeout=120, what="the VM powered itself off")
     assert _instances(moto, "terminated")
+
+
+def test_a_new_head_deletes_the_vms_an_earlier_head_left_that_do_not_join_it(moto, farm, wheelhouse, tmp_path):
+    first = _cloud_head(tmp_path, farm, wheelhouse, "--keep-nodes")
+    try:
+        assert _cli(first, "settings", "update", "--quantity", "1")["ok"]
+        assert _cli(first, "cluster", "start")["ok"]
+        wait_for_nodes(first, 1, timeout=240)
+    finally:
+        first.stop()  # SIGTERM with --keep-nodes: the VM stays
+    assert _instances(moto, "running")
+    # The next head of this cluster finds it; through a tunnel that died with the first head it
+    # can't join, so it is deleted at this head's boot deadline (long before its orphan timeout).
+    second = _cloud_head(tmp_path, farm, wheelhouse, "--boot-deadline", "5")
+    try:
+        wait_until(lambda: not _instances(moto, "pending", "running"), timeout=120, what="the leftover VM deleted")
+        [instance] = _instances(moto)
+        node_id = {t["Key"]: t["Value"] for t in instance["Tags"]}["burla-node-id"]
+        events = get_json(second, f"/v1/nodes/{node_id}/events")["events"]
+        assert any("left by an earlier head" in e["detail"] for e in events), events
+    finally:
+        second.stop()
 
 
 @pytest.mark.parametrize("broken, words", [

@@ -170,6 +170,9 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
     directory = config_dir()
     driver = _driver_name(driver)
     loopback = host in ("127.0.0.1", "localhost", "::1")
+    if node_link == "direct" and driver != "local" and loopback and public_url is None:
+        raise click.UsageError("--node-link direct needs a head cloud VMs can reach: listen on their network "
+                               "(--host 0.0.0.0, --url https://PRIVATE-ADDRESS:{port}) or keep the default tunnel")
     if no_tls and (tls_cert or tls_self_signed):
         raise click.UsageError("--no-tls contradicts --tls-cert / --tls-self-signed")
     if not loopback and tls_cert is None and not no_tls:

@@ -96,6 +96,7 @@ class Fleet:
         self._booting_slots: dict[str, int] = {}
         self._booting_machines: dict[str, MachineType] = {}
         self._tasks: set[asyncio.Task] = set()
+        self.leftovers: dict[str, float] = {}  # VMs an earlier head left -> when this head found them
 
     async def load_saved_settings(self) -> None:
         """Settings saved by an earlier head replace the defaults (once history is open)."""
@@ -171,10 +172,18 @@ class Fleet:
             self._booting_slots.pop(node_id, None)
 
     async def boot_watch_loop(self, deadline_s: float) -> None:
-        """Delete machines that never became ready, keeping what their console printed."""
+        """Delete machines that never became ready, keeping what their console printed, and VMs an
+        earlier head left that did not join this one within the same deadline."""
         while True:
             await asyncio.sleep(min(1.0, deadline_s / 4))
             now = time.monotonic()
+            for node_id, found in list(self.leftovers.items()):
+                if node_id in self.cluster.scheduler.nodes:
+                    del self.leftovers[node_id]  # it joined this head
+                elif now - found > deadline_s:
+                    del self.leftovers[node_id]
+                    await self._remove_machine(node_id, f"left by an earlier head; not joined {deadline_s:g} s "
+                                                        "after this head started")
             for node_id, since in list(self.cluster.booting_since.items()):
                 if node_id not in self.cluster.booting_ids or now - since < deadline_s:
                     continue
@@ -201,6 +210,26 @@ class Fleet:
         if configured is None and self.cloud is not None:
             return CLOUD_IDLE_S
         return configured
+
+    async def sweep_leftovers(self) -> None:
+        """At start: VMs of this cluster that an earlier head left (kept with --keep-nodes, or powered
+        off by a node that lost its head, which still bills its disk, and on Azure its compute).
+        Powered-off ones are deleted now; the rest get the boot deadline to join this head."""
+        if self.cloud is None:
+            return
+        try:
+            handles = await self.driver.list_nodes()
+        except Exception as e:  # noqa: BLE001 - a courtesy: the next start tries again
+            log.error("could not list this cluster's VMs left by an earlier head: %s", e)
+            return
+        now = time.monotonic()
+        for handle in handles:
+            if handle.node_id in self.cluster.scheduler.nodes or handle.node_id in self.cluster.booting_ids:
+                continue
+            if handle.state == "STOPPED":
+                await self._remove_machine(handle.node_id, "found powered off when the head started")
+            else:
+                self.leftovers.setdefault(handle.node_id, now)
 
     async def delete_machines(self) -> None:
         """The head is stopping: delete every VM of this cluster (boots in flight finish first)."""

@@ -176,3 +176,4 @@ async def _open_history(history, fleet) -> None:
     if history is not None:
         await history.open()
         await fleet.load_saved_settings()
+    await fleet.sweep_leftovers()
