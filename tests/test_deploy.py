@@ -158,7 +158,8 @@ def test_deploy_then_a_job_through_the_deployed_head_then_delete(cloud, request,
     try:
         deployment, node_id, env = _deploy_and_run_a_job(cloud, farm, tmp_path, wheelhouse, client_venv)
         token = json.loads((tmp_path / "client" / "deployment.json").read_text())["token"]
-        assert token not in json.dumps([r.body for r in fake.requests])  # no secret in any request
+        bodies = json.dumps([r.body for r in fake.requests])
+        assert token not in bodies and "PRIVATE KEY" not in bodies  # no secret in any request
         removed = _ok(_burla("deploy", "delete", env=env))
         assert removed["head_deleted"] is True and removed["nodes_deleted"] == [node_id]
         assert not (fake.instances if cloud == "gcp" else fake.machines)

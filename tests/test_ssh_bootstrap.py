@@ -8,6 +8,7 @@ user's would, so the VMs have nothing more to install."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -252,3 +253,36 @@ def test_head_serve_with_several_clouds_signed_in_names_the_fix(tmp_path):
     done = subprocess.run([sys.executable, "-m", "burla", "head", "serve", "--port", "0"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "signed in to several clouds (aws, azure)" in done.stderr, done.stderr
+
+
+def test_missing_permission_to_import_the_key_names_it():
+    from burla.drivers.ec2 import Ec2Config, Ec2Driver
+    from burla.errors import CloudSetupError
+
+    class Refusing:  # what libcloud raises when the IAM policy lacks the action
+        def list_key_pairs(self):
+            raise Exception("UnauthorizedOperation: You are not authorized to perform this operation.")
+
+    driver = Ec2Driver(Ec2Config(region="us-east-1", cluster_id="c1"), credentials=lambda _: ("a", "b", None))
+    try:
+        with pytest.raises(CloudSetupError, match="ec2:DescribeKeyPairs and ec2:ImportKeyPair"):
+            driver._key_pair(Refusing(), "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGSoU burla-c1")
+    finally:
+        asyncio.run(driver.close())
+
+
+def test_cloud_nodes_from_cluster_start_go_after_ten_idle_minutes_unless_configured():
+    from burla.drivers.local import LocalDriver
+    from burla.head.cluster import Cluster
+    from burla.head.fleet import CLOUD_IDLE_S, GROWN_IDLE_S, ClusterSettings, Fleet
+
+    class CloudLike(LocalDriver):
+        name = "ec2"
+
+    fleet = Fleet(Cluster("0"), CloudLike(), None, "http://127.0.0.1:1", "t", ClusterSettings())
+    fleet.grown.add("grown")
+    assert (fleet.idle_timeout("started"), fleet.idle_timeout("grown")) == (CLOUD_IDLE_S, GROWN_IDLE_S) == (600, 60)
+    fleet.settings = ClusterSettings(inactivity_timeout_s=30)
+    assert (fleet.idle_timeout("started"), fleet.idle_timeout("grown")) == (30, 30)
+    local = Fleet(Cluster("0"), LocalDriver(), None, "http://127.0.0.1:1", "t", ClusterSettings())
+    assert local.idle_timeout("started") is None  # local nodes stay unless told otherwise
