@@ -16,7 +16,7 @@ import asyncio
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,21 +94,20 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
     return {"deployment": _public(deployment), "serving": serving}
 
 
+@dataclass
 class HeadSetup:
     """The head VM over SSH: upload, install, start; then whether it serves (through the tunnel)."""
 
-    def __init__(self, head: HeadMachine, driver_name: str, login: Any, address: str, token: str, cert_pem: str,
-                 key_pem: str, wheel: Path, packages: PackageSource) -> None:
-        self.head = head
-        self.driver_name = driver_name
-        self.login = login
-        self.address = address
-        self.token = token
-        self.cert_pem = cert_pem
-        self.key_pem = key_pem
-        self.wheel = wheel
-        self.packages = packages
-        self.transcript: list[str] = []
+    head: HeadMachine
+    driver_name: str
+    login: Any  # burla.drivers.ssh.SshLogin
+    address: str
+    token: str
+    cert_pem: str
+    key_pem: str
+    wheel: Path
+    packages: PackageSource
+    transcript: list[str] = field(default_factory=list)
 
     def note(self, text: str) -> None:
         self.transcript.append(text)

@@ -163,3 +163,26 @@ def head_client(ctx: click.Context, required: bool = True) -> HeadClient | None:
     raise CliError("no_head", "no head is configured and none runs on this machine",
                    f"start one with `burla cluster start`, or pass --head URL (or set {ENV_HEAD_URL})",
                    EXIT_UNREACHABLE)
+
+
+def vm_setup_options(command):
+    """--node-index-url, --node-wheelhouse and the hidden --ssh-address-map: how VMs are set up,
+    shared by `burla head serve` and `burla deploy`."""
+    from pathlib import Path
+
+    from burla.config import ENV_NODE_INDEX_URL, ENV_NODE_WHEELHOUSE, ENV_SSH_ADDRESS_MAP
+
+    options = [
+        click.option("--node-index-url", envvar=ENV_NODE_INDEX_URL, default=None,
+                     help="Package index (a mirror) VMs install burla's dependencies from. Default: pip's own "
+                          "setting on the VM. burla itself never comes from an index: VMs get this build."),
+        click.option("--node-wheelhouse", envvar=ENV_NODE_WHEELHOUSE, default=None,
+                     type=click.Path(exists=True, file_okay=False, path_type=Path),
+                     help="A directory of wheels for burla's dependencies, uploaded to every VM and installed "
+                          "from with no index (VMs without internet access)."),
+        click.option("--ssh-address-map", envvar=ENV_SSH_ADDRESS_MAP, default=None, hidden=True,
+                     type=click.Path(dir_okay=False, path_type=Path)),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

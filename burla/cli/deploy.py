@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from burla.cli.common import EXIT_CLOUD, EXIT_NOT_FOUND, EXIT_USAGE, CliError, JsonGroup, run
-from burla.config import ENV_NODE_INDEX_URL, ENV_NODE_WHEELHOUSE, ENV_SSH_ADDRESS_MAP, config_dir
+from burla.cli.common import EXIT_CLOUD, EXIT_NOT_FOUND, EXIT_USAGE, CliError, JsonGroup, run, vm_setup_options
+from burla.config import config_dir
 
 
 @click.group(cls=JsonGroup)
@@ -25,14 +25,7 @@ def _deploy_command(cloud: str, what: str):
                   help="The https port the head serves on.")
     @click.option("--wait", "wait_s", type=click.FloatRange(0, 3600), default=600, show_default=True,
                   help="Seconds to wait for the head to serve once started (0: don't wait).")
-    @click.option("--node-index-url", envvar=ENV_NODE_INDEX_URL, default=None,
-                  help="Package index (a mirror) the head VM and its nodes install burla's dependencies from.")
-    @click.option("--node-wheelhouse", envvar=ENV_NODE_WHEELHOUSE, default=None,
-                  type=click.Path(exists=True, file_okay=False, path_type=Path),
-                  help="A directory of wheels for burla's dependencies, uploaded to the head VM (and by it to "
-                       "its nodes) and installed from with no index.")
-    @click.option("--ssh-address-map", envvar=ENV_SSH_ADDRESS_MAP, default=None, hidden=True,
-                  type=click.Path(dir_okay=False, path_type=Path))
+    @vm_setup_options
     def command(region: str | None, machine_type: str | None, disk_gb: int | None, port: int, wait_s: float,
                 node_index_url: str | None, node_wheelhouse: Path | None, ssh_address_map: Path | None) -> None:
         from burla.deploy import DeployRequest, DeploySettings

@@ -8,10 +8,8 @@ from pathlib import Path
 import click
 
 from burla._version import __version__
+from burla.cli.common import vm_setup_options
 from burla.config import (
-    ENV_NODE_INDEX_URL,
-    ENV_NODE_WHEELHOUSE,
-    ENV_SSH_ADDRESS_MAP,
     ENV_TOKEN,
     HeadSettings,
     config_dir,
@@ -127,15 +125,7 @@ def head() -> None:
                    "their VM (a laptop, a head behind NAT), or directly at --url (a head inside the cloud network).")
 @click.option("--orphan-timeout", type=click.FloatRange(10.0, None), default=600.0, show_default=True,
               help="Seconds a cloud node may be without its head before it powers its VM off.")
-@click.option("--node-index-url", envvar=ENV_NODE_INDEX_URL, default=None,
-              help="Package index (a mirror) VMs install burla's dependencies from. Default: pip's own setting "
-                   "on the VM. burla itself is never taken from an index: the head uploads its own build.")
-@click.option("--node-wheelhouse", envvar=ENV_NODE_WHEELHOUSE, default=None,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A directory of wheels for burla's dependencies, uploaded to every VM and installed from "
-                   "with no index (VMs without internet access).")
-@click.option("--ssh-address-map", envvar=ENV_SSH_ADDRESS_MAP, default=None, hidden=True,
-              type=click.Path(dir_okay=False, path_type=Path))
+@vm_setup_options
 @click.option("--region", default=None,
               help="Cloud region for nodes. Default: the cloud CLI's (AWS_REGION, gcloud compute/region, "
                    "AZURE_DEFAULTS_LOCATION).")
