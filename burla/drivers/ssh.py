@@ -168,6 +168,7 @@ class SshLogin:
         import asyncssh
 
         attempts = 0
+        noted = ""
         while True:
             attempts += 1
             try:
@@ -178,8 +179,9 @@ class SshLogin:
                 last = explain(e, address, self.user)
                 if isinstance(e, asyncssh.HostKeyNotVerifiable):
                     raise BootstrapFailed(last) from None
-                if attempts == 1 or attempts % 10 == 0:
+                if last != noted or attempts % 10 == 0:  # each new reason, and a heartbeat
                     note(f"attempt {attempts}: {last}")
+                    noted = last
             if time.monotonic() > deadline:
                 raise BootstrapFailed(f"after {attempts} attempts, {last}")
             await asyncio.sleep(RETRY_EVERY_S)
@@ -236,6 +238,7 @@ class VmSession:
         self.request = request
         self.node_id = node_id
         self.problem: str | None = None  # why it could not be set up, once that is known
+        self.stage = "waiting for the VM's address"  # how far setting it up got
         self.transcript: list[str] = []
         self.remote_port = 0  # the tunnel's port on the VM (kept across reconnections)
         self._connection: Any = None
@@ -302,7 +305,9 @@ class VmSession:
         self._address = await self._wait_for_address(deadline)
         address = self._dial_address(self._address)
         self.note(f"address: public {self._address.public}, private {self._address.private}")
+        self.stage = f"connecting to {address} over SSH"
         self._connection = await self._connect_until(address, deadline)
+        self.stage = "uploading the build and running the bootstrap"
         await self._upload()
         script = await self._connection.run(f"bash {remote(SCRIPT_FILE)}",
                                             timeout=max(30.0, deadline - time.monotonic()))
@@ -313,6 +318,7 @@ class VmSession:
         if self.owner.settings.tunnel:
             await self._forward()
         await self._start_node()
+        self.stage = "the node was started over SSH but has not registered (see node.log in ~/.burla on the VM)"
 
     async def _upload(self) -> None:
         settings = self.owner.settings
@@ -415,7 +421,6 @@ class SshBootstrapDriver(Driver):
         self.on_event: NodeEvent | None = None
         self._sessions: dict[str, VmSession] = {}
         self._tasks: dict[str, asyncio.Task] = {}
-        self._problems: dict[str, str] = {}
 
     def event(self, node_id: str, kind: str, detail: str) -> None:
         if self.on_event is not None:
@@ -447,12 +452,11 @@ class SshBootstrapDriver(Driver):
     def boot_problem(self, node_id: str) -> str | None:
         session = self._sessions.get(node_id)
         if session is None:
-            return self._problems.get(node_id)
+            return None
         if session.problem:
             return session.problem
-        if session._connection is None and session.transcript:
-            return f"still being set up over SSH; last step: {session.transcript[-1][:500]}"
-        return None
+        last = f"; last: {session.transcript[-1][:500]}" if session.transcript else ""
+        return f"{session.stage}{last}"
 
     async def list_nodes(self) -> list[NodeHandle]:
         return await self.inner.list_nodes()
@@ -465,8 +469,6 @@ class SshBootstrapDriver(Driver):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if session is not None:
-            if session.problem:
-                self._problems[node_id] = session.problem
             await session.close()
         if forget:  # the VM is gone; a new one may come back at this name
             self.host_keys.forget(node_id)
