@@ -267,3 +267,44 @@ def test_a_deployed_azure_head_takes_tokens_from_its_managed_identity(azure, mon
     [token_request] = azure.logged("GET", "/metadata/identity/oauth2/token")
     assert token_request.query["resource"] == f"{azure.url}/"
     assert not azure.logged("POST", "/oauth2/")
+
+
+def test_the_head_start_command_runs_the_head_under_systemd_where_the_image_has_it(tmp_path):
+    """The systemd branch (real images) holds the same command the supervisor branch (stand-ins) ran;
+    run through bash with systemd "present", it writes that unit."""
+    import subprocess as sp
+
+    from burla.drivers.head_vm import HeadMachine, start_command
+
+    command = start_command("gce", HeadMachine("h", KEY, region="us-east1", environment={"GOOGLE_CLOUD_PROJECT": "p"},
+                                               port=5001), wheelhouse=False)
+    home, root, bin_dir = tmp_path / "home", tmp_path / "root", tmp_path / "bin"
+    (home / ".burla").mkdir(parents=True)
+    (root / "etc" / "systemd" / "system").mkdir(parents=True)
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    # Stand-ins for a systemd machine: `hostname -I`, passwordless sudo writing under `root`, systemctl.
+    (bin_dir / "hostname").write_text("#!/bin/sh\necho 10.0.0.7 172.17.0.1\n")
+    # The login user is not root (cloud images' default user), so root's work goes through sudo.
+    (bin_dir / "id").write_text('#!/bin/sh\ncase "$1" in -u) echo 1000;; -un) echo ubuntu;; *) exec /usr/bin/id "$@";; '
+                                'esac\n')
+    (bin_dir / "sudo").write_text(f'#!/bin/sh\n[ "$1" = -n ] && shift\nif [ "$1" = tee ]; then exec tee "{root}$2"; '
+                                  f'fi\necho "$@" >> {calls}\n')
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho systemctl \"$@\" >> {calls}\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = command.replace("[ -d /run/systemd/system ]", "true")
+    done = sp.run(["bash", "-c", script], env={"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin"},
+                  capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "started under systemd" in done.stdout, done.stderr
+    unit = (root / "etc" / "systemd" / "system" / "burla-head.service").read_text()
+    burla_dir = home / ".burla"
+    assert f"EnvironmentFile={burla_dir}/head.env" in unit and "Restart=always" in unit
+    assert (f'ExecStart="{burla_dir}/env/bin/burla" head serve --host 0.0.0.0 --port 5001 --tls-cert '
+            f'"{burla_dir}/head-cert.pem"') in unit
+    assert '--url "https://10.0.0.7:5001" --node-link direct --keep-nodes --region us-east1' in unit
+    assert "User=ubuntu" in unit
+    assert (burla_dir / "head.env").read_text() == f"BURLA_CONFIG_DIR={burla_dir}/config\nGOOGLE_CLOUD_PROJECT=p\n"
+    assert oct((burla_dir / "head.env").stat().st_mode & 0o777) == "0o600"
+    assert calls.read_text().splitlines()[-3:] == ["systemctl daemon-reload", "systemctl enable burla-head.service",
+                                                   "systemctl restart burla-head.service"]

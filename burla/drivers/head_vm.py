@@ -55,7 +55,7 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
     for key, value in head.environment.items():
         if "\n" in key or "\n" in value or "=" in key:
             raise ValueError(f"environment value for {key!r} can't go in an environment file")
-    burla = f"$B/{ENV_DIR}/bin/burla"
+    burla = shell_words([f"$B/{ENV_DIR}/bin/burla"])
     arguments = serve_arguments(driver_name, head, wheelhouse)
     serve = shell_words(arguments)
     environment = [f"BURLA_CONFIG_DIR=$B/{CONFIG_DIR}", *(f"{k}={v}" for k, v in head.environment.items())]
