@@ -97,6 +97,9 @@ class Fleet:
         self._booting_machines: dict[str, MachineType] = {}
         self._tasks: set[asyncio.Task] = set()
         self.leftovers: dict[str, float] = {}  # VMs an earlier head left -> when this head found them
+        self._boots_in_flight = 0  # driver boot calls not yet returned (a stopping head waits for them)
+        self._boots_settled = asyncio.Event()
+        self._boots_settled.set()
 
     async def load_saved_settings(self) -> None:
         """Settings saved by an earlier head replace the defaults (once history is open)."""
@@ -164,7 +167,7 @@ class Fleet:
 
     async def _boot(self, request: BootRequest) -> None:
         try:
-            await self.driver.boot(request)
+            await self._boot_machines(request)
         except Exception as e:  # the job learns why if no node can run it
             for node_id in request.node_ids:
                 self.cluster.node_boot_failed(node_id, f"{type(e).__name__}: {e}")
@@ -211,6 +214,16 @@ class Fleet:
             return CLOUD_IDLE_S
         return configured
 
+    async def _boot_machines(self, request: BootRequest) -> list[str]:
+        self._boots_in_flight += 1
+        self._boots_settled.clear()
+        try:
+            return await self.driver.boot(request)
+        finally:
+            self._boots_in_flight -= 1
+            if not self._boots_in_flight:
+                self._boots_settled.set()
+
     async def sweep_leftovers(self) -> None:
         """At start: VMs of this cluster that an earlier head left (kept with --keep-nodes, or powered
         off by a node that lost its head, which still bills its disk, and on Azure its compute).
@@ -235,8 +248,10 @@ class Fleet:
         """The head is stopping: delete every VM of this cluster (boots in flight finish first)."""
         if self.cloud is None:
             return
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=DELETE_ON_STOP_S / 2)
+        # A VM whose create call is still under way would be missed by the listing below, and
+        # nothing would ever set it up to power itself off: let those calls return first.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._boots_settled.wait(), DELETE_ON_STOP_S / 2)
         try:
             listed = {handle.node_id for handle in await asyncio.wait_for(self.driver.list_nodes(), DELETE_ON_STOP_S)}
         except Exception as e:  # noqa: BLE001 - still delete the ones this head knows
@@ -269,7 +284,7 @@ class Fleet:
         self.stopped = False
         have = len(self.cluster.scheduler.nodes) + len(self.cluster.booting_ids)
         missing = max(0, self.settings.quantity - have)
-        booted = await self.driver.boot(self._request(missing)) if missing else []
+        booted = await self._boot_machines(self._request(missing)) if missing else []
         self.cluster.expect_nodes(booted)
         if self.history is not None:
             for node_id in booted:
