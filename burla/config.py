@@ -239,3 +239,4 @@ class NodeSettings:
     memory_budget_gb: float = 1.0  # what all workers together may use before calls are stopped
     steal_ack_timeout_s: float = 5.0  # a transfer not acknowledged this long returns to its donor
     head_cert: str | None = None  # the head's pinned certificate (an https head with a self-signed one)
+    head_url_file: str | None = None  # re-read before each connection: the head URL now (a moved SSH tunnel)

@@ -112,7 +112,7 @@ def supervise(command: list[str], done_codes: frozenset[int], when_done: Callabl
             return code
         if ran >= HEALTHY_RUN_S:
             backoff, crashing_since = 1.0, None
-        crashing_since = crashing_since or started
+        crashing_since = crashing_since or time.monotonic()  # when this run of crashes began
         if give_up_after_s is not None and time.monotonic() - crashing_since > give_up_after_s:
             log.error("kept crashing for %.0f s; giving up", time.monotonic() - crashing_since)
             if when_done is not None:

@@ -300,11 +300,11 @@ def test_the_head_start_command_runs_the_head_under_systemd_where_the_image_has_
     unit = (root / "etc" / "systemd" / "system" / "burla-head.service").read_text()
     burla_dir = home / ".burla"
     assert f"EnvironmentFile={burla_dir}/head.env" in unit and "Restart=always" in unit
-    assert (f'ExecStart="{burla_dir}/env/bin/burla" head serve --host 0.0.0.0 --port 5001 --tls-cert '
-            f'"{burla_dir}/head-cert.pem"') in unit
-    assert '--url "https://10.0.0.7:5001" --node-link direct --keep-nodes --region us-east1' in unit
+    assert (f"ExecStart={burla_dir}/env/bin/burla head serve --host 0.0.0.0 --port 5001 --tls-cert "
+            f"{burla_dir}/head-cert.pem") in unit
+    assert "--url https://10.0.0.7:5001 --node-link direct --keep-nodes --region us-east1" in unit
     assert "User=ubuntu" in unit
-    assert (burla_dir / "head.env").read_text() == f"BURLA_CONFIG_DIR={burla_dir}/config\nGOOGLE_CLOUD_PROJECT=p\n"
+    assert (burla_dir / "head.env").read_text() == f"BURLA_CONFIG_DIR='{burla_dir}/config'\nGOOGLE_CLOUD_PROJECT=p\n"
     assert oct((burla_dir / "head.env").stat().st_mode & 0o777) == "0o600"
     assert calls.read_text().splitlines()[-3:] == ["systemctl daemon-reload", "systemctl enable burla-head.service",
                                                    "systemctl restart burla-head.service"]

@@ -197,7 +197,7 @@ def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_
         wait_until(lambda: _instances(moto, "terminated"), timeout=60, what="unready instance deleted")
         events = get_json(head, f"/v1/nodes/{node_id}/events")["events"]
         kinds = {e["event"]: e["detail"] for e in events}
-        assert "not ready 2 s after it was started" in kinds["failed to boot"]
+        assert "deleted" in kinds["failed to boot"]  # at the deadline, or as soon as SSH gave up
         assert "boot log" in kinds  # the console output and the SSH attempts, kept for debugging
         assert "nothing answered SSH on port 22" in kinds["boot log"]
     finally:

@@ -53,12 +53,14 @@ def node() -> None:
 @click.option("--gpu-count", type=click.IntRange(0, 64), default=0, show_default=True)
 @click.option("--head-cert", type=click.Path(exists=True, dir_okay=False), envvar=ENV_HEAD_CERT, default=None,
               help="The head's own certificate, for an https head with a self-signed one (pinned).")
+@click.option("--head-url-file", default=None, hidden=True,
+              help="A file holding the head's URL, read again before each connection (a moved SSH tunnel).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
          image: str | None, host: str, port: int, advertise_url: str | None, advertise_host: str | None,
          orphan_timeout: float, steal_ack_timeout: float,
          memory_limit_gb: float | None, gpu: str | None, gpu_count: int, head_cert: str | None,
-         lifeline_fd: int | None) -> None:
+         head_url_file: str | None, lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
     import psutil
 
@@ -79,7 +81,7 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
         gpu_count=gpu_count if gpu else 0,
         lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, advertise_host=advertise_host,
-        register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout,
+        register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout, head_url_file=head_url_file,
     )
     sys.exit(run_node(settings))
 

@@ -9,6 +9,7 @@ files over SFTP, never in user data, metadata or a command line.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ BUILD_DIR = "build"
 WHEELHOUSE_DIR = "wheelhouse"
 CONFIG_DIR = "config"  # BURLA_CONFIG_DIR on the VM: holds cluster_token (0600)
 HEAD_CERT_FILE = "head-cert.pem"
+HEAD_URL_FILE = "head-url"  # where the node finds its tunnel's port after a reconnect moved it
 SCRIPT_FILE = "bootstrap.sh"
 NODE_LOG_FILE = "node.log"
 SUPERVISOR_PID_FILE = "supervisor.pid"
@@ -32,9 +34,19 @@ def this_python() -> str:
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
+_SHELL_VARIABLES = re.compile(r"(\$B|\$PRIVATE)(?![A-Za-z0-9_])")
+
+
 def shell_words(parts: list[str]) -> str:
-    """A command line for the VM's shell: parts with `$B` or `$PRIVATE` in them are expanded there."""
-    return " ".join(f'"{part}"' if "$" in part else shlex.quote(part) for part in parts)
+    """A command line for the VM's shell: `$B` (~/.burla) and `$PRIVATE` (the VM's private address)
+    are expanded there; everything else is quoted literally."""
+    def word(part: str) -> str:
+        pieces = _SHELL_VARIABLES.split(part)
+        quoted = [f'"{piece}"' if _SHELL_VARIABLES.fullmatch(piece) else shlex.quote(piece)
+                  for piece in pieces if piece]
+        return "".join(quoted) or "''"
+
+    return " ".join(word(part) for part in parts)
 
 
 def remote(*parts: str) -> str:
@@ -79,8 +91,8 @@ def install_script(python_version: str | None, source: PackageSource, extra: str
         # A Python with venv: the image's, or one uv fetches when its major.minor differs.
         "if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then",
         "  if command -v apt-get >/dev/null; then",
-        "    as_root apt-get update -q",
-        "    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv",
+        "    as_root apt-get -o DPkg::Lock::Timeout=300 update -q",
+        "    as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q python3-venv",
         "  elif command -v dnf >/dev/null; then as_root dnf install -y -q python3-pip; fi",
         "fi",
         f"rm -rf {ENV_DIR}",
@@ -103,7 +115,8 @@ def _container_lines(image: str) -> list[str]:
     return [
         "if ! command -v docker >/dev/null; then",
         "  if command -v apt-get >/dev/null; then",
-        "    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io",
+        "    as_root apt-get -o DPkg::Lock::Timeout=300 update -q",
+        "    as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q docker.io",
         "  else as_root dnf install -y -q docker; fi",
         "fi",
         "as_root systemctl start docker",

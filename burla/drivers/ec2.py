@@ -206,15 +206,27 @@ class Ec2Driver(ThreadedCloudDriver):
         vpc_id = None
         if self.config.subnet_id:
             vpc_id = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0].extra.get("vpc_id")
+        filters = {"group-name": NODE_GROUP_NAME, **({"vpc-id": vpc_id} if vpc_id else {})}
         try:
-            existing = driver.ex_get_security_groups(filters={"group-name": NODE_GROUP_NAME})
+            existing = driver.ex_get_security_groups(filters=filters)
             if existing:
-                return existing[0].id
-            group_id = driver.ex_create_security_group(NODE_GROUP_NAME, "burla nodes: SSH from their head, any "
-                                                       "port between nodes", vpc_id=vpc_id)["group_id"]
-            driver.ex_authorize_security_group_ingress(group_id, 22, 22, cidr_ips=["0.0.0.0/0"], protocol="tcp")
-            driver.ex_authorize_security_group_ingress(group_id, 0, 65535, group_pairs=[{"group_id": group_id}],
-                                                       protocol="tcp")
+                group_id = existing[0].id
+            else:
+                try:
+                    group_id = driver.ex_create_security_group(
+                        NODE_GROUP_NAME, "burla nodes: SSH from their head, any port between nodes",
+                        vpc_id=vpc_id)["group_id"]
+                except Exception as e:  # noqa: BLE001 - another boot thread made it meanwhile
+                    if "Duplicate" not in str(e):
+                        raise
+                    group_id = driver.ex_get_security_groups(filters=filters)[0].id
+            for rule in ({"cidr_ips": ["0.0.0.0/0"]}, {"group_pairs": [{"group_id": group_id}]}):
+                low, high = (22, 22) if "cidr_ips" in rule else (0, 65535)
+                try:  # idempotent: a group made by an interrupted boot gets its rules too
+                    driver.ex_authorize_security_group_ingress(group_id, low, high, protocol="tcp", **rule)
+                except Exception as e:  # noqa: BLE001 - libcloud raises a plain error for an existing rule
+                    if "Duplicate" not in str(e):
+                        raise
         except Exception as e:  # noqa: BLE001 - libcloud's errors are untyped
             if "UnauthorizedOperation" in str(e) or "AccessDenied" in str(e):
                 raise CloudSetupError(

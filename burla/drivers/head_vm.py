@@ -10,6 +10,8 @@ again after a reboot), else under burla's own supervisor.
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass, field
 
 from burla.drivers.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR, shell_words
@@ -49,24 +51,35 @@ def serve_arguments(driver_name: str, head: HeadMachine, wheelhouse: bool) -> li
     return serve
 
 
+_OURS = re.compile(r"^(\$B/[\w./-]+|https://\$PRIVATE:\d+)$")
+
+
+def unit_words(parts: list[str]) -> str:
+    """ExecStart's arguments, written through an unquoted here-document: our own `$B/...` paths and
+    the `$PRIVATE` URL are expanded as it is written; every other part is single-quoted."""
+    return " ".join(part if _OURS.match(part) else shlex.quote(part) for part in parts)
+
+
 def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
     """Write the head's environment file and start it: under systemd where the image runs it,
     else detached under `burla head supervise`. Running it again restarts the head."""
     for key, value in head.environment.items():
         if "\n" in key or "\n" in value or "=" in key:
             raise ValueError(f"environment value for {key!r} can't go in an environment file")
-    burla = shell_words([f"$B/{ENV_DIR}/bin/burla"])
+    burla = f"$B/{ENV_DIR}/bin/burla"
     arguments = serve_arguments(driver_name, head, wheelhouse)
-    serve = shell_words(arguments)
-    environment = [f"BURLA_CONFIG_DIR=$B/{CONFIG_DIR}", *(f"{k}={v}" for k, v in head.environment.items())]
+    # KEY='value' lines: read the same by systemd's EnvironmentFile and by `. head.env`.
+    environment = [f"BURLA_CONFIG_DIR='$B/{CONFIG_DIR}'",
+                   *(f"{k}={shlex.quote(v)}" for k, v in head.environment.items())]
     return "\n".join([
         "set -eu",
         f'B="$HOME/{HOME_DIR}"',
         'cd "$B"',
         'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
         "PRIVATE=$(hostname -I | cut -d' ' -f1)",
+        '[ -n "$PRIVATE" ] || { echo "this VM reports no private address (hostname -I)" >&2; exit 1; }',
         f"(umask 077; : > {HEAD_ENV})",
-        *(f'echo {shell_words([line])} >> {HEAD_ENV}' for line in environment),
+        *(f"echo {shell_words([line])} >> {HEAD_ENV}" for line in environment),
         "if [ -d /run/systemd/system ] && as_root true 2>/dev/null; then",
         f"  as_root tee /etc/systemd/system/{UNIT} >/dev/null <<UNIT",
         "[Unit]",
@@ -76,7 +89,7 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
         "[Service]",
         "User=$(id -un)",
         f"EnvironmentFile=$B/{HEAD_ENV}",
-        f"ExecStart={burla} {serve}",
+        f"ExecStart={unit_words([burla, *arguments])}",
         "Restart=always",
         "RestartSec=5",
         "[Install]",
@@ -91,7 +104,8 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
         f'    kill "$(cat {HEAD_PID})"; sleep 2',
         "  fi",
         f"  set -a; . ./{HEAD_ENV}; set +a",
-        f"  setsid nohup {burla} head supervise -- {shell_words(arguments[2:])} >> {HEAD_LOG} 2>&1 < /dev/null &",
+        f"  setsid nohup {shell_words([burla, 'head', 'supervise', '--', *arguments[2:]])} >> {HEAD_LOG} 2>&1 "
+        "< /dev/null &",
         f"  echo $! > {HEAD_PID}",
         "  echo started under the burla supervisor",
         "fi",

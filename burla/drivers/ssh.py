@@ -32,6 +32,7 @@ from burla.drivers.bootstrap import (
     BUILD_DIR,
     CONFIG_DIR,
     HEAD_CERT_FILE,
+    HEAD_URL_FILE,
     HOME_DIR,
     INSTALLED_MARKER,
     SCRIPT_FILE,
@@ -259,6 +260,8 @@ class VmSession:
             self.problem = str(e)
             self.note(f"gave up: {e}")
             self.owner.event(self.node_id, "bootstrap failed", "\n".join(self.transcript))
+            if self.owner.on_boot_failed is not None:
+                self.owner.on_boot_failed(self.node_id, self.problem)
             return
         finally:
             if not settings.tunnel:
@@ -328,9 +331,20 @@ class VmSession:
         self.note(f"uploaded the build {build_hash()}, the token and the bootstrap")
 
     async def _forward(self) -> None:
-        _, host, port = _head_endpoint(self.owner.settings.head_url)
-        listener = await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
+        """The tunnel: a port on the VM's loopback forwarded to the head. A reconnect asks for the same
+        port; if the VM's sshd still holds it (it has not noticed the old connection died), another
+        one, written to the file the node reads its head URL from."""
+        scheme, host, port = _head_endpoint(self.owner.settings.head_url)
+        try:
+            listener = await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
+        except Exception as e:  # noqa: BLE001 - asyncssh raises a plain ChannelListenError
+            if not self.remote_port:
+                raise
+            self.note(f"port {self.remote_port} is still taken on the VM ({e}); taking another")
+            listener = await self._connection.forward_remote_port("127.0.0.1", 0, host, port)
         self.remote_port = listener.get_port()
+        async with self._connection.start_sftp_client() as sftp:
+            await write_private(sftp, remote(HEAD_URL_FILE), f"{scheme}://127.0.0.1:{self.remote_port}\n")
         self.note(f"tunnel: 127.0.0.1:{self.remote_port} on the VM reaches the head at {host}:{port}")
 
     def _join_args(self) -> list[str]:
@@ -356,6 +370,8 @@ class VmSession:
             args += ["--region", request.region]
         if settings.head_cert:
             args += ["--head-cert", f"$B/{HEAD_CERT_FILE}"]
+        if settings.tunnel:
+            args += ["--head-url-file", f"$B/{HEAD_URL_FILE}"]
         return args
 
     async def _start_node(self) -> None:
@@ -419,6 +435,7 @@ class SshBootstrapDriver(Driver):
         self.host_keys = HostKeys(settings.config_dir / "ssh" / f"known-hosts-{settings.cluster_id}.json")
         self.wheel = build_wheel(settings.config_dir / "builds")
         self.on_event: NodeEvent | None = None
+        self.on_boot_failed: Callable[[str, str], None] | None = None  # (node_id, why): delete it now
         self._sessions: dict[str, VmSession] = {}
         self._tasks: dict[str, asyncio.Task] = {}
 

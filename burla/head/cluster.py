@@ -22,6 +22,10 @@ from burla.serialization import pack_error
 
 log = logging.getLogger("burla.head")
 
+# A node whose connection dropped may be back after its SSH tunnel is re-established (a laptop
+# changing networks): jobs wait this long for it, or the node deadline if longer.
+REJOIN_GRACE_S = 120.0
+
 PROGRESS_INTERVAL_S = 0.25
 CLIENT_WINDOW_INPUTS = 200_000
 CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
@@ -200,9 +204,9 @@ class Cluster:
             for node_id, dropped in list(self.rejoining.items()):
                 if node_id not in self.booting_ids:
                     self.rejoining.pop(node_id, None)  # it came back (or its driver gave up on it)
-                elif now - dropped > deadline_s:
+                elif now - dropped > max(deadline_s, REJOIN_GRACE_S):
                     self.node_boot_failed(node_id, f"its connection dropped and it did not come back within "
-                                                   f"{deadline_s:g} s", what="lost")
+                                                   f"{max(deadline_s, REJOIN_GRACE_S):g} s", what="lost")
                     if self.remove_machine is not None:
                         self.remove_machine(node_id, "its connection dropped and it did not come back")
 

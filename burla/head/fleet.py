@@ -190,19 +190,33 @@ class Fleet:
             for node_id, since in list(self.cluster.booting_since.items()):
                 if node_id not in self.cluster.booting_ids or now - since < deadline_s:
                     continue
-                try:
-                    console = await self.driver.boot_log(node_id)
-                except Exception as e:  # the log is a courtesy; the deletion is what matters
-                    console = f"(console unavailable: {type(e).__name__}: {e})"
                 problem = self.driver.boot_problem(node_id)
-                why = f"not ready {deadline_s:g} s after it was started; deleted" + (f" ({problem})" if problem else "")
-                if self.history is not None and console:
-                    self.history.node_event(node_id, "boot log", console[-100_000:])
-                self.cluster.node_boot_failed(node_id, why)
-                try:
-                    await self.driver.delete(node_id)
-                except Exception as e:
-                    log.error("could not delete node %s that failed to boot: %s", node_id, e)
+                await self.give_up_on(node_id, f"not ready {deadline_s:g} s after it was started; deleted"
+                                               + (f" ({problem})" if problem else ""))
+
+    def setup_failed(self, node_id: str, problem: str) -> None:
+        """The driver could not set a VM up (its bootstrap failed): delete it now, not at the deadline."""
+        task = asyncio.create_task(self.give_up_on(node_id, f"could not be set up; deleted ({problem})"),
+                                   name=f"give-up-{node_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def give_up_on(self, node_id: str, why: str) -> None:
+        """A booting machine won't become a node: keep what its console and setup printed, tell
+        the jobs waiting for it, delete it."""
+        if node_id not in self.cluster.booting_ids:
+            return
+        try:
+            console = await self.driver.boot_log(node_id)
+        except Exception as e:  # the log is a courtesy; the deletion is what matters
+            console = f"(console unavailable: {type(e).__name__}: {e})"
+        if self.history is not None and console:
+            self.history.node_event(node_id, "boot log", console[-100_000:])
+        self.cluster.node_boot_failed(node_id, why)
+        try:
+            await self.driver.delete(node_id)
+        except Exception as e:
+            log.error("could not delete node %s that failed to boot: %s", node_id, e)
 
     def idle_timeout(self, node_id: str) -> float | None:
         """Grown nodes go after a short idle time; others after the configured one (on a cloud, ten

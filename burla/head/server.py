@@ -95,6 +95,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     if settings.cloud is not None:
         fleet_driver = _cloud_driver(settings, url, head_cert, history)
     fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults, head_cert)
+    if fleet_driver is not driver:  # a cloud VM that can't be set up is deleted at once
+        fleet_driver.on_boot_failed = fleet.setup_failed
     # Serve first; history opens meanwhile (what is recorded before waits in memory).
     startup = asyncio.create_task(_open_history(history, fleet), name="history-open")
     cluster.prepare_job = fleet.prepare_job

@@ -157,7 +157,7 @@ class NodeService:
             while True:
                 try:
                     async with session.ws_connect(
-                        f"{self.settings.head_url}/v1/nodes/ws",
+                        f"{self._head_url()}/v1/nodes/ws",
                         headers=headers,
                         max_msg_size=wire.MAX_FRAME_BYTES,
                         heartbeat=None,
@@ -183,6 +183,19 @@ class NodeService:
                     self.stop()
                     return
                 await asyncio.sleep(RECONNECT_DELAY_S)
+
+    def _head_url(self) -> str:
+        """The head's URL: from --head-url-file when its SSH tunnel may have moved, else --head."""
+        path = self.settings.head_url_file
+        if path:
+            try:
+                with open(path, encoding="utf-8") as file:
+                    url = file.read().strip().rstrip("/")
+                if url.startswith(("http://", "https://")):
+                    return url
+            except OSError:
+                pass
+        return self.settings.head_url
 
     async def _serve_head(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         s = self.settings
