@@ -214,7 +214,8 @@ def test_the_gce_head_vm_gets_its_port_opened_the_ssh_key_and_the_default_servic
     assert insert.body["labels"] == {"burla-cluster": "cluster-1", "burla-role": "head"}
     assert insert.body["serviceAccounts"] == [{"email": "default",
                                                "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
-    assert insert.body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{KEY}"}]  # and nothing else
+    assert insert.body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{KEY}"},
+                                                {"key": "enable-oslogin", "value": "FALSE"}]  # and nothing else
     assert address == "34.10.0.2" and nodes == [] and deleted is True and not gce.instances
 
 

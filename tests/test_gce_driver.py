@@ -110,7 +110,8 @@ def test_create_request_carries_the_ssh_key_labels_spot_and_gpus_then_list_and_d
     boot_disk = t4_body["disks"][0]["initializeParams"]
     assert boot_disk["diskSizeGb"] == 50 and boot_disk["sourceImage"].endswith("/debian-12-v20261110")
     # The cluster's key for user burla is the only metadata: no startup script, no secret.
-    assert t4_body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{CLUSTER_KEY}"}]
+    assert t4_body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{CLUSTER_KEY}"},
+                                            {"key": "enable-oslogin", "value": "FALSE"}]
     assert "secret-token" not in json.dumps([r.body for r in gce.requests])
     # A machine type with GPUs built in gets no extra accelerators, but can't live-migrate.
     assert "guestAccelerators" not in a100_body
@@ -203,8 +204,9 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         assert insert.body["machineType"].endswith("/machineTypes/n4-standard-4")
         assert insert.body["scheduling"]["provisioningModel"] == "SPOT"
         assert insert.body["disks"][0]["initializeParams"]["diskSizeGb"] == 40
-        [metadata] = insert.body["metadata"]["items"]
+        metadata, oslogin = insert.body["metadata"]["items"]
         assert metadata["key"] == "ssh-keys" and metadata["value"].startswith("burla:ssh-ed25519 ")
+        assert oslogin == {"key": "enable-oslogin", "value": "FALSE"}
         assert head.token not in json.dumps(insert.body)
         node_id = insert.body["labels"]["burla-node-id"]
         wait_for_nodes(head, 1, timeout=240)

@@ -205,7 +205,7 @@ def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, whe
         pinned = vm.home / ".burla" / "head-cert.pem"
         assert pinned.read_text() == (head.config_dir / "head-cert.pem").read_text()
         [start] = [c for c in vm.commands if "node supervise" in c]
-        assert "--head https://127.0.0.1:" in start and '--head-cert "$B/head-cert.pem"' in start
+        assert "--head https://127.0.0.1:" in start and '--head-cert "$B"/head-cert.pem' in start
     finally:
         head.stop()
 

@@ -162,6 +162,12 @@ class GoogleToken:
             return self._credentials.token
 
 
+def _ssh_metadata(public_key: str) -> dict[str, str]:
+    """The key for user burla, and OS Login off for this VM (where a project turns it on, the guest
+    agent ignores ssh-keys metadata; an organisation policy that enforces it still wins)."""
+    return {"ssh-keys": f"{SSH_USER}:{public_key}", "enable-oslogin": "FALSE"}
+
+
 def _spot_scheduling() -> dict[str, Any]:
     return {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE", "automaticRestart": False,
             "onHostMaintenance": "TERMINATE"}
@@ -252,7 +258,7 @@ class GceDriver(ThreadedCloudDriver):
             "location": zone,
             "ex_network": self.config.network,
             "ex_tags": [NETWORK_TAG],
-            "ex_metadata": {"ssh-keys": f"{SSH_USER}:{request.ssh_public_key}"} if request.ssh_public_key else {},
+            "ex_metadata": _ssh_metadata(request.ssh_public_key) if request.ssh_public_key else {},
             "ex_labels": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
             "ex_disk_type": DEFAULT_DISK_TYPE,
             "ex_disk_size": request.disk_gb,
@@ -332,7 +338,7 @@ class GceDriver(ThreadedCloudDriver):
         driver.create_node(
             head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, self._image(driver),
             location=self._zone(driver, head.region), ex_network=self.config.network, ex_tags=[HEAD_NETWORK_TAG],
-            ex_metadata={"ssh-keys": f"{SSH_USER}:{head.ssh_public_key}"},  # set up over SSH by `burla deploy`
+            ex_metadata=_ssh_metadata(head.ssh_public_key),  # set up over SSH by `burla deploy`
             ex_labels={CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"}, ex_disk_type=DEFAULT_DISK_TYPE,
             ex_disk_size=head.disk_gb,
             # The head boots and deletes nodes as the project's default service account.
