@@ -7,6 +7,7 @@ pickles functions and classes from `__main__` by value so workers can load them.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import traceback
 from collections.abc import Callable
@@ -15,7 +16,8 @@ from typing import Any
 
 import cloudpickle
 
-from burla.errors import RemoteError, UnpicklableFunction
+from burla import errors, wire
+from burla.errors import ProtocolError, RemoteError, UnpicklableFunction
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 _DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for functions pickled by value
@@ -129,37 +131,50 @@ def pack_error(exc: BaseException, skip_frames: int = 0) -> bytes:
         exc_bytes = None
     finally:
         exc.with_traceback(tb)
-    record = {
-        "exc": exc_bytes,
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
-        "traceback": text,
-        "tb": tb_dict,
-    }
-    return pickle.dumps(record, PROTOCOL)
+    record = wire.ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), text, exc_bytes, tb_dict)
+    try:
+        return record.encode()
+    except Exception:  # a traceback dict msgpack can't carry: the text still tells the story
+        return dataclasses.replace(record, frames=None).encode()
+
+
+def _rebuild(record: wire.ErrorRecord) -> BaseException | None:
+    if record.exception is not None:
+        try:
+            exc = pickle.loads(record.exception)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:
+            pass
+    if record.module == errors.__name__:  # burla's own errors travel by name (the head never pickles)
+        cls = getattr(errors, record.type_name, None)
+        if isinstance(cls, type) and issubclass(cls, errors.BurlaError):
+            try:
+                return cls(record.message)
+            except TypeError:
+                return None
+    return None
 
 
 def unpack_error(payload: bytes, input_index: int) -> BaseException:
     """Re-create a remote exception with its remote traceback and `burla_input_index`."""
-    record = pickle.loads(payload)
-    exc: BaseException | None = None
-    if record.get("exc") is not None:
-        try:
-            exc = pickle.loads(record["exc"])
-        except Exception:
-            exc = None
-    if not isinstance(exc, BaseException):
-        exc = RemoteError(record["type"], record["message"], record["traceback"])
-    if record.get("tb"):
+    try:
+        record = wire.read_error(payload)
+    except ProtocolError as e:
+        return RemoteError("burla.errors.ProtocolError", f"a failed call's error could not be read: {e}")
+    exc = _rebuild(record)
+    if exc is None:
+        exc = RemoteError(record.qualified_name, record.message, record.traceback)
+    if record.frames:
         try:
             from tblib import Traceback
 
-            exc = exc.with_traceback(Traceback.from_dict(record["tb"]).as_traceback())
+            exc = exc.with_traceback(Traceback.from_dict(record.frames).as_traceback())
         except Exception:
             pass
     try:
         exc.burla_input_index = input_index  # type: ignore[attr-defined]
-        exc.burla_traceback = record["traceback"]  # type: ignore[attr-defined]
+        exc.burla_traceback = record.traceback  # type: ignore[attr-defined]
     except AttributeError:  # exceptions with __slots__
         pass
     return exc

@@ -427,6 +427,36 @@ class NodeLeaving(Message):
     reason: str
 
 
+@message(37)
+class ErrorRecord(Message):
+    """A failed call's error, as a result payload. The head, CLI and dashboard read the typed
+    fields; only the client unpickles `exception`, so a failing call can't run code in the head."""
+
+    type_name: str  # the class's qualified name
+    module: str  # the class's module
+    message: str
+    traceback: str  # formatted, as the worker saw it
+    exception: bytes | None  # the cloudpickled exception, None if it can't travel
+    frames: dict | None  # tblib's dict of the traceback, to re-raise with the remote frames
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.module}.{self.type_name}" if self.module and self.module != "builtins" else self.type_name
+
+
+def describe_error(exc: BaseException) -> bytes:
+    """An error payload without a pickled object, for errors the head raises itself: the client
+    re-creates exceptions of burla.errors from their name and message."""
+    return ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), "", None, None).encode()
+
+
+def read_error(payload: bytes) -> ErrorRecord:
+    """The typed fields of an error payload; raises ProtocolError if it is not one."""
+    record = decode(payload, (ErrorRecord,))
+    assert isinstance(record, ErrorRecord)
+    return record
+
+
 CLIENT_TO_HEAD = (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob)
 NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen, NodeLeaving)
 HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint)

@@ -184,3 +184,25 @@ def pause_then_double(x, seconds=0.3):
 
     time.sleep(seconds)
     return x * 2
+
+
+class _RunsCodeWhenLoaded:
+    """A pickle that, when anyone loads it, appends that process's pid to a file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"import os; open({self.marker!r}, 'a').write(str(os.getpid()) + chr(10))",))
+
+
+def fail_with_a_planted_pickle(marker):
+    """Job code that tampers with its own worker so that its failure payload is a pickle which
+    runs code wherever it is loaded: what a malicious job (or a fake node) can send."""
+    import pickle
+
+    planted = lambda exc, skip_frames=0: pickle.dumps(_RunsCodeWhenLoaded(marker))  # noqa: E731
+    for module in (sys.modules["__main__"], sys.modules.get("burla.node.worker")):  # the worker runs as -m
+        if module is not None and hasattr(module, "pack_error"):
+            module.pack_error = planted
+    raise ValueError("planted")

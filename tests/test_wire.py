@@ -32,6 +32,7 @@ SAMPLES: list[wire.Message] = [
     wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0, 1024.0, 2048.0),
     wire.ShutdownNode("bye"),
     wire.NodeLeaving("stopped by SIGTERM"),
+    wire.ErrorRecord("KeyError", "builtins", "missing", "Traceback ...", b"pickled", {"tb_lineno": 3, "tb_next": None}),
     wire.StealHint("j-1", "n2", "http://127.0.0.1:2"),
     wire.Stolen("j-1", "n2", [3, 4]),
     wire.StealRequest("j-1", "t-1", "n1", 8),

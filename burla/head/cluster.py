@@ -18,7 +18,6 @@ from burla.errors import JobNotFound, NodeDisconnected
 from burla.head.history import History
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
-from burla.serialization import pack_error
 
 log = logging.getLogger("burla.head")
 
@@ -255,7 +254,7 @@ class Cluster:
             "running it; it is not retried again. If the call itself brings its machine down (memory, "
             "disk), give it more with func_ram or bigger machines."
         )
-        return pack_error(error)
+        return wire.describe_error(error)
 
     def _on_results(self, node_id: str, msg: wire.ResultBatch) -> None:
         job = self.scheduler.jobs.get(msg.job_id)

@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import json
 import logging
-import pickle
 import time
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+
+from burla import wire
+from burla.errors import ProtocolError
 
 log = logging.getLogger("burla.head")
 
@@ -171,9 +173,9 @@ class History:
             if ok:
                 continue
             try:
-                record = pickle.loads(payload)
-                row = (job_id, index, record["type"], record["message"], record["traceback"], now)
-            except Exception:  # a payload we can't read is still a failure worth listing
+                record = wire.read_error(payload)  # typed fields only: the head never unpickles
+                row = (job_id, index, record.qualified_name, record.message, record.traceback, now)
+            except ProtocolError:  # a payload we can't read is still a failure worth listing
                 row = (job_id, index, "unknown", "the error could not be read", "", now)
             self._failures.append(row)
         self._poke(len(results))
