@@ -2,7 +2,11 @@
 browser) a session cookie obtained through a one-time login link.
 
 Every endpoint but the health check and the login link itself requires one of them; tokens
-and codes are compared in constant time.
+and codes are compared in constant time. A cookie is ambient (the browser sends it whatever
+page asks), so it authorises only reads: GET pages, the JSON API's GETs and the SSE streams.
+A POST with a cookie also needs the `X-Burla-CSRF` header (which no cross-origin page can send
+without a preflight the head never grants) and an `Origin` equal to the head's own; a WebSocket
+needs the bearer token.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
 SESSION_COOKIE = "burla_session"
 LOGIN_CODE_TTL_S = 300.0
 SESSION_TTL_S = 7 * 86400.0
+CSRF_HEADER = "X-Burla-CSRF"
+_UNSAFE_IN_REDIRECT = frozenset(chr(c) for c in range(0x21)) | {"\x7f", "\\"}
 
 
 def error_response(status: int, kind: str, message: str) -> web.Response:
@@ -41,7 +47,8 @@ class Sessions:
     def redeem(self, code: str) -> str | None:
         """Trade a code (once) for a session id; None if it is unknown, used or expired."""
         self._expire()
-        match = next((c for c in self._codes if hmac.compare_digest(c.encode(), code.encode())), None)
+        given = code.encode("utf-8", "surrogatepass")
+        match = next((c for c in self._codes if hmac.compare_digest(c.encode(), given)), None)
         if match is None:
             return None
         del self._codes[match]
@@ -62,18 +69,49 @@ class Sessions:
                 del store[key]
 
 
+def same_origin_path(target: str) -> bool:
+    """Whether a redirect target stays on this origin: an absolute path, never `//host` or a
+    form browsers turn into one (backslashes, or tabs and newlines they strip)."""
+    return (target.startswith("/") and not target.startswith("//")
+            and not any(c in _UNSAFE_IN_REDIRECT for c in target))
+
+
+def bearer_matches(request: web.Request, expected: bytes) -> bool:
+    given = request.headers.get("Authorization", "")
+    if not given.startswith("Bearer "):
+        return False
+    # Header bytes that aren't UTF-8 arrive as surrogate escapes, which plain encode() refuses.
+    return hmac.compare_digest(given[7:].strip().encode("utf-8", "surrogatepass"), expected)
+
+
+def cookie_refusal(request: web.Request) -> str | None:
+    """Why a request carrying only a session cookie may not go on (None: it may)."""
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return "WebSockets need 'Authorization: Bearer <token>'; a session cookie is not enough"
+    if request.method in ("GET", "HEAD"):
+        return None
+    own_origin = f"{request.scheme}://{request.host}"
+    if request.headers.get(CSRF_HEADER) != "1" or request.headers.get("Origin") != own_origin:
+        return (f"a {request.method} with a session cookie needs the {CSRF_HEADER}: 1 header and Origin "
+                f"{own_origin}; tools use 'Authorization: Bearer <token>'")
+    return None
+
+
 def token_middleware(token: str, sessions: Sessions | None = None, login_page: Handler | None = None):
-    """Reject any request without `Authorization: Bearer <token>` or a valid session cookie."""
+    """Reject any request without `Authorization: Bearer <token>` or a valid session cookie
+    (which authorises reads, and writes only from the head's own pages)."""
     expected = token.encode()
 
     @web.middleware
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in OPEN_PATHS:
             return await handler(request)
-        given = request.headers.get("Authorization", "")
-        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), expected):
+        if bearer_matches(request, expected):
             return await handler(request)
         if sessions is not None and sessions.valid(request.cookies.get(SESSION_COOKIE)):
+            refusal = cookie_refusal(request)
+            if refusal is not None:
+                return error_response(403, "Forbidden", refusal)
             return await handler(request)
         if login_page is not None and request.method == "GET" and not request.path.startswith("/v1/"):
             return await login_page(request)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from burla.auth import SESSION_COOKIE, SESSION_TTL_S, Sessions
+from burla.auth import SESSION_COOKIE, SESSION_TTL_S, Sessions, same_origin_path
 from burla.head.api import int_param, jobs_listing, metrics_of
 from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
@@ -57,7 +57,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     """Trade a one-time code for a session cookie, then go where the link pointed."""
     code = request.query.get("code", "")
     target = request.query.get("next", "/")
-    if not target.startswith("/") or target.startswith("//"):
+    if not same_origin_path(target):
         target = "/"
     session = request.app[SESSIONS].redeem(code) if code else None
     if session is None:
@@ -71,7 +71,7 @@ async def login(request: web.Request) -> web.StreamResponse:
 async def login_link(request: web.Request) -> web.Response:
     """A one-time link that logs a browser in (minted with the token, valid five minutes)."""
     target = request.query.get("next", "/")
-    if not target.startswith("/") or target.startswith("//"):
+    if not same_origin_path(target):
         raise web.HTTPBadRequest(text="next must be a path on this head, e.g. /jobs")
     code = request.app[SESSIONS].new_code()
     from urllib.parse import urlencode

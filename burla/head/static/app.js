@@ -29,7 +29,7 @@ async function api(path, options) {
 }
 
 function post(path, body) {
-  return api(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body || {})});
+  return api(path, {method: "POST", headers: {"Content-Type": "application/json", "X-Burla-CSRF": "1"}, body: JSON.stringify(body || {})});
 }
 
 function live(path, render) {
