@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from burla.web_json import error_response
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
 SESSION_COOKIE = "burla_session"
@@ -25,10 +27,6 @@ LOGIN_CODE_TTL_S = 300.0
 SESSION_TTL_S = 7 * 86400.0
 CSRF_HEADER = "X-Burla-CSRF"
 _UNSAFE_IN_REDIRECT = frozenset(chr(c) for c in range(0x21)) | {"\x7f", "\\"}
-
-
-def error_response(status: int, kind: str, message: str) -> web.Response:
-    return web.json_response({"error": kind, "message": message}, status=status)
 
 
 class Sessions:

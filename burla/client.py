@@ -23,8 +23,7 @@ from burla.local_cluster import ClusterHandle, connect, running_local_head, star
 from burla.node.worker_context import waiting_on_children
 from burla.progress import Display
 from burla.serialization import dumps_function
-
-GPU_CHOICES = ("T4", "A100", "A100_40G", "A100_80G", "H100", "H100_80G")
+from burla.validation import GPU_CHOICES, IMAGE, REGION, matches
 
 
 def remote_parallel_map(
@@ -226,9 +225,12 @@ def _check_options(function_: Any, func_gpu: Any, image: Any, region: Any, disk_
         raise InvalidArgument(f"function_ must be callable, got {type(function_).__name__}")
     if func_gpu is not None and (not isinstance(func_gpu, str) or func_gpu.upper() not in GPU_CHOICES):
         raise InvalidArgument(f"func_gpu must be one of {', '.join(GPU_CHOICES)} or None, got {func_gpu!r}")
-    for name, value in (("image", image), ("region", region)):
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise InvalidArgument(f"{name} must be a non-empty string or None, got {value!r}")
+    if image is not None and not matches(IMAGE, image):
+        raise InvalidArgument(f"image must be a container image reference such as python:3.12-slim or "
+                              f"ghcr.io/org/app:1.2 (letters, digits and ._/:@+-, not starting with -), got {image!r}")
+    if region is not None and not matches(REGION, region):
+        raise InvalidArgument(f"region must be a cloud region name such as us-east-1, us-central1 or eastus, "
+                              f"got {region!r}")
     for name, value in (("disk_gb", disk_gb), ("max_parallelism", max_parallelism)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InvalidArgument(f"{name} must be a positive integer or None, got {value!r}")

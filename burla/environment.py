@@ -12,6 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+from burla.validation import replicable_package
+
 # Never installed by a node: burla itself (the node runs its own), and packaging tools.
 NOT_REPLICATED = frozenset({"burla", "pip", "setuptools", "wheel", "uv"})
 
@@ -49,7 +51,8 @@ def installed_distributions() -> tuple[tuple[str, str], ...]:
                     name, version = dist.metadata["Name"], dist.version
                 except Exception:
                     continue
-            if name and canonical(name) not in NOT_REPLICATED:
+            # A name or version pip couldn't be asked for (a broken install's leftovers) is skipped.
+            if name and canonical(name) not in NOT_REPLICATED and replicable_package(canonical(name), version):
                 found.setdefault(canonical(name), version)  # the first on sys.path is what imports
     return tuple(sorted(found.items()))
 

@@ -16,6 +16,7 @@ Channels:
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_float(value: Any) -> bool:
-    return type(value) is float or type(value) is int
+    # NaN and infinities are refused at the edge: nothing downstream (JSON views, the scheduler's
+    # arithmetic) has to think about them.
+    return type(value) is int or (type(value) is float and math.isfinite(value))
 
 
 _SIMPLE: dict[str, _Checker] = {
@@ -108,18 +111,75 @@ def message(tag: int) -> Callable[[type], type]:
     return register
 
 
-def decode(data: bytes | bytearray | memoryview, allowed: tuple[type[Message], ...] | None = None) -> Message:
+@dataclass(frozen=True)
+class Limits:
+    """What one frame on a channel may hold. Strings and bytes cost memory in proportion to the
+    frame, but arrays and maps of tiny items cost ~60 bytes per byte sent: their lengths, and the
+    items of all of them together, are bounded so that no frame can make a peer balloon."""
+
+    max_array_len: int
+    max_map_len: int
+    max_str_len: int
+    max_bin_len: int
+    max_items: int  # array items plus map entries, over the whole frame
+
+
+class Channel:
+    """One direction of one link: which messages it carries and how big their frames may be."""
+
+    def __init__(self, name: str, messages: tuple[type[Message], ...], limits: Limits) -> None:
+        self.name = name
+        self.messages = messages
+        self.limits = limits
+
+    def __iter__(self):  # so `Msg in CHANNEL` reads naturally
+        return iter(self.messages)
+
+
+class _ItemBudget:
+    """msgpack hooks that count the items of every array and map as the frame is decoded."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.left = self.limit = limit
+
+    def array(self, items: list) -> list:
+        self.left -= len(items)
+        if self.left < 0:
+            raise ValueError(f"over {self.limit} array items and map entries in one frame")
+        return items
+
+    def map(self, entries: dict) -> dict:
+        self.left -= len(entries)
+        if self.left < 0:
+            raise ValueError(f"over {self.limit} array items and map entries in one frame")
+        return entries
+
+
+DEFAULT_LIMITS = Limits(max_array_len=10_000, max_map_len=10_000, max_str_len=1 << 20, max_bin_len=1 << 20,
+                        max_items=100_000)
+
+
+def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[Message], ...] | None = None) -> Message:
     """Decode one frame into its message, or raise ProtocolError saying what is wrong."""
+    limits = allowed.limits if isinstance(allowed, Channel) else DEFAULT_LIMITS
+    budget = _ItemBudget(limits.max_items)
     try:
-        frame = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+        frame = msgpack.unpackb(
+            data, raw=False, use_list=True, strict_map_key=False, list_hook=budget.array, object_hook=budget.map,
+            max_array_len=limits.max_array_len, max_map_len=limits.max_map_len, max_str_len=limits.max_str_len,
+            max_bin_len=limits.max_bin_len, max_ext_len=0,
+        )
     except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"frame is not valid msgpack ({type(e).__name__}: {e})") from None
+        raise ProtocolError(f"frame is not valid msgpack or is over this channel's limits "
+                            f"({type(e).__name__}: {e})") from None
     if type(frame) is not list or not frame or type(frame[0]) is not int:
         raise ProtocolError("frame must be a msgpack array [tag, fields...]")
     cls = _REGISTRY.get(frame[0])
     if cls is None:
         raise ProtocolError(f"unknown message tag {frame[0]}")
-    if allowed is not None and cls not in allowed:
+    if allowed is not None and cls not in (allowed.messages if isinstance(allowed, Channel) else allowed):
         raise ProtocolError(f"{cls.__name__} is not accepted on this channel")
     values = frame[1:]
     if len(values) != len(cls._fields):
@@ -452,20 +512,36 @@ def describe_error(exc: BaseException) -> bytes:
 
 def read_error(payload: bytes) -> ErrorRecord:
     """The typed fields of an error payload; raises ProtocolError if it is not one."""
-    record = decode(payload, (ErrorRecord,))
+    record = decode(payload, ERROR_RECORD)
     assert isinstance(record, ErrorRecord)
     return record
 
 
-CLIENT_TO_HEAD = (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob)
-NODE_TO_HEAD = (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen, NodeLeaving)
-HEAD_TO_NODE = (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint)
-HEAD_TO_CLIENT = (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch, Progress, JobEnded)
-WORKER_TO_NODE = (WorkerReady, WorkerReport, WorkerWaiting)
-NODE_TO_WORKER = (LoadFunction, RunCalls, UnloadFunction)
-
 # The largest frame: one 200 MB input or 100 MB function plus its envelope.
 MAX_FRAME_BYTES = 216 * 1024 * 1024
+
+# The most inputs one job may have; the head keeps a little state per input.
+MAX_INPUTS = 100_000_000
+# A call's output text per chunk, and the longest traceback or message worth carrying.
+_TEXT = 64 * 1024 * 1024
+_CALLS = 2_000_000  # the most results one frame to a client carries (8 MB of tiny results)
+_PER_NODE = 200_000  # the most inputs, results or output chunks a node exchanges in one frame
+
+CLIENT_TO_HEAD = Channel("client to head", (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob),
+                         Limits(200_000, 100_000, 1 << 20, MAX_FRAME_BYTES, 600_000))
+NODE_TO_HEAD = Channel("node to head", (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen, NodeLeaving),
+                       Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
+HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode,
+                                        ErrorReply, StealHint),
+                       Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
+HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch,
+                                            Progress, JobEnded),
+                         Limits(_CALLS, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _CALLS))
+WORKER_TO_NODE = Channel("worker to node", (WorkerReady, WorkerReport, WorkerWaiting),
+                         Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
+NODE_TO_WORKER = Channel("node to worker", (LoadFunction, RunCalls, UnloadFunction),
+                         Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
+ERROR_RECORD = Channel("error record", (ErrorRecord,), Limits(10_000, 10_000, _TEXT, MAX_FRAME_BYTES, 1_000_000))
 
 # Length prefix for frames on the worker socket.
 FRAME_HEADER = struct.Struct("!I")

@@ -7,15 +7,21 @@ import base64
 import http.client
 import json
 import os
+import socket
 import urllib.parse
 from pathlib import Path
 
+import aiohttp
+import msgpack
 import pytest
 
-from burla import RemoteError, remote_parallel_map
+from burla import RemoteError, remote_parallel_map, wire
+from burla._version import __version__
+from burla.build import build_hash
 from tests import functions
 from tests.conftest import own_head
 from tests.helpers import get_json
+from tests.test_security_and_bad_input import _error, _exchange, open_job
 
 HEAD_PACKAGE = Path(__file__).resolve().parent.parent / "burla" / "head"
 PICKLE_MODULES = {"pickle", "cloudpickle", "dill", "marshal", "shelve", "joblib", "burla.serialization"}
@@ -127,3 +133,125 @@ def test_redirects_after_login_stay_on_the_head(cluster, target):
     code = urllib.parse.parse_qs(login.query)["code"][0]
     status, headers, _ = _request(cluster.url, "GET", f"/login?code={code}&next={target}")
     assert status == 302 and headers["location"] == "/"
+
+
+# --- malformed input: a 4xx saying what was wrong, never a 5xx ------------------------------
+
+
+def _raw_request(url: str, request_line: bytes, headers: dict, body: bytes = b"") -> tuple[int, bytes]:
+    """Send exactly these bytes (URLs that http.client would refuse to write)."""
+    parts = urllib.parse.urlsplit(url)
+    lines = [request_line, *(f"{k}: {v}".encode("latin-1") for k, v in headers.items()),
+             f"Content-Length: {len(body)}".encode(), b"Connection: close", b"", b""]
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(b"\r\n".join(lines) + body)
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    head, _, rest = response.partition(b"\r\n\r\n")
+    return int(head.split()[1]), rest
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"packages": {"numpy": 1}}, "packages entry"),  # crashed every node it was sent to
+        ({"packages": {"numpy": "1.0 --index-url http://x"}}, "packages entry"),
+        ({"packages": {"../x": "1.0"}}, "packages entry"),
+        ({"func_ram": float("nan")}, "func_ram has the wrong type"),
+        ({"func_ram": float("inf")}, "func_ram has the wrong type"),
+        ({"func_ram": 1e300}, "func_ram must be"),
+        ({"n_inputs": 200_000_000}, "n_inputs must be between 1 and 100,000,000"),
+        ({"image": "--privileged"}, "image must be"),
+        ({"image": "python:3.12 -v /:/host"}, "image must be"),
+        ({"region": "us-east-1/../../projects/other"}, "region must be"),
+        ({"job_id": "a/b"}, "job_id must be"),
+        ({"func_gpu": "H100; rm"}, "func_gpu must be"),
+    ],
+)
+async def test_job_openings_are_validated_whole(cluster, overrides, words):
+    error = _error(await _exchange(cluster, "/v1/jobs/ws", [open_job(**overrides).encode()]))
+    assert error.kind == "ProtocolError" and words in error.message and error.status == 400
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        msgpack.packb([1, [[]] * 300_000]),  # one long array of empty arrays
+        msgpack.packb([1, [[[]] * 100_000] * 8]),  # the same, nested to pass a per-array limit
+        msgpack.packb([1, {str(i): 0 for i in range(200_000)}]),
+    ],
+    ids=["long-array", "nested-arrays", "big-map"],
+)
+async def test_frames_of_tiny_containers_are_refused_before_they_balloon(cluster, frame):
+    # Fails on the previous code, which decoded them whole (a 16 MB frame took 1.2 GB).
+    error = _error(await _exchange(cluster, "/v1/jobs/ws", [frame]))
+    assert "over this channel's limits" in error.message
+
+
+async def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(cluster):
+    register = wire.RegisterNode("nan-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
+                                 __version__, build_hash())
+    state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0])
+    replies = await _exchange(cluster, "/v1/nodes/ws", [register.encode(), state])
+    assert "has the wrong type" in _error(replies).message
+    status, body = _raw_request(cluster.url, b"GET /v1/cluster HTTP/1.1",
+                                {"Host": "x", "Authorization": f"Bearer {cluster.token}"})
+    assert status == 200 and b"NaN" not in body
+
+
+async def test_a_cancel_reason_that_is_not_unicode_changes_nothing(cluster):
+    # Fails on the previous code: the head marked the job canceled, then failed to encode the
+    # reason for its node, leaving history RUNNING and the client waiting forever.
+    spec = open_job(n_inputs=1)
+    async with aiohttp.ClientSession(headers=cluster.headers()) as session:
+        async with session.ws_connect(cluster.url + "/v1/jobs/ws") as ws:
+            await ws.send_bytes(spec.encode())
+            assert isinstance(wire.decode((await ws.receive()).data), wire.JobAccepted)
+            path = f"/v1/jobs/{spec.job_id}/cancel"
+            for body in (b'{"reason": "\\ud800"}', b'{"reason": "x", "n": NaN}', b"[" * 100_000,
+                         b'{"reason": 7}', b"\xff\xfe"):
+                async with session.post(cluster.url + path, data=body) as response:
+                    assert response.status == 400, body[:20]
+                    assert (await response.json())["error"] == "BadRequest"
+            async with session.get(f"{cluster.url}/v1/jobs/{spec.job_id}") as response:
+                assert (await response.json())["status"] == "RUNNING"
+            async with session.post(cluster.url + path, json={"reason": "enough"}) as response:
+                assert response.status == 200 and (await response.json())["status"] == "CANCELED"
+            ended = None
+            while ended is None:
+                msg = wire.decode((await ws.receive(timeout=60)).data)
+                ended = msg if isinstance(msg, wire.JobEnded) else None
+            assert ended.status == "CANCELED" and ended.reason == "enough"
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"GET /v1/jobs/\xed\xa0\x80 HTTP/1.1",  # a lone surrogate, UTF-8-encoded, in an id
+        b"GET /v1/jobs/%ED%A0%80 HTTP/1.1",
+        b"GET /v1/jobs/\xff HTTP/1.1",
+        b"GET /v1/jobs?status=%ED%A0%80 HTTP/1.1",
+        b"GET /v1/jobs?limit=%C2%B2 HTTP/1.1",  # superscript two: isdigit() but not an int
+        b"GET /v1/jobs?limit=1_0 HTTP/1.1",
+        b"GET /v1/nodes/%ED%A0%80/events HTTP/1.1",
+        b"GET /v1/jobs/anything/calls/%C2%B2/output HTTP/1.1",
+    ],
+)
+def test_urls_that_are_not_unicode_or_numbers_are_400s(cluster, request_line):
+    status, body = _raw_request(cluster.url, request_line, {"Host": "x", "Authorization": f"Bearer {cluster.token}"})
+    assert 400 <= status < 500, (request_line, status, body)
+    # Raw bytes that aren't UTF-8 never reach the app (aiohttp's parser answers in text).
+    assert json.loads(body)["message"] if b"%" in request_line else body
+
+
+def test_settings_refuse_nan_and_deep_json(cluster):
+    for body in (b'{"quantity": NaN}', b'{"quantity": Infinity}', b'{"a": ' * 50_000, b'"not an object"'):
+        status, reply = _raw_request(cluster.url, b"POST /v1/settings HTTP/1.1",
+                                     {"Host": "x", "Authorization": f"Bearer {cluster.token}",
+                                      "Content-Type": "application/json"}, body)
+        assert status == 400, (body[:20], reply)
+
+
+def test_the_head_still_serves_a_job_after_all_that(cluster):
+    assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]

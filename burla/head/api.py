@@ -3,29 +3,36 @@ failed calls, call output and node events. Every route needs the cluster token."
 
 from __future__ import annotations
 
-import json
+import re
 
 from aiohttp import web
 
-from burla.auth import error_response
 from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
 from burla.head.fleet import Fleet, SettingsError
 from burla.head.scheduler import RUNNING
+from burla.web_json import error_response, json_response, read_object
 
 FLEET = web.AppKey("fleet", Fleet)
 MAX_LIMIT = 1000
 JOB_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELED")
+MAX_REASON_CHARS = 2000
+_DECIMAL = re.compile(r"[0-9]{1,18}")  # ASCII digits only: int() also takes "²"-like digits and "1_0"
+
+
+def parse_index(raw: str) -> int | None:
+    return int(raw) if _DECIMAL.fullmatch(raw) else None
 
 
 def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise web.HTTPBadRequest(text=f"{name} must be an integer, got {raw!r}") from None
+    negative = raw.startswith("-")
+    value = parse_index(raw[1:] if negative else raw)
+    if value is None:
+        raise web.HTTPBadRequest(text=f"{name} must be an integer, got {raw[:50]!r}")
+    value = -value if negative else value
     if not low <= value <= high:
         raise web.HTTPBadRequest(text=f"{name} must be between {low} and {high}, got {value}")
     return value
@@ -34,7 +41,7 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
 async def cluster_state(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
     s = cluster.scheduler
-    return web.json_response(
+    return json_response(
         {
             "version": cluster.version,
             "booting": s.booting,
@@ -67,7 +74,7 @@ async def _job_view_or_404(request: web.Request) -> dict:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    return web.json_response(await _job_view_or_404(request))
+    return json_response(await _job_view_or_404(request))
 
 
 async def jobs_listing(cluster: Cluster, status: str | None, limit: int, parent: str | None = None) -> list[dict]:
@@ -84,7 +91,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text=f"status must be one of {', '.join(JOB_STATUSES)}, got {status!r}")
     limit = int_param(request, "limit", 50, 1, MAX_LIMIT)
     jobs = await jobs_listing(cluster, status.upper() if status else None, limit, request.query.get("parent"))
-    return web.json_response({"jobs": jobs})
+    return json_response({"jobs": jobs})
 
 
 async def job_failures(request: web.Request) -> web.Response:
@@ -92,17 +99,18 @@ async def job_failures(request: web.Request) -> web.Response:
     view = await _job_view_or_404(request)
     limit = int_param(request, "limit", 1000, 1, 100_000)
     failures = await cluster.history.failures_of(view["job_id"], limit) if cluster.history else []
-    return web.json_response({"job_id": view["job_id"], "failures": failures})
+    return json_response({"job_id": view["job_id"], "failures": failures})
 
 
 async def call_output(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
     view = await _job_view_or_404(request)
-    index = request.match_info["index"]
-    if not index.isdigit() or int(index) >= view["n_inputs"]:
-        raise web.HTTPBadRequest(text=f"input index must be 0..{view['n_inputs'] - 1}, got {index!r}")
-    rows = await cluster.history.output_of(view["job_id"], int(index)) if cluster.history else []
-    return web.json_response({"job_id": view["job_id"], "input_index": int(index), "output": rows})
+    index = parse_index(request.match_info["index"])
+    if index is None or index >= view["n_inputs"]:
+        raise web.HTTPBadRequest(text=f"input index must be 0..{view['n_inputs'] - 1}, got "
+                                      f"{request.match_info['index'][:50]!r}")
+    rows = await cluster.history.output_of(view["job_id"], index) if cluster.history else []
+    return json_response({"job_id": view["job_id"], "input_index": index, "output": rows})
 
 
 async def node_events(request: web.Request) -> web.Response:
@@ -111,63 +119,49 @@ async def node_events(request: web.Request) -> web.Response:
     events = await cluster.history.node_events_of(node_id) if cluster.history else []
     if not events and node_id not in cluster.scheduler.nodes:
         raise web.HTTPNotFound(text=f"no node {node_id!r} on this head or in its history")
-    return web.json_response({"node_id": node_id, "events": events})
+    return json_response({"node_id": node_id, "events": events})
 
 
 async def cancel_job(request: web.Request) -> web.Response:
     cluster, job = _job_or_404(request)
-    reason = "canceled over HTTP"
-    if request.can_read_body:
-        try:
-            body = json.loads(await request.read() or b"{}")
-        except ValueError:
-            return error_response(400, "BadRequest", "the body must be JSON, e.g. {\"reason\": \"...\"}")
-        if not isinstance(body, dict) or not isinstance(body.get("reason", ""), str):
-            return error_response(400, "BadRequest", "the body must be an object whose 'reason' is a string")
-        reason = body.get("reason") or reason
+    body = await read_object(request)  # validated whole before the job changes
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+        return error_response(400, "BadRequest", f"'reason' must be a string of at most {MAX_REASON_CHARS} characters")
+    reason = reason or "canceled over HTTP"
     if not cluster.cancel(job.job_id, reason):
         return error_response(409, "Conflict", f"job {job.job_id} already ended ({job.status})")
-    return web.json_response(cluster.job_view(job))
+    return json_response(cluster.job_view(job))
 
 
-
-
-async def _json_body(request: web.Request) -> dict:
-    try:
-        body = json.loads(await request.read() or b"{}")
-    except ValueError:
-        raise web.HTTPBadRequest(text="the body must be a JSON object") from None
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text="the body must be a JSON object")
-    return body
 
 
 async def get_settings(request: web.Request) -> web.Response:
-    return web.json_response(request.app[FLEET].settings.to_dict())
+    return json_response(request.app[FLEET].settings.to_dict())
 
 
 async def update_settings(request: web.Request) -> web.Response:
-    changes = await _json_body(request)
+    changes = await read_object(request)
     try:
         settings = await request.app[FLEET].update_settings(changes)
     except SettingsError as e:
         return error_response(400, "InvalidSetting", str(e))
-    return web.json_response(settings.to_dict())
+    return json_response(settings.to_dict())
 
 
 async def cluster_start(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[FLEET].start())
+    return json_response(await request.app[FLEET].start())
 
 
 async def cluster_stop(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[FLEET].stop())
+    return json_response(await request.app[FLEET].stop())
 
 
 async def cluster_restart(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     stopped = await fleet.stop()
     started = await fleet.start()
-    return web.json_response({**stopped, **started})
+    return json_response({**stopped, **started})
 
 
 async def metrics_of(cluster: Cluster, view: dict) -> dict:
@@ -190,7 +184,7 @@ async def metrics_of(cluster: Cluster, view: dict) -> dict:
 
 async def job_metrics(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
-    return web.json_response(await metrics_of(cluster, await _job_view_or_404(request)))
+    return json_response(await metrics_of(cluster, await _job_view_or_404(request)))
 
 
 async def search_output(request: web.Request) -> web.Response:
@@ -202,7 +196,7 @@ async def search_output(request: web.Request) -> web.Response:
     if len(text) > 500:
         raise web.HTTPBadRequest(text="search text must be at most 500 characters")
     rows = await cluster.history.search_output(view["job_id"], text, limit) if cluster.history else []
-    return web.json_response({"job_id": view["job_id"], "search": text, "matches": rows})
+    return json_response({"job_id": view["job_id"], "search": text, "matches": rows})
 
 
 async def list_calls(request: web.Request) -> web.Response:
@@ -212,9 +206,19 @@ async def list_calls(request: web.Request) -> web.Response:
     failed_only = request.query.get("failed_only", "false").lower() in ("1", "true", "yes")
     offset = int_param(request, "offset", 0, 0, 10**9)
     limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
-    failures = await cluster.history.failures_of(view["job_id"], 100_000) if cluster.history else []
+    job_id, n_inputs = view["job_id"], view["n_inputs"]
+    history = cluster.history
+    # Only the page is read: a job may have 100 million inputs.
+    if failed_only:
+        failures = await history.failures_of(job_id, limit, offset) if history else []
+        page: range | list[int] = [f["input_index"] for f in failures]
+        total = await history.count_failures(job_id) if history else 0
+    else:
+        page = range(n_inputs)[offset:offset + limit]
+        failures = await history.failures_of(job_id, limit, 0, page[0], page[-1]) if history and page else []
+        total = n_inputs
     failed = {f["input_index"]: f for f in failures}
-    live = cluster.scheduler.jobs.get(view["job_id"])
+    live = cluster.scheduler.jobs.get(job_id)
 
     def state(index: int) -> str:
         if index in failed:
@@ -223,8 +227,6 @@ async def list_calls(request: web.Request) -> web.Response:
             return "done" if live.done[index] else "pending"
         return "done" if view["status"] == "COMPLETED" else "unknown"
 
-    indices = sorted(failed) if failed_only else range(view["n_inputs"])
-    page = list(indices)[offset:offset + limit]
     calls = []
     for index in page:
         call = {"input_index": index, "state": state(index)}
@@ -232,8 +234,7 @@ async def list_calls(request: web.Request) -> web.Response:
             call["exception_type"] = failed[index]["exception_type"]
             call["message"] = failed[index]["message"]
         calls.append(call)
-    total = len(failed) if failed_only else view["n_inputs"]
-    return web.json_response({"job_id": view["job_id"], "total": total, "offset": offset, "calls": calls})
+    return json_response({"job_id": view["job_id"], "total": total, "offset": offset, "calls": calls})
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -244,7 +245,7 @@ async def get_node(request: web.Request) -> web.Response:
     if node is None and not events:
         raise web.HTTPNotFound(text=f"no node {node_id!r} on this head or in its history; `GET /v1/cluster` lists them")
     view = cluster.node_view(node) if node is not None else {"node_id": node_id, "status": "GONE"}
-    return web.json_response({**view, "recent_events": events})
+    return json_response({**view, "recent_events": events})
 
 
 def add_api_routes(app: web.Application) -> None:

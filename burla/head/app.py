@@ -13,12 +13,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from burla.auth import Sessions, error_response, token_middleware
+from burla.auth import Sessions, token_middleware
 from burla.head.api import FLEET, add_api_routes
 from burla.head.channels import CLUSTER, job_channel, node_channel
 from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import Fleet
+from burla.web_json import error_response, json_response, require_text_urls
 
 MAX_HTTP_BODY = 1024 * 1024
 STOP = web.AppKey("stop", asyncio.Event)
@@ -40,19 +41,19 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 async def health(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
-    return web.json_response({"ok": True, "version": cluster.version})
+    return json_response({"ok": True, "version": cluster.version})
 
 
 async def shutdown(request: web.Request) -> web.Response:
     request.app[STOP].set()
-    return web.json_response({"ok": True})
+    return json_response({"ok": True})
 
 
 def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event, head_url: str) -> web.Application:
     sessions = Sessions()
     app = web.Application(
         client_max_size=MAX_HTTP_BODY,
-        middlewares=[_errors_middleware, token_middleware(token, sessions, login_page=login_needed)],
+        middlewares=[_errors_middleware, require_text_urls, token_middleware(token, sessions, login_page=login_needed)],
     )
     app[CLUSTER] = cluster
     app[FLEET] = fleet

@@ -19,6 +19,7 @@ from burla.config import MAX_FUNCTION_BYTES
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
 from burla.head.links import NodeLink
+from burla.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
 
 log = logging.getLogger("burla.head")
 
@@ -126,19 +127,48 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+# Bounds on what one job may ask for: far above any machine, low enough that arithmetic and
+# the state kept per job stay small.
+MAX_CPUS_PER_CALL = 100_000
+MAX_RAM_GB_PER_CALL = 1_000_000.0
+MAX_PARALLELISM = 10_000_000
+MAX_DISK_GB = 65536
+MAX_NAME_CHARS = 500
+MAX_LOCAL_CODE_BYTES = 100 * 1024 * 1024
+
+
 def _validate_open(spec: wire.OpenJob) -> None:
-    if spec.n_inputs < 1:
-        raise ProtocolError("n_inputs must be at least 1")
+    """Every field of a new job, before the head changes any state for it."""
+    if not 1 <= spec.n_inputs <= wire.MAX_INPUTS:
+        raise ProtocolError(f"n_inputs must be between 1 and {wire.MAX_INPUTS:,}")
     if len(spec.function_bytes) > MAX_FUNCTION_BYTES:
         raise ProtocolError(f"the function is over {MAX_FUNCTION_BYTES // 2**20} MB pickled")
-    if not spec.job_id or len(spec.job_id) > 200:
-        raise ProtocolError("job_id must be 1 to 200 characters")
-    for name in ("func_cpu", "max_parallelism", "disk_gb"):
+    if len(spec.local_code) > MAX_LOCAL_CODE_BYTES:
+        raise ProtocolError(f"local_code is over {MAX_LOCAL_CODE_BYTES // 2**20} MB")
+    for name in ("job_id", "parent_job_id"):
         value = getattr(spec, name)
-        if value is not None and value < 1:
-            raise ProtocolError(f"{name} must be at least 1")
-    if spec.func_ram is not None and spec.func_ram <= 0:
-        raise ProtocolError("func_ram must be positive")
+        if (value is not None or name == "job_id") and not matches(JOB_ID, value):
+            raise ProtocolError(f"{name} must be 1 to 200 letters, digits and _.-")
+    for name, high in (("func_cpu", MAX_CPUS_PER_CALL), ("max_parallelism", MAX_PARALLELISM),
+                       ("disk_gb", MAX_DISK_GB)):
+        value = getattr(spec, name)
+        if value is not None and not 1 <= value <= high:
+            raise ProtocolError(f"{name} must be between 1 and {high}")
+    if spec.func_ram is not None and not 0 < spec.func_ram <= MAX_RAM_GB_PER_CALL:
+        raise ProtocolError(f"func_ram must be a number of GB above 0 and at most {MAX_RAM_GB_PER_CALL:g}")
+    if spec.func_gpu is not None and spec.func_gpu.upper() not in GPU_CHOICES:
+        raise ProtocolError(f"func_gpu must be one of {', '.join(GPU_CHOICES)}")
+    if spec.image is not None and not matches(IMAGE, spec.image):
+        raise ProtocolError("image must be a container image reference (letters, digits and ._/:@+-, not "
+                            "starting with -)")
+    if spec.region is not None and not matches(REGION, spec.region):
+        raise ProtocolError("region must be a cloud region name such as us-east-1, us-central1 or eastus")
+    for name in ("function_name", "client_version", "python_version"):
+        if len(getattr(spec, name)) > MAX_NAME_CHARS:
+            raise ProtocolError(f"{name} is over {MAX_NAME_CHARS} characters")
+    problem = packages_problem(spec.packages)
+    if problem is not None:
+        raise ProtocolError(problem)
 
 
 async def job_channel(request: web.Request) -> web.WebSocketResponse:

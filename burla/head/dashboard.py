@@ -7,7 +7,6 @@ opens one event stream that sends a fresh snapshot whenever what it shows change
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from burla.auth import SESSION_COOKIE, SESSION_TTL_S, Sessions, same_origin_path
 from burla.head.api import int_param, jobs_listing, metrics_of
 from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
+from burla.web_json import dumps, json_response
 
 STATIC = Path(__file__).parent / "static"
 SESSIONS = web.AppKey("sessions", Sessions)
@@ -77,7 +77,7 @@ async def login_link(request: web.Request) -> web.Response:
     from urllib.parse import urlencode
 
     url = f"{request.app[HEAD_URL]}/login?{urlencode({'code': code, 'next': target})}"
-    return web.json_response({"url": url, "expires_in_s": 300})
+    return json_response({"url": url, "expires_in_s": 300})
 
 
 async def static_file(request: web.Request) -> web.StreamResponse:
@@ -133,9 +133,9 @@ def _stream(build):
         snapshot = first
         try:
             while True:
-                text = json.dumps({k: v for k, v in snapshot.items() if k != "now"}, default=str)
+                text = dumps({k: v for k, v in snapshot.items() if k != "now"}, default=str)
                 if text != last:
-                    await response.write(f"data: {json.dumps(snapshot, default=str)}\n\n".encode())
+                    await response.write(f"data: {dumps(snapshot, default=str)}\n\n".encode())
                     last = text
                 await asyncio.sleep(STREAM_EVERY_S)
                 snapshot = await build(cluster, request)

@@ -290,10 +290,18 @@ class History:
         rows[0]["arguments"] = json.loads(rows[0]["arguments"])
         return rows[0]
 
-    async def failures_of(self, job_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+    async def failures_of(self, job_id: str, limit: int = 1000, offset: int = 0, first_index: int = 0,
+                          last_index: int | None = None) -> list[dict[str, Any]]:
+        """A page of a job's failed calls by input index, optionally within an index range."""
+        last = (1 << 62) if last_index is None else last_index
         return await self._rows(
             "SELECT input_index, exception_type, message, traceback, at FROM call_failures WHERE job_id = ? "
-            "ORDER BY input_index LIMIT ?", (job_id, limit))
+            "AND input_index BETWEEN ? AND ? ORDER BY input_index LIMIT ? OFFSET ?",
+            (job_id, first_index, last, limit, offset))
+
+    async def count_failures(self, job_id: str) -> int:
+        rows = await self._rows("SELECT COUNT(*) AS n FROM call_failures WHERE job_id = ?", (job_id,))
+        return int(rows[0]["n"])
 
     async def search_output(self, job_id: str, text: str, limit: int) -> list[dict[str, Any]]:
         """Chunks any call of the job printed that contain `text`, by input index."""

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from burla import wire
-from burla.auth import error_response, token_middleware
+from burla.auth import token_middleware
 from burla.errors import ProtocolError
+from burla.web_json import error_response, json_response, require_text_urls
 
 if TYPE_CHECKING:
     from burla.node.service import NodeService
@@ -18,14 +19,14 @@ MAX_BODY = 64 * 1024
 
 
 def build_node_app(service: NodeService) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[token_middleware(service.settings.token)])
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[require_text_urls, token_middleware(service.settings.token)])
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "node_id": service.settings.node_id})
+        return json_response({"ok": True, "node_id": service.settings.node_id})
 
     async def state(request: web.Request) -> web.Response:
         s = service.state()
-        return web.json_response(
+        return json_response(
             {
                 "node_id": s.node_id,
                 "status": s.status,
