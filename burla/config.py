@@ -47,9 +47,25 @@ def config_dir(environ: os._Environ | dict[str, str] | None = None) -> Path:
     return Path(platformdirs.user_config_dir("burla"))
 
 
+def private_dir(path: Path) -> Path:
+    """Create (or tighten) a directory only its owner can list and enter (0700): the config
+    directory holds the token, keys and job history."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create (or tighten) a file only its owner can read and write (0600)."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    os.chmod(path, 0o600)
+    return path
+
+
 def write_private_file(path: Path, text: str) -> None:
     """Write a file only its owner can read (0600), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

@@ -18,7 +18,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from burla.config import CLOUD_DRIVERS, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token
+from burla.config import CLOUD_DRIVERS, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
 
 HEAD_START_TIMEOUT_S = 60.0
@@ -128,7 +128,7 @@ def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHan
 def start_head(settings: ClientSettings, token: str, embedded: bool) -> ClusterHandle:
     """Start a head with one local node; embedded heads live only as long as their client."""
     log_dir = settings.config_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(log_dir)
     log_path = log_dir / ("embedded-head.log" if embedded else "head.log")
     ready_read, ready_write = os.pipe()
     command = [sys.executable, "-m", "burla", "head", "serve", "--ready-fd", str(ready_write)]

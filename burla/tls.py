@@ -15,7 +15,7 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from burla.config import ENV_HEAD_CERT, write_private_file
+from burla.config import ENV_HEAD_CERT, private_dir, write_private_file
 from burla.errors import TlsSetupError
 
 CERT_FILE = "head-cert.pem"
@@ -60,7 +60,7 @@ def make_self_signed(names: list[str], directory: Path) -> tuple[Path, Path]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .sign(key, hashes.SHA256())
     )
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     write_private_file(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                    serialization.NoEncryption()).decode())
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))

@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import socket
+import stat
 import urllib.parse
 from pathlib import Path
 
@@ -255,3 +256,20 @@ def test_settings_refuse_nan_and_deep_json(cluster):
 
 def test_the_head_still_serves_a_job_after_all_that(cluster):
     assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
+
+
+def test_the_config_directory_and_history_are_private(tmp_path, monkeypatch):
+    # Fails on the previous code: history.db was 0644 and the config directory 0755.
+    config = tmp_path / "config"
+    config.mkdir(mode=0o755)
+    os.chmod(config, 0o755)
+    (config / "history.db").touch(mode=0o644)
+    os.chmod(config / "history.db", 0o644)
+    with own_head(tmp_path, monkeypatch) as head:
+        assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+        get_json(head, "/v1/jobs")  # history written and read
+        assert stat.S_IMODE(config.stat().st_mode) == 0o700
+        files = [p for p in config.iterdir() if p.name.startswith("history.db")]
+        assert {p.name for p in files} >= {"history.db", "history.db-wal"}
+        for path in files:
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name

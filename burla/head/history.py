@@ -19,6 +19,7 @@ from typing import Any
 import aiosqlite
 
 from burla import wire
+from burla.config import private_dir, private_file
 from burla.errors import ProtocolError
 
 log = logging.getLogger("burla.head")
@@ -117,9 +118,19 @@ class History:
 
     # --- lifecycle -----------------------------------------------------------------------
 
+    def _private_files(self) -> None:
+        """History holds every job's output and errors: 0600. SQLite gives its -wal and -shm
+        files the database's mode; older ones are tightened too."""
+        private_file(self.path)
+        for suffix in ("-wal", "-shm", "-journal"):
+            companion = self.path.with_name(self.path.name + suffix)
+            if companion.exists():
+                private_file(companion)
+
     async def open(self) -> None:
         """Open (or create) the database. Rows recorded before it is open wait in memory."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
+        self._private_files()
         self._db = await aiosqlite.connect(self.path)
         async with self._db.execute("PRAGMA user_version") as cursor:
             (version,) = await cursor.fetchone()
@@ -131,6 +142,7 @@ class History:
             self.path.rename(aside)
             log.warning("history at %s has schema %d, not %d; moved it to %s", self.path, version, SCHEMA_VERSION,
                         aside)
+            self._private_files()
             self._db = await aiosqlite.connect(self.path)
         await self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         await self._db.execute("PRAGMA journal_mode=WAL")
