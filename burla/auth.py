@@ -95,7 +95,8 @@ def cookie_refusal(request: web.Request) -> str | None:
     return None
 
 
-def token_middleware(token: str, sessions: Sessions | None = None, login_page: Handler | None = None):
+def token_middleware(token: str, sessions: Sessions | None = None, login_page: Handler | None = None,
+                     on_authenticated: Callable[[web.Request], None] | None = None):
     """Reject any request without `Authorization: Bearer <token>` or a valid session cookie
     (which authorises reads, and writes only from the head's own pages)."""
     expected = token.encode()
@@ -105,11 +106,15 @@ def token_middleware(token: str, sessions: Sessions | None = None, login_page: H
         if request.path in OPEN_PATHS:
             return await handler(request)
         if bearer_matches(request, expected):
+            if on_authenticated is not None:
+                on_authenticated(request)
             return await handler(request)
         if sessions is not None and sessions.valid(request.cookies.get(SESSION_COOKIE)):
             refusal = cookie_refusal(request)
             if refusal is not None:
                 return error_response(403, "Forbidden", refusal)
+            if on_authenticated is not None:
+                on_authenticated(request)
             return await handler(request)
         if login_page is not None and request.method == "GET" and not request.path.startswith("/v1/"):
             return await login_page(request)

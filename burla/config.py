@@ -230,6 +230,7 @@ class HeadSettings:
     node_index_url: str | None = None  # where VMs get burla's dependencies (default: pip's own index)
     node_wheelhouse: Path | None = None  # or only from these wheels, uploaded to every VM
     ssh_address_map: Path | None = None  # JSON {vm address: "host:port"} to dial instead (stand-in VMs)
+    header_timeout_s: float = 30.0  # a connection must send a whole request head within this
 
 
 @dataclass(frozen=True)

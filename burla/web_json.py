@@ -7,6 +7,7 @@ path or query is not valid UTF-8 are refused before any handler sees them.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_JSON_DEPTH = 32
+READ_TIMEOUT = "burla_read_timeout_s"  # request key: how long its body may take (set by the connection guard)
 
 dumps = functools.partial(json.dumps, allow_nan=False)
 
@@ -83,12 +85,40 @@ def parse_object(raw: bytes) -> dict:
     return value
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, or HTTPRequestTimeout if it trickles in slower than a request head may."""
+    timeout_s = request.get(READ_TIMEOUT, 30.0)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the body did not arrive within {timeout_s:g} s") from None
+
+
 async def read_object(request: web.Request) -> dict:
     """The request's body as a JSON object; raises HTTPBadRequest saying what is wrong."""
+    raw = await read_body(request)
     try:
-        return parse_object(await request.read())
+        return parse_object(raw)
     except BadJson as e:
         raise web.HTTPBadRequest(text=str(e)) from None
+
+
+def json_errors(max_body: int):
+    """Answer every HTTP error a handler or aiohttp raises as JSON {"error", "message"}."""
+
+    @web.middleware
+    async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, "RequestTooLarge", f"the body is over the {max_body} byte limit")
+        except web.HTTPException as e:
+            if e.status >= 400:
+                return error_response(e.status, e.reason.replace(" ", ""), e.text or e.reason)
+            raise
+
+    return errors_as_json
 
 
 @web.middleware

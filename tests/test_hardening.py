@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import base64
 import http.client
 import json
@@ -21,7 +22,7 @@ from burla._version import __version__
 from burla.build import build_hash
 from tests import functions
 from tests.conftest import own_head
-from tests.helpers import get_json
+from tests.helpers import get_json, wait_until
 from tests.test_security_and_bad_input import _error, _exchange, open_job
 
 HEAD_PACKAGE = Path(__file__).resolve().parent.parent / "burla" / "head"
@@ -129,7 +130,8 @@ def test_redirects_after_login_stay_on_the_head(cluster, target):
     status, _, body = _request(cluster.url, "POST", f"/v1/login-link?next={target}",
                                {"Authorization": f"Bearer {cluster.token}"}, b"{}")
     assert status == 400 and b"next must be a path" in body
-    status, _, body = _request(cluster.url, "POST", "/v1/login-link", {"Authorization": f"Bearer {cluster.token}"}, b"{}")
+    status, _, body = _request(cluster.url, "POST", "/v1/login-link", {"Authorization": f"Bearer {cluster.token}"},
+                               b"{}")
     login = urllib.parse.urlsplit(json.loads(body)["url"])
     code = urllib.parse.parse_qs(login.query)["code"][0]
     status, headers, _ = _request(cluster.url, "GET", f"/login?code={code}&next={target}")
@@ -190,15 +192,19 @@ async def test_frames_of_tiny_containers_are_refused_before_they_balloon(cluster
     assert "over this channel's limits" in error.message
 
 
-async def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(cluster):
+def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_path, monkeypatch):
+    # Fails on the previous code: a NaN CPU made /v1/cluster emit invalid JSON.
+    # (Its own head: the refused node is then awaited as one that may come back.)
     register = wire.RegisterNode("nan-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
                                  __version__, build_hash())
     state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0])
-    replies = await _exchange(cluster, "/v1/nodes/ws", [register.encode(), state])
-    assert "has the wrong type" in _error(replies).message
-    status, body = _raw_request(cluster.url, b"GET /v1/cluster HTTP/1.1",
-                                {"Host": "x", "Authorization": f"Bearer {cluster.token}"})
-    assert status == 200 and b"NaN" not in body
+    with own_head(tmp_path, monkeypatch, local_nodes=0) as head:
+        replies = asyncio.run(_exchange(head, "/v1/nodes/ws", [register.encode(), state]))
+        assert "has the wrong type" in _error(replies).message
+        status, body = _raw_request(head.url, b"GET /v1/cluster HTTP/1.1",
+                                    {"Host": "x", "Authorization": f"Bearer {head.token}"})
+        assert status == 200 and b"NaN" not in body
+        json.loads(body)
 
 
 async def test_a_cancel_reason_that_is_not_unicode_changes_nothing(cluster):
@@ -273,3 +279,81 @@ def test_the_config_directory_and_history_are_private(tmp_path, monkeypatch):
         assert {p.name for p in files} >= {"history.db", "history.db-wal"}
         for path in files:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+
+
+# --- connections that never prove who they are ------------------------------------------------
+
+
+def _closed_by_server(sock: socket.socket, timeout: float = 60.0) -> bool:
+    """Whether the server closes this connection (EOF or reset) within the deadline."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_half_sent_requests_and_slow_bodies_are_cut_off(tmp_path, monkeypatch):
+    # Fails on the previous code: 300 half-sent requests stayed open for minutes without a token.
+    with own_head(tmp_path, monkeypatch, local_nodes=0, extra=["--header-timeout", "1"]) as head:
+        parts = urllib.parse.urlsplit(head.url)
+        half_sent = []
+        for _ in range(20):
+            sock = socket.create_connection((parts.hostname, parts.port))
+            sock.sendall(b"GET /v1/cluster HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+            half_sent.append(sock)
+        silent = socket.create_connection((parts.hostname, parts.port))
+        slow_body = socket.create_connection((parts.hostname, parts.port))
+        slow_body.sendall(f"POST /v1/settings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {head.token}\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode())
+        for sock in [*half_sent, silent]:
+            assert _closed_by_server(sock)
+        slow_body.settimeout(60)
+        assert slow_body.recv(65536).startswith(b"HTTP/1.1 408")
+        for sock in [*half_sent, silent, slow_body]:
+            sock.close()
+        assert get_json(head, "/health")["ok"]
+
+
+def test_one_address_cannot_hold_more_than_its_share_of_strangers(tmp_path, monkeypatch):
+    from burla.connection_guard import MAX_UNAUTHENTICATED_PER_ADDRESS as CAP
+
+    with own_head(tmp_path, monkeypatch) as head:
+        parts = urllib.parse.urlsplit(head.url)
+        strangers = [socket.create_connection((parts.hostname, parts.port)) for _ in range(CAP)]
+        over = [socket.create_connection((parts.hostname, parts.port)) for _ in range(5)]
+        for sock in over:
+            assert _closed_by_server(sock, timeout=30)
+        for sock in [*strangers, *over]:
+            sock.close()
+        # The node's own connection was never counted (it sent the token); it is still there.
+        wait_until(lambda: _health_ok(head), timeout=60, what="the head serving strangers' address again")
+        assert len(get_json(head, "/v1/cluster")["nodes"]) == 1
+        assert remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]
+
+
+def _health_ok(head) -> bool:
+    try:
+        return bool(get_json(head, "/health")["ok"])
+    except OSError:
+        return False
+
+
+def test_malformed_requests_log_one_line_each_at_most(tmp_path, monkeypatch):
+    # Fails on the previous code: each one logged an ERROR with a traceback.
+    with own_head(tmp_path, monkeypatch, local_nodes=0) as head:
+        parts = urllib.parse.urlsplit(head.url)
+        for garbage in [b"GARBAGE\r\n\r\n", b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: zz\r\n\r\n"] * 25:
+            with socket.create_connection((parts.hostname, parts.port)) as sock:
+                sock.sendall(garbage)
+                sock.settimeout(30)
+                assert sock.recv(100).startswith(b"HTTP/1.")
+        assert get_json(head, "/health")["ok"]
+        log = head.log()
+    assert "Traceback" not in log
+    lines = [line for line in log.splitlines() if "Error handling request" in line]
+    assert 1 <= len(lines) <= 3 and "WARNING" in lines[0] and "BadHttpMessage" in log, log

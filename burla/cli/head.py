@@ -143,6 +143,9 @@ def head() -> None:
 @click.option("--url", "public_url", default=None,
               help="The URL clients and nodes reach this head at, when it differs from --host (e.g. "
                    "https://10.0.0.5:{port}; {port} is the bound port).")
+@click.option("--header-timeout", type=click.FloatRange(0.1, 3600.0), default=30.0, show_default=True,
+              help="Seconds a connection may take to send a complete request head, and may stay idle between "
+                   "requests; slower connections are closed.")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
@@ -152,7 +155,7 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
           keep_nodes: bool, node_link: str, orphan_timeout: float, node_index_url: str | None,
           node_wheelhouse: Path | None, ssh_address_map: Path | None, region: str | None, boot_deadline: float,
           tls_cert: Path | None, tls_key: Path | None, tls_self_signed: bool, no_tls: bool, public_url: str | None,
-          ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
+          header_timeout: float, ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
     from burla.head.server import serve as run_head
@@ -187,6 +190,7 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
         tls_cert=tls_cert, tls_key=tls_key, public_url=public_url,
         version=__version__, keep_nodes=keep_nodes, node_link=node_link, orphan_timeout_s=orphan_timeout,
         node_index_url=node_index_url, node_wheelhouse=node_wheelhouse, ssh_address_map=ssh_address_map,
+        header_timeout_s=header_timeout,
     )
     try:
         run_head(settings)

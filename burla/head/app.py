@@ -9,34 +9,20 @@ what to fix}` with a 4xx status.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from burla.auth import Sessions, token_middleware
+from burla.connection_guard import ConnectionGuard
 from burla.head.api import FLEET, add_api_routes
 from burla.head.channels import CLUSTER, job_channel, node_channel
 from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import Fleet
-from burla.web_json import error_response, json_response, require_text_urls
+from burla.web_json import json_errors, json_response, require_text_urls
 
 MAX_HTTP_BODY = 1024 * 1024
 STOP = web.AppKey("stop", asyncio.Event)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(413, "RequestTooLarge", f"the body is over the {MAX_HTTP_BODY} byte limit")
-    except web.HTTPException as e:
-        if e.status >= 400:
-            return error_response(e.status, e.reason.replace(" ", ""), e.text or e.reason)
-        raise
 
 
 async def health(request: web.Request) -> web.Response:
@@ -49,11 +35,13 @@ async def shutdown(request: web.Request) -> web.Response:
     return json_response({"ok": True})
 
 
-def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event, head_url: str) -> web.Application:
+def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event, head_url: str,
+              guard: ConnectionGuard) -> web.Application:
     sessions = Sessions()
     app = web.Application(
         client_max_size=MAX_HTTP_BODY,
-        middlewares=[_errors_middleware, require_text_urls, token_middleware(token, sessions, login_page=login_needed)],
+        middlewares=[guard.middleware, json_errors(MAX_HTTP_BODY), require_text_urls,
+                     token_middleware(token, sessions, login_page=login_needed, on_authenticated=guard.authenticated)],
     )
     app[CLUSTER] = cluster
     app[FLEET] = fleet

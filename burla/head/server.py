@@ -16,6 +16,7 @@ import socket
 import sys
 
 from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
+from burla.connection_guard import ConnectionGuard, GuardedSite
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.local import LocalDriver
 from burla.lifeline import wait_for_eof
@@ -101,14 +102,16 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     startup = asyncio.create_task(_open_history(history, fleet), name="history-open")
     cluster.prepare_job = fleet.prepare_job
     cluster.remove_machine = fleet.remove_machine
-    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url), access_log=None, shutdown_timeout=1.0)
+    guard = ConnectionGuard(settings.header_timeout_s)
+    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url, guard), access_log=None,
+                           shutdown_timeout=1.0)
     await runner.setup()
     ssl_context = None
     if settings.tls_cert is not None and settings.tls_key is not None:
         from burla.tls import server_context
 
         ssl_context = server_context(settings.tls_cert, settings.tls_key)
-    site = web.SockSite(runner, sock, ssl_context=ssl_context)
+    site = GuardedSite(runner, guard, sock=sock, ssl_context=ssl_context)
     await site.start()
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")

@@ -9,8 +9,9 @@ from aiohttp import web
 
 from burla import wire
 from burla.auth import token_middleware
+from burla.connection_guard import ConnectionGuard
 from burla.errors import ProtocolError
-from burla.web_json import error_response, json_response, require_text_urls
+from burla.web_json import error_response, json_errors, json_response, read_body, require_text_urls
 
 if TYPE_CHECKING:
     from burla.node.service import NodeService
@@ -18,8 +19,10 @@ if TYPE_CHECKING:
 MAX_BODY = 64 * 1024
 
 
-def build_node_app(service: NodeService) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[require_text_urls, token_middleware(service.settings.token)])
+def build_node_app(service: NodeService, guard: ConnectionGuard) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[
+        guard.middleware, json_errors(MAX_BODY), require_text_urls,
+        token_middleware(service.settings.token, on_authenticated=guard.authenticated)])
 
     async def health(request: web.Request) -> web.Response:
         return json_response({"ok": True, "node_id": service.settings.node_id})
@@ -40,7 +43,7 @@ def build_node_app(service: NodeService) -> web.Application:
 
     async def _decode(request: web.Request, kind: type) -> wire.Message:
         try:
-            body = await request.read()
+            body = await read_body(request)
         except web.HTTPRequestEntityTooLarge:
             raise ProtocolError(f"the body is over {MAX_BODY} bytes") from None
         msg = wire.decode(body, (kind,))

@@ -23,6 +23,7 @@ from aiohttp import web
 from burla import wire
 from burla.build import build_hash
 from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
+from burla.connection_guard import ConnectionGuard, GuardedSite
 from burla.environment import installed_distributions
 from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
@@ -75,11 +76,12 @@ class NodeService:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        runner = web.AppRunner(build_node_app(self), access_log=None, shutdown_timeout=1.0)
+        guard = ConnectionGuard()
+        runner = web.AppRunner(build_node_app(self, guard), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, self.settings.host, self.settings.port)
+        site = GuardedSite(runner, guard, host=self.settings.host, port=self.settings.port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site.port
         host = self.settings.advertise_host or self._reachable_host()
         self.url = self.settings.advertise_url or f"http://{host}:{port}"
         psutil.cpu_percent(interval=None)  # prime the counter
