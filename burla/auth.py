@@ -96,14 +96,16 @@ def cookie_refusal(request: web.Request) -> str | None:
 
 
 def token_middleware(token: str, sessions: Sessions | None = None, login_page: Handler | None = None,
-                     on_authenticated: Callable[[web.Request], None] | None = None):
+                     on_authenticated: Callable[[web.Request], None] | None = None,
+                     authenticates_itself: Callable[[str], bool] | None = None):
     """Reject any request without `Authorization: Bearer <token>` or a valid session cookie
-    (which authorises reads, and writes only from the head's own pages)."""
+    (which authorises reads, and writes only from the head's own pages). Paths for which
+    `authenticates_itself` is true check a credential of their own (a transfer grant)."""
     expected = token.encode()
 
     @web.middleware
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+        if request.path in OPEN_PATHS or (authenticates_itself is not None and authenticates_itself(request.path)):
             return await handler(request)
         if bearer_matches(request, expected):
             if on_authenticated is not None:

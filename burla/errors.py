@@ -20,7 +20,8 @@
     │   ├── TlsSetupError         the head's certificate or key can't be used
     │   ├── DeployError           a head can't be deployed or removed as asked
     │   ├── BuildUnavailable      the running burla can't be packed for VMs (no metadata)
-    │   └── BootstrapFailed       a VM could not be reached over SSH or set up as a node
+    │   ├── BootstrapFailed       a VM could not be reached over SSH or set up as a node
+    │   └── GrantRefused          a node was asked for inputs without the head's grant (HTTP 403)
     ├── JobError                  the job started but did not end normally
     │   ├── JobCanceled           Ctrl-C, `burla jobs cancel`, or the head cancelled it
     │   ├── JobFailed             the head ended the job (.reason names why)
@@ -140,6 +141,10 @@ class BuildUnavailable(ClusterError):
 
 class BootstrapFailed(ClusterError):
     pass
+
+
+class GrantRefused(ClusterError):
+    """A node was asked for a transfer without the head's valid grant for it."""
 
 
 class JobError(BurlaError):

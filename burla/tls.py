@@ -10,8 +10,10 @@ verified against the system's authorities as usual.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import ipaddress
 import ssl
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,8 @@ KEY_FILE = "head-key.pem"
 def make_self_signed(names: list[str], directory: Path) -> tuple[Path, Path]:
     """A certificate for these host names / IP addresses and its key, written to `directory`
     (the key readable by its owner only). Reused if one for the same names exists."""
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-    except ImportError:
-        raise TlsSetupError("--tls-self-signed needs the cryptography package: pip install cryptography") from None
+    from cryptography import x509
+
     cert_path, key_path = directory / CERT_FILE, directory / KEY_FILE
     if cert_path.exists() and key_path.exists():
         existing = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -43,6 +40,20 @@ def make_self_signed(names: list[str], directory: Path) -> tuple[Path, Path]:
             covered = set()
         if set(names) <= covered and existing.not_valid_after_utc > datetime.datetime.now(datetime.UTC):
             return cert_path, key_path
+    cert_pem, key_pem = _new_certificate(names)
+    private_dir(directory)
+    write_private_file(key_path, key_pem.decode())
+    cert_path.write_bytes(cert_pem)
+    return cert_path, key_path
+
+
+def _new_certificate(names: list[str]) -> tuple[bytes, bytes]:
+    """A self-signed certificate for these host names / IP addresses, and its key (both PEM)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     alternatives: list[x509.GeneralName] = []
     for name in dict.fromkeys(names):
@@ -50,7 +61,7 @@ def make_self_signed(names: list[str], directory: Path) -> tuple[Path, Path]:
             alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
         except ValueError:
             alternatives.append(x509.DNSName(name))
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "burla-head")])
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "burla")])
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
@@ -60,11 +71,21 @@ def make_self_signed(names: list[str], directory: Path) -> tuple[Path, Path]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .sign(key, hashes.SHA256())
     )
-    private_dir(directory)
-    write_private_file(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                   serialization.NoEncryption()).decode())
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    return cert_path, key_path
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return certificate.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def node_server_context(host: str) -> tuple[ssl.SSLContext, bytes]:
+    """A TLS context for a node's own server with a certificate made for this run, and that
+    certificate's SHA-256 digest, which the head hands to thieves to pin (nothing else trusts it)."""
+    cert_pem, key_pem = _new_certificate([host])
+    with tempfile.TemporaryDirectory() as directory:  # 0700; the key is loaded, then the files go
+        cert_path, key_path = Path(directory) / "node-cert.pem", Path(directory) / "node-key.pem"
+        cert_path.write_bytes(cert_pem)
+        write_private_file(key_path, key_pem.decode())
+        context = server_context(cert_path, key_path)
+    return context, hashlib.sha256(ssl.PEM_cert_to_DER_cert(cert_pem.decode())).digest()
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:

@@ -340,12 +340,14 @@ class RegisterNode(Message):
     python_version: str
     version: str
     build: str  # burla.build.build_hash(): the head refuses a node whose build differs from its own
+    cert_sha256: bytes  # the node's TLS certificate digest, which thieves pin (b"": it serves http)
 
 
 @message(21)
 class NodeRegistered(Message):
     node_id: str
     head_version: str
+    grant_key: bytes  # the secret the head signs this node's transfer grants with (burla.grants)
 
 
 @message(22)
@@ -387,11 +389,16 @@ class ShutdownNode(Message):
 
 @message(26)
 class StealHint(Message):
-    """Head to an idle node: `donor` still holds queued inputs of this job."""
+    """Head to an idle node: `donor` still holds queued inputs of this job; the grant lets this
+    node take some under `transfer_id` until `expires_at` (the head's wall clock)."""
 
     job_id: str
     donor_id: str
     donor_url: str
+    donor_cert_sha256: bytes  # pin the donor's TLS certificate to this (b"": plain http)
+    transfer_id: str
+    expires_at: float
+    grant: bytes
 
 
 @message(27)
@@ -407,7 +414,7 @@ class Stolen(Message):
             raise ProtocolError("Stolen.indices must be integers")
 
 
-# --- node <-> node (HTTP bodies, token-authenticated) ---------------------------------------
+# --- node <-> node (HTTP bodies, authenticated by the head's transfer grant) ---------------------------------------
 
 
 @message(40)
@@ -416,6 +423,8 @@ class StealRequest(Message):
     transfer_id: str  # the same id always gets the same inputs back
     thief_id: str
     max_items: int
+    expires_at: float
+    grant: bytes  # the head's signature over job, donor, thief, transfer and expiry
 
 
 @message(41)
@@ -432,6 +441,7 @@ class StealGrant(Message):
 class StealAck(Message):
     job_id: str
     transfer_id: str
+    grant: bytes  # the grant the transfer was opened with
 
 
 # --- worker <-> node (a private socketpair, length-prefixed frames) ------------------------

@@ -24,6 +24,11 @@ REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 60.0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-requests", type=int, default=2000,
+                     help="how many requests tests/test_fuzz.py sends to a head and its node")
+
+
 @pytest.fixture(autouse=True)
 def _no_ssh_beyond_loopback(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Heads started by tests dial VMs only through an address map (stand-in VMs on 127.0.0.1);

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
-from burla import remote_parallel_map
+from burla import remote_parallel_map, wire
 from burla.config import ENV_CONFIG_DIR, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import get_json, use_head
+from tests.helpers import get_json, use_head, wait_until
 from tests.http_proxy import DroppingProxy
 
 
@@ -110,3 +114,70 @@ def test_a_lost_steal_ack_still_gives_every_result_exactly_once(bare_head, tmp_p
     while "never acknowledged" not in nodes.log("node-a") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "never acknowledged" in nodes.log("node-a")
+
+
+def _post_to_node(node_url: str, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(node_url + path, data=body, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_token_alone_cannot_take_a_nodes_inputs(bare_head):
+    # Fails on the previous code: any token holder could steal a node's queued inputs and ack them.
+    head, nodes = bare_head
+    nodes.join("node-a")
+    [node] = wait_for_nodes(head, 1)
+    expires = time.time() + 60
+    forged = [
+        wire.StealRequest("job-1", "node-x-1", "node-x", 100, expires, b"\0" * 32),  # made up
+        wire.StealRequest("job-1", "node-x-1", "node-x", 100, expires, b""),
+    ]
+    for request in forged:
+        for headers in ({}, {"Authorization": f"Bearer {head.token}"}):
+            status, body = _post_to_node(node["url"], "/v1/jobs/job-1/steal", request.encode(), headers)
+            assert status == 403 and body["error"] == "GrantRefused", body
+            assert "not the head's" in body["message"]
+    status, body = _post_to_node(node["url"], "/v1/jobs/job-1/steal/ack",
+                                 wire.StealAck("job-1", "node-x-1", b"\0" * 32).encode())
+    assert status == 404, body  # no such transfer was ever opened
+    # The node's other routes still want the token.
+    status, body = _post_to_node(node["url"], "/v1/jobs/job-1/steal/other", b"")
+    assert status == 401
+
+
+def test_nodes_of_an_https_head_steal_over_https_pinned_by_the_head(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=0, extra=["--tls-self-signed"])
+    cert = head.config_dir / "head-cert.pem"
+    monkeypatch.setenv("BURLA_HEAD_CERT", str(cert))
+    use_head(monkeypatch, head)
+    nodes = Nodes(head, tmp_path)
+    try:
+        nodes.join("node-a")
+        context = ssl.create_default_context(cafile=str(cert))
+
+        def ready_nodes() -> list[dict]:
+            request = urllib.request.Request(head.url + "/v1/cluster", headers=head.headers())
+            with urllib.request.urlopen(request, timeout=30, context=context) as response:
+                return [n for n in json.load(response)["nodes"] if n["workers_alive"] >= 1]
+
+        wait_until(lambda: len(ready_nodes()) == 1, timeout=120, what="node-a joined the https head")
+        out = tmp_path / "calls"
+        out.mkdir()
+        stream = _skewed_job(out)
+        nodes.join("node-b")
+        results = list(stream)
+        assert sorted(results) == list(range(12))
+        assert all(n["url"].startswith("https://127.0.0.1:") for n in ready_nodes())
+        assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a"), nodes.log("node-b")
+        # The node serves https only, with its own certificate (not the head's).
+        node_url = ready_nodes()[0]["url"]
+        with pytest.raises(OSError):  # a plain-http request gets no answer
+            urllib.request.urlopen(node_url.replace("https://", "http://") + "/health", timeout=30)
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(node_url + "/health", timeout=30, context=context)
+    finally:
+        nodes.stop()
+        head.stop()

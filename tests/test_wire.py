@@ -25,19 +25,19 @@ SAMPLES: list[wire.Message] = [
     wire.JobEnded("j-1", "FAILED", "NodeDisconnected", "lost"),
     wire.ResumeJob("j-1", 4),
     wire.JobResumed("j-1", 100, 100, 10, 1024),
-    wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0", "0.1.0+abc"),
-    wire.NodeRegistered("n", "0.1.0"),
+    wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0", "0.1.0+abc", b""),
+    wire.NodeRegistered("n", "0.1.0", b"k" * 32),
     wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None, b"zip", {}),
     wire.ReleaseJob("j-1"),
     wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0, 1024.0, 2048.0),
     wire.ShutdownNode("bye"),
     wire.NodeLeaving("stopped by SIGTERM"),
     wire.ErrorRecord("KeyError", "builtins", "missing", "Traceback ...", b"pickled", {"tb_lineno": 3, "tb_next": None}),
-    wire.StealHint("j-1", "n2", "http://127.0.0.1:2"),
+    wire.StealHint("j-1", "n2", "https://127.0.0.1:2", b"d" * 32, "n1-ab", 1.8e9, b"g" * 32),
     wire.Stolen("j-1", "n2", [3, 4]),
-    wire.StealRequest("j-1", "t-1", "n1", 8),
+    wire.StealRequest("j-1", "t-1", "n1", 8, 1.8e9, b"g" * 32),
     wire.StealGrant("j-1", "t-1", [[3, b"a"]]),
-    wire.StealAck("j-1", "t-1"),
+    wire.StealAck("j-1", "t-1", b"g" * 32),
     wire.WorkerReady(123),
     wire.WorkerWaiting(True),
     wire.LoadFunction("j-1", b"fn", b""),
@@ -80,5 +80,5 @@ def test_malformed_frames_raise_protocol_error(data, words):
 
 def test_channels_refuse_messages_of_other_channels():
     with pytest.raises(ProtocolError, match="not accepted on this channel"):
-        register = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0", "b")
+        register = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0", "b", b"")
         wire.decode(register.encode(), wire.CLIENT_TO_HEAD)

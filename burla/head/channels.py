@@ -14,7 +14,7 @@ import time
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from burla import wire
+from burla import grants, wire
 from burla.config import MAX_FUNCTION_BYTES
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
@@ -104,8 +104,9 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
         return ws
     link = NodeLink(first.node_id, ws)
     writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
-    await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version).encode())
-    cluster.node_registered(first, link)
+    grant_key = grants.new_key()
+    await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version, grant_key).encode())
+    cluster.node_registered(first, link, grant_key)
     try:
         async for frame in ws:
             if frame.type != WSMsgType.BINARY:

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from burla import wire
+from burla import grants, wire
 from burla.build import build_hash
 from burla.errors import JobNotFound, NodeDisconnected
 from burla.head.history import History
@@ -64,10 +64,10 @@ class Cluster:
 
     # --- nodes ---------------------------------------------------------------------------
 
-    def node_registered(self, msg: wire.RegisterNode, link: NodeLink) -> NodeRecord:
+    def node_registered(self, msg: wire.RegisterNode, link: NodeLink, grant_key: bytes = b"") -> NodeRecord:
         if msg.node_id in self.node_links:
             self.node_lost(msg.node_id)  # a reconnect: the old session's inputs go back first
-        node = NodeRecord.from_register(msg)
+        node = NodeRecord.from_register(msg, grant_key)
         self.node_links[msg.node_id] = link
         self.last_heard[msg.node_id] = time.monotonic()
         self.booting_ids.discard(msg.node_id)
@@ -149,7 +149,11 @@ class Cluster:
                 if thief is None or donor is None:
                     continue
                 self._hinted[(thief_id, job_id)] = now
-                thief.send(wire.StealHint(job_id, donor_id, donor.url))
+                transfer_id = grants.new_transfer_id(thief_id)
+                expires_at = time.time() + grants.GRANT_TTL_S
+                grant = grants.sign(donor.grant_key, job_id, donor_id, thief_id, transfer_id, expires_at)
+                thief.send(wire.StealHint(job_id, donor_id, donor.url, donor.cert_sha256, transfer_id, expires_at,
+                                          grant))
 
     def _note_idleness(self, node_id: str) -> None:
         busy = any(

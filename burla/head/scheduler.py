@@ -45,12 +45,15 @@ class NodeRecord:
     net_recv_bps: float = 0.0
     running_by_job: dict[str, int] = field(default_factory=dict)
     queued_by_job: dict[str, int] = field(default_factory=dict)
+    cert_sha256: bytes = b""  # its TLS certificate's digest, which thieves pin
+    grant_key: bytes = b""  # what the head signs transfer grants from this node with
 
     @classmethod
-    def from_register(cls, msg: wire.RegisterNode) -> NodeRecord:
+    def from_register(cls, msg: wire.RegisterNode, grant_key: bytes = b"") -> NodeRecord:
         return cls(
             msg.node_id, msg.url, msg.slots, msg.cpus, msg.ram_gb, msg.gpu, msg.gpu_count, msg.image,
-            msg.region, msg.python_version, msg.version, workers_alive=0,
+            msg.region, msg.python_version, msg.version, workers_alive=0, cert_sha256=msg.cert_sha256,
+            grant_key=grant_key,
         )
 
 

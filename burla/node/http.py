@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -10,19 +11,22 @@ from aiohttp import web
 from burla import wire
 from burla.auth import token_middleware
 from burla.connection_guard import ConnectionGuard
-from burla.errors import ProtocolError
+from burla.errors import GrantRefused, ProtocolError
 from burla.web_json import error_response, json_errors, json_response, read_body, require_text_urls
 
 if TYPE_CHECKING:
     from burla.node.service import NodeService
 
 MAX_BODY = 64 * 1024
+# Transfers between nodes carry the head's grant instead of the token (burla.grants).
+TRANSFER_PATH = re.compile(r"/v1/jobs/[^/]+/steal(?:/ack)?")
 
 
 def build_node_app(service: NodeService, guard: ConnectionGuard) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY, middlewares=[
         guard.middleware, json_errors(MAX_BODY), require_text_urls,
-        token_middleware(service.settings.token, on_authenticated=guard.authenticated)])
+        token_middleware(service.settings.token, on_authenticated=guard.authenticated,
+                         authenticates_itself=lambda path: TRANSFER_PATH.fullmatch(path) is not None)])
 
     async def health(request: web.Request) -> web.Response:
         return json_response({"ok": True, "node_id": service.settings.node_id})
@@ -56,6 +60,8 @@ def build_node_app(service: NodeService, guard: ConnectionGuard) -> web.Applicat
             msg = await _decode(request, wire.StealRequest)
             assert isinstance(msg, wire.StealRequest)
             grant = service.donor.give(msg, time.monotonic())
+        except GrantRefused as e:
+            return error_response(403, "GrantRefused", str(e))
         except ProtocolError as e:
             return error_response(400, "ProtocolError", str(e))
         return web.Response(body=grant.encode(), content_type="application/msgpack")
@@ -66,8 +72,12 @@ def build_node_app(service: NodeService, guard: ConnectionGuard) -> web.Applicat
         except ProtocolError as e:
             return error_response(400, "ProtocolError", str(e))
         assert isinstance(msg, wire.StealAck)
-        if not service.donor.ack(msg):
-            return error_response(404, "NotFound", f"no transfer {msg.transfer_id!r} here (already expired?)")
+        try:
+            acknowledged = service.donor.ack(msg)
+        except GrantRefused as e:
+            return error_response(403, "GrantRefused", str(e))
+        if not acknowledged:
+            return error_response(404, "NotFound", f"no transfer {msg.transfer_id[:100]!r} here (already expired?)")
         return web.Response(status=204)
 
     app.router.add_get("/health", health)

@@ -35,6 +35,7 @@ from burla.node.packages import Environment
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
 from burla.serialization import pack_error
+from burla.tls import node_server_context
 
 log = logging.getLogger("burla.node")
 
@@ -54,13 +55,14 @@ class NodeService:
         )
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
         self.cpu = CpuGuard(self.pool, self.dispatcher)
-        self.donor = Donor(self.dispatcher, settings.steal_ack_timeout_s)
+        self.donor = Donor(settings.node_id, self.dispatcher, settings.steal_ack_timeout_s)
         self.memory = MemoryGuard(
             self.pool, self.dispatcher, settings.memory_budget_gb, lambda: self._state_changed.set()
         )
-        self.thief = Thief(settings.node_id, settings.token, self.dispatcher, self._report_stolen)
+        self.thief = Thief(settings.node_id, self.dispatcher, self._report_stolen)
         self._control: list[tuple[wire.Message, asyncio.Future]] = []  # sent before data, awaited
         self.url = ""
+        self.cert_sha256 = b""  # of this node's TLS certificate (nodes of an https head serve https)
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._outgoing = asyncio.Event()
         self._state_changed = asyncio.Event()
@@ -76,14 +78,17 @@ class NodeService:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> None:
+        host = self.settings.advertise_host or self._reachable_host()
+        ssl_context = None
+        if self.settings.head_url.startswith("https://"):  # peers' transfers are encrypted like the head's links
+            ssl_context, self.cert_sha256 = node_server_context(host)
         guard = ConnectionGuard()
         runner = web.AppRunner(build_node_app(self, guard), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = GuardedSite(runner, guard, host=self.settings.host, port=self.settings.port)
+        site = GuardedSite(runner, guard, host=self.settings.host, port=self.settings.port, ssl_context=ssl_context)
         await site.start()
-        port = site.port
-        host = self.settings.advertise_host or self._reachable_host()
-        self.url = self.settings.advertise_url or f"http://{host}:{port}"
+        scheme = "https" if ssl_context is not None else "http"
+        self.url = self.settings.advertise_url or f"{scheme}://{host}:{site.port}"
         psutil.cpu_percent(interval=None)  # prime the counter
         pool_start = asyncio.create_task(self._start_pool())
         # Read the installed distributions now, so the first job's package check is instant.
@@ -175,6 +180,8 @@ class NodeService:
                         return
                 except (aiohttp.ClientError, OSError):
                     pass
+                except ProtocolError as e:  # a head speaking another protocol: reconnect, maybe it restarts
+                    log.warning("the head sent a frame this node can't read (%s); reconnecting", e)
                 self._ws = None
                 self._drop_all_jobs()
                 if self._stopping.is_set():
@@ -203,7 +210,7 @@ class NodeService:
         s = self.settings
         register = wire.RegisterNode(
             s.node_id, self.url, s.workers, s.cpus, float(s.ram_gb), s.gpu, s.gpu_count, s.image, s.region,
-            s.python_version, s.version, build_hash(),
+            s.python_version, s.version, build_hash(), self.cert_sha256,
         )
         await ws.send_bytes(register.encode())
         first = await ws.receive()
@@ -215,6 +222,9 @@ class NodeService:
             self.exit_code = 2
             self.stop()
             return
+        if not isinstance(reply, wire.NodeRegistered):
+            raise ProtocolError(f"the head answered registration with {type(reply).__name__}")
+        self.donor.key = reply.grant_key
         self._ws = ws
         log.info("registered with %s as %s", s.head_url, s.node_id)
         sender = asyncio.create_task(self._send_loop(ws))

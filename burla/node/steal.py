@@ -1,17 +1,20 @@
 """Work stealing between nodes (DESIGN.md §3).
 
 When the head has nothing left to push for a job, it hints an idle node at a peer that still
-holds queued inputs. The thief asks that donor for half its surplus under a transfer id (the
-same id always gets the same inputs, so retries are safe), tells the head the inputs moved,
-then acknowledges the transfer. A transfer the donor never sees acknowledged goes back into
-its own queue: at worst an input runs twice, and the head keeps only its first result.
+holds queued inputs, with a transfer grant the head signed for that donor, thief, job and
+transfer (burla.grants). The thief asks that donor for half its surplus, presenting the grant
+(the same transfer always gets the same inputs, so retries are safe), tells the head the inputs
+moved, then acknowledges the transfer with the same grant. A transfer the donor never sees
+acknowledged goes back into its own queue: at worst an input runs twice, and the head keeps
+only its first result. Nodes of an https head serve https, and thieves pin the donor's
+certificate digest that the head passed along.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,8 +22,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from burla import wire
-from burla.errors import ProtocolError
+from burla import grants, wire
+from burla.errors import GrantRefused, ProtocolError
 from burla.node.dispatcher import Dispatcher
 
 log = logging.getLogger("burla.node")
@@ -34,22 +37,35 @@ class Transfer:
     job_id: str
     items: list
     given_at: float
+    grant: bytes
+    expires_at: float
     acked: bool = False
 
 
 class Donor:
-    """The giving side: remembers each transfer until it is acknowledged or expires."""
+    """The giving side: opens a transfer only with a grant the head signed with this node's key,
+    and remembers it until it is acknowledged or expires."""
 
-    def __init__(self, dispatcher: Dispatcher, ack_timeout_s: float) -> None:
+    def __init__(self, node_id: str, dispatcher: Dispatcher, ack_timeout_s: float) -> None:
+        self._node_id = node_id
         self._dispatcher = dispatcher
         self._ack_timeout_s = ack_timeout_s
+        self.key = b""  # from the head at registration
         self.transfers: dict[str, Transfer] = {}
+        self._spent: dict[str, float] = {}  # closed transfer ids -> until when their grant could be replayed
 
     def give(self, request: wire.StealRequest, now: float) -> wire.StealGrant:
+        """`now` is monotonic (for the ack deadline); grants expire on the head's wall clock."""
+        problem = grants.refusal(self.key, request.grant, request.job_id, self._node_id, request.thief_id,
+                                 request.transfer_id, request.expires_at, time.time())
+        if problem is None and request.transfer_id in self._spent:
+            problem = "this transfer was already closed"
+        if problem is not None:
+            raise GrantRefused(problem)
         transfer = self.transfers.get(request.transfer_id)
         if transfer is None:
             items = self._dispatcher.take_surplus(request.job_id, max(1, request.max_items))
-            transfer = Transfer(request.job_id, items, now)
+            transfer = Transfer(request.job_id, items, now, request.grant, request.expires_at)
             self.transfers[request.transfer_id] = transfer
             if items:
                 log.info("gave %d inputs of job %s to %s (transfer %s)", len(items), request.job_id,
@@ -62,16 +78,23 @@ class Donor:
         transfer = self.transfers.get(ack.transfer_id)
         if transfer is None or transfer.job_id != ack.job_id:
             return False
+        if not hmac.compare_digest(transfer.grant, ack.grant):
+            raise GrantRefused("the acknowledgement does not carry the transfer's grant")
         transfer.acked = True
         transfer.items = []
         return True
 
     def expire(self, now: float) -> None:
         """Unacknowledged transfers return to this node's queue; acknowledged ones are forgotten."""
+        wall = time.time()
+        for transfer_id, until in list(self._spent.items()):
+            if wall > until:
+                del self._spent[transfer_id]
         for transfer_id, transfer in list(self.transfers.items()):
             if now - transfer.given_at < self._ack_timeout_s:
                 continue
             del self.transfers[transfer_id]
+            self._spent[transfer_id] = transfer.expires_at + grants.CLOCK_SKEW_S
             if not transfer.acked and transfer.items:
                 returned = self._dispatcher.put_back(transfer.job_id, transfer.items)
                 log.warning("transfer %s was never acknowledged; %s %d inputs", transfer_id,
@@ -81,14 +104,11 @@ class Donor:
 class Thief:
     """The taking side: one steal at a time per job, started by the head's hints."""
 
-    def __init__(self, node_id: str, token: str, dispatcher: Dispatcher,
-                 report: Callable[[wire.Stolen], Awaitable[None]]) -> None:
+    def __init__(self, node_id: str, dispatcher: Dispatcher, report: Callable[[wire.Stolen], Awaitable[None]]) -> None:
         self._node_id = node_id
-        self._headers = {"Authorization": f"Bearer {token}"}
         self._dispatcher = dispatcher
         self._report = report
         self._active: dict[str, asyncio.Task] = {}
-        self._ids = itertools.count(1)
         self._session: aiohttp.ClientSession | None = None
         self.stolen = 0
 
@@ -103,9 +123,10 @@ class Thief:
         job = self._dispatcher.jobs.get(hint.job_id)
         if job is None:
             return
-        transfer_id = f"{self._node_id}-{next(self._ids)}-{time.monotonic_ns()}"
-        request = wire.StealRequest(hint.job_id, transfer_id, self._node_id, job.window())
-        grant = await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal", request)
+        request = wire.StealRequest(hint.job_id, hint.transfer_id, self._node_id, job.window(), hint.expires_at,
+                                    hint.grant)
+        pin = aiohttp.Fingerprint(hint.donor_cert_sha256) if hint.donor_cert_sha256 else None
+        grant = await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal", request, pin)
         if not isinstance(grant, wire.StealGrant) or not grant.items:
             return
         if not self._dispatcher.add_stolen(hint.job_id, grant.items):
@@ -113,14 +134,16 @@ class Thief:
         await self._report(wire.Stolen(hint.job_id, hint.donor_id, [i for i, _ in grant.items]))
         self.stolen += len(grant.items)
         log.info("stole %d inputs of job %s from %s", len(grant.items), hint.job_id, hint.donor_id)
-        await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal/ack", wire.StealAck(hint.job_id, transfer_id))
+        await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal/ack",
+                         wire.StealAck(hint.job_id, hint.transfer_id, hint.grant), pin)
 
-    async def _post(self, url: str, msg: wire.Message) -> wire.Message | None:
+    async def _post(self, url: str, msg: wire.Message, pin: aiohttp.Fingerprint | None) -> wire.Message | None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
         for attempt in range(REQUEST_ATTEMPTS):
             try:
-                async with self._session.post(url, data=msg.encode(), headers=self._headers) as response:
+                # No bearer token goes to a peer: the grant is the only credential a transfer needs.
+                async with self._session.post(url, data=msg.encode(), ssl=pin if pin is not None else True) as response:
                     body = await response.read()
                     if response.status == 204:
                         return None

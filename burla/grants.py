@@ -1,0 +1,45 @@
+"""Transfer grants: the head's permission for one node to take queued inputs from another.
+
+At registration the head gives each node a secret grant key. To let `thief` steal from
+`donor`, the head signs (job, donor, thief, transfer id, expiry) with the donor's key; the thief
+presents that grant to the donor, which checks it with its own key. A token holder who is not
+the head can't make one, a grant opens one transfer of one job to one thief, and it expires.
+Thieves send no bearer token to donors: a grant is all a transfer needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+import msgpack
+
+GRANT_TTL_S = 60.0  # a hint's grant must be used this soon
+CLOCK_SKEW_S = 120.0  # tolerated between the head's clock and the donor's
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def new_transfer_id(thief_id: str) -> str:
+    return f"{thief_id}-{secrets.token_hex(8)}"
+
+
+def sign(key: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: str, expires_at: float) -> bytes:
+    message = msgpack.packb(["steal", job_id, donor_id, thief_id, transfer_id, expires_at], use_bin_type=True)
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def refusal(key: bytes, grant: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: str,
+            expires_at: float, now: float) -> str | None:
+    """Why this grant does not open this transfer (None: it does)."""
+    if not key:
+        return "this node has no grant key yet (not registered with a head)"
+    expected = sign(key, job_id, donor_id, thief_id, transfer_id, expires_at)
+    if not hmac.compare_digest(expected, grant):
+        return "the transfer grant is not the head's for this donor, thief, job and transfer"
+    if now > expires_at + CLOCK_SKEW_S:
+        return "the transfer grant has expired"
+    return None
