@@ -2,6 +2,6 @@
 # Runs every benchmark; each prints one JSON line.
 set -euo pipefail
 cd "$(dirname "$0")"
-for script in cold_start.py noop_calls.py sleep_calls.py warm_latency.py skewed.py tls_overhead.py vm_setup.py; do
+for script in cold_start.py noop_calls.py sleep_calls.py warm_latency.py skewed.py tls_overhead.py vm_setup.py head_memory.py; do
   python "$script"
 done

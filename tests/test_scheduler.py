@@ -149,3 +149,22 @@ def test_an_input_on_too_many_lost_nodes_is_given_up():
             assert given_up == [] and [i for i, _ in job.pending] == [0]
         else:
             assert given_up == [0] and not job.pending
+
+
+def test_an_ended_job_keeps_its_counts_but_not_its_per_input_state():
+    s = Scheduler()
+    s.add_node(node())
+    job = s.admit(spec(n=1000, local_code=b"z" * 1000, packages={"numpy": "2.0"}))
+    s.add_inputs(job, [[i, b"x" * 100] for i in range(1000)])
+    s.grant("n1", "j", 10)
+    s.plan()
+    s.record_results("n1", job, [[0, True, b"r"]])
+    assert s.finish(job, "CANCELED", "enough") == ["n1"]
+    assert (job.status, job.n_done, job.n_inputs, job.spec.function_name) == ("CANCELED", 1, 1000, "f")
+    assert not job.pending and not job.seen and not job.done and not job.assignments["n1"].inflight
+    assert (job.spec.function_bytes, job.spec.local_code, job.spec.packages) == (b"", b"", {})
+    # What was still on its way changes nothing now.
+    s.add_inputs(job, [[5, b"late"]])
+    assert s.record_results("n1", job, [[1, True, b"late"]]) == []
+    s.record_steal("n1", job, "n2", [3])
+    assert not job.pending and job.n_done == 1

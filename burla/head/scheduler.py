@@ -7,6 +7,7 @@ Keeping it pure makes every scheduling rule testable in microseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -274,6 +275,8 @@ class Scheduler:
     # --- inputs and results --------------------------------------------------------------
 
     def add_inputs(self, job: JobRecord, items: list) -> None:
+        if job.status != RUNNING:
+            return  # uploads still on their way when the job ended
         n = job.n_inputs
         seen = job.seen
         for index, _ in items:
@@ -329,6 +332,8 @@ class Scheduler:
 
     def record_results(self, node_id: str | None, job: JobRecord, items: list) -> list:
         """Keep the first result per index (results are delivered exactly once)."""
+        if job.status != RUNNING:
+            return []  # late results of an ended job
         assignment = job.assignments.get(node_id) if node_id is not None else None
         fresh = []
         done = job.done
@@ -373,7 +378,7 @@ class Scheduler:
         """Inputs moved between nodes: if the thief dies, they must be requeued from it."""
         donor = job.assignments.get(donor_id)
         thief = job.assignments.get(thief_id)
-        if thief is None:
+        if thief is None or job.status != RUNNING:
             return
         for index in indices:
             if not 0 <= index < job.n_inputs or job.done[index]:
@@ -393,6 +398,12 @@ class Scheduler:
         for assignment in job.assignments.values():
             assignment.inflight.clear()
             assignment.credit = 0
+        # An ended job keeps only its counts and arguments (the head keeps the last 1,000): its
+        # per-input state and the function's bytes would otherwise stay for each of them.
+        job.seen = bytearray()
+        job.done = bytearray()
+        job.node_losses.clear()
+        job.spec = dataclasses.replace(job.spec, function_bytes=b"", local_code=b"", packages={})
         return nodes
 
     def forget(self, job_id: str) -> None:

@@ -20,6 +20,7 @@ from burla.connection_guard import ConnectionGuard, GuardedSite
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.local import LocalDriver
 from burla.lifeline import wait_for_eof
+from burla.process_memory import release_large_blocks
 
 log = logging.getLogger("burla.head")
 
@@ -57,6 +58,7 @@ def url_of(sock: socket.socket, settings: HeadSettings) -> str:
 
 def serve(settings: HeadSettings) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s head %(levelname)s %(message)s")
+    release_large_blocks()  # inputs pass through the head: its memory must come back after big ones
     sock = bind(settings.host, settings.port)
     url = url_of(sock, settings)
     # Local nodes pin this head's own certificate when it serves https.

@@ -34,6 +34,7 @@ from burla.node.memory import MemoryGuard
 from burla.node.packages import Environment
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
+from burla.process_memory import release_large_blocks
 from burla.serialization import pack_error
 from burla.tls import node_server_context
 
@@ -388,6 +389,7 @@ class _Stop(Exception):
 def run_node(settings: NodeSettings) -> int:
     """Serve until stopped; returns the process exit code (0, or why the head was lost)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s")
+    release_large_blocks()  # inputs and results pass through the node too
     service = NodeService(settings)
 
     async def main() -> None:
