@@ -12,6 +12,7 @@ import contextlib
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,7 +184,9 @@ class JobRunner:
                             start, window = await self._expect_opening(ws, wire.JobAccepted)
                             opened = True
                         else:
-                            await ws.send_bytes(wire.ResumeJob(self.job_id, self._acked_seq).encode())
+                            # What this client already has, for a head that restarted and lost count.
+                            held = zlib.compress(self._received, 1) if self.opening is not None else b""
+                            await ws.send_bytes(wire.ResumeJob(self.job_id, self._acked_seq, held).encode())
                             try:
                                 start, window = await self._expect_opening(ws, wire.JobResumed)
                             except JobNotFound:
@@ -376,7 +379,7 @@ class JobRunner:
                 outcomes = [self._outcome(index, ok, payload) for index, ok, payload in fresh]
                 # Hand the results over before acknowledging them: once acked, the head forgets them.
                 for outcome in outcomes:
-                    received[outcome.index] = 1
+                    received[outcome.index] = 1 if outcome.ok else 2
                     display.count_result(outcome.ok)
                 self._free_window([o.index for o in outcomes])
                 self._remaining -= len(outcomes)

@@ -312,6 +312,7 @@ class JobEnded(Message):
 class ResumeJob(Message):
     job_id: str
     acked_seq: int  # the last result batch the client has
+    held: bytes  # zlib of one byte per input: 0 no result yet, 1 a result, 2 a failure (b"": collecting)
 
 
 @message(13)

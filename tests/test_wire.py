@@ -23,7 +23,7 @@ SAMPLES: list[wire.Message] = [
     wire.Progress("j-1", 1, 0, 2, 3),
     wire.CancelJob("j-1", "why"),
     wire.JobEnded("j-1", "FAILED", "NodeDisconnected", "lost"),
-    wire.ResumeJob("j-1", 4),
+    wire.ResumeJob("j-1", 4, b"x\x9c\x03\x00\x00\x00\x00\x01"),
     wire.JobResumed("j-1", 100, 100, 10, 1024),
     wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0", "0.1.0+abc", b""),
     wire.NodeRegistered("n", "0.1.0", b"k" * 32),

@@ -188,6 +188,9 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
             job, link = cluster.open_job(first)
             reply: wire.Message = cluster.accepted_message(job)
         else:
+            # Right after a restart, the jobs kept in history are being taken up: wait for that.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
             job, link, reply = cluster.resume_job(first)
     except BurlaError as e:
         await _refuse(ws, e)

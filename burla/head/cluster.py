@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from burla import grants, wire
 from burla.build import build_hash
-from burla.errors import JobNotFound, NodeDisconnected
+from burla.errors import BurlaError, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.history import History
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
@@ -30,6 +30,7 @@ CLIENT_WINDOW_INPUTS = 200_000
 CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
 SHUTDOWN_NOTICE_S = 1.0
+RESTORED_CLIENT_GRACE_S = 60.0  # how long a job taken up after a restart waits for its client (its retry window)
 INACTIVITY_CHECK_S = 0.5
 STEAL_CHECK_S = 0.25
 STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
@@ -53,6 +54,7 @@ class Cluster:
         self.prepare_job: Callable[[wire.OpenJob], None] | None = None  # boots what a new job needs
         # A node that left or went silent: its machine should go (set by the fleet; cloud nodes).
         self.remove_machine: Callable[[str, str], None] | None = None
+        self.restored = asyncio.Event()  # set once jobs kept in history are taken up (resumes wait for it)
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -297,7 +299,37 @@ class Cluster:
             self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         self._record_job(job)
+        if self.history is not None and not spec.detach:  # a restarted head takes it up again
+            self.history.job_opened(spec.job_id, spec.encode())
         return job, link
+
+    def restore_jobs(self, openings: list[bytes]) -> None:
+        """Take up the jobs that were running when this head last stopped (their OpenJob frames
+        from history). Each waits for its client to come back and say which results it already
+        has (RESTORED_CLIENT_GRACE_S), then runs the rest; nodes join it as they register."""
+        for opening in openings:
+            try:
+                spec = wire.decode(opening, wire.CLIENT_TO_HEAD)
+            except ProtocolError as e:
+                log.warning("a job kept in history can't be read (%s); dropping it", e)
+                continue
+            if not isinstance(spec, wire.OpenJob) or spec.job_id in self.scheduler.jobs:
+                continue
+            if self.prepare_job is not None:
+                try:
+                    self.prepare_job(spec)
+                except BurlaError as e:
+                    log.warning("job %s can't get nodes again: %s", spec.job_id, e)
+            job = self.scheduler.restore(spec)
+            link = ClientLink(spec.job_id)
+            link.detached_since = time.monotonic()
+            link.patience_s = RESTORED_CLIENT_GRACE_S
+            self.client_links[spec.job_id] = link
+            self.job_times[spec.job_id] = (time.time(), None)
+            for node_id, assignment in job.assignments.items():
+                self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
+            log.info("job %s taken up again after a restart; waiting for its client", spec.job_id)
+            self._record_job(job)
 
     @staticmethod
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
@@ -319,7 +351,17 @@ class Cluster:
                 f"this head has no results waiting for job {msg.job_id!r}: it never ran here, its "
                 "results were already collected, or the head restarted."
             )
-        link.ack(msg.acked_seq)
+        if job.restored:  # this head restarted: the client says what it has, the rest runs again
+            if not msg.held:
+                raise ProtocolError("a job taken up after a restart needs ResumeJob.held")
+            link.acked = self.scheduler.mark_held(job, msg.held)
+            link.continue_after(msg.acked_seq)
+            log.info("job %s resumed by its client, which holds %d of %d results", job.job_id, link.acked,
+                     job.n_inputs)
+            if link.acked >= job.n_inputs:
+                self.end_job(job, COMPLETED, "", "")
+        else:
+            link.ack(msg.acked_seq)
         if job.status != RUNNING:  # it ended while the client was away: say so after the results
             link.send(wire.JobEnded(job.job_id, job.status, job.end_kind, job.reason))
         resumed = wire.JobResumed(
@@ -364,7 +406,8 @@ class Cluster:
             await asyncio.sleep(min(1.0, deadline_s / 4))
             now = time.monotonic()
             for job_id, link in list(self.client_links.items()):
-                if link.attached or link.detached_since is None or now - link.detached_since < deadline_s:
+                patience = link.patience_s if link.patience_s is not None else deadline_s
+                if link.attached or link.detached_since is None or now - link.detached_since < patience:
                     continue
                 job = self.scheduler.jobs.get(job_id)
                 if job is None:
@@ -375,7 +418,7 @@ class Cluster:
                 if job.status == RUNNING:
                     self.end_job(
                         job, CANCELED, "JobCanceled",
-                        f"the client disconnected and did not come back within {deadline_s:g} s",
+                        f"the client disconnected and did not come back within {patience:g} s",
                     )
                 self.client_links.pop(job_id, None)
 
@@ -401,6 +444,8 @@ class Cluster:
         self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
         self._record_job(job)
+        if self.history is not None:
+            self.history.job_closed(job.job_id)
         self._finished[job.job_id] = None
         while len(self._finished) > FINISHED_JOBS_KEPT:
             old, _ = self._finished.popitem(last=False)
@@ -412,10 +457,18 @@ class Cluster:
         self.pump()
 
     async def shut_down(self) -> None:
-        """The head is stopping: end running jobs clearly and give clients a moment to hear it."""
+        """The head is stopping. With history, running jobs stay in it and a restarted head takes
+        them up (their clients reconnect); jobs it can't take up end clearly. Clients get a
+        moment to receive what is already here."""
         for job in list(self.scheduler.jobs.values()):
-            if job.status == RUNNING:
-                self.end_job(job, FAILED, "JobFailed", "the head stopped (a restart or shutdown) while the job ran")
+            if job.status != RUNNING:
+                continue
+            if self.history is None:
+                self.end_job(job, FAILED, "JobFailed", "the head stopped (a restart or shutdown) while the job ran; "
+                                                       "a head keeps running jobs across restarts only with history")
+            elif job.spec.detach:
+                self.end_job(job, FAILED, "JobFailed", "the head stopped while this detached job ran; a detached "
+                                                       "job's inputs are not kept across head restarts, run it again")
         deadline = time.monotonic() + SHUTDOWN_NOTICE_S
         while any(link.pending_frames() for link in self.client_links.values() if link.attached):
             if time.monotonic() > deadline:

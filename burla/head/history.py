@@ -94,6 +94,11 @@ CREATE TABLE IF NOT EXISTS settings (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     data TEXT NOT NULL
 );
+-- Jobs still running, with their OpenJob frame, so that a head that restarts takes them up again.
+CREATE TABLE IF NOT EXISTS live_jobs (
+    job_id TEXT PRIMARY KEY,
+    opening BLOB NOT NULL
+);
 """
 
 JOB_COLUMNS = ("job_id", "parent_job_id", "function_name", "status", "reason", "n_inputs", "n_done", "n_failed",
@@ -111,6 +116,7 @@ class History:
         self._events: list[tuple] = []
         self._samples: list[tuple] = []
         self._job_samples: list[tuple] = []
+        self._live: dict[str, bytes | None] = {}  # job id -> its opening frame (None: it ended)
         self._output_rows = 0
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()  # set once the database is open; reads wait for it
@@ -192,6 +198,21 @@ class History:
             self._failures.append(row)
         self._poke(len(results))
 
+    def job_opened(self, job_id: str, opening: bytes) -> None:
+        """A running job's OpenJob frame, kept until it ends so a restarted head can take it up
+        (written at once, not at the next periodic flush: a crash may come any moment)."""
+        self._live[job_id] = opening
+        self._wake.set()
+
+    def job_closed(self, job_id: str) -> None:
+        self._live[job_id] = None
+        self._poke(1)
+
+    async def live_jobs(self) -> list[bytes]:
+        """The opening frames of jobs that were running when the head last stopped."""
+        rows = await self._rows("SELECT opening FROM live_jobs")
+        return [bytes(row["opening"]) for row in rows]
+
     def output(self, job_id: str, items: list) -> None:
         self._output.setdefault(job_id, []).extend(items)
         self._output_rows += len(items)
@@ -246,8 +267,13 @@ class History:
         events, self._events = self._events, []
         samples, self._samples = self._samples, []
         job_samples, self._job_samples = self._job_samples, []
-        if not (jobs or failures or output_rows or events or samples or job_samples):
+        live, self._live = self._live, {}
+        if not (jobs or failures or output_rows or events or samples or job_samples or live):
             return
+        await db.executemany("INSERT OR REPLACE INTO live_jobs VALUES (?, ?)",
+                             [(job_id, opening) for job_id, opening in live.items() if opening is not None])
+        await db.executemany("DELETE FROM live_jobs WHERE job_id = ?",
+                             [(job_id,) for job_id, opening in live.items() if opening is None])
         placeholders = ", ".join("?" * len(JOB_COLUMNS))
         await db.executemany(f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", jobs)
         await db.executemany("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", failures)

@@ -68,6 +68,7 @@ class ClientLink:
         self.dropped_output = 0
         self.last_progress: tuple[int, int, int, int] | None = None
         self.detached_since: float | None = None  # monotonic time the client left
+        self.patience_s: float | None = None  # how long to wait for it to come back (None: the head's default)
         self._writer: asyncio.Task | None = None
 
     @property
@@ -95,6 +96,11 @@ class ClientLink:
             covered += len(self._unacked.pop(done_seq))
         self.acked += covered
         return covered
+
+    def continue_after(self, seq: int) -> None:
+        """Number batches after the client's last acknowledged one (this head restarted and
+        started counting again), so its acknowledgements never cover batches it has not seen."""
+        self._seq = max(self._seq, seq)
 
     def pending_frames(self) -> bool:
         """Anything still waiting to go out to an attached client."""

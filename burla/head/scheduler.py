@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -83,6 +84,7 @@ class JobRecord:
     stolen: int = 0  # inputs that moved between nodes by stealing
     node_losses: dict[int, int] = field(default_factory=dict)  # index -> nodes lost while holding it
     assignments: dict[str, Assignment] = field(default_factory=dict)
+    restored: bool = False  # taken up after a head restart; its client has not said what it holds yet
 
     @property
     def job_id(self) -> str:
@@ -97,6 +99,9 @@ class JobRecord:
 
     def inflight(self) -> int:
         return sum(len(a.inflight) for a in self.assignments.values())
+
+
+_ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1
 
 
 def _major_minor(version: str) -> str:
@@ -219,6 +224,20 @@ class Scheduler:
                 reasons.setdefault(reason, []).append(node)
         if not eligible and self.booting == 0:
             raise NoCompatibleNodes(self._explain(spec, reasons))
+        return self._create(spec, eligible)
+
+    def restore(self, spec: wire.OpenJob) -> JobRecord:
+        """Take up a job that was running when the head restarted: it waits for nodes, which
+        join it as they register, and for its client, which says which results it already has."""
+        if spec.job_id in self.jobs:
+            raise ProtocolError(f"job id {spec.job_id!r} is already in use")
+        eligible = [(node, self.node_parallelism(node, spec)) for node in self.nodes.values()
+                    if self.ineligibility(node, spec) is None]
+        job = self._create(spec, eligible)
+        job.restored = True
+        return job
+
+    def _create(self, spec: wire.OpenJob, eligible: list[tuple[NodeRecord, int]]) -> JobRecord:
         job = JobRecord(spec, seen=bytearray(spec.n_inputs), done=bytearray(spec.n_inputs))
         budget = spec.max_parallelism if spec.max_parallelism is not None else math.inf
         for node, parallelism in sorted(eligible, key=lambda e: -e[1]):
@@ -229,6 +248,29 @@ class Scheduler:
             budget -= share
         self.jobs[spec.job_id] = job
         return job
+
+    def mark_held(self, job: JobRecord, held: bytes) -> int:
+        """A restored job's client has these results already (one byte per input: 0 none, 1 a
+        result, 2 a failure): count them done and uploaded. Returns how many it holds."""
+        n = job.n_inputs
+        try:
+            inflater = zlib.decompressobj()
+            states = inflater.decompress(held, n + 1)  # bounded: a frame can't inflate past n bytes
+        except zlib.error as e:
+            raise ProtocolError(f"ResumeJob.held is not zlib data ({e})") from None
+        if len(states) != n or inflater.unconsumed_tail:
+            raise ProtocolError(f"ResumeJob.held must describe exactly {n} inputs")
+        flags = bytes(states).translate(_ANY_RESULT)
+        job.seen = bytearray(flags)
+        job.done = bytearray(flags)
+        held_count = n - states.count(0)
+        job.n_done = held_count
+        job.n_failed = states.count(2)
+        job.received = held_count
+        first_missing = job.seen.find(0)
+        job.upload_prefix = n if first_missing < 0 else first_missing
+        job.restored = False
+        return held_count
 
     def _explain(self, spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]]) -> str:
         n = len(self.nodes)

@@ -101,7 +101,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     if fleet_driver is not driver:  # a cloud VM that can't be set up is deleted at once
         fleet_driver.on_boot_failed = fleet.setup_failed
     # Serve first; history opens meanwhile (what is recorded before waits in memory).
-    startup = asyncio.create_task(_open_history(history, fleet), name="history-open")
+    startup = asyncio.create_task(_open_history(history, fleet, cluster), name="history-open")
     cluster.prepare_job = fleet.prepare_job
     cluster.remove_machine = fleet.remove_machine
     guard = ConnectionGuard(settings.header_timeout_s)
@@ -179,8 +179,12 @@ def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, histo
     return wrapped
 
 
-async def _open_history(history, fleet) -> None:
-    if history is not None:
-        await history.open()
-        await fleet.load_saved_settings()
+async def _open_history(history, fleet, cluster) -> None:
+    try:
+        if history is not None:
+            await history.open()
+            cluster.restore_jobs(await history.live_jobs())
+            await fleet.load_saved_settings()
+    finally:
+        cluster.restored.set()  # clients resuming jobs waited for this
     await fleet.sweep_leftovers()
