@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -63,6 +64,13 @@ def _refuse_constant(name: str) -> Any:
     raise BadJson(f"the body's numbers must be finite ({name} was sent)")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as infinity without passing parse_constant
+        raise BadJson(f"the body's numbers must be finite ({text[:50]} overflows)")
+    return value
+
+
 def parse_object(raw: bytes) -> dict:
     """A JSON object from a request body (empty: {}), or BadJson saying what is wrong."""
     if not raw.strip():
@@ -72,7 +80,7 @@ def parse_object(raw: bytes) -> dict:
     except UnicodeDecodeError:
         raise BadJson("the body must be UTF-8") from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except BadJson:
         raise
     except RecursionError:

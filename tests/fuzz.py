@@ -37,6 +37,7 @@ import struct
 import sys
 import time
 import urllib.parse
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,7 @@ from burla.validation import packages_problem
 
 TIMEOUT_S = 30.0  # per request or WebSocket session
 CONCURRENCY = 8
-STREAM_READ_S = 5.0  # how long an event stream is read before it is closed
+STREAM_READ_S = 2.0  # how long an event stream is read before it is closed
 MAX_STRING = 100 * 1024
 MAX_INPUTS_OF_A_FUZZ_JOB = 1000  # jobs the fuzzer opens stay small: the head keeps state per input
 SAFE_METHODS = (b"GET", b"HEAD", b"OPTIONS")
@@ -60,7 +61,6 @@ QUERY_NAMES = ("limit", "offset", "status", "search", "next", "failed_only", "pa
 PYTHON = "{}.{}.{}".format(*sys.version_info[:3])
 BUILD = build_hash()
 PICKLED_ABS = pickle.dumps(abs)
-WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 ABSENT_JOB = "nojob-"  # ids the fuzzer cancels with the right token start so; no job ever has one
 _ABSENT_CANCEL = re.compile(rb"/v1/jobs/nojob-[0-9a-f]+(?:%[0-9A-Fa-f]{2}|[A-Za-z0-9_~-])*/cancel(?:\?.*)?",
                             re.DOTALL)
@@ -169,7 +169,7 @@ ROUTES = (
     Route("head", b"GET", "/jobs/{job_id}"),
     Route("head", b"GET", "/settings"),
     Route("head", b"GET", "/login", queries=("code", "next")),
-    Route("head", b"GET", "/static/{name}"),
+    Route("head", b"GET", "/static/{name}", weight=2),
     Route("head", b"POST", "/v1/login-link", queries=("next",)),
     Route("head", b"GET", "/v1/stream/cluster", kind="sse"),
     Route("head", b"GET", "/v1/stream/jobs", kind="sse", queries=("limit",)),
@@ -327,7 +327,7 @@ def _mutate(rng: random.Random, msg: list) -> bytes:
 
 def _defuse(msg: list) -> list:
     """Nothing a frame asks for may leave loopback or take the head's memory: no package a node
-    would install, no job of millions of inputs, no node claiming a real node's id."""
+    would install, no job of millions of inputs, no node URL beyond loopback."""
     if not msg:
         return msg
     if msg[0] == wire.OpenJob.TAG and len(msg) == len(wire.OpenJob._fields) + 1:
@@ -885,7 +885,9 @@ async def _http(plan: Plan) -> Outcome:
             return Outcome("reset", "closed", "the connection closed without an answer")
         status, head = answer
         outcome = _classify(status)
-        if b"text/event-stream" in head.lower():
+        if plan.method == b"HEAD":
+            pass  # no body, whatever the headers say
+        elif b"text/event-stream" in head.lower():
             with contextlib.suppress(TimeoutError, ConnectionError):
                 await asyncio.wait_for(reader.read(4096), STREAM_READ_S)
         else:
@@ -900,7 +902,8 @@ async def _http(plan: Plan) -> Outcome:
             await writer.wait_closed()
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
+    """One frame from the server: its opcode, whether it is compressed (RSV1), its payload."""
     first, second = await reader.readexactly(2)
     n = second & 0x7F
     if n == 126:
@@ -911,7 +914,7 @@ async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     payload = await reader.readexactly(n)
     if key:
         payload = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
-    return first & 0x0F, payload
+    return first & 0x0F, bool(first & 0x40), payload
 
 
 @dataclass
@@ -921,13 +924,14 @@ class _WsState:
     ended: str = ""  # "eof" or "reset" when the connection ended
     error_replies: list[tuple[str, int, str]] = field(default_factory=list)
     replies: collections.Counter = field(default_factory=collections.Counter)
+    inflate: Any = field(default_factory=lambda: zlib.decompressobj(-zlib.MAX_WBITS))  # permessage-deflate
 
 
 async def _ws_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _WsState,
                    rng: random.Random) -> None:
     while True:
         try:
-            opcode, payload = await _read_frame(reader)
+            opcode, compressed, payload = await _read_frame(reader)
         except asyncio.IncompleteReadError:
             state.ended = "eof"
             return
@@ -945,6 +949,8 @@ async def _ws_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s
                 writer.write(_ws_frame(rng, 10, payload))
         elif opcode == 2:
             try:
+                if compressed:  # the handshake asked for permessage-deflate and the server agreed
+                    payload = state.inflate.decompress(payload + b"\x00\x00\xff\xff")
                 msg = wire.decode(payload)
             except Exception:
                 state.replies["undecodable"] += 1

@@ -44,6 +44,7 @@ def test_every_route_survives_fuzzing(tmp_path, monkeypatch, request):
         except Exception as e:  # reported with everything else below
             problems.append(f"the job after fuzzing failed: {type(e).__name__}: {e}")
         rss_after = head_process.memory_info().rss
+        print(f"head RSS {rss_before / 2**20:.0f} MB before, {rss_after / 2**20:.0f} MB after")
         if rss_after - rss_before >= MAX_RSS_GROWTH:
             problems.append(f"the head's RSS grew from {rss_before / 2**20:.0f} MB to {rss_after / 2**20:.0f} MB")
         with open(head.log_path, "rb") as log:

@@ -357,3 +357,33 @@ def test_malformed_requests_log_one_line_each_at_most(tmp_path, monkeypatch):
     assert "Traceback" not in log
     lines = [line for line in log.splitlines() if "Error handling request" in line]
     assert 1 <= len(lines) <= 3 and "WARNING" in lines[0] and "BadHttpMessage" in log, log
+
+
+@pytest.mark.parametrize(
+    "request_line, headers",
+    [
+        (b"GET /static/style.css%00 HTTP/1.1", {}),  # found by the fuzzer: NUL reached the file system
+        (b"GET /static/" + b"a" * 300 + b".js HTTP/1.1", {}),  # and a name too long for it
+        (b"GET /v1/jobs/ws HTTP/1.1", {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                                       "Sec-WebSocket-Key": "\xff" * 24}),  # aiohttp raises a bare ValueError
+        (b"GET /v1/nodes/ws HTTP/1.1", {"Connection": "Upgrade", "Upgrade": "websocket",
+                                        "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "\xff" * 24}),
+    ],
+)
+def test_what_the_fuzzer_found_is_a_4xx(cluster, request_line, headers):
+    status, body = _raw_request(cluster.url, request_line,
+                                {"Host": "x", "Authorization": f"Bearer {cluster.token}", **headers})
+    assert 400 <= status < 500, (status, body)
+    assert json.loads(body)["message"]
+
+
+def test_settings_refuse_numbers_that_overflow_and_names_that_are_not_names(cluster):
+    # Fails on the previous code: 1e999 was stored as infinity, and GET /v1/settings gave 500 after.
+    for body in (b'{"inactivity_timeout_s": 1e999}', b'{"inactivity_timeout_s": 1e300}',
+                 b'{"region": "us-east-1/../../x"}', b'{"image": "--privileged"}', b'{"machine_type": "a b"}',
+                 b'{"max_gpus": {"A100; rm": 1}}'):
+        status, reply = _raw_request(cluster.url, b"POST /v1/settings HTTP/1.1",
+                                     {"Host": "x", "Authorization": f"Bearer {cluster.token}",
+                                      "Content-Type": "application/json"}, body)
+        assert status == 400, (body, reply)
+    assert get_json(cluster, "/v1/settings")["quantity"] >= 0

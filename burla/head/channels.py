@@ -65,6 +65,15 @@ async def _first_frame(ws: web.WebSocketResponse, allowed: tuple) -> wire.Messag
         return None
 
 
+async def _upgrade(ws: web.WebSocketResponse, request: web.Request) -> None:
+    """Answer the WebSocket handshake; a malformed one is a 400 (aiohttp raises a bare ValueError
+    for a Sec-WebSocket-Key that is not ASCII)."""
+    try:
+        await ws.prepare(request)
+    except ValueError as e:
+        raise web.HTTPBadRequest(text=f"malformed WebSocket handshake: {e}") from None
+
+
 def _check_version(theirs: str, ours: str) -> str | None:
     if theirs.split(".")[:2] != ours.split(".")[:2]:
         return (
@@ -87,7 +96,7 @@ def _check_build(theirs: str, ours: str) -> str | None:
 async def node_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None)
-    await ws.prepare(request)
+    await _upgrade(ws, request)
     first = await _first_frame(ws, (wire.RegisterNode,))
     if first is None:
         return ws
@@ -102,10 +111,13 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
                 cluster.remove_machine(first.node_id, "refused at registration")
         await _refuse(ws, ProtocolError(problem))
         return ws
+    grant_key = grants.new_key()
+    try:
+        await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version, grant_key).encode())
+    except (ConnectionError, RuntimeError):  # gone before it heard back: nothing to undo
+        return ws
     link = NodeLink(first.node_id, ws)
     writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
-    grant_key = grants.new_key()
-    await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version, grant_key).encode())
     cluster.node_registered(first, link, grant_key)
     try:
         async for frame in ws:
@@ -175,7 +187,7 @@ def _validate_open(spec: wire.OpenJob) -> None:
 async def job_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
-    await ws.prepare(request)
+    await _upgrade(ws, request)
     first = await _first_frame(ws, (wire.OpenJob, wire.ResumeJob))
     if first is None:
         return ws

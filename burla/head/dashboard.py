@@ -7,6 +7,7 @@ opens one event stream that sends a fresh snapshot whenever what it shows change
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -80,11 +81,15 @@ async def login_link(request: web.Request) -> web.Response:
     return json_response({"url": url, "expires_in_s": 300})
 
 
+STATIC_NAME = re.compile(r"[a-z][a-z0-9_-]{0,50}\.(?:js|css)")
+
+
 async def static_file(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
-    path = (STATIC / name).resolve()
-    if path.parent != STATIC.resolve() or not path.is_file() or path.suffix not in (".js", ".css"):
-        raise web.HTTPNotFound(text=f"no static file {name!r}")
+    # Checked before the file system sees it: no NUL, no overlong or path-like names.
+    path = STATIC / name if STATIC_NAME.fullmatch(name) else None
+    if path is None or not path.is_file():
+        raise web.HTTPNotFound(text=f"no static file {name[:100]!r}")
     return web.FileResponse(path, headers={"Cache-Control": "no-store"})
 
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from burla.head.cluster import Cluster
 from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
 from burla.head.scheduler import RUNNING
+from burla.validation import IMAGE, REGION, matches
 
 log = logging.getLogger("burla.head")
 
@@ -56,21 +58,31 @@ class ClusterSettings:
         _check_int(merged, "workers_per_node", low=1, high=4096, optional=True)
         _check_int(merged, "disk_gb", low=10, high=65_536, optional=True)
         _check_int(merged, "max_vcpus", low=1, high=1_000_000)
-        for name in ("machine_type", "region", "image"):
+        # These reach cloud API paths and command lines: strict shapes only.
+        for name, pattern, example in (("machine_type", MACHINE_TYPE, "n4-standard-8"), ("region", REGION, "us-east-1"),
+                                       ("image", IMAGE, "python:3.12-slim")):
             value = merged[name]
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise SettingsError(f"{name} must be a non-empty string or null")
+            if value is not None and not matches(pattern, value):
+                raise SettingsError(f"{name} must be null or a name like {example} (letters, digits and "
+                                    f"{'._/:@+-' if name == 'image' else '._-'})")
         timeout = merged["inactivity_timeout_s"]
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 1):
-            raise SettingsError("inactivity_timeout_s must be a number of seconds >= 1, or null")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 1 <= timeout <= MAX_INACTIVITY_S):
+            raise SettingsError(f"inactivity_timeout_s must be a number of seconds from 1 to {MAX_INACTIVITY_S:g}, "
+                                "or null")
         if not isinstance(merged["spot"], bool):
             raise SettingsError("spot must be true or false")
         gpus = merged["max_gpus"]
         if not isinstance(gpus, dict) or any(
-            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0 for k, v in gpus.items()
-        ):
+            not matches(MACHINE_TYPE, k) or isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1_000_000
+            for k, v in gpus.items()
+        ) or len(gpus) > 100:
             raise SettingsError("max_gpus must map GPU models to counts >= 0, e.g. {\"A100\": 8}")
         return ClusterSettings(**merged)
+
+
+MACHINE_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+MAX_INACTIVITY_S = 10 * 365 * 86400.0
 
 
 def _check_int(values: dict, name: str, low: int, high: int, optional: bool = False) -> None:
