@@ -1,4 +1,4 @@
-"""The fuzzer of tests/fuzz.py at length: 20,000 malformed or random requests (by default) over
+"""The fuzzer of tests/fuzz/ at length: 20,000 malformed or random requests (by default) over
 every route of a head with one local node, as the tests start it. Prints one JSON line: how long
 they took, the findings (5xx, dropped connections, WebSockets closed as internal errors), the
 answers by status class and the head's RSS before and after."""
