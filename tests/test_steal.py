@@ -79,16 +79,20 @@ def _skewed_job(out_dir, slow_s: float = 1.5):
     return remote_parallel_map(functions.record_interval, inputs, generator=True, spinner=False)
 
 
-def test_idle_node_steals_from_a_busy_peer(bare_head, tmp_path):
-    head, nodes = bare_head
-    nodes.join("node-a")
-    wait_for_nodes(head, 1)
+def _run_while_node_b_joins(nodes: Nodes, tmp_path) -> None:
+    """The skewed job on node-a; node-b joins idle and steals. Every result arrives once."""
     out = tmp_path / "calls"
     out.mkdir()
     stream = _skewed_job(out)
     nodes.join("node-b")
-    results = list(stream)
-    assert sorted(results) == list(range(12))
+    assert sorted(stream) == list(range(12))
+
+
+def test_idle_node_steals_from_a_busy_peer(bare_head, tmp_path):
+    head, nodes = bare_head
+    nodes.join("node-a")
+    wait_for_nodes(head, 1)
+    _run_while_node_b_joins(nodes, tmp_path)
     job = get_json(head, "/v1/cluster")["jobs"][0]
     assert job["stolen"] >= 1, head.log()
     assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a")
@@ -164,12 +168,7 @@ def test_nodes_of_an_https_head_steal_over_https_pinned_by_the_head(tmp_path, mo
                 return [n for n in json.load(response)["nodes"] if n["workers_alive"] >= 1]
 
         wait_until(lambda: len(ready_nodes()) == 1, timeout=120, what="node-a joined the https head")
-        out = tmp_path / "calls"
-        out.mkdir()
-        stream = _skewed_job(out)
-        nodes.join("node-b")
-        results = list(stream)
-        assert sorted(results) == list(range(12))
+        _run_while_node_b_joins(nodes, tmp_path)
         assert all(n["url"].startswith("https://127.0.0.1:") for n in ready_nodes())
         assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a"), nodes.log("node-b")
         # The node serves https only, with its own certificate (not the head's).
