@@ -149,5 +149,6 @@ def test_restart_the_head(tmp_path, monkeypatch, trial, how):
         assert cluster.get(f"/v1/jobs/{finished['job_id']}/failures")["failures"][0]["input_index"] == 3
         resumed = cluster.get(f"/v1/jobs/{running['job_id']}")
         assert resumed["status"] == "COMPLETED" and resumed["n_done"] == INPUTS, resumed
+        assert resumed["started_at"] == running["started_at"]
         cluster.wait_for_nodes(2)  # nodes re-register by themselves
         assert remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]

@@ -66,7 +66,7 @@ class Cluster:
 
     # --- nodes ---------------------------------------------------------------------------
 
-    def node_registered(self, msg: wire.RegisterNode, link: NodeLink, grant_key: bytes = b"") -> NodeRecord:
+    def node_registered(self, msg: wire.RegisterNode, link: NodeLink, grant_key: bytes) -> NodeRecord:
         if msg.node_id in self.node_links:
             self.node_lost(msg.node_id)  # a reconnect: the old session's inputs go back first
         node = NodeRecord.from_register(msg, grant_key)
@@ -303,11 +303,11 @@ class Cluster:
             self.history.job_opened(spec.job_id, spec.encode())
         return job, link
 
-    def restore_jobs(self, openings: list[bytes]) -> None:
+    def restore_jobs(self, openings: list[tuple[bytes, float | None]]) -> None:
         """Take up the jobs that were running when this head last stopped (their OpenJob frames
         from history). Each waits for its client to come back and say which results it already
         has (RESTORED_CLIENT_GRACE_S), then runs the rest; nodes join it as they register."""
-        for opening in openings:
+        for opening, started_at in openings:
             try:
                 spec = wire.decode(opening, wire.CLIENT_TO_HEAD)
             except ProtocolError as e:
@@ -325,7 +325,7 @@ class Cluster:
             link.detached_since = time.monotonic()
             link.patience_s = RESTORED_CLIENT_GRACE_S
             self.client_links[spec.job_id] = link
-            self.job_times[spec.job_id] = (time.time(), None)
+            self.job_times[spec.job_id] = (started_at or time.time(), None)
             for node_id, assignment in job.assignments.items():
                 self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
             log.info("job %s taken up again after a restart; waiting for its client", spec.job_id)

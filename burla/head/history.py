@@ -208,10 +208,12 @@ class History:
         self._live[job_id] = None
         self._poke(1)
 
-    async def live_jobs(self) -> list[bytes]:
-        """The opening frames of jobs that were running when the head last stopped."""
-        rows = await self._rows("SELECT opening FROM live_jobs")
-        return [bytes(row["opening"]) for row in rows]
+    async def live_jobs(self) -> list[tuple[bytes, float | None]]:
+        """The opening frames of jobs that were running when the head last stopped, with when
+        each started."""
+        rows = await self._rows("SELECT live_jobs.opening, jobs.started_at FROM live_jobs "
+                                "LEFT JOIN jobs ON jobs.job_id = live_jobs.job_id")
+        return [(bytes(row["opening"]), row["started_at"]) for row in rows]
 
     def output(self, job_id: str, items: list) -> None:
         self._output.setdefault(job_id, []).extend(items)
