@@ -13,7 +13,7 @@ import urllib.parse
 import psutil
 import pytest
 
-from burla import remote_parallel_map
+from burla import get_results, remote_parallel_map
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.cluster_runner import LocalCluster
@@ -152,3 +152,26 @@ def test_restart_the_head(tmp_path, monkeypatch, trial, how):
         assert resumed["started_at"] == running["started_at"]
         cluster.wait_for_nodes(2)  # nodes re-register by themselves
         assert remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_restart_the_head_under_a_detached_job(tmp_path, monkeypatch, how):
+    # Fails on the previous code: a detached job's inputs lived only in the head's memory.
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
+        _use(cluster, monkeypatch)
+        script = PRELUDE + (
+            f"job_id = remote_parallel_map(functions.sleep_then_return, [(i, 0.2) for i in range({INPUTS})], "
+            "detach=True, spinner=False)\nprint(job_id)\n"
+        )
+        uploaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                                  cwd=REPO, env=dict(os.environ))
+        assert uploaded.returncode == 0, uploaded.stderr
+        job_id = uploaded.stdout.strip().splitlines()[-1]
+        wait_until(lambda: cluster.get(f"/v1/jobs/{job_id}")["n_done"] >= 4, timeout=120, what="some results in")
+        cluster.stop_head(how)
+        cluster.start_head()
+        # The restarted head takes the job up from history: kept results wait, kept inputs run.
+        delivered = get_results(job_id, spinner=False)
+        assert delivered == list(range(INPUTS))
+        record_fault_trial("restart the head under a detached job", INPUTS, delivered, how.name)
+        assert cluster.get(f"/v1/jobs/{job_id}")["status"] == "COMPLETED"

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from burla import grants, wire
 from burla.build import build_hash
 from burla.errors import BurlaError, JobNotFound, NodeDisconnected, ProtocolError
-from burla.head.history import History
+from burla.head.history import History, KeptJob
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
 
@@ -275,6 +275,8 @@ class Cluster:
             return
         if self.history is not None and job.n_failed:
             self.history.failures(job.job_id, fresh)
+        if self.history is not None and job.spec.detach:  # kept until get_results collects them
+            self.history.keep_results(job.job_id, fresh)
         link = self.client_links.get(job.job_id)
         if link is not None:
             link.deliver([], fresh)
@@ -299,17 +301,19 @@ class Cluster:
             self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         self._record_job(job)
-        if self.history is not None and not spec.detach:  # a restarted head takes it up again
+        if self.history is not None:  # a restarted head takes it up again
             self.history.job_opened(spec.job_id, spec.encode())
         return job, link
 
-    def restore_jobs(self, openings: list[tuple[bytes, float | None]]) -> None:
-        """Take up the jobs that were running when this head last stopped (their OpenJob frames
-        from history). Each waits for its client to come back and say which results it already
-        has (RESTORED_CLIENT_GRACE_S), then runs the rest; nodes join it as they register."""
-        for opening, started_at in openings:
+    def restore_jobs(self, kept_jobs: list[KeptJob]) -> None:
+        """Take up the jobs that were running (or, detached, not yet collected) when this head
+        last stopped, from history. An
+        attached job waits for its client to come back and say which results it already has
+        (RESTORED_CLIENT_GRACE_S); a detached one runs its kept inputs and keeps its results for
+        get_results. Nodes join them as they register."""
+        for kept in kept_jobs:
             try:
-                spec = wire.decode(opening, wire.CLIENT_TO_HEAD)
+                spec = wire.decode(kept.opening, wire.CLIENT_TO_HEAD)
             except ProtocolError as e:
                 log.warning("a job kept in history can't be read (%s); dropping it", e)
                 continue
@@ -325,11 +329,21 @@ class Cluster:
             link.detached_since = time.monotonic()
             link.patience_s = RESTORED_CLIENT_GRACE_S
             self.client_links[spec.job_id] = link
-            self.job_times[spec.job_id] = (started_at or time.time(), None)
+            self.job_times[spec.job_id] = (kept.started_at or time.time(), None)
+            if spec.detach:
+                self.scheduler.load_kept(job, kept.inputs, kept.results)
+                link.deliver([], kept.results)
             for node_id, assignment in job.assignments.items():
                 self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
-            log.info("job %s taken up again after a restart; waiting for its client", spec.job_id)
+            log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,
+                     job.n_inputs)
             self._record_job(job)
+            if kept.status in (FAILED, CANCELED):  # a detached job that ended: only its results remain
+                self.end_job(job, kept.status, "JobFailed" if kept.status == FAILED else "JobCanceled", kept.reason)
+            elif spec.detach and job.n_done >= job.n_inputs:
+                self.end_job(job, COMPLETED, "", "")  # its results wait for get_results
+            else:
+                self.pump()
 
     @staticmethod
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
@@ -373,6 +387,8 @@ class Cluster:
         if job.status != RUNNING:
             return
         self.scheduler.add_inputs(job, items)
+        if job.spec.detach and self.history is not None:  # its client won't be there to send them again
+            self.history.keep_inputs(job.job_id, items)
         self.pump()
 
     def ack(self, job: JobRecord, seq: int) -> None:
@@ -384,6 +400,8 @@ class Cluster:
             if job.status == RUNNING:
                 self.end_job(job, COMPLETED, "", "")
             self.client_links.pop(job.job_id, None)  # everything is delivered
+            if job.spec.detach and self.history is not None:
+                self.history.job_closed(job.job_id)  # collected: nothing left to keep
 
     def cancel(self, job_id: str, reason: str) -> bool:
         job = self.scheduler.jobs.get(job_id)
@@ -413,12 +431,13 @@ class Cluster:
                 if job is None:
                     self.client_links.pop(job_id, None)
                     continue
-                if job.spec.detach:
-                    continue  # its results wait until collected
+                if job.spec.detach and job.received >= job.n_inputs:
+                    continue  # every input is here: its results wait until collected
                 if job.status == RUNNING:
+                    missing = f" before uploading {job.n_inputs - job.received} inputs" if job.spec.detach else ""
                     self.end_job(
                         job, CANCELED, "JobCanceled",
-                        f"the client disconnected and did not come back within {patience:g} s",
+                        f"the client disconnected{missing} and did not come back within {patience:g} s",
                     )
                 self.client_links.pop(job_id, None)
 
@@ -444,12 +463,14 @@ class Cluster:
         self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
         self._record_job(job)
-        if self.history is not None:
+        if self.history is not None and not job.spec.detach:  # a detached job's results wait to be collected
             self.history.job_closed(job.job_id)
         self._finished[job.job_id] = None
         while len(self._finished) > FINISHED_JOBS_KEPT:
             old, _ = self._finished.popitem(last=False)
             self.scheduler.forget(old)
+            if self.history is not None:
+                self.history.job_closed(old)
             self.job_times.pop(old, None)
             self.client_links.pop(old, None)
         for key in [k for k in self._hinted if k[1] == job.job_id]:
@@ -458,17 +479,14 @@ class Cluster:
 
     async def shut_down(self) -> None:
         """The head is stopping. With history, running jobs stay in it and a restarted head takes
-        them up (their clients reconnect); jobs it can't take up end clearly. Clients get a
-        moment to receive what is already here."""
+        them up (their clients reconnect, detached jobs' inputs and results are kept there);
+        without, they end clearly. Clients get a moment to receive what is already here."""
         for job in list(self.scheduler.jobs.values()):
             if job.status != RUNNING:
                 continue
             if self.history is None:
                 self.end_job(job, FAILED, "JobFailed", "the head stopped (a restart or shutdown) while the job ran; "
                                                        "a head keeps running jobs across restarts only with history")
-            elif job.spec.detach:
-                self.end_job(job, FAILED, "JobFailed", "the head stopped while this detached job ran; a detached "
-                                                       "job's inputs are not kept across head restarts, run it again")
         deadline = time.monotonic() + SHUTDOWN_NOTICE_S
         while any(link.pending_frames() for link in self.client_links.values() if link.attached):
             if time.monotonic() > deadline:

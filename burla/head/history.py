@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +100,37 @@ CREATE TABLE IF NOT EXISTS live_jobs (
     job_id TEXT PRIMARY KEY,
     opening BLOB NOT NULL
 );
+-- A detached job's inputs until their results are in, and its results until collected: its
+-- client is gone, so a restarted head must have them.
+CREATE TABLE IF NOT EXISTS kept_inputs (
+    job_id TEXT NOT NULL,
+    input_index INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (job_id, input_index)
+);
+CREATE TABLE IF NOT EXISTS kept_results (
+    job_id TEXT NOT NULL,
+    input_index INTEGER NOT NULL,
+    ok INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (job_id, input_index)
+);
 """
 
 JOB_COLUMNS = ("job_id", "parent_job_id", "function_name", "status", "reason", "n_inputs", "n_done", "n_failed",
                "started_at", "ended_at", "arguments")
+
+
+@dataclass
+class KeptJob:
+    """A job a restarted head takes up: its OpenJob frame, how it stood, and (detached) what was kept."""
+
+    opening: bytes
+    started_at: float | None
+    status: str
+    reason: str
+    inputs: list  # [[index, data], ...] without a result yet
+    results: list  # [[index, ok, payload], ...] not yet collected
 
 
 class History:
@@ -117,6 +145,8 @@ class History:
         self._samples: list[tuple] = []
         self._job_samples: list[tuple] = []
         self._live: dict[str, bytes | None] = {}  # job id -> its opening frame (None: it ended)
+        self._kept_inputs: list[tuple] = []  # (job id, index, data) of detached jobs
+        self._kept_results: list[tuple] = []  # (job id, index, ok, payload) of detached jobs
         self._output_rows = 0
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()  # set once the database is open; reads wait for it
@@ -154,10 +184,11 @@ class History:
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.execute("PRAGMA synchronous=NORMAL")
         await self._db.executescript(SCHEMA)
-        # Jobs that were running when the previous head stopped can't resume: say so.
+        # Jobs that were running when the previous head stopped and were not kept to be taken up
+        # again (no history of their opening: a crash right as they opened) can't resume: say so.
         await self._db.execute(
             "UPDATE jobs SET status='FAILED', reason='the head restarted while the job ran', ended_at=? "
-            "WHERE status='RUNNING'",
+            "WHERE status='RUNNING' AND job_id NOT IN (SELECT job_id FROM live_jobs)",
             (time.time(),),
         )
         await self._db.commit()
@@ -205,15 +236,39 @@ class History:
         self._wake.set()
 
     def job_closed(self, job_id: str) -> None:
+        """The job ended (or, detached, was collected): forget its opening and what was kept."""
         self._live[job_id] = None
+        self._kept_inputs = [row for row in self._kept_inputs if row[0] != job_id]
+        self._kept_results = [row for row in self._kept_results if row[0] != job_id]
         self._poke(1)
 
-    async def live_jobs(self) -> list[tuple[bytes, float | None]]:
-        """The opening frames of jobs that were running when the head last stopped, with when
-        each started."""
-        rows = await self._rows("SELECT live_jobs.opening, jobs.started_at FROM live_jobs "
-                                "LEFT JOIN jobs ON jobs.job_id = live_jobs.job_id")
-        return [(bytes(row["opening"]), row["started_at"]) for row in rows]
+    def keep_inputs(self, job_id: str, items: list) -> None:
+        """A detached job's inputs: written at once, as its client may already be gone."""
+        self._kept_inputs.extend((job_id, index, data) for index, data in items)
+        self._wake.set()
+
+    def keep_results(self, job_id: str, items: list) -> None:
+        self._kept_results.extend((job_id, index, ok, payload) for index, ok, payload in items)
+        self._poke(len(items))
+
+    async def kept_jobs(self) -> list[KeptJob]:
+        """Jobs that were running (or, detached, not yet collected) when the head last stopped,
+        with the inputs and results kept for detached ones."""
+        rows = await self._rows(
+            "SELECT live_jobs.job_id, live_jobs.opening, jobs.started_at, jobs.status, jobs.reason "
+            "FROM live_jobs LEFT JOIN jobs ON jobs.job_id = live_jobs.job_id")
+        kept = []
+        for row in rows:
+            inputs = await self._rows("SELECT input_index, data FROM kept_inputs WHERE job_id = ? "
+                                      "ORDER BY input_index", (row["job_id"],))
+            results = await self._rows("SELECT input_index, ok, payload FROM kept_results WHERE job_id = ? "
+                                       "ORDER BY input_index", (row["job_id"],))
+            kept.append(KeptJob(
+                bytes(row["opening"]), row["started_at"], row["status"] or "RUNNING", row["reason"] or "",
+                [[r["input_index"], bytes(r["data"])] for r in inputs],
+                [[r["input_index"], bool(r["ok"]), bytes(r["payload"])] for r in results],
+            ))
+        return kept
 
     def output(self, job_id: str, items: list) -> None:
         self._output.setdefault(job_id, []).extend(items)
@@ -234,7 +289,8 @@ class History:
         self._job_samples.append((job_id, time.time(), n_done, n_failed, running))
 
     def _poke(self, rows: int) -> None:
-        if self._output_rows + len(self._failures) > FLUSH_AT_ROWS:
+        waiting = self._output_rows + len(self._failures) + len(self._kept_inputs) + len(self._kept_results)
+        if waiting > FLUSH_AT_ROWS:
             self._wake.set()
 
     # --- writing -------------------------------------------------------------------------
@@ -270,12 +326,20 @@ class History:
         samples, self._samples = self._samples, []
         job_samples, self._job_samples = self._job_samples, []
         live, self._live = self._live, {}
-        if not (jobs or failures or output_rows or events or samples or job_samples or live):
+        kept_inputs, self._kept_inputs = self._kept_inputs, []
+        kept_results, self._kept_results = self._kept_results, []
+        if not (jobs or failures or output_rows or events or samples or job_samples or live or kept_inputs
+                or kept_results):
             return
         await db.executemany("INSERT OR REPLACE INTO live_jobs VALUES (?, ?)",
                              [(job_id, opening) for job_id, opening in live.items() if opening is not None])
-        await db.executemany("DELETE FROM live_jobs WHERE job_id = ?",
-                             [(job_id,) for job_id, opening in live.items() if opening is None])
+        await db.executemany("INSERT OR IGNORE INTO kept_inputs VALUES (?, ?, ?)", kept_inputs)
+        await db.executemany("INSERT OR IGNORE INTO kept_results VALUES (?, ?, ?, ?)", kept_results)
+        await db.executemany("DELETE FROM kept_inputs WHERE job_id = ? AND input_index = ?",
+                             [(job_id, index) for job_id, index, _, _ in kept_results])
+        closed = [(job_id,) for job_id, opening in live.items() if opening is None]
+        for table in ("live_jobs", "kept_inputs", "kept_results"):
+            await db.executemany(f"DELETE FROM {table} WHERE job_id = ?", closed)
         placeholders = ", ".join("?" * len(JOB_COLUMNS))
         await db.executemany(f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", jobs)
         await db.executemany("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", failures)

@@ -85,6 +85,7 @@ class JobRecord:
     node_losses: dict[int, int] = field(default_factory=dict)  # index -> nodes lost while holding it
     assignments: dict[str, Assignment] = field(default_factory=dict)
     restored: bool = False  # taken up after a head restart; its client has not said what it holds yet
+    lenient_uploads: bool = False  # inputs uploaded again are ignored (a detached job taken up from history)
 
     @property
     def job_id(self) -> str:
@@ -249,6 +250,19 @@ class Scheduler:
         self.jobs[spec.job_id] = job
         return job
 
+    def load_kept(self, job: JobRecord, inputs: list, results: list) -> None:
+        """A detached job taken up after a restart: its kept results count as done, its kept
+        inputs without a result are queued again, and a client still uploading may resend."""
+        for index, ok, _ in results:
+            if 0 <= index < job.n_inputs and not job.done[index]:
+                job.done[index] = job.seen[index] = 1
+                job.n_done += 1
+                job.n_failed += 0 if ok else 1
+        job.received = job.n_done
+        job.restored = False
+        job.lenient_uploads = True
+        self.add_inputs(job, [item for item in inputs if 0 <= item[0] < job.n_inputs and not job.done[item[0]]])
+
     def mark_held(self, job: JobRecord, held: bytes) -> int:
         """A restored job's client has these results already (one byte per input: 0 none, 1 a
         result, 2 a failure): count them done and uploaded. Returns how many it holds."""
@@ -321,6 +335,8 @@ class Scheduler:
             return  # uploads still on their way when the job ended
         n = job.n_inputs
         seen = job.seen
+        if job.lenient_uploads:  # taken up from history: its client may send again what was kept
+            items = [item for item in items if not (0 <= item[0] < n and seen[item[0]])]
         for index, _ in items:
             if not 0 <= index < n:
                 raise ProtocolError(f"input index {index} is outside 0..{n - 1}")

@@ -183,7 +183,7 @@ async def _open_history(history, fleet, cluster) -> None:
     try:
         if history is not None:
             await history.open()
-            cluster.restore_jobs(await history.live_jobs())
+            cluster.restore_jobs(await history.kept_jobs())
             await fleet.load_saved_settings()
     finally:
         cluster.restored.set()  # clients resuming jobs waited for this
