@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from burla.web_json import READ_TIMEOUT
 
@@ -65,12 +66,13 @@ class OneLineMalformedRequests(logging.Filter):
         self.limit = RateLimit(interval_s)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            error = record.exc_info[1]
-            summary = " ".join(f"{type(error).__name__}: {error}".split())[:300]
-            record.msg, record.args = "%s: %s", (record.getMessage(), summary)
-            record.exc_info, record.exc_text = None, None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True  # a real fault in a handler keeps its traceback
+        summary = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        record.msg, record.args = "%s: %s", (record.getMessage(), summary)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
         suppressed = self.limit.take()
         if suppressed:
             record.msg, record.args = "%s (and %d similar since)", (record.getMessage(), suppressed)

@@ -552,6 +552,11 @@ WORKER_TO_NODE = Channel("worker to node", (WorkerReady, WorkerReport, WorkerWai
                          Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
 NODE_TO_WORKER = Channel("node to worker", (LoadFunction, RunCalls, UnloadFunction),
                          Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
+# The first frame of each link, with the limits of the link it opens.
+JOB_OPENING = Channel("job opening", (OpenJob, ResumeJob), CLIENT_TO_HEAD.limits)
+NODE_OPENING = Channel("node registration", (RegisterNode,), NODE_TO_HEAD.limits)
+# Transfers between nodes: small requests, grants as big as the inputs they carry.
+NODE_TO_NODE = Channel("node to node", (StealRequest, StealGrant, StealAck), NODE_TO_WORKER.limits)
 ERROR_RECORD = Channel("error record", (ErrorRecord,), Limits(10_000, 10_000, _TEXT, MAX_FRAME_BYTES, 1_000_000))
 
 # Length prefix for frames on the worker socket.

@@ -387,3 +387,14 @@ def test_settings_refuse_numbers_that_overflow_and_names_that_are_not_names(clus
                                       "Content-Type": "application/json"}, body)
         assert status == 400, (body, reply)
     assert get_json(cluster, "/v1/settings")["quantity"] >= 0
+
+
+def test_a_function_or_input_over_a_megabyte_still_runs(cluster):
+    # The frame limits bound arrays and maps, not the bytes of a function or an input (which
+    # the review of the limits found refused over 1 MiB, the default limit, on a job's opening).
+    data = os.urandom(3 * 1024 * 1024)
+
+    def size_with(extra: bytes) -> int:
+        return len(data) + len(extra)
+
+    assert remote_parallel_map(size_with, [b"x" * (2 * 1024 * 1024)], spinner=False) == [5 * 1024 * 1024]

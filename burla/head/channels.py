@@ -47,7 +47,7 @@ async def _refuse(ws: web.WebSocketResponse, error: BurlaError) -> None:
         await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=str(error)[:120].encode())
 
 
-async def _first_frame(ws: web.WebSocketResponse, allowed: tuple) -> wire.Message | None:
+async def _first_frame(ws: web.WebSocketResponse, allowed: wire.Channel) -> wire.Message | None:
     try:
         frame = await asyncio.wait_for(ws.receive(), FIRST_FRAME_TIMEOUT_S)
     except TimeoutError:
@@ -97,13 +97,15 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None)
     await _upgrade(ws, request)
-    first = await _first_frame(ws, (wire.RegisterNode,))
+    first = await _first_frame(ws, wire.NODE_OPENING)
     if first is None:
         return ws
     assert isinstance(first, wire.RegisterNode)
     problem = _check_version(first.version, cluster.version) or _check_build(first.build, cluster.build)
     if problem is None and (first.slots < 1 or first.cpus < 1 or not first.node_id):
         problem = "RegisterNode needs a node_id, slots >= 1 and cpus >= 1"
+    if problem is None and len(first.cert_sha256) not in (0, 32):
+        problem = "RegisterNode.cert_sha256 must be empty or a 32-byte SHA-256 digest"
     if problem is not None:
         if first.node_id in cluster.booting_ids:  # a VM this head booted that can never join: remove it
             cluster.node_boot_failed(first.node_id, f"refused: {problem}")
@@ -188,7 +190,7 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
     await _upgrade(ws, request)
-    first = await _first_frame(ws, (wire.OpenJob, wire.ResumeJob))
+    first = await _first_frame(ws, wire.JOB_OPENING)
     if first is None:
         return ws
     try:
@@ -200,9 +202,13 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
             job, link = cluster.open_job(first)
             reply: wire.Message = cluster.accepted_message(job)
         else:
-            # Right after a restart, the jobs kept in history are being taken up: wait for that.
-            with contextlib.suppress(TimeoutError):
+            # Right after a restart, the jobs kept in history are being taken up: wait for that;
+            # if it takes too long, close without an answer so that the client tries again.
+            try:
                 await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
+            except TimeoutError:
+                await ws.close()
+                return ws
             job, link, reply = cluster.resume_job(first)
     except BurlaError as e:
         await _refuse(ws, e)

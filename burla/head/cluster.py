@@ -55,6 +55,7 @@ class Cluster:
         # A node that left or went silent: its machine should go (set by the fleet; cloud nodes).
         self.remove_machine: Callable[[str, str], None] | None = None
         self.restored = asyncio.Event()  # set once jobs kept in history are taken up (resumes wait for it)
+        self._restored_at: dict[str, float] = {}  # jobs taken up after a restart, until nodes join them
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -206,6 +207,7 @@ class Cluster:
                         link.close()
                     if self.remove_machine is not None:
                         self.remove_machine(node_id, f"silent for {now - heard:.1f} s")
+            self._end_restored_jobs_without_nodes(now)
             for node_id, dropped in list(self.rejoining.items()):
                 if node_id not in self.booting_ids:
                     self.rejoining.pop(node_id, None)  # it came back (or its driver gave up on it)
@@ -214,6 +216,18 @@ class Cluster:
                                                    f"{max(deadline_s, REJOIN_GRACE_S):g} s", what="lost")
                     if self.remove_machine is not None:
                         self.remove_machine(node_id, "its connection dropped and it did not come back")
+
+    def _end_restored_jobs_without_nodes(self, now: float) -> None:
+        """A job taken up after a restart waits for nodes to come back (as for a dropped node);
+        if none has joined it by then and none is booting, it ends saying so."""
+        for job_id, since in list(self._restored_at.items()):
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.status != RUNNING or job.assignments:
+                del self._restored_at[job_id]
+            elif now - since > REJOIN_GRACE_S and self.scheduler.booting == 0:
+                del self._restored_at[job_id]
+                self.end_job(job, FAILED, "NoNodes", f"no node could run this job within {REJOIN_GRACE_S:g} s of "
+                                                     "the head's restart; start nodes and run it again")
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
         self.last_heard[node_id] = time.monotonic()
@@ -319,7 +333,7 @@ class Cluster:
                 continue
             if not isinstance(spec, wire.OpenJob) or spec.job_id in self.scheduler.jobs:
                 continue
-            if self.prepare_job is not None:
+            if self.prepare_job is not None and kept.status == RUNNING:  # boot only for what will run
                 try:
                     self.prepare_job(spec)
                 except BurlaError as e:
@@ -337,6 +351,7 @@ class Cluster:
                 self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
             log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,
                      job.n_inputs)
+            self._restored_at[spec.job_id] = time.monotonic()
             self._record_job(job)
             if kept.status in (FAILED, CANCELED):  # a detached job that ended: only its results remain
                 self.end_job(job, kept.status, "JobFailed" if kept.status == FAILED else "JobCanceled", kept.reason)
@@ -365,7 +380,8 @@ class Cluster:
                 f"this head has no results waiting for job {msg.job_id!r}: it never ran here, its "
                 "results were already collected, or the head restarted."
             )
-        if job.restored:  # this head restarted: the client says what it has, the rest runs again
+        link.patience_s = None  # back: a later disconnect gets the usual client deadline
+        if job.restored and job.status == RUNNING:  # this head restarted: the client says what it has
             if not msg.held:
                 raise ProtocolError("a job taken up after a restart needs ResumeJob.held")
             link.acked = self.scheduler.mark_held(job, msg.held)
@@ -396,7 +412,7 @@ class Cluster:
         if link is None:
             return
         link.ack(seq)
-        if link.acked >= job.n_inputs:
+        if link.acked >= job.n_inputs or (job.status != RUNNING and not link.unacked_results()):
             if job.status == RUNNING:
                 self.end_job(job, COMPLETED, "", "")
             self.client_links.pop(job.job_id, None)  # everything is delivered
@@ -440,6 +456,8 @@ class Cluster:
                         f"the client disconnected{missing} and did not come back within {patience:g} s",
                     )
                 self.client_links.pop(job_id, None)
+                if self.history is not None:
+                    self.history.job_closed(job_id)  # nobody will collect what was kept
 
     def end_job(self, job: JobRecord, status: str, kind: str, reason: str) -> None:
         was_running = job.status == RUNNING

@@ -15,6 +15,7 @@ from aiohttp import web
 from burla import wire
 
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # results per frame to a client
+MAX_BATCH_RESULTS = 200_000  # well inside wire.HEAD_TO_CLIENT's array limit
 
 
 class NodeLink:
@@ -132,11 +133,12 @@ class ClientLink:
             self._writer = None
 
     def _take_batch(self) -> list:
-        """The next results to send, at most MAX_BATCH_BYTES unless a single one is bigger."""
+        """The next results to send: at most MAX_BATCH_BYTES (unless a single one is bigger) and
+        MAX_BATCH_RESULTS (tiny results would otherwise overflow the client's frame limits)."""
         size = 0
         for count, item in enumerate(self.results):
             size += len(item[2])
-            if size > MAX_BATCH_BYTES and count > 0:
+            if (size > MAX_BATCH_BYTES and count > 0) or count >= MAX_BATCH_RESULTS:
                 break
         else:
             count = len(self.results)
@@ -151,8 +153,8 @@ class ClientLink:
                 seq = self._resend.pop(0)
                 if seq in self._unacked:
                     await ws.send_bytes(wire.ResultBatch(self.job_id, seq, self._unacked[seq]).encode())
-            if self.outputs:
-                outputs, self.outputs = self.outputs, []
+            while self.outputs:
+                outputs, self.outputs = self.outputs[:MAX_BATCH_RESULTS], self.outputs[MAX_BATCH_RESULTS:]
                 await ws.send_bytes(wire.OutputBatch(self.job_id, outputs).encode())
             while self.results:
                 results = self._take_batch()

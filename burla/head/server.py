@@ -183,8 +183,8 @@ async def _open_history(history, fleet, cluster) -> None:
     try:
         if history is not None:
             await history.open()
+            await fleet.load_saved_settings()  # before jobs are taken up: they may boot machines
             cluster.restore_jobs(await history.kept_jobs())
-            await fleet.load_saved_settings()
     finally:
         cluster.restored.set()  # clients resuming jobs waited for this
     await fleet.sweep_leftovers()

@@ -50,7 +50,9 @@ def build_node_app(service: NodeService, guard: ConnectionGuard) -> web.Applicat
             body = await read_body(request)
         except web.HTTPRequestEntityTooLarge:
             raise ProtocolError(f"the body is over {MAX_BODY} bytes") from None
-        msg = wire.decode(body, (kind,))
+        msg = wire.decode(body, wire.NODE_TO_NODE)
+        if not isinstance(msg, kind):
+            raise ProtocolError(f"{type(msg).__name__} is not accepted here; send a {kind.__name__}")
         if getattr(msg, "job_id", None) != request.match_info["job_id"]:
             raise ProtocolError("the body's job_id does not match the URL")
         return msg

@@ -148,7 +148,7 @@ class Thief:
                     if response.status == 204:
                         return None
                     if response.status == 200:
-                        return wire.decode(body, (wire.StealGrant,))
+                        return wire.decode(body, wire.NODE_TO_NODE)
                     log.warning("steal request to %s answered %d: %s", url, response.status, body[:200])
                     return None
             except (TimeoutError, aiohttp.ClientError, OSError, ProtocolError) as e:
