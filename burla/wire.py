@@ -132,9 +132,6 @@ class Channel:
         self.messages = messages
         self.limits = limits
 
-    def __iter__(self):  # so `Msg in CHANNEL` reads naturally
-        return iter(self.messages)
-
 
 class _ItemBudget:
     """msgpack hooks that count the items of every array and map as the frame is decoded."""
@@ -164,12 +161,15 @@ DEFAULT_LIMITS = Limits(max_array_len=10_000, max_map_len=10_000, max_str_len=1 
 def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[Message], ...] | None = None) -> Message:
     """Decode one frame into its message, or raise ProtocolError saying what is wrong."""
     limits = allowed.limits if isinstance(allowed, Channel) else DEFAULT_LIMITS
-    budget = _ItemBudget(limits.max_items)
+    hooks = {}
+    if len(data) > limits.max_items:  # every item takes a byte: smaller frames can't exceed the budget
+        budget = _ItemBudget(limits.max_items)
+        hooks = {"list_hook": budget.array, "object_hook": budget.map}
     try:
         frame = msgpack.unpackb(
-            data, raw=False, use_list=True, strict_map_key=False, list_hook=budget.array, object_hook=budget.map,
-            max_array_len=limits.max_array_len, max_map_len=limits.max_map_len, max_str_len=limits.max_str_len,
-            max_bin_len=limits.max_bin_len, max_ext_len=0,
+            data, raw=False, use_list=True, strict_map_key=False, max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len, max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
+            max_ext_len=0, **hooks,
         )
     except Exception as e:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"frame is not valid msgpack or is over this channel's limits "

@@ -83,18 +83,26 @@ def _classify(status: int) -> Outcome:
     return outcome
 
 
+async def _send_and_read_head(plan: Plan, reader, writer, awaited: str) -> tuple[int, bytes] | Outcome:
+    """Send the request; the answer's status and head, or the Outcome of a connection that ended first."""
+    with contextlib.suppress(ConnectionError):  # the server may answer before the whole body arrived
+        writer.write(_request_bytes(plan))
+        await writer.drain()
+    try:
+        answer = await _read_head(reader)
+    except ConnectionResetError:
+        return Outcome("reset", "reset", f"the connection was reset before {awaited}")
+    if answer is None:
+        return Outcome("reset", "closed", f"the connection closed before {awaited}")
+    return answer
+
+
 async def _http(plan: Plan) -> Outcome:
     reader, writer = await asyncio.open_connection(*plan.address, limit=2**20)
     try:
-        with contextlib.suppress(ConnectionError):  # the server may answer before the whole body arrived
-            writer.write(_request_bytes(plan))
-            await writer.drain()
-        try:
-            answer = await _read_head(reader)
-        except ConnectionResetError:
-            return Outcome("reset", "reset", "the connection was reset before any answer")
-        if answer is None:
-            return Outcome("reset", "closed", "the connection closed without an answer")
+        answer = await _send_and_read_head(plan, reader, writer, "any answer")
+        if isinstance(answer, Outcome):
+            return answer
         status, head = answer
         outcome = _classify(status)
         if plan.method == b"HEAD":
@@ -178,15 +186,9 @@ async def _websocket(plan: Plan) -> Outcome:
     reader, writer = await asyncio.open_connection(*plan.address, limit=2**20)
     rng = random.Random(plan.index)  # masks of the replies this side sends
     try:
-        with contextlib.suppress(ConnectionError):
-            writer.write(_request_bytes(plan))
-            await writer.drain()
-        try:
-            answer = await _read_head(reader)
-        except ConnectionResetError:
-            return Outcome("reset", "reset", "the connection was reset before the handshake was answered")
-        if answer is None:
-            return Outcome("reset", "closed", "the connection closed before the handshake was answered")
+        answer = await _send_and_read_head(plan, reader, writer, "the handshake was answered")
+        if isinstance(answer, Outcome):
+            return answer
         status, head = answer
         if status != 101:  # the connection may stay open (no Connection: close here): read just the body
             outcome = _classify(status)
