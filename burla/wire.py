@@ -324,6 +324,15 @@ class JobResumed(Message):
     window_bytes: int
 
 
+@message(14)
+class InputsKept(Message):
+    """Head to a detaching client: the first `count` inputs it uploaded are safe from a head
+    crash (written to history, or the head keeps none and says so at once)."""
+
+    job_id: str
+    count: int
+
+
 # --- node <-> head -------------------------------------------------------------------------
 
 
@@ -342,6 +351,27 @@ class RegisterNode(Message):
     version: str
     build: str  # burla.build.build_hash(): the head refuses a node whose build differs from its own
     cert_sha256: bytes  # the node's TLS certificate digest, which thieves pin (b"": it serves http)
+    # What the node kept running while it had no head (a restart, a cut): [[job_id, pack_indices(...)], ...]
+    # for every input it holds queued, running or with a result not yet sent.
+    held: list
+
+    def validate(self) -> None:
+        _check_items("RegisterNode.held", self.held, (str, bytes))
+        for _, packed in self.held:
+            if len(packed) % _INDEX.size:
+                raise ProtocolError(f"RegisterNode.held indices must be packed {_INDEX.size}-byte integers")
+
+
+_INDEX = struct.Struct("<I")  # input indices are below MAX_INPUTS < 2**32
+
+
+def pack_indices(indices: list[int]) -> bytes:
+    """Input indices as compact bytes (4 per index) for frames that list many of them."""
+    return struct.pack(f"<{len(indices)}I", *indices)
+
+
+def unpack_indices(packed: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(packed) // _INDEX.size}I", packed))
 
 
 @message(21)
@@ -546,7 +576,7 @@ HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, C
                                         ErrorReply, StealHint),
                        Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
 HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch,
-                                            Progress, JobEnded),
+                                            Progress, JobEnded, InputsKept),
                          Limits(_CALLS, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _CALLS))
 WORKER_TO_NODE = Channel("worker to node", (WorkerReady, WorkerReport, WorkerWaiting),
                          Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))

@@ -84,6 +84,14 @@ def record_interval(directory, index, seconds=0.2):
     return index
 
 
+def count_runs(directory, index, seconds=1.0):
+    """Append a line per run of this input (to count how often each input ran)."""
+    with open(os.path.join(directory, f"{index}.runs"), "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(seconds)
+    return index
+
+
 def max_overlap(directory) -> int:
     events = []
     for name in os.listdir(directory):

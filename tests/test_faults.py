@@ -155,6 +155,28 @@ def test_restart_the_head(tmp_path, monkeypatch, trial, how):
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_nodes_keep_their_calls_through_a_head_restart(tmp_path, monkeypatch, how):
+    # Fails on the previous code: nodes dropped what they held when the head went away, and the
+    # restarted head ran those inputs again. Now they keep running, report what they hold when
+    # they register again, and the head adopts it: every input runs once.
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    n = 8  # 2 nodes x 2 workers run 4 at once and hold all 8 (each asks for twice its slots)
+    with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
+        _use(cluster, monkeypatch)
+        stream = remote_parallel_map(functions.count_runs, [(str(runs), i, 4.0) for i in range(n)],
+                                     generator=True, spinner=False)
+        wait_until(lambda: len(list(runs.iterdir())) >= 4, timeout=60, what="4 calls running")
+        cluster.stop_head(how)
+        cluster.start_head()
+        delivered = list(stream)
+        assert sorted(delivered) == list(range(n))
+        counts = {i: (runs / f"{i}.runs").read_text().count("\n") for i in range(n)}
+        assert counts == {i: 1 for i in range(n)}, counts
+        record_fault_trial("restart the head under running calls (none runs again)", n, delivered, how.name)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_restart_the_head_under_a_detached_job(tmp_path, monkeypatch, how):
     # Fails on the previous code: a detached job's inputs lived only in the head's memory.
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:

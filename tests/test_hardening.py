@@ -196,7 +196,7 @@ def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_pat
     # Fails on the previous code: a NaN CPU made /v1/cluster emit invalid JSON.
     # (Its own head: the refused node is then awaited as one that may come back.)
     register = wire.RegisterNode("nan-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
-                                 __version__, build_hash(), b"")
+                                 __version__, build_hash(), b"", [])
     state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0])
     with own_head(tmp_path, monkeypatch, local_nodes=0) as head:
         replies = asyncio.run(_exchange(head, "/v1/nodes/ws", [register.encode(), state]))
@@ -205,6 +205,25 @@ def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_pat
                                     {"Host": "x", "Authorization": f"Bearer {head.token}"})
         assert status == 200 and b"NaN" not in body
         json.loads(body)
+
+
+async def test_a_node_back_with_work_of_a_job_the_head_does_not_run_is_told_to_drop_it(cluster):
+    # A node that kept running through a head restart may hold jobs that ended meanwhile (or that
+    # a head without history forgot): the head stops them there.
+    register = wire.RegisterNode("holder-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
+                                 __version__, build_hash(), b"", [["gone-job", wire.pack_indices([3, 4])]])
+    async with aiohttp.ClientSession(headers=cluster.headers()) as session:
+        async with session.ws_connect(cluster.url + "/v1/nodes/ws") as ws:
+            await ws.send_bytes(register.encode())
+            replies = []
+            while not any(isinstance(r, wire.ReleaseJob) for r in replies):
+                frame = await asyncio.wait_for(ws.receive(), 60)
+                assert frame.type == aiohttp.WSMsgType.BINARY, frame
+                replies.append(wire.decode(frame.data, wire.HEAD_TO_NODE))
+            await ws.send_bytes(wire.NodeLeaving("test over").encode())
+    assert isinstance(replies[0], wire.NodeRegistered)
+    told = [(type(r).__name__, r.job_id) for r in replies[1:]]
+    assert told == [("CancelJob", "gone-job"), ("ReleaseJob", "gone-job")]
 
 
 async def test_a_cancel_reason_that_is_not_unicode_changes_nothing(cluster):

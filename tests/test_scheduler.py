@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from burla import wire
@@ -168,3 +170,94 @@ def test_an_ended_job_keeps_its_counts_but_not_its_per_input_state():
     assert s.record_results("n1", job, [[1, True, b"late"]]) == []
     s.record_steal("n1", job, "n2", [3])
     assert not job.pending and job.n_done == 1
+
+
+def _restored(nodes=("a", "b"), n=6):
+    s = Scheduler()
+    job = s.restore(spec(n=n))
+    for node_id in nodes:
+        s.add_node(node(node_id, slots=2))
+    return s, job
+
+
+def _inputs(indices):
+    return [[i, f"x{i}".encode()] for i in indices]
+
+
+def test_a_node_back_after_a_restart_keeps_what_it_holds():
+    s, job = _restored()
+    s.adopt("a", job, [0, 1, 2])
+    assert job.node_held == {0: "a", 1: "a", 2: "a"}
+    s.mark_held(job, zlib.compress(bytes(6)))  # the client has no result yet and uploads all six
+    s.add_inputs(job, _inputs(range(6)))
+    assert job.assignments["a"].inflight == {0: b"x0", 1: b"x1", 2: b"x2"}  # bytes in case "a" dies
+    assert [item[0] for item in job.pending] == [3, 4, 5] and job.received == 6 and not job.node_held
+    s.grant("a", "j", 10)
+    s.grant("b", "j", 10)
+    pushed = {(node_id, item[0]) for node_id, _, items in s.plan() for item in items}
+    assert {index for _, index in pushed} == {3, 4, 5}  # what "a" holds is not pushed again
+
+
+def test_inputs_queued_again_go_back_to_the_node_that_holds_them():
+    s = Scheduler()
+    s.add_node(node("a", slots=2))
+    job = s.admit(spec(n=4))
+    s.add_inputs(job, _inputs(range(4)))
+    s.grant("a", "j", 4)
+    s.plan()
+    s.remove_node("a")  # its connection dropped: its inputs are queued again
+    assert [item[0] for item in job.pending] == [0, 1, 2, 3] and job.node_losses == {0: 1, 1: 1, 2: 1, 3: 1}
+    s.add_node(node("a", slots=2))
+    s.adopt("a", job, [1, 3])  # it came back still holding two of them
+    assert [item[0] for item in job.pending] == [0, 2]
+    assert job.assignments["a"].inflight == {1: b"x1", 3: b"x3"} and job.node_losses == {0: 1, 2: 1}
+
+
+def test_held_inputs_of_a_lost_holder_are_queued_when_uploaded():
+    s, job = _restored()
+    s.adopt("a", job, [0, 1])
+    s.remove_node("a")
+    assert not job.node_held
+    s.mark_held(job, zlib.compress(bytes(6)))
+    s.add_inputs(job, _inputs(range(6)))
+    assert [item[0] for item in job.pending] == list(range(6))
+
+
+def test_results_before_the_client_is_back_are_merged_with_what_it_holds():
+    s, job = _restored()
+    s.adopt("a", job, [0, 1, 2])
+    s.record_results("a", job, [[1, True, b"r1"], [2, False, b"e2"]])
+    assert job.n_done == 2 and job.n_failed == 1
+    held = s.mark_held(job, zlib.compress(bytes([1, 0, 0, 0, 2, 0])))  # the client has 0 and 4 (failed)
+    assert held == 2
+    assert (job.n_done, job.n_failed, job.upload_prefix) == (4, 2, 3)
+    s.add_inputs(job, _inputs([0, 1, 2, 3, 4, 5]))  # sending again what it lacks results for is fine
+    assert [item[0] for item in job.pending] == [3, 5] and job.assignments["a"].inflight == {}
+    assert job.node_held == {}
+
+
+def test_a_held_input_stolen_before_its_bytes_arrive_follows_the_thief():
+    s, job = _restored()
+    s.adopt("a", job, [0, 1])
+    s.record_steal("b", job, "a", [1])
+    s.mark_held(job, zlib.compress(bytes(6)))
+    s.add_inputs(job, _inputs([0, 1]))
+    assert job.assignments["a"].inflight == {0: b"x0"} and job.assignments["b"].inflight == {1: b"x1"}
+
+
+def test_a_restored_job_pushes_nothing_while_it_waits_for_its_nodes():
+    s, job = _restored()
+    job.waits_for_nodes = True
+    s.mark_held(job, zlib.compress(bytes(6)))
+    s.add_inputs(job, _inputs(range(6)))
+    s.grant("a", "j", 10)
+    assert s.plan() == []
+    job.waits_for_nodes = False
+    assert sum(len(items) for _, _, items in s.plan()) == 6
+
+
+def test_register_node_held_indices_must_be_packed():
+    bad = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0", "b", b"", [["j", b"\x00\x01\x02"]])
+    with pytest.raises(ProtocolError, match="packed"):
+        wire.decode(bad.encode(), wire.NODE_OPENING)
+    assert wire.unpack_indices(wire.pack_indices([0, 5, 2**32 - 1])) == [0, 5, 2**32 - 1]

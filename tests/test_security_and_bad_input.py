@@ -183,15 +183,17 @@ async def test_job_channel_rejects_bad_inputs(cluster, batch, words):
     assert words in _error(replies).message
 
 
+def _register(slots: int, version: str, build: str) -> bytes:
+    return wire.RegisterNode("n", "u", slots, 1, 1.0, None, 0, None, "r", "3.11", version, build, b"", []).encode()
+
+
 @pytest.mark.parametrize(
     "frame, words",
     [
         (b"\x00\x01", "msgpack"),
-        (wire.RegisterNode("n", "u", 0, 1, 1.0, None, 0, None, "r", "3.11", __version__, build_hash(), b"").encode(),
-         "slots >= 1"),
-        (wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "9.9.9", build_hash(), b"").encode(),
-         "runs burla 9.9.9"),
-        (wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", __version__, "0.1.0+0000", b"").encode(),
+        (_register(slots=0, version=__version__, build=build_hash()), "slots >= 1"),
+        (_register(slots=1, version="9.9.9", build=build_hash()), "runs burla 9.9.9"),
+        (_register(slots=1, version=__version__, build="0.1.0+0000"),
          f"runs burla build 0.1.0+0000 but the head runs build {build_hash()}"),
         (wire.Credit("j", 1, 0).encode(), "not accepted on this channel"),
     ],

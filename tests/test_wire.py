@@ -25,7 +25,9 @@ SAMPLES: list[wire.Message] = [
     wire.JobEnded("j-1", "FAILED", "NodeDisconnected", "lost"),
     wire.ResumeJob("j-1", 4, b"x\x9c\x03\x00\x00\x00\x00\x01"),
     wire.JobResumed("j-1", 100, 100, 10, 1024),
-    wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0", "0.1.0+abc", b""),
+    wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0", "0.1.0+abc", b"",
+                      [["j", wire.pack_indices([0, 7])]]),
+    wire.InputsKept("j-1", 12),
     wire.NodeRegistered("n", "0.1.0", b"k" * 32),
     wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None, b"zip", {}),
     wire.ReleaseJob("j-1"),
@@ -80,5 +82,5 @@ def test_malformed_frames_raise_protocol_error(data, words):
 
 def test_channels_refuse_messages_of_other_channels():
     with pytest.raises(ProtocolError, match="not accepted on this channel"):
-        register = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0", "b", b"")
+        register = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0", "b", b"", [])
         wire.decode(register.encode(), wire.CLIENT_TO_HEAD)

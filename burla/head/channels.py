@@ -113,6 +113,13 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
                 cluster.remove_machine(first.node_id, "refused at registration")
         await _refuse(ws, ProtocolError(problem))
         return ws
+    # Right after a restart, jobs kept in history are taken up first: what the node kept running
+    # belongs to them. If that takes too long, close without an answer; the node tries again.
+    try:
+        await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
+    except TimeoutError:
+        await ws.close()
+        return ws
     grant_key = grants.new_key()
     try:
         await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version, grant_key).encode())

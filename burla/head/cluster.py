@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from burla import grants, wire
 from burla.build import build_hash
 from burla.errors import BurlaError, JobNotFound, NodeDisconnected, ProtocolError
-from burla.head.history import History, KeptJob
+from burla.head.history import HEAD_STOPPED, History, KeptJob
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
 
@@ -31,6 +31,9 @@ CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
 SHUTDOWN_NOTICE_S = 1.0
 RESTORED_CLIENT_GRACE_S = 60.0  # how long a job taken up after a restart waits for its client (its retry window)
+# How long a job taken up after a restart holds its inputs back for the nodes that were connected
+# when the head stopped: they come back holding inputs, which must not be pushed to others meanwhile.
+RESTORE_SETTLE_S = 10.0
 INACTIVITY_CHECK_S = 0.5
 STEAL_CHECK_S = 0.25
 STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
@@ -56,6 +59,9 @@ class Cluster:
         self.remove_machine: Callable[[str, str], None] | None = None
         self.restored = asyncio.Event()  # set once jobs kept in history are taken up (resumes wait for it)
         self._restored_at: dict[str, float] = {}  # jobs taken up after a restart, until nodes join them
+        self.expected_back: set[str] = set()  # nodes connected when the head last stopped, not yet back
+        self._settle_until = 0.0  # restored jobs push nothing before this (or before expected_back is empty)
+        self.stopping = False  # set by shut_down: connections that close now are not node losses
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -77,13 +83,44 @@ class Cluster:
         self.booting_since.pop(msg.node_id, None)
         for job, parallelism in self.scheduler.add_node(node):
             link.send(self._assign_message(job.spec, parallelism))
+        self._adopt_held(msg, link)
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
         if self.history is not None:
             self.history.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
         return node
 
+    def _adopt_held(self, msg: wire.RegisterNode, link: NodeLink) -> None:
+        """What a node kept running while it had no head: inputs of jobs this head runs stay on it
+        (their results follow); jobs this head does not run (ended, or unknown) stop there."""
+        for job_id, packed in msg.held:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.status != RUNNING or msg.node_id not in job.assignments:
+                link.send(wire.CancelJob(job_id, "the head does not run this job (any more)"))
+                link.send(wire.ReleaseJob(job_id))
+                continue
+            self.scheduler.adopt(msg.node_id, job, wire.unpack_indices(packed))
+        if msg.held:
+            log.info("node %s came back holding inputs of %d job(s)", msg.node_id, len(msg.held))
+        self.expected_back.discard(msg.node_id)
+        self._release_restored_jobs(time.monotonic())
+
+    def _release_restored_jobs(self, now: float) -> None:
+        """Restored jobs push again once the nodes expected back are back, or the wait is over."""
+        if self.expected_back and now < self._settle_until:
+            return
+        self.expected_back.clear()
+        released = False
+        for job in self.scheduler.jobs.values():
+            if job.waits_for_nodes:
+                job.waits_for_nodes = False
+                released = True
+        if released:
+            self.pump()
+
     def node_lost(self, node_id: str) -> None:
         self.node_links.pop(node_id, None)
+        if self.stopping:
+            return
         self.idle_since.pop(node_id, None)
         self.last_heard.pop(node_id, None)
         for job, given_up in self.scheduler.remove_node(node_id):
@@ -115,7 +152,11 @@ class Cluster:
     def node_dropped(self, node_id: str) -> None:
         """The node's connection closed without a goodbye. Its inputs go elsewhere now, but it may be
         back in a moment (a network blip, a re-established SSH tunnel): jobs wait for it as for a
-        booting node, up to the node deadline (see reap_loop)."""
+        booting node, up to the node deadline (see reap_loop). A stopping head loses no node: its
+        jobs stay as they are for the head that starts next."""
+        if self.stopping:
+            self.node_lost(node_id)
+            return
         self.rejoining[node_id] = time.monotonic()
         self.booting_ids.add(node_id)
         self.node_lost(node_id)
@@ -208,6 +249,7 @@ class Cluster:
                     if self.remove_machine is not None:
                         self.remove_machine(node_id, f"silent for {now - heard:.1f} s")
             self._end_restored_jobs_without_nodes(now)
+            self._release_restored_jobs(now)
             for node_id, dropped in list(self.rejoining.items()):
                 if node_id not in self.booting_ids:
                     self.rejoining.pop(node_id, None)  # it came back (or its driver gave up on it)
@@ -319,12 +361,16 @@ class Cluster:
             self.history.job_opened(spec.job_id, spec.encode())
         return job, link
 
-    def restore_jobs(self, kept_jobs: list[KeptJob]) -> None:
+    def restore_jobs(self, kept_jobs: list[KeptJob], expected_back: list[str] = ()) -> None:
         """Take up the jobs that were running (or, detached, not yet collected) when this head
         last stopped, from history. An
         attached job waits for its client to come back and say which results it already has
         (RESTORED_CLIENT_GRACE_S); a detached one runs its kept inputs and keeps its results for
-        get_results. Nodes join them as they register."""
+        get_results. Nodes join them as they register; those that were connected when the head
+        stopped (`expected_back`) report the inputs they kept running, and until they are back (at
+        most RESTORE_SETTLE_S) nothing of these jobs is pushed to other nodes."""
+        self.expected_back = set(expected_back) - set(self.node_links)
+        self._settle_until = time.monotonic() + RESTORE_SETTLE_S
         for kept in kept_jobs:
             try:
                 spec = wire.decode(kept.opening, wire.CLIENT_TO_HEAD)
@@ -339,6 +385,7 @@ class Cluster:
                 except BurlaError as e:
                     log.warning("job %s can't get nodes again: %s", spec.job_id, e)
             job = self.scheduler.restore(spec)
+            job.waits_for_nodes = bool(self.expected_back)
             link = ClientLink(spec.job_id)
             link.detached_since = time.monotonic()
             link.patience_s = RESTORED_CLIENT_GRACE_S
@@ -499,6 +546,10 @@ class Cluster:
         """The head is stopping. With history, running jobs stay in it and a restarted head takes
         them up (their clients reconnect, detached jobs' inputs and results are kept there);
         without, they end clearly. Clients get a moment to receive what is already here."""
+        self.stopping = True  # from here on, closing connections end no job and lose no node
+        if self.history is not None:
+            for node_id in self.node_links:  # they keep running what they hold, for the next head
+                self.history.node_event(node_id, HEAD_STOPPED)
         for job in list(self.scheduler.jobs.values()):
             if job.status != RUNNING:
                 continue

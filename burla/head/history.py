@@ -117,6 +117,8 @@ CREATE TABLE IF NOT EXISTS kept_results (
 );
 """
 
+HEAD_STOPPED = "head stopped"  # a node event: connected when the head stopped (it is expected back)
+
 JOB_COLUMNS = ("job_id", "parent_job_id", "function_name", "status", "reason", "n_inputs", "n_done", "n_failed",
                "started_at", "ended_at", "arguments")
 
@@ -442,6 +444,14 @@ class History:
     async def job_progress_of(self, job_id: str) -> list[dict[str, Any]]:
         return await self._rows(
             "SELECT at, n_done, n_failed, running FROM job_samples WHERE job_id = ? ORDER BY at", (job_id,))
+
+    async def nodes_connected_at_stop(self) -> list[str]:
+        """Nodes whose last event says they were connected when the head last stopped (registered,
+        or still there when it stopped): they come back by themselves, with what they kept running."""
+        rows = await self._rows(
+            "SELECT node_id, event FROM node_events AS e WHERE at = "
+            "(SELECT MAX(at) FROM node_events WHERE node_id = e.node_id)")
+        return sorted({row["node_id"] for row in rows if row["event"] in ("registered", HEAD_STOPPED)})
 
     async def nodes_seen(self) -> list[str]:
         rows = await self._rows("SELECT DISTINCT node_id FROM node_events")

@@ -85,7 +85,14 @@ class JobRecord:
     node_losses: dict[int, int] = field(default_factory=dict)  # index -> nodes lost while holding it
     assignments: dict[str, Assignment] = field(default_factory=dict)
     restored: bool = False  # taken up after a head restart; its client has not said what it holds yet
-    lenient_uploads: bool = False  # inputs uploaded again are ignored (a detached job taken up from history)
+    # Inputs a node reported holding when it registered again whose bytes this head has not got
+    # yet (it restarted): index -> node id. The client's upload of one goes to that node's inflight.
+    node_held: dict[int, str] = field(default_factory=dict)
+    # Taken up after a restart: push nothing until the nodes that were running it are back (or
+    # their grace is over), so what they still hold is not pushed to another node meanwhile.
+    waits_for_nodes: bool = False
+    lenient_uploads: bool = False  # inputs uploaded again are ignored (a job taken up from history)
+    failed_here: set[int] = field(default_factory=set)  # failures recorded before a restored job's client is back
 
     @property
     def job_id(self) -> str:
@@ -103,6 +110,16 @@ class JobRecord:
 
 
 _ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1
+
+
+def _nonzero(flags: bytearray) -> list[int]:
+    """Indices of the set bytes, skipping zero runs at C speed."""
+    found = []
+    index = flags.find(1)
+    while index >= 0:
+        found.append(index)
+        index = flags.find(1, index + 1)
+    return found
 
 
 def _major_minor(version: str) -> str:
@@ -150,6 +167,9 @@ class Scheduler:
             if assignment is None:
                 continue
             given_up = []
+            if job.node_held:  # the client's upload of these now goes to the queue
+                for index in [i for i, holder in job.node_held.items() if holder == node_id]:
+                    del job.node_held[index]
             if job.status == RUNNING:
                 back = []
                 for index, data in assignment.inflight.items():
@@ -263,6 +283,38 @@ class Scheduler:
         job.lenient_uploads = True
         self.add_inputs(job, [item for item in inputs if 0 <= item[0] < job.n_inputs and not job.done[item[0]]])
 
+    def adopt(self, node_id: str, job: JobRecord, indices: list[int]) -> None:
+        """A node registering again still holds these inputs (queued, running, or with results on
+        their way): they count as in flight on it, not to be pushed anywhere else."""
+        assignment = job.assignments[node_id]
+        n = job.n_inputs
+        done = job.done
+        holding = {i for i in indices if 0 <= i < n and not done[i]}
+        if not holding:
+            return
+        if job.pending:  # queued here again meanwhile (the node's inputs came back when it dropped)
+            rest: deque = deque()
+            for item in job.pending:
+                if item[0] in holding:
+                    assignment.inflight[item[0]] = item[1]
+                    holding.discard(item[0])
+                    losses = job.node_losses.pop(item[0], 0)  # its node was not lost after all
+                    if losses > 1:
+                        job.node_losses[item[0]] = losses - 1
+                else:
+                    rest.append(item)
+            job.pending = rest
+        for other_id, other in job.assignments.items():
+            if other_id != node_id and holding:
+                holding.difference_update(other.inflight)  # already pushed elsewhere: both run it, first wins
+        seen = job.seen
+        for index in holding:
+            if index in assignment.inflight:
+                continue
+            if seen[index]:  # uploaded but in no queue and on no node: a result is on its way
+                continue
+            job.node_held[index] = node_id
+
     def mark_held(self, job: JobRecord, held: bytes) -> int:
         """A restored job's client has these results already (one byte per input: 0 none, 1 a
         result, 2 a failure): count them done and uploaded. Returns how many it holds."""
@@ -274,16 +326,26 @@ class Scheduler:
             raise ProtocolError(f"ResumeJob.held is not zlib data ({e})") from None
         if len(states) != n or inflater.unconsumed_tail:
             raise ProtocolError(f"ResumeJob.held must describe exactly {n} inputs")
-        flags = bytes(states).translate(_ANY_RESULT)
-        job.seen = bytearray(flags)
-        job.done = bytearray(flags)
+        flags = bytearray(bytes(states).translate(_ANY_RESULT))
         held_count = n - states.count(0)
-        job.n_done = held_count
-        job.n_failed = states.count(2)
-        job.received = held_count
+        failed = states.count(2)
+        done_here = 0
+        if job.n_done:  # results nodes sent before the client was back: they are on their way to it
+            for index in _nonzero(job.done):
+                if not flags[index]:
+                    flags[index] = 1
+                    done_here += 1
+                    failed += index in job.failed_here
+        job.failed_here.clear()
+        job.seen = bytearray(flags)
+        job.done = flags
+        job.n_done = held_count + done_here
+        job.n_failed = failed
+        job.received = job.n_done
         first_missing = job.seen.find(0)
         job.upload_prefix = n if first_missing < 0 else first_missing
         job.restored = False
+        job.lenient_uploads = True  # it may send again what a node's result already covers
         return held_count
 
     def _explain(self, spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]]) -> str:
@@ -335,6 +397,8 @@ class Scheduler:
             return  # uploads still on their way when the job ended
         n = job.n_inputs
         seen = job.seen
+        if job.node_held:
+            items = self._to_holders(job, items)
         if job.lenient_uploads:  # taken up from history: its client may send again what was kept
             items = [item for item in items if not (0 <= item[0] < n and seen[item[0]])]
         for index, _ in items:
@@ -350,6 +414,22 @@ class Scheduler:
             prefix += 1
         job.upload_prefix = prefix
 
+    @staticmethod
+    def _to_holders(job: JobRecord, items: list) -> list:
+        """Inputs a node already holds become its in-flight inputs; returns the others."""
+        rest = []
+        held = job.node_held
+        for item in items:
+            holder = held.pop(item[0], None) if type(item[0]) is int else None
+            assignment = job.assignments.get(holder) if holder is not None else None
+            if assignment is None or job.seen[item[0]]:
+                rest.append(item)
+                continue
+            assignment.inflight[item[0]] = item[1]
+            job.seen[item[0]] = 1
+            job.received += 1
+        return rest
+
     def grant(self, node_id: str, job_id: str, inputs: int) -> None:
         job = self.jobs.get(job_id)
         if job is None:
@@ -362,7 +442,7 @@ class Scheduler:
         """Move pending inputs onto nodes within their credit: [(node_id, job_id, items)]."""
         pushes = []
         for job in self.jobs.values():
-            if job.status != RUNNING or not job.pending:
+            if job.status != RUNNING or not job.pending or job.waits_for_nodes:
                 continue
             # Smallest credit first, so what a nearly full node can't take goes to the others.
             takers = sorted(
@@ -401,10 +481,14 @@ class Scheduler:
                 continue
             if assignment is not None:
                 assignment.inflight.pop(index, None)
+            if job.node_held:
+                job.node_held.pop(index, None)
             done[index] = 1
             job.n_done += 1
             if not item[1]:
                 job.n_failed += 1
+                if job.restored:
+                    job.failed_here.add(index)
             fresh.append(item)
         return fresh
 
@@ -441,6 +525,9 @@ class Scheduler:
         for index in indices:
             if not 0 <= index < job.n_inputs or job.done[index]:
                 continue
+            if index in job.node_held:  # its bytes are still to come from the client: they go to the thief
+                job.node_held[index] = thief_id
+                continue
             data = donor.inflight.pop(index, None) if donor is not None else None
             if data is not None:
                 thief.inflight[index] = data
@@ -461,6 +548,8 @@ class Scheduler:
         job.seen = bytearray()
         job.done = bytearray()
         job.node_losses.clear()
+        job.node_held.clear()
+        job.failed_here.clear()
         job.spec = dataclasses.replace(job.spec, function_bytes=b"", local_code=b"", packages={})
         return nodes
 

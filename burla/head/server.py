@@ -184,7 +184,7 @@ async def _open_history(history, fleet, cluster) -> None:
         if history is not None:
             await history.open()
             await fleet.load_saved_settings()  # before jobs are taken up: they may boot machines
-            cluster.restore_jobs(await history.kept_jobs())
+            cluster.restore_jobs(await history.kept_jobs(), await history.nodes_connected_at_stop())
     finally:
         cluster.restored.set()  # clients resuming jobs waited for this
     await fleet.sweep_leftovers()

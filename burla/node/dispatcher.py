@@ -27,6 +27,7 @@ MAX_WINDOW = 20_000
 WINDOW_BYTES = 64 * 1024 * 1024
 MAX_CRASH_ATTEMPTS = 2  # a call whose worker dies runs once more, then fails
 HARD_KILL_AFTER_S = 1.5  # a cancelled call that ignores SIGUSR1 this long is killed
+MAX_HELD_OUTPUTS = 100_000  # output chunks a job keeps while the head is away (results are always kept)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class NodeJob:
     cancelled: bool = False
     out_results: list = field(default_factory=list)
     out_outputs: list = field(default_factory=list)
+    dropped_outputs: int = 0  # chunks over MAX_HELD_OUTPUTS since the last send
 
     def window(self) -> int:
         if self.call_seconds is None:
@@ -178,7 +180,7 @@ class Dispatcher:
                 job.call_seconds = elapsed if job.call_seconds is None else 0.7 * job.call_seconds + 0.3 * elapsed
         if job is not None and not job.cancelled:
             if report.outputs:
-                job.out_outputs.extend(report.outputs)
+                self._keep_outputs(job, report.outputs)
             if report.results:
                 job.out_results.extend(report.results)
             self._on_outgoing()
@@ -190,6 +192,15 @@ class Dispatcher:
                     job.workers.discard(worker)
             worker.last_progress_at = now
         self.pump()
+
+    @staticmethod
+    def _keep_outputs(job: NodeJob, outputs: list) -> None:
+        room = MAX_HELD_OUTPUTS - len(job.out_outputs)
+        if room >= len(outputs):
+            job.out_outputs.extend(outputs)
+            return
+        job.out_outputs.extend(outputs[:max(0, room)])
+        job.dropped_outputs += len(outputs) - max(0, room)
 
     def on_worker_exit(self, worker: WorkerHandle, exit_code: int | None) -> None:
         """Requeue what a dead worker held; the call it was running counts one crash (or, if
@@ -310,9 +321,32 @@ class Dispatcher:
     def running_calls(self, job: NodeJob) -> int:
         return sum(1 for w in self._workers() if w.alive and w.batches and w.batches[0].job_id == job.job_id)
 
+    def held(self) -> list[list]:
+        """Every input this node holds per job, queued, running or with a result not yet sent:
+        [[job_id, wire.pack_indices(...)], ...], for a head this node registers with again."""
+        by_job: dict[str, list[int]] = {}
+        for job in self.jobs.values():
+            if not job.cancelled:
+                indices = by_job[job.job_id] = [index for index, _ in job.queue]
+                indices.extend(item[0] for item in job.out_results)
+        for worker in self._workers():
+            for batch in worker.batches:
+                if batch.job_id in by_job:
+                    by_job[batch.job_id].extend(batch.remaining)
+        return [[job_id, wire.pack_indices(indices)] for job_id, indices in by_job.items()]
+
+    def new_head_session(self) -> None:
+        """A new connection to the head: credit granted on the old one is void there."""
+        for job in self.jobs.values():
+            job.credit_unused = 0
+
     def take_outgoing(self) -> list[tuple[str, list, list]]:
         out = []
         for job in self.jobs.values():
+            if job.dropped_outputs:
+                job.out_outputs.append([-1, wire.STDERR, f"burla: {job.dropped_outputs} chunks of output were dropped "
+                                                         "on this node while the head was unreachable\n"])
+                job.dropped_outputs = 0
             if job.out_results or job.out_outputs:
                 out.append((job.job_id, job.out_outputs, job.out_results))
                 job.out_outputs, job.out_results = [], []

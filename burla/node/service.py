@@ -43,6 +43,9 @@ log = logging.getLogger("burla.node")
 STATE_INTERVAL_S = 1.0
 RECONNECT_DELAY_S = 0.05
 STOLEN_REPORT_TIMEOUT_S = 10.0
+# Without a head (it restarts, or the network is cut) a node keeps running what it holds this long,
+# then reports it to the head it reaches again; past it, the head has given the inputs to others.
+KEEP_JOBS_WITHOUT_HEAD_S = 120.0
 
 
 class NodeService:
@@ -75,6 +78,7 @@ class NodeService:
         self.environment = Environment()
         self._installs: set[asyncio.Task] = set()
         self._last_network: tuple[float, int, int] = (0.0, 0, 0)
+        self._head_lost_at: float | None = None  # monotonic time the last head session ended
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -184,15 +188,28 @@ class NodeService:
                 except ProtocolError as e:  # a head speaking another protocol: reconnect, maybe it restarts
                     log.warning("the head sent a frame this node can't read (%s); reconnecting", e)
                 self._ws = None
-                self._drop_all_jobs()
                 if self._stopping.is_set():
                     return
+                self._keep_jobs_a_while()
                 if time.monotonic() > deadline:
                     log.error("head %s unreachable; stopping", self.settings.head_url)
                     self.exit_code = 6
                     self.stop()
                     return
                 await asyncio.sleep(RECONNECT_DELAY_S)
+
+    def _keep_jobs_a_while(self) -> None:
+        """Jobs keep running without a head, for a head that comes back; after
+        KEEP_JOBS_WITHOUT_HEAD_S they are dropped (the head has given their inputs to others)."""
+        now = time.monotonic()
+        if self._head_lost_at is None:
+            self._head_lost_at = now
+            if self.dispatcher.jobs:
+                log.warning("lost the head; keeping %d job(s) running for %g s until it is back",
+                            len(self.dispatcher.jobs), KEEP_JOBS_WITHOUT_HEAD_S)
+        elif self.dispatcher.jobs and now - self._head_lost_at > KEEP_JOBS_WITHOUT_HEAD_S:
+            log.warning("the head has been gone for %g s; dropping its jobs", KEEP_JOBS_WITHOUT_HEAD_S)
+            self._drop_all_jobs()
 
     def _head_url(self) -> str:
         """The head's URL: from --head-url-file when its SSH tunnel may have moved, else --head."""
@@ -211,7 +228,7 @@ class NodeService:
         s = self.settings
         register = wire.RegisterNode(
             s.node_id, self.url, s.workers, s.cpus, float(s.ram_gb), s.gpu, s.gpu_count, s.image, s.region,
-            s.python_version, s.version, build_hash(), self.cert_sha256,
+            s.python_version, s.version, build_hash(), self.cert_sha256, self.dispatcher.held(),
         )
         await ws.send_bytes(register.encode())
         first = await ws.receive()
@@ -227,6 +244,10 @@ class NodeService:
             raise ProtocolError(f"the head answered registration with {type(reply).__name__}")
         self.donor.key = reply.grant_key
         self._ws = ws
+        self._head_lost_at = None
+        self.dispatcher.new_head_session()
+        self._pending_credit.update(self.dispatcher.jobs)  # ask the new session for work again
+        self._outgoing.set()  # and send what was produced without a head
         log.info("registered with %s as %s", s.head_url, s.node_id)
         sender = asyncio.create_task(self._send_loop(ws))
         pusher = asyncio.create_task(self._state_loop(ws))
