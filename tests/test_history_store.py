@@ -10,7 +10,8 @@ from burla.head.history import SCHEMA_VERSION, History
 
 def _view(job_id: str, started_at: float, status: str = "COMPLETED") -> dict:
     return {"job_id": job_id, "parent_job_id": None, "function_name": "f", "status": status, "reason": "",
-            "n_inputs": 3, "n_done": 3, "n_failed": 0, "started_at": started_at, "ended_at": started_at + 1}
+            "n_inputs": 3, "n_done": 3, "n_failed": 0, "started_at": started_at, "ended_at": started_at + 1,
+            "end_kind": ""}
 
 
 async def test_rows_wait_in_memory_until_a_flush(tmp_path):
@@ -71,3 +72,37 @@ async def test_a_history_of_another_schema_is_kept_aside(tmp_path):
     assert len(list(tmp_path.glob("h.db.v0-*"))) == 1
     with sqlite3.connect(tmp_path / "h.db") as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+async def test_a_history_of_the_previous_schema_is_migrated_in_place(tmp_path):
+    with sqlite3.connect(tmp_path / "h.db") as raw:
+        raw.execute("CREATE TABLE jobs (job_id TEXT PRIMARY KEY, parent_job_id TEXT, function_name TEXT NOT NULL, "
+                    "status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', n_inputs INTEGER NOT NULL, "
+                    "n_done INTEGER NOT NULL DEFAULT 0, n_failed INTEGER NOT NULL DEFAULT 0, started_at REAL NOT NULL, "
+                    "ended_at REAL, arguments TEXT NOT NULL)")
+        raw.execute("INSERT INTO jobs VALUES ('old', NULL, 'f', 'COMPLETED', '', 1, 1, 0, ?, NULL, '{}')",
+                    (time.time(),))
+        raw.execute("PRAGMA user_version=2")
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    try:
+        assert (await history.get_job("old"))["end_kind"] == ""
+    finally:
+        await history.close()
+    assert not list(tmp_path.glob("h.db.v*"))
+
+
+async def test_a_kept_job_that_ended_keeps_its_error_kind(tmp_path):
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    history.job_opened("d", b"opening")
+    history.job({**_view("d", time.time(), status="FAILED"), "reason": "input 2 raised", "end_kind": "CallFailed"},
+                {})
+    await history.close()
+    again = History(tmp_path / "h.db", retention_days=30)
+    await again.open()
+    try:
+        [kept] = await again.kept_jobs()
+        assert (kept.status, kept.end_kind, kept.reason) == ("FAILED", "CallFailed", "input 2 raised")
+    finally:
+        await again.close()

@@ -401,7 +401,8 @@ class Cluster:
             self._restored_at[spec.job_id] = time.monotonic()
             self._record_job(job)
             if kept.status in (FAILED, CANCELED):  # a detached job that ended: only its results remain
-                self.end_job(job, kept.status, "JobFailed" if kept.status == FAILED else "JobCanceled", kept.reason)
+                kind = kept.end_kind or ("JobFailed" if kept.status == FAILED else "JobCanceled")
+                self.end_job(job, kept.status, kind, kept.reason)
             elif spec.detach and job.n_done >= job.n_inputs:
                 self.end_job(job, COMPLETED, "", "")  # its results wait for get_results
             else:
@@ -618,6 +619,7 @@ class Cluster:
             "function_name": spec.function_name,
             "status": job.status,
             "reason": job.reason,
+            "end_kind": job.end_kind,
             "n_inputs": job.n_inputs,
             "n_uploaded": job.received,
             "n_done": job.n_done,

@@ -25,7 +25,9 @@ from burla.errors import ProtocolError
 
 log = logging.getLogger("burla.head")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Older schemas this one reads after these statements (others are moved aside).
+MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''"]}
 FLUSH_EVERY_S = 0.5
 FLUSH_AT_ROWS = 20_000
 PRUNE_EVERY_S = 3600.0
@@ -42,7 +44,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     n_failed INTEGER NOT NULL DEFAULT 0,
     started_at REAL NOT NULL,
     ended_at REAL,
-    arguments TEXT NOT NULL
+    arguments TEXT NOT NULL,
+    end_kind TEXT NOT NULL DEFAULT ''  -- the error kind it ended with (an exception class name)
 );
 CREATE INDEX IF NOT EXISTS jobs_started ON jobs (started_at);
 CREATE INDEX IF NOT EXISTS jobs_parent ON jobs (parent_job_id);
@@ -120,7 +123,7 @@ CREATE TABLE IF NOT EXISTS kept_results (
 HEAD_STOPPED = "head stopped"  # a node event: connected when the head stopped (it is expected back)
 
 JOB_COLUMNS = ("job_id", "parent_job_id", "function_name", "status", "reason", "n_inputs", "n_done", "n_failed",
-               "started_at", "ended_at", "arguments")
+               "started_at", "ended_at", "arguments", "end_kind")
 
 
 @dataclass
@@ -131,6 +134,7 @@ class KeptJob:
     started_at: float | None
     status: str
     reason: str
+    end_kind: str  # the error kind it ended with, if it ended (detached, not yet collected)
     inputs: list  # [[index, data], ...] without a result yet
     results: list  # [[index, ok, payload], ...] not yet collected
 
@@ -174,6 +178,10 @@ class History:
             (version,) = await cursor.fetchone()
         async with self._db.execute("SELECT count(*) FROM sqlite_master") as cursor:
             (tables,) = await cursor.fetchone()
+        if tables and version in MIGRATIONS:
+            for statement in MIGRATIONS[version]:
+                await self._db.execute(statement)
+            version = SCHEMA_VERSION
         if tables and version != SCHEMA_VERSION:  # written by another burla version: keep it aside
             await self._db.close()
             aside = self.path.with_name(f"{self.path.name}.v{version}-{int(time.time())}")
@@ -214,7 +222,7 @@ class History:
         """Record a job's current state (its row is replaced at the next flush)."""
         row = (view["job_id"], view["parent_job_id"], view["function_name"], view["status"], view["reason"],
                view["n_inputs"], view["n_done"], view["n_failed"], view["started_at"], view["ended_at"],
-               json.dumps(arguments))
+               json.dumps(arguments), view["end_kind"])
         self._jobs[view["job_id"]] = row
         self._poke(1)
 
@@ -257,7 +265,7 @@ class History:
         """Jobs that were running (or, detached, not yet collected) when the head last stopped,
         with the inputs and results kept for detached ones."""
         rows = await self._rows(
-            "SELECT live_jobs.job_id, live_jobs.opening, jobs.started_at, jobs.status, jobs.reason "
+            "SELECT live_jobs.job_id, live_jobs.opening, jobs.started_at, jobs.status, jobs.reason, jobs.end_kind "
             "FROM live_jobs LEFT JOIN jobs ON jobs.job_id = live_jobs.job_id")
         kept = []
         for row in rows:
@@ -267,6 +275,7 @@ class History:
                                        "ORDER BY input_index", (row["job_id"],))
             kept.append(KeptJob(
                 bytes(row["opening"]), row["started_at"], row["status"] or "RUNNING", row["reason"] or "",
+                row["end_kind"] or "",
                 [[r["input_index"], bytes(r["data"])] for r in inputs],
                 [[r["input_index"], bool(r["ok"]), bytes(r["payload"])] for r in results],
             ))
