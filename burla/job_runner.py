@@ -42,6 +42,7 @@ HEARTBEAT_S = 5.0  # a silently dead connection is noticed within about this
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = 4096
 CANCEL_WAIT_S = 5.0
+KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class JobRunner:
         self._outstanding_bytes = 0
         self._sizes: dict[int, int] = {}  # uploaded inputs whose results are still out
         self._window_open = asyncio.Event()
+        self._kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
         self._side_tasks: set[asyncio.Future] = set()
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self._remaining = self.n_inputs
@@ -350,7 +352,19 @@ class JobRunner:
                 batch, batch_bytes = [], 0
         if batch:
             await self._send(ws, wire.InputBatch(job_id, batch))
+        if self._detaching:
+            await self._wait_until_kept()
         self.uploaded.set()
+
+    async def _wait_until_kept(self) -> None:
+        """Leave only once the head has saved every input, so that a head crash right after
+        the client leaves loses none of them."""
+        try:
+            await asyncio.wait_for(self._kept.wait(), KEPT_CONFIRM_S)
+        except TimeoutError:
+            self.display.announce(
+                f"the head did not confirm within {KEPT_CONFIRM_S:g} s that it saved this job's inputs; the job "
+                "runs on, but if the head restarts before it ends some inputs may be missing from its results")
 
     def _free_window(self, indices: list[int]) -> None:
         sizes = self._sizes
@@ -387,6 +401,9 @@ class JobRunner:
                     self.outcomes.put(outcomes)
                 self._acked_seq = max(self._acked_seq, msg.seq)
                 await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
+            elif isinstance(msg, wire.InputsKept):
+                if msg.count >= self.n_inputs:
+                    self._kept.set()
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):

@@ -176,8 +176,9 @@ def test_nodes_keep_their_calls_through_a_head_restart(tmp_path, monkeypatch, ho
         record_fault_trial("restart the head under running calls (none runs again)", n, delivered, how.name)
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_restart_the_head_under_a_detached_job(tmp_path, monkeypatch, how):
+@pytest.mark.parametrize("how, when", [(signal.SIGTERM, "running"), (signal.SIGKILL, "running"),
+                                       (signal.SIGKILL, "detached")], ids=["sigterm", "sigkill", "sigkill-at-once"])
+def test_restart_the_head_under_a_detached_job(tmp_path, monkeypatch, how, when):
     # Fails on the previous code: a detached job's inputs lived only in the head's memory.
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
         _use(cluster, monkeypatch)
@@ -189,11 +190,12 @@ def test_restart_the_head_under_a_detached_job(tmp_path, monkeypatch, how):
                                   cwd=REPO, env=dict(os.environ))
         assert uploaded.returncode == 0, uploaded.stderr
         job_id = uploaded.stdout.strip().splitlines()[-1]
-        wait_until(lambda: cluster.get(f"/v1/jobs/{job_id}")["n_done"] >= 4, timeout=120, what="some results in")
-        cluster.stop_head(how)
+        if when == "running":
+            wait_until(lambda: cluster.get(f"/v1/jobs/{job_id}")["n_done"] >= 4, timeout=120, what="some results in")
+        cluster.stop_head(how)  # "detached": the moment the client is gone, which it is only once inputs are saved
         cluster.start_head()
         # The restarted head takes the job up from history: kept results wait, kept inputs run.
         delivered = get_results(job_id, spinner=False)
         assert delivered == list(range(INPUTS))
-        record_fault_trial("restart the head under a detached job", INPUTS, delivered, how.name)
+        record_fault_trial("restart the head under a detached job", INPUTS, delivered, f"{how.name} {when}")
         assert cluster.get(f"/v1/jobs/{job_id}")["status"] == "COMPLETED"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import sqlite3
 
+import aiohttp
 import psutil
 import pytest
 
-from burla import DetachRequiresDeployedCluster, remote_parallel_map
+from burla import DetachRequiresDeployedCluster, remote_parallel_map, wire
 from burla.config import ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import own_head, run_client, start_head, wait_for_nodes
@@ -103,3 +106,33 @@ def test_idle_nodes_are_removed_and_come_back_for_the_next_job(tmp_path, monkeyp
         assert "idle for" in head.log()
     finally:
         head.stop()
+
+
+def test_a_detaching_client_leaves_only_once_its_inputs_are_saved(tmp_path, monkeypatch):
+    # Fails on the previous code: the client left as soon as its last input was sent, before the
+    # head had written it to history (a head crash in between lost it).
+    from burla.serialization import dumps, dumps_function
+    from tests.test_security_and_bad_input import open_job
+
+    n = 5
+    spec = open_job(n_inputs=n, detach=True, function_bytes=dumps_function(functions.sleep_then_return))
+    items = [[i, dumps((i, 120))] for i in range(n)]
+
+    async def detach() -> int:
+        async with aiohttp.ClientSession(headers=head.headers()) as session:
+            async with session.ws_connect(head.url + "/v1/jobs/ws") as ws:
+                await ws.send_bytes(spec.encode())
+                assert isinstance(wire.decode((await ws.receive()).data), wire.JobAccepted)
+                await ws.send_bytes(wire.InputBatch(spec.job_id, items[:2]).encode())
+                await ws.send_bytes(wire.InputBatch(spec.job_id, items[2:]).encode())
+                while True:
+                    msg = wire.decode((await asyncio.wait_for(ws.receive(), 60)).data)
+                    if isinstance(msg, wire.InputsKept):
+                        # Saved means committed: another connection to the database sees them.
+                        with sqlite3.connect(head.config_dir / "history.db") as raw:
+                            return raw.execute("SELECT count(*) FROM kept_inputs WHERE job_id = ?",
+                                               (spec.job_id,)).fetchone()[0]
+
+    with own_head(tmp_path, monkeypatch) as head:
+        assert asyncio.run(detach()) == n
+        assert get_json(head, f"/v1/jobs/{spec.job_id}")["status"] == "RUNNING"  # it runs on without its client

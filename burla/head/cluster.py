@@ -440,6 +440,8 @@ class Cluster:
                 self.end_job(job, COMPLETED, "", "")
         else:
             link.ack(msg.acked_seq)
+        if job.spec.detach and job.received >= job.n_inputs:  # a detaching client cut before it heard
+            self._confirm_inputs_kept(job)
         if job.status != RUNNING:  # it ended while the client was away: say so after the results
             link.send(wire.JobEnded(job.job_id, job.status, job.end_kind, job.reason))
         resumed = wire.JobResumed(
@@ -451,9 +453,26 @@ class Cluster:
         if job.status != RUNNING:
             return
         self.scheduler.add_inputs(job, items)
-        if job.spec.detach and self.history is not None:  # its client won't be there to send them again
-            self.history.keep_inputs(job.job_id, items)
+        if job.spec.detach:
+            if self.history is not None:  # its client won't be there to send them again
+                self.history.keep_inputs(job.job_id, items)
+            if job.received >= job.n_inputs:
+                self._confirm_inputs_kept(job)
         self.pump()
+
+    def _confirm_inputs_kept(self, job: JobRecord) -> None:
+        """Tell a detaching client its inputs are safe once history holds them: it may leave then."""
+        job_id, count = job.job_id, job.received
+
+        def confirm() -> None:
+            link = self.client_links.get(job_id)
+            if link is not None:
+                link.send(wire.InputsKept(job_id, count))
+
+        if self.history is None:
+            confirm()  # kept in memory only: nothing more to wait for
+        else:
+            self.history.after_flush(confirm)
 
     def ack(self, job: JobRecord, seq: int) -> None:
         link = self.client_links.get(job.job_id)

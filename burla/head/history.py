@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,7 @@ class History:
         self._kept_results: list[tuple] = []  # (job id, index, ok, payload) of detached jobs
         self._output_rows = 0
         self._wake = asyncio.Event()
+        self._after_flush: list[Callable[[], None]] = []  # run once what was recorded before is written
         self._ready = asyncio.Event()  # set once the database is open; reads wait for it
         self._task: asyncio.Task | None = None
 
@@ -320,10 +322,27 @@ class History:
             except aiosqlite.Error as e:  # a full disk must not take the head down
                 log.error("history write failed: %s", e)
 
+    def after_flush(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once everything recorded so far is committed (a crash can't lose it)."""
+        self._after_flush.append(callback)
+        self._wake.set()
+
     async def flush(self) -> None:
         db = self._db
         if db is None or not self._ready.is_set():
             return  # not open yet: rows keep waiting in memory
+        callbacks, self._after_flush = self._after_flush, []
+        try:
+            await self._write()
+        except BaseException:
+            self._after_flush[:0] = callbacks  # confirmed only by a later write that lands
+            raise
+        for callback in callbacks:
+            callback()
+
+    async def _write(self) -> None:
+        db = self._db
+        assert db is not None
         jobs, self._jobs = list(self._jobs.values()), {}
         failures, self._failures = self._failures, []
         output, self._output = self._output, {}
