@@ -5,12 +5,14 @@ count and every field's type, and raises `ProtocolError` with a message naming w
 nothing malformed reaches the code past this module. User objects travel inside as opaque
 cloudpickle bytes.
 
-Channels:
-  client <-> head   OpenJob, JobAccepted, InputBatch, Credit, ResultBatch, ResultAck,
-                    OutputBatch, Progress, CancelJob, JobEnded, ErrorReply
+Channels (the Channel objects at the end list exactly what each direction accepts):
+  client <-> head   OpenJob, ResumeJob, JobAccepted, JobResumed, InputBatch, InputsKept, Credit,
+                    ResultBatch, ResultAck, OutputBatch, Progress, CancelJob, JobEnded, ErrorReply
   node   <-> head   RegisterNode, NodeRegistered, AssignJob, InputBatch, Credit, ResultBatch,
-                    OutputBatch, NodeState, CancelJob, ReleaseJob, ShutdownNode, ErrorReply
-  worker <-> node   WorkerReady, LoadFunction, RunCalls, UnloadFunction, WorkerReport
+                    OutputBatch, NodeState, Stolen, NodeLeaving, StealHint, CancelJob, ReleaseJob,
+                    ShutdownNode, ErrorReply
+  node   <-> node   StealRequest, StealGrant, StealAck
+  worker <-> node   WorkerReady, LoadFunction, RunCalls, UnloadFunction, WorkerReport, WorkerWaiting
 """
 
 from __future__ import annotations
