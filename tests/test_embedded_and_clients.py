@@ -206,3 +206,21 @@ def test_no_progress_line_with_spinner_false_on_a_tty(cluster):
     shown = _run_in_pty(script, {})
     assert "[2, 4]" in shown and "2/2 done" not in shown
     assert "[burla] job double-" in shown  # the job's page is still announced
+
+
+def test_the_head_reports_its_own_load(cluster):
+    import urllib.error
+
+    from tests.helpers import get_json
+
+    wait_until(lambda: get_json(cluster, "/v1/head?window_s=5")["loop_lag_ms"]["samples"] >= 10,
+               what="loop samples")
+    head = get_json(cluster, "/v1/head?window_s=5")
+    assert head["pid"] == cluster.process.pid and head["cpu_s"] > 0 and head["rss_mb"] > 10
+    lag = head["loop_lag_ms"]
+    assert lag["window_s"] == 5 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
+    try:
+        get_json(cluster, "/v1/head?window_s=0")
+        raise AssertionError("window_s=0 was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400 and "window_s must be between 1 and 600" in json.load(e)["message"]

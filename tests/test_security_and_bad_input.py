@@ -31,6 +31,7 @@ def open_job(**overrides) -> wire.OpenJob:
 
 HEAD_ROUTES = [
     ("GET", "/v1/cluster"),
+    ("GET", "/v1/head"),
     ("GET", "/v1/jobs/anything"),
     ("POST", "/v1/jobs/anything/cancel"),
     ("POST", "/v1/shutdown"),

@@ -10,10 +10,12 @@ from aiohttp import web
 from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
 from burla.head.fleet import Fleet, SettingsError
+from burla.head.loop_monitor import LoopMonitor
 from burla.head.scheduler import RUNNING
 from burla.web_json import error_response, json_response, read_object
 
 FLEET = web.AppKey("fleet", Fleet)
+LOOP_MONITOR = web.AppKey("loop_monitor", LoopMonitor)
 MAX_LIMIT = 1000
 JOB_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELED")
 MAX_REASON_CHARS = 2000
@@ -49,6 +51,12 @@ async def cluster_state(request: web.Request) -> web.Response:
             "jobs": [cluster.job_view(j) for j in reversed(list(s.jobs.values()))],
         }
     )
+
+
+async def head_state(request: web.Request) -> web.Response:
+    """The head process itself: CPU time used, memory, and how late its event loop runs."""
+    window_s = int_param(request, "window_s", 60, 1, 600)
+    return json_response({"version": request.app[CLUSTER].version, **request.app[LOOP_MONITOR].view(window_s)})
 
 
 def _job_or_404(request: web.Request):
@@ -250,6 +258,7 @@ async def get_node(request: web.Request) -> web.Response:
 
 def add_api_routes(app: web.Application) -> None:
     app.router.add_get("/v1/cluster", cluster_state)
+    app.router.add_get("/v1/head", head_state)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{job_id}", get_job)
     app.router.add_post("/v1/jobs/{job_id}/cancel", cancel_job)

@@ -14,11 +14,12 @@ from aiohttp import web
 
 from burla.auth import Sessions, token_middleware
 from burla.connection_guard import ConnectionGuard
-from burla.head.api import FLEET, add_api_routes
+from burla.head.api import FLEET, LOOP_MONITOR, add_api_routes
 from burla.head.channels import CLUSTER, job_channel, node_channel
 from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import Fleet
+from burla.head.loop_monitor import LoopMonitor
 from burla.web_json import json_errors, json_response, require_text_urls
 
 MAX_HTTP_BODY = 1024 * 1024
@@ -36,7 +37,7 @@ async def shutdown(request: web.Request) -> web.Response:
 
 
 def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event, head_url: str,
-              guard: ConnectionGuard) -> web.Application:
+              guard: ConnectionGuard, loop_monitor: LoopMonitor) -> web.Application:
     sessions = Sessions()
     app = web.Application(
         client_max_size=MAX_HTTP_BODY,
@@ -45,6 +46,7 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Ev
     )
     app[CLUSTER] = cluster
     app[FLEET] = fleet
+    app[LOOP_MONITOR] = loop_monitor
     app[STOP] = stop_event
     app.router.add_get("/health", health)
     app.router.add_get("/v1/jobs/ws", job_channel)

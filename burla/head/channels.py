@@ -93,6 +93,23 @@ def _check_build(theirs: str, ours: str) -> str | None:
     return None
 
 
+class TakeTurns:
+    """A connection whose frames are already buffered gets them from `receive()` without ever
+    suspending, so one busy peer could hold the loop for all of them: after SLICE_S of work,
+    let every other connection run once."""
+
+    SLICE_S = 0.005
+
+    def __init__(self) -> None:
+        self._since = time.monotonic()
+
+    async def take(self) -> None:
+        now = time.monotonic()
+        if now - self._since > self.SLICE_S:
+            await asyncio.sleep(0)
+            self._since = time.monotonic()
+
+
 async def node_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None)
@@ -128,8 +145,10 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     link = NodeLink(first.node_id, ws)
     writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
     cluster.node_registered(first, link, grant_key)
+    turns = TakeTurns()
     try:
         async for frame in ws:
+            await turns.take()
             if frame.type != WSMsgType.BINARY:
                 break
             try:
@@ -225,8 +244,10 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
         await link.detach(link.ws, time.monotonic())
     await ws.send_bytes(reply.encode())
     link.attach(ws)
+    turns = TakeTurns()
     try:
         async for frame in ws:
+            await turns.take()
             if frame.type != WSMsgType.BINARY:
                 break
             try:

@@ -37,6 +37,7 @@ RESTORE_SETTLE_S = 10.0
 INACTIVITY_CHECK_S = 0.5
 STEAL_CHECK_S = 0.25
 STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
+NODE_SAMPLES_PER_S = 100  # node states kept in history per second, across all nodes
 
 
 class Cluster:
@@ -62,11 +63,15 @@ class Cluster:
         self.expected_back: set[str] = set()  # nodes connected when the head last stopped, not yet back
         self._settle_until = 0.0  # restored jobs push nothing before this (or before expected_back is empty)
         self.stopping = False  # set by shut_down: connections that close now are not node losses
+        self._sampled_at: dict[str, float] = {}  # node id -> when its state was last kept in history
 
     # --- pushing inputs ------------------------------------------------------------------
 
     def pump(self) -> None:
-        for node_id, job_id, items in self.scheduler.plan():
+        self._send_pushes(self.scheduler.plan())
+
+    def _send_pushes(self, pushes: list[tuple[str, str, list]]) -> None:
+        for node_id, job_id, items in pushes:
             link = self.node_links.get(node_id)
             if link is not None:
                 link.send(wire.InputBatch(job_id, items))
@@ -119,6 +124,7 @@ class Cluster:
 
     def node_lost(self, node_id: str) -> None:
         self.node_links.pop(node_id, None)
+        self._sampled_at.pop(node_id, None)
         if self.stopping:
             return
         self.idle_since.pop(node_id, None)
@@ -285,11 +291,11 @@ class Cluster:
                     self.history.output(job.job_id, msg.items)
         elif isinstance(msg, wire.Credit):
             self.scheduler.grant(node_id, msg.job_id, msg.inputs)
-            self.pump()
+            self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))  # only this node can take more
         elif isinstance(msg, wire.NodeState):
             self.scheduler.update_state(msg)
             self._note_idleness(node_id)
-            if self.history is not None:
+            if self.history is not None and self._sample_due(node_id):
                 running = sum(r for _, r, _, _ in msg.jobs)
                 self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
                                          msg.net_recv_bps, msg.workers_alive, running)
@@ -308,6 +314,16 @@ class Cluster:
                 link.close()
             if self.remove_machine is not None:
                 self.remove_machine(node_id, msg.reason)
+
+    def _sample_due(self, node_id: str) -> bool:
+        """Whether to keep this node's state in history now: every second with up to
+        NODE_SAMPLES_PER_S nodes, less often with more, so history's writes stay bounded."""
+        now = time.monotonic()
+        every = max(1.0, len(self.node_links) / NODE_SAMPLES_PER_S) * 0.9  # a push arriving early still counts
+        if now - self._sampled_at.get(node_id, 0.0) < every:
+            return False
+        self._sampled_at[node_id] = now
+        return True
 
     @staticmethod
     def _node_loss_error(index: int, job: JobRecord) -> bytes:

@@ -59,6 +59,7 @@ def url_of(sock: socket.socket, settings: HeadSettings) -> str:
 def serve(settings: HeadSettings) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s head %(levelname)s %(message)s")
     release_large_blocks()  # inputs pass through the head: its memory must come back after big ones
+    allow_many_connections()
     sock = bind(settings.host, settings.port)
     url = url_of(sock, settings)
     # Local nodes pin this head's own certificate when it serves https.
@@ -69,6 +70,36 @@ def serve(settings: HeadSettings) -> None:
     asyncio.run(_serve(settings, sock, url, driver, booted))
 
 
+GC_THRESHOLDS = (50_000, 20, 20)  # Python's default is (700, 10, 10)
+
+
+def freeze_startup_objects() -> None:
+    """Move everything alive at startup (modules, classes, the app: hundreds of thousands of
+    objects) out of the cyclic GC's reach. A full collection walks every tracked object; with
+    them frozen it walks only what jobs hold, which keeps its pauses of the event loop short."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    # Collect the young generation less often: most of what a frame allocates is gone by then, so
+    # less survives into the old generations whose full collections pause the loop longest.
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def allow_many_connections(wanted: int = 65536) -> None:
+    """One socket per node and per client: raise the soft open-files limit (often 1,024) as far
+    as the hard limit allows, so a thousand nodes don't exhaust it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit from %d: %s", soft, e)
+
+
 async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: LocalDriver, booted: list[str]) -> None:
     from aiohttp import web
 
@@ -76,6 +107,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     from burla.head.cluster import Cluster
     from burla.head.fleet import ClusterSettings, Fleet
     from burla.head.history import History
+    from burla.head.loop_monitor import LoopMonitor
 
     history = None
     if settings.history_path is not None:
@@ -105,7 +137,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     cluster.prepare_job = fleet.prepare_job
     cluster.remove_machine = fleet.remove_machine
     guard = ConnectionGuard(settings.header_timeout_s)
-    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url, guard), access_log=None,
+    loop_monitor = LoopMonitor()
+    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url, guard, loop_monitor), access_log=None,
                            shutdown_timeout=1.0)
     await runner.setup()
     ssl_context = None
@@ -115,7 +148,9 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         ssl_context = server_context(settings.tls_cert, settings.tls_key)
     site = GuardedSite(runner, guard, sock=sock, ssl_context=ssl_context)
     await site.start()
+    freeze_startup_objects()
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
+    loop_watch = asyncio.create_task(loop_monitor.run(), name="loop-monitor")
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
     stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
     idle_reaper = asyncio.create_task(
@@ -141,7 +176,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, reaper, stealer, client_reaper, idle_reaper, boot_watch, lifeline, startup):
+        for task in (progress, loop_watch, reaper, stealer, client_reaper, idle_reaper, boot_watch, lifeline,
+                     startup):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

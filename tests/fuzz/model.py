@@ -94,6 +94,7 @@ ROUTES = (
     Route("head", b"GET", "/health"),
     Route("head", b"POST", "/v1/shutdown"),
     Route("head", b"GET", "/v1/cluster"),
+    Route("head", b"GET", "/v1/head", queries=("window_s",)),
     Route("head", b"GET", "/v1/jobs", queries=("status", "limit", "parent")),
     Route("head", b"GET", "/v1/jobs/{job_id}"),
     Route("head", b"POST", "/v1/jobs/{job_id}/cancel", body="json"),

@@ -115,7 +115,14 @@ def _register(rng: random.Random) -> list:
     node_id = f"fuzznode-{rng.getrandbits(32):08x}"
     return message(wire.RegisterNode, node_id=node_id, url="http://127.0.0.1:9", slots=rng.choice([1, 2]), cpus=1,
                    ram_gb=1.0, gpu=None, gpu_count=0, image=None, region="local", python_version=PYTHON,
-                   version=__version__, build=BUILD)
+                   version=__version__, build=BUILD, held=_held(rng))
+
+
+def _held(rng: random.Random) -> list:
+    """What a node says it kept running while it had no head: usually nothing."""
+    if rng.random() < 0.7:
+        return []
+    return [[f"fuzz-held-{rng.getrandbits(16):04x}", wire.pack_indices([rng.randrange(1000) for _ in range(3)])]]
 
 
 def ws_frames(rng: random.Random, ctx: Context, route: Route, authorized: bool) -> list[tuple[bytes, bool, str]]:

@@ -1,0 +1,286 @@
+"""A real head with N simulated nodes: what the head costs per node and per call.
+
+The nodes speak the real node protocol over real WebSockets (RegisterNode, AssignJob, credit,
+InputBatch, ResultBatch, a NodeState push every second) from a few processes, so the simulator
+is not the bottleneck; their "workers" answer every input at once, so the head (and the client
+feeding it) is all that is measured. One job of --calls no-op inputs is spread over all nodes.
+
+    python3 benchmarks/head_scale.py --nodes 1000 --slots 32 --calls 200000 --json
+
+Prints one JSON line: nodes, calls, calls_per_s, head_cpu_us_per_call (the head's CPU during the
+job, minus what it spends idle with the same nodes), loop_lag_p99_ms (the head's event loop during
+the job), idle figures, and false_deaths (live nodes the head dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from _common import noop, private_config
+
+STATE_INTERVAL_S = 1.0  # as burla.node.service pushes
+REGISTER_TIMEOUT_S = 300.0
+
+
+# --- one simulator process: many nodes in one event loop ---------------------------------
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.registered = 0
+        self.false_deaths = 0  # sessions the head ended while the node was alive and talking
+        self.connect_failures = 0
+        self.results = 0
+
+
+async def simulated_node(session, head: str, token: str, node_id: str, slots: int, counts: Counts,
+                         stopping: asyncio.Event) -> None:
+    import aiohttp
+
+    from burla import wire
+    from burla._version import __version__
+    from burla.build import build_hash
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    register = wire.RegisterNode(node_id, "http://127.0.0.1:9", slots, slots, 64.0, None, 0, None, "local", python,
+                                 __version__, build_hash(), b"", []).encode()
+    first_session = True
+    while not stopping.is_set():
+        try:
+            async with session.ws_connect(f"{head}/v1/nodes/ws", headers={"Authorization": f"Bearer {token}"},
+                                          max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None) as ws:
+                await ws.send_bytes(register)
+                reply = wire.decode((await ws.receive()).data, wire.HEAD_TO_NODE)
+                if not isinstance(reply, wire.NodeRegistered):
+                    raise SystemExit(f"{node_id}: the head answered registration with {reply}")
+                if first_session:
+                    counts.registered += 1
+                    first_session = False
+                jobs: dict[str, list[int]] = {}  # job id -> [parallelism, done]
+                pusher = asyncio.create_task(_push_state(ws, node_id, slots, jobs))
+                try:
+                    async for frame in ws:
+                        if frame.type != aiohttp.WSMsgType.BINARY:
+                            break
+                        msg = wire.decode(frame.data, wire.HEAD_TO_NODE)
+                        if isinstance(msg, wire.InputBatch):
+                            job = jobs.get(msg.job_id)
+                            if job is None:
+                                continue
+                            results = [[index, True, data] for index, data in msg.items]  # a no-op returns its input
+                            job[1] += len(results)
+                            counts.results += len(results)
+                            await ws.send_bytes(wire.ResultBatch(msg.job_id, 0, results).encode())
+                            await ws.send_bytes(wire.Credit(msg.job_id, len(results), 0).encode())
+                        elif isinstance(msg, wire.AssignJob):
+                            jobs[msg.job_id] = [msg.parallelism, 0]
+                            window = max(msg.parallelism * 2, msg.parallelism * 4)  # a node's first window
+                            await ws.send_bytes(wire.Credit(msg.job_id, window, 0).encode())
+                        elif isinstance(msg, (wire.CancelJob, wire.ReleaseJob)):
+                            jobs.pop(msg.job_id, None)
+                        elif isinstance(msg, wire.ShutdownNode):
+                            return
+                finally:
+                    pusher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await pusher
+            if not stopping.is_set():
+                counts.false_deaths += 1
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            if stopping.is_set():
+                return
+            counts.connect_failures += 1
+            await asyncio.sleep(0.5)
+
+
+async def _push_state(ws, node_id: str, slots: int, jobs: dict[str, list[int]]) -> None:
+    from burla import wire
+
+    await asyncio.sleep(random.random() * STATE_INTERVAL_S)  # nodes don't push in lockstep
+    while True:
+        rows = [[job_id, parallelism, 0, done] for job_id, (parallelism, done) in jobs.items()]
+        status = "RUNNING" if rows else "READY"
+        await ws.send_bytes(wire.NodeState(node_id, status, slots, rows, 5.0, 20.0, 0.0, 0.0).encode())
+        await asyncio.sleep(STATE_INTERVAL_S)
+
+
+async def simulate(head: str, token: str, prefix: str, count: int, slots: int) -> None:
+    import aiohttp
+
+    counts = Counts()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    connector = aiohttp.TCPConnector(limit=0)  # one connection per node, however many
+    async with aiohttp.ClientSession(connector=connector) as session:
+        nodes = [asyncio.create_task(simulated_node(session, head, token, f"{prefix}-{i:05d}", slots, counts,
+                                                    stopping)) for i in range(count)]
+        while counts.registered < count and not stopping.is_set():
+            await asyncio.sleep(0.05)
+        print("ready", flush=True)
+        await stopping.wait()
+        for task in nodes:
+            task.cancel()
+        await asyncio.gather(*nodes, return_exceptions=True)
+    print(json.dumps({"false_deaths": counts.false_deaths, "connect_failures": counts.connect_failures,
+                      "results": counts.results}), flush=True)
+
+
+# --- the coordinator ---------------------------------------------------------------------
+
+
+def _get(url: str, token: str) -> dict:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def _start_head(config_dir: Path, token: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(config_dir))
+    head = subprocess.Popen([sys.executable, "-m", "burla", "head", "serve", "--port", "0", "--local-nodes", "0",
+                             "--token", token, "--driver", "local", "--ready-fd", str(write_fd)],
+                            env=env, pass_fds=(write_fd,), stdout=subprocess.DEVNULL,
+                            stderr=open(log_path, "ab"))
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as ready:
+        url = ready.readline().decode().strip()
+    if not url:
+        raise SystemExit(f"the head did not start: {log_path.read_text()[-2000:]}")
+    return head, url
+
+
+def _profile(pid: int, output: str) -> subprocess.Popen:
+    """Collapsed stacks of the head (py-spy, where installed) until _stop_profile."""
+    profiler = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                                 "--output", output], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached
+    return profiler
+
+
+def _stop_profile(profiler: subprocess.Popen | None) -> None:
+    if profiler is not None:
+        profiler.send_signal(signal.SIGINT)
+        profiler.wait(60)
+
+
+def run(nodes: int, slots: int, calls: int, processes: int, idle_s: float, profile: str | None,
+        head_log: str | None) -> dict:
+    from burla import remote_parallel_map
+
+    token = secrets.token_urlsafe(24)
+    with private_config() as config_dir:
+        head, url = _start_head(config_dir, token, Path(head_log) if head_log else config_dir / "head.log")
+        simulators: list[subprocess.Popen] = []
+        try:
+            per = math.ceil(nodes / processes)
+            for p in range(processes):
+                count = min(per, nodes - p * per)
+                if count <= 0:
+                    break
+                simulators.append(subprocess.Popen(
+                    [sys.executable, __file__, "--simulate", "--head", url, "--token", token, "--prefix",
+                     f"sim{p}", "--count", str(count), "--slots", str(slots)],
+                    stdout=subprocess.PIPE, text=True))
+            for simulator in simulators:
+                if simulator.stdout.readline().strip() != "ready":
+                    raise SystemExit("a simulator failed to register its nodes")
+            deadline = time.monotonic() + REGISTER_TIMEOUT_S
+            while len(_get(f"{url}/v1/cluster", token)["nodes"]) < nodes:
+                if time.monotonic() > deadline:
+                    raise SystemExit("not every simulated node registered")
+                time.sleep(0.2)
+            time.sleep(STATE_INTERVAL_S * 2)  # registrations settle
+            before_idle = _get(f"{url}/v1/head", token)
+            profiler = _profile(before_idle["pid"], f"{profile}.idle") if profile else None
+            time.sleep(idle_s)
+            _stop_profile(profiler)
+            after_idle = _get(f"{url}/v1/head?window_s={max(1, int(idle_s))}", token)
+            idle_cpu_per_s = (after_idle["cpu_s"] - before_idle["cpu_s"]) / idle_s
+
+            os.environ.update(BURLA_CLUSTER_DASHBOARD_URL=url, BURLA_CLUSTER_TOKEN=token)
+            remote_parallel_map(noop, list(range(min(calls, 1000))), spinner=False)  # warm the client's path
+            before = _get(f"{url}/v1/head", token)
+            profiler = _profile(before["pid"], profile) if profile else None
+            start = time.perf_counter()
+            results = remote_parallel_map(noop, list(range(calls)), spinner=False)
+            wall = time.perf_counter() - start
+            _stop_profile(profiler)
+            after = _get(f"{url}/v1/head?window_s={max(1, math.ceil(wall))}", token)
+            assert results == list(range(calls)), "results came back wrong"
+            job_cpu = after["cpu_s"] - before["cpu_s"]
+            deaths = 0
+            for simulator in simulators:
+                simulator.send_signal(signal.SIGTERM)
+            for simulator in simulators:
+                out, _ = simulator.communicate(timeout=120)
+                deaths += json.loads(out.strip().splitlines()[-1])["false_deaths"]
+            return {
+                "benchmark": "head_scale",
+                "nodes": nodes,
+                "slots_per_node": slots,
+                "calls": calls,
+                "simulator_processes": len(simulators),
+                "wall_s": round(wall, 3),
+                "calls_per_s": round(calls / wall),
+                "head_cpu_us_per_call": round(max(0.0, job_cpu - idle_cpu_per_s * wall) / calls * 1e6, 2),
+                "head_cpu_us_per_call_raw": round(job_cpu / calls * 1e6, 2),
+                "loop_lag_p99_ms": after["loop_lag_ms"]["p99"],
+                "loop_lag_max_ms": after["loop_lag_ms"]["max"],
+                "idle_head_cpu_percent": round(idle_cpu_per_s * 100, 1),
+                "idle_loop_lag_p99_ms": after_idle["loop_lag_ms"]["p99"],
+                "head_rss_mb": after["rss_mb"],
+                "false_deaths": deaths,
+            }
+        finally:
+            for simulator in simulators:
+                if simulator.poll() is None:
+                    simulator.kill()
+            head.send_signal(signal.SIGTERM)
+            try:
+                head.wait(60)
+            except subprocess.TimeoutExpired:
+                head.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--slots", type=int, default=32, help="worker slots per simulated node")
+    parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--processes", type=int, default=0, help="simulator processes (default: 1 per 250 nodes)")
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds the idle cost is measured over")
+    parser.add_argument("--profile-head", metavar="FILE", help="write py-spy's collapsed stacks of the head "
+                        "during the job to FILE (and while idle to FILE.idle)")
+    parser.add_argument("--head-log", metavar="FILE", help="keep the head's log in FILE")
+    parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
+    parser.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--head", help=argparse.SUPPRESS)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.simulate:
+        asyncio.run(simulate(args.head, args.token, args.prefix, args.count, args.slots))
+        return
+    if args.nodes < 1 or args.calls < 1:
+        parser.error("--nodes and --calls must be at least 1")
+    processes = args.processes or max(1, math.ceil(args.nodes / 250))
+    print(json.dumps(run(args.nodes, args.slots, args.calls, processes, args.idle, args.profile_head, args.head_log)))
+
+
+if __name__ == "__main__":
+    main()
