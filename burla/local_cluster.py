@@ -96,11 +96,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+HEALTHY_FOR_S = 5.0  # a local head that answered /health this recently, and still runs, is not asked again
+_last_healthy: dict[tuple[str, int], float] = {}
+
+
 def running_local_head(settings: ClientSettings) -> str | None:
     record = HeadRecord.read(settings.config_dir)
     if record is None or not _pid_alive(record.pid):
         return None
-    return record.url if head_is_healthy(record.url, cert=settings.head_cert) else None
+    key = (record.url, record.pid)
+    if time.monotonic() - _last_healthy.get(key, -HEALTHY_FOR_S) < HEALTHY_FOR_S:
+        return record.url  # back-to-back jobs: its process is still there, skip the round trip
+    if not head_is_healthy(record.url, cert=settings.head_cert):
+        return None
+    _last_healthy[key] = time.monotonic()
+    return record.url
 
 
 def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHandle:

@@ -22,6 +22,7 @@ from typing import Any
 
 MAX_LOCAL_CODE_BYTES = 50 * 1024 * 1024
 _CACHE: dict[tuple, bytes] = {}  # the last zip, by its files' names, paths, mtimes and sizes
+_LOCATED: dict[tuple[str, str], Path | None] = {}  # (module name, __file__) -> _is_local's answer
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,14 +34,17 @@ def _installed_roots() -> list[Path]:
 
 
 def _is_local(module: types.ModuleType, roots: list[Path]) -> Path | None:
-    """The file or package directory of a module that lives outside every install location."""
+    """The file or package directory of a module that lives outside every install location
+    (remembered per module file: resolving paths was most of a warm job's client time)."""
     file = getattr(module, "__file__", None)
     if not file or module.__name__ == "__main__" or module.__name__.startswith("burla"):
         return None
-    path = Path(file).resolve()
-    if any(path.is_relative_to(root) for root in roots) or path.suffix != ".py":
-        return None
-    return path
+    key = (module.__name__, file)
+    if key not in _LOCATED:
+        path = Path(file).resolve()
+        outside = not any(path.is_relative_to(root) for root in roots) and path.suffix == ".py"
+        _LOCATED[key] = path if outside else None
+    return _LOCATED[key]
 
 
 def _modules_used(function: Callable[..., Any]) -> set[str]:

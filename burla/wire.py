@@ -195,8 +195,20 @@ def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[M
 
 
 def _check_items(name: str, items: list, shape: tuple[type, ...]) -> None:
+    """Every item is a list of exactly these types (bool is not int here: types match exactly).
+    The common shapes are checked without an inner loop: this runs for every input and result."""
     width = len(shape)
-    for item in items:
+    if width == 2:
+        first, second = shape
+        if all(type(item) is list and len(item) == 2 and type(item[0]) is first and type(item[1]) is second
+               for item in items):
+            return
+    elif width == 3:
+        first, second, third = shape
+        if all(type(item) is list and len(item) == 3 and type(item[0]) is first and type(item[1]) is second
+               and type(item[2]) is third for item in items):
+            return
+    for item in items:  # slow path: find what is wrong, and say so
         if type(item) is not list or len(item) != width:
             raise ProtocolError(f"{name} items must be arrays of {width} values")
         for value, tp in zip(item, shape):
