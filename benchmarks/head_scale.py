@@ -87,8 +87,9 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                             await ws.send_bytes(wire.Credit(msg.job_id, len(results), 0).encode())
                         elif isinstance(msg, wire.AssignJob):
                             jobs[msg.job_id] = [msg.parallelism, 0]
-                            window = max(msg.parallelism * 2, msg.parallelism * 4)  # a node's first window
-                            await ws.send_bytes(wire.Credit(msg.job_id, window, 0).encode())
+                            # A real node's first window is four inputs per worker, of which the head
+                            # already granted itself msg.credit.
+                            await ws.send_bytes(wire.Credit(msg.job_id, msg.parallelism * 4 - msg.credit, 0).encode())
                         elif isinstance(msg, (wire.CancelJob, wire.ReleaseJob)):
                             jobs.pop(msg.job_id, None)
                         elif isinstance(msg, wire.ShutdownNode):

@@ -42,6 +42,8 @@ HEARTBEAT_S = 5.0  # a silently dead connection is noticed within about this
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = 4096
 CANCEL_WAIT_S = 5.0
+FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answer (well inside any window)
+FIRST_BATCH_BYTES = 256 * 1024
 KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
 
 
@@ -82,6 +84,7 @@ class JobRunner:
         self.error: BaseException | None = None  # why the job ended early, if it did
         self.uploaded = threading.Event()
         self.opened = threading.Event()  # the head accepted or resumed the job; n_inputs is known
+        self.all_acknowledged = threading.Event()  # every result is here and the head was told so
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ws = None
         self._cancel_reason: str | None = None
@@ -125,12 +128,14 @@ class JobRunner:
         self._ended.wait(CANCEL_WAIT_S)
 
     def close(self) -> None:
-        """Stop listening (the caller has what it needs); the head then ends the job."""
+        """Stop listening (the caller has what it needs); the head then ends the job. Once every
+        result is acknowledged the job thread is only closing its connection: it is not waited for."""
         loop = self._loop
         if loop is not None and not self._ended.is_set():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._request_close)
-            self._ended.wait(CANCEL_WAIT_S)
+            if not self.all_acknowledged.is_set():
+                self._ended.wait(CANCEL_WAIT_S)
 
     def _request_cancel(self, reason: str) -> None:
         self._cancel_reason = reason
@@ -183,7 +188,11 @@ class JobRunner:
                         if not opened:
                             assert self.opening is not None
                             await ws.send_bytes(self.opening.encode())
+                            # The first inputs go right behind the opening (frames arrive in order),
+                            # so a short job does not wait a round trip before its inputs leave.
+                            early = await self._send_first_batch(ws)
                             start, window = await self._expect_opening(ws, wire.JobAccepted)
+                            start = early
                             opened = True
                         else:
                             # What this client already has, for a head that restarted and lost count.
@@ -318,6 +327,33 @@ class JobRunner:
         except (aiohttp.ClientError, OSError, RuntimeError) as e:
             raise _ConnectionLost(str(e)) from None
 
+    def _pickled_input(self, index: int) -> bytes:
+        try:
+            data = dumps(self.inputs[index])
+        except Exception as e:
+            raise UnpicklableInput(index, f"{type(e).__name__}: {e}") from e
+        if len(data) > MAX_INPUT_BYTES:
+            raise InputTooBig(index, len(data), MAX_INPUT_BYTES)
+        return data
+
+    async def _send_first_batch(self, ws) -> int:
+        """Send the first inputs (up to one upload batch, and within any window the head grants)
+        before its answer to the opening; returns how many were sent."""
+        batch: list = []
+        size = 0
+        for index in range(min(len(self.inputs), FIRST_BATCH_ITEMS)):
+            data = self._pickled_input(index)
+            if batch and size + len(data) > FIRST_BATCH_BYTES:
+                break
+            batch.append([index, data])
+            size += len(data)
+            self._sizes[index] = len(data)
+        if batch:
+            self._outstanding_inputs += len(batch)
+            self._outstanding_bytes += size
+            await self._send(ws, wire.InputBatch(self.job_id, batch))
+        return len(batch)
+
     async def _upload(self, ws, start: int) -> None:
         """Pickle and send inputs while the window allows; the window frees as results return."""
         job_id = self.job_id
@@ -326,13 +362,7 @@ class JobRunner:
         for index in range(start, len(self.inputs)):
             if self._received[index]:
                 continue
-            value = self.inputs[index]
-            try:
-                data = dumps(value)
-            except Exception as e:
-                raise UnpicklableInput(index, f"{type(e).__name__}: {e}") from e
-            if len(data) > MAX_INPUT_BYTES:
-                raise InputTooBig(index, len(data), MAX_INPUT_BYTES)
+            data = self._pickled_input(index)
             while not self._detaching and self._outstanding_inputs and (
                 self._outstanding_inputs >= self._window_inputs
                 or self._outstanding_bytes + len(data) > self._window_bytes
@@ -401,6 +431,11 @@ class JobRunner:
                     self.outcomes.put(outcomes)
                 self._acked_seq = max(self._acked_seq, msg.seq)
                 await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
+                if self._remaining == 0 and collect:
+                    # That acknowledgement completes the job on the head: its JobEnded is not
+                    # worth a round trip, nor is the caller's wait for this thread to wind down.
+                    self.all_acknowledged.set()
+                    return
             elif isinstance(msg, wire.InputsKept):
                 if msg.count >= self.n_inputs:
                     self._kept.set()

@@ -405,6 +405,7 @@ class AssignJob(Message):
     cpus_per_call: int | None  # None: dynamic (the node may lower parallelism for CPU)
     local_code: bytes
     packages: dict  # what the node installs before running the job, if it lacks them
+    credit: int  # inputs the head may push before the node asks (a node's first window, no round trip)
 
 
 @message(23)

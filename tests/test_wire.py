@@ -29,7 +29,7 @@ SAMPLES: list[wire.Message] = [
                       [["j", wire.pack_indices([0, 7])]]),
     wire.InputsKept("j-1", 12),
     wire.NodeRegistered("n", "0.1.0", b"k" * 32),
-    wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None, b"zip", {}),
+    wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None, b"zip", {}, 4),
     wire.ReleaseJob("j-1"),
     wire.NodeState("n", "RUNNING", 2, [["j-1", 2, 5, 9]], 50.0, 10.0, 1024.0, 2048.0),
     wire.ShutdownNode("bye"),

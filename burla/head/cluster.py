@@ -17,7 +17,16 @@ from burla.build import build_hash
 from burla.errors import BurlaError, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.history import HEAD_STOPPED, History, KeptJob
 from burla.head.links import ClientLink, NodeLink
-from burla.head.scheduler import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord, Scheduler
+from burla.head.scheduler import (
+    CANCELED,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    JobRecord,
+    NodeRecord,
+    Scheduler,
+    initial_credit,
+)
 
 log = logging.getLogger("burla.head")
 
@@ -115,7 +124,7 @@ class Cluster:
             return
         self.expected_back.clear()
         released = False
-        for job in self.scheduler.jobs.values():
+        for job in self.scheduler.running.values():
             if job.waits_for_nodes:
                 job.waits_for_nodes = False
                 released = True
@@ -207,7 +216,7 @@ class Cluster:
 
     def _note_idleness(self, node_id: str) -> None:
         busy = any(
-            node_id in job.assignments and job.status == RUNNING for job in self.scheduler.jobs.values()
+            node_id in job.assignments for job in self.scheduler.running.values()
         )
         if busy:
             self.idle_since.pop(node_id, None)
@@ -428,7 +437,7 @@ class Cluster:
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
         return wire.AssignJob(
             spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram, spec.func_cpu,
-            spec.local_code, spec.packages,
+            spec.local_code, spec.packages, initial_credit(parallelism),
         )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
@@ -602,8 +611,8 @@ class Cluster:
         """A parent that ends early takes its running nested jobs with it."""
         if parent.status == COMPLETED:
             return
-        for job in list(self.scheduler.jobs.values()):
-            if job.spec.parent_job_id == parent.job_id and job.status == RUNNING:
+        for job in list(self.scheduler.running.values()):
+            if job.spec.parent_job_id == parent.job_id:
                 self.end_job(job, CANCELED, "JobCanceled", f"its parent job {parent.job_id} ended {parent.status}")
 
     # --- progress ------------------------------------------------------------------------
@@ -632,7 +641,7 @@ class Cluster:
         recorded: dict[str, int] = {}
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
-            running = [job for job in self.scheduler.jobs.values() if job.status == RUNNING]
+            running = list(self.scheduler.running.values())
             for job in running:  # keep history's counts current while jobs run
                 if recorded.get(job.job_id) != job.n_done:
                     self._record_job(job)

@@ -59,6 +59,12 @@ class NodeRecord:
         )
 
 
+def initial_credit(parallelism: int) -> int:
+    """What the head may push to a node as soon as it assigns a job, before the node asks: the
+    smallest window a node keeps (two inputs per worker), so the first inputs skip a round trip."""
+    return 2 * parallelism
+
+
 @dataclass
 class Assignment:
     """One job's share of one node."""
@@ -130,6 +136,9 @@ class Scheduler:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
+        # The jobs still RUNNING (the head keeps up to 1,000 ended ones in `jobs`): every per-event
+        # pass goes over these only.
+        self.running: dict[str, JobRecord] = {}
         self.booting_ids: set[str] = set()  # nodes a driver is starting that have not registered yet
 
     @property
@@ -142,15 +151,15 @@ class Scheduler:
         """Register a node; returns the running jobs it should join, with their parallelism."""
         self.nodes[node.node_id] = node
         joins = []
-        for job in self.jobs.values():
-            if job.status != RUNNING or self.ineligibility(node, job.spec) is not None:
+        for job in self.running.values():
+            if self.ineligibility(node, job.spec) is not None:
                 continue
             parallelism = self.node_parallelism(node, job.spec)
             if job.spec.max_parallelism is not None:
                 used = sum(a.parallelism for a in job.assignments.values())
                 parallelism = min(parallelism, job.spec.max_parallelism - used)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment(parallelism)
+                job.assignments[node.node_id] = Assignment(parallelism, initial_credit(parallelism))
                 joins.append((job, parallelism))
         return joins
 
@@ -162,7 +171,7 @@ class Scheduler:
         """
         self.nodes.pop(node_id, None)
         affected = []
-        for job in self.jobs.values():
+        for job in self.running.values():
             assignment = job.assignments.pop(node_id, None)
             if assignment is None:
                 continue
@@ -265,9 +274,10 @@ class Scheduler:
             share = int(min(parallelism, budget))
             if share < 1:
                 break
-            job.assignments[node.node_id] = Assignment(share)
+            job.assignments[node.node_id] = Assignment(share, initial_credit(share))
             budget -= share
         self.jobs[spec.job_id] = job
+        self.running[spec.job_id] = job
         return job
 
     def load_kept(self, job: JobRecord, inputs: list, results: list) -> None:
@@ -449,8 +459,8 @@ class Scheduler:
         node per upload batch and keep no more workers busy.
         """
         pushes: list[tuple[str, str, list]] = []
-        for job in self.jobs.values():
-            if job.status != RUNNING or not job.pending or job.waits_for_nodes:
+        for job in self.running.values():
+            if not job.pending or job.waits_for_nodes:
                 continue
             # Smallest credit first, so what a nearly full node can't take goes to the others.
             takers = sorted(
@@ -525,8 +535,8 @@ class Scheduler:
         Only for jobs whose queue on the head is empty (else the head just pushes more).
         """
         hints = []
-        for job in self.jobs.values():
-            if job.status != RUNNING or job.pending or len(job.assignments) < 2:
+        for job in self.running.values():
+            if job.pending or len(job.assignments) < 2:
                 continue
             queued = {n: self.nodes[n].queued_by_job.get(job.job_id, 0) for n in job.assignments if n in self.nodes}
             donors = sorted((q, n) for n, q in queued.items() if q >= 1)
@@ -565,6 +575,7 @@ class Scheduler:
         if job.status == RUNNING:
             job.status = status
             job.reason = reason
+        self.running.pop(job.job_id, None)
         job.pending.clear()
         nodes = list(job.assignments)
         for assignment in job.assignments.values():
@@ -582,3 +593,4 @@ class Scheduler:
 
     def forget(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)
+        self.running.pop(job_id, None)

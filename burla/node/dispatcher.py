@@ -82,6 +82,7 @@ class Dispatcher:
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)
+        job.credit_unused += msg.credit  # the head pushes this much without being asked
         return job
 
     def add_inputs(self, job_id: str, items: list) -> bool:
