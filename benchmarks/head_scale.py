@@ -2,8 +2,9 @@
 
 The nodes speak the real node protocol over real WebSockets (RegisterNode, AssignJob, credit,
 InputBatch, ResultBatch, a NodeState push every second) from a few processes, so the simulator
-is not the bottleneck; their "workers" answer every input at once, so the head (and the client
-feeding it) is all that is measured. One job of --calls no-op inputs is spread over all nodes.
+is not the bottleneck; their "workers" answer every input at once (or after --call-ms per call,
+`--slots` at a time), so the head (and the client feeding it) is all that is measured. One job of
+--calls no-op inputs is spread over all nodes.
 
     python3 benchmarks/head_scale.py --nodes 1000 --slots 32 --calls 200000 --json
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import heapq
 import json
 import math
 import os
@@ -46,7 +48,7 @@ class Counts:
         self.results = 0
 
 
-async def simulated_node(session, head: str, token: str, node_id: str, slots: int, counts: Counts,
+async def simulated_node(session, head: str, token: str, node_id: str, slots: int, call_s: float, counts: Counts,
                          stopping: asyncio.Event) -> None:
     import aiohttp
 
@@ -70,6 +72,8 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                     counts.registered += 1
                     first_session = False
                 jobs: dict[str, list[int]] = {}  # job id -> [parallelism, done]
+                answering: set[asyncio.Task] = set()
+                free_at = [0.0] * slots  # a heap: when each simulated worker is next free
                 pusher = asyncio.create_task(_push_state(ws, node_id, slots, jobs))
                 try:
                     async for frame in ws:
@@ -80,11 +84,12 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                             job = jobs.get(msg.job_id)
                             if job is None:
                                 continue
-                            results = [[index, True, data] for index, data in msg.items]  # a no-op returns its input
-                            job[1] += len(results)
-                            counts.results += len(results)
-                            await ws.send_bytes(wire.ResultBatch(msg.job_id, 0, results).encode())
-                            await ws.send_bytes(wire.Credit(msg.job_id, len(results), 0).encode())
+                            if call_s:  # its workers take call_s per call, `slots` at a time
+                                task = asyncio.create_task(_answer_later(ws, msg, job, free_at, call_s, counts))
+                                answering.add(task)
+                                task.add_done_callback(answering.discard)
+                            else:
+                                await _answer(ws, msg, job, counts)
                         elif isinstance(msg, wire.AssignJob):
                             jobs[msg.job_id] = [msg.parallelism, 0]
                             # A real node's first window is four inputs per worker, of which the head
@@ -95,9 +100,11 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                         elif isinstance(msg, wire.ShutdownNode):
                             return
                 finally:
-                    pusher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await pusher
+                    for task in (pusher, *answering):
+                        task.cancel()
+                    for task in (pusher, *answering):
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
             if not stopping.is_set():
                 counts.false_deaths += 1
         except (TimeoutError, aiohttp.ClientError, OSError):
@@ -105,6 +112,30 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                 return
             counts.connect_failures += 1
             await asyncio.sleep(0.5)
+
+
+async def _answer(ws, msg, job: list[int], counts: Counts) -> None:
+    from burla import wire
+
+    results = [[index, True, data] for index, data in msg.items]  # a no-op returns its input
+    job[1] += len(results)
+    counts.results += len(results)
+    await ws.send_bytes(wire.ResultBatch(msg.job_id, 0, results).encode())
+    await ws.send_bytes(wire.Credit(msg.job_id, len(results), 0).encode())
+
+
+async def _answer_later(ws, msg, job: list[int], free_at: list[float], call_s: float, counts: Counts) -> None:
+    """Run the batch's calls on the node's workers in arrival order (`free_at`: when each worker
+    is next free), then answer for all of them."""
+    now = time.monotonic()
+    done_at = now
+    for _ in msg.items:
+        start = max(now, heapq.heappop(free_at))
+        heapq.heappush(free_at, start + call_s)
+        done_at = max(done_at, start + call_s)
+    await asyncio.sleep(done_at - now)
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await _answer(ws, msg, job, counts)
 
 
 async def _push_state(ws, node_id: str, slots: int, jobs: dict[str, list[int]]) -> None:
@@ -118,7 +149,7 @@ async def _push_state(ws, node_id: str, slots: int, jobs: dict[str, list[int]]) 
         await asyncio.sleep(STATE_INTERVAL_S)
 
 
-async def simulate(head: str, token: str, prefix: str, count: int, slots: int) -> None:
+async def simulate(head: str, token: str, prefix: str, count: int, slots: int, call_s: float) -> None:
     import aiohttp
 
     counts = Counts()
@@ -127,8 +158,8 @@ async def simulate(head: str, token: str, prefix: str, count: int, slots: int) -
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     connector = aiohttp.TCPConnector(limit=0)  # one connection per node, however many
     async with aiohttp.ClientSession(connector=connector) as session:
-        nodes = [asyncio.create_task(simulated_node(session, head, token, f"{prefix}-{i:05d}", slots, counts,
-                                                    stopping)) for i in range(count)]
+        nodes = [asyncio.create_task(simulated_node(session, head, token, f"{prefix}-{i:05d}", slots, call_s,
+                                                    counts, stopping)) for i in range(count)]
         while counts.registered < count and not stopping.is_set():
             await asyncio.sleep(0.05)
         print("ready", flush=True)
@@ -178,7 +209,7 @@ def _stop_profile(profiler: subprocess.Popen | None) -> None:
         profiler.wait(60)
 
 
-def run(nodes: int, slots: int, calls: int, processes: int, idle_s: float, profile: str | None,
+def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle_s: float, profile: str | None,
         head_log: str | None) -> dict:
     from burla import remote_parallel_map
 
@@ -194,7 +225,7 @@ def run(nodes: int, slots: int, calls: int, processes: int, idle_s: float, profi
                     break
                 simulators.append(subprocess.Popen(
                     [sys.executable, __file__, "--simulate", "--head", url, "--token", token, "--prefix",
-                     f"sim{p}", "--count", str(count), "--slots", str(slots)],
+                     f"sim{p}", "--count", str(count), "--slots", str(slots), "--call-ms", str(call_ms)],
                     stdout=subprocess.PIPE, text=True))
             for simulator in simulators:
                 if simulator.stdout.readline().strip() != "ready":
@@ -234,6 +265,7 @@ def run(nodes: int, slots: int, calls: int, processes: int, idle_s: float, profi
                 "nodes": nodes,
                 "slots_per_node": slots,
                 "calls": calls,
+                "call_ms": call_ms,
                 "simulator_processes": len(simulators),
                 "wall_s": round(wall, 3),
                 "calls_per_s": round(calls / wall),
@@ -262,6 +294,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--slots", type=int, default=32, help="worker slots per simulated node")
     parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--call-ms", type=float, default=0.0,
+                        help="how long each simulated call takes (default 0: workers answer at once)")
     parser.add_argument("--processes", type=int, default=0, help="simulator processes (default: 1 per 250 nodes)")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds the idle cost is measured over")
     parser.add_argument("--profile-head", metavar="FILE", help="write py-spy's collapsed stacks of the head "
@@ -275,12 +309,13 @@ def main() -> None:
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.simulate:
-        asyncio.run(simulate(args.head, args.token, args.prefix, args.count, args.slots))
+        asyncio.run(simulate(args.head, args.token, args.prefix, args.count, args.slots, args.call_ms / 1000))
         return
-    if args.nodes < 1 or args.calls < 1:
-        parser.error("--nodes and --calls must be at least 1")
+    if args.nodes < 1 or args.calls < 1 or args.call_ms < 0:
+        parser.error("--nodes and --calls must be at least 1, --call-ms at least 0")
     processes = args.processes or max(1, math.ceil(args.nodes / 250))
-    print(json.dumps(run(args.nodes, args.slots, args.calls, processes, args.idle, args.profile_head, args.head_log)))
+    print(json.dumps(run(args.nodes, args.slots, args.calls, args.call_ms, processes, args.idle, args.profile_head,
+                         args.head_log)))
 
 
 if __name__ == "__main__":

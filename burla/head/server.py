@@ -70,7 +70,7 @@ def serve(settings: HeadSettings) -> None:
     asyncio.run(_serve(settings, sock, url, driver, booted))
 
 
-GC_THRESHOLDS = (50_000, 20, 20)  # Python's default is (700, 10, 10)
+GC_THRESHOLDS = (20_000, 10, 50)  # Python's default is (700, 10, 10)
 
 
 def freeze_startup_objects() -> None:
