@@ -99,6 +99,7 @@ class Cluster:
             link.send(self._assign_message(job.spec, parallelism))
         self._adopt_held(msg, link)
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
+        self.pump()  # its first window is granted with AssignJob: fill it now, it may never ask
         if self.history is not None:
             self.history.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
         return node
