@@ -97,6 +97,7 @@ class JobRunner:
         self._window_open = asyncio.Event()
         self._kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
         self._side_tasks: set[asyncio.Future] = set()
+        self._session_over = False  # set on the loop once `_run` stops taking side tasks
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self._remaining = self.n_inputs
         self._acked_seq = 0
@@ -149,6 +150,9 @@ class JobRunner:
 
     def _side_task(self, coroutine) -> None:
         """Run a one-off send on the loop; `_run` awaits whatever is left before it returns."""
+        if self._session_over:  # a close or cancel that arrives after the end: nothing to send
+            coroutine.close()
+            return
         task = asyncio.ensure_future(coroutine)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
@@ -159,6 +163,7 @@ class JobRunner:
         try:
             await self._session()
         finally:
+            self._session_over = True
             for task in list(self._side_tasks):
                 with contextlib.suppress(Exception):
                     await task

@@ -229,8 +229,9 @@ class VmFarm:
             elif vm is not None and record.gone:
                 self._retire(record.instance_id)
             elif vm is not None and vm.powered_off:
-                self.powered_off.append(record.instance_id)
                 self._shut_down(record)
+                # Recorded once the cloud has acted, so a test that sees it may check the outcome.
+                self.powered_off.append(record.instance_id)
                 self._retire(record.instance_id)
         listed = {record.instance_id for record in records}
         for instance_id in [i for i in list(self.vms) if i not in listed]:
