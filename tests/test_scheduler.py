@@ -231,8 +231,8 @@ def test_results_before_the_client_is_back_are_merged_with_what_it_holds():
     s.adopt("a", job, [0, 1, 2])
     s.record_results("a", job, [[1, True, b"r1"], [2, False, b"e2"]])
     assert job.n_done == 2 and job.n_failed == 1
-    held = s.mark_held(job, zlib.compress(bytes([1, 0, 0, 0, 2, 0])))  # the client has 0 and 4 (failed)
-    assert held == 2
+    held, states = s.mark_held(job, zlib.compress(bytes([1, 0, 0, 0, 2, 0])))  # the client has 0 and 4 (failed)
+    assert held == 2 and states == bytes([1, 0, 0, 0, 2, 0])
     assert (job.n_done, job.n_failed, job.upload_prefix) == (4, 2, 3)
     s.add_inputs(job, _inputs([0, 1, 2, 3, 4, 5]))  # sending again what it lacks results for is fine
     assert [item[0] for item in job.pending] == [3, 5] and job.assignments["a"].inflight == {}

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from burla import grants, wire
 from burla.build import build_hash
-from burla.errors import BurlaError, JobNotFound, NodeDisconnected, ProtocolError
+from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.history import HEAD_STOPPED, History, KeptJob
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import (
@@ -88,8 +88,14 @@ class Cluster:
     # --- nodes ---------------------------------------------------------------------------
 
     def node_registered(self, msg: wire.RegisterNode, link: NodeLink, grant_key: bytes) -> NodeRecord:
-        if msg.node_id in self.node_links:
-            self.node_lost(msg.node_id)  # a reconnect: the old session's inputs go back first
+        old = self.node_links.get(msg.node_id)
+        if old is not None:
+            # Back before its old connection's end was noticed: that session ends now. Its inputs go
+            # back to the queue without being pushed anywhere (what the node still holds is taken
+            # up again below), and its jobs wait for it as for a rejoining node meanwhile.
+            old.close()
+            self.booting_ids.add(msg.node_id)
+            self.node_lost(msg.node_id, pump=False)
         node = NodeRecord.from_register(msg, grant_key)
         self.node_links[msg.node_id] = link
         self.last_heard[msg.node_id] = time.monotonic()
@@ -132,7 +138,7 @@ class Cluster:
         if released:
             self.pump()
 
-    def node_lost(self, node_id: str) -> None:
+    def node_lost(self, node_id: str, pump: bool = True) -> None:
         self.node_links.pop(node_id, None)
         self._sampled_at.pop(node_id, None)
         if self.stopping:
@@ -151,7 +157,8 @@ class Cluster:
         log.info("node %s left", node_id)
         if self.history is not None:
             self.history.node_event(node_id, "left")
-        self.pump()
+        if pump:
+            self.pump()
 
     @property
     def booting_ids(self) -> set[str]:
@@ -373,14 +380,15 @@ class Cluster:
     # --- clients -------------------------------------------------------------------------
 
     def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
+        if self.stopping:  # its nodes' connections are going: nothing would run it
+            raise HeadUnreachable("the head is stopping (a restart or shutdown); run the job again once it is back")
         if self.prepare_job is not None:
             self.prepare_job(spec)  # grow, or restart local nodes removed for idleness
         job = self.scheduler.admit(spec)
         link = ClientLink(spec.job_id)
         self.client_links[spec.job_id] = link
         self.job_times[spec.job_id] = (time.time(), None)
-        for node_id, assignment in job.assignments.items():
-            self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
+        self._assign(job)
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         self._record_job(job)
         if self.history is not None:  # a restarted head takes it up again
@@ -420,8 +428,7 @@ class Cluster:
             if spec.detach:
                 self.scheduler.load_kept(job, kept.inputs, kept.results)
                 link.deliver([], kept.results)
-            for node_id, assignment in job.assignments.items():
-                self.node_links[node_id].send(self._assign_message(spec, assignment.parallelism))
+            self._assign(job)
             log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,
                      job.n_inputs)
             self._restored_at[spec.job_id] = time.monotonic()
@@ -433,6 +440,13 @@ class Cluster:
                 self.end_job(job, COMPLETED, "", "")  # its results wait for get_results
             else:
                 self.pump()
+
+    def _assign(self, job: JobRecord) -> None:
+        """Tell every node the scheduler gave a share of `job` to run it."""
+        for node_id, assignment in job.assignments.items():
+            link = self.node_links.get(node_id)
+            if link is not None:
+                link.send(self._assign_message(job.spec, assignment.parallelism))
 
     @staticmethod
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
@@ -458,7 +472,10 @@ class Cluster:
         if job.restored and job.status == RUNNING:  # this head restarted: the client says what it has
             if not msg.held:
                 raise ProtocolError("a job taken up after a restart needs ResumeJob.held")
-            link.acked = self.scheduler.mark_held(job, msg.held)
+            link.acked, client_states = self.scheduler.mark_held(job, msg.held)
+            # A returning node may have sent results the client already holds: they would count
+            # twice towards the acknowledgements that end the job.
+            link.forget_results(client_states)
             link.continue_after(msg.acked_seq)
             log.info("job %s resumed by its client, which holds %d of %d results", job.job_id, link.acked,
                      job.n_inputs)

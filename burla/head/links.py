@@ -98,6 +98,10 @@ class ClientLink:
         self.acked += covered
         return covered
 
+    def forget_results(self, client_states: bytes) -> None:
+        """Drop queued results for inputs the client already holds (a nonzero state byte)."""
+        self.results = [item for item in self.results if not client_states[item[0]]]
+
     def continue_after(self, seq: int) -> None:
         """Number batches after the client's last acknowledged one (this head restarted and
         started counting again), so its acknowledgements never cover batches it has not seen."""

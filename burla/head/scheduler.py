@@ -325,9 +325,10 @@ class Scheduler:
                 continue
             job.node_held[index] = node_id
 
-    def mark_held(self, job: JobRecord, held: bytes) -> int:
+    def mark_held(self, job: JobRecord, held: bytes) -> tuple[int, bytes]:
         """A restored job's client has these results already (one byte per input: 0 none, 1 a
-        result, 2 a failure): count them done and uploaded. Returns how many it holds."""
+        result, 2 a failure): count them done and uploaded. Returns how many it holds, and the
+        per-input states it sent."""
         n = job.n_inputs
         try:
             inflater = zlib.decompressobj()
@@ -356,7 +357,7 @@ class Scheduler:
         job.upload_prefix = n if first_missing < 0 else first_missing
         job.restored = False
         job.lenient_uploads = True  # it may send again what a node's result already covers
-        return held_count
+        return held_count, bytes(states)
 
     def _explain(self, spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]]) -> str:
         n = len(self.nodes)

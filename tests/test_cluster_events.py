@@ -1,0 +1,113 @@
+"""The head's Cluster driven message by message (no processes: the frames it
+would send are read from its links)."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+import pytest
+
+from burla import wire
+from burla.errors import HeadUnreachable
+from burla.head.cluster import Cluster
+from burla.head.history import KeptJob
+from burla.head.links import NodeLink
+from burla.head.scheduler import COMPLETED, RUNNING
+from tests.test_scheduler import spec
+
+
+class RecordingSocket:
+    """Stands in for a WebSocket the head writes to: it keeps the frames."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.frames.append(data)
+
+    async def close(self) -> None:
+        pass
+
+
+def _register(cluster: Cluster, node_id: str, held: list) -> NodeLink:
+    link = NodeLink(node_id, RecordingSocket())
+    msg = wire.RegisterNode(node_id, "http://x", 2, 2, 4.0, None, 0, None, "local", "3.11.7", cluster.version,
+                            cluster.build, b"", held)
+    cluster.node_registered(msg, link, b"")
+    return link
+
+
+@pytest.mark.asyncio
+async def test_results_a_returning_node_sends_again_do_not_count_twice():
+    cluster = Cluster("0.1.0")
+    opening = spec(n=4, raise_errors=False)
+    cluster.restore_jobs([KeptJob(opening.encode(), None, RUNNING, "", "", [], [])])
+    _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
+    job = cluster.scheduler.jobs["j"]
+    # The node finished 0, 1 and 2 while the head was away; the client already got 0 and 1.
+    cluster.on_node_message("a", wire.ResultBatch("j", 1, [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]]))
+    _, link, _ = cluster.resume_job(wire.ResumeJob("j", 1, zlib.compress(bytes([1, 1, 0, 0]))))
+    assert link.acked == 2
+    socket = RecordingSocket()
+    link.attach(socket)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    batches = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in socket.frames]
+    sent = [item[0] for batch in batches if isinstance(batch, wire.ResultBatch) for item in batch.items]
+    assert sent == [2]
+    cluster.ack(job, max(b.seq for b in batches if isinstance(b, wire.ResultBatch)))
+    assert link.acked == 3 and job.status == RUNNING  # input 3 is still out
+    cluster.on_node_message("a", wire.ResultBatch("j", 2, [[3, True, b"r3"]]))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    cluster.ack(job, max(b.seq for b in (wire.decode(f, wire.HEAD_TO_CLIENT) for f in socket.frames)
+                         if isinstance(b, wire.ResultBatch)))
+    assert link.acked == 4 and job.status == COMPLETED
+    await link.detach(socket, 0.0)
+
+
+def _pushed(link: NodeLink) -> list[int]:
+    """Input indices the head has queued for this node's connection."""
+    return [item[0] for frame in link._frames for msg in [wire.decode(frame, wire.HEAD_TO_NODE)]
+            if isinstance(msg, wire.InputBatch) for item in msg.items]
+
+
+def _open(cluster: Cluster, n: int) -> None:
+    job, _ = cluster.open_job(spec(n=n, raise_errors=False))
+    cluster.add_inputs(job, [[i, f"x{i}".encode()] for i in range(n)])
+
+
+@pytest.mark.asyncio
+async def test_a_node_back_before_its_old_connection_ended_keeps_its_job_and_its_inputs():
+    cluster = Cluster("0.1.0")
+    first = _register(cluster, "a", [])
+    _open(cluster, 4)
+    assert sorted(_pushed(first)) == [0, 1, 2, 3]
+    # It reconnects holding 0 and 1 (2 and 3 were lost on the old connection) before the head saw
+    # the old one end: the job goes on, and only 2 and 3 are sent again.
+    second = _register(cluster, "a", [["j", wire.pack_indices([0, 1])]])
+    job = cluster.scheduler.jobs["j"]
+    assert job.status == RUNNING
+    assert sorted(_pushed(second)) == [2, 3]
+    assert sorted(job.assignments["a"].inflight) == [0, 1, 2, 3]
+
+
+@pytest.mark.asyncio
+async def test_what_a_reconnecting_node_holds_is_not_pushed_to_another_node():
+    cluster = Cluster("0.1.0")
+    first = _register(cluster, "a", [])
+    _open(cluster, 4)
+    other = _register(cluster, "b", [])
+    assert sorted(_pushed(first)) == [0, 1, 2, 3] and _pushed(other) == []
+    _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
+    assert _pushed(other) == []
+
+
+@pytest.mark.asyncio
+async def test_a_stopping_head_refuses_new_jobs():
+    cluster = Cluster("0.1.0")
+    _register(cluster, "a", [])
+    await cluster.shut_down()
+    with pytest.raises(HeadUnreachable, match="stopping"):
+        _open(cluster, 2)
