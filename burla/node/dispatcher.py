@@ -327,12 +327,13 @@ class Dispatcher:
         [[job_id, wire.pack_indices(...)], ...], for a head this node registers with again."""
         by_job: dict[str, list[int]] = {}
         for job in self.jobs.values():
-            if not job.cancelled:
-                indices = by_job[job.job_id] = [index for index, _ in job.queue]
+            indices = by_job[job.job_id] = []
+            if not job.cancelled:  # a cancelled one is listed empty, so that the head releases it
+                indices.extend(index for index, _ in job.queue)
                 indices.extend(item[0] for item in job.out_results)
         for worker in self._workers():
             for batch in worker.batches:
-                if batch.job_id in by_job:
+                if batch.job_id in by_job and not self.jobs[batch.job_id].cancelled:
                     by_job[batch.job_id].extend(batch.remaining)
         return [[job_id, wire.pack_indices(indices)] for job_id, indices in by_job.items()]
 
