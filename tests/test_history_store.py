@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
+
+import pytest
 
 from burla.head.history import SCHEMA_VERSION, History
 
@@ -106,3 +109,40 @@ async def test_a_kept_job_that_ended_keeps_its_error_kind(tmp_path):
         assert (kept.status, kept.end_kind, kept.reason) == ("FAILED", "CallFailed", "input 2 raised")
     finally:
         await again.close()
+
+
+async def test_a_read_while_the_writer_is_mid_write_sees_those_rows(tmp_path):
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    try:
+        history.output("j1", [[0, 1, "a\n"]])
+        writing = asyncio.create_task(history.flush())
+        await asyncio.sleep(0)  # the write has taken the rows and is on its first statement
+        assert [r["text"] for r in await history.output_of("j1", 0)] == ["a\n"]
+        await writing
+    finally:
+        await history.close()
+
+
+async def test_rows_of_a_failed_write_are_written_by_the_next_one_once(tmp_path):
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    confirmed = []
+    try:
+        history.output("j1", [[0, 1, "a\n"]])
+        history.node_event("n1", "registered")
+        history.after_flush(lambda: confirmed.append(True))
+        with sqlite3.connect(tmp_path / "h.db") as raw:  # the write fails on its last tables
+            raw.execute("ALTER TABLE node_events RENAME TO node_events_aside")
+        with pytest.raises(sqlite3.Error):
+            await history.flush()
+        assert confirmed == []  # nothing is confirmed by a write that did not land
+        history.output("j1", [[0, 1, "b\n"]])
+        with sqlite3.connect(tmp_path / "h.db") as raw:
+            raw.execute("ALTER TABLE node_events_aside RENAME TO node_events")
+        await history.flush()
+        assert confirmed == [True]
+        assert [r["text"] for r in await history.output_of("j1", 0)] == ["a\n", "b\n"]  # once each, in order
+        assert [e["event"] for e in await history.node_events_of("n1")] == ["registered"]
+    finally:
+        await history.close()

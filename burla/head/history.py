@@ -140,6 +140,25 @@ class KeptJob:
     results: list  # [[index, ok, payload], ...] not yet collected
 
 
+@dataclass
+class _Rows:
+    """What one flush writes, taken out of the in-memory buffers (put back if the write fails)."""
+
+    jobs: list[tuple]
+    failures: list[tuple]
+    output: dict[str, list]
+    events: list[tuple]
+    samples: list[tuple]
+    job_samples: list[tuple]
+    live: dict[str, bytes | None]
+    kept_inputs: list[tuple]
+    kept_results: list[tuple]
+
+    def __bool__(self) -> bool:
+        return any((self.jobs, self.failures, self.output, self.events, self.samples, self.job_samples, self.live,
+                    self.kept_inputs, self.kept_results))
+
+
 class History:
     def __init__(self, path: Path, retention_days: float) -> None:
         self.path = path
@@ -156,6 +175,8 @@ class History:
         self._kept_results: list[tuple] = []  # (job id, index, ok, payload) of detached jobs
         self._output_rows = 0
         self._wake = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self._closing = False
         self._after_flush: list[Callable[[], None]] = []  # run once what was recorded before is written
         self._ready = asyncio.Event()  # set once the database is open; reads wait for it
         self._task: asyncio.Task | None = None
@@ -210,9 +231,12 @@ class History:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Let the writer finish the write it may be in (cancelling it mid-commit could leave
+            # rows both committed and queued again), then write what is left.
+            self._closing = True
+            self._wake.set()
+            await self._task
+            self._task = None
         if self._db is not None:
             await asyncio.shield(self.flush())  # the final writes must land
             await self._db.close()
@@ -310,10 +334,12 @@ class History:
 
     async def _flush_loop(self) -> None:
         last_prune = time.monotonic()
-        while True:
+        while not self._closing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), FLUSH_EVERY_S)
             self._wake.clear()
+            if self._closing:
+                return  # close() writes what is left
             try:
                 await self.flush()
                 if time.monotonic() - last_prune > PRUNE_EVERY_S:
@@ -328,55 +354,77 @@ class History:
         self._wake.set()
 
     async def flush(self) -> None:
+        """Write everything recorded so far. One write at a time: a read that flushes while the
+        writer task is mid-write waits for it, so it sees those rows too."""
         db = self._db
         if db is None or not self._ready.is_set():
             return  # not open yet: rows keep waiting in memory
-        callbacks, self._after_flush = self._after_flush, []
-        try:
-            await self._write()
-        except BaseException:
-            self._after_flush[:0] = callbacks  # confirmed only by a later write that lands
-            raise
+        async with self._flush_lock:
+            callbacks, self._after_flush = self._after_flush, []
+            rows = self._take_rows()
+            try:
+                await self._write(db, rows)
+            except BaseException:
+                # Nothing of this write is kept: roll it back and keep its rows for the next one.
+                with contextlib.suppress(Exception):
+                    await db.rollback()
+                self._put_back(rows)
+                self._after_flush[:0] = callbacks  # confirmed only by a later write that lands
+                raise
         for callback in callbacks:
             callback()
 
-    async def _write(self) -> None:
-        db = self._db
-        assert db is not None
-        jobs, self._jobs = list(self._jobs.values()), {}
-        failures, self._failures = self._failures, []
-        output, self._output = self._output, {}
+    def _take_rows(self) -> _Rows:
+        rows = _Rows(list(self._jobs.values()), self._failures, self._output, self._events, self._samples,
+                     self._job_samples, self._live, self._kept_inputs, self._kept_results)
+        self._jobs, self._failures, self._output, self._events, self._samples = {}, [], {}, [], []
+        self._job_samples, self._live, self._kept_inputs, self._kept_results = [], {}, [], []
         self._output_rows = 0
+        return rows
+
+    def _put_back(self, rows: _Rows) -> None:
+        """Rows of a failed write wait again, older than anything recorded since."""
+        for row in rows.jobs:
+            self._jobs.setdefault(row[0], row)  # a newer state recorded meanwhile wins
+        self._failures[:0] = rows.failures
+        for job_id, chunks in rows.output.items():
+            self._output[job_id] = chunks + self._output.get(job_id, [])
+            self._output_rows += len(chunks)
+        self._events[:0] = rows.events
+        self._samples[:0] = rows.samples
+        self._job_samples[:0] = rows.job_samples
+        for job_id, opening in rows.live.items():
+            self._live.setdefault(job_id, opening)
+        self._kept_inputs[:0] = rows.kept_inputs
+        self._kept_results[:0] = rows.kept_results
+
+    @staticmethod
+    async def _write(db: aiosqlite.Connection, rows: _Rows) -> None:
+        if not rows:
+            return
         now = time.time()
         output_rows = [
             (job_id, min(c[0] for c in chunks), max(c[0] for c in chunks), now, json.dumps(chunks))
-            for job_id, chunks in output.items()
+            for job_id, chunks in rows.output.items()
         ]
-        events, self._events = self._events, []
-        samples, self._samples = self._samples, []
-        job_samples, self._job_samples = self._job_samples, []
-        live, self._live = self._live, {}
-        kept_inputs, self._kept_inputs = self._kept_inputs, []
-        kept_results, self._kept_results = self._kept_results, []
-        if not (jobs or failures or output_rows or events or samples or job_samples or live or kept_inputs
-                or kept_results):
-            return
+        live = rows.live
         await db.executemany("INSERT OR REPLACE INTO live_jobs VALUES (?, ?)",
                              [(job_id, opening) for job_id, opening in live.items() if opening is not None])
-        await db.executemany("INSERT OR IGNORE INTO kept_inputs VALUES (?, ?, ?)", kept_inputs)
-        await db.executemany("INSERT OR IGNORE INTO kept_results VALUES (?, ?, ?, ?)", kept_results)
+        await db.executemany("INSERT OR IGNORE INTO kept_inputs VALUES (?, ?, ?)", rows.kept_inputs)
+        await db.executemany("INSERT OR IGNORE INTO kept_results VALUES (?, ?, ?, ?)", rows.kept_results)
         await db.executemany("DELETE FROM kept_inputs WHERE job_id = ? AND input_index = ?",
-                             [(job_id, index) for job_id, index, _, _ in kept_results])
+                             [(job_id, index) for job_id, index, _, _ in rows.kept_results])
         closed = [(job_id,) for job_id, opening in live.items() if opening is None]
         for table in ("live_jobs", "kept_inputs", "kept_results"):
             await db.executemany(f"DELETE FROM {table} WHERE job_id = ?", closed)
         placeholders = ", ".join("?" * len(JOB_COLUMNS))
-        await db.executemany(f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", jobs)
-        await db.executemany("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", failures)
+        await db.executemany(f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})",
+                             rows.jobs)
+        await db.executemany("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", rows.failures)
         await db.executemany("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows)
-        await db.executemany("INSERT INTO node_events VALUES (?, ?, ?, ?)", events)
-        await db.executemany("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", samples)
-        await db.executemany("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", job_samples)
+        await db.executemany("INSERT INTO node_events VALUES (?, ?, ?, ?)", rows.events)
+        await db.executemany("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.samples)
+        await db.executemany("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", rows.job_samples)
         await db.commit()
 
     async def prune(self) -> None:
