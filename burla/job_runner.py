@@ -175,6 +175,7 @@ class JobRunner:
         self._loop = asyncio.get_running_loop()
         lost_at: float | None = None
         opened = self.opening is None  # collecting results: resume from the start
+        first_batch = [] if opened else self._first_batch()
         from burla.tls import head_connector
 
         async with aiohttp.ClientSession(connector=head_connector(self.cluster.cert)) as session:
@@ -195,7 +196,11 @@ class JobRunner:
                             await ws.send_bytes(self.opening.encode())
                             # The first inputs go right behind the opening (frames arrive in order),
                             # so a short job does not wait a round trip before its inputs leave.
-                            early = await self._send_first_batch(ws)
+                            try:
+                                early = await self._send_first_batch(ws, first_batch)
+                            except _ConnectionLost:
+                                early = 0  # the head may have refused the job already: its answer says why
+                            first_batch = []
                             start, window = await self._expect_opening(ws, wire.JobAccepted)
                             start = early
                             opened = True
@@ -341,9 +346,9 @@ class JobRunner:
             raise InputTooBig(index, len(data), MAX_INPUT_BYTES)
         return data
 
-    async def _send_first_batch(self, ws) -> int:
-        """Send the first inputs (up to one upload batch, and within any window the head grants)
-        before its answer to the opening; returns how many were sent."""
+    def _first_batch(self) -> list:
+        """The first inputs (up to FIRST_BATCH_ITEMS and FIRST_BATCH_BYTES), pickled before the job
+        opens: one that can't be sent stops the job before the head has started it."""
         batch: list = []
         size = 0
         for index in range(min(len(self.inputs), FIRST_BATCH_ITEMS)):
@@ -352,10 +357,15 @@ class JobRunner:
                 break
             batch.append([index, data])
             size += len(data)
-            self._sizes[index] = len(data)
+        return batch
+
+    async def _send_first_batch(self, ws, batch: list) -> int:
+        """Send the first inputs before the head's answer to the opening; returns how many."""
         if batch:
+            for index, data in batch:
+                self._sizes[index] = len(data)
+                self._outstanding_bytes += len(data)
             self._outstanding_inputs += len(batch)
-            self._outstanding_bytes += size
             await self._send(ws, wire.InputBatch(self.job_id, batch))
         return len(batch)
 

@@ -20,6 +20,7 @@ from burla import (
 )
 from tests import functions
 from tests.conftest import run_client
+from tests.helpers import get_json
 
 
 def test_results_come_back_in_input_order(cluster):
@@ -220,9 +221,12 @@ def test_unpicklable_function_names_the_culprit(cluster):
 def test_unpicklable_input_names_its_index(cluster):
     import threading
 
+    jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
     with pytest.raises(UnpicklableInput) as caught:
         remote_parallel_map(functions.double, [1, 2, threading.Lock()], spinner=False)
     assert caught.value.input_index == 2
+    # It was among the first inputs, pickled before the job opens: no job was left on the head.
+    assert len(get_json(cluster, "/v1/cluster")["jobs"]) == jobs_before
 
 
 def test_worker_that_exits_is_replaced_and_the_job_goes_on(cluster):
