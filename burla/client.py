@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from burla import local_code, wire
+from burla import input_files, local_code, wire
 from burla._version import __version__
 from burla.config import MAX_FUNCTION_BYTES, ClientSettings
 from burla.environment import client_packages
@@ -92,6 +92,8 @@ def remote_parallel_map(
         python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
         local_code=local_code.collect(function_),
         packages=client_packages(),
+        # A detached job's inputs must outlive this process: they travel inline.
+        client_host="" if detach else input_files.host_id(),
     )
     display = Display(len(inputs), show_progress=spinner)
     runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)

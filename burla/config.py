@@ -23,6 +23,7 @@ ENV_HEAD_CERT = "BURLA_HEAD_CERT"
 ENV_NODE_INDEX_URL = "BURLA_NODE_INDEX_URL"
 ENV_NODE_WHEELHOUSE = "BURLA_NODE_WHEELHOUSE"
 ENV_SSH_ADDRESS_MAP = "BURLA_SSH_ADDRESS_MAP"
+ENV_INPUT_FILES_DIR = "BURLA_INPUT_FILES_DIR"  # where large inputs go by file (default: /dev/shm or the temp dir)
 CLIENT_CONFIG_FILE = "config.json"
 # `burla config set cloud ...` -> the driver heads started on this machine boot nodes with
 CLOUD_DRIVERS = {"aws": "ec2", "gcp": "gce", "azure": "azure"}
@@ -257,3 +258,4 @@ class NodeSettings:
     steal_ack_timeout_s: float = 5.0  # a transfer not acknowledged this long returns to its donor
     head_cert: str | None = None  # the head's pinned certificate (an https head with a self-signed one)
     head_url_file: str | None = None  # re-read before each connection: the head URL now (a moved SSH tunnel)
+    host_id: str = ""  # input_files.host_id() where workers can open clients' input files ("" in a container)

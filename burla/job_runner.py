@@ -32,6 +32,7 @@ from burla.errors import (
     UnpicklableInput,
     error_from_wire,
 )
+from burla.input_files import INPUT_FILE_MIN_BYTES, InputFiles, files_root
 from burla.local_cluster import ClusterHandle
 from burla.progress import Display
 from burla.serialization import dumps, loads, unpack_error
@@ -98,6 +99,7 @@ class JobRunner:
         self._kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
         self._side_tasks: set[asyncio.Future] = set()
         self._session_over = False  # set on the loop once `_run` stops taking side tasks
+        self._files: InputFiles | None = None  # where large inputs go when the head allows it
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self._remaining = self.n_inputs
         self._acked_seq = 0
@@ -167,6 +169,8 @@ class JobRunner:
             for task in list(self._side_tasks):
                 with contextlib.suppress(Exception):
                     await task
+            if self._files is not None:
+                self._files.close()
 
     async def _session(self) -> None:
         """Open the job, then keep it going across connection cuts until it ends."""
@@ -274,6 +278,9 @@ class JobRunner:
             raise ProtocolError(f"the head answered with {type(msg).__name__}, expected {kind.__name__}")
         if isinstance(msg, wire.JobAccepted):
             self.display.announce(f"job {self.job_id}: {self.cluster.url}/jobs/{self.job_id}")
+            root = files_root() if msg.inputs_by_file else None
+            if root is not None:  # every node of the job shares this machine: large inputs go by file
+                self._files = InputFiles(root, self.job_id)
         if isinstance(msg, wire.JobResumed) and not self.opened.is_set():
             self.n_inputs = msg.n_inputs  # collecting a job this process did not start
             self._received = bytearray(msg.n_inputs)
@@ -347,14 +354,14 @@ class JobRunner:
         return data
 
     def _first_batch(self) -> list:
-        """The first inputs (up to FIRST_BATCH_ITEMS and FIRST_BATCH_BYTES), pickled before the job
-        opens: one that can't be sent stops the job before the head has started it."""
+        """The first inputs (up to FIRST_BATCH_ITEMS, and FIRST_BATCH_BYTES give or take one input),
+        pickled before the job opens: one that can't be sent stops the job before the head starts it."""
         batch: list = []
         size = 0
         for index in range(min(len(self.inputs), FIRST_BATCH_ITEMS)):
-            data = self._pickled_input(index)
-            if batch and size + len(data) > FIRST_BATCH_BYTES:
+            if size >= FIRST_BATCH_BYTES:
                 break
+            data = self._pickled_input(index)
             batch.append([index, data])
             size += len(data)
         return batch
@@ -378,9 +385,12 @@ class JobRunner:
             if self._received[index]:
                 continue
             data = self._pickled_input(index)
+            size = len(data)  # what the input weighs in the window, whichever way it travels
+            if self._files is not None and size >= INPUT_FILE_MIN_BYTES:
+                data = self._files.write(index, data)
             while not self._detaching and self._outstanding_inputs and (
                 self._outstanding_inputs >= self._window_inputs
-                or self._outstanding_bytes + len(data) > self._window_bytes
+                or self._outstanding_bytes + size > self._window_bytes
             ):
                 if batch:
                     await self._send(ws, wire.InputBatch(job_id, batch))
@@ -388,8 +398,8 @@ class JobRunner:
                 self._window_open.clear()
                 await self._window_open.wait()
             self._outstanding_inputs += 1
-            self._outstanding_bytes += len(data)
-            self._sizes[index] = len(data)
+            self._outstanding_bytes += size
+            self._sizes[index] = size
             batch.append([index, data])
             batch_bytes += len(data)
             if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= UPLOAD_BATCH_ITEMS:
@@ -412,6 +422,10 @@ class JobRunner:
                 "runs on, but if the head restarts before it ends some inputs may be missing from its results")
 
     def _free_window(self, indices: list[int]) -> None:
+        """These inputs have their results: they leave the window (and their files go)."""
+        if self._files is not None:
+            for index in indices:
+                self._files.done(index)
         sizes = self._sizes
         for index in indices:
             size = sizes.pop(index, None)

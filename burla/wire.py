@@ -240,6 +240,9 @@ class OpenJob(Message):
     python_version: str
     local_code: bytes  # a zip of the user's local modules the function needs (b"" if none)
     packages: dict  # the client's installed distributions: {canonical name: version}
+    # The client's input_files.host_id() when it may pass large inputs by file ("" if not). The head
+    # keeps it only if every node for the job shares that host, and the job then runs only there.
+    client_host: str = ""
 
 
 @message(2)
@@ -249,6 +252,7 @@ class JobAccepted(Message):
     window_bytes: int
     n_nodes: int
     n_slots: int
+    inputs_by_file: bool = False  # large inputs may go as references to files on the client's machine
 
 
 @message(3)
@@ -368,6 +372,7 @@ class RegisterNode(Message):
     # What the node kept running while it had no head (a restart, a cut): [[job_id, pack_indices(...)], ...]
     # for every input it holds queued, running or with a result not yet sent.
     held: list
+    host_id: str = ""  # input_files.host_id(): nodes with the client's host id can open its input files
 
     def validate(self) -> None:
         _check_items("RegisterNode.held", self.held, (str, bytes))

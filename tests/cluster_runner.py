@@ -63,9 +63,10 @@ class LocalCluster:
         return {"BURLA_CLUSTER_DASHBOARD_URL": self.url, "BURLA_CLUSTER_TOKEN": self.token,
                 "BURLA_CONFIG_DIR": str(self.config_dir)}
 
-    def _spawn(self, command: list[str], log_name: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    def _spawn(self, command: list[str], log_name: str, pass_fds: tuple[int, ...] = (),
+               env_extra: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.config_dir / log_name, "ab")
-        env = dict(os.environ, BURLA_CLUSTER_TOKEN=self.token, BURLA_CONFIG_DIR=str(self.config_dir))
+        env = dict(os.environ, BURLA_CLUSTER_TOKEN=self.token, BURLA_CONFIG_DIR=str(self.config_dir), **(env_extra or {}))
         env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
         process = subprocess.Popen([sys.executable, "-m", "burla", *command], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, cwd=REPO, pass_fds=pass_fds, start_new_session=True)
@@ -85,10 +86,10 @@ class LocalCluster:
         self.url = line
         self.port = int(line.rsplit(":", 1)[1])
 
-    def add_node(self, node_id: str, *extra: str) -> subprocess.Popen:
+    def add_node(self, node_id: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         command = ["node", "join", "--head", self.url, "--node-id", node_id, "--workers", str(self.workers),
                    *self.node_args, *extra]
-        self.nodes[node_id] = self._spawn(command, f"{node_id}.log")
+        self.nodes[node_id] = self._spawn(command, f"{node_id}.log", env_extra=env)
         return self.nodes[node_id]
 
     def stop_head(self, sig: int = signal.SIGTERM) -> None:

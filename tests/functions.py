@@ -214,3 +214,14 @@ def fail_with_a_planted_pickle(marker):
         if module is not None and hasattr(module, "pack_error"):
             module.pack_error = planted
     raise ValueError("planted")
+
+
+def input_files_seen(data):
+    """How a call sees its input: its size, this node's input-file directory, and the files the
+    job's client keeps there for this job right now (None: the client keeps none here)."""
+    from burla.input_files import files_root
+
+    job_id = os.environ["BURLA_PARENT_JOB_ID"]
+    root = files_root()
+    dirs = [d for d in root.iterdir() if d.name.endswith("." + job_id)]
+    return len(data), str(root), sorted(os.listdir(dirs[0])) if dirs else None

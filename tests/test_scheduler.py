@@ -264,3 +264,29 @@ def test_register_node_held_indices_must_be_packed():
     with pytest.raises(ProtocolError, match="packed"):
         wire.decode(bad.encode(), wire.NODE_OPENING)
     assert wire.unpack_indices(wire.pack_indices([0, 5, 2**32 - 1])) == [0, 5, 2**32 - 1]
+
+
+def _on(host, node_id, **kw):
+    record = node(node_id, **kw)
+    record.host_id = host
+    return record
+
+
+def test_inputs_go_by_file_only_when_every_node_shares_the_clients_machine():
+    s = Scheduler()
+    s.add_node(_on("laptop", "a"))
+    job = s.admit(spec(job_id="by-file", client_host="laptop"))
+    assert job.spec.client_host == "laptop"
+    # A node of another machine that joins later does not take this job (it could not open the files).
+    assert s.add_node(_on("vm", "b")) == []
+    assert set(job.assignments) == {"a"}
+    # With that node there, the next job's inputs go inline, and it runs on both.
+    mixed = s.admit(spec(job_id="inline", client_host="laptop"))
+    assert mixed.spec.client_host == "" and set(mixed.assignments) == {"a", "b"}
+
+
+def test_inputs_go_inline_while_a_node_boots():
+    s = Scheduler()
+    s.add_node(_on("laptop", "a"))
+    s.booting_ids.add("booting-vm")
+    assert s.admit(spec(client_host="laptop")).spec.client_host == ""

@@ -155,7 +155,7 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         (["hello"], "ProtocolError", "binary"),
         ([b"\xc1garbage"], "ProtocolError", "msgpack"),
         ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
-        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 19 fields"),
+        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 20 fields"),
         ([wire.InputBatch("j", []).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),

@@ -64,6 +64,7 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
     """Register with a head and serve calls until stopped."""
     import psutil
 
+    from burla import input_files
     from burla.node.service import run_node
 
     token = token or read_token(config_dir())
@@ -82,6 +83,7 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
         lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, advertise_host=advertise_host,
         register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout, head_url_file=head_url_file,
+        host_id="" if image else input_files.host_id(),  # calls in a container see other files
     )
     sys.exit(run_node(settings))
 

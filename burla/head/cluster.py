@@ -391,8 +391,8 @@ class Cluster:
         self._assign(job)
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         self._record_job(job)
-        if self.history is not None:  # a restarted head takes it up again
-            self.history.job_opened(spec.job_id, spec.encode())
+        if self.history is not None:  # a restarted head takes it up again (as admitted: job.spec)
+            self.history.job_opened(spec.job_id, job.spec.encode())
         return job, link
 
     def restore_jobs(self, kept_jobs: list[KeptJob], expected_back: list[str] = ()) -> None:
@@ -457,7 +457,8 @@ class Cluster:
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
         slots = sum(a.parallelism for a in job.assignments.values())
-        return wire.JobAccepted(job.job_id, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES, len(job.assignments), slots)
+        return wire.JobAccepted(job.job_id, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES, len(job.assignments), slots,
+                                bool(job.spec.client_host))
 
     def resume_job(self, msg: wire.ResumeJob) -> tuple[JobRecord, ClientLink, wire.JobResumed]:
         """A client comes back (after a network cut, or to collect a detached job's results)."""

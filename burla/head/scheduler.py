@@ -7,11 +7,10 @@ Keeping it pure makes every scheduling rule testable in microseconds.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from burla import wire
 from burla.drivers.catalog import gpu_model
@@ -49,13 +48,14 @@ class NodeRecord:
     queued_by_job: dict[str, int] = field(default_factory=dict)
     cert_sha256: bytes = b""  # its TLS certificate's digest, which thieves pin
     grant_key: bytes = b""  # what the head signs transfer grants from this node with
+    host_id: str = ""  # nodes sharing a client's host id can open the input files it writes
 
     @classmethod
     def from_register(cls, msg: wire.RegisterNode, grant_key: bytes = b"") -> NodeRecord:
         return cls(
             msg.node_id, msg.url, msg.slots, msg.cpus, msg.ram_gb, msg.gpu, msg.gpu_count, msg.image,
             msg.region, msg.python_version, msg.version, workers_alive=0, cert_sha256=msg.cert_sha256,
-            grant_key=grant_key,
+            grant_key=grant_key, host_id=msg.host_id,
         )
 
 
@@ -220,6 +220,8 @@ class Scheduler:
             return "image"
         if spec.region is not None and node.region != spec.region:
             return "region"
+        if spec.client_host and node.host_id != spec.client_host:  # its inputs may be files there
+            return "host"
         if Scheduler.node_parallelism(node, spec) < 1:
             return "capacity"
         return None
@@ -246,14 +248,21 @@ class Scheduler:
             )
         reasons: dict[str, list[NodeRecord]] = {}
         eligible: list[tuple[NodeRecord, int]] = []
+        anywhere = replace(spec, client_host="")
         for node in self.nodes.values():
-            reason = self.ineligibility(node, spec)
+            reason = self.ineligibility(node, anywhere)
             if reason is None:
                 eligible.append((node, self.node_parallelism(node, spec)))
             else:
                 reasons.setdefault(reason, []).append(node)
         if not eligible and self.booting == 0:
             raise NoCompatibleNodes(self._explain(spec, reasons))
+        # Inputs by file only when every node that could run the job shares the client's machine
+        # (and none is booting elsewhere); the job then stays on that machine's nodes.
+        if spec.client_host and not (
+            eligible and self.booting == 0 and all(node.host_id == spec.client_host for node, _ in eligible)
+        ):
+            spec = anywhere
         return self._create(spec, eligible)
 
     def restore(self, spec: wire.OpenJob) -> JobRecord:
@@ -589,7 +598,7 @@ class Scheduler:
         job.node_losses.clear()
         job.node_held.clear()
         job.failed_here.clear()
-        job.spec = dataclasses.replace(job.spec, function_bytes=b"", local_code=b"", packages={})
+        job.spec = replace(job.spec, function_bytes=b"", local_code=b"", packages={})
         return nodes
 
     def forget(self, job_id: str) -> None:

@@ -228,7 +228,7 @@ class NodeService:
         s = self.settings
         register = wire.RegisterNode(
             s.node_id, self.url, s.workers, s.cpus, float(s.ram_gb), s.gpu, s.gpu_count, s.image, s.region,
-            s.python_version, s.version, build_hash(), self.cert_sha256, self.dispatcher.held(),
+            s.python_version, s.version, build_hash(), self.cert_sha256, self.dispatcher.held(), s.host_id,
         )
         await ws.send_bytes(register.encode())
         first = await ws.receive()

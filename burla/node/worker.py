@@ -24,6 +24,7 @@ from typing import Any
 
 from burla import local_code, wire
 from burla.config import ENV_PARENT_JOB
+from burla.input_files import load_input
 from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
 from burla.serialization import dumps_result, loads, pack_error
@@ -189,7 +190,7 @@ class Worker:
             return False, pack_error(RuntimeError("this worker was given calls before the job's function"))
         self._in_call = True
         try:
-            arguments = loads(argument_bytes)
+            arguments = load_input(argument_bytes)
             if type(arguments) is tuple:
                 value = function(*arguments)
             else:
