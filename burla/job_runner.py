@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from burla import wire
+from burla.client_loop import ClientLoop, client_loop
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import (
     HeadUnreachable,
@@ -90,7 +91,6 @@ class JobRunner:
         self.error: BaseException | None = None  # why the job ended early, if it did
         self.uploaded = threading.Event()
         self.opened = threading.Event()  # the head accepted or resumed the job; n_inputs is known
-        self.all_acknowledged = threading.Event()  # every result is here and the head was told so
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ws = None
         self._cancel_reason: str | None = None
@@ -111,14 +111,17 @@ class JobRunner:
         self._remaining = self.n_inputs
         self._acked_seq = 0
         self._closing = False
-        self._thread = threading.Thread(target=self._thread_main, name=f"burla-job-{job_id}", daemon=True)
+        self._shared: ClientLoop | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        """Run the job on this process's client loop (shared by its jobs)."""
+        self._shared = client_loop()
+        self._loop = self._shared.loop
+        self._shared.submit(self._main())
 
-    def _thread_main(self) -> None:
+    async def _main(self) -> None:
         try:
-            asyncio.run(self._run())
+            await self._run()
         except BaseException as e:  # anything unexpected still ends the job for the caller
             if self.error is None:
                 self.error = e
@@ -138,14 +141,15 @@ class JobRunner:
         self._ended.wait(CANCEL_WAIT_S)
 
     def close(self) -> None:
-        """Stop listening (the caller has what it needs); the head then ends the job. Once every
-        result is acknowledged the job thread is only closing its connection: it is not waited for."""
+        """The caller is done. With every result handed over, the loop acknowledges the last ones
+        and closes the connection by itself (the client loop outlives this call); otherwise
+        stop listening (the head then ends the job) and wait briefly for that."""
         loop = self._loop
-        if loop is not None and not self._ended.is_set():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._request_close)
-            if not self.all_acknowledged.is_set():
-                self._ended.wait(CANCEL_WAIT_S)
+        if loop is None or self._ended.is_set() or (self.opened.is_set() and self._remaining == 0):
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._request_close)
+        self._ended.wait(CANCEL_WAIT_S)
 
     def _request_cancel(self, reason: str) -> None:
         self._cancel_reason = reason
@@ -181,67 +185,63 @@ class JobRunner:
 
     async def _session(self) -> None:
         """Open the job, then keep it going across connection cuts until it ends."""
-        import aiohttp
-
-        self._loop = asyncio.get_running_loop()
         lost_at: float | None = None
         opened = self.opening is None  # collecting results: resume from the start
         first_batch = [] if opened else self._first_batch()
-        from burla.tls import head_connector
-
-        async with aiohttp.ClientSession(connector=head_connector(self.cluster.cert)) as session:
-            while True:
-                try:
-                    ws = await self._connect(session)
-                except _ConnectionLost as e:
-                    if not opened or not self.opened.is_set():
-                        raise HeadUnreachable(f"can't reach the head at {self.cluster.url}: {e}") from None
-                    self._give_up_if_too_long(lost_at)
-                    await asyncio.sleep(RECONNECT_DELAY_S)
-                    continue
-                self._ws = ws
-                try:
-                    async with ws:
-                        if not opened:
-                            assert self.opening is not None
-                            await ws.send_bytes(self.opening.encode())
-                            # The first inputs go right behind the opening (frames arrive in order),
-                            # so a short job does not wait a round trip before its inputs leave.
-                            try:
-                                early = await self._send_first_batch(ws, first_batch)
-                            except _ConnectionLost:
-                                early = 0  # the head may have refused the job already: its answer says why
-                            first_batch = []
-                            start, window = await self._expect_opening(ws, wire.JobAccepted)
-                            start = early
-                            opened = True
-                        else:
-                            # What this client already has, for a head that restarted and lost count.
-                            held = zlib.compress(self._received, 1) if self.opening is not None else b""
-                            await ws.send_bytes(wire.ResumeJob(self.job_id, self._acked_seq, held).encode())
-                            try:
-                                start, window = await self._expect_opening(ws, wire.JobResumed)
-                            except JobNotFound:
-                                if self.opening is None:
-                                    raise
-                                raise JobFailed(
-                                    f"the head at {self.cluster.url} no longer knows job {self.job_id} (it "
-                                    f"restarted while this client was reconnecting); {self._remaining} of "
-                                    f"{self.n_inputs} results are missing. Run the job again."
-                                ) from None
-                        lost_at = None
-                        await self._exchange(ws, start, window)
-                        return
-                except _ConnectionLost:
-                    if self._cancel_reason is not None:
-                        raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}") from None
-                    if self._closing:
-                        return
-                    if not self.opened.is_set():
-                        raise HeadUnreachable(f"the head at {self.cluster.url} dropped the connection") from None
-                    lost_at = lost_at or time.monotonic()
-                    self._give_up_if_too_long(lost_at)
-                    await asyncio.sleep(RECONNECT_DELAY_S)
+        assert self._shared is not None
+        session = self._shared.session(self.cluster.cert)
+        while True:
+            try:
+                ws = await self._connect(session)
+            except _ConnectionLost as e:
+                if not opened or not self.opened.is_set():
+                    raise HeadUnreachable(f"can't reach the head at {self.cluster.url}: {e}") from None
+                self._give_up_if_too_long(lost_at)
+                await asyncio.sleep(RECONNECT_DELAY_S)
+                continue
+            self._ws = ws
+            try:
+                async with ws:
+                    if not opened:
+                        assert self.opening is not None
+                        await ws.send_bytes(self.opening.encode())
+                        # The first inputs go right behind the opening (frames arrive in order),
+                        # so a short job does not wait a round trip before its inputs leave.
+                        try:
+                            early = await self._send_first_batch(ws, first_batch)
+                        except _ConnectionLost:
+                            early = 0  # the head may have refused the job already: its answer says why
+                        start, window = await self._expect_opening(ws, wire.JobAccepted)
+                        start = early
+                        opened = True
+                        first_batch = []
+                    else:
+                        # What this client already has, for a head that restarted and lost count.
+                        held = zlib.compress(self._received, 1) if self.opening is not None else b""
+                        await ws.send_bytes(wire.ResumeJob(self.job_id, self._acked_seq, held).encode())
+                        try:
+                            start, window = await self._expect_opening(ws, wire.JobResumed)
+                        except JobNotFound:
+                            if self.opening is None:
+                                raise
+                            raise JobFailed(
+                                f"the head at {self.cluster.url} no longer knows job {self.job_id} (it "
+                                f"restarted while this client was reconnecting); {self._remaining} of "
+                                f"{self.n_inputs} results are missing. Run the job again."
+                            ) from None
+                    lost_at = None
+                    await self._exchange(ws, start, window)
+                    return
+            except _ConnectionLost:
+                if self._cancel_reason is not None:
+                    raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}") from None
+                if self._closing:
+                    return
+                if not self.opened.is_set():
+                    raise HeadUnreachable(f"the head at {self.cluster.url} dropped the connection") from None
+                lost_at = lost_at or time.monotonic()
+                self._give_up_if_too_long(lost_at)
+                await asyncio.sleep(RECONNECT_DELAY_S)
 
     def _give_up_if_too_long(self, lost_at: float | None) -> None:
         if lost_at is not None and time.monotonic() - lost_at > RECONNECT_FOR_S:
@@ -468,15 +468,14 @@ class JobRunner:
                     display.count_result(outcome.ok)
                 self._free_window([o.index for o in outcomes])
                 self._remaining -= len(outcomes)
+                if self._remaining == 0 and self._files is not None:
+                    self._files.close()  # before the caller has its results: nothing is left behind then
                 if outcomes:
                     self.outcomes.put(outcomes)
                 self._acked_seq = max(self._acked_seq, msg.seq)
                 await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
                 if self._remaining == 0 and collect:
-                    # That acknowledgement completes the job on the head: its JobEnded is not
-                    # worth a round trip, nor is the caller's wait for this thread to wind down.
-                    self.all_acknowledged.set()
-                    return
+                    return  # that acknowledgement completes the job on the head: no need to hear JobEnded
             elif isinstance(msg, wire.InputsKept):
                 if msg.count >= self.n_inputs:
                     self._kept.set()

@@ -20,7 +20,7 @@ from burla import (
 )
 from tests import functions
 from tests.conftest import run_client
-from tests.helpers import get_json
+from tests.helpers import PRELUDE, get_json, wait_until
 
 
 def test_results_come_back_in_input_order(cluster):
@@ -109,6 +109,22 @@ def test_prints_from_python_c_and_subprocesses_reach_the_client(cluster):
         assert f"stderr line from {i}" not in done.stdout
     assert "[1, 2]" in done.stdout
     assert "[burla]" not in done.stdout  # no progress line when stdout is not a TTY
+
+
+def test_a_client_that_exits_right_after_its_results_leaves_its_job_completed(cluster):
+    # The last acknowledgement may still be on its way when the caller has its results; it must
+    # reach the head before the process is gone.
+    script = PRELUDE + "print(remote_parallel_map(functions.double, [1, 2, 3], spinner=False))\n"
+    done = run_client(script, {})
+    assert done.returncode == 0, done.stderr
+    job_ids = [line.split()[2].rstrip(":") for line in done.stderr.splitlines() if line.startswith("[burla] job ")]
+    assert len(job_ids) == 1
+    wait_until(lambda: _job_status(cluster, job_ids[0]) != "RUNNING", what="the job ended on the head")
+    assert _job_status(cluster, job_ids[0]) == "COMPLETED"
+
+
+def _job_status(head, job_id: str) -> str:
+    return next(j["status"] for j in get_json(head, "/v1/cluster")["jobs"] if j["job_id"] == job_id)
 
 
 def test_a_call_printing_megabytes_neither_blocks_nor_loses_output(cluster):

@@ -1,0 +1,93 @@
+"""One event loop per client process, shared by its jobs.
+
+A job used to start a thread, an event loop and an HTTP session of its own: about 0.6 ms of a
+warm single-call job. The loop thread starts with the first job and stays (a daemon); sessions
+are kept per pinned certificate. A forked child starts its own loop. At exit, what is still
+running there (connections closing after their job returned) gets a moment to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+EXIT_GRACE_S = 2.0  # at interpreter exit: how long closing connections may take
+
+_lock = threading.Lock()
+_current: ClientLoop | None = None
+
+
+class ClientLoop:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self._sessions: dict[str | None, Any] = {}  # pinned certificate -> aiohttp.ClientSession
+        self._thread = threading.Thread(target=self._main, name="burla-client-loop", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @property
+    def usable(self) -> bool:
+        return self.pid == os.getpid() and self._thread.is_alive() and not self.loop.is_closed()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def session(self, cert: str | None) -> Any:
+        """The HTTP session for heads with this pinned certificate (None: the system's trust);
+        call on the loop."""
+        session = self._sessions.get(cert)
+        if session is None or session.closed:
+            import aiohttp
+
+            from burla.tls import head_connector
+
+            session = self._sessions[cert] = aiohttp.ClientSession(connector=head_connector(cert))
+        return session
+
+    async def _wind_down(self) -> None:
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        if pending:
+            await asyncio.wait(pending, timeout=EXIT_GRACE_S)
+        for task in pending:
+            task.cancel()
+        for session in self._sessions.values():
+            with contextlib.suppress(Exception):
+                await session.close()
+        self._sessions.clear()
+
+    def stop(self) -> None:
+        """Let what runs on the loop finish (briefly), close the sessions, end the thread."""
+        if not self.usable:
+            return
+        with contextlib.suppress(Exception):
+            self.submit(self._wind_down()).result(EXIT_GRACE_S + 1)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(EXIT_GRACE_S)
+
+
+def client_loop() -> ClientLoop:
+    """This process's client loop, started on first use (again in a forked child)."""
+    global _current
+    with _lock:
+        if _current is None or not _current.usable:
+            first = _current is None
+            _current = ClientLoop()
+            if first:
+                atexit.register(_stop_at_exit)
+        return _current
+
+
+def _stop_at_exit() -> None:
+    if _current is not None:
+        _current.stop()
