@@ -18,6 +18,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from burla.client_loop import client_loop
 from burla.config import CLOUD_DRIVERS, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
 from burla.processes import pid_alive
@@ -106,6 +107,7 @@ def running_local_head(settings: ClientSettings) -> str | None:
 
 def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHandle:
     """The cluster this job should run on, starting an embedded one if there is none."""
+    client_loop().prepare(settings.head_cert)
     if settings.head_url:
         if not settings.token:
             raise Unauthorized(

@@ -224,3 +224,12 @@ def test_the_head_reports_its_own_load(cluster):
         raise AssertionError("window_s=0 was accepted")
     except urllib.error.HTTPError as e:
         assert e.code == 400 and "window_s must be between 1 and 600" in json.load(e)["message"]
+
+
+def test_a_head_starts_its_local_nodes_before_it_imports_its_web_stack():
+    # The node boots while the head imports aiohttp (~0.2 s): nothing on the way to `serve` may
+    # import it first.
+    check = "import sys, burla.cli.head, burla.head.server; print('aiohttp' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

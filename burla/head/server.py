@@ -16,7 +16,6 @@ import socket
 import sys
 
 from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
-from burla.connection_guard import ConnectionGuard, GuardedSite
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.local import LocalDriver
 from burla.lifeline import wait_for_eof
@@ -103,6 +102,7 @@ def allow_many_connections(wanted: int = 65536) -> None:
 async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: LocalDriver, booted: list[str]) -> None:
     from aiohttp import web
 
+    from burla.connection_guard import ConnectionGuard, GuardedSite
     from burla.head.app import build_app
     from burla.head.cluster import Cluster
     from burla.head.fleet import ClusterSettings, Fleet
