@@ -71,7 +71,7 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                 if first_session:
                     counts.registered += 1
                     first_session = False
-                jobs: dict[str, list[int]] = {}  # job id -> [parallelism, done]
+                jobs: dict[str, list[int]] = {}  # job id -> [parallelism, done, credit withdrawn by the head]
                 answering: set[asyncio.Task] = set()
                 free_at = [0.0] * slots  # a heap: when each simulated worker is next free
                 pusher = asyncio.create_task(_push_state(ws, node_id, slots, jobs))
@@ -91,10 +91,13 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                             else:
                                 await _answer(ws, msg, job, counts)
                         elif isinstance(msg, wire.AssignJob):
-                            jobs[msg.job_id] = [msg.parallelism, 0]
+                            jobs[msg.job_id] = [msg.parallelism, 0, 0]
                             # A real node's first window is four inputs per worker, of which the head
                             # already granted itself msg.credit.
                             await ws.send_bytes(wire.Credit(msg.job_id, msg.parallelism * 4 - msg.credit, 0).encode())
+                        elif isinstance(msg, wire.CreditWithdrawn):
+                            if msg.job_id in jobs:  # a real node asks for it again with its next results
+                                jobs[msg.job_id][2] += msg.inputs
                         elif isinstance(msg, (wire.CancelJob, wire.ReleaseJob)):
                             jobs.pop(msg.job_id, None)
                         elif isinstance(msg, wire.ShutdownNode):
@@ -121,7 +124,8 @@ async def _answer(ws, msg, job: list[int], counts: Counts) -> None:
     job[1] += len(results)
     counts.results += len(results)
     await ws.send_bytes(wire.ResultBatch(msg.job_id, 0, results).encode())
-    await ws.send_bytes(wire.Credit(msg.job_id, len(results), 0).encode())
+    owed, job[2] = job[2], 0
+    await ws.send_bytes(wire.Credit(msg.job_id, len(results) + owed, 0).encode())
 
 
 async def _answer_later(ws, msg, job: list[int], free_at: list[float], call_s: float, counts: Counts) -> None:
@@ -143,7 +147,7 @@ async def _push_state(ws, node_id: str, slots: int, jobs: dict[str, list[int]]) 
 
     await asyncio.sleep(random.random() * STATE_INTERVAL_S)  # nodes don't push in lockstep
     while True:
-        rows = [[job_id, parallelism, 0, done] for job_id, (parallelism, done) in jobs.items()]
+        rows = [[job_id, parallelism, 0, done] for job_id, (parallelism, done, _) in jobs.items()]
         status = "RUNNING" if rows else "READY"
         await ws.send_bytes(wire.NodeState(node_id, status, slots, rows, 5.0, 20.0, 0.0, 0.0).encode())
         await asyncio.sleep(STATE_INTERVAL_S)

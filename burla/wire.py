@@ -548,6 +548,15 @@ class NodeLeaving(Message):
     reason: str
 
 
+@message(38)
+class CreditWithdrawn(Message):
+    """Head to node: of the credit this node granted for the job, the head keeps back `inputs`
+    (it spreads what is still queued over the other nodes). The node may ask again."""
+
+    job_id: str
+    inputs: int
+
+
 @message(37)
 class ErrorRecord(Message):
     """A failed call's error, as a result payload. The head, CLI and dashboard read the typed
@@ -592,8 +601,8 @@ CLIENT_TO_HEAD = Channel("client to head", (OpenJob, ResumeJob, InputBatch, Resu
                          Limits(200_000, 100_000, 1 << 20, MAX_FRAME_BYTES, 600_000))
 NODE_TO_HEAD = Channel("node to head", (RegisterNode, Credit, ResultBatch, OutputBatch, NodeState, Stolen, NodeLeaving),
                        Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
-HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CancelJob, ReleaseJob, ShutdownNode,
-                                        ErrorReply, StealHint),
+HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CreditWithdrawn, CancelJob, ReleaseJob,
+                                        ShutdownNode, ErrorReply, StealHint),
                        Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
 HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch,
                                             Progress, JobEnded, InputsKept),

@@ -96,6 +96,33 @@ def test_plan_respects_credit_and_splits_fairly():
     assert sorted(everything) == list(range(10))
 
 
+def test_no_credit_is_held_back_while_inputs_wait():
+    # Two nodes that granted far more than is left: each credit takes only a share of what is
+    # pending, and what it keeps back is withdrawn (the node asks again), never left sitting on
+    # the head while inputs wait (the nodes would count on it and never ask: the job would hang).
+    s = Scheduler()
+    s.add_node(node("a", slots=1))
+    s.add_node(node("b", slots=1))
+    job = s.admit(spec(n=12))
+    s.plan()
+    s.take_withdrawn()
+    s.add_inputs(job, [[i, b"x"] for i in range(12)])
+    s.grant("a", "j", 1000)
+    pushed = s.plan_for("a", "j")
+    assert sum(len(items) for _, _, items in pushed) == 6 and len(job.pending) == 6
+    assert s.take_withdrawn() == [("a", "j", 996)]  # its first window (2) and the 1,000, less the 6
+    assert job.assignments["a"].credit == 0
+    s.grant("b", "j", 1000)
+    s.plan_for("b", "j")
+    s.grant("a", "j", 996)
+    s.plan_for("a", "j")
+    while job.pending:  # each node asks again for what was withdrawn, until nothing waits
+        for node_id, _, inputs in s.take_withdrawn():
+            s.grant(node_id, "j", inputs)
+            s.plan_for(node_id, "j")
+    assert sorted(i for a in job.assignments.values() for i in a.inflight) == list(range(12))
+
+
 def test_results_are_kept_once_per_index():
     s = Scheduler()
     s.add_node(node())

@@ -84,6 +84,10 @@ class Cluster:
             link = self.node_links.get(node_id)
             if link is not None:
                 link.send(wire.InputBatch(job_id, items))
+        for node_id, job_id, inputs in self.scheduler.take_withdrawn():  # after the inputs they go with
+            link = self.node_links.get(node_id)
+            if link is not None:
+                link.send(wire.CreditWithdrawn(job_id, inputs))
 
     # --- nodes ---------------------------------------------------------------------------
 

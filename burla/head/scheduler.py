@@ -140,6 +140,7 @@ class Scheduler:
         # pass goes over these only.
         self.running: dict[str, JobRecord] = {}
         self.booting_ids: set[str] = set()  # nodes a driver is starting that have not registered yet
+        self._withdrawn: list[tuple[str, str, int]] = []  # credit kept back by the last plans (take_withdrawn)
 
     @property
     def booting(self) -> int:
@@ -497,8 +498,12 @@ class Scheduler:
         self._push(job, node_id, assignment, max(share, assignment.parallelism), pushes)
         return pushes
 
-    @staticmethod
-    def _push(job: JobRecord, node_id: str, assignment: Assignment, wanted: int, pushes: list) -> None:
+    def take_withdrawn(self) -> list[tuple[str, str, int]]:
+        """Credit the last plans kept back from nodes: [(node_id, job_id, inputs)], to tell them."""
+        withdrawn, self._withdrawn = self._withdrawn, []
+        return withdrawn
+
+    def _push(self, job: JobRecord, node_id: str, assignment: Assignment, wanted: int, pushes: list) -> None:
         count = min(assignment.credit, wanted, len(job.pending))
         batch: list = []
         size = 0
@@ -514,6 +519,11 @@ class Scheduler:
         assignment.credit -= count
         if batch:
             pushes.append((node_id, job.job_id, batch))
+        if job.pending and assignment.credit > 0:
+            # Held back so the other nodes get their share: no credit may sit here while inputs wait
+            # (the node would not ask again, counting on it, and nothing else would push them).
+            self._withdrawn.append((node_id, job.job_id, assignment.credit))
+            assignment.credit = 0
 
     def record_results(self, node_id: str | None, job: JobRecord, items: list) -> list:
         """Keep the first result per index (results are delivered exactly once)."""

@@ -99,6 +99,12 @@ class Dispatcher:
         self.pump()
         return True
 
+    def withdraw_credit(self, job_id: str, inputs: int) -> None:
+        """The head keeps back part of the credit granted: ask for it again when due (credit_due)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.credit_unused = max(0, job.credit_unused - inputs)
+
     # --- package installation before a job runs ------------------------------------------
 
     def install_output(self, job_id: str, text: str) -> None:

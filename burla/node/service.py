@@ -284,6 +284,8 @@ class NodeService:
                 self._installs.add(task)
                 task.add_done_callback(self._installs.discard)
             self._queue_credit(job.job_id)
+        elif isinstance(msg, wire.CreditWithdrawn):
+            d.withdraw_credit(msg.job_id, msg.inputs)
         elif isinstance(msg, wire.CancelJob):
             interrupted = d.cancel(msg.job_id)
             if interrupted:
