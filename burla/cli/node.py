@@ -65,7 +65,7 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
     import psutil
 
     from burla import input_files
-    from burla.node.service import run_node
+    from burla.node.main import run_node
 
     token = token or read_token(config_dir())
     if not token:

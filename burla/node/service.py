@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 
@@ -22,7 +21,7 @@ from aiohttp import web
 
 from burla import wire
 from burla.build import build_hash
-from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
+from burla.config import NodeSettings
 from burla.connection_guard import ConnectionGuard, GuardedSite
 from burla.environment import installed_distributions
 from burla.errors import ProtocolError
@@ -34,7 +33,6 @@ from burla.node.memory import MemoryGuard
 from burla.node.packages import Environment
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
-from burla.process_memory import release_large_blocks
 from burla.serialization import pack_error
 from burla.tls import node_server_context
 
@@ -49,15 +47,12 @@ KEEP_JOBS_WITHOUT_HEAD_S = 120.0
 
 
 class NodeService:
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(self, settings: NodeSettings, pool: WorkerPool) -> None:
+        """`pool`: the node's workers, already starting (see burla/node/main.py)."""
         self.settings = settings
-        env = dict(os.environ)
-        env[ENV_HEAD_URL] = settings.head_url
-        env[ENV_TOKEN] = settings.token
-        self.pool = WorkerPool(
-            settings.workers, env, self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump()
-        )
+        self.pool = pool
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
+        pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump())
         self.cpu = CpuGuard(self.pool, self.dispatcher)
         self.donor = Donor(settings.node_id, self.dispatcher, settings.steal_ack_timeout_s)
         self.memory = MemoryGuard(
@@ -79,6 +74,7 @@ class NodeService:
         self._installs: set[asyncio.Task] = set()
         self._last_network: tuple[float, int, int] = (0.0, 0, 0)
         self._head_lost_at: float | None = None  # monotonic time the last head session ended
+        pool.ready_so_far()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -95,7 +91,6 @@ class NodeService:
         scheme = "https" if ssl_context is not None else "http"
         self.url = self.settings.advertise_url or f"{scheme}://{host}:{site.port}"
         psutil.cpu_percent(interval=None)  # prime the counter
-        pool_start = asyncio.create_task(self._start_pool())
         # Read the installed distributions now, so the first job's package check is instant.
         reading = asyncio.get_running_loop().run_in_executor(None, installed_distributions)
         try:
@@ -113,9 +108,6 @@ class NodeService:
             for task in list(self._installs):
                 task.cancel()
             await self.thief.close()
-            pool_start.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pool_start
             await self.pool.close()
             await runner.cleanup()
 
@@ -134,9 +126,6 @@ class NodeService:
             probe.connect((head.hostname or "127.0.0.1", head.port or 80))
             address = probe.getsockname()[0]
         return f"[{address}]" if family == socket.AF_INET6 else address
-
-    async def _start_pool(self) -> None:
-        await self.pool.start()
 
     def stop(self, reason: str | None = None) -> None:
         """Stop serving; with a reason, the head is told this node is leaving (so it deletes the machine)."""
@@ -407,19 +396,3 @@ class NodeService:
 
 class _Stop(Exception):
     pass
-
-
-def run_node(settings: NodeSettings) -> int:
-    """Serve until stopped; returns the process exit code (0, or why the head was lost)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s")
-    release_large_blocks()  # inputs and results pass through the node too
-    service = NodeService(settings)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, service.stop, f"stopped by {sig.name}")
-        await service.run()
-
-    asyncio.run(main())
-    return service.exit_code

@@ -94,25 +94,36 @@ ExitHandler = Callable[[WorkerHandle, int | None], None]
 ReadyHandler = Callable[[WorkerHandle], None]
 
 
+def _unbound(*_: object) -> None:
+    raise RuntimeError("the worker pool's handlers are not bound yet")
+
+
 class WorkerPool:
-    def __init__(
-        self, size: int, env: dict[str, str], on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler
-    ) -> None:
+    """The node's worker processes. Started before the node's web stack is even imported (a cold
+    node boots its workers meanwhile); the node binds its handlers before it first yields."""
+
+    def __init__(self, size: int, env: dict[str, str]) -> None:
         self.size = size  # workers computing at once; guards lower it under pressure
         self.full_size = size
         self._env = env
-        self._on_report = on_report
-        self._on_exit = on_exit
-        self._on_ready = on_ready
+        self._on_report: ReportHandler = _unbound
+        self._on_exit: ExitHandler = _unbound
+        self._on_ready: ReadyHandler = _unbound
         self.workers: list[WorkerHandle] = []
         self._closing = False
         self._spawns: set[asyncio.Task] = set()
         self._numbers = itertools.count(size)
         self._processes: set[asyncio.subprocess.Process] = set()  # every worker process started
 
+    def bind(self, on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler) -> None:
+        self._on_report, self._on_exit, self._on_ready = on_report, on_exit, on_ready
+
     async def start(self) -> None:
+        """Start the workers (they report ready by themselves); call `ready_so_far` once bound."""
         self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
-        for handle in self.workers:  # any that became ready before they were listed
+
+    def ready_so_far(self) -> None:
+        for handle in self.workers:  # any that became ready before the handlers were bound
             if handle.ready.is_set():
                 self._on_ready(handle)
 
