@@ -66,6 +66,8 @@ class ClientLoop:
             await asyncio.wait(pending, timeout=EXIT_GRACE_S)
         for task in pending:
             task.cancel()
+        if pending:  # let what was cancelled run its cleanup (closing connections, removing files)
+            await asyncio.wait(pending, timeout=0.5)
         for session in self._sessions.values():
             with contextlib.suppress(Exception):
                 await session.close()
@@ -86,13 +88,21 @@ def client_loop() -> ClientLoop:
     global _current
     with _lock:
         if _current is None or not _current.usable:
-            first = _current is None
             _current = ClientLoop()
-            if first:
-                atexit.register(_stop_at_exit)
         return _current
 
 
 def _stop_at_exit() -> None:
     if _current is not None:
         _current.stop()
+
+
+def _forget_in_child() -> None:
+    """A forked child has no loop thread (only the forking thread survives a fork)."""
+    global _current, _lock
+    _current = None
+    _lock = threading.Lock()
+
+
+atexit.register(_stop_at_exit)
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -15,22 +15,23 @@ same directory, so it can open the client's files; anything else gets the bytes 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
-import secrets
 import shutil
 import stat
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from burla.config import ENV_INPUT_FILES_DIR
-from burla.processes import pid_alive
-from burla.serialization import loads
 
 INPUT_FILE_MIN_BYTES = 1024 * 1024  # below this, the bytes travel inline (a file costs more than it saves)
 REFERENCE_PREFIX = b"\x00burla-input-file:"  # never the start of a pickle (those begin with 0x80)
 _HOST_ID_FILE = "host-id"
+_LOCK_FILE = ".lock"
+ORPHAN_UNLOCKED_S = 60.0  # a job directory without its lock file this old is a leftover
 _host_ids: dict[Path, str] = {}  # per directory (tests point processes at different ones)
 
 
@@ -74,9 +75,15 @@ def _read_or_create_host_id(root: Path) -> str:
         pass
     except OSError:
         return ""
-    candidate = root / f".{_HOST_ID_FILE}.{os.getpid()}"
     try:
-        candidate.write_text(secrets.token_hex(16))
+        fd, candidate = tempfile.mkstemp(dir=root, prefix=f".{_HOST_ID_FILE}.")
+    except OSError:
+        return ""
+    try:
+        try:
+            os.write(fd, os.urandom(16).hex().encode())
+        finally:
+            os.close(fd)
         with contextlib.suppress(FileExistsError):
             os.link(candidate, path)  # the first writer wins; everyone reads the winner's id
         return path.read_text().strip()
@@ -84,18 +91,26 @@ def _read_or_create_host_id(root: Path) -> str:
         return ""
     finally:
         with contextlib.suppress(OSError):
-            candidate.unlink()
+            os.unlink(candidate)
 
 
 def is_reference(data: bytes) -> bool:
     return data[:1] == b"\x00" and data.startswith(REFERENCE_PREFIX)
 
 
-def load_input(data: bytes) -> Any:
-    """Unpickle an input, reading it from its file when it was passed by reference."""
+@contextlib.contextmanager
+def mapped_input(data: bytes) -> Iterator[bytes | memoryview]:
+    """An input's pickle: `data` itself, or its file mapped in memory when `data` is a reference
+    (`path` relative to this machine's files_root(), resolved there and nowhere else)."""
     if not is_reference(data):
-        return loads(data)
-    path = data[len(REFERENCE_PREFIX):].decode()
+        yield data
+        return
+    root = files_root()
+    relative = data[len(REFERENCE_PREFIX):].decode(errors="replace")
+    path = (root / relative).resolve() if root is not None else None
+    if path is None or root is None or path.parent.parent != root.resolve():
+        raise FileNotFoundError(f"this input was passed by file as {relative!r}, which is not in this machine's "
+                                "input-file directory")
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -109,7 +124,7 @@ def load_input(data: bytes) -> Any:
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                return loads(view)
+                yield view
             finally:
                 view.release()
     finally:
@@ -117,26 +132,41 @@ def load_input(data: bytes) -> Any:
 
 
 class InputFiles:
-    """A client's files for one job: written as inputs go out, removed as their results come back."""
+    """A client's files for one job: written as inputs go out, removed as their results come back.
+
+    The job's directory holds a lock file this process keeps locked: a directory whose lock can
+    be taken belongs to a client that is gone (process ids don't tell, across containers)."""
 
     def __init__(self, root: Path, job_id: str) -> None:
         _remove_abandoned(root)
         self.directory = root / f"{os.getpid()}.{job_id}"
         self.directory.mkdir(mode=0o700)
+        self._lock_fd = os.open(self.directory / _LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         self._paths: dict[int, Path] = {}
 
     def write(self, index: int, data: bytes) -> bytes:
-        """Keep an input's pickle in a file; returns the reference to send in its place."""
-        path = self.directory / str(index)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        self._paths[index] = path
-        return REFERENCE_PREFIX + str(path).encode()
+        """Keep an input's pickle in a file; returns the reference to send in its place. An input
+        written before (sent again after a head restart) keeps its file: a worker may be reading it."""
+        path = self._paths.get(index)
+        if path is None:
+            path = self.directory / str(index)
+            partial = self.directory / f".{index}.partial"
+            try:
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
+                os.replace(partial, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    partial.unlink()
+                raise
+            self._paths[index] = path
+        return REFERENCE_PREFIX + f"{self.directory.name}/{index}".encode()
 
     def done(self, index: int) -> None:
         """The input's result is here: its file is no longer needed."""
@@ -148,12 +178,31 @@ class InputFiles:
     def close(self) -> None:
         self._paths.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
 
 def _remove_abandoned(root: Path) -> None:
-    """Directories of clients that died without cleaning up (named `pid.job_id`)."""
+    """Directories of clients that died without cleaning up: their lock is free."""
     for entry in root.iterdir():
-        pid, _, job_id = entry.name.partition(".")
-        if not (pid.isdigit() and job_id) or pid_alive(int(pid)):
+        if not entry.is_dir() or entry.is_symlink():
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        try:
+            fd = os.open(entry / _LOCK_FILE, os.O_RDONLY)
+        except FileNotFoundError:
+            # Made a moment ago (the lock comes right after), or left by a crash in between.
+            with contextlib.suppress(OSError):
+                if time.time() - entry.stat().st_mtime > ORPHAN_UNLOCKED_S:
+                    shutil.rmtree(entry, ignore_errors=True)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its client is alive
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+        finally:
+            os.close(fd)

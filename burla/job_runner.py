@@ -95,6 +95,7 @@ class JobRunner:
         self._ws = None
         self._cancel_reason: str | None = None
         self._ended = threading.Event()
+        self._last_ack_sent = threading.Event()  # every result is here and the head was told so
         self._window_inputs = 1
         self._window_bytes = 0
         self._outstanding_inputs = 0
@@ -107,6 +108,7 @@ class JobRunner:
         self._side_tasks: set[asyncio.Future] = set()
         self._session_over = False  # set on the loop once `_run` stops taking side tasks
         self._files: InputFiles | None = None  # where large inputs go when the head allows it
+        self._files_full = False  # a file could not be written: the rest go inline
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self._remaining = self.n_inputs
         self._acked_seq = 0
@@ -127,6 +129,7 @@ class JobRunner:
                 self.error = e
         finally:
             self._ended.set()
+            self._last_ack_sent.set()
             self.uploaded.set()
             self.opened.set()
             self.outcomes.put(_END)
@@ -141,11 +144,16 @@ class JobRunner:
         self._ended.wait(CANCEL_WAIT_S)
 
     def close(self) -> None:
-        """The caller is done. With every result handed over, the loop acknowledges the last ones
-        and closes the connection by itself (the client loop outlives this call); otherwise
-        stop listening (the head then ends the job) and wait briefly for that."""
+        """The caller is done. With every result handed over, wait for the last acknowledgement to
+        be sent; the loop closes the connection by itself (it outlives this call). Otherwise stop
+        listening (the head then ends the job) and wait briefly for that."""
         loop = self._loop
-        if loop is None or self._ended.is_set() or (self.opened.is_set() and self._remaining == 0):
+        if loop is None or self._ended.is_set():
+            return
+        if self.opened.is_set() and self._remaining == 0:
+            # Only the last acknowledgement is still to go (it follows the results at once): a
+            # process that ends with os._exit would otherwise leave its job to be cancelled.
+            self._last_ack_sent.wait(CANCEL_WAIT_S)
             return
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._request_close)
@@ -287,7 +295,10 @@ class JobRunner:
             self.display.announce(f"job {self.job_id}: {self.cluster.url}/jobs/{self.job_id}")
             root = files_root() if msg.inputs_by_file else None
             if root is not None:  # every node of the job shares this machine: large inputs go by file
-                self._files = InputFiles(root, self.job_id)
+                try:
+                    self._files = InputFiles(root, self.job_id)
+                except OSError as e:
+                    self.display.announce(f"large inputs go inline: can't make their directory in {root} ({e})")
         if isinstance(msg, wire.JobResumed) and not self.opened.is_set():
             self.n_inputs = msg.n_inputs  # collecting a job this process did not start
             self._received = bytearray(msg.n_inputs)
@@ -364,6 +375,17 @@ class JobRunner:
             raise InputTooBig(index, len(data), MAX_INPUT_BYTES)
         return data
 
+    def _by_file(self, index: int, data: bytes) -> bytes:
+        """The reference to send for a large input, or its bytes if its file can't be written
+        (the directory is full, say): then it, and the rest of the job, go inline."""
+        assert self._files is not None
+        try:
+            return self._files.write(index, data)
+        except OSError as e:
+            self.display.announce(f"large inputs go inline from input {index} on: can't write its file ({e})")
+            self._files_full = True  # those written so far stay until their results are back
+            return data
+
     def _first_batch(self) -> list:
         """The first inputs (up to FIRST_BATCH_ITEMS, and FIRST_BATCH_BYTES give or take one input),
         pickled before the job opens: one that can't be sent stops the job before the head starts it."""
@@ -397,8 +419,8 @@ class JobRunner:
                 continue
             data = self._pickled_input(index)
             size = len(data)  # what the input weighs in the window, whichever way it travels
-            if self._files is not None and size >= INPUT_FILE_MIN_BYTES:
-                data = self._files.write(index, data)
+            if self._files is not None and not self._files_full and size >= INPUT_FILE_MIN_BYTES:
+                data = self._by_file(index, data)
             while not self._detaching and self._outstanding_inputs and (
                 self._outstanding_inputs >= self._window_inputs
                 or self._outstanding_bytes + size > self._window_bytes
@@ -475,6 +497,7 @@ class JobRunner:
                 self._acked_seq = max(self._acked_seq, msg.seq)
                 await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
                 if self._remaining == 0 and collect:
+                    self._last_ack_sent.set()
                     return  # that acknowledgement completes the job on the head: no need to hear JobEnded
             elif isinstance(msg, wire.InputsKept):
                 if msg.count >= self.n_inputs:

@@ -21,7 +21,6 @@ from pathlib import Path
 from burla.client_loop import client_loop
 from burla.config import CLOUD_DRIVERS, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
-from burla.processes import pid_alive
 
 HEAD_START_TIMEOUT_S = 60.0
 HEAD_STOP_WAIT_S = 10.0
@@ -88,13 +87,23 @@ def head_is_healthy(url: str, timeout: float = 1.0, cert: str | None = None) -> 
         return False
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 HEALTHY_FOR_S = 5.0  # a local head that answered /health this recently, and still runs, is not asked again
 _last_healthy: dict[tuple[str, int], float] = {}
 
 
 def running_local_head(settings: ClientSettings) -> str | None:
     record = HeadRecord.read(settings.config_dir)
-    if record is None or not pid_alive(record.pid):
+    if record is None or not _pid_alive(record.pid):
         return None
     key = (record.url, record.pid)
     if time.monotonic() - _last_healthy.get(key, -HEALTHY_FOR_S) < HEALTHY_FOR_S:

@@ -122,7 +122,9 @@ def head_connector(pinned_cert: str | None) -> Any:
     # Before 3.12.7 asyncio can leak closed TLS transports whose shutdown was cut short when the
     # loop ends; aiohttp aborts them on close if asked (and deprecates asking where it's fixed).
     cleanup = {"enable_cleanup_closed": True} if sys.version_info < (3, 12, 7) else {}
-    return aiohttp.TCPConnector(ssl=context or True, **cleanup)
+    # No cap on connections: every running job holds one WebSocket for its whole life, and the
+    # jobs of a process share this connector (aiohttp's default cap of 100 would stall the 101st).
+    return aiohttp.TCPConnector(ssl=context or True, limit=0, **cleanup)
 
 
 def is_certificate_error(error: BaseException) -> bool:

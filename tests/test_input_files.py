@@ -6,7 +6,9 @@ import os
 import pytest
 
 from burla import remote_parallel_map
-from burla.input_files import INPUT_FILE_MIN_BYTES, REFERENCE_PREFIX, InputFiles, files_root, host_id, load_input
+import pickle
+
+from burla.input_files import INPUT_FILE_MIN_BYTES, REFERENCE_PREFIX, InputFiles, files_root, host_id, mapped_input
 from burla.serialization import dumps
 from tests import functions
 from tests.cluster_runner import LocalCluster
@@ -27,6 +29,13 @@ def test_large_inputs_go_by_file_and_each_file_goes_with_its_result(cluster):
     assert "3" not in (seen[3][2] or [])
     root = files_root()
     assert root is not None and not [d for d in root.iterdir() if d.name.startswith(f"{os.getpid()}.")]
+
+
+def test_the_embedded_cluster_passes_large_inputs_by_file(fresh_config):
+    # Its node is still booting when the job opens: the head knows it boots on this machine.
+    seen = remote_parallel_map(functions.input_files_seen, [b"a" * BIG, b"b" * BIG, b"c" * BIG], spinner=False)
+    assert [size for size, _, _ in seen] == [BIG] * 3
+    assert any(files and str(index) in files for index, (_, _, files) in enumerate(seen) if index > 0)
 
 
 def test_a_node_on_another_machine_gets_its_inputs_inline(tmp_path):
@@ -59,22 +68,39 @@ def test_a_directory_others_can_enter_is_not_used(tmp_path, monkeypatch):
     assert files_root() is None and host_id() == ""
 
 
+def _load(reference: bytes):
+    with mapped_input(reference) as pickled:
+        return pickle.loads(pickled)
+
+
 def test_files_of_clients_that_died_are_removed(tmp_path, monkeypatch):
     monkeypatch.setenv("BURLA_INPUT_FILES_DIR", str(tmp_path))
     root = files_root()
-    abandoned = root / "999999999.some-job"  # no such process
+    abandoned = root / "1.some-job"  # its lock file is there and nobody holds it: its client is gone
     abandoned.mkdir()
+    (abandoned / ".lock").write_bytes(b"")
     (abandoned / "3").write_bytes(b"x")
+    other = InputFiles(root, "alive")  # a live client's directory, whatever its process id says
     files = InputFiles(root, "mine")
-    assert not abandoned.exists() and files.directory.exists()
+    assert not abandoned.exists() and other.directory.exists() and files.directory.exists()
     reference = files.write(7, dumps([1, 2, 3]))
-    assert reference.startswith(REFERENCE_PREFIX) and load_input(reference) == [1, 2, 3]
+    assert reference == REFERENCE_PREFIX + f"{files.directory.name}/7".encode()  # relative to the root
+    assert _load(reference) == [1, 2, 3]
+    assert files.write(7, dumps("sent again")) == reference and _load(reference) == [1, 2, 3]  # never rewritten
     files.done(7)
     with pytest.raises(FileNotFoundError, match="passed by file"):
-        load_input(reference)
+        _load(reference)
     files.close()
+    other.close()
     assert not files.directory.exists()
 
 
+def test_a_reference_outside_the_directory_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("BURLA_INPUT_FILES_DIR", str(tmp_path))
+    (tmp_path / "secret").write_bytes(dumps("no"))
+    with pytest.raises(FileNotFoundError, match="not in this machine's input-file directory"):
+        _load(REFERENCE_PREFIX + b"../secret")
+
+
 def test_inline_inputs_load_as_before():
-    assert load_input(dumps({"a": 1})) == {"a": 1}
+    assert _load(dumps({"a": 1})) == {"a": 1}

@@ -317,3 +317,12 @@ def test_inputs_go_inline_while_a_node_boots():
     s.add_node(_on("laptop", "a"))
     s.booting_ids.add("booting-vm")
     assert s.admit(spec(client_host="laptop")).spec.client_host == ""
+
+
+def test_a_clients_machine_is_no_requirement_for_growth_or_errors():
+    # Growth counts the ready capacity with `ineligibility`: a node elsewhere still counts (a
+    # by-file job only stays on its machine once admitted, through `can_join`).
+    elsewhere = _on("vm", "b")
+    by_file = spec(client_host="laptop")
+    assert Scheduler.ineligibility(elsewhere, by_file) is None
+    assert not Scheduler.can_join(elsewhere, by_file) and Scheduler.can_join(_on("laptop", "a"), by_file)

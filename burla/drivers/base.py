@@ -58,6 +58,7 @@ BootFailed = Callable[[str, str], None]  # (node_id, why)
 
 class Driver(abc.ABC):
     name: str
+    on_this_machine = False  # its nodes run where the head runs (they share its input-file directory)
 
     @abc.abstractmethod
     async def boot(self, request: BootRequest) -> list[str]:

@@ -18,6 +18,7 @@ STOP_GRACE_S = 3.0
 
 class LocalDriver(Driver):
     name = "local"
+    on_this_machine = True
 
     def __init__(self, on_boot_failed: BootFailed | None = None, env: dict[str, str] | None = None) -> None:
         self.on_boot_failed = on_boot_failed

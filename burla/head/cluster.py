@@ -169,12 +169,15 @@ class Cluster:
         """Nodes a driver is starting (the scheduler's set: jobs may wait for them)."""
         return self.scheduler.booting_ids
 
-    def expect_nodes(self, node_ids: list[str]) -> None:
-        """A driver is starting these nodes; jobs may wait for them instead of failing."""
+    def expect_nodes(self, node_ids: list[str], host_id: str = "") -> None:
+        """A driver is starting these nodes; jobs may wait for them instead of failing. `host_id`:
+        theirs when known ahead (nodes on the head's own machine)."""
         self.booting_ids.update(node_ids)
         now = time.monotonic()
         for node_id in node_ids:
             self.booting_since.setdefault(node_id, now)
+            if host_id:
+                self.scheduler.booting_hosts[node_id] = host_id
 
     def node_dropped(self, node_id: str) -> None:
         """The node's connection closed without a goodbye. Its inputs go elsewhere now, but it may be

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from burla import wire
+from burla import input_files, wire
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.catalog import MachineType, gpu_model
 from burla.head.cluster import Cluster
@@ -137,7 +137,12 @@ class Fleet:
             self._grow(spec)
         elif not self.cluster.scheduler.nodes and not self.cluster.booting_ids and not self.stopped:
             if self.settings.quantity >= 1 and hasattr(self.driver, "boot_now"):
-                self.cluster.expect_nodes(self.driver.boot_now(self._request(self.settings.quantity)))
+                self.cluster.expect_nodes(self.driver.boot_now(self._request(self.settings.quantity)),
+                                          self._host_id_of_booted())
+
+    def _host_id_of_booted(self) -> str:
+        """The host id nodes this driver boots will have, where known ahead (on this machine)."""
+        return input_files.host_id() if self.driver.on_this_machine else ""
 
     def _grow(self, spec: wire.OpenJob) -> None:
         """Boot what the job lacks; it starts on ready nodes while the rest boot."""
@@ -311,7 +316,7 @@ class Fleet:
         have = len(self.cluster.scheduler.nodes) + len(self.cluster.booting_ids)
         missing = max(0, self.settings.quantity - have)
         booted = await self._boot_machines(self._request(missing)) if missing else []
-        self.cluster.expect_nodes(booted)
+        self.cluster.expect_nodes(booted, self._host_id_of_booted())
         if self.history is not None:
             for node_id in booted:
                 self.history.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")

@@ -140,6 +140,7 @@ class Scheduler:
         # pass goes over these only.
         self.running: dict[str, JobRecord] = {}
         self.booting_ids: set[str] = set()  # nodes a driver is starting that have not registered yet
+        self.booting_hosts: dict[str, str] = {}  # booting node id -> its host id, where known ahead
         self._withdrawn: list[tuple[str, str, int]] = []  # credit kept back by the last plans (take_withdrawn)
 
     @property
@@ -153,7 +154,7 @@ class Scheduler:
         self.nodes[node.node_id] = node
         joins = []
         for job in self.running.values():
-            if self.ineligibility(node, job.spec) is not None:
+            if not self.can_join(node, job.spec):
                 continue
             parallelism = self.node_parallelism(node, job.spec)
             if job.spec.max_parallelism is not None:
@@ -221,11 +222,17 @@ class Scheduler:
             return "image"
         if spec.region is not None and node.region != spec.region:
             return "region"
-        if spec.client_host and node.host_id != spec.client_host:  # its inputs may be files there
-            return "host"
         if Scheduler.node_parallelism(node, spec) < 1:
             return "capacity"
         return None
+
+    @staticmethod
+    def can_join(node: NodeRecord, spec: wire.OpenJob) -> bool:
+        """Whether a node may take part in an admitted job: it meets the job's requirements and,
+        for a job whose inputs go by file, shares the client's machine."""
+        if spec.client_host and node.host_id != spec.client_host:
+            return False
+        return Scheduler.ineligibility(node, spec) is None
 
     @staticmethod
     def node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
@@ -249,9 +256,8 @@ class Scheduler:
             )
         reasons: dict[str, list[NodeRecord]] = {}
         eligible: list[tuple[NodeRecord, int]] = []
-        anywhere = replace(spec, client_host="")
         for node in self.nodes.values():
-            reason = self.ineligibility(node, anywhere)
+            reason = self.ineligibility(node, spec)
             if reason is None:
                 eligible.append((node, self.node_parallelism(node, spec)))
             else:
@@ -260,11 +266,19 @@ class Scheduler:
             raise NoCompatibleNodes(self._explain(spec, reasons))
         # Inputs by file only when every node that could run the job shares the client's machine
         # (and none is booting elsewhere); the job then stays on that machine's nodes.
-        if spec.client_host and not (
-            eligible and self.booting == 0 and all(node.host_id == spec.client_host for node, _ in eligible)
-        ):
-            spec = anywhere
+        if spec.client_host and not self._all_on(spec.client_host, [node for node, _ in eligible]):
+            spec = replace(spec, client_host="")
         return self._create(spec, eligible)
+
+    def _all_on(self, host_id: str, eligible: list[NodeRecord]) -> bool:
+        """Whether every node that could run a job, ready or booting, is on this host."""
+        if not eligible and not self.booting_ids:
+            return False
+        for node_id in list(self.booting_hosts):  # registered or failed since
+            if node_id not in self.booting_ids:
+                del self.booting_hosts[node_id]
+        return (all(node.host_id == host_id for node in eligible)
+                and all(self.booting_hosts.get(node_id) == host_id for node_id in self.booting_ids))
 
     def restore(self, spec: wire.OpenJob) -> JobRecord:
         """Take up a job that was running when the head restarted: it waits for nodes, which
@@ -272,7 +286,7 @@ class Scheduler:
         if spec.job_id in self.jobs:
             raise ProtocolError(f"job id {spec.job_id!r} is already in use")
         eligible = [(node, self.node_parallelism(node, spec)) for node in self.nodes.values()
-                    if self.ineligibility(node, spec) is None]
+                    if self.can_join(node, spec)]
         job = self._create(spec, eligible)
         job.restored = True
         return job

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 
+from burla import input_files
 from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.local import LocalDriver
@@ -113,7 +114,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     if settings.history_path is not None:
         history = History(settings.history_path, settings.history_retention_days)
     cluster = Cluster(settings.version, history)
-    cluster.expect_nodes(booted)
+    cluster.expect_nodes(booted, input_files.host_id())  # local nodes share this machine's input files
     driver.on_boot_failed = cluster.node_boot_failed
     driver.start_watching()
     stop = asyncio.Event()

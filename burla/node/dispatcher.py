@@ -82,6 +82,7 @@ class Dispatcher:
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)
+            job.cancelled = False  # the head runs it again here (it had cancelled it on a lost session)
         job.credit_unused += msg.credit  # the head pushes this much without being asked
         return job
 
