@@ -146,3 +146,28 @@ async def test_rows_of_a_failed_write_are_written_by_the_next_one_once(tmp_path)
         assert [e["event"] for e in await history.node_events_of("n1")] == ["registered"]
     finally:
         await history.close()
+
+
+async def test_while_writes_fail_samples_and_output_wait_only_up_to_a_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr("burla.head.history.KEEP_AFTER_FAILED_WRITES", 5)
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    try:
+        for i in range(8):
+            history.node_sample("n1", 1.0, 2.0, 0.0, 0.0, 1, i)
+        history.output("j1", [[i, 1, f"{i}\n"] for i in range(8)])
+        history.node_event("n1", "registered")
+        with sqlite3.connect(tmp_path / "h.db") as raw:
+            raw.execute("ALTER TABLE node_events RENAME TO node_events_aside")
+        with pytest.raises(sqlite3.Error):
+            await history.flush()
+        with sqlite3.connect(tmp_path / "h.db") as raw:
+            raw.execute("ALTER TABLE node_events_aside RENAME TO node_events")
+        await history.flush()
+        with sqlite3.connect(tmp_path / "h.db") as raw:
+            assert raw.execute("SELECT count(*) FROM node_samples").fetchone()[0] == 5  # the newest
+        kept = [row["text"] for i in range(8) for row in await history.output_of("j1", i)]
+        assert kept == [f"{i}\n" for i in range(3, 8)]  # the newest
+        assert [e["event"] for e in await history.node_events_of("n1")] == ["registered"]  # never dropped
+    finally:
+        await history.close()

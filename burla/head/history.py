@@ -31,6 +31,7 @@ SCHEMA_VERSION = 3
 MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''"]}
 FLUSH_EVERY_S = 0.5
 FLUSH_AT_ROWS = 20_000
+KEEP_AFTER_FAILED_WRITES = 100_000  # output chunks, and samples, kept for the next write when one fails
 PRUNE_EVERY_S = 3600.0
 
 SCHEMA = """
@@ -383,16 +384,31 @@ class History:
         return rows
 
     def _put_back(self, rows: _Rows) -> None:
-        """Rows of a failed write wait again, older than anything recorded since."""
+        """Rows of a failed write wait again, older than anything recorded since. What jobs need
+        (their state, kept inputs and results, failures, node events) is all kept; output and
+        samples only up to KEEP_AFTER_FAILED_WRITES rows each, so a disk that stays full can't
+        make the head's memory grow without end."""
         for row in rows.jobs:
             self._jobs.setdefault(row[0], row)  # a newer state recorded meanwhile wins
         self._failures[:0] = rows.failures
+        room = max(0, KEEP_AFTER_FAILED_WRITES - self._output_rows)
+        dropped = 0
         for job_id, chunks in rows.output.items():
-            self._output[job_id] = chunks + self._output.get(job_id, [])
-            self._output_rows += len(chunks)
+            kept = chunks[-room:] if room else []
+            dropped += len(chunks) - len(kept)
+            room -= len(kept)
+            if kept:
+                self._output[job_id] = kept + self._output.get(job_id, [])
+                self._output_rows += len(kept)
         self._events[:0] = rows.events
-        self._samples[:0] = rows.samples
-        self._job_samples[:0] = rows.job_samples
+        for name in ("samples", "job_samples"):
+            waiting, failed = getattr(self, f"_{name}"), getattr(rows, name)
+            room = max(0, KEEP_AFTER_FAILED_WRITES - len(waiting))
+            again = failed[-room:] if room else []
+            dropped += len(failed) - len(again)
+            waiting[:0] = again
+        if dropped:
+            log.warning("history: %d output chunks and samples dropped while writes fail", dropped)
         for job_id, opening in rows.live.items():
             self._live.setdefault(job_id, opening)
         self._kept_inputs[:0] = rows.kept_inputs
@@ -428,17 +444,19 @@ class History:
         await db.commit()
 
     async def prune(self) -> None:
-        if self._db is None:
+        db = self._db
+        if db is None:
             return
         cutoff = time.time() - self.retention_s
         old = "SELECT job_id FROM jobs WHERE started_at < ? AND status != 'RUNNING'"
-        await self._db.execute(f"DELETE FROM call_output WHERE job_id IN ({old})", (cutoff,))
-        await self._db.execute(f"DELETE FROM call_failures WHERE job_id IN ({old})", (cutoff,))
-        await self._db.execute(f"DELETE FROM job_samples WHERE job_id IN ({old})", (cutoff,))
-        await self._db.execute("DELETE FROM jobs WHERE started_at < ? AND status != 'RUNNING'", (cutoff,))
-        await self._db.execute("DELETE FROM node_events WHERE at < ?", (cutoff,))
-        await self._db.execute("DELETE FROM node_samples WHERE at < ?", (cutoff,))
-        await self._db.commit()
+        async with self._flush_lock:  # one transaction at a time on the connection
+            await db.execute(f"DELETE FROM call_output WHERE job_id IN ({old})", (cutoff,))
+            await db.execute(f"DELETE FROM call_failures WHERE job_id IN ({old})", (cutoff,))
+            await db.execute(f"DELETE FROM job_samples WHERE job_id IN ({old})", (cutoff,))
+            await db.execute("DELETE FROM jobs WHERE started_at < ? AND status != 'RUNNING'", (cutoff,))
+            await db.execute("DELETE FROM node_events WHERE at < ?", (cutoff,))
+            await db.execute("DELETE FROM node_samples WHERE at < ?", (cutoff,))
+            await db.commit()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -540,5 +558,6 @@ class History:
     async def save_settings(self, data: dict[str, Any]) -> None:
         await self._ready.wait()
         assert self._db is not None
-        await self._db.execute("INSERT OR REPLACE INTO settings VALUES (1, ?)", (json.dumps(data),))
-        await self._db.commit()
+        async with self._flush_lock:  # one transaction at a time on the connection
+            await self._db.execute("INSERT OR REPLACE INTO settings VALUES (1, ?)", (json.dumps(data),))
+            await self._db.commit()
