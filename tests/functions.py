@@ -216,11 +216,12 @@ def fail_with_a_planted_pickle(marker):
     raise ValueError("planted")
 
 
-def input_files_seen(data):
+def input_files_seen(data, hold_s=0.0):
     """How a call sees its input: its size, this node's input-file directory, and the files the
     job's client keeps there for this job right now (None: the client keeps none here)."""
     from burla.input_files import files_root
 
+    time.sleep(hold_s)
     job_id = os.environ["BURLA_PARENT_JOB_ID"]
     root = files_root()
     dirs = [d for d in root.iterdir() if d.name.endswith("." + job_id)]

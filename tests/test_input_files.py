@@ -44,7 +44,7 @@ def test_a_node_on_another_machine_gets_its_inputs_inline(tmp_path):
     with LocalCluster(tmp_path / "cluster", nodes=1, workers=1) as cluster, environment(**cluster.env()):
         cluster.add_node("elsewhere", env={"BURLA_INPUT_FILES_DIR": str(tmp_path / "other-machine")})
         cluster.wait_for_nodes(2)
-        inputs = [bytes([i]) * BIG for i in range(12)]
+        inputs = [(bytes([i]) * BIG, 0.3) for i in range(12)]  # calls long enough for both nodes to get some
         seen = remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
     assert [size for size, _, _ in seen] == [BIG] * 12
     assert {root for _, root, _ in seen} == {str(files_root()), str(tmp_path / "other-machine" / f"burla-inputs-{os.getuid()}")}

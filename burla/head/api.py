@@ -179,8 +179,11 @@ async def metrics_of(cluster: Cluster, view: dict) -> dict:
     if cluster.history is None:
         return {"job_id": view["job_id"], "progress": [], "nodes": {}}
     progress = await cluster.history.job_progress_of(view["job_id"])
-    since = view["started_at"] or 0.0
-    until = view["ended_at"] or time.time()
+    # A node's state is kept about once per sample period: a job shorter than that still gets the
+    # samples taken around it.
+    margin = cluster.sample_period_s()
+    since = (view["started_at"] or 0.0) - margin
+    until = (view["ended_at"] or time.time()) + margin
     node_ids = view.get("nodes") or sorted(await cluster.history.nodes_seen())
     nodes = {}
     for node_id in node_ids:

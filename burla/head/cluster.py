@@ -339,11 +339,15 @@ class Cluster:
             if self.remove_machine is not None:
                 self.remove_machine(node_id, msg.reason)
 
+    def sample_period_s(self) -> float:
+        """How often each node's state is kept in history (bounded to NODE_SAMPLES_PER_S in all)."""
+        return max(1.0, len(self.node_links) / NODE_SAMPLES_PER_S)
+
     def _sample_due(self, node_id: str) -> bool:
         """Whether to keep this node's state in history now: every second with up to
         NODE_SAMPLES_PER_S nodes, less often with more, so history's writes stay bounded."""
         now = time.monotonic()
-        every = max(1.0, len(self.node_links) / NODE_SAMPLES_PER_S) * 0.9  # a push arriving early still counts
+        every = self.sample_period_s() * 0.9  # a push arriving early still counts
         if now - self._sampled_at.get(node_id, 0.0) < every:
             return False
         self._sampled_at[node_id] = now
