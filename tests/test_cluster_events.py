@@ -111,3 +111,21 @@ async def test_a_stopping_head_refuses_new_jobs():
     await cluster.shut_down()
     with pytest.raises(HeadUnreachable, match="stopping"):
         _open(cluster, 2)
+
+
+def _sent(link: NodeLink, kind: type) -> list:
+    return [msg for frame in link._frames for msg in [wire.decode(frame, wire.HEAD_TO_NODE)] if isinstance(msg, kind)]
+
+
+@pytest.mark.asyncio
+async def test_a_one_call_job_goes_to_one_node_and_moves_when_that_node_is_lost():
+    cluster = Cluster("0.1.0")
+    links = {"a": _register(cluster, "a", []), "b": _register(cluster, "b", [])}
+    _open(cluster, 1)
+    [chosen] = [node_id for node_id, link in links.items() if _sent(link, wire.AssignJob)]
+    other = "b" if chosen == "a" else "a"
+    assert _pushed(links[chosen]) == [0] and _pushed(links[other]) == []
+    cluster.node_dropped(chosen)  # its connection closed: the job must not wait on it alone
+    job = cluster.scheduler.jobs["j"]
+    assert job.status == RUNNING and list(job.assignments) == [other]
+    assert _sent(links[other], wire.AssignJob) and _pushed(links[other]) == [0]

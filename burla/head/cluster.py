@@ -99,7 +99,7 @@ class Cluster:
             # up again below), and its jobs wait for it as for a rejoining node meanwhile.
             old.close()
             self.booting_ids.add(msg.node_id)
-            self.node_lost(msg.node_id, pump=False)
+            self.node_lost(msg.node_id, pump=False, replace=False)
         node = NodeRecord.from_register(msg, grant_key)
         self.node_links[msg.node_id] = link
         self.last_heard[msg.node_id] = time.monotonic()
@@ -142,7 +142,7 @@ class Cluster:
         if released:
             self.pump()
 
-    def node_lost(self, node_id: str, pump: bool = True) -> None:
+    def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None:
         self.node_links.pop(node_id, None)
         self._sampled_at.pop(node_id, None)
         if self.stopping:
@@ -152,6 +152,11 @@ class Cluster:
         for job, given_up in self.scheduler.remove_node(node_id):
             if given_up:
                 self._accept_results(None, job, [[i, False, self._node_loss_error(i, job)] for i in given_up])
+            if replace:  # its share goes to nodes the job left out (it wants no more slots than inputs)
+                for joined_id, parallelism in self.scheduler.top_up(job):
+                    link = self.node_links.get(joined_id)
+                    if link is not None:
+                        link.send(self._assign_message(job.spec, parallelism))
             if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
                 self.end_job(
                     job, FAILED, "NodeDisconnected",

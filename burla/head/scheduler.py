@@ -59,6 +59,14 @@ class NodeRecord:
         )
 
 
+def _slots_wanted(spec: wire.OpenJob) -> int:
+    """At most how many calls of the job run at once: max_parallelism, and never more than its
+    inputs (a one-call job is assigned to one node, not announced to every node)."""
+    if spec.max_parallelism is None:
+        return spec.n_inputs
+    return min(spec.max_parallelism, spec.n_inputs)
+
+
 def initial_credit(parallelism: int) -> int:
     """What the head may push to a node as soon as it assigns a job, before the node asks: the
     smallest window a node keeps (two inputs per worker), so the first inputs skip a round trip."""
@@ -157,13 +165,34 @@ class Scheduler:
             if not self.can_join(node, job.spec):
                 continue
             parallelism = self.node_parallelism(node, job.spec)
-            if job.spec.max_parallelism is not None:
+            cap = _slots_wanted(job.spec)
+            if cap is not None:
                 used = sum(a.parallelism for a in job.assignments.values())
-                parallelism = min(parallelism, job.spec.max_parallelism - used)
+                parallelism = min(parallelism, cap - used)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment(parallelism, initial_credit(parallelism))
                 joins.append((job, parallelism))
         return joins
+
+    def top_up(self, job: JobRecord) -> list[tuple[str, int]]:
+        """After a node of a running job was lost: give the job to other nodes that can run it, up
+        to the slots it wants (a job capped by its inputs or max_parallelism may have left them
+        out). Returns the nodes that joined, with their parallelism, to send AssignJob."""
+        if job.status != RUNNING:
+            return []
+        room = _slots_wanted(job.spec) - sum(a.parallelism for a in job.assignments.values())
+        joined = []
+        for node in self.nodes.values():
+            if room <= 0:
+                break
+            if node.node_id in job.assignments or not self.can_join(node, job.spec):
+                continue
+            parallelism = min(self.node_parallelism(node, job.spec), room)
+            if parallelism > 0:
+                job.assignments[node.node_id] = Assignment(parallelism, initial_credit(parallelism))
+                joined.append((node.node_id, parallelism))
+                room -= parallelism
+        return joined
 
     def remove_node(self, node_id: str) -> list[tuple[JobRecord, list[int]]]:
         """Forget a node and put every input it held back at the front of its job's queue.
@@ -293,7 +322,8 @@ class Scheduler:
 
     def _create(self, spec: wire.OpenJob, eligible: list[tuple[NodeRecord, int]]) -> JobRecord:
         job = JobRecord(spec, seen=bytearray(spec.n_inputs), done=bytearray(spec.n_inputs))
-        budget = spec.max_parallelism if spec.max_parallelism is not None else math.inf
+        cap = _slots_wanted(spec)
+        budget = cap if cap is not None else math.inf
         for node, parallelism in sorted(eligible, key=lambda e: -e[1]):
             share = int(min(parallelism, budget))
             if share < 1:
