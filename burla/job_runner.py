@@ -212,6 +212,10 @@ class JobRunner:
                 async with ws:
                     if not opened:
                         assert self.opening is not None
+                        if self._cancel_reason is not None:  # canceled while it connected: never opened
+                            raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
+                        if self._closing:  # the caller left while it connected
+                            return
                         await ws.send_bytes(self.opening.encode())
                         # The first inputs go right behind the opening (frames arrive in order),
                         # so a short job does not wait a round trip before its inputs leave.
@@ -223,6 +227,8 @@ class JobRunner:
                         start = early
                         opened = True
                         first_batch = []
+                        if self._cancel_reason is not None:  # canceled while the head answered
+                            await self._send(ws, wire.CancelJob(self.job_id, self._cancel_reason))
                     else:
                         # What this client already has, for a head that restarted and lost count.
                         held = zlib.compress(self._received, 1) if self.opening is not None else b""

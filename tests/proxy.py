@@ -17,6 +17,8 @@ class CuttableProxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._cut = False
+        self._passing = threading.Event()  # cleared by hold(): new connections wait before going through
+        self._passing.set()
         self.connections = 0
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -37,6 +39,13 @@ class CuttableProxy:
         with self._lock:
             self._cut = False
 
+    def hold(self) -> None:
+        """New connections are accepted but go nowhere until release() (a head slow to answer)."""
+        self._passing.clear()
+
+    def release(self) -> None:
+        self._passing.set()
+
     def close(self) -> None:
         self._closed = True
         self.cut()
@@ -48,19 +57,23 @@ class CuttableProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            with self._lock:
-                if self._cut:
-                    _close(client)
-                    continue
-                try:
-                    upstream = socket.create_connection(self._target)
-                except OSError:
-                    _close(client)
-                    continue
-                self._open.update((client, upstream))
-                self.connections += 1
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        self._passing.wait()
+        with self._lock:
+            if self._cut:
+                _close(client)
+                return
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:
+                _close(client)
+                return
+            self._open.update((client, upstream))
+            self.connections += 1
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from burla import JobNotFound, get_results, remote_parallel_map
+from burla import JobCanceled, JobNotFound, get_results, remote_parallel_map
 from burla.config import ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, own_head
@@ -45,6 +45,30 @@ def test_client_resumes_after_the_connection_is_cut(cluster, tmp_path, monkeypat
         proxy.close()
     assert sorted(results) == list(range(30))  # every result exactly once
     assert proxy.connections >= 2  # it really reconnected
+
+
+def test_a_job_canceled_while_it_connects_never_opens(cluster, monkeypatch):
+    parsed = urllib.parse.urlsplit(cluster.url)
+    proxy = CuttableProxy(parsed.hostname, parsed.port)
+    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+
+    def ctrl_c_while_connecting(event, runner):  # what _wait does on KeyboardInterrupt
+        time.sleep(0.3)
+        runner.cancel("Ctrl-C in the client")
+        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C")
+
+    jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
+    monkeypatch.setattr("burla.client._wait", ctrl_c_while_connecting)
+    proxy.hold()  # the head is slow to answer the connection
+    try:
+        with pytest.raises(JobCanceled):
+            remote_parallel_map(functions.double, [1, 2], spinner=False)
+        proxy.release()
+        wait_until(lambda: proxy.connections >= 1, what="the job's connection went through")
+        time.sleep(1.0)  # time for a job it would (wrongly) open to show
+    finally:
+        proxy.close()
+    assert len(get_json(cluster, "/v1/cluster")["jobs"]) == jobs_before
 
 
 def test_outage_during_upload_resends_only_what_was_lost(cluster, monkeypatch):
