@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import sys
 import time
 
 import aiohttp
