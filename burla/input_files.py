@@ -32,12 +32,20 @@ REFERENCE_PREFIX = b"\x00burla-input-file:"  # never the start of a pickle (thos
 _HOST_ID_FILE = "host-id"
 _LOCK_FILE = ".lock"
 ORPHAN_UNLOCKED_S = 60.0  # a job directory without its lock file this old is a leftover
+_roots: dict[str | None, Path | None] = {}  # BURLA_INPUT_FILES_DIR -> the directory found for it
 _host_ids: dict[Path, str] = {}  # per directory (tests point processes at different ones)
 
 
 def files_root() -> Path | None:
-    """This user's directory for input files, or None if no private one can be had here."""
+    """This user's directory for input files, or None if no private one can be had here (found
+    once per setting: every job and every large input asks)."""
     chosen = os.environ.get(ENV_INPUT_FILES_DIR)
+    if chosen not in _roots:
+        _roots[chosen] = _find_root(chosen)
+    return _roots[chosen]
+
+
+def _find_root(chosen: str | None) -> Path | None:
     if chosen:
         base = Path(chosen)
     elif os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):

@@ -333,12 +333,8 @@ class JobRunner:
     async def _exchange(self, ws, start: int, window: tuple[int, int]) -> None:
         """Upload from `start` and receive until the job ends or the connection drops."""
         self._window_inputs, self._window_bytes = window
-        sizes = self._sizes
-        for index in range(start, len(sizes)):  # never reached the head: they go again
-            if sizes[index]:
-                self._outstanding_inputs -= 1
-                self._outstanding_bytes -= sizes[index]
-                sizes[index] = 0
+        for index in range(start, len(self._sizes)):  # never reached the head: they go again
+            self._leave_window(index)
         detaching = self._detaching
         uploader = asyncio.create_task(self._upload(ws, start))
         receiver = asyncio.create_task(self._receive(ws, collect=not detaching))
@@ -462,17 +458,19 @@ class JobRunner:
 
     def _free_window(self, indices: list[int]) -> None:
         """These inputs have their results: they leave the window (and their files go)."""
-        if self._files is not None:
-            for index in indices:
-                self._files.done(index)
-        sizes = self._sizes
+        files = self._files
         for index in indices:
-            size = sizes[index]
-            if size:
-                sizes[index] = 0
-                self._outstanding_inputs -= 1
-                self._outstanding_bytes -= size
+            self._leave_window(index)
+            if files is not None:
+                files.done(index)
         self._window_open.set()
+
+    def _leave_window(self, index: int) -> None:
+        size = self._sizes[index]
+        if size:
+            self._sizes[index] = 0
+            self._outstanding_inputs -= 1
+            self._outstanding_bytes -= size
 
     async def _receive(self, ws, collect: bool = True) -> None:
         """Take results, output and progress; with collect=False (detaching) leave results be."""
