@@ -3,7 +3,8 @@
 A job used to start a thread, an event loop and an HTTP session of its own: about 0.6 ms of a
 warm single-call job. The loop thread starts with the first job and stays (a daemon); sessions
 are kept per pinned certificate. A forked child starts its own loop. At exit, what is still
-running there (connections closing after their job returned) gets a moment to finish.
+running there (connections closing after their job returned) gets a moment to finish, and
+the job connections kept for the next job (`job_connections`) are closed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+from burla.job_connections import JobConnections
+
 EXIT_GRACE_S = 2.0  # at interpreter exit: how long closing connections may take
 
 _lock = threading.Lock()
@@ -28,6 +31,7 @@ class ClientLoop:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self._sessions: dict[str | None, Any] = {}  # pinned certificate -> aiohttp.ClientSession
+        self._connections: dict[tuple[str, str, str | None], JobConnections] = {}  # per head
         self._thread = threading.Thread(target=self._main, name="burla-client-loop", daemon=True)
         self._thread.start()
 
@@ -54,12 +58,24 @@ class ClientLoop:
             session = self._sessions[cert] = aiohttp.ClientSession(connector=head_connector(cert))
         return session
 
+    def connections(self, url: str, token: str, cert: str | None) -> JobConnections:
+        """The idle job connections to this head (for this token and pinned certificate)."""
+        key = (url, token, cert)
+        pool = self._connections.get(key)
+        if pool is None:
+            pool = self._connections[key] = JobConnections()
+        return pool
+
     def prepare(self, cert: str | None) -> None:
         """Import the HTTP client and make the session in the background (a cold client spends
         ~0.2 s on that, which overlaps with finding or starting the head this way)."""
         self.loop.call_soon_threadsafe(self.session, cert)
 
     async def _wind_down(self) -> None:
+        for pool in self._connections.values():  # idle: nothing to wait for
+            with contextlib.suppress(Exception):
+                await pool.close()
+        self._connections.clear()
         current = asyncio.current_task()
         pending = [task for task in asyncio.all_tasks() if task is not current]
         if pending:

@@ -114,6 +114,7 @@ class JobRunner:
         self._acked_seq = 0
         self._closing = False
         self._shared: ClientLoop | None = None
+        self._lost_at: float | None = None  # when the connection to the head dropped, while it is down
 
     def start(self) -> None:
         """Run the job on this process's client loop (shared by its jobs)."""
@@ -193,72 +194,89 @@ class JobRunner:
 
     async def _session(self) -> None:
         """Open the job, then keep it going across connection cuts until it ends."""
-        lost_at: float | None = None
         opened = self.opening is None  # collecting results: resume from the start
         first_batch = [] if opened else self._first_batch()
         assert self._shared is not None
         session = self._shared.session(self.cluster.cert)
+        kept = self._shared.connections(self.cluster.url, self.cluster.token, self.cluster.cert)
+        reuse = True
         while True:
-            try:
-                ws = await self._connect(session)
-            except _ConnectionLost as e:
-                if not opened or not self.opened.is_set():
-                    raise HeadUnreachable(f"can't reach the head at {self.cluster.url}: {e}") from None
-                self._give_up_if_too_long(lost_at)
-                await asyncio.sleep(RECONNECT_DELAY_S)
-                continue
+            ws = await kept.take() if reuse else None
+            reused = ws is not None
+            if ws is None:
+                try:
+                    ws = await self._connect(session)
+                except _ConnectionLost as e:
+                    if not opened or not self.opened.is_set():
+                        raise HeadUnreachable(f"can't reach the head at {self.cluster.url}: {e}") from None
+                    self._give_up_if_too_long()
+                    await asyncio.sleep(RECONNECT_DELAY_S)
+                    continue
             self._ws = ws
             try:
-                async with ws:
-                    if not opened:
-                        assert self.opening is not None
-                        if self._cancel_reason is not None:  # canceled while it connected: never opened
-                            raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
-                        if self._closing:  # the caller left while it connected
-                            return
-                        await ws.send_bytes(self.opening.encode())
-                        # The first inputs go right behind the opening (frames arrive in order),
-                        # so a short job does not wait a round trip before its inputs leave.
-                        try:
-                            early = await self._send_first_batch(ws, first_batch)
-                        except _ConnectionLost:
-                            early = 0  # the head may have refused the job already: its answer says why
-                        start, window = await self._expect_opening(ws, wire.JobAccepted)
-                        start = early
-                        opened = True
-                        first_batch = []
-                        if self._cancel_reason is not None:  # canceled while the head answered
-                            await self._send(ws, wire.CancelJob(self.job_id, self._cancel_reason))
-                    else:
-                        # What this client already has, for a head that restarted and lost count.
-                        held = zlib.compress(self._received, 1) if self.opening is not None else b""
-                        await ws.send_bytes(wire.ResumeJob(self.job_id, self._acked_seq, held).encode())
-                        try:
-                            start, window = await self._expect_opening(ws, wire.JobResumed)
-                        except JobNotFound:
-                            if self.opening is None:
-                                raise
-                            raise JobFailed(
-                                f"the head at {self.cluster.url} no longer knows job {self.job_id} (it "
-                                f"restarted while this client was reconnecting); {self._remaining} of "
-                                f"{self.n_inputs} results are missing. Run the job again."
-                            ) from None
-                    lost_at = None
-                    await self._exchange(ws, start, window)
-                    return
+                try:
+                    await self._over(ws, opened, first_batch)
+                finally:
+                    # Every result is in and acknowledged: the connection serves this process's next job.
+                    done = self._remaining == 0 and self.opened.is_set() and not self._detaching
+                    if not (done and not self._closing and self._cancel_reason is None and kept.give_back(ws)):
+                        with contextlib.suppress(Exception):
+                            await ws.close()
+                return
             except _ConnectionLost:
+                if reused and not self.opened.is_set():
+                    reuse = False  # a kept connection that had just closed: open a new one
+                    continue
+                opened = opened or self.opened.is_set()
+                first_batch = []
                 if self._cancel_reason is not None:
                     raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}") from None
                 if self._closing:
                     return
                 if not self.opened.is_set():
                     raise HeadUnreachable(f"the head at {self.cluster.url} dropped the connection") from None
-                lost_at = lost_at or time.monotonic()
-                self._give_up_if_too_long(lost_at)
+                self._lost_at = self._lost_at or time.monotonic()
+                self._give_up_if_too_long()
                 await asyncio.sleep(RECONNECT_DELAY_S)
 
-    def _give_up_if_too_long(self, lost_at: float | None) -> None:
-        if lost_at is not None and time.monotonic() - lost_at > RECONNECT_FOR_S:
+    async def _over(self, ws, opened: bool, first_batch: list) -> None:
+        """The job over one connection: opened (or resumed) on it, then run until it ends."""
+        if not opened:
+            assert self.opening is not None
+            if self._cancel_reason is not None:  # canceled while it connected: never opened
+                raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
+            if self._closing:  # the caller left while it connected
+                return
+            await self._send(ws, self.opening)
+            # The first inputs go right behind the opening (frames arrive in order),
+            # so a short job does not wait a round trip before its inputs leave.
+            try:
+                early = await self._send_first_batch(ws, first_batch)
+            except _ConnectionLost:
+                early = 0  # the head may have refused the job already: its answer says why
+            _, window = await self._expect_opening(ws, wire.JobAccepted)
+            start = early
+            if self._cancel_reason is not None:  # canceled while the head answered
+                await self._send(ws, wire.CancelJob(self.job_id, self._cancel_reason))
+        else:
+            # What this client already has, for a head that restarted and lost count.
+            held = zlib.compress(self._received, 1) if self.opening is not None else b""
+            await self._send(ws, wire.ResumeJob(self.job_id, self._acked_seq, held))
+            try:
+                start, window = await self._expect_opening(ws, wire.JobResumed)
+            except JobNotFound:
+                if self.opening is None:
+                    raise
+                raise JobFailed(
+                    f"the head at {self.cluster.url} no longer knows job {self.job_id} (it "
+                    f"restarted while this client was reconnecting); {self._remaining} of "
+                    f"{self.n_inputs} results are missing. Run the job again."
+                ) from None
+        self._lost_at = None
+        await self._exchange(ws, start, window)
+
+    def _give_up_if_too_long(self) -> None:
+        if self._lost_at is not None and time.monotonic() - self._lost_at > RECONNECT_FOR_S:
             raise NodeDisconnected(
                 f"lost the connection to the head at {self.cluster.url} and could not resume job "
                 f"{self.job_id} within {RECONNECT_FOR_S:.0f} s; {self._remaining} of "
@@ -318,12 +336,17 @@ class JobRunner:
     async def _next_message(self, ws) -> wire.Message:
         import aiohttp
 
-        try:
-            frame = await ws.receive()
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            raise _ConnectionLost(str(e)) from None
-        if frame.type == aiohttp.WSMsgType.BINARY:
-            return wire.decode(frame.data, wire.HEAD_TO_CLIENT)
+        while True:
+            try:
+                frame = await ws.receive()
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                raise _ConnectionLost(str(e)) from None
+            if frame.type != aiohttp.WSMsgType.BINARY:
+                break
+            msg = wire.decode(frame.data, wire.HEAD_TO_CLIENT)
+            if getattr(msg, "job_id", self.job_id) == self.job_id:
+                return msg
+            # A late frame of the job this connection carried before (it was kept for this one).
         if frame.type in (
             aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR
         ):
@@ -405,6 +428,7 @@ class JobRunner:
         """Send the first inputs before the head's answer to the opening; returns how many."""
         if batch:
             for index, data in batch:
+                self._leave_window(index)  # sent before on a connection that closed at once
                 self._sizes[index] = len(data)
                 self._outstanding_bytes += len(data)
             self._outstanding_inputs += len(batch)

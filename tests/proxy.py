@@ -20,6 +20,7 @@ class CuttableProxy:
         self._passing = threading.Event()  # cleared by hold(): new connections wait before going through
         self._passing.set()
         self.connections = 0
+        self._stalled: set[socket.socket] = set()  # connections whose bytes go nowhere (stall())
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -38,6 +39,12 @@ class CuttableProxy:
     def restore(self) -> None:
         with self._lock:
             self._cut = False
+
+    def stall(self) -> None:
+        """The connections open now stay open but carry nothing more, either way (a peer that
+        vanished without a word); new connections go through."""
+        with self._lock:
+            self._stalled.update(self._open)
 
     def hold(self) -> None:
         """New connections are accepted but go nowhere until release() (a head slow to answer)."""
@@ -78,7 +85,8 @@ class CuttableProxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if source not in self._stalled:
+                    sink.sendall(data)
         except OSError:
             pass
         finally:

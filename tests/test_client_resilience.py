@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -9,14 +10,17 @@ import time
 import urllib.parse
 import urllib.request
 
+import aiohttp
 import pytest
 
-from burla import JobCanceled, JobNotFound, get_results, remote_parallel_map
+from burla import JobCanceled, JobNotFound, get_results, remote_parallel_map, wire
 from burla.config import ENV_HEAD_URL, ENV_TOKEN
+from burla.serialization import dumps, dumps_function, loads
 from tests import functions
 from tests.conftest import REPO, own_head
 from tests.helpers import PRELUDE, get_json, wait_until
 from tests.proxy import CuttableProxy
+from tests.test_security_and_bad_input import open_job
 
 
 @pytest.fixture
@@ -115,3 +119,69 @@ def test_detached_results_are_kept_until_collected(cluster):
 def test_get_results_of_an_unknown_job(cluster):
     with pytest.raises(JobNotFound, match="no-such-job"):
         get_results("no-such-job", spinner=False)
+
+
+def test_jobs_in_a_row_share_one_connection(cluster, monkeypatch):
+    parsed = urllib.parse.urlsplit(cluster.url)
+    proxy = CuttableProxy(parsed.hostname, parsed.port)
+    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+    try:
+        for round_ in range(5):
+            inputs = list(range(round_ * 10, round_ * 10 + 1 + round_ * 20))
+            assert remote_parallel_map(functions.double, inputs, spinner=False) == [2 * x for x in inputs]
+        with pytest.raises(ValueError):  # a failed call with every result in: the connection is kept
+            remote_parallel_map(functions.fail_on, [1, 2, 3], spinner=False)
+        # A caller that leaves mid-job closes its connection; the next job opens another.
+        stream = remote_parallel_map(functions.pause_then_double, [(i, 0.5) for i in range(20)],
+                                     generator=True, spinner=False)
+        next(stream)
+        stream.close()
+        assert remote_parallel_map(functions.double, [7], spinner=False) == [14]
+    finally:
+        proxy.close()
+    assert proxy.connections == 2
+
+
+def test_a_kept_connection_that_went_silent_is_replaced(cluster, monkeypatch):
+    parsed = urllib.parse.urlsplit(cluster.url)
+    proxy = CuttableProxy(parsed.hostname, parsed.port)
+    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+    jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
+    try:
+        assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+        proxy.stall()  # the kept connection is still open but leads nowhere
+        assert remote_parallel_map(functions.double, [2, 3], spinner=False) == [4, 6]
+    finally:
+        proxy.close()
+    assert proxy.connections == 2
+    jobs = get_json(cluster, "/v1/cluster")["jobs"]
+    assert len(jobs) == jobs_before + 2  # the opening sent into the silence never made a job
+    assert [job["status"] for job in jobs[:2]] == ["COMPLETED", "COMPLETED"]
+
+
+def test_an_opening_on_a_connection_leaves_the_job_it_carried(quick_head):
+    """A client opens its next job on the connection of the last one; if that job still runs,
+    the client is gone from it as if it had closed the connection."""
+    long_job = open_job(function_bytes=dumps_function(functions.sleep_then_return))
+    short_job = open_job(n_inputs=1, function_bytes=dumps_function(functions.double))
+
+    async def both_on_one_connection() -> list:
+        async with aiohttp.ClientSession(headers=quick_head.headers()) as session:
+            async with session.ws_connect(quick_head.url + "/v1/jobs/ws") as ws:
+                await ws.send_bytes(long_job.encode())
+                await ws.send_bytes(wire.InputBatch(long_job.job_id, [[0, dumps((0, 60))], [1, dumps((1, 60))]]).encode())
+                assert isinstance(wire.decode((await ws.receive()).data), wire.JobAccepted)
+                await ws.send_bytes(short_job.encode())
+                await ws.send_bytes(wire.InputBatch(short_job.job_id, [[0, dumps(21)]]).encode())
+                while True:
+                    msg = wire.decode((await asyncio.wait_for(ws.receive(), 60)).data)
+                    if isinstance(msg, wire.ResultBatch) and msg.job_id == short_job.job_id:
+                        await ws.send_bytes(wire.ResultAck(short_job.job_id, msg.seq).encode())
+                        return msg.items
+
+    [[index, ok, payload]] = asyncio.run(both_on_one_connection())
+    assert (index, ok, loads(payload)) == (0, True, 42)
+    wait_until(lambda: get_json(quick_head, f"/v1/jobs/{long_job.job_id}")["status"] == "CANCELED",
+               what="the job left behind canceled")
+    assert "did not come back" in get_json(quick_head, f"/v1/jobs/{long_job.job_id}")["reason"]
+    assert get_json(quick_head, f"/v1/jobs/{short_job.job_id}")["status"] == "COMPLETED"

@@ -213,12 +213,20 @@ def _validate_open(spec: wire.OpenJob) -> None:
 
 
 async def job_channel(request: web.Request) -> web.WebSocketResponse:
+    """One client connection, carrying one job at a time: a client keeps its connection for its
+    next job, and that job's opening ends its part in the one before (as a close would)."""
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
     await _upgrade(ws, request)
-    first = await _first_frame(ws, wire.JOB_OPENING)
-    if first is None:
-        return ws
+    opening = await _first_frame(ws, wire.JOB_OPENING)
+    while opening is not None:
+        opening = await _serve_job(cluster, ws, opening)
+    return ws
+
+
+async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message) -> wire.Message | None:
+    """Open or resume the job `first` names and serve it until the connection ends (None) or the
+    client opens its next job on it (that opening is returned)."""
     try:
         if isinstance(first, wire.OpenJob):
             _validate_open(first)
@@ -228,23 +236,25 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
             job, link = cluster.open_job(first)
             reply: wire.Message = cluster.accepted_message(job)
         else:
+            assert isinstance(first, wire.ResumeJob)
             # Right after a restart, the jobs kept in history are being taken up: wait for that;
             # if it takes too long, close without an answer so that the client tries again.
             try:
                 await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
             except TimeoutError:
                 await ws.close()
-                return ws
+                return None
             job, link, reply = cluster.resume_job(first)
     except BurlaError as e:
         await _refuse(ws, e)
-        return ws
+        return None
     if link.ws is not None:  # a half-open older connection: the newer one wins
         await link.ws.close()
         await link.detach(link.ws, time.monotonic())
     await ws.send_bytes(reply.encode())
     link.attach(ws)
     turns = TakeTurns()
+    following: wire.Message | None = None
     try:
         async for frame in ws:
             await turns.take()
@@ -258,8 +268,9 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
                     cluster.ack(job, msg.seq)
                 elif isinstance(msg, wire.CancelJob):
                     cluster.cancel(job.job_id, msg.reason or "canceled by the client")
-                else:
-                    raise ProtocolError(f"{type(msg).__name__} is not expected once the job is open")
+                else:  # the client's next job
+                    following = msg
+                    break
             except ProtocolError as e:
                 cluster.cancel(job.job_id, f"protocol error: {e}")
                 await asyncio.sleep(0)  # let the writer flush what the cancel queued
@@ -268,4 +279,4 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
     finally:
         await link.detach(ws, time.monotonic())
         cluster.client_left(job, link)
-    return ws
+    return following
