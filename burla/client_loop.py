@@ -69,7 +69,8 @@ class ClientLoop:
     def prepare(self, cert: str | None) -> None:
         """Import the HTTP client and make the session in the background (a cold client spends
         ~0.2 s on that, which overlaps with finding or starting the head this way)."""
-        self.loop.call_soon_threadsafe(self.session, cert)
+        if cert not in self._sessions:  # a warm client has it: no need to wake the loop
+            self.loop.call_soon_threadsafe(self.session, cert)
 
     async def _wind_down(self) -> None:
         for pool in self._connections.values():  # idle: nothing to wait for

@@ -30,14 +30,21 @@ def replicable_package(name: str, version: str) -> bool:
     return matches(PACKAGE_NAME, name) and matches(PACKAGE_VERSION, version)
 
 
+_last_valid_packages: dict = {}  # a client sends the same map with every job: checked once
+
+
 def packages_problem(packages: object) -> str | None:
     """What is wrong with a job's {name: version} map, or None."""
+    global _last_valid_packages
     if not isinstance(packages, dict):
         return "packages must be a map of distribution names to versions"
+    if packages == _last_valid_packages:
+        return None
     if len(packages) > MAX_PACKAGES:
         return f"packages must list at most {MAX_PACKAGES} distributions"
     for name, version in packages.items():
         if not replicable_package(name, version):
             return (f"packages entry {str(name)[:100]!r}: {str(version)[:100]!r} is not a canonical distribution "
                     "name and a version")
+    _last_valid_packages = packages
     return None

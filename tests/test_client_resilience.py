@@ -149,6 +149,8 @@ def test_a_kept_connection_that_went_silent_is_replaced(cluster, monkeypatch):
     jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
     try:
         assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+        wait_until(lambda: get_json(cluster, "/v1/cluster")["jobs"][0]["status"] == "COMPLETED",
+                   what="the head has the job's last acknowledgement")
         proxy.stall()  # the kept connection is still open but leads nowhere
         assert remote_parallel_map(functions.double, [2, 3], spinner=False) == [4, 6]
     finally:

@@ -603,7 +603,8 @@ class Cluster:
             link.send(wire.ReleaseJob(job.job_id))
         client = self.client_links.get(job.job_id)
         if client is not None:
-            self._send_progress(job, client, force=True)
+            if status != COMPLETED:  # a completed job's client has counted every result itself
+                self._send_progress(job, client, force=True)
             client.send(wire.JobEnded(job.job_id, status, kind, reason))
         self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")

@@ -424,23 +424,26 @@ class History:
             for job_id, chunks in rows.output.items()
         ]
         live = rows.live
-        await db.executemany("INSERT OR REPLACE INTO live_jobs VALUES (?, ?)",
-                             [(job_id, opening) for job_id, opening in live.items() if opening is not None])
-        await db.executemany("INSERT OR IGNORE INTO kept_inputs VALUES (?, ?, ?)", rows.kept_inputs)
-        await db.executemany("INSERT OR IGNORE INTO kept_results VALUES (?, ?, ?, ?)", rows.kept_results)
-        await db.executemany("DELETE FROM kept_inputs WHERE job_id = ? AND input_index = ?",
-                             [(job_id, index) for job_id, index, _, _ in rows.kept_results])
         closed = [(job_id,) for job_id, opening in live.items() if opening is None]
-        for table in ("live_jobs", "kept_inputs", "kept_results"):
-            await db.executemany(f"DELETE FROM {table} WHERE job_id = ?", closed)
         placeholders = ", ".join("?" * len(JOB_COLUMNS))
-        await db.executemany(f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})",
-                             rows.jobs)
-        await db.executemany("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", rows.failures)
-        await db.executemany("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows)
-        await db.executemany("INSERT INTO node_events VALUES (?, ?, ?, ?)", rows.events)
-        await db.executemany("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.samples)
-        await db.executemany("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", rows.job_samples)
+        statements = [
+            ("INSERT OR REPLACE INTO live_jobs VALUES (?, ?)",
+             [(job_id, opening) for job_id, opening in live.items() if opening is not None]),
+            ("INSERT OR IGNORE INTO kept_inputs VALUES (?, ?, ?)", rows.kept_inputs),
+            ("INSERT OR IGNORE INTO kept_results VALUES (?, ?, ?, ?)", rows.kept_results),
+            ("DELETE FROM kept_inputs WHERE job_id = ? AND input_index = ?",
+             [(job_id, index) for job_id, index, _, _ in rows.kept_results]),
+            *[(f"DELETE FROM {table} WHERE job_id = ?", closed) for table in ("live_jobs", "kept_inputs", "kept_results")],
+            (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", rows.jobs),
+            ("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", rows.failures),
+            ("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows),
+            ("INSERT INTO node_events VALUES (?, ?, ?, ?)", rows.events),
+            ("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.samples),
+            ("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", rows.job_samples),
+        ]
+        for sql, values in statements:
+            if values:  # each statement is a round trip to the database's thread
+                await db.executemany(sql, values)
         await db.commit()
 
     async def prune(self) -> None:

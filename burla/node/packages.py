@@ -43,6 +43,7 @@ class Environment:
 
     def __init__(self) -> None:
         self._satisfied: set[str] = set()
+        self._last_satisfied: dict[str, str] = {}  # jobs of one client send the same map each time
         self._lock = asyncio.Lock()  # one installation at a time in this environment
 
     @staticmethod
@@ -51,13 +52,17 @@ class Environment:
 
     def missing(self, packages: dict[str, str]) -> list[str]:
         """Requirements (name==version) this environment lacks; [] when already satisfied."""
-        if not packages or self._digest(packages) in self._satisfied:
+        if not packages or packages == self._last_satisfied:
+            return []
+        if self._digest(packages) in self._satisfied:
+            self._last_satisfied = packages
             return []
         have = dict(installed_distributions())
         wanted = [f"{name}=={version}" for name, version in sorted(packages.items())
                   if have.get(canonical(name)) != version]
         if not wanted:
             self._satisfied.add(self._digest(packages))
+            self._last_satisfied = packages
         return wanted
 
     async def install(self, packages: dict[str, str], on_line: Callable[[str], None]) -> None:

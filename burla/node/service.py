@@ -37,6 +37,11 @@ from burla.tls import node_server_context
 log = logging.getLogger("burla.node")
 
 STATE_INTERVAL_S = 1.0
+# A change (a job starting or ending, say) is pushed this long after it happens, so that
+# back-to-back short jobs make one push, not two each; the machine's readings (psutil, about
+# 0.1 ms) are taken at most every MACHINE_READINGS_S.
+STATE_SETTLE_S = 0.05
+MACHINE_READINGS_S = 0.5
 RECONNECT_DELAY_S = 0.05
 STOLEN_REPORT_TIMEOUT_S = 10.0
 # Without a head (it restarts, or the network is cut) a node keeps running what it holds this long,
@@ -71,6 +76,7 @@ class NodeService:
         self.environment = Environment()
         self._installs: set[asyncio.Task] = set()
         self._last_network: tuple[float, int, int] = (0.0, 0, 0)
+        self._readings: tuple[float, float, float, float] | None = None  # the last machine readings
         self._head_lost_at: float | None = None  # monotonic time the last head session ended
         pool.ready_so_far()
 
@@ -350,8 +356,11 @@ class NodeService:
 
     async def _state_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
+            try:
                 await asyncio.wait_for(self._state_changed.wait(), STATE_INTERVAL_S)
+                await asyncio.sleep(STATE_SETTLE_S)
+            except TimeoutError:
+                pass
             self._state_changed.clear()
             self.donor.expire(time.monotonic())
             await ws.send_bytes(self.state().encode())
@@ -359,28 +368,36 @@ class NodeService:
     def state(self) -> wire.NodeState:
         d = self.dispatcher
         jobs = [[j.job_id, d.running_calls(j), len(j.queue), j.done] for j in d.jobs.values()]
-        sent_bps, recv_bps = self._network_rates()
+        cpu_percent, mem_percent, sent_bps, recv_bps = self._machine_readings()
         return wire.NodeState(
             self.settings.node_id,
             self._status,
             self.pool.alive_count(),
             jobs,
-            float(psutil.cpu_percent(interval=None)),
-            float(psutil.virtual_memory().percent),
+            cpu_percent,
+            mem_percent,
             sent_bps,
             recv_bps,
         )
 
-    def _network_rates(self) -> tuple[float, float]:
-        """Bytes per second sent and received by this machine since the last state."""
+    def _machine_readings(self) -> tuple[float, float, float, float]:
+        """CPU and memory percent, bytes per second sent and received by this machine (taken
+        again only once MACHINE_READINGS_S has passed)."""
         now = time.monotonic()
-        counters = psutil.net_io_counters()
         last_at, last_sent, last_recv = self._last_network
+        if self._readings is not None and now - last_at < MACHINE_READINGS_S:
+            return self._readings
+        counters = psutil.net_io_counters()
         self._last_network = (now, counters.bytes_sent, counters.bytes_recv)
         elapsed = now - last_at
         if elapsed <= 0 or last_at == 0.0:
-            return 0.0, 0.0
-        return (counters.bytes_sent - last_sent) / elapsed, (counters.bytes_recv - last_recv) / elapsed
+            sent_bps = recv_bps = 0.0
+        else:
+            sent_bps = (counters.bytes_sent - last_sent) / elapsed
+            recv_bps = (counters.bytes_recv - last_recv) / elapsed
+        self._readings = (float(psutil.cpu_percent(interval=None)), float(psutil.virtual_memory().percent),
+                          sent_bps, recv_bps)
+        return self._readings
 
     # --- worker callbacks ----------------------------------------------------------------
 
