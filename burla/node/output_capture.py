@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import fcntl
 import os
+import select
 import sys
 import termios
 import threading
@@ -33,6 +34,7 @@ class OutputCapture:
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self._pipes: list[tuple[int, int, codecs.IncrementalDecoder]] = []
+        self._poll = select.poll()  # one syscall tells whether either pipe holds anything
         self._pending: list[OutputItem] = []
         self._job_id: str | None = None
         self._index = -1
@@ -53,6 +55,7 @@ class OutputCapture:
             os.close(write_fd)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             self._pipes.append((stream, read_fd, decoder))
+            self._poll.register(read_fd, select.POLLIN)
         # Line buffering: Python prints reach the pipe at each newline, in order with C output.
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -81,6 +84,8 @@ class OutputCapture:
         return items
 
     def _drain_locked(self) -> None:
+        if not self._poll.poll(0):  # the common case after a call: nothing was written
+            return
         index = self._index
         for stream, fd, decoder in self._pipes:
             fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_BUF)

@@ -24,7 +24,7 @@ from typing import Any
 
 from burla import local_code, wire
 from burla.config import ENV_PARENT_JOB
-from burla.input_files import mapped_input
+from burla.input_files import is_reference, mapped_input
 from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
 from burla.serialization import dumps_result, loads, pack_error
@@ -190,8 +190,11 @@ class Worker:
             return False, pack_error(RuntimeError("this worker was given calls before the job's function"))
         self._in_call = True
         try:
-            with mapped_input(argument_bytes) as pickled:
-                arguments = loads(pickled)
+            if is_reference(argument_bytes):
+                with mapped_input(argument_bytes) as pickled:
+                    arguments = loads(pickled)
+            else:
+                arguments = loads(argument_bytes)
             if type(arguments) is tuple:
                 value = function(*arguments)
             else:
