@@ -176,6 +176,11 @@ class InputFiles:
             self._paths[index] = path
         return REFERENCE_PREFIX + f"{self.directory.name}/{index}".encode()
 
+    @property
+    def written(self) -> bool:
+        """Whether any input's file is still here."""
+        return bool(self._paths)
+
     def done(self, index: int) -> None:
         """The input's result is here: its file is no longer needed."""
         path = self._paths.pop(index, None)

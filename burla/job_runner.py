@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pickle
 import queue
 import threading
 import time
 import zlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from burla import wire
 from burla.client_loop import ClientLoop, client_loop
@@ -37,7 +37,7 @@ from burla.errors import (
 from burla.input_files import INPUT_FILE_MIN_BYTES, InputFiles, files_root
 from burla.local_cluster import ClusterHandle
 from burla.progress import Display
-from burla.serialization import dumps, loads, unpack_error
+from burla.serialization import PROTOCOL, dumps, loads, unpack_error
 
 RECONNECT_FOR_S = 60.0  # after a cut, keep trying to resume the job this long
 RECONNECT_DELAY_S = 0.2
@@ -50,14 +50,14 @@ FIRST_BATCH_BYTES = 256 * 1024
 KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):  # a tuple: a million of them are made per million-input job
     index: int
     ok: bool
     value: Any  # the result, or the exception the call raised
 
 
 _END = object()
+_SCALARS = frozenset({int, float, bool, type(None), complex})  # pickle small, always
 
 
 def _no_sizes(n_inputs: int) -> array:
@@ -199,7 +199,9 @@ class JobRunner:
         assert self._shared is not None
         session = self._shared.session(self.cluster.cert)
         kept = self._shared.connections(self.cluster.url, self.cluster.token, self.cluster.cert)
-        reuse = True
+        # Collecting a job's results takes a new connection: a kept one may still carry late
+        # frames of an earlier collection of the same job, which its job id can't tell apart.
+        reuse = self.opening is not None
         while True:
             ws = await kept.take() if reuse else None
             reused = ws is not None
@@ -356,8 +358,9 @@ class JobRunner:
     async def _exchange(self, ws, start: int, window: tuple[int, int]) -> None:
         """Upload from `start` and receive until the job ends or the connection drops."""
         self._window_inputs, self._window_bytes = window
-        for index in range(start, len(self._sizes)):  # never reached the head: they go again
-            self._leave_window(index)
+        if self._outstanding_inputs > start:  # some never reached the head (a cut): they go again
+            for index in range(start, len(self._sizes)):
+                self._leave_window(index)
         detaching = self._detaching
         uploader = asyncio.create_task(self._upload(ws, start))
         receiver = asyncio.create_task(self._receive(ws, collect=not detaching))
@@ -440,14 +443,20 @@ class JobRunner:
         job_id = self.job_id
         batch: list = []
         batch_bytes = 0
-        for index in range(start, len(self.inputs)):
-            if self._received[index]:
+        inputs, received, sizes = self.inputs, self._received, self._sizes
+        detaching = self._detaching
+        for index in range(start, len(inputs)):
+            if received[index]:
                 continue
-            data = self._pickled_input(index)
+            value = inputs[index]
+            if type(value) in _SCALARS and not isinstance(value, (str, bytes)):
+                data = pickle.dumps(value, PROTOCOL)  # the common small input, without the checks
+            else:
+                data = self._pickled_input(index)
             size = len(data)  # what the input weighs in the window, whichever way it travels
-            if self._files is not None and not self._files_full and size >= INPUT_FILE_MIN_BYTES:
+            if size >= INPUT_FILE_MIN_BYTES and self._files is not None and not self._files_full:
                 data = self._by_file(index, data)
-            while not self._detaching and self._outstanding_inputs and (
+            while not detaching and self._outstanding_inputs and (
                 self._outstanding_inputs >= self._window_inputs
                 or self._outstanding_bytes + size > self._window_bytes
             ):
@@ -458,7 +467,7 @@ class JobRunner:
                 await self._window_open.wait()
             self._outstanding_inputs += 1
             self._outstanding_bytes += size
-            self._sizes[index] = size
+            sizes[index] = size
             batch.append([index, data])
             batch_bytes += len(data)
             if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= UPLOAD_BATCH_ITEMS:
@@ -482,10 +491,19 @@ class JobRunner:
 
     def _free_window(self, indices: list[int]) -> None:
         """These inputs have their results: they leave the window (and their files go)."""
-        files = self._files
+        sizes = self._sizes
+        freed_inputs = freed_bytes = 0
         for index in indices:
-            self._leave_window(index)
-            if files is not None:
+            size = sizes[index]
+            if size:
+                sizes[index] = 0
+                freed_inputs += 1
+                freed_bytes += size
+        self._outstanding_inputs -= freed_inputs
+        self._outstanding_bytes -= freed_bytes
+        files = self._files
+        if files is not None and files.written:
+            for index in indices:
                 files.done(index)
         self._window_open.set()
 
@@ -510,12 +528,17 @@ class JobRunner:
             if isinstance(msg, wire.ResultBatch) and not collect:
                 continue
             if isinstance(msg, wire.ResultBatch):
-                fresh = [item for item in msg.items if 0 <= item[0] < self.n_inputs and not received[item[0]]]
-                outcomes = [self._outcome(index, ok, payload) for index, ok, payload in fresh]
+                outcomes = []
+                n_inputs = self.n_inputs
+                failed = 0
+                for index, ok, payload in msg.items:
+                    if 0 <= index < n_inputs and not received[index]:
+                        outcome = self._outcome(index, ok, payload)
+                        received[index] = 1 if outcome.ok else 2
+                        failed += not outcome.ok
+                        outcomes.append(outcome)
                 # Hand the results over before acknowledging them: once acked, the head forgets them.
-                for outcome in outcomes:
-                    received[outcome.index] = 1 if outcome.ok else 2
-                    display.count_result(outcome.ok)
+                display.count_results(len(outcomes), failed)
                 self._free_window([o.index for o in outcomes])
                 self._remaining -= len(outcomes)
                 if self._remaining == 0 and self._files is not None:

@@ -52,10 +52,9 @@ class Display:
         self.done, self.failed, self.running = max(self.done, done), max(self.failed, failed), running
         self._draw()
 
-    def count_result(self, ok: bool) -> None:
-        self.done += 1
-        if not ok:
-            self.failed += 1
+    def count_results(self, count: int, failed: int) -> None:
+        self.done += count
+        self.failed += failed
         self._draw()
 
     def finish(self) -> None:
