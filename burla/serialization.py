@@ -7,7 +7,6 @@ pickles functions and classes from `__main__` by value so workers can load them.
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 import traceback
 from collections.abc import Callable
@@ -135,7 +134,7 @@ def pack_error(exc: BaseException, skip_frames: int = 0) -> bytes:
     try:
         return record.encode()
     except Exception:  # a traceback dict msgpack can't carry: the text still tells the story
-        return dataclasses.replace(record, frames=None).encode()
+        return record.replace(frames=None).encode()
 
 
 def _rebuild(record: wire.ErrorRecord) -> BaseException | None:

@@ -6,22 +6,46 @@ Management commands (cluster, jobs, nodes, settings, config, auth) print one JSO
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from burla._version import __version__
-from burla.cli.account import auth, config, dashboard
-from burla.cli.cluster import cluster
-from burla.cli.deploy import deploy
-from burla.cli.head import head
-from burla.cli.jobs import jobs
-from burla.cli.node import node
-from burla.cli.nodes import nodes
-from burla.cli.settings import settings
-from burla.cli.worker import worker
 from burla.config import ENV_HEAD_URL, ENV_TOKEN
 
+# Subcommands, imported only when they run: `burla head serve` and `burla node join` start on
+# every cold start and need none of the management commands' imports.
+_COMMANDS = {
+    "auth": "burla.cli.account",
+    "cluster": "burla.cli.cluster",
+    "config": "burla.cli.account",
+    "dashboard": "burla.cli.account",
+    "deploy": "burla.cli.deploy",
+    "head": "burla.cli.head",
+    "jobs": "burla.cli.jobs",
+    "node": "burla.cli.node",
+    "nodes": "burla.cli.nodes",
+    "settings": "burla.cli.settings",
+    "worker": "burla.cli.worker",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(_COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.commands:
+            return self.commands[name]
+        module = _COMMANDS.get(name)
+        if module is None:
+            return None
+        command = getattr(importlib.import_module(module), name)
+        self.add_command(command, name)
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="burla")
 @click.option("--head", "head_url", envvar=ENV_HEAD_URL, default=None, metavar="URL",
               help="The cluster's head. Default: BURLA_CLUSTER_DASHBOARD_URL, else this machine's running head.")
@@ -43,6 +67,3 @@ def main(ctx: click.Context, head_url: str | None, token: str | None) -> None:
         "token_from_flag": ctx.get_parameter_source("token") == click.core.ParameterSource.COMMANDLINE,
     }
 
-
-for command in (cluster, jobs, nodes, settings, config, auth, dashboard, deploy, head, node, worker):
-    main.add_command(command)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +94,9 @@ class HeadClient:
         if not self.token:
             raise CliError("no_token", f"no cluster token for {self.url}",
                            f"set {ENV_TOKEN}, or put the head's token in {config_dir() / 'cluster_token'}", EXIT_AUTH)
+        import urllib.error  # here, not at the top: `burla head serve` and `burla node join` don't need them
+        import urllib.request
+
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
             self.url + path, data=data, method=method,
@@ -124,7 +125,8 @@ class HeadClient:
         return self.request("POST", path, body if body is not None else {})
 
 
-def _http_error(error: urllib.error.HTTPError, url: str) -> CliError:
+def _http_error(error: Any, url: str) -> CliError:
+    """A CliError for an urllib.error.HTTPError from the head."""
     try:
         message = json.loads(error.read()).get("message", error.reason)
     except (ValueError, AttributeError):

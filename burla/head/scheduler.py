@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from burla import wire
 from burla.drivers.catalog import gpu_model
@@ -296,7 +296,7 @@ class Scheduler:
         # Inputs by file only when every node that could run the job shares the client's machine
         # (and none is booting elsewhere); the job then stays on that machine's nodes.
         if spec.client_host and not self._all_on(spec.client_host, [node for node, _ in eligible]):
-            spec = replace(spec, client_host="")
+            spec = spec.replace(client_host="")
         return self._create(spec, eligible)
 
     def _all_on(self, host_id: str, eligible: list[NodeRecord]) -> bool:
@@ -652,7 +652,7 @@ class Scheduler:
         job.node_losses.clear()
         job.node_held.clear()
         job.failed_here.clear()
-        job.spec = replace(job.spec, function_bytes=b"", local_code=b"", packages={})
+        job.spec = job.spec.replace(function_bytes=b"", local_code=b"", packages={})
         return nodes
 
     def forget(self, job_id: str) -> None:
