@@ -70,8 +70,7 @@ def remote_parallel_map(
             "them as inputs, or load them inside the function."
         )
     settings = ClientSettings.resolve()
-    prefetch_environment()  # read while the cluster is found or started
-    cluster = connect(settings, allow_embedded=not detach)
+    cluster = connect(settings, allow_embedded=not detach, meanwhile=prefetch_environment)
     spec = wire.OpenJob(
         job_id=_job_id(function_),
         function_name=_name(function_),

@@ -8,13 +8,13 @@ answers; else an embedded head with one local node, started for this job and sto
 from __future__ import annotations
 
 import atexit
-import http.client
 import os
 import select
 import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +70,8 @@ def _reap_stopping_heads() -> None:
 
 
 def head_is_healthy(url: str, timeout: float = 1.0, cert: str | None = None) -> bool:
+    import http.client  # here: a cold client that starts its own head never asks
+
     parsed = urllib.parse.urlsplit(url)
     try:
         if parsed.scheme == "https":
@@ -114,10 +116,19 @@ def running_local_head(settings: ClientSettings) -> str | None:
     return record.url
 
 
-def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHandle:
-    """The cluster this job should run on, starting an embedded one if there is none."""
-    client_loop().prepare(settings.head_cert)
+def connect(settings: ClientSettings, allow_embedded: bool = True,
+            meanwhile: Callable[[], None] = lambda: None) -> ClusterHandle:
+    """The cluster this job should run on, starting an embedded one if there is none.
+
+    `meanwhile` (and the import of the HTTP client, on the client loop) runs while an embedded
+    head starts, not before: on two cores, work that competes with the head's start delays it."""
+
+    def prepare() -> None:
+        client_loop().prepare(settings.head_cert)
+        meanwhile()
+
     if settings.head_url:
+        prepare()
         if not settings.token:
             raise Unauthorized(
                 f"{settings.head_url} needs the cluster token: set BURLA_CLUSTER_TOKEN or put it in "
@@ -127,6 +138,7 @@ def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHan
     url = running_local_head(settings)
     token = settings.token or load_or_create_token(settings.config_dir)
     if url is not None:
+        prepare()
         return ClusterHandle(url, token, settings.head_cert)
     if not allow_embedded:
         raise DetachRequiresDeployedCluster(
@@ -134,10 +146,11 @@ def connect(settings: ClientSettings, allow_embedded: bool = True) -> ClusterHan
             "`python -c \"import burla; print(burla.get_cluster_dashboard_url())\"` or "
             "`burla head serve --local-nodes 1`, or point BURLA_CLUSTER_DASHBOARD_URL at a deployed head."
         )
-    return start_head(settings, token, embedded=True)
+    return start_head(settings, token, embedded=True, meanwhile=prepare)
 
 
-def start_head(settings: ClientSettings, token: str, embedded: bool) -> ClusterHandle:
+def start_head(settings: ClientSettings, token: str, embedded: bool,
+               meanwhile: Callable[[], None] = lambda: None) -> ClusterHandle:
     """Start a head with one local node; embedded heads live only as long as their client."""
     log_dir = settings.config_dir / "logs"
     private_dir(log_dir)
@@ -171,6 +184,7 @@ def start_head(settings: ClientSettings, token: str, embedded: bool) -> ClusterH
     for fd in pass_fds:
         os.close(fd)
     try:
+        meanwhile()
         url = _read_ready_line(ready_read, process, log_path)
     except BaseException:
         if lifeline_write is not None:
