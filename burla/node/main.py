@@ -1,8 +1,8 @@
 """A node process from the start: its workers boot first, then the web stack is imported.
 
 Importing aiohttp and the node's modules takes ~0.2 s and a worker takes as long to start; a
-cold embedded cluster waits for both, so they overlap: the worker processes are started before
-`burla.node.service` is imported.
+cold embedded cluster waits for both, so they overlap: the workers are forked (worker_fork)
+before the event loop starts and `burla.node.service` is imported.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import signal
 import sys
 
 from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
+from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
 from burla.process_memory import release_large_blocks
 
@@ -24,12 +25,15 @@ def run_node(settings: NodeSettings) -> int:
     release_large_blocks()  # inputs and results pass through the node too
     exit_code = 0
 
+    env = dict(os.environ)
+    env[ENV_HEAD_URL] = settings.head_url
+    env[ENV_TOKEN] = settings.token
+    lifeline = () if settings.lifeline_fd is None else (settings.lifeline_fd,)
+    forked = fork_workers(settings.workers, env, close_in_child=lifeline) if can_fork() else []
+
     async def main() -> None:
         nonlocal exit_code
-        env = dict(os.environ)
-        env[ENV_HEAD_URL] = settings.head_url
-        env[ENV_TOKEN] = settings.token
-        pool = WorkerPool(settings.workers, env)
+        pool = WorkerPool(settings.workers, env, forked)
         await pool.start()
         from burla.node.service import NodeService  # while the workers boot
 

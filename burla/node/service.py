@@ -78,7 +78,6 @@ class NodeService:
         self._last_network: tuple[float, int, int] = (0.0, 0, 0)
         self._readings: tuple[float, float, float, float] | None = None  # the last machine readings
         self._head_lost_at: float | None = None  # monotonic time the last head session ended
-        pool.ready_so_far()
 
     # --- lifecycle -----------------------------------------------------------------------
 

@@ -219,11 +219,8 @@ class Worker:
                 self._send(wire.WorkerReport(job_id, results, outputs, batch_done))
 
 
-def main(argv: list[str]) -> None:
-    sock_fd, shm_fd = int(argv[0]), int(argv[1])
-    sock = socket.socket(fileno=sock_fd)
-    shm = mmap.mmap(shm_fd, mmap.PAGESIZE)
-    os.close(shm_fd)
+def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
+    """Run a worker on its socket to the node until the node closes it; never returns."""
     worker = Worker(sock, shm)
     try:
         worker.serve()
@@ -233,6 +230,14 @@ def main(argv: list[str]) -> None:
         # Exit without running atexit hooks or joining threads a user function left behind.
         sys.stdout.flush()
         os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    sock_fd, shm_fd = int(argv[0]), int(argv[1])
+    sock = socket.socket(fileno=sock_fd)
+    shm = mmap.mmap(shm_fd, mmap.PAGESIZE)
+    os.close(shm_fd)
+    serve_worker(sock, shm)
 
 
 if __name__ == "__main__":

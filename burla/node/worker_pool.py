@@ -19,11 +19,12 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from burla import wire
 from burla.errors import ProtocolError
+from burla.node.worker_fork import ForkedProcess, ForkedWorker
 
 log = logging.getLogger("burla.node")
 _INDEX = struct.Struct("q")
@@ -48,7 +49,7 @@ class MemoryKill:
 @dataclass(eq=False)
 class WorkerHandle:
     number: int
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | ForkedProcess
     writer: asyncio.StreamWriter
     reader: asyncio.StreamReader
     shm: mmap.mmap
@@ -100,9 +101,9 @@ def _unbound(*_: object) -> None:
 
 class WorkerPool:
     """The node's worker processes. Started before the node's web stack is even imported (a cold
-    node boots its workers meanwhile); the node binds its handlers before it first yields."""
+    node boots its workers meanwhile); their frames are read once the node binds its handlers."""
 
-    def __init__(self, size: int, env: dict[str, str]) -> None:
+    def __init__(self, size: int, env: dict[str, str], forked: Sequence[ForkedWorker] = ()) -> None:
         self.size = size  # workers computing at once; guards lower it under pressure
         self.full_size = size
         self._env = env
@@ -113,19 +114,24 @@ class WorkerPool:
         self._closing = False
         self._spawns: set[asyncio.Task] = set()
         self._numbers = itertools.count(size)
-        self._processes: set[asyncio.subprocess.Process] = set()  # every worker process started
+        self._processes: set[asyncio.subprocess.Process | ForkedProcess] = set()  # every worker process started
+        self._forked = list(forked)  # workers the node forked before its loop started (worker_fork)
+        self._bound = False
 
     def bind(self, on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler) -> None:
+        """Hand the workers' frames and exits to the node from now on (what they sent before
+        waits in their sockets: a forked worker is ready before the node is)."""
         self._on_report, self._on_exit, self._on_ready = on_report, on_exit, on_ready
+        self._bound = True
+        for handle in self.workers:
+            self._start_reading(handle)
 
     async def start(self) -> None:
-        """Start the workers (they report ready by themselves); call `ready_so_far` once bound."""
-        self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
-
-    def ready_so_far(self) -> None:
-        for handle in self.workers:  # any that became ready before the handlers were bound
-            if handle.ready.is_set():
-                self._on_ready(handle)
+        """Start the workers; they report ready by themselves once the node is bound."""
+        forked, self._forked = self._forked, []
+        adopted = [await self._adopt(number, worker) for number, worker in enumerate(forked)]
+        spawned = await asyncio.gather(*(self._spawn(n) for n in range(len(adopted), self.size)))
+        self.workers = adopted + list(spawned)
 
     def alive_count(self) -> int:
         return sum(1 for w in self.workers if w.alive and w.ready.is_set())
@@ -146,12 +152,24 @@ class WorkerPool:
                 stdin=asyncio.subprocess.DEVNULL,
                 env=self._env,
             )
-        self._processes.add(process)
         worker_end.close()
+        return await self._handle(number, process, node_end, shm)
+
+    async def _adopt(self, number: int, worker: ForkedWorker) -> WorkerHandle:
+        return await self._handle(number, worker.process, worker.node_end, worker.shm)
+
+    async def _handle(self, number: int, process: asyncio.subprocess.Process | ForkedProcess,
+                      node_end: socket.socket, shm: mmap.mmap) -> WorkerHandle:
+        self._processes.add(process)
         reader, writer = await asyncio.open_connection(sock=node_end, limit=wire.MAX_FRAME_BYTES)
         handle = WorkerHandle(number, process, writer, reader, shm)
-        handle.reader_task = asyncio.create_task(self._read(handle), name=f"worker-{number}-reader")
+        if self._bound:
+            self._start_reading(handle)
         return handle
+
+    def _start_reading(self, handle: WorkerHandle) -> None:
+        if handle.reader_task is None:
+            handle.reader_task = asyncio.create_task(self._read(handle), name=f"worker-{handle.number}-reader")
 
     async def _read(self, handle: WorkerHandle) -> None:
         try:

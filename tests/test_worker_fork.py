@@ -1,0 +1,64 @@
+"""A node's first workers are forked from it: they run calls, each sees only its own socket,
+and the node learns how each one ended."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+# Run in a fresh process: forking is only safe from a single thread, and pytest runs several.
+SCRIPT = r"""
+import asyncio, os, pickle, signal, struct
+from burla import wire
+from burla.node.worker_fork import can_fork, fork_workers
+from burla.serialization import dumps_function
+
+def triple(x):
+    return (os.environ["MARK"], x * 3)
+
+assert can_fork()
+first, second = fork_workers(2, {**os.environ, "MARK": "forked"})
+
+def send(worker, msg):
+    data = msg.encode()
+    worker.node_end.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
+
+def receive(worker):
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = worker.node_end.recv(n - len(data))
+            assert chunk, "the worker closed its socket"
+            data += chunk
+        return data
+    (size,) = wire.FRAME_HEADER.unpack(exactly(wire.FRAME_HEADER.size))
+    return wire.decode(exactly(size), wire.WORKER_TO_NODE)
+
+for worker in (first, second):
+    ready = receive(worker)
+    assert isinstance(ready, wire.WorkerReady) and ready.pid == worker.process.pid != os.getpid()
+    assert struct.unpack_from("q", worker.shm, 0)[0] == -1
+
+send(second, wire.LoadFunction("job", dumps_function(triple), b""))
+send(second, wire.RunCalls("job", [[7, pickle.dumps(14)]]))
+report = receive(second)
+assert [(index, ok, pickle.loads(payload)) for index, ok, payload in report.results] == [(7, True, ("forked", 42))]
+
+async def main():
+    first.node_end.close()  # EOF: the first exits although the second (forked after it) still runs
+    assert await asyncio.wait_for(first.process.wait(), 30) == 0
+    second.process.kill()
+    assert await asyncio.wait_for(second.process.wait(), 30) == -signal.SIGKILL
+    second.process.kill()  # reaped: nothing to signal, and no error
+
+asyncio.run(main())
+print("ok")
+"""
+
+
+def test_forked_workers_run_calls_and_are_watched():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
