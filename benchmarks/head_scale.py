@@ -123,9 +123,8 @@ async def _answer(ws, msg, job: list[int], counts: Counts) -> None:
     results = [[index, True, data] for index, data in msg.items]  # a no-op returns its input
     job[1] += len(results)
     counts.results += len(results)
-    await ws.send_bytes(wire.ResultBatch(msg.job_id, 0, results).encode())
     owed, job[2] = job[2], 0
-    await ws.send_bytes(wire.Credit(msg.job_id, len(results) + owed, 0).encode())
+    await ws.send_bytes(wire.NodeResults(msg.job_id, results, len(results) + owed).encode())  # credit rides along
 
 
 async def _answer_later(ws, msg, job: list[int], free_at: list[float], call_s: float, counts: Counts) -> None:

@@ -24,6 +24,7 @@ class JobConnections:
 
     def __init__(self) -> None:
         self._idle: list[tuple[Any, asyncio.Task]] = []  # (ws, its watcher), the most recent last
+        self._closed = False  # the process is winding down: nothing more is kept
 
     async def take(self) -> Any | None:
         """An idle connection to open the next job on, or None: open a new one."""
@@ -37,7 +38,7 @@ class JobConnections:
 
     def give_back(self, ws: Any) -> bool:
         """Keep `ws` for the next job; False if it can't be kept (the caller closes it)."""
-        if ws.closed or len(self._idle) >= MAX_IDLE:
+        if self._closed or ws.closed or len(self._idle) >= MAX_IDLE:
             return False
         watcher = asyncio.create_task(self._watch(ws), name="burla-idle-job-connection")
         self._idle.append((ws, watcher))
@@ -62,6 +63,7 @@ class JobConnections:
 
     async def close(self) -> None:
         """Close every idle connection (at exit: the head sees a clean close, not a reset)."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for _, watcher in idle:
             watcher.cancel()

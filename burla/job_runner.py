@@ -218,12 +218,15 @@ class JobRunner:
             try:
                 try:
                     await self._over(ws, opened, first_batch)
-                finally:
-                    # Every result is in and acknowledged: the connection serves this process's next job.
-                    done = self._remaining == 0 and self.opened.is_set() and not self._detaching
-                    if not (done and not self._closing and self._cancel_reason is None and kept.give_back(ws)):
-                        with contextlib.suppress(Exception):
-                            await ws.close()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await ws.close()
+                    raise
+                # Every result is in and acknowledged: the connection serves this process's next job.
+                done = self._remaining == 0 and self.opened.is_set() and not self._detaching
+                if not (done and not self._closing and self._cancel_reason is None and kept.give_back(ws)):
+                    with contextlib.suppress(Exception):
+                        await ws.close()
                 return
             except _ConnectionLost:
                 if reused and not self.opened.is_set():

@@ -46,7 +46,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
     job = cluster.scheduler.jobs["j"]
     # The node finished 0, 1 and 2 while the head was away; the client already got 0 and 1.
-    cluster.on_node_message("a", wire.ResultBatch("j", 1, [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]]))
+    cluster.on_node_message("a", wire.NodeResults("j", [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]], 0))
     _, link, _ = cluster.resume_job(wire.ResumeJob("j", 1, zlib.compress(bytes([1, 1, 0, 0]))))
     assert link.acked == 2
     socket = RecordingSocket()
@@ -58,7 +58,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     assert sent == [2]
     cluster.ack(job, max(b.seq for b in batches if isinstance(b, wire.ResultBatch)))
     assert link.acked == 3 and job.status == RUNNING  # input 3 is still out
-    cluster.on_node_message("a", wire.ResultBatch("j", 2, [[3, True, b"r3"]]))
+    cluster.on_node_message("a", wire.NodeResults("j", [[3, True, b"r3"]], 0))
     for _ in range(20):
         await asyncio.sleep(0)
     cluster.ack(job, max(b.seq for b in (wire.decode(f, wire.HEAD_TO_CLIENT) for f in socket.frames)

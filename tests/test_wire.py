@@ -19,6 +19,7 @@ SAMPLES: list[wire.Message] = [
     wire.Credit("j-1", 5, 0),
     wire.CreditWithdrawn("j-1", 40),
     wire.ResultBatch("j-1", 7, [[0, True, b"r"], [1, False, b"e"]]),
+    wire.NodeResults("j-1", [[0, True, b"r"], [1, False, b"e"]], 12),
     wire.ResultAck("j-1", 7),
     wire.OutputBatch("j-1", [[0, wire.STDOUT, "hi\n"]]),
     wire.Progress("j-1", 1, 0, 2, 3),
@@ -74,11 +75,21 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", [["0", b"x"]]]), "expected int"),
         (msgpack.packb([4, "j", "notalist"]), "InputBatch.items has the wrong type"),
         (wire.InputBatch("j", [[0, b"x"]]).encode()[:-2], "not valid msgpack"),
+        (msgpack.packb([39, "j", [[0, True, b"r"]], -1]), "credit must not be negative"),
+        (msgpack.packb([39, "j", [[0, 1, b"r"]], 0]), "expected bool"),
     ],
 )
 def test_malformed_frames_raise_protocol_error(data, words):
     with pytest.raises(ProtocolError, match=words):
         wire.decode(data)
+
+
+def test_results_from_a_node_are_node_results():
+    """A node's results carry its credit; a client-side ResultBatch is refused from a node."""
+    batch = wire.ResultBatch("j", 0, [[0, True, b"r"]])
+    with pytest.raises(ProtocolError, match="not accepted on this channel"):
+        wire.decode(batch.encode(), wire.NODE_TO_HEAD)
+    assert wire.decode(wire.NodeResults("j", [[0, True, b"r"]], 3).encode(), wire.NODE_TO_HEAD).credit == 3
 
 
 def test_channels_refuse_messages_of_other_channels():

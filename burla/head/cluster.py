@@ -308,8 +308,13 @@ class Cluster:
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
         self.last_heard[node_id] = time.monotonic()
-        if isinstance(msg, wire.ResultBatch):
-            self._on_results(node_id, msg)
+        if isinstance(msg, wire.NodeResults):
+            job = self.scheduler.jobs.get(msg.job_id)
+            if job is not None:
+                self._accept_results(node_id, job, msg.items)
+            if msg.credit:
+                self.scheduler.grant(node_id, msg.job_id, msg.credit)
+                self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))
         elif isinstance(msg, wire.OutputBatch):
             job = self.scheduler.jobs.get(msg.job_id)
             link = self.client_links.get(msg.job_id)
@@ -366,11 +371,6 @@ class Cluster:
             "disk), give it more with func_ram or bigger machines."
         )
         return wire.describe_error(error)
-
-    def _on_results(self, node_id: str, msg: wire.ResultBatch) -> None:
-        job = self.scheduler.jobs.get(msg.job_id)
-        if job is not None:
-            self._accept_results(node_id, job, msg.items)
 
     def _accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None:
         if job.status != RUNNING:

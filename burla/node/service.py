@@ -334,8 +334,10 @@ class NodeService:
                 if outputs:
                     await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
                 if results:
-                    await ws.send_bytes(wire.ResultBatch(job_id, 0, results).encode())
-                    self._pending_credit.add(job_id)
+                    # The credit its freed slots allow rides along (it used to be a frame of its own).
+                    job = self.dispatcher.jobs.get(job_id)
+                    due = self.dispatcher.credit_due(job) if job is not None else 0
+                    await ws.send_bytes(wire.NodeResults(job_id, results, due).encode())
             credit_jobs, self._pending_credit = self._pending_credit, set()
             for job_id in credit_jobs:
                 job = self.dispatcher.jobs.get(job_id)
