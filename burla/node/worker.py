@@ -149,11 +149,13 @@ class Worker:
         last_flush = time.monotonic()
         self._batch_job = job_id
         self._cancel_requested = False
-        os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
+        if os.environ.get(ENV_PARENT_JOB) != job_id:
+            os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
         capture = self.capture
         shm = self._shm
+        last = len(items) - 1
         try:
-            for index, argument_bytes in items:
+            for position, (index, argument_bytes) in enumerate(items):
                 if self._cancel_requested:
                     break
                 _INDEX.pack_into(shm, 0, index)
@@ -168,7 +170,8 @@ class Worker:
                 results.append([index, ok, payload])
                 pending_bytes += len(payload)
                 now = time.monotonic()
-                if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
+                # The batch's last results go with its end (one frame, not two).
+                if position < last and (now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES):
                     self._flush(job_id, results, False)
                     results = []
                     pending_bytes = 0
