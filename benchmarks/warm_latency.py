@@ -13,7 +13,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import psutil
-
 from _common import median_time, noop, warm_local_cluster
 
 REPEATS = 50

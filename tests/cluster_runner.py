@@ -66,7 +66,8 @@ class LocalCluster:
     def _spawn(self, command: list[str], log_name: str, pass_fds: tuple[int, ...] = (),
                env_extra: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.config_dir / log_name, "ab")
-        env = dict(os.environ, BURLA_CLUSTER_TOKEN=self.token, BURLA_CONFIG_DIR=str(self.config_dir), **(env_extra or {}))
+        env = dict(os.environ, BURLA_CLUSTER_TOKEN=self.token, BURLA_CONFIG_DIR=str(self.config_dir),
+                   **(env_extra or {}))
         env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
         process = subprocess.Popen([sys.executable, "-m", "burla", *command], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, cwd=REPO, pass_fds=pass_fds, start_new_session=True)

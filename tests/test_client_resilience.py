@@ -173,7 +173,8 @@ def test_an_opening_on_a_connection_leaves_the_job_it_carried(quick_head):
         async with aiohttp.ClientSession(headers=quick_head.headers()) as session:
             async with session.ws_connect(quick_head.url + "/v1/jobs/ws") as ws:
                 await ws.send_bytes(long_job.encode())
-                await ws.send_bytes(wire.InputBatch(long_job.job_id, [[0, dumps((0, 60))], [1, dumps((1, 60))]]).encode())
+                inputs = [[0, dumps((0, 60))], [1, dumps((1, 60))]]
+                await ws.send_bytes(wire.InputBatch(long_job.job_id, inputs).encode())
                 assert isinstance(wire.decode((await ws.receive()).data), wire.JobAccepted)
                 await ws.send_bytes(short_job.encode())
                 await ws.send_bytes(wire.InputBatch(short_job.job_id, [[0, dumps(21)]]).encode())

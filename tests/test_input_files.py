@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
+import pickle
+
 import pytest
 
 from burla import remote_parallel_map
-import pickle
-
 from burla.input_files import INPUT_FILE_MIN_BYTES, REFERENCE_PREFIX, InputFiles, files_root, host_id, mapped_input
 from burla.serialization import dumps
 from tests import functions
@@ -47,7 +47,8 @@ def test_a_node_on_another_machine_gets_its_inputs_inline(tmp_path):
         inputs = [(bytes([i]) * BIG, 0.3) for i in range(12)]  # calls long enough for both nodes to get some
         seen = remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
     assert [size for size, _, _ in seen] == [BIG] * 12
-    assert {root for _, root, _ in seen} == {str(files_root()), str(tmp_path / "other-machine" / f"burla-inputs-{os.getuid()}")}
+    other = tmp_path / "other-machine" / f"burla-inputs-{os.getuid()}"
+    assert {root for _, root, _ in seen} == {str(files_root()), str(other)}
     assert all(files is None for _, _, files in seen)  # nothing was kept by file for this job
 
 

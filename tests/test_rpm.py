@@ -114,7 +114,8 @@ def test_prints_from_python_c_and_subprocesses_reach_the_client(cluster):
 def test_a_client_that_exits_right_after_its_results_leaves_its_job_completed(cluster):
     # The last acknowledgement may still be on its way when the caller has its results; it must
     # reach the head before the process is gone, even one that ends with os._exit (no atexit).
-    script = PRELUDE + "import os\nprint(remote_parallel_map(functions.double, [1, 2, 3], spinner=False), flush=True)\nos._exit(0)\n"
+    script = (PRELUDE + "import os\n"
+              "print(remote_parallel_map(functions.double, [1, 2, 3], spinner=False), flush=True)\nos._exit(0)\n")
     done = run_client(script, {})
     assert done.returncode == 0, done.stderr
     job_ids = [line.split()[2].rstrip(":") for line in done.stderr.splitlines() if line.startswith("[burla] job ")]

@@ -433,7 +433,8 @@ class History:
             ("INSERT OR IGNORE INTO kept_results VALUES (?, ?, ?, ?)", rows.kept_results),
             ("DELETE FROM kept_inputs WHERE job_id = ? AND input_index = ?",
              [(job_id, index) for job_id, index, _, _ in rows.kept_results]),
-            *[(f"DELETE FROM {table} WHERE job_id = ?", closed) for table in ("live_jobs", "kept_inputs", "kept_results")],
+            *[(f"DELETE FROM {table} WHERE job_id = ?", closed)
+              for table in ("live_jobs", "kept_inputs", "kept_results")],
             (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", rows.jobs),
             ("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", rows.failures),
             ("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows),
