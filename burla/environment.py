@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import importlib.metadata
 import os
 import re
 import sys
@@ -47,6 +46,8 @@ def installed_distributions() -> tuple[tuple[str, str], ...]:
                 name, version = match["name"], match["version"]
             else:
                 try:
+                    import importlib.metadata  # rarely needed: here, not in every client's import
+
                     dist = importlib.metadata.PathDistribution(Path(entry or ".") / dirname)
                     name, version = dist.metadata["Name"], dist.version
                 except Exception:

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -79,6 +80,8 @@ def fork_workers(count: int, env: dict[str, str], close_in_child: tuple[int, ...
     """Fork `count` workers (call before any thread or event loop exists; see can_fork)."""
     from burla.node.worker import serve_worker  # imported once here, shared by every child
 
+    sys.stdout.flush()  # what the node buffered would otherwise be written again by each child
+    sys.stderr.flush()
     forked: list[ForkedWorker] = []
     for _ in range(count):
         node_end, worker_end = socket.socketpair()
