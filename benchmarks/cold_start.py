@@ -1,5 +1,7 @@
 """Cold start: `import burla` to the first result of a one-input job on a fresh embedded cluster.
 
+burla's modules are compiled to bytecode first, as an installed package's are.
+
 Each sample runs in a new interpreter (nothing cached in memory) beside the same measurement
 for ProcessPoolExecutor: import to first result of one call.
 """
@@ -12,6 +14,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from _common import compile_burla
 
 REPEATS = 5
 
@@ -49,6 +53,7 @@ def sample(code: str, env: dict[str, str]) -> float:
 
 
 def main() -> None:
+    compile_burla()
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as config:
         env = dict(os.environ, BURLA_CONFIG_DIR=config)
         env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
