@@ -251,7 +251,13 @@ async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Me
     if link.ws is not None:  # a half-open older connection: the newer one wins
         await link.ws.close()
         await link.detach(link.ws, time.monotonic())
-    await ws.send_bytes(reply.encode())
+    try:
+        await ws.send_bytes(reply.encode())
+    except ConnectionError:  # the client is gone already: the job waits for it as after any cut
+        link.attach(ws)
+        await link.detach(ws, time.monotonic())
+        cluster.client_left(job, link)
+        return None
     link.attach(ws)
     turns = TakeTurns()
     following: wire.Message | None = None

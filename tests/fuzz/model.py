@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 # --- results -------------------------------------------------------------------------------
 
 
-# Frames that break RFC 6455: the server may fail the connection without a close frame (§7.1.7).
-PROTOCOL_VIOLATIONS = ("unmasked", "reserved bits", "unknown opcode", "continuation without start")
+# Frames that break RFC 6455: the server may fail the connection without a close frame (§7.1.7),
+# which a text frame that isn't UTF-8 requires too (§8.1).
+PROTOCOL_VIOLATIONS = ("unmasked", "reserved bits", "unknown opcode", "continuation without start", "text not utf-8")
 
 @dataclass
 class Finding:

@@ -29,7 +29,8 @@ def _wrap(rng: random.Random, payload: bytes) -> tuple[bytes, bool, str]:
         return ws_frame(rng, 2, payload), False, f"binary {describe(payload)}"
     if r < 0.89:
         text = rng.choice([payload.decode("utf-8", "replace").encode(), b"hello", b"\xff\xfe", b"{}"])
-        return ws_frame(rng, 1, text), False, f"text {describe(text)}"
+        label = "text" if text != b"\xff\xfe" else "text not utf-8"
+        return ws_frame(rng, 1, text), False, f"{label} {describe(text)}"
     if r < 0.92 and len(payload) > 1:
         cut = rng.randrange(1, len(payload))
         return (ws_frame(rng, 2, payload[:cut], fin=False) + ws_frame(rng, 0, payload[cut:]), False,
