@@ -115,6 +115,7 @@ class JobRunner:
         self._closing = False
         self._shared: ClientLoop | None = None
         self._lost_at: float | None = None  # when the connection to the head dropped, while it is down
+        self._sent_until = 0  # every input sent so far has a lower index
 
     def start(self) -> None:
         """Run the job on this process's client loop (shared by its jobs)."""
@@ -361,9 +362,8 @@ class JobRunner:
     async def _exchange(self, ws, start: int, window: tuple[int, int]) -> None:
         """Upload from `start` and receive until the job ends or the connection drops."""
         self._window_inputs, self._window_bytes = window
-        if self._outstanding_inputs > start:  # some never reached the head (a cut): they go again
-            for index in range(start, len(self._sizes)):
-                self._leave_window(index)
+        for index in range(start, self._sent_until):  # sent, but never reached the head (a cut): again
+            self._leave_window(index)
         detaching = self._detaching
         uploader = asyncio.create_task(self._upload(ws, start))
         receiver = asyncio.create_task(self._receive(ws, collect=not detaching))
@@ -436,6 +436,7 @@ class JobRunner:
             for index, data in batch:
                 self._leave_window(index)  # sent before on a connection that closed at once
                 self._sizes[index] = len(data)
+                self._sent_until = max(self._sent_until, index + 1)
                 self._outstanding_bytes += len(data)
             self._outstanding_inputs += len(batch)
             await self._send(ws, wire.InputBatch(self.job_id, batch))
@@ -471,6 +472,8 @@ class JobRunner:
             self._outstanding_inputs += 1
             self._outstanding_bytes += size
             sizes[index] = size
+            if index >= self._sent_until:
+                self._sent_until = index + 1
             batch.append([index, data])
             batch_bytes += len(data)
             if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= UPLOAD_BATCH_ITEMS:
