@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, dataclass_transform
 
@@ -320,6 +320,34 @@ class ResultBatch(Message):
 
     def validate(self) -> None:
         _check_items("ResultBatch", self.items, (int, bool, bytes))
+
+
+def pack_items(items: Sequence) -> bytes:
+    """Items packed as they follow their array's header inside a frame. A head keeps the results
+    it relays in this form until they go out in a ResultBatch (`result_batch_frame`): bytes, where
+    a tuple per result would have been walked by the cyclic GC."""
+    packed = msgpack.packb(items, use_bin_type=True)
+    return packed[_array_header_bytes(len(items)):]
+
+
+def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[bytes]) -> bytes:
+    """The frame ResultBatch(job_id, seq, items).encode() would make, for `count` items packed in
+    `parts` by pack_items."""
+    head = msgpack.packb([ResultBatch.TAG, job_id, seq], use_bin_type=True)
+    # [TAG, job_id, seq] is a 3-array (header 0x93); the frame is a 4-array (0x94) with items last.
+    return b"\x94" + head[1:] + _array_header(count) + b"".join(parts)
+
+
+def _array_header_bytes(length: int) -> int:
+    return 1 if length < 16 else 3 if length < 65536 else 5
+
+
+def _array_header(length: int) -> bytes:
+    if length < 16:
+        return bytes((0x90 | length,))
+    if length < 65536:
+        return struct.pack("!BH", 0xDC, length)
+    return struct.pack("!BI", 0xDD, length)
 
 
 @message(39)
@@ -636,6 +664,11 @@ def read_error(payload: bytes) -> ErrorRecord:
     assert isinstance(record, ErrorRecord)
     return record
 
+
+# The most inputs or results one frame carries between client, head and nodes in the usual
+# course (fewer when they are large). A frame is one step of the head's event loop, which every
+# other connection waits for: this bounds that step to a few milliseconds.
+BATCH_ITEMS = 4096
 
 # The largest frame: one 200 MB input or 100 MB function plus its envelope.
 MAX_FRAME_BYTES = 216 * 1024 * 1024

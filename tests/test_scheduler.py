@@ -97,7 +97,7 @@ def test_plan_respects_credit_and_splits_fairly():
 
 
 def test_no_credit_is_held_back_while_inputs_wait():
-    # Two nodes that granted far more than is left: each credit takes only a share of what is
+    # Two nodes that granted more than is left: each credit takes only a share of what is
     # pending, and what it keeps back is withdrawn (the node asks again), never left sitting on
     # the head while inputs wait (the nodes would count on it and never ask: the job would hang).
     s = Scheduler()
@@ -107,20 +107,43 @@ def test_no_credit_is_held_back_while_inputs_wait():
     s.plan()
     s.take_withdrawn()
     s.add_inputs(job, [[i, b"x"] for i in range(12)])
-    s.grant("a", "j", 1000)
+    s.grant("a", "j", 20)
     pushed = s.plan_for("a", "j")
     assert sum(len(items) for _, _, items in pushed) == 6 and len(job.pending) == 6
-    assert s.take_withdrawn() == [("a", "j", 996)]  # its first window (2) and the 1,000, less the 6
+    assert s.take_withdrawn() == [("a", "j", 16)]  # its first window (2) and the 20, less the 6
     assert job.assignments["a"].credit == 0
-    s.grant("b", "j", 1000)
+    s.grant("b", "j", 20)
     s.plan_for("b", "j")
-    s.grant("a", "j", 996)
+    s.grant("a", "j", 16)
     s.plan_for("a", "j")
     while job.pending:  # each node asks again for what was withdrawn, until nothing waits
         for node_id, _, inputs in s.take_withdrawn():
             s.grant(node_id, "j", inputs)
             s.plan_for(node_id, "j")
     assert sorted(i for a in job.assignments.values() for i in a.inflight) == list(range(12))
+
+
+def test_a_node_asking_for_many_inputs_gets_them_in_few_frames():
+    # A node asks for about 0.1 s of calls: a large credit means short calls, and pushes of its
+    # fair share (here 12 inputs) would cost a frame each way per dozen calls. It takes a
+    # quarter of its credit at once, and never more than a frame's worth per push.
+    s = Scheduler()
+    for node_id in ("a", "b", "c", "d"):
+        s.add_node(node(node_id, slots=1))
+    job = s.admit(spec(n=20_000))
+    s.plan()
+    s.take_withdrawn()
+    s.add_inputs(job, [[i, b"x"] for i in range(50)])
+    s.grant("a", "j", 2_000)
+    pushed = s.plan_for("a", "j")
+    assert [len(items) for _, _, items in pushed] == [50]
+    s.add_inputs(job, [[i, b"x"] for i in range(50, 8_050)])  # a fair share is 2,000 of these
+    s.grant("b", "j", 80_000)
+    pushed = s.plan_for("b", "j")
+    assert [len(items) for _, _, items in pushed] == [wire.BATCH_ITEMS]
+    s.grant("c", "j", 3_000)  # a quarter of its credit is less than its share: the share goes
+    pushed = s.plan_for("c", "j")
+    assert [len(items) for _, _, items in pushed] == [-(-(8_000 - wire.BATCH_ITEMS) // 4)]
 
 
 def test_results_are_kept_once_per_index():

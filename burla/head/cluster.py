@@ -459,10 +459,15 @@ class Cluster:
 
     def _assign(self, job: JobRecord) -> None:
         """Tell every node the scheduler gave a share of `job` to run it."""
+        frames: dict[int, bytes] = {}  # parallelism -> the encoded AssignJob (its function may be large)
         for node_id, assignment in job.assignments.items():
             link = self.node_links.get(node_id)
             if link is not None:
-                link.send(self._assign_message(job.spec, assignment.parallelism))
+                frame = frames.get(assignment.parallelism)
+                if frame is None:
+                    frame = frames[assignment.parallelism] = self._assign_message(
+                        job.spec, assignment.parallelism).encode()
+                link.send_frame(frame)
 
     @staticmethod
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:

@@ -1,35 +1,81 @@
-"""Outgoing sides of the head's WebSockets: sync code queues frames, one writer task sends them.
+"""Outgoing sides of the head's WebSockets: sync code sends frames without awaiting.
 
-Scheduling code stays synchronous (it only appends and wakes); each connection's writer task
-coalesces what piled up while the previous send was in flight, which is where batching comes
-from when the cluster is busy.
+Scheduling code stays synchronous. A node's frames go straight into its socket's buffer from the
+code that makes them; a client's are queued for one writer task per connection, which coalesces
+what piled up while the previous send was in flight (that is where batching comes from when the
+cluster is busy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
+import time
 from collections import deque
 
+import msgpack
 from aiohttp import web
 
 from burla import wire
 
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # results per frame to a client
-MAX_BATCH_RESULTS = 200_000  # well inside wire.HEAD_TO_CLIENT's array limit
+MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit
+WRITER_SLICE_S = 0.005  # a client's writer lets other connections run after this long
+# Bytes a node's socket may hold unsent before its frames wait for the writer task instead (which
+# waits for the socket to drain): a node that reads slowly must not grow the head's memory.
+DIRECT_WRITE_LIMIT = 1024 * 1024
+_JOIN_BELOW = 16 * 1024  # smaller frames are joined to their header: one write instead of two
+
+
+def binary_frame_header(length: int) -> bytes:
+    """The header of an unmasked, uncompressed, final binary WebSocket frame (RFC 6455 §5.2:
+    a server never masks)."""
+    if length < 126:
+        return struct.pack("!BB", 0x82, length)
+    if length < 65536:
+        return struct.pack("!BBH", 0x82, 126, length)
+    return struct.pack("!BBQ", 0x82, 127, length)
 
 
 class NodeLink:
-    def __init__(self, node_id: str, ws: web.WebSocketResponse) -> None:
+    """The head's side of one node's connection.
+
+    At 1,000 nodes, waking a writer task per frame per node was a large part of every loop
+    iteration, so frames are written to the transport directly. They wait in `_frames` for the
+    writer task only while the socket holds DIRECT_WRITE_LIMIT unsent (the writer then sends
+    through aiohttp, which waits for the socket to drain), or where the connection negotiated
+    compression (then every frame goes through aiohttp).
+    """
+
+    def __init__(self, node_id: str, ws: web.WebSocketResponse, transport: asyncio.WriteTransport | None = None
+                 ) -> None:
         self.node_id = node_id
         self.ws = ws
+        self._transport = transport if transport is not None and not ws.compress else None
         self._frames: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._closing = False
 
     def send(self, msg: wire.Message) -> None:
-        if not self._closing:
-            self._frames.append(msg.encode())
-            self._wake.set()
+        self.send_frame(msg.encode())
+
+    def send_frame(self, frame: bytes) -> None:
+        """Send an encoded message (one encoding may go to many nodes)."""
+        if self._closing:
+            return
+        transport = self._transport
+        if not self._frames and transport is not None and transport.get_write_buffer_size() < DIRECT_WRITE_LIMIT:
+            if transport.is_closing():
+                return  # the connection is ending: its handler deals with the node
+            header = binary_frame_header(len(frame))
+            if len(frame) < _JOIN_BELOW:
+                transport.write(header + frame)
+            else:
+                transport.write(header)
+                transport.write(frame)
+            return
+        self._frames.append(frame)
+        self._wake.set()
 
     def close(self) -> None:
         """Drop the connection (the node was declared dead); the writer task closes it."""
@@ -51,7 +97,11 @@ class NodeLink:
 class ClientLink:
     """One job's client side. It outlives connections: results stay until acknowledged and are
     sent again to a client that resumes, and output always goes out before the results it
-    belongs with."""
+    belongs with.
+
+    Results are kept packed (wire.pack_items) from the moment they arrive, and sent batches as
+    their frames: bytes, which the cyclic GC does not walk (an object per result was walked
+    once at least, and many times when a slow client let them pile up)."""
 
     MAX_BUFFERED_OUTPUT = 100_000  # output chunks kept while no client is attached
 
@@ -59,11 +109,12 @@ class ClientLink:
         self.job_id = job_id
         self.ws: web.WebSocketResponse | None = None
         self.outputs: list = []
-        self.results: list = []  # produced, not yet sent in a batch
+        self.results: deque[tuple[int, bytes]] = deque()  # (count, packed items) not yet sent
+        self.queued_results = 0  # how many results `results` holds
         self._control: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._seq = 0
-        self._unacked: dict[int, list] = {}  # batch seq -> its results, until the client acks
+        self._unacked: dict[int, tuple[int, bytes]] = {}  # batch seq -> (results, frame) until acked
         self._resend: list[int] = []
         self.acked = 0
         self.dropped_output = 0
@@ -83,8 +134,20 @@ class ClientLink:
             else:
                 self.outputs.extend(outputs)
         if results:
-            self.results.extend(results)
+            self._queue_results(results)
         self._wake.set()
+
+    def _queue_results(self, results: list) -> None:
+        """Pack results in parts that fit a batch (wire.BATCH_ITEMS, MAX_BATCH_BYTES unless one
+        result is bigger)."""
+        start, size = 0, 0
+        for end, item in enumerate(results):
+            size += len(item[2])
+            if end > start and (end - start >= wire.BATCH_ITEMS or size > MAX_BATCH_BYTES):
+                self.results.append((end - start, wire.pack_items(results[start:end])))
+                start, size = end, len(item[2])
+        self.results.append((len(results) - start, wire.pack_items(results[start:])))
+        self.queued_results += len(results)
 
     def send(self, msg: wire.Message) -> None:
         self._control.append(msg.encode())
@@ -94,13 +157,18 @@ class ClientLink:
         """Record the client's acknowledgement; returns how many results it newly covers."""
         covered = 0
         for done_seq in [s for s in self._unacked if s <= seq]:
-            covered += len(self._unacked.pop(done_seq))
+            covered += self._unacked.pop(done_seq)[0]
         self.acked += covered
         return covered
 
     def forget_results(self, client_states: bytes) -> None:
         """Drop queued results for inputs the client already holds (a nonzero state byte)."""
-        self.results = [item for item in self.results if not client_states[item[0]]]
+        parts, self.results, self.queued_results = self.results, deque(), 0
+        for count, packed in parts:
+            items = msgpack.unpackb(wire.result_batch_frame("", 0, count, [packed]))[-1]
+            kept = [item for item in items if not client_states[item[0]]]
+            if kept:
+                self._queue_results(kept)
 
     def continue_after(self, seq: int) -> None:
         """Number batches after the client's last acknowledged one (this head restarted and
@@ -112,7 +180,7 @@ class ClientLink:
         return bool(self._control or self.results or self.outputs or self._resend)
 
     def unacked_results(self) -> int:
-        return sum(len(items) for items in self._unacked.values()) + len(self.results)
+        return sum(count for count, _ in self._unacked.values()) + self.queued_results
 
     def attach(self, ws: web.WebSocketResponse) -> None:
         """A client (new or resuming) is connected: send it everything it has not acknowledged."""
@@ -136,34 +204,55 @@ class ClientLink:
                 pass
             self._writer = None
 
-    def _take_batch(self) -> list:
-        """The next results to send: at most MAX_BATCH_BYTES (unless a single one is bigger) and
-        MAX_BATCH_RESULTS (tiny results would otherwise overflow the client's frame limits)."""
-        size = 0
-        for count, item in enumerate(self.results):
-            size += len(item[2])
-            if (size > MAX_BATCH_BYTES and count > 0) or count >= MAX_BATCH_RESULTS:
-                break
-        else:
-            count = len(self.results)
-        batch, self.results = self.results[:count], self.results[count:]
-        return batch
+    def _take_batch(self) -> tuple[int, list[bytes]]:
+        """Packed parts of the next batch: wire.BATCH_ITEMS results at most, and MAX_BATCH_BYTES
+        unless a single part is bigger."""
+        results = self.results
+        count, packed = results.popleft()
+        parts, size = [packed], len(packed)
+        while results and count + results[0][0] <= wire.BATCH_ITEMS and size + len(results[0][1]) <= MAX_BATCH_BYTES:
+            more, packed = results.popleft()
+            count += more
+            size += len(packed)
+            parts.append(packed)
+        self.queued_results -= count
+        return count, parts
 
     async def _run(self, ws: web.WebSocketResponse) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            # A send returns without suspending while the socket takes the data: after a slice of
+            # frames, let other connections run (a million results are some 250 frames).
+            slice_end = time.monotonic() + WRITER_SLICE_S
             while self._resend:
                 seq = self._resend.pop(0)
                 if seq in self._unacked:
-                    await ws.send_bytes(wire.ResultBatch(self.job_id, seq, self._unacked[seq]).encode())
-            while self.outputs:
-                outputs, self.outputs = self.outputs[:MAX_BATCH_RESULTS], self.outputs[MAX_BATCH_RESULTS:]
-                await ws.send_bytes(wire.OutputBatch(self.job_id, outputs).encode())
-            while self.results:
-                results = self._take_batch()
+                    await ws.send_bytes(self._unacked[seq][1])
+                    slice_end = await _take_turn(slice_end)
+            while True:
+                while self.outputs:  # output goes out before the results that follow it
+                    outputs = self.outputs[:MAX_OUTPUTS_PER_FRAME]
+                    self.outputs = self.outputs[MAX_OUTPUTS_PER_FRAME:]
+                    await ws.send_bytes(wire.OutputBatch(self.job_id, outputs).encode())
+                if not self.results:
+                    break
+                count, parts = self._take_batch()
                 self._seq += 1
-                self._unacked[self._seq] = results
-                await ws.send_bytes(wire.ResultBatch(self.job_id, self._seq, results).encode())
-            while self._control:
+                frame = wire.result_batch_frame(self.job_id, self._seq, count, parts)
+                self._unacked[self._seq] = (count, frame)
+                await ws.send_bytes(frame)
+                slice_end = await _take_turn(slice_end)
+            while self._control and not (self.results or self.outputs):  # after what came before them
                 await ws.send_bytes(self._control.popleft())
+            if self.pending_frames():
+                self._wake.set()
+
+
+async def _take_turn(slice_end: float) -> float:
+    """Yield to the loop if this slice is over; returns when the next one ends."""
+    now = time.monotonic()
+    if now < slice_end:
+        return slice_end
+    await asyncio.sleep(0)
+    return time.monotonic() + WRITER_SLICE_S

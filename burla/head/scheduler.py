@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import deque
 from dataclasses import dataclass, field
 
 from burla import wire
 from burla.drivers.catalog import gpu_model
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
+from burla.head.input_queue import InputQueue
 
 RUNNING = "RUNNING"
 COMPLETED = "COMPLETED"
@@ -73,6 +73,15 @@ def initial_credit(parallelism: int) -> int:
     return 2 * parallelism
 
 
+def _least_push(assignment: Assignment) -> int:
+    """The fewest inputs worth a push to a node: its workers' worth, or a quarter of its credit if
+    that is more (up to a frame's worth). A node asks for about 0.1 s of calls ahead, in chunks of
+    at least a quarter of that (burla.node.dispatcher.NodeJob.credit_due), so a large credit means
+    short calls: there, pushes of a few inputs each would cost a frame per handful of calls on
+    both sides."""
+    return max(assignment.parallelism, min(assignment.credit // 4, wire.BATCH_ITEMS))
+
+
 @dataclass
 class Assignment:
     """One job's share of one node."""
@@ -88,7 +97,7 @@ class JobRecord:
     status: str = RUNNING
     reason: str = ""
     end_kind: str = ""  # the error kind it ended with (an exception class name), if not COMPLETED
-    pending: deque = field(default_factory=deque)  # [index, pickled args] not yet on a node
+    pending: InputQueue = field(default_factory=InputQueue)  # (index, pickled args) not yet on a node
     received: int = 0  # inputs uploaded by the client so far
     upload_prefix: int = 0  # every index below this one has been uploaded
     seen: bytearray = field(default_factory=bytearray)  # per index: uploaded yet?
@@ -221,7 +230,7 @@ class Scheduler:
                         given_up.append(index)
                     else:
                         back.append((index, data))
-                job.pending.extendleft(reversed(back))
+                job.pending.extend_front(back)
             affected.append((job, given_up))
         return affected
 
@@ -357,17 +366,17 @@ class Scheduler:
         if not holding:
             return
         if job.pending:  # queued here again meanwhile (the node's inputs came back when it dropped)
-            rest: deque = deque()
-            for item in job.pending:
-                if item[0] in holding:
-                    assignment.inflight[item[0]] = item[1]
-                    holding.discard(item[0])
-                    losses = job.node_losses.pop(item[0], 0)  # its node was not lost after all
+            rest = []
+            for index, data in job.pending:
+                if index in holding:
+                    assignment.inflight[index] = data
+                    holding.discard(index)
+                    losses = job.node_losses.pop(index, 0)  # its node was not lost after all
                     if losses > 1:
-                        job.node_losses[item[0]] = losses - 1
+                        job.node_losses[index] = losses - 1
                 else:
-                    rest.append(item)
-            job.pending = rest
+                    rest.append((index, data))
+            job.pending.keep(rest)
         for other_id, other in job.assignments.items():
             if other_id != node_id and holding:
                 holding.difference_update(other.inflight)  # already pushed elsewhere: both run it, first wins
@@ -473,10 +482,7 @@ class Scheduler:
                 raise ProtocolError(f"input index {index} was uploaded twice")
             seen[index] = 1
         job.received += len(items)
-        # Tuples of an int and bytes leave the cyclic GC's lists at its next pass; lists would stay
-        # there, and every full collection would walk each queued input (pausing the loop ~0.5 µs
-        # per object).
-        job.pending.extend(map(tuple, items))
+        job.pending.extend(items)
         prefix = job.upload_prefix
         while prefix < n and seen[prefix]:
             prefix += 1
@@ -509,9 +515,9 @@ class Scheduler:
     def plan(self) -> list[tuple[str, str, list]]:
         """Move pending inputs onto nodes within their credit: [(node_id, job_id, items)].
 
-        Pending inputs are spread over the nodes with credit, but each push fills at least a
-        node's workers (its parallelism) if its credit allows: thinner pushes cost a frame per
-        node per upload batch and keep no more workers busy.
+        Pending inputs are spread over the nodes with credit, but each push is at least
+        `_least_push` if the node's credit allows: thinner pushes cost a frame per node per
+        upload batch and keep no more workers busy.
         """
         pushes: list[tuple[str, str, list]] = []
         for job in self.running.values():
@@ -525,7 +531,7 @@ class Scheduler:
                 if not job.pending:
                     break
                 fair_share = math.ceil(len(job.pending) / (len(takers) - position))
-                self._push(job, node_id, assignment, max(fair_share, assignment.parallelism), pushes)
+                self._push(job, node_id, assignment, max(fair_share, _least_push(assignment)), pushes)
         return pushes
 
     def plan_for(self, node_id: str, job_id: str) -> list[tuple[str, str, list]]:
@@ -539,7 +545,7 @@ class Scheduler:
             return []
         pushes: list[tuple[str, str, list]] = []
         share = math.ceil(len(job.pending) / len(job.assignments))
-        self._push(job, node_id, assignment, max(share, assignment.parallelism), pushes)
+        self._push(job, node_id, assignment, max(share, _least_push(assignment)), pushes)
         return pushes
 
     def take_withdrawn(self) -> list[tuple[str, str, int]]:
@@ -553,11 +559,11 @@ class Scheduler:
         size = 0
         pending, inflight = job.pending, assignment.inflight
         for _ in range(count):
-            item = pending.popleft()
+            item = pending.pop()
             batch.append(item)
             inflight[item[0]] = item[1]
             size += len(item[1])
-            if size >= MAX_PUSH_BYTES:
+            if size >= MAX_PUSH_BYTES or len(batch) >= wire.BATCH_ITEMS:
                 pushes.append((node_id, job.job_id, batch))
                 batch, size = [], 0
         assignment.credit -= count
@@ -590,7 +596,7 @@ class Scheduler:
                 job.n_failed += 1
                 if job.restored:
                     job.failed_here.add(index)
-            fresh.append(tuple(item))  # kept until the client acknowledges it: out of the GC's reach
+            fresh.append(item)
         return fresh
 
     def steal_plan(self) -> list[tuple[str, str, str]]:

@@ -62,6 +62,32 @@ class NodeJob:
             want = min(want, int(WINDOW_BYTES / self.mean_input_bytes))
         return max(self.parallelism * 2, min(want, MAX_WINDOW))
 
+    def took_inputs(self, items: list) -> None:
+        """Inputs from the head: they fill granted credit, and their size bounds the window."""
+        self.credit_unused = max(0, self.credit_unused - len(items))
+        size = sum(len(b) for _, b in items) / max(1, len(items))
+        self.mean_input_bytes = size if not self.mean_input_bytes else 0.8 * self.mean_input_bytes + 0.2 * size
+
+    def calls_done(self, count: int, seconds_per_call: float) -> None:
+        """Calls finished, and what each took (it sizes the window)."""
+        self.inflight -= count
+        self.done += count
+        self.call_seconds = (seconds_per_call if self.call_seconds is None
+                             else 0.7 * self.call_seconds + 0.3 * seconds_per_call)
+
+    def credit_due(self) -> int:
+        """How many more inputs to ask the head for now, counted as granted (0 if the window is
+        nearly full: asking in chunks of at least a quarter window keeps frames few)."""
+        if self.cancelled:
+            return 0
+        window = self.window()
+        held = len(self.queue) + self.inflight + self.credit_unused
+        deficit = window - held
+        if deficit <= 0 or (held > 0 and deficit < window // 4):
+            return 0
+        self.credit_unused += deficit
+        return deficit
+
 
 class Dispatcher:
     def __init__(self, workers: Callable[[], list[WorkerHandle]], on_outgoing: Callable[[], None]) -> None:
@@ -90,9 +116,7 @@ class Dispatcher:
         job = self.jobs.get(job_id)
         if job is None or job.cancelled:
             return False
-        job.credit_unused = max(0, job.credit_unused - len(items))
-        size = sum(len(b) for _, b in items) / max(1, len(items))
-        job.mean_input_bytes = size if not job.mean_input_bytes else 0.8 * job.mean_input_bytes + 0.2 * size
+        job.took_inputs(items)
         if job.failed_payload is not None:
             self._fail_all(job, items)
             return True
@@ -101,7 +125,7 @@ class Dispatcher:
         return True
 
     def withdraw_credit(self, job_id: str, inputs: int) -> None:
-        """The head keeps back part of the credit granted: ask for it again when due (credit_due)."""
+        """The head keeps back part of the credit granted: ask for it again when due (NodeJob.credit_due)."""
         job = self.jobs.get(job_id)
         if job is not None:
             job.credit_unused = max(0, job.credit_unused - inputs)
@@ -158,18 +182,6 @@ class Dispatcher:
 
     # --- credit --------------------------------------------------------------------------
 
-    def credit_due(self, job: NodeJob) -> int:
-        """How many more inputs to ask the head for now (0 if the window is nearly full)."""
-        if job.cancelled:
-            return 0
-        window = job.window()
-        held = len(job.queue) + job.inflight + job.credit_unused
-        deficit = window - held
-        if deficit <= 0 or (held > 0 and deficit < window // 4):
-            return 0
-        job.credit_unused += deficit
-        return deficit
-
     # --- from workers --------------------------------------------------------------------
 
     def on_report(self, worker: WorkerHandle, report: wire.WorkerReport) -> None:
@@ -183,9 +195,7 @@ class Dispatcher:
             elapsed = max(now - worker.last_progress_at, 1e-7) / n
             worker.last_progress_at = now
             if job is not None:
-                job.inflight -= n
-                job.done += n
-                job.call_seconds = elapsed if job.call_seconds is None else 0.7 * job.call_seconds + 0.3 * elapsed
+                job.calls_done(n, elapsed)
         if job is not None and not job.cancelled:
             if report.outputs:
                 self._keep_outputs(job, report.outputs)

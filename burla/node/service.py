@@ -333,17 +333,21 @@ class NodeService:
             for job_id, outputs, results in self.dispatcher.take_outgoing():
                 if outputs:
                     await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
+                # A frame is one step of the head's loop: results go in frames of wire.BATCH_ITEMS.
+                for start in range(0, len(results) - wire.BATCH_ITEMS, wire.BATCH_ITEMS):
+                    await ws.send_bytes(wire.NodeResults(job_id, results[start:start + wire.BATCH_ITEMS], 0).encode())
                 if results:
                     # The credit its freed slots allow rides along (it used to be a frame of its own).
                     job = self.dispatcher.jobs.get(job_id)
-                    due = self.dispatcher.credit_due(job) if job is not None else 0
-                    await ws.send_bytes(wire.NodeResults(job_id, results, due).encode())
+                    due = job.credit_due() if job is not None else 0
+                    last = results[(len(results) - 1) // wire.BATCH_ITEMS * wire.BATCH_ITEMS:]
+                    await ws.send_bytes(wire.NodeResults(job_id, last, due).encode())
             credit_jobs, self._pending_credit = self._pending_credit, set()
             for job_id in credit_jobs:
                 job = self.dispatcher.jobs.get(job_id)
                 if job is None:
                     continue
-                due = self.dispatcher.credit_due(job)
+                due = job.credit_due()
                 if due:
                     await ws.send_bytes(wire.Credit(job_id, due, 0).encode())
             self._set_status()
