@@ -42,7 +42,7 @@ STATE_INTERVAL_S = 1.0  # as burla.node.service pushes
 # simulated node reports this, and sizes its credit window from it as a real node does.
 INSTANT_CALL_S = 3e-6
 REGISTER_TIMEOUT_S = 300.0
-SIMULATOR_NICENESS = 10
+OTHER_MACHINES_NICENESS = 10
 
 
 # --- one simulator process: many nodes in one event loop ---------------------------------
@@ -232,12 +232,17 @@ def _stop_profile(profiler: subprocess.Popen | None) -> None:
 
 
 def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle_s: float, profile: str | None,
-        head_log: str | None) -> dict:
+        head_log: str | None, yield_to_head: bool) -> dict:
     from burla import remote_parallel_map
 
     token = secrets.token_urlsafe(24)
     with private_config() as config_dir:
         head, url = _start_head(config_dir, token, Path(head_log) if head_log else config_dir / "head.log")
+        if yield_to_head:
+            # The client and the nodes stand in for other machines: on this one they yield the CPU
+            # to the head, so that its figures are not its waits for their time slices. (The
+            # simulators inherit this niceness.)
+            os.nice(OTHER_MACHINES_NICENESS)
         simulators: list[subprocess.Popen] = []
         try:
             per = math.ceil(nodes / processes)
@@ -289,6 +294,7 @@ def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle
                 "calls": calls,
                 "call_ms": call_ms,
                 "simulator_processes": len(simulators),
+                "others_yield_to_head": yield_to_head,
                 "wall_s": round(wall, 3),
                 "calls_per_s": round(calls / wall),
                 "head_cpu_us_per_call": round(max(0.0, job_cpu - idle_cpu_per_s * wall) / calls * 1e6, 2),
@@ -323,6 +329,9 @@ def main() -> None:
     parser.add_argument("--profile-head", metavar="FILE", help="write py-spy's collapsed stacks of the head "
                         "during the job to FILE (and while idle to FILE.idle)")
     parser.add_argument("--head-log", metavar="FILE", help="keep the head's log in FILE")
+    parser.add_argument("--same-priority", action="store_true",
+                        help="run the client and the simulated nodes at the head's priority (by default they run at "
+                        f"niceness {OTHER_MACHINES_NICENESS}, standing in for other machines)")
     parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
     parser.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--head", help=argparse.SUPPRESS)
@@ -331,16 +340,13 @@ def main() -> None:
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.simulate:
-        # The nodes stand in for other machines: on this one they yield the CPU to the head (and
-        # the client), so that the head's figures are not its wait for the simulators' time slices.
-        os.nice(SIMULATOR_NICENESS)
         asyncio.run(simulate(args.head, args.token, args.prefix, args.count, args.slots, args.call_ms / 1000))
         return
     if args.nodes < 1 or args.calls < 1 or args.call_ms < 0:
         parser.error("--nodes and --calls must be at least 1, --call-ms at least 0")
     processes = args.processes or max(1, math.ceil(args.nodes / 250))
     print(json.dumps(run(args.nodes, args.slots, args.calls, args.call_ms, processes, args.idle, args.profile_head,
-                         args.head_log)))
+                         args.head_log, not args.same_priority)))
 
 
 if __name__ == "__main__":

@@ -96,3 +96,13 @@ def test_channels_refuse_messages_of_other_channels():
     with pytest.raises(ProtocolError, match="not accepted on this channel"):
         register = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0", "b", b"", [])
         wire.decode(register.encode(), wire.CLIENT_TO_HEAD)
+
+
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 70_000])
+def test_results_packed_in_parts_make_the_frame_a_result_batch_would(count):
+    items = [[i, i % 3 != 0, bytes(i % 50)] for i in range(count)]
+    cut = count // 3
+    parts = [wire.pack_items(items[:cut]), wire.pack_items(items[cut:])]
+    frame = wire.result_batch_frame("job-7", 9, count, parts)
+    assert frame == wire.ResultBatch("job-7", 9, items).encode()
+    assert wire.decode(frame, wire.HEAD_TO_CLIENT).items == items

@@ -16,6 +16,7 @@ from burla import grants, wire
 from burla.build import build_hash
 from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.history import HEAD_STOPPED, History, KeptJob
+from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import (
     CANCELED,
@@ -55,6 +56,7 @@ class Cluster:
         self.build = build_hash()  # nodes must run exactly this build
         self.history = history
         self.scheduler = Scheduler()
+        self.idle_collector = IdleCollector(lambda: bool(self.scheduler.running))
         self.node_links: dict[str, NodeLink] = {}
         self.client_links: dict[str, ClientLink] = {}
         self.job_times: dict[str, tuple[float, float | None]] = {}
@@ -109,6 +111,7 @@ class Cluster:
             link.send(self._assign_message(job.spec, parallelism))
         self._adopt_held(msg, link)
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
+        self.idle_collector.changed()
         self.pump()  # its first window is granted with AssignJob: fill it now, it may never ask
         if self.history is not None:
             self.history.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
@@ -145,6 +148,7 @@ class Cluster:
     def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None:
         self.node_links.pop(node_id, None)
         self._sampled_at.pop(node_id, None)
+        self.idle_collector.changed()
         if self.stopping:
             return
         self.idle_since.pop(node_id, None)
@@ -596,6 +600,7 @@ class Cluster:
         released = self.scheduler.finish(job, status, reason)
         if not was_running:
             return
+        self.idle_collector.changed()
         job.end_kind = kind
         started, _ = self.job_times.get(job.job_id, (time.time(), None))
         self.job_times[job.job_id] = (started, time.time())

@@ -152,6 +152,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     freeze_startup_objects()
     progress = asyncio.create_task(cluster.progress_loop(), name="progress")
     loop_watch = asyncio.create_task(loop_monitor.run(), name="loop-monitor")
+    idle_collector = asyncio.create_task(cluster.idle_collector.run(), name="idle-collector")
     reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
     stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
     idle_reaper = asyncio.create_task(
@@ -177,7 +178,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, loop_watch, reaper, stealer, client_reaper, idle_reaper, boot_watch, lifeline,
+        for task in (progress, loop_watch, idle_collector, reaper, stealer, client_reaper, idle_reaper, boot_watch, lifeline,
                      startup):
             if task is not None:
                 task.cancel()
