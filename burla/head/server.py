@@ -178,8 +178,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, loop_watch, idle_collector, reaper, stealer, client_reaper, idle_reaper, boot_watch, lifeline,
-                     startup):
+        for task in (progress, loop_watch, idle_collector, reaper, stealer, client_reaper, idle_reaper, boot_watch,
+                     lifeline, startup):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
