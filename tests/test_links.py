@@ -117,3 +117,20 @@ def test_the_idle_collector_collects_once_after_a_change_and_never_during_a_job(
     assert not collector.collect_if_due(101.0)  # quiet only since now
     assert collector.collect_if_due(101.0 + QUIET_BEFORE_S)
     assert not collector.collect_if_due(200.0)  # once per change
+
+
+@pytest.mark.asyncio
+async def test_a_fan_out_goes_out_over_several_turns_in_order_per_node(monkeypatch):
+    monkeypatch.setattr(links.WriteTurns, "FRAMES_PER_TURN", 3)
+    turns = links.WriteTurns()
+    async with OneSocket() as first, OneSocket() as second, aiohttp.ClientSession() as session:
+        async with session.ws_connect(first.url) as client_a, session.ws_connect(second.url) as client_b:
+            (ws_a, transport_a), (ws_b, transport_b) = await first.ready, await second.ready
+            link_a, link_b = NodeLink("a", ws_a, transport_a, turns), NodeLink("b", ws_b, transport_b, turns)
+            for number in range(5):  # ten frames in one step: three go now, the rest wait for turns
+                link_a.send(wire.Credit("j", number, 0))
+                link_b.send(wire.Credit("j", number, 0))
+            assert len(link_a._frames) + len(link_b._frames) == 7
+            got_a, got_b = await _read(client_a, 5), await _read(client_b, 5)
+            assert [m.inputs for m in got_a] == [m.inputs for m in got_b] == list(range(5))
+            assert not link_a._frames and not link_b._frames

@@ -142,7 +142,7 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
         await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version, grant_key).encode())
     except (ConnectionError, RuntimeError):  # gone before it heard back: nothing to undo
         return ws
-    link = NodeLink(first.node_id, ws, request.transport)
+    link = NodeLink(first.node_id, ws, request.transport, cluster.node_writes)
     writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
     cluster.node_registered(first, link, grant_key)
     turns = TakeTurns()

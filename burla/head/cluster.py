@@ -17,7 +17,7 @@ from burla.build import build_hash
 from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.history import HEAD_STOPPED, History, KeptJob
 from burla.head.idle_collector import IdleCollector
-from burla.head.links import ClientLink, NodeLink
+from burla.head.links import ClientLink, NodeLink, WriteTurns
 from burla.head.scheduler import (
     CANCELED,
     COMPLETED,
@@ -58,6 +58,7 @@ class Cluster:
         self.scheduler = Scheduler()
         self.idle_collector = IdleCollector(lambda: bool(self.scheduler.running))
         self.node_links: dict[str, NodeLink] = {}
+        self.node_writes = WriteTurns()  # shared by the node links: frames written per loop turn
         self.client_links: dict[str, ClientLink] = {}
         self.job_times: dict[str, tuple[float, float | None]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()

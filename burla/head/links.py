@@ -37,24 +37,66 @@ def binary_frame_header(length: int) -> bytes:
     return struct.pack("!BBQ", 0x82, 127, length)
 
 
+class WriteTurns:
+    """How many frames all node links together write straight to their sockets per turn of the
+    event loop. A fan-out (a job's AssignJob to 1,000 nodes, its end, a plan over every node)
+    was thousands of socket writes in one step, which every other connection waited for; past
+    FRAMES_PER_TURN, frames wait on their link and go out over the next turns, links in the order
+    they began waiting."""
+
+    FRAMES_PER_TURN = 256
+
+    def __init__(self) -> None:
+        self._used = 0
+        self._turn_ends_soon = False
+        self._waiting: deque[NodeLink] = deque()
+
+    def take(self) -> bool:
+        """One frame's write in this turn, if any is left."""
+        if self._used >= self.FRAMES_PER_TURN:
+            return False
+        if not self._turn_ends_soon:  # call_soon runs in the next turn: the count starts again there
+            asyncio.get_running_loop().call_soon(self._next_turn)
+            self._turn_ends_soon = True
+        self._used += 1
+        return True
+
+    def wait(self, link: NodeLink) -> None:
+        if not link.waiting_turn:
+            link.waiting_turn = True
+            self._waiting.append(link)
+
+    def _next_turn(self) -> None:
+        self._used = 0
+        self._turn_ends_soon = False
+        waiting = self._waiting
+        while waiting and self._used < self.FRAMES_PER_TURN:
+            link = waiting.popleft()
+            link.waiting_turn = False
+            link.flush()
+
+
 class NodeLink:
     """The head's side of one node's connection.
 
     At 1,000 nodes, waking a writer task per frame per node was a large part of every loop
-    iteration, so frames are written to the transport directly. They wait in `_frames` for the
-    writer task only while the socket holds DIRECT_WRITE_LIMIT unsent (the writer then sends
-    through aiohttp, which waits for the socket to drain), or where the connection negotiated
-    compression (then every frame goes through aiohttp).
+    iteration, so frames are written to the transport directly, within `turns`. They wait in
+    `_frames`: for a later turn (WriteTurns); for the writer task while the socket holds
+    DIRECT_WRITE_LIMIT unsent (the writer sends through aiohttp, which waits for the socket to
+    drain); or always where the connection negotiated compression (every frame goes through
+    aiohttp). Whoever takes a frame from `_frames` writes it at once, so frames keep their order.
     """
 
-    def __init__(self, node_id: str, ws: web.WebSocketResponse, transport: asyncio.WriteTransport | None = None
-                 ) -> None:
+    def __init__(self, node_id: str, ws: web.WebSocketResponse, transport: asyncio.WriteTransport | None = None,
+                 turns: WriteTurns | None = None) -> None:
         self.node_id = node_id
         self.ws = ws
         self._transport = transport if transport is not None and not ws.compress else None
+        self._turns = turns
         self._frames: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._closing = False
+        self.waiting_turn = False  # queued in its WriteTurns
 
     def send(self, msg: wire.Message) -> None:
         self.send_frame(msg.encode())
@@ -63,19 +105,31 @@ class NodeLink:
         """Send an encoded message (one encoding may go to many nodes)."""
         if self._closing:
             return
+        self._frames.append(frame)
+        if len(self._frames) == 1:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write waiting frames straight to the socket while it and this turn have room."""
         transport = self._transport
-        if not self._frames and transport is not None and transport.get_write_buffer_size() < DIRECT_WRITE_LIMIT:
+        frames = self._frames
+        while frames and not self._closing:
+            if transport is None or transport.get_write_buffer_size() >= DIRECT_WRITE_LIMIT:
+                self._wake.set()  # the writer task sends them as the socket drains
+                return
             if transport.is_closing():
-                return  # the connection is ending: its handler deals with the node
+                frames.clear()  # the connection is ending: its handler deals with the node
+                return
+            if self._turns is not None and not self._turns.take():
+                self._turns.wait(self)
+                return
+            frame = frames.popleft()
             header = binary_frame_header(len(frame))
             if len(frame) < _JOIN_BELOW:
                 transport.write(header + frame)
             else:
                 transport.write(header)
                 transport.write(frame)
-            return
-        self._frames.append(frame)
-        self._wake.set()
 
     def close(self) -> None:
         """Drop the connection (the node was declared dead); the writer task closes it."""
@@ -92,6 +146,7 @@ class NodeLink:
                 return
             while self._frames:
                 await self.ws.send_bytes(self._frames.popleft())
+            self.flush()  # anything that came meanwhile, straight to the socket again
 
 
 class ClientLink:
