@@ -98,7 +98,7 @@ class TakeTurns:
     suspending, so one busy peer could hold the loop for all of them: after SLICE_S of work,
     let every other connection run once."""
 
-    SLICE_S = 0.005
+    SLICE_S = 0.002
 
     def __init__(self) -> None:
         self._since = time.monotonic()

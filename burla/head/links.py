@@ -20,7 +20,7 @@ from burla import wire
 
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # results per frame to a client
 MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit
-WRITER_SLICE_S = 0.005  # a client's writer lets other connections run after this long
+WRITER_SLICE_S = 0.002  # a client's writer lets other connections run after this long
 # Bytes a node's socket may hold unsent before its frames wait for the writer task instead (which
 # waits for the socket to drain): a node that reads slowly must not grow the head's memory.
 DIRECT_WRITE_LIMIT = 1024 * 1024
