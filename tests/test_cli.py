@@ -43,6 +43,16 @@ def test_node_join_without_a_token_says_how_to_fix_it(tmp_path):
     assert "BURLA_CLUSTER_TOKEN" in done.stderr
 
 
+def test_node_join_takes_head_and_token_before_the_subcommand_too(tmp_path):
+    import os
+
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(tmp_path))
+    env.pop("BURLA_CLUSTER_TOKEN", None)
+    env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
+    done = burla("--head", "http://127.0.0.1:9", "node", "join", env=env)
+    assert done.returncode == 3 and "BURLA_CLUSTER_TOKEN" in done.stderr  # past the head: the token is missing
+
+
 def test_node_join_needs_a_head(tmp_path):
     import os
 

@@ -174,6 +174,28 @@ def test_error_exit_codes(cluster):
     assert code == 2 and doc["ok"] is False
 
 
+def test_head_and_token_mean_the_same_after_the_subcommand_as_before_it(cluster, tmp_path):
+    for args in (("--token", "wrong", "cluster", "status"), ("cluster", "status", "--token", "wrong"),
+                 ("jobs", "list", "--token", "wrong"), ("jobs", "calls", "list", "no-job", "--token", "wrong"),
+                 ("jobs", "--token", "wrong", "list")):
+        code, doc = burla(*args)
+        assert code == 3 and doc["error"]["code"] == "unauthorized", args
+    for args in (("--head", "http://127.0.0.1:9", "jobs", "list"), ("jobs", "list", "--head", "http://127.0.0.1:9")):
+        code, doc = burla(*args)
+        assert code == 6 and doc["error"]["code"] == "head_unreachable", args
+    # Neither from the environment: both after the subcommand reach the head.
+    env = dict(os.environ, **{ENV_CONFIG_DIR: str(tmp_path)})
+    env.pop(ENV_HEAD_URL)
+    env.pop(ENV_TOKEN)
+    done = subprocess.run([sys.executable, "-m", "burla", "cluster", "status", "--head", cluster.url, "--token",
+                           cluster.token], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["ok"] is True
+    # The last one given wins, as with any repeated option.
+    code, doc = burla("--head", "http://127.0.0.1:9", "cluster", "status", "--head", cluster.url)
+    assert code == 0
+
+
 def test_cluster_stop_and_start(tmp_path, monkeypatch):
     head = start_head(tmp_path / "config", local_nodes=1, workers=1)
     env = {ENV_HEAD_URL: head.url, ENV_TOKEN: head.token, ENV_CONFIG_DIR: str(head.config_dir)}

@@ -7,6 +7,7 @@ Management commands (cluster, jobs, nodes, settings, config, auth) print one JSO
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 import click
 
@@ -41,8 +42,42 @@ class _LazyGroup(click.Group):
         if module is None:
             return None
         command = getattr(importlib.import_module(module), name)
+        accept_global_options(command)
         self.add_command(command, name)
         return command
+
+
+def _keep_global(key: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    def keep(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            root = ctx.find_root()
+            root.obj[key] = value
+            root.obj[f"{key}_from_flag"] = True
+    return keep
+
+
+def accept_global_options(command: click.Command) -> None:
+    """Let `--head` and `--token` follow any subcommand (`burla jobs list --head URL`) with the
+    same meaning as before it. Commands with options of those names (`node join`, `head serve`)
+    keep theirs and fall back to the ones given before the subcommand (`global_option`)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            accept_global_options(sub)
+    flags = {flag for param in command.params for flag in getattr(param, "opts", ())}
+    if "--head" not in flags:
+        command.params.append(click.Option(
+            ["--head", "_global_head"], metavar="URL", expose_value=False, callback=_keep_global("head"),
+            help="The cluster's head, as in `burla --head URL ...`."))
+    if "--token" not in flags:
+        command.params.append(click.Option(
+            ["--token", "_global_token"], expose_value=False, callback=_keep_global("token"),
+            help="Cluster token, as in `burla --token TOKEN ...`."))
+
+
+def global_option(ctx: click.Context, key: str) -> str | None:
+    """`--head` or `--token` as given before the subcommand (or from its environment variable)."""
+    obj = ctx.find_root().obj
+    return obj.get(key) if obj else None
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

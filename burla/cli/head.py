@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from burla._version import __version__
+from burla.cli import global_option
 from burla.cli.common import vm_setup_options
 from burla.config import (
     ENV_TOKEN,
@@ -149,7 +150,8 @@ def head() -> None:
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
-def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
           node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
           history_path: Path | None, no_history: bool, history_retention_days: float, driver: str | None,
           keep_nodes: bool, node_link: str, orphan_timeout: float, node_index_url: str | None,
@@ -161,6 +163,7 @@ def serve(host: str, port: int | None, local_nodes: int, local_node_workers: int
     from burla.head.server import serve as run_head
 
     directory = config_dir()
+    token = token or global_option(ctx, "token")
     driver = _driver_name(driver)
     loopback = host in ("127.0.0.1", "localhost", "::1")
     if node_link == "direct" and driver != "local" and loopback and public_url is None:

@@ -9,6 +9,7 @@ import sys
 import click
 
 from burla._version import __version__
+from burla.cli import global_option
 from burla.config import ENV_HEAD_CERT, ENV_HEAD_URL, ENV_TOKEN, NodeSettings, config_dir, read_token
 
 
@@ -25,8 +26,8 @@ def node() -> None:
 
 
 @node.command()
-@click.option("--head", "head_url", envvar=ENV_HEAD_URL, required=True,
-              help="The head's URL, e.g. http://127.0.0.1:5001.")
+@click.option("--head", "head_url", envvar=ENV_HEAD_URL, default=None,
+              help="The head's URL, e.g. http://127.0.0.1:5001 (required, here or as `burla --head URL node join`).")
 @click.option("--token", envvar=ENV_TOKEN, default=None,
               help="Cluster token. Default: the one in the config directory.")
 @click.option("--workers", type=click.IntRange(1, 4096), default=None, help="Worker processes. Default: one per CPU.")
@@ -56,7 +57,9 @@ def node() -> None:
 @click.option("--head-url-file", default=None, hidden=True,
               help="A file holding the head's URL, read again before each connection (a moved SSH tunnel).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
-def join(head_url: str, token: str | None, workers: int | None, node_id: str | None, region: str,
+@click.pass_context
+def join(ctx: click.Context, head_url: str | None, token: str | None, workers: int | None, node_id: str | None,
+         region: str,
          image: str | None, host: str, port: int, advertise_url: str | None, advertise_host: str | None,
          orphan_timeout: float, steal_ack_timeout: float,
          memory_limit_gb: float | None, gpu: str | None, gpu_count: int, head_cert: str | None,
@@ -67,7 +70,10 @@ def join(head_url: str, token: str | None, workers: int | None, node_id: str | N
     from burla import input_files
     from burla.node.main import run_node
 
-    token = token or read_token(config_dir())
+    head_url = head_url or global_option(ctx, "head")
+    if not head_url:
+        raise click.UsageError("Missing option '--head': the head's URL, e.g. --head http://127.0.0.1:5001.")
+    token = token or global_option(ctx, "token") or read_token(config_dir())
     if not token:
         click.echo("error: no cluster token. Pass --token or set BURLA_CLUSTER_TOKEN (the head prints "
                    "where its token is stored).", err=True)
