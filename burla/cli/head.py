@@ -151,8 +151,8 @@ def head() -> None:
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, local_node_workers: int | None, token: str | None,
-          node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
+def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, local_node_workers: int | None,
+          token: str | None, node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
           history_path: Path | None, no_history: bool, history_retention_days: float, driver: str | None,
           keep_nodes: bool, node_link: str, orphan_timeout: float, node_index_url: str | None,
           node_wheelhouse: Path | None, ssh_address_map: Path | None, region: str | None, boot_deadline: float,
