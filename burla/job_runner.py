@@ -562,7 +562,7 @@ class JobRunner:
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):
-                display.progress(msg.done, msg.failed, msg.running)
+                display.progress(msg.done, msg.failed, msg.running, msg.booting)
             elif isinstance(msg, wire.JobEnded):
                 if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and self._remaining < self.n_inputs):
                     return  # a failed call's exception is already in the outcomes

@@ -29,6 +29,7 @@ class Display:
         self.done = 0
         self.failed = 0
         self.running = 0
+        self.booting = 0  # nodes still booting that the job waits for
 
     def announce(self, text: str) -> None:
         """A line for the person running the job (its dashboard page), on stderr."""
@@ -48,8 +49,9 @@ class Display:
         self._err.flush()
         self._draw(force=True)
 
-    def progress(self, done: int, failed: int, running: int) -> None:
+    def progress(self, done: int, failed: int, running: int, booting: int = 0) -> None:
         self.done, self.failed, self.running = max(self.done, done), max(self.failed, failed), running
+        self.booting = booting
         self._draw()
 
     def count_results(self, count: int, failed: int) -> None:
@@ -82,7 +84,10 @@ class Display:
         parts = [f"{self.done}/{self.total} done"]
         if self.failed:
             parts.append(f"{self.failed} failed")
-        parts.append(f"{self.running} running")
+        if self.booting and not self.running:
+            parts.append(f"waiting for {self.booting} booting node{'s' if self.booting > 1 else ''}")
+        else:
+            parts.append(f"{self.running} running")
         parts.append(f"{rate:,.1f}/s")
         parts.append(f"{elapsed:.1f}s")
         self._out.write("\r\x1b[2K[burla] " + " · ".join(parts))

@@ -388,6 +388,7 @@ class Progress(Message):
     failed: int
     running: int
     queued: int
+    booting: int = 0  # nodes still booting that the job waits for (it has none yet)
 
 
 @message(10)

@@ -129,3 +129,80 @@ async def test_a_one_call_job_goes_to_one_node_and_moves_when_that_node_is_lost(
     job = cluster.scheduler.jobs["j"]
     assert job.status == RUNNING and list(job.assignments) == [other]
     assert _sent(links[other], wire.AssignJob) and _pushed(links[other]) == [0]
+
+
+def _ended(cluster: Cluster, job_id: str) -> tuple[str, str, str]:
+    job = cluster.scheduler.jobs[job_id]
+    return job.status, job.end_kind, job.reason
+
+
+@pytest.mark.asyncio
+async def test_a_job_admitted_while_its_only_candidate_booted_ends_when_that_node_cannot_run_it():
+    cluster = Cluster("0.1.0")
+    cluster.expect_nodes(["a"])
+    cluster.open_job(spec(job_id="gpu", n=2, func_gpu="H100"))  # waits: "a" may have one
+    assert _ended(cluster, "gpu")[0] == RUNNING
+    _register(cluster, "a", [])  # it has no GPU
+    status, kind, reason = _ended(cluster, "gpu")
+    assert (status, kind) == ("FAILED", "NoCompatibleNodes") and "func_gpu='H100'" in reason
+
+
+@pytest.mark.asyncio
+async def test_a_job_waits_while_another_node_boots_and_ends_when_that_one_fails():
+    cluster = Cluster("0.1.0")
+    cluster.expect_nodes(["a", "b"])
+    cluster.open_job(spec(job_id="gpu", n=2, func_gpu="H100"))
+    _register(cluster, "a", [])
+    assert _ended(cluster, "gpu")[0] == RUNNING  # "b" may still have one
+    cluster.node_boot_failed("b", "its VM was deleted")
+    assert _ended(cluster, "gpu")[:2] == ("FAILED", "NoCompatibleNodes")
+
+
+@pytest.mark.asyncio
+async def test_a_by_file_job_whose_machine_has_no_node_left_ends_though_other_machines_have_nodes():
+    cluster = Cluster("0.1.0")
+    here = wire.RegisterNode("here", "http://x", 2, 2, 4.0, None, 0, None, "local", "3.11.7", cluster.version,
+                             cluster.build, b"", [], "client-machine")
+    cluster.node_registered(here, NodeLink("here", RecordingSocket()), b"")
+    cluster.open_job(spec(job_id="files", n=2, client_host="client-machine"))
+    assert cluster.scheduler.jobs["files"].spec.client_host == "client-machine"  # inputs go by file
+    elsewhere = wire.RegisterNode("far", "http://y", 2, 2, 4.0, None, 0, None, "local", "3.11.7", cluster.version,
+                                  cluster.build, b"", [], "another-machine")
+    cluster.node_registered(elsewhere, NodeLink("far", RecordingSocket()), b"")
+    cluster.node_dropped("here")  # it may come back for a while
+    assert _ended(cluster, "files")[0] == RUNNING
+    cluster.node_boot_failed("here", "not back within the node deadline", "did not come back")
+    status, kind, reason = _ended(cluster, "files")
+    assert (status, kind) == ("FAILED", "NoCompatibleNodes") and "files on the client's machine" in reason
+
+
+@pytest.mark.asyncio
+async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_view():
+    import io
+
+    from burla.progress import Display
+
+    cluster = Cluster("0.1.0")
+    cluster.expect_nodes(["a", "b"])
+    job, link = cluster.open_job(spec(job_id="w", n=2))
+    assert cluster.job_view(job)["waiting_for_booting_nodes"] == 2
+    socket = RecordingSocket()
+    link.attach(socket)
+    cluster._send_progress(job, link)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    progress = [m for m in map(lambda f: wire.decode(f, wire.HEAD_TO_CLIENT), socket.frames)
+                if isinstance(m, wire.Progress)]
+    assert progress and progress[-1].booting == 2
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    display = Display(2, True, stdout=terminal, stderr=io.StringIO())
+    display.progress(0, 0, 0, progress[-1].booting)
+    assert "waiting for 2 booting nodes" in terminal.getvalue()
+    _register(cluster, "a", [])
+    assert cluster.job_view(job)["waiting_for_booting_nodes"] == 0  # it has a node now
+    await link.detach(socket, 0.0)

@@ -59,6 +59,22 @@ def test_embedded_cluster_starts_runs_and_stops(tmp_path):
     assert "COMPLETED" in log
 
 
+def test_a_job_no_node_can_run_fails_on_a_fresh_embedded_cluster_instead_of_waiting(tmp_path):
+    # The job often opens while the embedded node is still booting (it may have had the GPU);
+    # whether it registers before or after, without a GPU the job ends saying why instead of
+    # waiting forever (test_cluster_events pins down the ordering that used to hang).
+    config_dir = tmp_path / "config"
+    done = run_client(PRELUDE + (
+        "from burla import NoCompatibleNodes\n"
+        "try:\n"
+        "    remote_parallel_map(functions.double, [1], func_gpu='H100', spinner=False)\n"
+        "except NoCompatibleNodes as e:\n"
+        "    print('raised', str(e).replace(chr(10), ' '))\n"
+    ), _env(config_dir), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "raised" in done.stdout and "func_gpu='H100'" in done.stdout
+
+
 def test_running_head_is_reused(tmp_path):
     config_dir = tmp_path / "config"
     head = start_head(config_dir, token="reuse-token")

@@ -116,7 +116,13 @@ class Cluster:
         self.pump()  # its first window is granted with AssignJob: fill it now, it may never ask
         if self.history is not None:
             self.history.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
+        self._end_unrunnable()  # the job's last candidate finished booting and can't run it
         return node
+
+    def _end_unrunnable(self) -> None:
+        """No job waits for a node that will never come (Scheduler.unrunnable says which)."""
+        for job, kind, why in self.scheduler.unrunnable():
+            self.end_job(job, FAILED, kind, why)
 
     def _adopt_held(self, msg: wire.RegisterNode, link: NodeLink) -> None:
         """What a node kept running while it had no head: inputs of jobs this head runs stay on it
@@ -171,6 +177,7 @@ class Cluster:
         log.info("node %s left", node_id)
         if self.history is not None:
             self.history.node_event(node_id, "left")
+        self._end_unrunnable()
         if pump:
             self.pump()
 
@@ -219,6 +226,7 @@ class Cluster:
                                  f"replace it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.")
                 elif job.status == RUNNING and not job.assignments:
                     self.end_job(job, FAILED, "NoNodes", f"No node is left for this job: {node_id} {what}: {why}")
+        self._end_unrunnable()
 
     async def steal_loop(self) -> None:
         """Point idle nodes at peers that still hold queued inputs (they steal half)."""
@@ -667,7 +675,7 @@ class Cluster:
     def _send_progress(self, job: JobRecord, link: ClientLink, force: bool = False) -> None:
         running = job.running(self.scheduler.nodes) if job.status == RUNNING else 0
         queued = max(0, job.received - job.n_done - running)
-        snapshot = (job.n_done, job.n_failed, running, queued)
+        snapshot = (job.n_done, job.n_failed, running, queued, self.waiting_for_nodes(job))
         if force or snapshot != link.last_progress:
             link.last_progress = snapshot
             link.send(wire.Progress(job.job_id, *snapshot))
@@ -702,6 +710,10 @@ class Cluster:
 
     # --- views for HTTP ------------------------------------------------------------------
 
+    def waiting_for_nodes(self, job: JobRecord) -> int:
+        """How many booting nodes a job that has no node yet waits for (0 for any other job)."""
+        return len(self.booting_ids) if job.status == RUNNING and not job.assignments else 0
+
     def job_view(self, job: JobRecord) -> dict:
         started, ended = self.job_times.get(job.job_id, (None, None))
         spec = job.spec
@@ -718,6 +730,7 @@ class Cluster:
             "stolen": job.stolen,
             "running": job.running(self.scheduler.nodes) if job.status == RUNNING else 0,
             "nodes": sorted(job.assignments),
+            "waiting_for_booting_nodes": self.waiting_for_nodes(job),
             "parent_job_id": spec.parent_job_id,
             "max_parallelism": spec.max_parallelism,
             "detach": spec.detach,

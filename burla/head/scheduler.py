@@ -462,7 +462,38 @@ class Scheduler:
                 f"has {biggest.cpus} CPUs and {biggest.ram_gb:.0f} GB; lower them, or use grow=True on "
                 "a cloud cluster to boot bigger machines."
             )
+        if "host" in reasons:
+            lines.append(
+                "- the job's inputs travel as files on the client's machine, and no node on that machine is left; "
+                "run the job again (its inputs then go over the network to the other nodes)."
+            )
         return "\n".join(lines)
+
+    def unrunnable(self) -> list[tuple[JobRecord, str, str]]:
+        """Running jobs no node can run, now that none is booting: [(job, end kind, why)].
+
+        A job that holds nodes, or waits for nodes expected back after a restart, is not one.
+        Called whenever nodes register, leave or give up booting, so no job waits forever for a
+        node that will never come (one admitted while its only candidate was still booting)."""
+        if self.booting:
+            return []
+        found = []
+        for job in self.running.values():
+            if job.assignments or job.waits_for_nodes or job.restored:
+                continue
+            if not self.nodes:
+                found.append((job, "NoNodes", "No node is left in the cluster to run this job. Start nodes "
+                              "(`burla cluster start`, `burla node join --head URL`) and run it again."))
+                continue
+            reasons: dict[str, list[NodeRecord]] = {}
+            for node in self.nodes.values():
+                reason = self.ineligibility(node, job.spec) or ("host" if not self.can_join(node, job.spec) else None)
+                if reason is None:
+                    break  # a node could take it after all: leave it be
+                reasons.setdefault(reason, []).append(node)
+            else:
+                found.append((job, "NoCompatibleNodes", self._explain(job.spec, reasons)))
+        return found
 
     # --- inputs and results --------------------------------------------------------------
 
