@@ -57,7 +57,7 @@ class FunctionTooBig(ClientInputError):
 
 class InputTooBig(ClientInputError):
     def __init__(self, input_index: int, size: int, limit: int) -> None:
-        self.input_index = input_index
+        self.input_index = self.burla_input_index = input_index
         self.size = size
         self.limit = limit
         super().__init__(
@@ -75,7 +75,7 @@ class UnpicklableFunction(ClientInputError):
 
 class UnpicklableInput(ClientInputError):
     def __init__(self, input_index: int, detail: str) -> None:
-        self.input_index = input_index
+        self.input_index = self.burla_input_index = input_index
         self.detail = detail
         super().__init__(
             f"Input {input_index} can't be pickled: {detail}. Pass plain data (numbers, "
@@ -165,7 +165,7 @@ class NodeDisconnected(JobError):
 
 class WorkerCrashed(JobError):
     def __init__(self, input_index: int, exit_code: int | None, attempts: int) -> None:
-        self.input_index = input_index
+        self.input_index = self.burla_input_index = input_index
         self.exit_code = exit_code
         self.attempts = attempts
         how = _describe_exit(exit_code)
@@ -181,7 +181,7 @@ class WorkerCrashed(JobError):
 
 class OutOfMemory(JobError):
     def __init__(self, input_index: int, used_gb: float, limit_gb: float, per_call: bool) -> None:
-        self.input_index = input_index
+        self.input_index = self.burla_input_index = input_index
         self.used_gb = used_gb
         self.limit_gb = limit_gb
         self.per_call = per_call

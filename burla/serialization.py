@@ -11,7 +11,7 @@ import pickle
 import traceback
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -108,7 +108,15 @@ def _traceback_dict(tb: TracebackType | None) -> dict | None:
     return tb_dict
 
 
-def pack_error(exc: BaseException, skip_frames: int = 0) -> bytes:
+class ErrorOrigin(NamedTuple):
+    """Where a call failed: its node, that node's host, and the worker process."""
+
+    node_id: str
+    host: str
+    worker_pid: int
+
+
+def pack_error(exc: BaseException, skip_frames: int = 0, origin: ErrorOrigin | None = None) -> bytes:
     """Pack a raised exception for the trip to the client (in a worker or node)."""
     tb = exc.__traceback__
     for _ in range(skip_frames):
@@ -130,7 +138,8 @@ def pack_error(exc: BaseException, skip_frames: int = 0) -> bytes:
         exc_bytes = None
     finally:
         exc.with_traceback(tb)
-    record = wire.ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), text, exc_bytes, tb_dict)
+    record = wire.ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), text, exc_bytes, tb_dict,
+                              *(origin or ("", "", 0)))
     try:
         return record.encode()
     except Exception:  # a traceback dict msgpack can't carry: the text still tells the story
@@ -174,6 +183,21 @@ def unpack_error(payload: bytes, input_index: int) -> BaseException:
     try:
         exc.burla_input_index = input_index  # type: ignore[attr-defined]
         exc.burla_traceback = record.traceback  # type: ignore[attr-defined]
+        exc.burla_node_id = record.node_id  # type: ignore[attr-defined]
+        exc.burla_host = record.host  # type: ignore[attr-defined]
+        exc.burla_worker_pid = record.worker_pid  # type: ignore[attr-defined]
     except AttributeError:  # exceptions with __slots__
         pass
+    exc.add_note(failure_note(input_index, record))  # PEP 678: shown under the traceback
     return exc
+
+
+def failure_note(input_index: int, record: wire.ErrorRecord) -> str:
+    """`[burla] failed on input index N on node NODE (host H, worker pid P)`."""
+    if not record.node_id:
+        return f"[burla] failed on input index {input_index}"
+    details = [f"host {record.host}"] if record.host else []
+    if record.worker_pid:
+        details.append(f"worker pid {record.worker_pid}")
+    where = f" ({', '.join(details)})" if details else ""
+    return f"[burla] failed on input index {input_index} on node {record.node_id}{where}"

@@ -647,6 +647,9 @@ class ErrorRecord(Message):
     traceback: str  # formatted, as the worker saw it
     exception: bytes | None  # the cloudpickled exception, None if it can't travel
     frames: dict | None  # tblib's dict of the traceback, to re-raise with the remote frames
+    node_id: str = ""  # where the call failed ("" where not known)
+    host: str = ""
+    worker_pid: int = 0  # 0: the node itself (a crashed worker's pid is given when known)
 
     @property
     def qualified_name(self) -> str:

@@ -149,6 +149,8 @@ def test_failed_calls_show_their_traceback(page, cluster):
     page.click("details.failure[data-index='3'] summary")
     traceback = page.inner_text("details.failure[data-index='3'] pre")
     assert "ValueError: input 3 is bad" in traceback and "fail_on" in traceback
+    where = page.inner_text("details.failure[data-index='3'] .where")
+    assert where.startswith("on node ") and "worker pid" in where
     _shot(page, "job-failures")
 
 

@@ -95,6 +95,23 @@ async def test_a_history_of_the_previous_schema_is_migrated_in_place(tmp_path):
     assert not list(tmp_path.glob("h.db.v*"))
 
 
+async def test_failures_of_the_schema_before_where_calls_failed_are_kept(tmp_path):
+    with sqlite3.connect(tmp_path / "h.db") as raw:
+        raw.execute("CREATE TABLE call_failures (job_id TEXT NOT NULL, input_index INTEGER NOT NULL, "
+                    "exception_type TEXT NOT NULL, message TEXT NOT NULL, traceback TEXT NOT NULL, at REAL NOT NULL, "
+                    "PRIMARY KEY (job_id, input_index))")
+        raw.execute("INSERT INTO call_failures VALUES ('old', 3, 'ValueError', 'bad', 'Traceback', 1.0)")
+        raw.execute("PRAGMA user_version=3")
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    try:
+        [failure] = await history.failures_of("old")
+        assert (failure["input_index"], failure["node_id"], failure["host"], failure["worker_pid"]) == (3, "", "", 0)
+    finally:
+        await history.close()
+    assert not list(tmp_path.glob("h.db.v*"))
+
+
 async def test_a_kept_job_that_ended_keeps_its_error_kind(tmp_path):
     history = History(tmp_path / "h.db", retention_days=30)
     await history.open()

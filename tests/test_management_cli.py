@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from burla import remote_parallel_map
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import PRELUDE
+from tests.helpers import PRELUDE, get_json
 
 
 def burla(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -57,8 +58,14 @@ def test_debugging_a_failed_job(cluster):
     assert code == 0
     [group] = doc["data"]["groups"]
     assert group["count"] == 1 and group["input_indices"] == [3] and "ValueError" in group["exception_type"]
+    [node_id] = [node["node_id"] for node in get_json(cluster, "/v1/cluster")["nodes"]]
+    assert group["nodes"] == {node_id: 1}
+    where = group["example_where"]
+    assert where["node_id"] == node_id and where["host"] == socket.gethostname() and where["worker_pid"] > 0
     code, doc = burla("jobs", "calls", "list", job["job_id"], "--failed-only")
     assert code == 0 and [c["input_index"] for c in doc["data"]["calls"]] == [3]
+    [call] = doc["data"]["calls"]
+    assert call["node_id"] == node_id and call["worker_pid"] == where["worker_pid"]
     code, doc = burla("jobs", "calls", "list", job["job_id"], "--limit", "2", "--offset", "2")
     assert [c["state"] for c in doc["data"]["calls"]] == ["done", "failed"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import traceback
 
 import pytest
@@ -57,6 +58,11 @@ def test_exception_reraises_with_type_index_and_remote_traceback(cluster):
     assert "fail_on" in shown and "functions.py" in shown
     assert 'raise ValueError(f"input {x} is bad")' in shown  # source line of the remote frame
     assert "fail_on" in error.burla_traceback
+    # Where it failed: a PEP 678 note shown under the traceback, and attributes.
+    [node_id] = [node["node_id"] for node in get_json(cluster, "/v1/cluster")["nodes"]]
+    assert error.burla_node_id == node_id and error.burla_host == socket.gethostname() and error.burla_worker_pid > 0
+    note = f"[burla] failed on input index 3 on node {node_id} (host {socket.gethostname()}, worker pid "
+    assert error.__notes__[-1].startswith(note) and note in shown
 
 
 def test_custom_exception_keeps_its_fields(cluster):
@@ -225,7 +231,7 @@ def test_input_too_big_names_its_index(cluster):
     huge = bytes(201 * 1024 * 1024)
     with pytest.raises(InputTooBig) as caught:
         remote_parallel_map(len, [small, huge], spinner=False)
-    assert caught.value.input_index == 1
+    assert caught.value.input_index == caught.value.burla_input_index == 1
     # The cluster is fine afterwards.
     assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
 
@@ -241,7 +247,7 @@ def test_unpicklable_input_names_its_index(cluster):
     jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
     with pytest.raises(UnpicklableInput) as caught:
         remote_parallel_map(functions.double, [1, 2, threading.Lock()], spinner=False)
-    assert caught.value.input_index == 2
+    assert caught.value.input_index == caught.value.burla_input_index == 2
     # It was among the first inputs, pickled before the job opens: no job was left on the head.
     assert len(get_json(cluster, "/v1/cluster")["jobs"]) == jobs_before
 
@@ -251,6 +257,8 @@ def test_worker_that_exits_is_replaced_and_the_job_goes_on(cluster):
     assert [r for i, r in enumerate(results) if i != 1] == [0, 2, 3, 4, 5]
     assert isinstance(results[1], WorkerCrashed)
     assert results[1].input_index == 1 and results[1].burla_input_index == 1
+    assert results[1].burla_node_id and results[1].burla_worker_pid > 0  # the worker that died
+    assert results[1].__notes__[-1].startswith(f"[burla] failed on input index 1 on node {results[1].burla_node_id}")
     assert "exit code 13" in str(results[1])
     # Both workers are back and serve the next job.
     assert sorted(set(remote_parallel_map(functions.pid, range(40), spinner=False))) != []

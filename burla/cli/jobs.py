@@ -96,10 +96,14 @@ def errors(ctx: click.Context, job_id: str) -> None:
             group = groups.setdefault(key, {
                 "exception_type": failure["exception_type"], "count": 0, "input_indices": [],
                 "example_message": failure["message"], "traceback": failure["traceback"],
+                "example_where": {name: failure[name] for name in ("node_id", "host", "worker_pid")},
+                "nodes": {},
             })
             group["count"] += 1
             if len(group["input_indices"]) < 50:
                 group["input_indices"].append(failure["input_index"])
+            node = failure["node_id"] or "unknown"
+            group["nodes"][node] = group["nodes"].get(node, 0) + 1  # a node that fails more than its share
         ordered = sorted(groups.values(), key=lambda g: -g["count"])
         return {"job_id": job_id, "failed_calls": len(failures), "groups": ordered}
 

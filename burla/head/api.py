@@ -242,8 +242,9 @@ async def list_calls(request: web.Request) -> web.Response:
     for index in page:
         call = {"input_index": index, "state": state(index)}
         if index in failed:
-            call["exception_type"] = failed[index]["exception_type"]
-            call["message"] = failed[index]["message"]
+            failure = failed[index]
+            for key in ("exception_type", "message", "node_id", "host", "worker_pid"):
+                call[key] = failure[key]
         calls.append(call)
     return json_response({"job_id": view["job_id"], "total": total, "offset": offset, "calls": calls})
 

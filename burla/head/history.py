@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +27,15 @@ from burla.errors import ProtocolError
 
 log = logging.getLogger("burla.head")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Older schemas this one reads after these statements (others are moved aside).
-MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''"]}
+_WHERE_CALLS_FAILED = [
+    "ALTER TABLE call_failures ADD COLUMN node_id TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE call_failures ADD COLUMN host TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE call_failures ADD COLUMN worker_pid INTEGER NOT NULL DEFAULT 0",
+]
+MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''", *_WHERE_CALLS_FAILED],
+              3: _WHERE_CALLS_FAILED}
 FLUSH_EVERY_S = 0.5
 FLUSH_AT_ROWS = 20_000
 KEEP_AFTER_FAILED_WRITES = 100_000  # output chunks, and samples, kept for the next write when one fails
@@ -58,6 +65,9 @@ CREATE TABLE IF NOT EXISTS call_failures (
     message TEXT NOT NULL,
     traceback TEXT NOT NULL,
     at REAL NOT NULL,
+    node_id TEXT NOT NULL DEFAULT '',  -- where it failed ('' where not known)
+    host TEXT NOT NULL DEFAULT '',
+    worker_pid INTEGER NOT NULL DEFAULT 0,  -- 0: the node itself failed it
     PRIMARY KEY (job_id, input_index)
 );
 -- Output is stored a flush at a time per job (one row holds many calls' chunks as JSON), so a
@@ -204,7 +214,11 @@ class History:
             (tables,) = await cursor.fetchone()
         if tables and version in MIGRATIONS:
             for statement in MIGRATIONS[version]:
-                await self._db.execute(statement)
+                try:
+                    await self._db.execute(statement)
+                except sqlite3.OperationalError as e:
+                    if "no such table" not in str(e):
+                        raise  # a table that is missing is made whole by SCHEMA below
             version = SCHEMA_VERSION
         if tables and version != SCHEMA_VERSION:  # written by another burla version: keep it aside
             await self._db.close()
@@ -260,9 +274,10 @@ class History:
                 continue
             try:
                 record = wire.read_error(payload)  # typed fields only: the head never unpickles
-                row = (job_id, index, record.qualified_name, record.message, record.traceback, now)
+                row = (job_id, index, record.qualified_name, record.message, record.traceback, now, record.node_id,
+                       record.host, record.worker_pid)
             except ProtocolError:  # a payload we can't read is still a failure worth listing
-                row = (job_id, index, "unknown", "the error could not be read", "", now)
+                row = (job_id, index, "unknown", "the error could not be read", "", now, "", "", 0)
             self._failures.append(row)
         self._poke(len(results))
 
@@ -436,7 +451,7 @@ class History:
             *[(f"DELETE FROM {table} WHERE job_id = ?", closed)
               for table in ("live_jobs", "kept_inputs", "kept_results")],
             (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", rows.jobs),
-            ("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?)", rows.failures),
+            ("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows.failures),
             ("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows),
             ("INSERT INTO node_events VALUES (?, ?, ?, ?)", rows.events),
             ("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.samples),
@@ -499,7 +514,8 @@ class History:
         """A page of a job's failed calls by input index, optionally within an index range."""
         last = (1 << 62) if last_index is None else last_index
         return await self._rows(
-            "SELECT input_index, exception_type, message, traceback, at FROM call_failures WHERE job_id = ? "
+            "SELECT input_index, exception_type, message, traceback, at, node_id, host, worker_pid FROM call_failures "
+            "WHERE job_id = ? "
             "AND input_index BETWEEN ? AND ? ORDER BY input_index LIMIT ? OFFSET ?",
             (job_id, first_index, last, limit, offset))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from burla import wire
 from burla.errors import OutOfMemory, WorkerCrashed
 from burla.node.worker_pool import Batch, WorkerHandle
-from burla.serialization import pack_error
+from burla.serialization import ErrorOrigin, pack_error
 
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
 TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
@@ -90,9 +90,12 @@ class NodeJob:
 
 
 class Dispatcher:
-    def __init__(self, workers: Callable[[], list[WorkerHandle]], on_outgoing: Callable[[], None]) -> None:
+    def __init__(self, workers: Callable[[], list[WorkerHandle]], on_outgoing: Callable[[], None],
+                 node_id: str = "", host: str = "") -> None:
         self._workers = workers
         self._on_outgoing = on_outgoing
+        self._node_id = node_id  # where the calls it fails itself failed (a crashed worker, OOM)
+        self._host = host
         self.jobs: dict[str, NodeJob] = {}
         self._rr = 0
 
@@ -144,6 +147,10 @@ class Dispatcher:
         if job is not None:
             job.ready = True
             self.pump()
+
+    def origin(self, worker_pid: int = 0) -> ErrorOrigin:
+        """Where a call this node fails failed: this node, and the worker's pid if one ran it."""
+        return ErrorOrigin(self._node_id, self._host, worker_pid)
 
     def install_failed(self, job_id: str, payload: bytes) -> None:
         """Every input of the job, queued or still to come, ends in the installation error."""
@@ -238,7 +245,7 @@ class Dispatcher:
                 if index == crashed_index and kill is not None:
                     if not kill.retry:
                         error = OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
-                        job.out_results.append([index, False, pack_error(error)])
+                        job.out_results.append([index, False, pack_error(error, origin=self.origin(worker.pid))])
                         job.done += 1
                         self._on_outgoing()
                         continue
@@ -247,7 +254,7 @@ class Dispatcher:
                     job.crash_attempts[index] = attempts
                     if attempts >= MAX_CRASH_ATTEMPTS:
                         error = WorkerCrashed(index, exit_code, attempts)
-                        job.out_results.append([index, False, pack_error(error)])
+                        job.out_results.append([index, False, pack_error(error, origin=self.origin(worker.pid))])
                         job.done += 1
                         self._on_outgoing()
                         continue

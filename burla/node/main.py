@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from burla.config import ENV_HEAD_URL, ENV_TOKEN, NodeSettings
+from burla.config import ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
 from burla.process_memory import release_large_blocks
@@ -28,6 +28,7 @@ def run_node(settings: NodeSettings) -> int:
     env = dict(os.environ)
     env[ENV_HEAD_URL] = settings.head_url
     env[ENV_TOKEN] = settings.token
+    env[ENV_NODE_ID] = settings.node_id
     lifeline = () if settings.lifeline_fd is None else (settings.lifeline_fd,)
     forked = fork_workers(settings.workers, env, close_in_child=lifeline) if can_fork() else []
 

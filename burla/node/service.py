@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 
 import aiohttp
@@ -54,7 +55,8 @@ class NodeService:
         """`pool`: the node's workers, already starting (see burla/node/main.py)."""
         self.settings = settings
         self.pool = pool
-        self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender)
+        self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender, settings.node_id,
+                                     socket.gethostname())
         pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump())
         self.cpu = CpuGuard(self.pool, self.dispatcher)
         self.donor = Donor(settings.node_id, self.dispatcher, settings.steal_ack_timeout_s)
@@ -295,7 +297,7 @@ class NodeService:
             await self.environment.install(packages, lambda line: self.dispatcher.install_output(job_id, line))
         except Exception as e:  # InstallFailed, or the installer could not even start
             log.error("installing packages for job %s failed: %s", job_id, e)
-            self.dispatcher.install_failed(job_id, pack_error(e))
+            self.dispatcher.install_failed(job_id, pack_error(e, origin=self.dispatcher.origin()))
         else:
             self.dispatcher.install_done(job_id)
 

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 from burla import local_code, wire
-from burla.config import ENV_PARENT_JOB
+from burla.config import ENV_NODE_ID, ENV_PARENT_JOB
 from burla.input_files import is_reference, mapped_input
 from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
-from burla.serialization import dumps_result, loads, pack_error
+from burla.serialization import ErrorOrigin, dumps_result, loads, pack_error
 
 _INDEX = struct.Struct("q")
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
@@ -55,6 +55,7 @@ class Worker:
         self._batch_job: str | None = None
         self._cancel_requested = False
         self.capture = OutputCapture(self._send_live_output)
+        self._origin = ErrorOrigin(os.environ.get(ENV_NODE_ID, ""), socket.gethostname(), os.getpid())
 
     # --- framing -------------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ class Worker:
                 raise TypeError(f"the job's function is a {type(function).__name__}, not callable")
             self._functions[job_id] = function
         except BaseException as e:  # a missing module on this node, a broken pickle...
-            self._functions[job_id] = _LoadFailure(pack_error(e))
+            self._functions[job_id] = _LoadFailure(pack_error(e, origin=self._origin))
 
     def _use_local_code(self, code: bytes) -> None:
         """Unpack shipped modules, unless the same ones are already in place from an earlier job.
@@ -190,7 +191,8 @@ class Worker:
         if isinstance(function, _LoadFailure):
             return False, function.payload
         if function is None:
-            return False, pack_error(RuntimeError("this worker was given calls before the job's function"))
+            return False, pack_error(RuntimeError("this worker was given calls before the job's function"),
+                                    origin=self._origin)
         self._in_call = True
         try:
             if is_reference(argument_bytes):
@@ -206,14 +208,14 @@ class Worker:
             raise
         except BaseException as e:
             self._in_call = False
-            return False, pack_error(e, skip_frames=1)
+            return False, pack_error(e, skip_frames=1, origin=self._origin)
         finally:
             self._in_call = False
         try:
             return True, dumps_result(value)
         except BaseException as e:
             wrapped = TypeError(f"the call returned a {type(value).__name__} that can't be pickled: {e}")
-            return False, pack_error(wrapped)
+            return False, pack_error(wrapped, origin=self._origin)
 
     def _flush(self, job_id: str, results: list, batch_done: bool) -> None:
         with self.capture.send_lock:

@@ -206,6 +206,8 @@ function jobPage() {
       shell.failures.replaceChildren(...(state.failures.length ? [h("h2", {}, `Failed calls (${job.n_failed})`),
         ...state.failures.map(f => h("details", {class: "card failure", "data-index": f.input_index},
           h("summary", {}, `input ${f.input_index}: ${f.exception_type.split(".").pop()}: ${f.message}`),
+          f.node_id ? h("p", {class: "where"}, `on node ${f.node_id}` + (f.host ? ` (host ${f.host}` +
+            (f.worker_pid ? `, worker pid ${f.worker_pid})` : ")") : "")) : null,
           h("pre", {}, f.traceback)))] : []));
     }
   });
