@@ -18,23 +18,27 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from burla.login_links import SignedSessions, check_link_code
 from burla.web_json import error_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
 SESSION_COOKIE = "burla_session"
 LOGIN_CODE_TTL_S = 300.0
-SESSION_TTL_S = 7 * 86400.0
 CSRF_HEADER = "X-Burla-CSRF"
 _UNSAFE_IN_REDIRECT = frozenset(chr(c) for c in range(0x21)) | {"\x7f", "\\"}
 
 
 class Sessions:
-    """One-time login codes (minted with the token) and the browser sessions they open."""
+    """Browser sign-ins: one-time codes minted on request (`burla dashboard`, five minutes),
+    links a client signed with the token (a job's printed link), and the sessions both open.
+    Sessions are signed cookie values (burla.login_links), valid across head restarts."""
 
-    def __init__(self) -> None:
-        self._codes: dict[str, float] = {}  # code -> expiry
-        self._sessions: dict[str, float] = {}  # session id -> expiry
+    def __init__(self, token: str) -> None:
+        self._token = token
+        self._signed = SignedSessions(token)
+        self._codes: dict[str, float] = {}  # code -> expiry (monotonic)
+        self._used_links: dict[str, float] = {}  # link code -> its expiry (wall clock): each opens once
 
     def new_code(self) -> str:
         self._expire()
@@ -43,28 +47,34 @@ class Sessions:
         return code
 
     def redeem(self, code: str) -> str | None:
-        """Trade a code (once) for a session id; None if it is unknown, used or expired."""
+        """Trade a code (once) for a session; None if it is unknown, used or expired."""
         self._expire()
         given = code.encode("utf-8", "surrogatepass")
         match = next((c for c in self._codes if hmac.compare_digest(c.encode(), given)), None)
         if match is None:
             return None
         del self._codes[match]
-        session = secrets.token_urlsafe(32)
-        self._sessions[session] = time.monotonic() + SESSION_TTL_S
-        return session
+        return self._signed.new()
+
+    def redeem_link(self, path: str, code: str) -> str | None:
+        """Trade a signed link's code for `path` (once) for a session; None if it is not valid."""
+        self._expire()
+        expires = check_link_code(self._token, path, code)
+        if expires is None or code in self._used_links:
+            return None
+        self._used_links[code] = expires
+        return self._signed.new()
 
     def valid(self, session: str | None) -> bool:
-        if not session:
-            return False
-        expiry = self._sessions.get(session)
-        return expiry is not None and expiry > time.monotonic()
+        return self._signed.valid(session)
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for store in (self._codes, self._sessions):
-            for key in [k for k, expiry in store.items() if expiry <= now]:
-                del store[key]
+        for code in [c for c, expiry in self._codes.items() if expiry <= now]:
+            del self._codes[code]
+        wall = time.time()
+        for code in [c for c, expiry in self._used_links.items() if expiry <= wall]:
+            del self._used_links[code]
 
 
 def same_origin_path(target: str) -> bool:

@@ -36,6 +36,7 @@ from burla.errors import (
 )
 from burla.input_files import INPUT_FILE_MIN_BYTES, InputFiles, files_root
 from burla.local_cluster import ClusterHandle
+from burla.login_links import LINK_PARAM, link_code
 from burla.progress import Display
 from burla.serialization import PROTOCOL, dumps, loads, unpack_error
 
@@ -322,7 +323,10 @@ class JobRunner:
         if not isinstance(msg, kind):
             raise ProtocolError(f"the head answered with {type(msg).__name__}, expected {kind.__name__}")
         if isinstance(msg, wire.JobAccepted):
-            self.display.announce(f"job {self.job_id}: {self.cluster.url}/jobs/{self.job_id}")
+            # The link signs a browser in (the client holds the token), as Jupyter's do.
+            path = f"/jobs/{self.job_id}"
+            code = link_code(self.cluster.token, path)
+            self.display.announce(f"job {self.job_id}: {self.cluster.url}{path}?{LINK_PARAM}={code}")
             root = files_root() if msg.inputs_by_file else None
             if root is not None:  # every node of the job shares this machine: large inputs go by file
                 try:

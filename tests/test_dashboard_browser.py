@@ -154,6 +154,40 @@ def test_failed_calls_show_their_traceback(page, cluster):
     _shot(page, "job-failures")
 
 
+def test_a_printed_job_link_signs_in_once_and_its_session_outlives_the_head(browser, tmp_path):
+    import re
+
+    from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+    from tests.conftest import run_client, start_head, wait_for_nodes
+
+    config_dir = tmp_path / "config"
+    head = start_head(config_dir, workers=1)
+    try:
+        wait_for_nodes(head, 1)
+        done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2], spinner=False))\n",
+                          {ENV_HEAD_URL: head.url, ENV_TOKEN: head.token, ENV_CONFIG_DIR: str(config_dir)})
+        assert done.returncode == 0, done.stderr
+        [(job_id, link)] = re.findall(r"\[burla\] job (\S+): (\S+)", done.stderr)
+        assert link.startswith(f"{head.url}/jobs/{job_id}?login=")
+        context = browser.new_context()  # no session yet: the link alone signs it in
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(link)
+        page.wait_for_selector("#count-done:has-text('2/2')")
+        assert page.url == f"{head.url}/jobs/{job_id}"  # the code left the address bar
+        stranger = browser.new_context()  # the link works once
+        response = stranger.new_page().goto(link)
+        assert response.status == 401 and "burla dashboard" in response.text()
+        stranger.close()
+        head.stop()
+        head = start_head(config_dir, workers=1)  # same token: the browser's session still holds
+        page.goto(f"{head.url}/jobs/{job_id}")
+        page.wait_for_selector("#count-done:has-text('2/2')")
+        context.close()
+    finally:
+        head.stop()
+
+
 def test_cancel_button_stops_the_job(page, cluster):
     script = PRELUDE + "remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(4)])\n"
     client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL,

@@ -38,7 +38,7 @@ async def shutdown(request: web.Request) -> web.Response:
 
 def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Event, head_url: str,
               guard: ConnectionGuard, loop_monitor: LoopMonitor) -> web.Application:
-    sessions = Sessions()
+    sessions = Sessions(token)
     app = web.Application(
         client_max_size=MAX_HTTP_BODY,
         middlewares=[guard.middleware, json_errors(MAX_HTTP_BODY), require_text_urls,

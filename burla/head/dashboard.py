@@ -13,10 +13,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from burla.auth import SESSION_COOKIE, SESSION_TTL_S, Sessions, same_origin_path
+from burla.auth import SESSION_COOKIE, Sessions, same_origin_path
 from burla.head.api import int_param, jobs_listing, metrics_of
 from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
+from burla.login_links import LINK_PARAM, SESSION_TTL_S
 from burla.web_json import dumps, json_response
 
 STATIC = Path(__file__).parent / "static"
@@ -49,7 +50,16 @@ async def settings_page(request: web.Request) -> web.StreamResponse:
 
 
 async def login_needed(request: web.Request) -> web.Response:
-    """What a browser without a session sees: how to get in."""
+    """What a browser without a session sees: the page, if its link carries a valid sign-in
+    code (a job's link as the client prints it); else how to get in."""
+    code = request.query.get(LINK_PARAM)
+    if code:
+        session = request.app[SESSIONS].redeem_link(request.path, code)
+        if session is not None:
+            from urllib.parse import urlencode
+
+            rest = {key: value for key, value in request.query.items() if key != LINK_PARAM}
+            raise _signed_in(request, session, request.path + (f"?{urlencode(rest)}" if rest else ""))
     html = (STATIC / "login.html").read_text()
     return web.Response(text=html, content_type="text/html", status=401)
 
@@ -63,10 +73,15 @@ async def login(request: web.Request) -> web.StreamResponse:
     session = request.app[SESSIONS].redeem(code) if code else None
     if session is None:
         return await login_needed(request)
+    raise _signed_in(request, session, target)
+
+
+def _signed_in(request: web.Request, session: str, target: str) -> web.HTTPFound:
+    """A redirect to `target` that sets the session cookie (the code leaves the address bar)."""
     response = web.HTTPFound(target)
     response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="Strict", path="/",
                         max_age=int(SESSION_TTL_S), secure=request.secure)
-    raise response
+    return response
 
 
 async def login_link(request: web.Request) -> web.Response:
