@@ -8,6 +8,7 @@ the instance.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,6 +61,13 @@ def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(m
         wait_until(lambda: not _instances(moto, "running") and not _instances(moto, "pending"), timeout=60,
                    what="instance terminated")
         assert _instances(moto, "terminated")
+        # Its hours, at the catalog's price: one spot t3.micro, ended.
+        done = subprocess.run([sys.executable, "-m", "burla", "usage", "--since", "1"], env=env, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr
+        [row] = json.loads(done.stdout)["data"]["machine_types"]
+        assert (row["cloud"], row["machine_type"], row["machines"], row["spot_machines"]) == ("aws", "t3.micro", 1, 1)
+        assert row["still_running"] == 0 and row["node_hours"] > 0 and row["usd_per_hour"] == 0.0104
     finally:
         head.stop()
         farm.close()

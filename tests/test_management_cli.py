@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 
 import pytest
 
@@ -201,6 +202,20 @@ def test_head_and_token_mean_the_same_after_the_subcommand_as_before_it(cluster,
     # The last one given wins, as with any repeated option.
     code, doc = burla("--head", "http://127.0.0.1:9", "cluster", "status", "--head", cluster.url)
     assert code == 0
+
+
+def test_usage_counts_the_local_nodes_hours_at_no_cost(cluster):
+    code, doc = burla("usage", "--since", "1")
+    assert code == 0
+    [local] = [row for row in doc["data"]["machine_types"] if row["cloud"] == "local"]
+    assert local["machines"] >= 1 and local["still_running"] >= 1 and local["node_hours"] > 0
+    assert local["estimated_usd"] == 0.0
+    done = subprocess.run([sys.executable, "-m", "burla", "usage", "--since", "0"], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 2 and "--since" in done.stderr
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        get_json(cluster, "/v1/usage?since_days=soon")
+    assert caught.value.code == 400 and "since_days" in caught.value.read().decode()
 
 
 def test_cluster_stop_and_start(tmp_path, monkeypatch):

@@ -27,6 +27,7 @@ _COMMANDS = {
     "node": "burla.cli.node",
     "nodes": "burla.cli.nodes",
     "settings": "burla.cli.settings",
+    "usage": "burla.cli.usage",
     "worker": "burla.cli.worker",
 }
 

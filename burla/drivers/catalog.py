@@ -12,43 +12,46 @@ class MachineType:
     memory_gb: float
     gpu: str | None = None
     gpu_count: int = 0
+    usd_per_hour: float = 0.0  # on-demand list price, approximate (us-east-1, us-central1, eastus)
 
     @property
     def family(self) -> str:
         return self.name.split(".")[0] if "." in self.name else self.name.rsplit("-", 1)[0]
 
 
-def _family(prefix: str, sizes: dict[str, int], gb_per_vcpu: float, sep: str = ".") -> list[MachineType]:
-    return [MachineType(f"{prefix}{sep}{size}", vcpus, vcpus * gb_per_vcpu) for size, vcpus in sizes.items()]
+def _family(prefix: str, sizes: dict[str, int], gb_per_vcpu: float, usd_per_vcpu_hour: float,
+            sep: str = ".") -> list[MachineType]:
+    return [MachineType(f"{prefix}{sep}{size}", vcpus, vcpus * gb_per_vcpu, usd_per_hour=vcpus * usd_per_vcpu_hour)
+            for size, vcpus in sizes.items()]
 
 
 AWS = [
     *_family("m7i", {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "16xlarge": 64,
-                     "48xlarge": 192}, 4),
-    MachineType("r7i.16xlarge", 64, 512),
-    MachineType("t3.micro", 2, 1),
-    MachineType("g4dn.xlarge", 4, 16, "T4", 1),
-    MachineType("g4dn.12xlarge", 48, 192, "T4", 4),
-    MachineType("p4d.24xlarge", 96, 1152, "A100_40G", 8),
-    MachineType("p4de.24xlarge", 96, 1152, "A100_80G", 8),
-    MachineType("p5.48xlarge", 192, 2048, "H100_80G", 8),
+                     "48xlarge": 192}, 4, 0.0504),
+    MachineType("r7i.16xlarge", 64, 512, usd_per_hour=4.23),
+    MachineType("t3.micro", 2, 1, usd_per_hour=0.0104),
+    MachineType("g4dn.xlarge", 4, 16, "T4", 1, 0.526),
+    MachineType("g4dn.12xlarge", 48, 192, "T4", 4, 3.91),
+    MachineType("p4d.24xlarge", 96, 1152, "A100_40G", 8, 32.77),
+    MachineType("p4de.24xlarge", 96, 1152, "A100_80G", 8, 40.97),
+    MachineType("p5.48xlarge", 192, 2048, "H100_80G", 8, 98.32),
 ]
 
 GCP = [
-    *[MachineType(f"n4-standard-{n}", n, n * 4) for n in (2, 4, 8, 16, 32, 48, 64, 80)],
-    *[MachineType(f"a2-highgpu-{n}g", 12 * n, 85 * n, "A100_40G", n) for n in (1, 2, 4, 8)],
-    *[MachineType(f"a2-ultragpu-{n}g", 12 * n, 170 * n, "A100_80G", n) for n in (1, 2, 4, 8)],
-    MachineType("a3-highgpu-8g", 208, 1872, "H100_80G", 8),
+    *[MachineType(f"n4-standard-{n}", n, n * 4, usd_per_hour=n * 0.0474) for n in (2, 4, 8, 16, 32, 48, 64, 80)],
+    *[MachineType(f"a2-highgpu-{n}g", 12 * n, 85 * n, "A100_40G", n, n * 3.67) for n in (1, 2, 4, 8)],
+    *[MachineType(f"a2-ultragpu-{n}g", 12 * n, 170 * n, "A100_80G", n, n * 5.07) for n in (1, 2, 4, 8)],
+    MachineType("a3-highgpu-8g", 208, 1872, "H100_80G", 8, 88.25),
 ]
 
 AZURE = [
-    *[MachineType(f"Standard_D{n}as_v5", n, n * 4) for n in (2, 4, 8, 16, 32, 48, 64, 96)],
-    MachineType("Standard_NC4as_T4_v3", 4, 28, "T4", 1),
-    MachineType("Standard_NC64as_T4_v3", 64, 440, "T4", 4),
-    MachineType("Standard_NC24ads_A100_v4", 24, 220, "A100_80G", 1),
-    MachineType("Standard_NC96ads_A100_v4", 96, 880, "A100_80G", 4),
-    MachineType("Standard_ND96asr_v4", 96, 900, "A100_40G", 8),
-    MachineType("Standard_ND96isr_H100_v5", 96, 1900, "H100_80G", 8),
+    *[MachineType(f"Standard_D{n}as_v5", n, n * 4, usd_per_hour=n * 0.043) for n in (2, 4, 8, 16, 32, 48, 64, 96)],
+    MachineType("Standard_NC4as_T4_v3", 4, 28, "T4", 1, 0.526),
+    MachineType("Standard_NC64as_T4_v3", 64, 440, "T4", 4, 4.35),
+    MachineType("Standard_NC24ads_A100_v4", 24, 220, "A100_80G", 1, 3.67),
+    MachineType("Standard_NC96ads_A100_v4", 96, 880, "A100_80G", 4, 14.69),
+    MachineType("Standard_ND96asr_v4", 96, 900, "A100_40G", 8, 27.20),
+    MachineType("Standard_ND96isr_H100_v5", 96, 1900, "H100_80G", 8, 98.32),
 ]
 
 CATALOGS = {"aws": AWS, "gcp": GCP, "azure": AZURE}

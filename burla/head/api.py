@@ -4,6 +4,7 @@ failed calls, call output and node events. Every route needs the cluster token."
 from __future__ import annotations
 
 import re
+import time
 
 from aiohttp import web
 
@@ -12,6 +13,7 @@ from burla.head.cluster import Cluster
 from burla.head.fleet import Fleet, SettingsError
 from burla.head.loop_monitor import LoopMonitor
 from burla.head.scheduler import RUNNING
+from burla.head.usage import MACHINE_STARTED, usage
 from burla.web_json import error_response, json_response, read_object
 
 FLEET = web.AppKey("fleet", Fleet)
@@ -260,6 +262,23 @@ async def get_node(request: web.Request) -> web.Response:
     return json_response({**view, "recent_events": events})
 
 
+async def get_usage(request: web.Request) -> web.Response:
+    """Node-hours per machine type over the last `since_days` days, with an estimated cost."""
+    cluster: Cluster = request.app[CLUSTER]
+    raw = request.query.get("since_days", "30")
+    try:
+        days = float(raw)
+    except ValueError:
+        days = -1.0
+    if not 0 < days <= 3650:
+        raise web.HTTPBadRequest(text=f"since_days must be a number of days above 0 and at most 3650, got {raw[:50]!r}")
+    if cluster.history is None:
+        raise web.HTTPConflict(text="this head keeps no history (--no-history): it has no usage to report")
+    since = time.time() - days * 86400
+    return json_response({"since_days": days,
+                          **usage(await cluster.history.machine_events(MACHINE_STARTED), since)})
+
+
 def add_api_routes(app: web.Application) -> None:
     app.router.add_get("/v1/cluster", cluster_state)
     app.router.add_get("/v1/head", head_state)
@@ -273,6 +292,7 @@ def add_api_routes(app: web.Application) -> None:
     app.router.add_get("/v1/jobs/{job_id}/metrics", job_metrics)
     app.router.add_get("/v1/jobs/{job_id}/output", search_output)
     app.router.add_get("/v1/jobs/{job_id}/calls", list_calls)
+    app.router.add_get("/v1/usage", get_usage)
     app.router.add_get("/v1/settings", get_settings)
     app.router.add_post("/v1/settings", update_settings)
     app.router.add_post("/v1/cluster/start", cluster_start)

@@ -14,11 +14,12 @@ from typing import Any
 
 from burla import input_files, wire
 from burla.drivers.base import BootRequest, Driver
-from burla.drivers.catalog import MachineType, gpu_model
+from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
 from burla.head.cluster import Cluster
 from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
 from burla.head.scheduler import RUNNING
+from burla.head.usage import MACHINE_STARTED, machine_detail
 from burla.validation import IMAGE, REGION, matches
 
 log = logging.getLogger("burla.head")
@@ -249,11 +250,18 @@ class Fleet:
         self._boots_in_flight += 1
         self._boots_settled.clear()
         try:
-            return await self.driver.boot(request)
+            booted = await self.driver.boot(request)
         finally:
             self._boots_in_flight -= 1
             if not self._boots_in_flight:
                 self._boots_settled.set()
+        if self.history is not None:  # billed from now (burla usage)
+            cloud = self.cloud or "local"
+            machine_type = request.machine_type or (DEFAULT_MACHINE.get(cloud, "") if self.cloud else "")
+            detail = machine_detail(cloud, machine_type, request.region or "", request.spot)
+            for node_id in booted:
+                self.history.node_event(node_id, MACHINE_STARTED, detail)
+        return booted
 
     async def sweep_leftovers(self) -> None:
         """At start: VMs of this cluster that an earlier head left (kept with --keep-nodes, or powered

@@ -546,6 +546,12 @@ class History:
             for row in rows for index, stream, chunk in json.loads(row["chunks"]) if index == input_index
         ]
 
+    async def machine_events(self, started_event: str) -> list[dict[str, Any]]:
+        """Every event of the nodes that have a `started_event` (machines), in time order."""
+        return await self._rows(
+            "SELECT node_id, event, detail, at FROM node_events WHERE node_id IN "
+            "(SELECT node_id FROM node_events WHERE event = ?) ORDER BY at", (started_event,))
+
     async def node_events_of(self, node_id: str, limit: int = 500) -> list[dict[str, Any]]:
         return await self._rows(
             "SELECT event, detail, at FROM node_events WHERE node_id = ? ORDER BY at DESC LIMIT ?", (node_id, limit))

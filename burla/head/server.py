@@ -115,6 +115,11 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         history = History(settings.history_path, settings.history_retention_days)
     cluster = Cluster(settings.version, history)
     cluster.expect_nodes(booted, input_files.host_id())  # local nodes share this machine's input files
+    if history is not None:
+        from burla.head.usage import MACHINE_STARTED, machine_detail
+
+        for node_id in booted:
+            history.node_event(node_id, MACHINE_STARTED, machine_detail("local", "", "", False))
     driver.on_boot_failed = cluster.node_boot_failed
     driver.start_watching()
     stop = asyncio.Event()
