@@ -209,7 +209,7 @@ def fail_with_a_planted_pickle(marker):
     runs code wherever it is loaded: what a malicious job (or a fake node) can send."""
     import pickle
 
-    planted = lambda exc, skip_frames=0: pickle.dumps(_RunsCodeWhenLoaded(marker))  # noqa: E731
+    planted = lambda exc, skip_frames=0, origin=None: pickle.dumps(_RunsCodeWhenLoaded(marker))  # noqa: E731
     for module in (sys.modules["__main__"], sys.modules.get("burla.node.worker")):  # the worker runs as -m
         if module is not None and hasattr(module, "pack_error"):
             module.pack_error = planted
@@ -226,3 +226,12 @@ def input_files_seen(data, hold_s=0.0):
     root = files_root()
     dirs = [d for d in root.iterdir() if d.name.endswith("." + job_id)]
     return len(data), str(root), sorted(os.listdir(dirs[0])) if dirs else None
+
+
+def break_error_handling(x):
+    """Job code that breaks its worker's own error handling, then fails: the failure still has to
+    reach the client (it hung the job, the worker dying and its input running again for ever)."""
+    for module in (sys.modules["__main__"], sys.modules.get("burla.node.worker")):
+        if module is not None and hasattr(module, "pack_error"):
+            module.pack_error = None  # calling it raises TypeError
+    raise ValueError(f"input {x} failed")

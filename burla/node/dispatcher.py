@@ -231,6 +231,10 @@ class Dispatcher:
         """Requeue what a dead worker held; the call it was running counts one crash (or, if
         the node stopped it for memory, fails with OutOfMemory or runs again with fewer workers)."""
         crashed_index = worker.current_index()
+        if crashed_index < 0 and worker.batches and worker.batches[0].remaining:
+            # It died between calls (its own code failed): blame the call it was about to run, so
+            # that a job that keeps breaking its workers ends in WorkerCrashed instead of looping.
+            crashed_index = next(iter(worker.batches[0].remaining))
         kill = worker.killed_for
         for batch in reversed(worker.batches):
             job = self.jobs.get(batch.job_id)

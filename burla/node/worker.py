@@ -19,6 +19,7 @@ import struct
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -167,6 +168,8 @@ class Worker:
                     self._cancel_requested = True
                     capture.end()
                     break
+                except Exception as e:  # the call broke the worker's own error handling (it may patch it)
+                    ok, payload = False, self._plain_error(e)
                 capture.end()
                 results.append([index, ok, payload])
                 pending_bytes += len(payload)
@@ -216,6 +219,12 @@ class Worker:
         except BaseException as e:
             wrapped = TypeError(f"the call returned a {type(value).__name__} that can't be pickled: {e}")
             return False, pack_error(wrapped, origin=self._origin)
+
+    def _plain_error(self, exc: BaseException) -> bytes:
+        """An error record built without pack_error (which failed): its type, message and text."""
+        text = "".join(traceback.format_exception(exc))
+        return wire.ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), text, None, None,
+                                *self._origin).encode()
 
     def _flush(self, job_id: str, results: list, batch_done: bool) -> None:
         with self.capture.send_lock:
