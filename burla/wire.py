@@ -490,6 +490,7 @@ class AssignJob(Message):
     local_code: bytes
     packages: dict  # what the node installs before running the job, if it lacks them
     credit: int  # inputs the head may push before the node asks (a node's first window, no round trip)
+    func_gpu: str | None = None  # set: each call runs on a worker that has a GPU of its own
 
 
 @message(23)

@@ -235,3 +235,9 @@ def break_error_handling(x):
         if module is not None and hasattr(module, "pack_error"):
             module.pack_error = None  # calling it raises TypeError
     raise ValueError(f"input {x} failed")
+
+
+def visible_gpu(seconds):
+    """Which GPU this call's worker sees (CUDA_VISIBLE_DEVICES), after holding it a while."""
+    time.sleep(seconds)
+    return os.environ.get("CUDA_VISIBLE_DEVICES")

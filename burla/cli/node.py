@@ -50,8 +50,10 @@ def node() -> None:
               help="Seconds before inputs given to a peer that never acknowledged them run here instead.")
 @click.option("--memory-limit-gb", type=click.FloatRange(0.05, None), default=None,
               help="Memory all workers together may use. Default: 90% of this machine's memory.")
-@click.option("--gpu", default=None, help="GPU model this node offers, e.g. A100_40G.")
-@click.option("--gpu-count", type=click.IntRange(0, 64), default=0, show_default=True)
+@click.option("--gpu", default=None,
+              help="GPU model this node offers, e.g. A100_40G. Default: what nvidia-smi lists, if anything.")
+@click.option("--gpu-count", type=click.IntRange(0, 64), default=0,
+              help="How many GPUs it offers. Default: as many as nvidia-smi lists (1 with --gpu and no nvidia-smi).")
 @click.option("--head-cert", type=click.Path(exists=True, dir_okay=False), envvar=ENV_HEAD_CERT, default=None,
               help="The head's own certificate, for an https head with a self-signed one (pinned).")
 @click.option("--head-url-file", default=None, hidden=True,
@@ -68,6 +70,8 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, workers: i
     import psutil
 
     from burla import input_files
+    from burla.node.gpus import Gpus
+    from burla.node.gpus import detect as detect_gpus
     from burla.node.main import run_node
 
     head_url = head_url or global_option(ctx, "head")
@@ -79,13 +83,16 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, workers: i
                    "where its token is stored).", err=True)
         sys.exit(3)
     cpus = _cpu_count()
+    detected = detect_gpus() if gpu is None or not gpu_count else Gpus(gpu, gpu_count)
+    gpu = gpu or detected.model
+    gpu_count = (gpu_count or detected.count or 1) if gpu else 0
     total_gb = psutil.virtual_memory().total / 2**30
     budget_gb = memory_limit_gb if memory_limit_gb is not None else 0.9 * total_gb
     settings = NodeSettings(
         head_url=head_url.rstrip("/"), token=token, workers=workers or cpus,
         node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
         ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region, gpu=gpu,
-        gpu_count=gpu_count if gpu else 0,
+        gpu_count=gpu_count,
         lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, advertise_host=advertise_host,
         register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout, head_url_file=head_url_file,

@@ -486,7 +486,7 @@ class Cluster:
     def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
         return wire.AssignJob(
             spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram, spec.func_cpu,
-            spec.local_code, spec.packages, initial_credit(parallelism),
+            spec.local_code, spec.packages, initial_credit(parallelism), spec.func_gpu,
         )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:

@@ -45,6 +45,7 @@ class NodeJob:
     call_seconds: float | None = None  # EWMA of one call's duration
     mean_input_bytes: float = 0.0
     credit_unused: int = 0  # granted to the head and not yet filled
+    gpu: bool = False  # its calls run only on workers that have a GPU (one each)
     done: int = 0
     inflight: int = 0
     crash_attempts: dict[int, int] = field(default_factory=dict)
@@ -113,6 +114,7 @@ class Dispatcher:
             job.parallelism = max(1, msg.parallelism)
             job.cancelled = False  # the head runs it again here (it had cancelled it on a lost session)
         job.credit_unused += msg.credit  # the head pushes this much without being asked
+        job.gpu = msg.func_gpu is not None
         return job
 
     def add_inputs(self, job_id: str, items: list) -> bool:
@@ -275,7 +277,7 @@ class Dispatcher:
             return
         for worker in workers:
             if not worker.batches:
-                job = self._next_job()
+                job = self._next_job(worker)
                 if job is not None:
                     self._dispatch(worker, job, len(workers))
         for worker in workers:
@@ -288,10 +290,12 @@ class Dispatcher:
     def _calls_are_short(job: NodeJob) -> bool:
         return job.call_seconds is not None and job.call_seconds < PREFETCH_BELOW_S
 
-    def _next_job(self) -> NodeJob | None:
+    def _next_job(self, worker: WorkerHandle) -> NodeJob | None:
         jobs = list(self.jobs.values())
         for offset in range(len(jobs)):
             job = jobs[(self._rr + offset) % len(jobs)]
+            if job.gpu and worker.gpu is None:
+                continue  # a GPU job's call needs a worker with a GPU of its own
             if job.queue and job.ready and not job.cancelled and len(job.workers) < job.parallelism:
                 self._rr = (self._rr + offset + 1) % len(jobs)
                 return job

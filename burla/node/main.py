@@ -14,6 +14,7 @@ import signal
 import sys
 
 from burla.config import ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
+from burla.node.gpus import Gpus
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
 from burla.process_memory import release_large_blocks
@@ -30,11 +31,12 @@ def run_node(settings: NodeSettings) -> int:
     env[ENV_TOKEN] = settings.token
     env[ENV_NODE_ID] = settings.node_id
     lifeline = () if settings.lifeline_fd is None else (settings.lifeline_fd,)
-    forked = fork_workers(settings.workers, env, close_in_child=lifeline) if can_fork() else []
+    gpus = Gpus(settings.gpu, settings.gpu_count)
+    forked = fork_workers(settings.workers, env, close_in_child=lifeline, gpus=gpus) if can_fork() else []
 
     async def main() -> None:
         nonlocal exit_code
-        pool = WorkerPool(settings.workers, env, forked)
+        pool = WorkerPool(settings.workers, env, forked, gpus)
         await pool.start()
         from burla.node.service import NodeService  # while the workers boot
 

@@ -21,6 +21,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
+
 
 class ForkedProcess:
     """A forked worker, watched through a pidfd: the part of asyncio.subprocess.Process the
@@ -76,14 +78,16 @@ def can_fork() -> bool:
     return True
 
 
-def fork_workers(count: int, env: dict[str, str], close_in_child: tuple[int, ...] = ()) -> list[ForkedWorker]:
-    """Fork `count` workers (call before any thread or event loop exists; see can_fork)."""
+def fork_workers(count: int, env: dict[str, str], close_in_child: tuple[int, ...] = (),
+                 gpus: Gpus = Gpus(None, 0)) -> list[ForkedWorker]:
+    """Fork `count` workers (call before any thread or event loop exists; see can_fork). With
+    GPUs, worker i sees GPU i (or none, past the last one)."""
     from burla.node.worker import serve_worker  # imported once here, shared by every child
 
     sys.stdout.flush()  # what the node buffered would otherwise be written again by each child
     sys.stderr.flush()
     forked: list[ForkedWorker] = []
-    for _ in range(count):
+    for number in range(count):
         node_end, worker_end = socket.socketpair()
         shm = mmap.mmap(-1, mmap.PAGESIZE)  # anonymous and shared: the child writes, the node reads
         struct.pack_into("q", shm, 0, -1)  # no call running
@@ -102,6 +106,8 @@ def fork_workers(count: int, env: dict[str, str], close_in_child: tuple[int, ...
                     signal.signal(sig, signal.SIG_DFL)
                 os.environ.clear()
                 os.environ.update(env)
+                if gpus.count:
+                    os.environ[ENV_VISIBLE] = visible_to(number, gpus)
                 serve_worker(worker_end, shm)
             finally:
                 os._exit(1)  # serve_worker never returns; this is for an error before it ran

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from burla import wire
 from burla.errors import ProtocolError
+from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 from burla.node.worker_fork import ForkedProcess, ForkedWorker
 
 log = logging.getLogger("burla.node")
@@ -62,6 +63,7 @@ class WorkerHandle:
     retired: bool = False  # an extra worker told to exit now that the slot came back
     killed_for: MemoryKill | None = None  # set when the node stopped it for using too much memory
     reader_task: asyncio.Task | None = None
+    gpu: int | None = None  # the GPU it sees (CUDA_VISIBLE_DEVICES), None: none
 
     @property
     def pid(self) -> int:
@@ -103,10 +105,13 @@ class WorkerPool:
     """The node's worker processes. Started before the node's web stack is even imported (a cold
     node boots its workers meanwhile); their frames are read once the node binds its handlers."""
 
-    def __init__(self, size: int, env: dict[str, str], forked: Sequence[ForkedWorker] = ()) -> None:
+    def __init__(self, size: int, env: dict[str, str], forked: Sequence[ForkedWorker] = (),
+                 gpus: Gpus = Gpus(None, 0)) -> None:
         self.size = size  # workers computing at once; guards lower it under pressure
         self.full_size = size
         self._env = env
+        self._gpus = gpus
+        self._free_gpus = set(range(gpus.count))  # GPUs no live worker sees
         self._on_report: ReportHandler = _unbound
         self._on_exit: ExitHandler = _unbound
         self._on_ready: ReadyHandler = _unbound
@@ -136,7 +141,19 @@ class WorkerPool:
     def alive_count(self) -> int:
         return sum(1 for w in self.workers if w.alive and w.ready.is_set())
 
+    def _take_gpu(self, wanted: int | None = None) -> int | None:
+        """A GPU for a new worker (the lowest free one, or `wanted` if free); None if none is."""
+        if not self._free_gpus:
+            return None
+        gpu = wanted if wanted in self._free_gpus else min(self._free_gpus)
+        self._free_gpus.discard(gpu)
+        return gpu
+
     async def _spawn(self, number: int) -> WorkerHandle:
+        gpu = self._take_gpu()
+        env = self._env
+        if self._gpus.count:  # each worker sees its own GPU, or none
+            env = {**env, ENV_VISIBLE: "" if gpu is None else str(gpu)}
         node_end, worker_end = socket.socketpair()
         with tempfile.TemporaryFile() as page:
             page.truncate(mmap.PAGESIZE)
@@ -150,13 +167,18 @@ class WorkerPool:
                 str(page.fileno()),
                 pass_fds=(worker_end.fileno(), page.fileno()),
                 stdin=asyncio.subprocess.DEVNULL,
-                env=self._env,
+                env=env,
             )
         worker_end.close()
-        return await self._handle(number, process, node_end, shm)
+        handle = await self._handle(number, process, node_end, shm)
+        handle.gpu = gpu
+        return handle
 
     async def _adopt(self, number: int, worker: ForkedWorker) -> WorkerHandle:
-        return await self._handle(number, worker.process, worker.node_end, worker.shm)
+        handle = await self._handle(number, worker.process, worker.node_end, worker.shm)
+        if self._gpus.count:  # fork_workers gave worker `number` GPU `number`, if there is one
+            handle.gpu = self._take_gpu(number) if visible_to(number, self._gpus) else None
+        return handle
 
     async def _handle(self, number: int, process: asyncio.subprocess.Process | ForkedProcess,
                       node_end: socket.socket, shm: mmap.mmap) -> WorkerHandle:
@@ -197,6 +219,9 @@ class WorkerPool:
         handle.alive = False
         handle.writer.close()
         exit_code = await handle.process.wait()
+        if handle.gpu is not None:
+            self._free_gpus.add(handle.gpu)  # its replacement sees it
+            handle.gpu = None
         if self._closing:
             return
         if handle in self.workers:

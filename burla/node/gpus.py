@@ -1,0 +1,56 @@
+"""The NVIDIA GPUs of this machine, as `nvidia-smi` lists them, and which one each worker sees.
+
+A node offers its GPUs as one model and a count (the catalog's names: A100_40G, H100_80G, T4).
+Each of its first `count` workers is given one GPU through CUDA_VISIBLE_DEVICES and the others
+none, so a call of a job with func_gpu, which runs only on a worker with a GPU, has one GPU of
+its own.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+QUERY_TIMEOUT_S = 10.0
+ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class Gpus:
+    model: str | None  # None: no GPU
+    count: int
+
+
+def detect() -> Gpus:
+    """This machine's NVIDIA GPUs; none when nvidia-smi is missing or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return Gpus(None, 0)
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=QUERY_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return Gpus(None, 0)
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+    if not names:
+        return Gpus(None, 0)
+    return Gpus(model_name(names[0]), len(names))
+
+
+def model_name(reported: str) -> str:
+    """A catalog model name for what nvidia-smi reports ('NVIDIA A100-SXM4-80GB' -> A100_80G)."""
+    upper = reported.upper()
+    for model in ("H100", "A100", "L40S", "L4", "A10G", "T4", "V100"):
+        if re.search(rf"\b{model}\b|{model}[-_ ]", upper) or upper.endswith(model):
+            memory = re.search(r"(\d+)\s*GB", upper)
+            if model in ("A100", "H100"):
+                return f"{model}_{memory.group(1) if memory else ('80' if model == 'H100' else '40')}G"
+            return model
+    cleaned = re.sub(r"^NVIDIA\s+|^TESLA\s+", "", upper)
+    return re.sub(r"[^A-Z0-9]+", "_", cleaned).strip("_") or "UNKNOWN"
+
+
+def visible_to(worker_slot: int, gpus: Gpus) -> str:
+    """CUDA_VISIBLE_DEVICES for the worker in `worker_slot` (0, 1, ...): its own GPU, or none."""
+    return str(worker_slot) if worker_slot < gpus.count else ""

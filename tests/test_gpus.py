@@ -1,0 +1,75 @@
+"""GPUs: a node finds its NVIDIA GPUs with nvidia-smi (a stand-in script on PATH here, printing
+what the real one prints), and each call of a job with func_gpu gets one of its own."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.config import ENV_TOKEN
+from burla.node.gpus import Gpus, detect, model_name
+from tests import functions
+from tests.conftest import REPO, start_head, wait_for_nodes
+from tests.helpers import get_json, use_head
+
+
+def _fake_nvidia_smi(directory, names: list[str], exit_code: int = 0):
+    """An `nvidia-smi` that answers `--query-gpu=name --format=csv,noheader` like the real one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    lines = "".join(f"echo '{name}'\n" for name in names)
+    script.write_text(f"#!/bin/sh\n[ \"$1\" = '--query-gpu=name' ] || exit 2\n{lines}exit {exit_code}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return directory
+
+
+@pytest.mark.parametrize("reported, model", [
+    ("NVIDIA A100-SXM4-40GB", "A100_40G"), ("NVIDIA A100-SXM4-80GB", "A100_80G"),
+    ("NVIDIA H100 80GB HBM3", "H100_80G"), ("Tesla T4", "T4"), ("NVIDIA L4", "L4"),
+    ("NVIDIA GeForce RTX 4090", "GEFORCE_RTX_4090"),
+])
+def test_reported_names_become_catalog_models(reported, model):
+    assert model_name(reported) == model
+
+
+def test_detection_reads_nvidia_smi_and_tolerates_its_absence_or_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path / "two", ["NVIDIA A100-SXM4-40GB"] * 2)))
+    assert detect() == Gpus("A100_40G", 2)
+    monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path / "broken", ["NVIDIA T4"], exit_code=9)))
+    assert detect() == Gpus(None, 0)  # a driver that fails: no GPU, no crash
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert detect() == Gpus(None, 0)
+
+
+def test_a_node_offers_its_gpus_and_each_gpu_call_gets_one_of_its_own(tmp_path, monkeypatch):
+    head = start_head(tmp_path / "config", local_nodes=0)
+    use_head(monkeypatch, head)
+    fake = _fake_nvidia_smi(tmp_path / "bin", ["NVIDIA A100-SXM4-40GB"] * 2)
+    env = dict(os.environ, **{ENV_TOKEN: head.token}, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    log_path = tmp_path / "node.log"
+    with open(log_path, "wb") as log:  # three workers, two GPUs
+        node = subprocess.Popen([sys.executable, "-m", "burla", "node", "join", "--head", head.url, "--workers", "3"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        wait_for_nodes(head, 1)
+        [registered] = get_json(head, "/v1/cluster")["nodes"]
+        assert (registered["gpu"], registered["gpu_count"]) == ("A100_40G", 2)
+        seen = remote_parallel_map(functions.visible_gpu, [0.3] * 8, func_gpu="A100", spinner=False)
+        assert set(seen) == {"0", "1"}  # two at a time, each on its own GPU, never on the worker without one
+        # A job without func_gpu runs on every worker; the third sees no GPU.
+        seen = remote_parallel_map(functions.visible_gpu, [0.3] * 9, spinner=False)
+        assert set(seen) == {"0", "1", ""}
+        # A worker that dies gives its GPU to its replacement.
+        remote_parallel_map(functions.exit_hard, [1], raise_errors=False, spinner=False)
+        seen = remote_parallel_map(functions.visible_gpu, [0.3] * 8, func_gpu="A100", spinner=False)
+        assert set(seen) == {"0", "1"}
+    finally:
+        node.terminate()
+        node.wait(15)
+        head.stop()
