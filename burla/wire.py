@@ -508,6 +508,8 @@ class NodeState(Message):
     mem_percent: float
     net_sent_bps: float  # bytes per second over the last interval
     net_recv_bps: float
+    gpu_percent: float = 0.0  # mean utilisation of its GPUs (0 without GPUs)
+    gpu_mem_percent: float = 0.0  # GPU memory in use, over all its GPUs
 
     def validate(self) -> None:
         _check_items("NodeState.jobs", self.jobs, (str, int, int, int))

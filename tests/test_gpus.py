@@ -15,15 +15,22 @@ from burla.config import ENV_TOKEN
 from burla.node.gpus import Gpus, detect, model_name
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import get_json, use_head
+from tests.helpers import get_json, use_head, wait_until
 
 
 def _fake_nvidia_smi(directory, names: list[str], exit_code: int = 0):
-    """An `nvidia-smi` that answers `--query-gpu=name --format=csv,noheader` like the real one."""
+    """An `nvidia-smi` that answers the two queries a node makes as the real one does: the GPUs'
+    names, and each GPU's utilisation (37 %) and memory (1,024 of 40,960 MiB)."""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "nvidia-smi"
-    lines = "".join(f"echo '{name}'\n" for name in names)
-    script.write_text(f"#!/bin/sh\n[ \"$1\" = '--query-gpu=name' ] || exit 2\n{lines}exit {exit_code}\n")
+    listing = "".join(f"echo '{name}'\n" for name in names)
+    usage = "echo '37, 1024, 40960'\n" * len(names)
+    script.write_text(
+        "#!/bin/sh\n"
+        f"if [ \"$1\" = '--query-gpu=name' ]; then\n{listing}exit {exit_code}\nfi\n"
+        f"if [ \"$1\" = '--query-gpu=utilization.gpu,memory.used,memory.total' ]; then\n{usage}exit {exit_code}\nfi\n"
+        "exit 2\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return directory
 
@@ -69,7 +76,41 @@ def test_a_node_offers_its_gpus_and_each_gpu_call_gets_one_of_its_own(tmp_path, 
         remote_parallel_map(functions.exit_hard, [1], raise_errors=False, spinner=False)
         seen = remote_parallel_map(functions.visible_gpu, [0.3] * 8, func_gpu="A100", spinner=False)
         assert set(seen) == {"0", "1"}
+        # Utilisation and memory reach the node's view and the job's metrics.
+        wait_until(lambda: get_json(head, "/v1/cluster")["nodes"][0]["gpu_percent"] == 37.0, timeout=30,
+                   what="the node's GPU utilisation")
+        assert get_json(head, "/v1/cluster")["nodes"][0]["gpu_mem_percent"] == 2.5
+        job_id = next(j["job_id"] for j in get_json(head, "/v1/jobs")["jobs"] if j["function_name"] == "visible_gpu")
+
+        def gpu_samples() -> list:
+            nodes = get_json(head, f"/v1/jobs/{job_id}/metrics")["nodes"]
+            return [sample for samples in nodes.values() for sample in samples if sample["gpu_percent"] == 37.0]
+
+        wait_until(gpu_samples, timeout=30, what="GPU samples in the job's metrics")
+        _the_dashboard_charts_gpus(head, job_id)
     finally:
         node.terminate()
         node.wait(15)
         head.stop()
+
+
+def _the_dashboard_charts_gpus(head, job_id: str) -> None:
+    chromium = os.environ.get("BURLA_CHROMIUM", "/usr/bin/chromium")
+    if not os.path.exists(chromium):
+        if os.environ.get("BURLA_REQUIRE_BROWSER") == "1":
+            raise RuntimeError(f"browser checks need Chromium at {chromium}")
+        return
+    from playwright.sync_api import sync_playwright
+
+    from burla.login_links import link_code
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"{head.url}/jobs/{job_id}?login={link_code(head.token, f'/jobs/{job_id}')}")
+            page.wait_for_selector("#gpu-chart:not([hidden]) svg")
+            assert "GPU per node" in page.inner_text("#gpu-chart")
+        finally:
+            browser.close()

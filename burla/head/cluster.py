@@ -345,7 +345,8 @@ class Cluster:
             if self.history is not None and self._sample_due(node_id):
                 running = sum(r for _, r, _, _ in msg.jobs)
                 self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
-                                         msg.net_recv_bps, msg.workers_alive, running)
+                                         msg.net_recv_bps, msg.workers_alive, running, msg.gpu_percent,
+                                         msg.gpu_mem_percent)
         elif isinstance(msg, wire.Stolen):
             job = self.scheduler.jobs.get(msg.job_id)
             if job is not None:
@@ -756,5 +757,7 @@ class Cluster:
             "mem_percent": node.mem_percent,
             "net_sent_bps": node.net_sent_bps,
             "net_recv_bps": node.net_recv_bps,
+            "gpu_percent": node.gpu_percent,
+            "gpu_mem_percent": node.gpu_mem_percent,
             "jobs": sorted(node.running_by_job),
         }

@@ -27,15 +27,21 @@ from burla.errors import ProtocolError
 
 log = logging.getLogger("burla.head")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Older schemas this one reads after these statements (others are moved aside).
+_GPU_SAMPLES = [
+    "ALTER TABLE node_samples ADD COLUMN gpu_percent REAL NOT NULL DEFAULT 0",
+    "ALTER TABLE node_samples ADD COLUMN gpu_mem_percent REAL NOT NULL DEFAULT 0",
+]
 _WHERE_CALLS_FAILED = [
     "ALTER TABLE call_failures ADD COLUMN node_id TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE call_failures ADD COLUMN host TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE call_failures ADD COLUMN worker_pid INTEGER NOT NULL DEFAULT 0",
 ]
-MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''", *_WHERE_CALLS_FAILED],
-              3: _WHERE_CALLS_FAILED}
+MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''", *_WHERE_CALLS_FAILED,
+                  *_GPU_SAMPLES],
+              3: [*_WHERE_CALLS_FAILED, *_GPU_SAMPLES],
+              4: _GPU_SAMPLES}
 FLUSH_EVERY_S = 0.5
 FLUSH_AT_ROWS = 20_000
 KEEP_AFTER_FAILED_WRITES = 100_000  # output chunks, and samples, kept for the next write when one fails
@@ -95,7 +101,9 @@ CREATE TABLE IF NOT EXISTS node_samples (
     net_sent_bps REAL NOT NULL,
     net_recv_bps REAL NOT NULL,
     workers_alive INTEGER NOT NULL,
-    running INTEGER NOT NULL
+    running INTEGER NOT NULL,
+    gpu_percent REAL NOT NULL DEFAULT 0,  -- mean utilisation of its GPUs
+    gpu_mem_percent REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS node_samples_node ON node_samples (node_id, at);
 CREATE TABLE IF NOT EXISTS job_samples (
@@ -333,9 +341,10 @@ class History:
         self._poke(1)
 
     def node_sample(self, node_id: str, cpu_percent: float, mem_percent: float, net_sent_bps: float,
-                    net_recv_bps: float, workers_alive: int, running: int) -> None:
+                    net_recv_bps: float, workers_alive: int, running: int, gpu_percent: float = 0.0,
+                    gpu_mem_percent: float = 0.0) -> None:
         self._samples.append((node_id, time.time(), cpu_percent, mem_percent, net_sent_bps, net_recv_bps,
-                              workers_alive, running))
+                              workers_alive, running, gpu_percent, gpu_mem_percent))
         self._poke(1)
 
     def job_sample(self, job_id: str, n_done: int, n_failed: int, running: int) -> None:
@@ -454,7 +463,7 @@ class History:
             ("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows.failures),
             ("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows),
             ("INSERT INTO node_events VALUES (?, ?, ?, ?)", rows.events),
-            ("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.samples),
+            ("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows.samples),
             ("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", rows.job_samples),
         ]
         for sql, values in statements:
@@ -558,7 +567,8 @@ class History:
 
     async def samples_of(self, node_id: str, since: float, until: float) -> list[dict[str, Any]]:
         return await self._rows(
-            "SELECT at, cpu_percent, mem_percent, net_sent_bps, net_recv_bps, workers_alive, running FROM node_samples "
+            "SELECT at, cpu_percent, mem_percent, net_sent_bps, net_recv_bps, workers_alive, running, gpu_percent, "
+            "gpu_mem_percent FROM node_samples "
             "WHERE node_id = ? AND at >= ? AND at <= ? ORDER BY at", (node_id, since, until))
 
     async def job_progress_of(self, job_id: str) -> list[dict[str, Any]]:

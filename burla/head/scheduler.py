@@ -44,6 +44,8 @@ class NodeRecord:
     mem_percent: float = 0.0
     net_sent_bps: float = 0.0
     net_recv_bps: float = 0.0
+    gpu_percent: float = 0.0
+    gpu_mem_percent: float = 0.0
     running_by_job: dict[str, int] = field(default_factory=dict)
     queued_by_job: dict[str, int] = field(default_factory=dict)
     cert_sha256: bytes = b""  # its TLS certificate's digest, which thieves pin
@@ -244,6 +246,8 @@ class Scheduler:
         node.mem_percent = msg.mem_percent
         node.net_sent_bps = msg.net_sent_bps
         node.net_recv_bps = msg.net_recv_bps
+        node.gpu_percent = msg.gpu_percent
+        node.gpu_mem_percent = msg.gpu_mem_percent
         node.running_by_job = {job_id: running for job_id, running, _queued, _done in msg.jobs}
         node.queued_by_job = {job_id: queued for job_id, _running, queued, _done in msg.jobs}
 

@@ -8,6 +8,7 @@ its own.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
@@ -54,3 +55,33 @@ def model_name(reported: str) -> str:
 def visible_to(worker_slot: int, gpus: Gpus) -> str:
     """CUDA_VISIBLE_DEVICES for the worker in `worker_slot` (0, 1, ...): its own GPU, or none."""
     return str(worker_slot) if worker_slot < gpus.count else ""
+
+
+async def read_usage() -> tuple[float, float] | None:
+    """(utilisation %, memory used %) over all GPUs, from nvidia-smi; None if it can't tell."""
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL)
+    except OSError:
+        return None
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), QUERY_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return None
+    if process.returncode != 0:
+        return None
+    utilisation, used, total = [], 0.0, 0.0
+    for line in out.decode(errors="replace").splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        try:
+            utilisation.append(float(fields[0]))
+            used += float(fields[1])
+            total += float(fields[2])
+        except (ValueError, IndexError):
+            continue  # "[N/A]" on some boards
+    if not utilisation:
+        return None
+    return sum(utilisation) / len(utilisation), (100.0 * used / total if total > 0 else 0.0)

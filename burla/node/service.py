@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import socket
 import time
 
@@ -27,6 +28,7 @@ from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
 from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
+from burla.node.gpus import read_usage as read_gpu_usage
 from burla.node.http import build_node_app
 from burla.node.memory import MemoryGuard
 from burla.node.packages import Environment
@@ -43,6 +45,7 @@ STATE_INTERVAL_S = 1.0
 # 0.1 ms) are taken at most every MACHINE_READINGS_S.
 STATE_SETTLE_S = 0.05
 MACHINE_READINGS_S = 0.5
+GPU_READINGS_S = 2.0  # nvidia-smi takes tens of ms a run
 RECONNECT_DELAY_S = 0.05
 STOLEN_REPORT_TIMEOUT_S = 10.0
 # Without a head (it restarts, or the network is cut) a node keeps running what it holds this long,
@@ -79,6 +82,7 @@ class NodeService:
         self._installs: set[asyncio.Task] = set()
         self._last_network: tuple[float, int, int] = (0.0, 0, 0)
         self._readings: tuple[float, float, float, float] | None = None  # the last machine readings
+        self._gpu_usage: tuple[float, float] = (0.0, 0.0)  # GPU utilisation and memory %, when it has GPUs
         self._head_lost_at: float | None = None  # monotonic time the last head session ended
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -105,6 +109,8 @@ class NodeService:
                 group.create_task(self._head_session_loop())
                 group.create_task(self.memory.run())
                 group.create_task(self.cpu.run())
+                if self.settings.gpu_count and shutil.which("nvidia-smi"):
+                    group.create_task(self._watch_gpus())
                 group.create_task(self._stop_when_asked(group))
         except* _Stop:
             pass
@@ -385,7 +391,16 @@ class NodeService:
             mem_percent,
             sent_bps,
             recv_bps,
+            *self._gpu_usage,
         )
+
+    async def _watch_gpus(self) -> None:
+        """GPU utilisation and memory, read with nvidia-smi every GPU_READINGS_S (it is slow)."""
+        while True:
+            usage = await read_gpu_usage()
+            if usage is not None:
+                self._gpu_usage = usage
+            await asyncio.sleep(GPU_READINGS_S)
 
     def _machine_readings(self) -> tuple[float, float, float, float]:
         """CPU and memory percent, bytes per second sent and received by this machine (taken

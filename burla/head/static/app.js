@@ -139,7 +139,7 @@ function jobPage() {
   const shell = {
     header: h("div", {}), counts: h("div", {class: "counts"}), bar: h("div", {}),
     throughput: h("div", {class: "card"}), cpu: h("div", {class: "card"}), memory: h("div", {class: "card"}),
-    network: h("div", {class: "card"}),
+    network: h("div", {class: "card"}), gpu: h("div", {class: "card", id: "gpu-chart", hidden: true}),
     tree: h("div", {}), failures: h("div", {}), output: h("div", {class: "card"}),
   };
   const search = h("input", {id: "output-search", placeholder: "search every call's output", size: 32});
@@ -165,7 +165,7 @@ function jobPage() {
   shell.output.append(h("h2", {style: "margin-top:0"}, "Output"),
     h("div", {style: "display:flex;gap:8px;margin-bottom:8px"}, search, callIndex), results);
   main.replaceChildren(shell.header, shell.counts, shell.bar,
-    h("div", {class: "charts"}, shell.throughput, shell.cpu, shell.memory, shell.network), shell.tree, shell.failures, shell.output);
+    h("div", {class: "charts"}, shell.throughput, shell.cpu, shell.memory, shell.network, shell.gpu), shell.tree, shell.failures, shell.output);
   show();
   let lastFailures = "";
   live(`/v1/stream/jobs/${encodeURIComponent(jobId)}`, state => {
@@ -199,6 +199,15 @@ function jobPage() {
     lineChart(shell.network, nodes.map(([id, s], i) => ({name: id, color: PALETTE[i % PALETTE.length],
       points: s.map(p => [p.at, (p.net_sent_bps + p.net_recv_bps) / 1024])})),
       {title: "Network per node (KB/s, sent + received)"});
+    // Nodes with GPUs report their utilisation and memory; the chart shows once any did.
+    const gpuNodes = nodes.filter(([, s]) => s.some(p => p.gpu_percent > 0 || p.gpu_mem_percent > 0));
+    shell.gpu.hidden = !gpuNodes.length;
+    if (gpuNodes.length) {
+      lineChart(shell.gpu, gpuNodes.flatMap(([id, s], i) => [
+        {name: `${id} use`, color: PALETTE[(2 * i) % PALETTE.length], points: s.map(p => [p.at, p.gpu_percent])},
+        {name: `${id} memory`, color: PALETTE[(2 * i + 1) % PALETTE.length], points: s.map(p => [p.at, p.gpu_mem_percent])},
+      ]), {title: "GPU per node (use and memory)", yMax: 100, yUnit: "%"});
+    }
     shell.tree.replaceChildren(...(state.children.length ? [h("h2", {}, "Nested jobs"), jobsTable(state.children)] : []));
     const failuresKey = JSON.stringify(state.failures.map(f => f.input_index));
     if (failuresKey !== lastFailures) {
