@@ -11,7 +11,7 @@ from typing import Any
 from burla import input_files, local_code, wire
 from burla._version import __version__
 from burla.config import MAX_FUNCTION_BYTES, ClientSettings
-from burla.environment import client_packages
+from burla.environment import client_packages, not_replicated_warning
 from burla.environment import prefetch as prefetch_environment
 from burla.errors import (
     FunctionTooBig,
@@ -95,6 +95,9 @@ def remote_parallel_map(
         client_host="" if detach else input_files.host_id(),
     )
     display = Display(len(inputs), show_progress=spinner)
+    warning = not_replicated_warning()
+    if warning is not None:
+        display.announce(warning)
     runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)
     runner.start()
     if detach:

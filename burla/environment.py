@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import json
 import os
 import re
 import sys
@@ -32,7 +33,20 @@ def installed_distributions() -> tuple[tuple[str, str], ...]:
     (what installers write), which takes milliseconds; reading every METADATA file the way
     importlib.metadata does takes hundreds. A name that doesn't parse falls back to the metadata.
     """
+    return tuple(sorted(_scan()[0].items()))
+
+
+@functools.lru_cache(maxsize=1)
+def not_installable_by_name() -> dict[str, str]:
+    """Distributions here that a node can't install as name==version, with how they were
+    installed: editable (their modules travel as local code), from a VCS, or from a local path."""
+    return _scan()[1]
+
+
+@functools.lru_cache(maxsize=1)
+def _scan() -> tuple[dict[str, str], dict[str, str]]:
     found: dict[str, str] = {}
+    direct: dict[str, str] = {}
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -54,8 +68,34 @@ def installed_distributions() -> tuple[tuple[str, str], ...]:
                     continue
             # A name or version pip couldn't be asked for (a broken install's leftovers) is skipped.
             if name and canonical(name) not in NOT_REPLICATED and replicable_package(canonical(name), version):
-                found.setdefault(canonical(name), version)  # the first on sys.path is what imports
-    return tuple(sorted(found.items()))
+                if canonical(name) in found:
+                    continue  # the first on sys.path is what imports
+                found[canonical(name)] = version
+                how = _installed_how(os.path.join(entry or ".", dirname))
+                if how is not None:
+                    direct[canonical(name)] = how
+    return found, direct
+
+
+def _installed_how(dist_dir: str) -> str | None:
+    """How a distribution was installed if not from an index by name (PEP 610's direct_url.json,
+    which installers write only for direct installs), else None."""
+    path = os.path.join(dist_dir, "direct_url.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as file:
+            info = json.load(file)
+    except (OSError, ValueError):
+        return None
+    url = str(info.get("url", ""))
+    if (info.get("dir_info") or {}).get("editable"):
+        return f"editable from {url.removeprefix('file://')}"
+    if "vcs_info" in info:
+        return f"from {info['vcs_info'].get('vcs', 'a VCS')} at {url}"
+    if url.startswith("file://"):
+        return f"from the local path {url.removeprefix('file://')}"
+    return None  # a direct URL to an archive: a node can fetch it by name==version only from an index
 
 
 _prefetch: concurrent.futures.Future | None = None
@@ -78,6 +118,51 @@ def prefetch() -> None:
 
 
 def client_packages() -> dict[str, str]:
+    """What nodes should install: every distribution here a node can install by name."""
     prefetch()
     assert _prefetch is not None
-    return dict(_prefetch.result())
+    skipped = not_installable_by_name()
+    return {name: version for name, version in _prefetch.result() if name not in skipped}
+
+
+_warned = False
+
+
+def not_replicated_warning() -> str | None:
+    """Once per process: the distributions nodes won't install, and what to do (None after)."""
+    global _warned
+    skipped = not_installable_by_name()
+    if _warned or not skipped:
+        return None
+    _warned = True
+    listed = "; ".join(f"{name} ({how})" for name, how in sorted(skipped.items()))
+    return (f"nodes won't install {len(skipped)} package(s) they can't get by name: {listed}. Editable projects "
+            "travel as local code when the function uses them; for the others, install them on the nodes or "
+            "publish them to an index the nodes reach. A call that then can't import one fails naming it.")
+
+
+def missing_package_note(module: str, sent: dict[str, str]) -> str | None:
+    """For a call that could not import `module`: which package provides it here, and why the
+    node may lack it (None if no package here provides it)."""
+    top = module.split(".")[0]
+    providers = sorted({canonical(name) for name in _module_providers().get(top, [])})
+    if not providers:
+        return None
+    name = providers[0]
+    skipped = not_installable_by_name()
+    if name in skipped:
+        why = f"installed here {skipped[name]}, which nodes can't install by name"
+    elif name in sent:
+        why = "the node was asked to install it and could not (see its installation messages above)"
+    else:
+        why = "nodes were not asked to install it"
+    return f"[burla] {module} comes from the package {name} here; {why}."
+
+
+@functools.lru_cache(maxsize=1)
+def _module_providers() -> dict[str, list[str]]:
+    """Top-level module -> distributions providing it, read once (it reads every distribution's
+    files: only on the path of a call that failed to import)."""
+    import importlib.metadata
+
+    return dict(importlib.metadata.packages_distributions())

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from burla import wire
 from burla.client_loop import ClientLoop, client_loop
 from burla.config import MAX_INPUT_BYTES
+from burla.environment import missing_package_note
 from burla.errors import (
     HeadUnreachable,
     InputTooBig,
@@ -578,7 +579,12 @@ class JobRunner:
 
     def _outcome(self, index: int, ok: bool, payload: bytes) -> Outcome:
         if not ok:
-            return Outcome(index, False, unpack_error(payload, index))
+            error = unpack_error(payload, index)
+            if isinstance(error, ImportError) and error.name:
+                note = missing_package_note(error.name, self.opening.packages if self.opening else {})
+                if note is not None:
+                    error.add_note(note)
+            return Outcome(index, False, error)
         try:
             return Outcome(index, True, loads(payload))
         except Exception as e:

@@ -37,7 +37,8 @@ def _is_local(module: types.ModuleType, roots: list[Path]) -> Path | None:
     """The file or package directory of a module that lives outside every install location
     (remembered per module file: resolving paths was most of a warm job's client time)."""
     file = getattr(module, "__file__", None)
-    if not file or module.__name__ == "__main__" or module.__name__.startswith("burla"):
+    name = module.__name__
+    if not file or name == "__main__" or name == "burla" or name.startswith("burla."):  # burla ships itself
         return None
     key = (module.__name__, file)
     if key not in _LOCATED:

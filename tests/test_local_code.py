@@ -65,3 +65,21 @@ def test_install_refuses_paths_outside_its_directory(tmp_path):
         archive.writestr("../escape.py", "x = 1\n")
     with pytest.raises(ValueError, match="outside"):
         install(buffer.getvalue(), str(tmp_path / "job"))
+
+
+def test_a_local_package_whose_name_starts_with_burla_is_shipped(tmp_path, monkeypatch):
+    import importlib
+    import io
+    import zipfile
+
+    (tmp_path / "burla_lookalike").mkdir()
+    (tmp_path / "burla_lookalike" / "__init__.py").write_text("def triple(x):\n    return 3 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lookalike = importlib.import_module("burla_lookalike")
+    try:
+        namespace = {"burla_lookalike": lookalike}
+        exec("def uses_it(x):\n    return burla_lookalike.triple(x)\n", namespace)
+        shipped = zipfile.ZipFile(io.BytesIO(collect(namespace["uses_it"]))).namelist()
+        assert shipped == ["burla_lookalike/__init__.py"]  # only burla's own modules stay behind
+    finally:
+        sys.modules.pop("burla_lookalike", None)

@@ -23,21 +23,6 @@ from burla.environment import canonical, installed_distributions
 log = logging.getLogger("burla.node")
 
 
-class InstallFailed(Exception):
-    def __init__(self, requirements: list[str], output: str) -> None:
-        self.requirements = requirements
-        self.output = output
-        tail = "\n".join(output.strip().splitlines()[-15:])
-        super().__init__(
-            f"This node could not install {', '.join(requirements)} to match the client's environment:\n{tail}\n"
-            "Make the packages installable on the node (an index or PIP_FIND_LINKS), or run the client in an "
-            "environment the nodes can reproduce."
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.requirements, self.output))
-
-
 class Environment:
     """The node's Python environment, read once at start-up (off the event loop) and after installs."""
 
@@ -45,6 +30,7 @@ class Environment:
         self._satisfied: set[str] = set()
         self._last_satisfied: dict[str, str] = {}  # jobs of one client send the same map each time
         self._lock = asyncio.Lock()  # one installation at a time in this environment
+        self.unavailable: dict[str, str] = {}  # requirement -> why it could not be installed here
 
     @staticmethod
     def _digest(packages: dict[str, str]) -> str:
@@ -59,34 +45,64 @@ class Environment:
             return []
         have = dict(installed_distributions())
         wanted = [f"{name}=={version}" for name, version in sorted(packages.items())
-                  if have.get(canonical(name)) != version]
+                  if have.get(canonical(name)) != version and f"{name}=={version}" not in self.unavailable]
         if not wanted:
             self._satisfied.add(self._digest(packages))
             self._last_satisfied = packages
         return wanted
 
-    async def install(self, packages: dict[str, str], on_line: Callable[[str], None]) -> None:
+    async def install(self, packages: dict[str, str], on_line: Callable[[str], None]) -> dict[str, str]:
+        """Install what is missing. A requirement the installer can't get does not stop the
+        others (they are tried one by one after a failed batch); returns those it could not
+        install, with why, and remembers them so later jobs don't try again. Raises only if
+        the installer itself can't run."""
         async with self._lock:
             requirements = self.missing(packages)
             if not requirements:
-                return
-            uv = shutil.which("uv")
-            command = ([uv, "pip", "install", "--python", sys.executable] if uv else
-                       [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
+                return {}
             on_line(f"[burla] installing {len(requirements)} package(s) on this node: {', '.join(requirements)}\n")
-            process = await asyncio.create_subprocess_exec(
-                *command, *requirements, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL,
-            )
-            lines: list[str] = []
-            assert process.stdout is not None
-            async for raw in process.stdout:
-                line = raw.decode(errors="replace")
-                lines.append(line)
-                on_line(line)
-            if await process.wait() != 0:
-                raise InstallFailed(requirements, "".join(lines))
+            ok, output = await self._run_installer(requirements, on_line)
+            failed: dict[str, str] = {}
+            if not ok:
+                for requirement in requirements if len(requirements) > 1 else []:
+                    one_ok, one_output = await self._run_installer([requirement], lambda _: None)
+                    if not one_ok:
+                        failed[requirement] = one_output
+                if len(requirements) == 1:
+                    failed[requirements[0]] = output
             importlib.invalidate_caches()
             installed_distributions.cache_clear()  # read the environment again next time
-            self._satisfied.add(self._digest(packages))
-            log.info("installed %s", ", ".join(requirements))
+            for requirement, why in failed.items():
+                reason = _last_line(why)
+                self.unavailable[requirement] = reason
+                on_line(f"[burla] this node could not install {requirement} ({reason}); calls that import it "
+                        "fail. Make it installable on the nodes (an index they reach, or PIP_FIND_LINKS) or "
+                        "install it there by hand.\n")
+            self._satisfied.add(self._digest(packages))  # as satisfied as this node can make it
+            installed = [r for r in requirements if r not in failed]
+            if installed:
+                log.info("installed %s", ", ".join(installed))
+            return failed
+
+    @staticmethod
+    async def _run_installer(requirements: list[str], on_line: Callable[[str], None]) -> tuple[bool, str]:
+        uv = shutil.which("uv")
+        command = ([uv, "pip", "install", "--python", sys.executable] if uv else
+                   [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
+        process = await asyncio.create_subprocess_exec(
+            *command, *requirements, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        lines: list[str] = []
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            line = raw.decode(errors="replace")
+            lines.append(line)
+            on_line(line)
+        return await process.wait() == 0, "".join(lines)
+
+
+def _last_line(output: str) -> str:
+    """The installer's last words: usually why it failed."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "the installer failed without saying why"

@@ -301,7 +301,7 @@ class NodeService:
     async def _install(self, job_id: str, packages: dict[str, str]) -> None:
         try:
             await self.environment.install(packages, lambda line: self.dispatcher.install_output(job_id, line))
-        except Exception as e:  # InstallFailed, or the installer could not even start
+        except Exception as e:  # the installer could not even start
             log.error("installing packages for job %s failed: %s", job_id, e)
             self.dispatcher.install_failed(job_id, pack_error(e, origin=self.dispatcher.origin()))
         else:
