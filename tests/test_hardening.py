@@ -57,6 +57,16 @@ def test_a_failure_payload_that_is_a_pickle_runs_nowhere(tmp_path, monkeypatch):
     assert not marker.exists(), f"code ran in pid {marker.read_text()}"
 
 
+def test_a_call_that_breaks_its_workers_error_handling_still_fails_with_where_it_ran(tmp_path, monkeypatch):
+    # It hung the job: the worker died between calls, and its input ran again on new workers for ever.
+    # (Its own head: the broken worker stays broken for the jobs after it.)
+    with own_head(tmp_path, monkeypatch):
+        with pytest.raises(RemoteError) as caught:
+            remote_parallel_map(functions.break_error_handling, [7], spinner=False)
+    assert caught.value.type_name == "TypeError" and caught.value.burla_input_index == 0
+    assert caught.value.burla_node_id  # the worker's own record of where it ran
+
+
 # --- who may call: tokens, cookies, origins --------------------------------------------------
 
 
