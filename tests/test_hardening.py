@@ -207,7 +207,7 @@ def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_pat
     # (Its own head: the refused node is then awaited as one that may come back.)
     register = wire.RegisterNode("nan-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
                                  __version__, build_hash(), b"", [])
-    state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0])
+    state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0, 0.0, 0.0])
     with own_head(tmp_path, monkeypatch, local_nodes=0) as head:
         replies = asyncio.run(_exchange(head, "/v1/nodes/ws", [register.encode(), state]))
         assert "has the wrong type" in _error(replies).message
