@@ -29,6 +29,19 @@ def sleep_10ms(x):
     return x
 
 
+def wait_1s(x):
+    time.sleep(1.0)
+    return x
+
+
+def spin(seconds):
+    """Burn about `seconds` of CPU."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return seconds
+
+
 def cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
