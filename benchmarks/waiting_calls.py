@@ -16,7 +16,7 @@ import json
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from _common import cores, spin, warm_local_cluster, wait_1s
+from _common import cores, spin, wait_1s, warm_local_cluster
 
 SPIN_CALLS = 40
 SPIN_S = 0.05  # CPU time per CPU-bound call
