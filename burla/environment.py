@@ -25,7 +25,6 @@ def canonical(name: str) -> str:
 _DIST_DIR = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+?)(?:-py\d[^-]*)?\.(?:dist-info|egg-info)$")
 
 
-@functools.lru_cache(maxsize=1)
 def installed_distributions() -> tuple[tuple[str, str], ...]:
     """(canonical name, version) of every distribution importable here, read once per process.
 
@@ -36,7 +35,11 @@ def installed_distributions() -> tuple[tuple[str, str], ...]:
     return tuple(sorted(_scan()[0].items()))
 
 
-@functools.lru_cache(maxsize=1)
+def environment_changed() -> None:
+    """Read the environment again next time it is asked for (after an installation)."""
+    _scan.cache_clear()
+
+
 def not_installable_by_name() -> dict[str, str]:
     """Distributions here that a node can't install as name==version, with how they were
     installed: editable (their modules travel as local code), from a VCS, or from a local path."""

@@ -178,3 +178,20 @@ def test_an_editable_project_travels_as_local_code_with_one_warning(tmp_path, wh
         warnings = [line for line in done.stderr.splitlines() if "won't install" in line]
         assert len(warnings) == 1 and "burla-editable-demo (editable from" in warnings[0]
         assert "burla-editable-demo==" not in done.stderr  # the node never tried to install it
+
+
+def test_the_environment_is_read_again_after_an_installation(tmp_path, monkeypatch):
+    from burla.environment import environment_changed, installed_distributions
+
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    environment_changed()
+    try:
+        (tmp_path / "first_pkg-1.0.dist-info").mkdir()
+        assert installed_distributions() == (("first-pkg", "1.0"),)
+        (tmp_path / "second_pkg-2.0.dist-info").mkdir()  # what an installer just wrote
+        assert installed_distributions() == (("first-pkg", "1.0"),)  # read once, not per job
+        environment_changed()
+        assert installed_distributions() == (("first-pkg", "1.0"), ("second-pkg", "2.0"))
+    finally:
+        monkeypatch.undo()
+        environment_changed()

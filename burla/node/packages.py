@@ -18,7 +18,7 @@ import shutil
 import sys
 from collections.abc import Callable
 
-from burla.environment import canonical, installed_distributions
+from burla.environment import canonical, environment_changed, installed_distributions
 
 log = logging.getLogger("burla.node")
 
@@ -71,7 +71,7 @@ class Environment:
                 if len(requirements) == 1:
                     failed[requirements[0]] = output
             importlib.invalidate_caches()
-            installed_distributions.cache_clear()  # read the environment again next time
+            environment_changed()  # read the environment again next time
             for requirement, why in failed.items():
                 reason = _last_line(why)
                 self.unavailable[requirement] = reason
