@@ -249,3 +249,28 @@ def test_a_head_starts_its_local_nodes_before_it_imports_its_web_stack():
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_a_stopping_head_closes_the_connections_clients_keep_open(tmp_path):
+    # Fails on the previous code: the head waited out its shutdown timeout for connections kept
+    # for a next job and then dropped them without a close frame, and an embedded cluster's
+    # script waited those seconds at exit.
+    import asyncio
+
+    import aiohttp
+
+    head = start_head(tmp_path / "config", local_nodes=0)
+
+    async def kept_connection_closes() -> tuple[aiohttp.WSMsgType, object]:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"{head.url}/v1/jobs/ws", headers=head.headers()) as ws:
+                head.process.terminate()
+                message = await ws.receive(timeout=60)
+                return message.type, message.data
+
+    try:
+        kind, code = asyncio.run(kept_connection_closes())
+        assert (kind, code) == (aiohttp.WSMsgType.CLOSE, aiohttp.WSCloseCode.GOING_AWAY)
+        assert head.process.wait(60) == 0
+    finally:
+        head.stop()

@@ -15,7 +15,7 @@ from aiohttp import web
 from burla.auth import Sessions, token_middleware
 from burla.connection_guard import ConnectionGuard
 from burla.head.api import FLEET, LOOP_MONITOR, add_api_routes
-from burla.head.channels import CLUSTER, job_channel, node_channel
+from burla.head.channels import CLUSTER, OPEN_SOCKETS, close_open_sockets, job_channel, node_channel
 from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import Fleet
@@ -48,6 +48,8 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, stop_event: asyncio.Ev
     app[FLEET] = fleet
     app[LOOP_MONITOR] = loop_monitor
     app[STOP] = stop_event
+    app[OPEN_SOCKETS] = set()
+    app.on_shutdown.append(close_open_sockets)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/jobs/ws", job_channel)
     app.router.add_get("/v1/nodes/ws", node_channel)

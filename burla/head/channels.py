@@ -26,6 +26,8 @@ log = logging.getLogger("burla.head")
 FIRST_FRAME_TIMEOUT_S = 30.0
 CLIENT_HEARTBEAT_S = 10.0  # a silently dead client connection is noticed within about this
 CLUSTER = web.AppKey("cluster", Cluster)
+OPEN_SOCKETS = web.AppKey("open_sockets", set)  # every node and job WebSocket being served
+SHUTDOWN_CLOSE_S = 0.5  # how long a peer gets to answer the close frame of a stopping head
 
 
 def _status_for(error: BurlaError) -> int:
@@ -72,6 +74,19 @@ async def _upgrade(ws: web.WebSocketResponse, request: web.Request) -> None:
         await ws.prepare(request)
     except ValueError as e:
         raise web.HTTPBadRequest(text=f"malformed WebSocket handshake: {e}") from None
+    sockets = request.app[OPEN_SOCKETS]
+    sockets.add(ws)
+    request.task.add_done_callback(lambda _: sockets.discard(ws))
+
+
+async def close_open_sockets(app: web.Application) -> None:
+    """The head is stopping: close every WebSocket with "going away". Otherwise the server waits
+    out its shutdown timeout for connections that stay open by design (a client keeps its job
+    connection for its next job; a node keeps its link), and the user's script waits for it."""
+    sockets = list(app[OPEN_SOCKETS])
+    if sockets:
+        await asyncio.wait([asyncio.ensure_future(ws.close(code=WSCloseCode.GOING_AWAY, message=b"head stopping"))
+                            for ws in sockets], timeout=SHUTDOWN_CLOSE_S)
 
 
 def _check_version(theirs: str, ours: str) -> str | None:
