@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import base64
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from burla import input_files, local_code, wire
-from burla._version import __version__
-from burla.config import MAX_FUNCTION_BYTES, ClientSettings
-from burla.environment import client_packages, not_replicated_warning
-from burla.environment import prefetch as prefetch_environment
-from burla.errors import (
-    FunctionTooBig,
-    InvalidArgument,
-    JobCanceled,
-)
-from burla.job_runner import JobRunner, Outcome
-from burla.local_cluster import ClusterHandle, connect, running_local_head, start_head
-from burla.node.worker_context import waiting_on_children
-from burla.progress import Display
-from burla.serialization import dumps_function
+from burla.config import ClientSettings
+from burla.errors import InvalidArgument
+from burla.local_cluster import connect, running_local_head, start_head
 from burla.validation import GPU_CHOICES, IMAGE, REGION, matches
+
+if TYPE_CHECKING:
+    from burla import wire
 
 
 def remote_parallel_map(
@@ -62,125 +52,30 @@ def remote_parallel_map(
     if not inputs:
         return iter(()) if generator else []
 
-    function_bytes = dumps_function(function_)
-    if len(function_bytes) > MAX_FUNCTION_BYTES:
-        raise FunctionTooBig(
-            f"{_name(function_)} is {len(function_bytes) / 2**20:.1f} MB pickled; the limit is "
-            f"{MAX_FUNCTION_BYTES // 2**20} MB. It references large objects from its enclosing scope: pass "
-            "them as inputs, or load them inside the function."
-        )
     settings = ClientSettings.resolve()
-    cluster = connect(settings, allow_embedded=not detach, meanwhile=prefetch_environment)
-    spec = wire.OpenJob(
-        job_id=_job_id(function_),
-        function_name=_name(function_),
-        function_bytes=function_bytes,
-        n_inputs=len(inputs),
-        func_cpu=cpu,
-        func_ram=ram,
-        func_gpu=func_gpu,
-        image=image,
-        grow=bool(grow),
-        max_parallelism=max_parallelism,
-        detach=bool(detach),
-        raise_errors=bool(raise_errors),
-        region=region,
-        disk_gb=disk_gb,
-        parent_job_id=settings.parent_job_id,
-        client_version=__version__,
-        python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
-        local_code=local_code.collect(function_),
-        packages=client_packages(),
-        # A detached job's inputs must outlive this process: they travel inline.
-        client_host="" if detach else input_files.host_id(),
-    )
-    display = Display(len(inputs), show_progress=spinner)
-    warning = not_replicated_warning()
-    if warning is not None:
-        display.announce(warning)
-    runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)
-    runner.start()
-    if detach:
-        return _detach(runner, cluster)
-    if generator:
-        return _results_as_completed(runner, cluster, raise_errors)
-    return _results_in_order(runner, cluster, raise_errors)
+    opened: list[wire.OpenJob] = []
 
+    def prepare() -> None:
+        # While an embedded head starts: most of what a cold client does before a job is
+        # importing and pickling, and the head's start is the longer wait.
+        from burla import environment, job_session
 
-def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> list[Any]:
-    batches = _outcome_batches(runner, cluster, raise_errors)
+        environment.prefetch()
+        options = job_session.JobOptions(
+            func_cpu=cpu, func_ram=ram, func_gpu=func_gpu, image=image, grow=bool(grow),
+            max_parallelism=max_parallelism, detach=bool(detach), raise_errors=bool(raise_errors), region=region,
+            disk_gb=disk_gb, parent_job_id=settings.parent_job_id,
+        )
+        opened.append(job_session.opening(_job_id(function_), function_, _name(function_), len(inputs), options))
+
+    cluster = connect(settings, allow_embedded=not detach, meanwhile=prepare)
+    from burla import job_session
+
     try:
-        _wait(runner.opened, runner)
+        return job_session.run(cluster, opened[0], inputs, spinner, generator)
     except BaseException:
-        batches.close()
-        raise
-    results: list[Any] = [None] * runner.n_inputs
-    for batch in batches:  # a batch at a time: a generator step per result was most of this thread's time
-        for index, _ok, value in batch:
-            results[index] = value
-    return results
-
-
-def _results_as_completed(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Any]:
-    for batch in _outcome_batches(runner, cluster, raise_errors):
-        for outcome in batch:
-            yield outcome.value
-
-
-def _wait(event, runner: JobRunner) -> None:
-    """Wait for a runner event; Ctrl-C cancels the job."""
-    try:
-        while not event.wait(0.25):
-            pass
-    except KeyboardInterrupt:
-        runner.cancel("Ctrl-C in the client")
-        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
-
-
-def _outcome_batches(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[list[Outcome]]:
-    with waiting_on_children():  # inside a worker: lend this slot while the nested job runs
-        yield from _collect(runner, cluster, raise_errors)
-
-
-def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[list[Outcome]]:
-    """Outcomes as they arrive, in batches; with raise_errors, the first failed one raises (after
-    the outcomes before it in its batch)."""
-    received = 0
-    try:
-        while not (runner.opened.is_set() and received >= runner.n_inputs and runner.error is None):
-            batch = runner.next_outcomes()
-            if batch is None:
-                break
-            if not batch:
-                continue
-            received += len(batch)
-            if raise_errors:
-                failed = next((position for position, outcome in enumerate(batch) if not outcome.ok), None)
-                if failed is not None:
-                    if failed:
-                        yield batch[:failed]
-                    raise batch[failed].value
-            yield batch
-        if runner.error is not None:
-            raise runner.error
-        if received < runner.n_inputs:
-            raise JobCanceled(f"job {runner.job_id} ended with {runner.n_inputs - received} results missing")
-    except KeyboardInterrupt:
-        runner.cancel("Ctrl-C in the client")
-        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
-    finally:
-        runner.close()
-        runner.display.finish()
         cluster.close()
-
-
-def _detach(runner: JobRunner, cluster: ClusterHandle) -> str:
-    _wait(runner.uploaded, runner)
-    if runner.error is not None:
-        raise runner.error
-    print(f"Done uploading inputs! Job {runner.job_id} runs on at {cluster.url}", file=sys.stderr)
-    runner.close()
-    return runner.job_id
+        raise
 
 
 def get_results(job_id: str, generator: bool = False, raise_errors: bool = True, spinner: bool = True) -> Any:
@@ -194,11 +89,9 @@ def get_results(job_id: str, generator: bool = False, raise_errors: bool = True,
         raise InvalidArgument(f"job_id must be the string remote_parallel_map(detach=True) returned, got {job_id!r}")
     settings = ClientSettings.resolve()
     cluster = connect(settings, allow_embedded=False)
-    runner = JobRunner(cluster, job_id, Display(0, show_progress=spinner))
-    runner.start()
-    if generator:
-        return _results_as_completed(runner, cluster, raise_errors)
-    return _results_in_order(runner, cluster, raise_errors)
+    from burla import job_session
+
+    return job_session.collect(cluster, job_id, spinner, generator, raise_errors)
 
 
 def get_cluster_dashboard_url() -> str:

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from burla.client_loop import client_loop
 from burla.config import CLOUD_DRIVERS, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
 
@@ -124,6 +123,8 @@ def connect(settings: ClientSettings, allow_embedded: bool = True,
     head starts, not before: on two cores, work that competes with the head's start delays it."""
 
     def prepare() -> None:
+        from burla.client_loop import client_loop  # here: asyncio's import would delay a cold head's start
+
         client_loop().prepare(settings.head_cert)
         meanwhile()
 

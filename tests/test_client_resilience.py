@@ -62,7 +62,7 @@ def test_a_job_canceled_while_it_connects_never_opens(cluster, monkeypatch):
         raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C")
 
     jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
-    monkeypatch.setattr("burla.client._wait", ctrl_c_while_connecting)
+    monkeypatch.setattr("burla.job_session._wait", ctrl_c_while_connecting)
     proxy.hold()  # the head is slow to answer the connection
     try:
         with pytest.raises(JobCanceled):

@@ -274,3 +274,25 @@ def test_a_stopping_head_closes_the_connections_clients_keep_open(tmp_path):
         assert head.process.wait(60) == 0
     finally:
         head.stop()
+
+
+def test_a_heads_first_local_node_is_forked_from_it_without_its_listening_socket(tmp_path):
+    # The head forks its first local nodes once it has imported what they run. A node that kept
+    # the head's listening socket would keep its port answering after the head is gone.
+    head = start_head(tmp_path / "config", local_nodes=1)
+    try:
+        wait_for_nodes(head, 1)
+        head_process = psutil.Process(head.process.pid)
+        [node] = head_process.children()
+        assert node.cmdline() == head_process.cmdline()  # forked, not `burla node join`
+        port = int(head.url.rsplit(":", 1)[1])
+        assert [c for c in head_process.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                and c.laddr.port == port]
+        assert not [c for c in node.net_connections("tcp") if c.laddr and c.laddr.port == port]
+        assert os.getsid(node.pid) == node.pid  # its own session: stopped as a group, like a started node
+        done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, range(6), spinner=False))\n",
+                          _env(tmp_path / "config", **{ENV_HEAD_URL: head.url, ENV_TOKEN: head.token}))
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == [x * 2 for x in range(6)], done.stderr
+    finally:
+        head.stop()
+    wait_until(lambda: not node.is_running() or node.status() == psutil.STATUS_ZOMBIE, what="the node's exit")

@@ -19,7 +19,8 @@ from tests.helpers import PRELUDE, get_json, wait_until
 
 
 def _node_processes(head) -> list[psutil.Process]:
-    return [p for p in psutil.Process(head.process.pid).children() if "join" in p.cmdline()]
+    """The head's local nodes: its children (forked from it, or started as `burla node join`)."""
+    return psutil.Process(head.process.pid).children()
 
 
 @pytest.fixture

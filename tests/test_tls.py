@@ -149,3 +149,48 @@ def test_a_pinned_certificate_is_the_only_one_trusted_not_the_systems_authoritie
         assert done.returncode == 6 and json.loads(done.stdout)["error"]["code"] == "head_untrusted", done.stdout
     finally:
         head.stop()
+
+
+TRUST_ON_FIRST_USE = """
+import asyncio, ssl, sys
+from burla.web_import import import_aiohttp
+import_aiohttp()
+import aiohttp
+from aiohttp import web
+
+async def main():
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(sys.argv[1], sys.argv[2])
+    app = web.Application()
+    app.router.add_get("/", lambda request: web.Response(text="hello"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:  # aiohttp's default, verified context
+            async with session.get(f"https://127.0.0.1:{port}/") as response:
+                print(await response.text())
+    except aiohttp.ClientConnectorCertificateError:
+        print("untrusted")
+    finally:
+        await runner.cleanup()
+
+asyncio.run(main())
+"""
+
+
+def test_aiohttp_imported_by_heads_and_nodes_still_trusts_the_systems_authorities(tmp_path):
+    # Heads and nodes import aiohttp with its default contexts reading the system's authorities
+    # on first use instead of at import: a certificate those authorities sign must still pass,
+    # and one they don't must still fail.
+    from burla.tls import make_self_signed
+
+    trusted_cert, trusted_key = make_self_signed(["127.0.0.1"], tmp_path / "trusted")
+    other_cert, _ = make_self_signed(["127.0.0.1"], tmp_path / "other")
+    for authorities, expected in ((trusted_cert, "hello"), (other_cert, "untrusted")):
+        env = {**os.environ, "SSL_CERT_FILE": str(authorities), "SSL_CERT_DIR": str(tmp_path / "no-such-dir")}
+        done = subprocess.run([sys.executable, "-c", TRUST_ON_FIRST_USE, str(trusted_cert), str(trusted_key)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+        assert done.stdout.strip() == expected, done.stderr

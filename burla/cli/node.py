@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 import sys
 
 import click
 
-from burla._version import __version__
 from burla.cli import global_option
-from burla.config import ENV_HEAD_CERT, ENV_HEAD_URL, ENV_TOKEN, NodeSettings, config_dir, read_token
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+from burla.config import ENV_HEAD_CERT, ENV_HEAD_URL, ENV_TOKEN, config_dir, read_token
 
 
 @click.group()
@@ -67,12 +57,7 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, workers: i
          memory_limit_gb: float | None, gpu: str | None, gpu_count: int, head_cert: str | None,
          head_url_file: str | None, lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
-    import psutil
-
-    from burla import input_files
-    from burla.node.gpus import Gpus
-    from burla.node.gpus import detect as detect_gpus
-    from burla.node.main import run_node
+    from burla.node.main import node_settings, run_node
 
     head_url = head_url or global_option(ctx, "head")
     if not head_url:
@@ -82,21 +67,11 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, workers: i
         click.echo("error: no cluster token. Pass --token or set BURLA_CLUSTER_TOKEN (the head prints "
                    "where its token is stored).", err=True)
         sys.exit(3)
-    cpus = _cpu_count()
-    detected = detect_gpus() if gpu is None or not gpu_count else Gpus(gpu, gpu_count)
-    gpu = gpu or detected.model
-    gpu_count = (gpu_count or detected.count or 1) if gpu else 0
-    total_gb = psutil.virtual_memory().total / 2**30
-    budget_gb = memory_limit_gb if memory_limit_gb is not None else 0.9 * total_gb
-    settings = NodeSettings(
-        head_url=head_url.rstrip("/"), token=token, workers=workers or cpus,
-        node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
-        ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region, gpu=gpu,
-        gpu_count=gpu_count,
-        lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
-        advertise_url=advertise_url.rstrip("/") if advertise_url else None, advertise_host=advertise_host,
-        register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout, head_url_file=head_url_file,
-        host_id="" if image else input_files.host_id(),  # calls in a container see other files
+    settings = node_settings(
+        head_url, token, workers=workers, node_id=node_id, region=region, image=image, host=host, port=port,
+        advertise_url=advertise_url, advertise_host=advertise_host, orphan_timeout=orphan_timeout,
+        steal_ack_timeout=steal_ack_timeout, memory_limit_gb=memory_limit_gb, gpu=gpu, gpu_count=gpu_count,
+        head_cert=head_cert, head_url_file=head_url_file, lifeline_fd=lifeline_fd,
     )
     sys.exit(run_node(settings))
 

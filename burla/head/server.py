@@ -1,7 +1,9 @@
 """Run a head: bind, start local nodes, serve until told to stop, then tear everything down.
 
-The listening socket is bound and local node processes are started before aiohttp is even
-imported, so a cold embedded cluster boots its head and its node in parallel.
+The listening socket is bound first. Local nodes are forked from the head once it has
+imported what both run and before it starts a thread (see drivers/local.py), so a cold
+embedded cluster pays for those imports once; where forking isn't possible they are started
+as processes of their own before aiohttp is imported, and boot beside the head.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import sys
 from burla import input_files
 from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
 from burla.drivers.base import BootRequest, Driver
-from burla.drivers.local import LocalDriver
+from burla.drivers.local import LocalDriver, can_fork_nodes
 from burla.lifeline import wait_for_eof
 from burla.process_memory import release_large_blocks
+from burla.web_import import import_aiohttp
 
 log = logging.getLogger("burla.head")
 
@@ -66,8 +69,27 @@ def serve(settings: HeadSettings) -> None:
     driver = LocalDriver(env={**os.environ, ENV_HEAD_CERT: str(settings.tls_cert)} if settings.tls_cert else None)
     booted: list[str] = []
     if settings.local_nodes:
-        booted = driver.boot_now(BootRequest(settings.local_nodes, url, settings.token, settings.local_node_workers))
+        fork_closing = None
+        if can_fork_nodes():
+            import_serving_stack()  # once, before the fork: the nodes inherit it
+            fork_closing = (sock.fileno(),) + tuple(fd for fd in (settings.ready_fd, settings.lifeline_fd)
+                                                    if fd is not None)
+        booted = driver.boot_now(BootRequest(settings.local_nodes, url, settings.token, settings.local_node_workers),
+                                 fork_closing)
     asyncio.run(_serve(settings, sock, url, driver, booted))
+
+
+def import_serving_stack() -> None:
+    """What the head serves with and what its local nodes run: both need them."""
+    import_aiohttp()
+    import aiohttp.web  # noqa: F401
+
+    import burla.head.app  # noqa: F401
+    import burla.head.fleet  # noqa: F401
+    import burla.head.history  # noqa: F401
+    import burla.node.main  # noqa: F401
+    import burla.node.service  # noqa: F401
+    import burla.node.worker  # noqa: F401
 
 
 GC_THRESHOLDS = (20_000, 10, 50)  # Python's default is (700, 10, 10)
@@ -101,6 +123,7 @@ def allow_many_connections(wanted: int = 65536) -> None:
 
 
 async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: LocalDriver, booted: list[str]) -> None:
+    import_aiohttp()
     from aiohttp import web
 
     from burla.connection_guard import ConnectionGuard, GuardedSite

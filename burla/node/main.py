@@ -13,16 +13,60 @@ import os
 import signal
 import sys
 
+from burla._version import __version__
 from burla.config import ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
 from burla.node.gpus import Gpus
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
 from burla.process_memory import release_large_blocks
+from burla.web_import import import_aiohttp
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def node_settings(head_url: str, token: str, *, workers: int | None = None, node_id: str | None = None,
+                  region: str = "local", image: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                  advertise_url: str | None = None, advertise_host: str | None = None, orphan_timeout: float = 60.0,
+                  steal_ack_timeout: float = 5.0, memory_limit_gb: float | None = None, gpu: str | None = None,
+                  gpu_count: int = 0, head_cert: str | None = None, head_url_file: str | None = None,
+                  lifeline_fd: int | None = None) -> NodeSettings:
+    """A node's settings from `burla node join`'s options (the same defaults), with what this
+    machine has filled in: CPUs, memory, GPUs."""
+    import secrets
+
+    import psutil
+
+    from burla import input_files
+    from burla.node.gpus import detect as detect_gpus
+
+    cpus = cpu_count()
+    detected = detect_gpus() if gpu is None or not gpu_count else Gpus(gpu, gpu_count)
+    gpu = gpu or detected.model
+    gpu_count = (gpu_count or detected.count or 1) if gpu else 0
+    total_gb = psutil.virtual_memory().total / 2**30
+    budget_gb = memory_limit_gb if memory_limit_gb is not None else 0.9 * total_gb
+    return NodeSettings(
+        head_url=head_url.rstrip("/"), token=token, workers=workers or cpus,
+        node_id=node_id or f"node-{secrets.token_hex(4)}", cpus=cpus,
+        ram_gb=min(total_gb, budget_gb), memory_budget_gb=budget_gb, image=image, region=region, gpu=gpu,
+        gpu_count=gpu_count,
+        lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
+        advertise_url=advertise_url.rstrip("/") if advertise_url else None, advertise_host=advertise_host,
+        register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout, head_url_file=head_url_file,
+        host_id="" if image else input_files.host_id(),  # calls in a container see other files
+    )
 
 
 def run_node(settings: NodeSettings) -> int:
     """Serve until stopped; returns the process exit code (0, or why the head was lost)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s")
+    # force: a node forked from its head inherits the head's logging setup.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s",
+                        force=True)
     release_large_blocks()  # inputs and results pass through the node too
     exit_code = 0
 
@@ -38,7 +82,8 @@ def run_node(settings: NodeSettings) -> int:
         nonlocal exit_code
         pool = WorkerPool(settings.workers, env, forked, gpus)
         await pool.start()
-        from burla.node.service import NodeService  # while the workers boot
+        import_aiohttp()  # while the workers boot
+        from burla.node.service import NodeService
 
         service = NodeService(settings, pool)
         loop = asyncio.get_running_loop()

@@ -1,0 +1,181 @@
+"""A job from the client's side once its cluster is found: the opening frame (the pickled
+function, its local code and packages), the runner that keeps the job's connection, and the
+results handed to the caller.
+
+`burla.client` imports this while an embedded head starts (or right away with a running
+head), not before: these imports are a third of a cold client's work before it can start
+the head, and the head's start is the longest part of a cold job.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from burla import input_files, local_code, wire
+from burla._version import __version__
+from burla.config import MAX_FUNCTION_BYTES
+from burla.environment import client_packages, not_replicated_warning
+from burla.errors import FunctionTooBig, JobCanceled
+from burla.job_runner import JobRunner, Outcome
+from burla.local_cluster import ClusterHandle
+from burla.node.worker_context import waiting_on_children
+from burla.progress import Display
+from burla.serialization import dumps_function
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """remote_parallel_map's options, checked."""
+
+    func_cpu: int | None
+    func_ram: float | None
+    func_gpu: str | None
+    image: str | None
+    grow: bool
+    max_parallelism: int | None
+    detach: bool
+    raise_errors: bool
+    region: str | None
+    disk_gb: int | None
+    parent_job_id: str | None
+
+
+def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int, options: JobOptions) -> wire.OpenJob:
+    """The frame that opens the job; raises FunctionTooBig or UnpicklableFunction."""
+    function_bytes = dumps_function(function_)
+    if len(function_bytes) > MAX_FUNCTION_BYTES:
+        raise FunctionTooBig(
+            f"{name} is {len(function_bytes) / 2**20:.1f} MB pickled; the limit is "
+            f"{MAX_FUNCTION_BYTES // 2**20} MB. It references large objects from its enclosing scope: pass "
+            "them as inputs, or load them inside the function."
+        )
+    return wire.OpenJob(
+        job_id=job_id,
+        function_name=name,
+        function_bytes=function_bytes,
+        n_inputs=n_inputs,
+        func_cpu=options.func_cpu,
+        func_ram=options.func_ram,
+        func_gpu=options.func_gpu,
+        image=options.image,
+        grow=options.grow,
+        max_parallelism=options.max_parallelism,
+        detach=options.detach,
+        raise_errors=options.raise_errors,
+        region=options.region,
+        disk_gb=options.disk_gb,
+        parent_job_id=options.parent_job_id,
+        client_version=__version__,
+        python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
+        local_code=local_code.collect(function_),
+        packages=client_packages(),
+        # A detached job's inputs must outlive this process: they travel inline.
+        client_host="" if options.detach else input_files.host_id(),
+    )
+
+
+def run(cluster: ClusterHandle, spec: wire.OpenJob, inputs: list[Any], spinner: bool,
+        generator: bool) -> list[Any] | Iterator[Any] | str:
+    """Open the job and hand back its results (or, detached, its id once the inputs are up)."""
+    display = Display(len(inputs), show_progress=spinner)
+    warning = not_replicated_warning()
+    if warning is not None:
+        display.announce(warning)
+    runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)
+    runner.start()
+    if spec.detach:
+        return _detach(runner, cluster)
+    if generator:
+        return _results_as_completed(runner, cluster, spec.raise_errors)
+    return _results_in_order(runner, cluster, spec.raise_errors)
+
+
+def collect(cluster: ClusterHandle, job_id: str, spinner: bool, generator: bool,
+            raise_errors: bool) -> list[Any] | Iterator[Any]:
+    """The results of a detached job, collected from the head."""
+    runner = JobRunner(cluster, job_id, Display(0, show_progress=spinner))
+    runner.start()
+    if generator:
+        return _results_as_completed(runner, cluster, raise_errors)
+    return _results_in_order(runner, cluster, raise_errors)
+
+
+def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> list[Any]:
+    batches = _outcome_batches(runner, cluster, raise_errors)
+    try:
+        _wait(runner.opened, runner)
+    except BaseException:
+        batches.close()
+        raise
+    results: list[Any] = [None] * runner.n_inputs
+    for batch in batches:  # a batch at a time: a generator step per result was most of this thread's time
+        for index, _ok, value in batch:
+            results[index] = value
+    return results
+
+
+def _results_as_completed(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Any]:
+    for batch in _outcome_batches(runner, cluster, raise_errors):
+        for outcome in batch:
+            yield outcome.value
+
+
+def _wait(event, runner: JobRunner) -> None:
+    """Wait for a runner event; Ctrl-C cancels the job."""
+    try:
+        while not event.wait(0.25):
+            pass
+    except KeyboardInterrupt:
+        runner.cancel("Ctrl-C in the client")
+        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
+
+
+def _outcome_batches(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[list[Outcome]]:
+    with waiting_on_children():  # inside a worker: lend this slot while the nested job runs
+        yield from _collect(runner, cluster, raise_errors)
+
+
+def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[list[Outcome]]:
+    """Outcomes as they arrive, in batches; with raise_errors, the first failed one raises (after
+    the outcomes before it in its batch)."""
+    received = 0
+    try:
+        while not (runner.opened.is_set() and received >= runner.n_inputs and runner.error is None):
+            batch = runner.next_outcomes()
+            if batch is None:
+                break
+            if not batch:
+                continue
+            received += len(batch)
+            if raise_errors:
+                failed = next((position for position, outcome in enumerate(batch) if not outcome.ok), None)
+                if failed is not None:
+                    if failed:
+                        yield batch[:failed]
+                    raise batch[failed].value
+            yield batch
+        if runner.error is not None:
+            raise runner.error
+        if received < runner.n_inputs:
+            raise JobCanceled(f"job {runner.job_id} ended with {runner.n_inputs - received} results missing")
+    except KeyboardInterrupt:
+        runner.cancel("Ctrl-C in the client")
+        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
+    finally:
+        runner.close()
+        runner.display.finish()
+        cluster.close()
+
+
+def _detach(runner: JobRunner, cluster: ClusterHandle) -> str:
+    _wait(runner.uploaded, runner)
+    if runner.error is not None:
+        raise runner.error
+    print(f"Done uploading inputs! Job {runner.job_id} runs on at {cluster.url}", file=sys.stderr)
+    runner.close()
+    return runner.job_id
+
+
