@@ -101,7 +101,10 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                             else:
                                 await _answer(ws, msg, job, INSTANT_CALL_S, counts)
                         elif isinstance(msg, wire.AssignJob):
-                            job = jobs[msg.job_id] = NodeJob(msg.job_id, b"", max(1, msg.parallelism), None, None, b"")
+                            # Its workers never grow past its slots (a real node's governor would
+                            # not, for calls that keep a CPU busy).
+                            parallelism = max(1, min(msg.parallelism, slots))
+                            job = jobs[msg.job_id] = NodeJob(msg.job_id, b"", parallelism, None, None, b"")
                             job.credit_unused = msg.credit  # granted with the assignment
                             await _ask_credit(ws, job)
                         elif isinstance(msg, wire.CreditWithdrawn):
@@ -131,7 +134,7 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
 async def _ask_credit(ws, job: NodeJob) -> None:
     from burla import wire
 
-    due = job.credit_due()
+    due = job.credit_due(job.parallelism)
     if due:
         await ws.send_bytes(wire.Credit(job.job_id, due, 0).encode())
 
@@ -143,7 +146,7 @@ async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts
     job.calls_done(len(results), seconds_per_call)
     counts.results += len(results)
     # The credit the freed slots allow rides along, by the real node's rule.
-    await ws.send_bytes(wire.NodeResults(msg.job_id, results, job.credit_due()).encode())
+    await ws.send_bytes(wire.NodeResults(msg.job_id, results, job.credit_due(job.parallelism)).encode())
 
 
 async def _answer_later(ws, msg, job: NodeJob, free_at: list[float], call_s: float, counts: Counts) -> None:

@@ -36,6 +36,9 @@ DEFAULT_HEAD_PORT = 5001
 
 # Limits that are part of the public contract (see the user guide).
 MAX_FUNCTION_BYTES = 100 * 1024 * 1024
+# func_cpu="dynamic": a node may run up to this many calls per slot (worker per CPU) while they
+# leave its CPUs idle (they wait on sleep, the network or a disk). See burla/node/governor.py.
+MAX_CALLS_PER_SLOT = 8
 MAX_INPUT_BYTES = 200 * 1024 * 1024
 
 

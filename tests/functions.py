@@ -84,6 +84,20 @@ def record_interval(directory, index, seconds=0.2):
     return index
 
 
+def spin_interval(directory, index, seconds=1.0, wait_first=0.0):
+    """Record when this call ran, having waited `wait_first` s and then kept a CPU busy for
+    `seconds` of CPU time (to count how many CPU-bound calls ran at once)."""
+    start = time.time()
+    time.sleep(wait_first)
+    deadline = time.process_time() + seconds
+    while time.process_time() < deadline:
+        pass
+    end = time.time()
+    with open(os.path.join(directory, f"{index}.txt"), "w") as f:
+        f.write(f"{start} {end} {os.getpid()}")
+    return index
+
+
 def count_runs(directory, index, seconds=1.0):
     """Append a line per run of this input (to count how often each input ran)."""
     with open(os.path.join(directory, f"{index}.runs"), "a") as f:

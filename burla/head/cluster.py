@@ -23,6 +23,7 @@ from burla.head.scheduler import (
     COMPLETED,
     FAILED,
     RUNNING,
+    Assignment,
     JobRecord,
     NodeRecord,
     Scheduler,
@@ -108,8 +109,8 @@ class Cluster:
         self.last_heard[msg.node_id] = time.monotonic()
         self.booting_ids.discard(msg.node_id)
         self.booting_since.pop(msg.node_id, None)
-        for job, parallelism in self.scheduler.add_node(node):
-            link.send(self._assign_message(job.spec, parallelism))
+        for job, _ in self.scheduler.add_node(node):
+            link.send(self._assign_message(job.spec, job.assignments[node.node_id]))
         self._adopt_held(msg, link)
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
         self.idle_collector.changed()
@@ -164,10 +165,10 @@ class Cluster:
             if given_up:
                 self._accept_results(None, job, [[i, False, self._node_loss_error(i, job)] for i in given_up])
             if replace:  # its share goes to nodes the job left out (it wants no more slots than inputs)
-                for joined_id, parallelism in self.scheduler.top_up(job):
+                for joined_id, _ in self.scheduler.top_up(job):
                     link = self.node_links.get(joined_id)
                     if link is not None:
-                        link.send(self._assign_message(job.spec, parallelism))
+                        link.send(self._assign_message(job.spec, job.assignments[joined_id]))
             if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
                 self.end_job(
                     job, FAILED, "NodeDisconnected",
@@ -473,25 +474,26 @@ class Cluster:
 
     def _assign(self, job: JobRecord) -> None:
         """Tell every node the scheduler gave a share of `job` to run it."""
-        frames: dict[int, bytes] = {}  # parallelism -> the encoded AssignJob (its function may be large)
+        # (parallelism, slots) -> the encoded AssignJob (its function may be large)
+        frames: dict[tuple[int, int], bytes] = {}
         for node_id, assignment in job.assignments.items():
             link = self.node_links.get(node_id)
             if link is not None:
-                frame = frames.get(assignment.parallelism)
+                key = (assignment.parallelism, assignment.slots)
+                frame = frames.get(key)
                 if frame is None:
-                    frame = frames[assignment.parallelism] = self._assign_message(
-                        job.spec, assignment.parallelism).encode()
+                    frame = frames[key] = self._assign_message(job.spec, assignment).encode()
                 link.send_frame(frame)
 
     @staticmethod
-    def _assign_message(spec: wire.OpenJob, parallelism: int) -> wire.AssignJob:
+    def _assign_message(spec: wire.OpenJob, assignment: Assignment) -> wire.AssignJob:
         return wire.AssignJob(
-            spec.job_id, spec.function_name, spec.function_bytes, parallelism, spec.func_ram, spec.func_cpu,
-            spec.local_code, spec.packages, initial_credit(parallelism), spec.func_gpu,
+            spec.job_id, spec.function_name, spec.function_bytes, assignment.parallelism, spec.func_ram,
+            spec.func_cpu, spec.local_code, spec.packages, initial_credit(assignment.slots), spec.func_gpu,
         )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
-        slots = sum(a.parallelism for a in job.assignments.values())
+        slots = sum(a.slots for a in job.assignments.values())
         return wire.JobAccepted(job.job_id, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES, len(job.assignments), slots,
                                 bool(job.spec.client_host))
 

@@ -12,6 +12,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from burla import wire
+from burla.config import MAX_CALLS_PER_SLOT
 from burla.drivers.catalog import gpu_model
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.input_queue import InputQueue
@@ -69,10 +70,10 @@ def _slots_wanted(spec: wire.OpenJob) -> int:
     return min(spec.max_parallelism, spec.n_inputs)
 
 
-def initial_credit(parallelism: int) -> int:
+def initial_credit(slots: int) -> int:
     """What the head may push to a node as soon as it assigns a job, before the node asks: the
     smallest window a node keeps (two inputs per worker), so the first inputs skip a round trip."""
-    return 2 * parallelism
+    return 2 * slots
 
 
 def _least_push(assignment: Assignment) -> int:
@@ -81,15 +82,22 @@ def _least_push(assignment: Assignment) -> int:
     at least a quarter of that (burla.node.dispatcher.NodeJob.credit_due), so a large credit means
     short calls: there, pushes of a few inputs each would cost a frame per handful of calls on
     both sides."""
-    return max(assignment.parallelism, min(assignment.credit // 4, wire.BATCH_ITEMS))
+    return max(assignment.slots, min(assignment.credit // 4, wire.BATCH_ITEMS))
 
 
 @dataclass
 class Assignment:
     """One job's share of one node."""
 
-    parallelism: int
+    parallelism: int  # at most this many of its calls run there at once
+    slots: int  # how many run at once before the node oversubscribes its CPUs (func_cpu="dynamic")
     credit: int = 0  # inputs the node asked for and has not been sent yet
+
+    @classmethod
+    def first(cls, node: NodeRecord, parallelism: int) -> Assignment:
+        """A new share, with the credit a node's first window gives (initial_credit)."""
+        slots = min(parallelism, node.slots)
+        return cls(parallelism, slots, initial_credit(slots))
     inflight: dict[int, bytes] = field(default_factory=dict)  # sent, result not yet in
 
 
@@ -181,7 +189,7 @@ class Scheduler:
                 used = sum(a.parallelism for a in job.assignments.values())
                 parallelism = min(parallelism, cap - used)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment(parallelism, initial_credit(parallelism))
+                job.assignments[node.node_id] = Assignment.first(node, parallelism)
                 joins.append((job, parallelism))
         return joins
 
@@ -200,7 +208,7 @@ class Scheduler:
                 continue
             parallelism = min(self.node_parallelism(node, job.spec), room)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment(parallelism, initial_credit(parallelism))
+                job.assignments[node.node_id] = Assignment.first(node, parallelism)
                 joined.append((node.node_id, parallelism))
                 room -= parallelism
         return joined
@@ -278,9 +286,14 @@ class Scheduler:
 
     @staticmethod
     def node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
+        """At most how many calls of the job may run on the node at once. With func_cpu="dynamic"
+        that is MAX_CALLS_PER_SLOT per slot: the node runs more than a call per slot only while
+        its CPUs show room (burla/node/governor.py)."""
         parallelism = node.slots
         if spec.func_gpu is not None:
             parallelism = min(parallelism, node.gpu_count)
+        elif spec.func_cpu is None:
+            parallelism = node.slots * MAX_CALLS_PER_SLOT
         if spec.func_cpu is not None:
             parallelism = min(parallelism, node.cpus // spec.func_cpu)
         if spec.func_ram is not None:
@@ -341,7 +354,7 @@ class Scheduler:
             share = int(min(parallelism, budget))
             if share < 1:
                 break
-            job.assignments[node.node_id] = Assignment(share, initial_credit(share))
+            job.assignments[node.node_id] = Assignment.first(node, share)
             budget -= share
         self.jobs[spec.job_id] = job
         self.running[spec.job_id] = job

@@ -2,8 +2,10 @@
 
 Batches to workers are sized from the measured call time (many tiny calls per batch, slow
 calls alone), short calls get one batch of prefetch so a worker never waits on the loop, and
-each job runs on at most its `parallelism` workers. Credit asks the head for about 100 ms of
-work per job, so a slow node never hoards the queue and a fast one never starves.
+each job runs on at most its `parallelism` workers, and all jobs together on at most the
+pool's current size (the governor and the guards move it). Credit asks the head for about
+100 ms of work per job for the workers it runs on now, so a slow node never hoards the queue
+and a fast one never starves.
 """
 
 from __future__ import annotations
@@ -54,14 +56,16 @@ class NodeJob:
     out_outputs: list = field(default_factory=list)
     dropped_outputs: int = 0  # chunks over MAX_HELD_OUTPUTS since the last send
 
-    def window(self) -> int:
+    def window(self, workers: int) -> int:
+        """How many inputs to hold here, queued or running, with `workers` workers computing."""
+        running = max(1, min(self.parallelism, workers))
         if self.call_seconds is None:
-            want = self.parallelism * 4
+            want = running * 4
         else:
-            want = int(self.parallelism * TARGET_QUEUE_S / max(self.call_seconds, 1e-6))
+            want = int(running * TARGET_QUEUE_S / max(self.call_seconds, 1e-6))
         if self.mean_input_bytes:
             want = min(want, int(WINDOW_BYTES / self.mean_input_bytes))
-        return max(self.parallelism * 2, min(want, MAX_WINDOW))
+        return max(running * 2, min(want, MAX_WINDOW))
 
     def took_inputs(self, items: list) -> None:
         """Inputs from the head: they fill granted credit, and their size bounds the window."""
@@ -76,12 +80,12 @@ class NodeJob:
         self.call_seconds = (seconds_per_call if self.call_seconds is None
                              else 0.7 * self.call_seconds + 0.3 * seconds_per_call)
 
-    def credit_due(self) -> int:
+    def credit_due(self, workers: int) -> int:
         """How many more inputs to ask the head for now, counted as granted (0 if the window is
         nearly full: asking in chunks of at least a quarter window keeps frames few)."""
         if self.cancelled:
             return 0
-        window = self.window()
+        window = self.window(workers)
         held = len(self.queue) + self.inflight + self.credit_unused
         deficit = window - held
         if deficit <= 0 or (held > 0 and deficit < window // 4):
@@ -92,8 +96,9 @@ class NodeJob:
 
 class Dispatcher:
     def __init__(self, workers: Callable[[], list[WorkerHandle]], on_outgoing: Callable[[], None],
-                 node_id: str = "", host: str = "") -> None:
+                 node_id: str = "", host: str = "", capacity: Callable[[], int] = lambda: 1 << 30) -> None:
         self._workers = workers
+        self._capacity = capacity  # how many workers may compute at once now (the pool's size)
         self._on_outgoing = on_outgoing
         self._node_id = node_id  # where the calls it fails itself failed (a crashed worker, OOM)
         self._host = host
@@ -271,15 +276,23 @@ class Dispatcher:
 
     # --- feeding workers -----------------------------------------------------------------
 
+    def capacity(self) -> int:
+        return self._capacity()
+
     def pump(self) -> None:
         workers = [w for w in self._workers() if w.alive and w.ready.is_set() and not w.retired]
         if not workers or not self.jobs:
             return
+        # Past the pool's size (it shrank), an idle worker gets nothing: the pool retires it.
+        room = self._capacity() - sum(1 for w in workers if w.batches and not w.waiting)
         for worker in workers:
+            if room <= 0:
+                break
             if not worker.batches:
                 job = self._next_job(worker)
                 if job is not None:
                     self._dispatch(worker, job, len(workers))
+                    room -= 1
         for worker in workers:
             if len(worker.batches) == 1 and not worker.waiting:
                 job = self.jobs.get(worker.batches[0].job_id)
@@ -350,6 +363,16 @@ class Dispatcher:
         return True
 
     # --- state ---------------------------------------------------------------------------
+
+    def could_run_more(self) -> int:
+        """How many more workers the jobs with calls queued here could keep busy: those that may
+        run more at once than they do (func_cpu="dynamic", no GPU), up to their parallelism. The
+        queue here is only a window (more arrives as credit allows), so it doesn't bound this."""
+        more = 0
+        for job in self.jobs.values():
+            if job.queue and job.ready and not job.cancelled and job.cpus_per_call is None and not job.gpu:
+                more += max(0, job.parallelism - len(job.workers))
+        return more
 
     def running_calls(self, job: NodeJob) -> int:
         return sum(1 for w in self._workers() if w.alive and w.batches and w.batches[0].job_id == job.job_id)

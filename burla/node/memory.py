@@ -33,6 +33,8 @@ class MemoryGuard:
         self._budget_gb = budget_gb
         self._on_change = on_change
         self._processes: dict[int, psutil.Process] = {}
+        self._workers_bytes = 0  # what the workers used together at the last check
+        self._workers_counted = 0
 
     def _rss(self, worker: WorkerHandle) -> int:
         process = self._processes.get(worker.pid)
@@ -59,6 +61,7 @@ class MemoryGuard:
                 self._kill(worker, MemoryKill(rss / GB, job.ram_gb_per_call, per_call=True, retry=False))
                 return
         total = sum(rss for rss, _ in usage)
+        self._workers_bytes, self._workers_counted = total, len(usage)
         busy = [(rss, w) for rss, w in usage if w.batches]
         if total <= self._budget_bytes or not busy:
             return
@@ -71,6 +74,15 @@ class MemoryGuard:
                     total / GB, self._budget_gb, worker.number, rss / GB,
                     "" if alone else f" and running {self._pool.size} at a time")
         self._kill(worker, MemoryKill(rss / GB, self._budget_gb, per_call=False, retry=not alone))
+
+    def room_for_workers(self, headroom: float) -> int:
+        """How many more workers fit, each using what one uses now, while the workers stay within
+        `headroom` of this node's budget and take at most half of what the machine has free."""
+        if not self._workers_counted:
+            return 0  # nothing measured yet: no basis to add any
+        per_worker = max(1, self._workers_bytes // self._workers_counted)
+        room = min(headroom * self._budget_bytes - self._workers_bytes, 0.5 * psutil.virtual_memory().available)
+        return max(0, int(room // per_worker))
 
     def _kill(self, worker: WorkerHandle, reason: MemoryKill) -> None:
         worker.killed_for = reason

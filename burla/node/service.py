@@ -28,6 +28,7 @@ from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
 from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
+from burla.node.governor import Governor
 from burla.node.gpus import read_usage as read_gpu_usage
 from burla.node.http import build_node_app
 from burla.node.memory import MemoryGuard
@@ -59,13 +60,14 @@ class NodeService:
         self.settings = settings
         self.pool = pool
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender, settings.node_id,
-                                     socket.gethostname())
+                                     socket.gethostname(), lambda: self.pool.size)
         pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump())
         self.cpu = CpuGuard(self.pool, self.dispatcher)
         self.donor = Donor(settings.node_id, self.dispatcher, settings.steal_ack_timeout_s)
         self.memory = MemoryGuard(
             self.pool, self.dispatcher, settings.memory_budget_gb, lambda: self._state_changed.set()
         )
+        self.governor = Governor(self.pool, self.dispatcher, self.memory, settings.cpus, self._ask_for_more)
         self.thief = Thief(settings.node_id, self.dispatcher, self._report_stolen)
         self._control: list[tuple[wire.Message, asyncio.Future]] = []  # sent before data, awaited
         self.url = ""
@@ -109,6 +111,7 @@ class NodeService:
                 group.create_task(self._head_session_loop())
                 group.create_task(self.memory.run())
                 group.create_task(self.cpu.run())
+                group.create_task(self.governor.run())
                 if self.settings.gpu_count and shutil.which("nvidia-smi"):
                     group.create_task(self._watch_gpus())
                 group.create_task(self._stop_when_asked(group))
@@ -322,6 +325,11 @@ class NodeService:
         self._pending_credit.add(job_id)
         self._outgoing.set()
 
+    def _ask_for_more(self) -> None:
+        """The pool grew: every job's window did too (NodeJob.window), ask for what it allows."""
+        for job_id in self.dispatcher.jobs:
+            self._queue_credit(job_id)
+
     async def _report_stolen(self, msg: wire.Stolen) -> None:
         """Tell the head inputs moved here, and wait until that is on the wire (before the ack)."""
         done = asyncio.get_running_loop().create_future()
@@ -347,7 +355,7 @@ class NodeService:
                 if results:
                     # The credit its freed slots allow rides along (it used to be a frame of its own).
                     job = self.dispatcher.jobs.get(job_id)
-                    due = job.credit_due() if job is not None else 0
+                    due = job.credit_due(self.pool.size) if job is not None else 0
                     last = results[(len(results) - 1) // wire.BATCH_ITEMS * wire.BATCH_ITEMS:]
                     await ws.send_bytes(wire.NodeResults(job_id, last, due).encode())
             credit_jobs, self._pending_credit = self._pending_credit, set()
@@ -355,7 +363,7 @@ class NodeService:
                 job = self.dispatcher.jobs.get(job_id)
                 if job is None:
                     continue
-                due = job.credit_due()
+                due = job.credit_due(self.pool.size)
                 if due:
                     await ws.send_bytes(wire.Credit(job_id, due, 0).encode())
             self._set_status()

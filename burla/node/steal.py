@@ -123,8 +123,8 @@ class Thief:
         job = self._dispatcher.jobs.get(hint.job_id)
         if job is None:
             return
-        request = wire.StealRequest(hint.job_id, hint.transfer_id, self._node_id, job.window(), hint.expires_at,
-                                    hint.grant)
+        window = job.window(self._dispatcher.capacity())
+        request = wire.StealRequest(hint.job_id, hint.transfer_id, self._node_id, window, hint.expires_at, hint.grant)
         pin = aiohttp.Fingerprint(hint.donor_cert_sha256) if hint.donor_cert_sha256 else None
         grant = await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal", request, pin)
         if not isinstance(grant, wire.StealGrant) or not grant.items:

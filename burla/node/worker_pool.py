@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from burla import wire
+from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import ProtocolError
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 from burla.node.worker_fork import ForkedProcess, ForkedWorker
@@ -107,8 +108,9 @@ class WorkerPool:
 
     def __init__(self, size: int, env: dict[str, str], forked: Sequence[ForkedWorker] = (),
                  gpus: Gpus = Gpus(None, 0)) -> None:
-        self.size = size  # workers computing at once; guards lower it under pressure
-        self.full_size = size
+        self.size = size  # workers computing at once; guards lower it under pressure, the governor raises it
+        self.full_size = size  # one per slot: what an idle node comes back to
+        self.max_size = size * MAX_CALLS_PER_SLOT
         self._env = env
         self._gpus = gpus
         self._free_gpus = set(range(gpus.count))  # GPUs no live worker sees
@@ -236,6 +238,22 @@ class WorkerPool:
         self.size = max(1, self.size - 1)
         return self.size
 
+    def resize(self, size: int) -> None:
+        """Compute with `size` workers (between one and max_size): start the missing ones now;
+        extra ones retire as they become idle."""
+        size = max(1, min(self.max_size, size))
+        if size != self.size:
+            self.size = size
+            self.rebalance()
+
+    def computing(self) -> list[WorkerHandle]:
+        """The workers that count towards `size`: alive, not lending their slot, not retiring."""
+        return [w for w in self.workers if w.alive and not w.waiting and not w.retired]
+
+    def starting(self) -> int:
+        """Workers being started that have not joined yet (spawning, or not ready)."""
+        return len(self._spawns) + sum(1 for w in self.workers if w.alive and not w.ready.is_set())
+
     def restore(self) -> None:
         """Back to full parallelism (the node is idle again)."""
         if self.size != self.full_size:
@@ -246,7 +264,7 @@ class WorkerPool:
         """Keep `size` workers computing: add one per waiting worker, retire extras once idle."""
         if self._closing:
             return
-        computing = [w for w in self.workers if w.alive and not w.waiting and not w.retired]
+        computing = self.computing()
         missing = self.size - len(computing) - len(self._spawns)
         for _ in range(max(0, missing)):
             task = asyncio.create_task(self._add_worker())

@@ -1,0 +1,96 @@
+"""func_cpu="dynamic": calls that wait share CPUs (a node runs more of them than it has
+workers while its CPUs are idle), CPU-bound calls don't, and explicit limits hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from burla import remote_parallel_map
+from burla.node.governor import GROW_TO, Sample, grown_size, shrunk_size
+from tests import functions
+from tests.conftest import own_head
+from tests.helpers import get_json, wait_until
+
+
+@pytest.fixture
+def head(tmp_path, monkeypatch):
+    with own_head(tmp_path, monkeypatch, workers=2) as head:
+        yield head
+
+
+def _calls_dir(tmp_path, name: str):
+    directory = tmp_path / name
+    directory.mkdir()
+    return directory
+
+
+def _workers_alive(head) -> int:
+    [node] = get_json(head, "/v1/cluster")["nodes"]
+    return node["workers_alive"]
+
+
+def test_calls_that_wait_run_more_than_one_per_worker_and_the_extra_workers_retire(head, tmp_path):
+    out = _calls_dir(tmp_path, "calls")
+    inputs = [(str(out), i, 1.5) for i in range(16)]
+    assert sorted(remote_parallel_map(functions.record_interval, inputs, spinner=False)) == list(range(16))
+    assert functions.max_overlap(out) > 2  # the node has two workers
+    assert "calls leave the CPUs idle" in head.log()
+    # Idle again: back to one worker per slot.
+    wait_until(lambda: _workers_alive(head) == 2, what="the extra workers to retire")
+
+
+def test_max_parallelism_caps_calls_that_wait(head, tmp_path):
+    out = _calls_dir(tmp_path, "calls")
+    remote_parallel_map(functions.record_interval, [(str(out), i, 1.0) for i in range(9)], max_parallelism=3,
+                        spinner=False)
+    assert functions.max_overlap(out) <= 3
+
+
+def test_an_integer_func_cpu_runs_exactly_its_share(head, tmp_path):
+    out = _calls_dir(tmp_path, "calls")
+    remote_parallel_map(functions.record_interval, [(str(out), i, 0.6) for i in range(8)], func_cpu=1,
+                        spinner=False)
+    assert functions.max_overlap(out) <= 2
+    assert "calls leave the CPUs idle" not in head.log()
+
+
+def test_cpu_bound_calls_run_one_per_worker(head, tmp_path):
+    out = _calls_dir(tmp_path, "calls")
+    remote_parallel_map(functions.spin_interval, [(str(out), i, 0.8) for i in range(6)], spinner=False)
+    assert functions.max_overlap(out) <= 2
+    assert "calls leave the CPUs idle" not in head.log()
+
+
+def test_calls_that_turn_cpu_bound_make_the_node_run_fewer(head, tmp_path):
+    # They wait first (the node adds workers), then all keep a CPU busy at once (it backs off).
+    out = _calls_dir(tmp_path, "calls")
+    inputs = [(str(out), i, 1.5, 1.5) for i in range(16)]
+    assert sorted(remote_parallel_map(functions.spin_interval, inputs, spinner=False)) == list(range(16))
+    log = head.log()
+    assert "calls leave the CPUs idle" in log and "CPUs saturated" in log
+
+
+def _sample(**changes) -> Sample:
+    values = dict(size=2, busy=2, cpu_per_busy_worker=0.01, machine_cpu=0.1, cpus=2, could_run_more=100,
+                  memory_room=100)
+    values.update(changes)
+    return Sample(**values)
+
+
+def test_the_governor_grows_only_when_every_worker_waits_on_something_else():
+    assert grown_size(_sample(), max_size=16) == 16
+    assert grown_size(_sample(could_run_more=3), max_size=16) == 5  # no more than the jobs could use
+    assert grown_size(_sample(memory_room=1), max_size=16) == 3
+    assert grown_size(_sample(busy=1), max_size=16) == 2  # a worker is idle: nothing is short of workers
+    assert grown_size(_sample(cpu_per_busy_worker=0.9), max_size=16) == 2  # CPU-bound calls
+    assert grown_size(_sample(machine_cpu=0.7), max_size=16) == 2  # the machine is busy anyway
+    assert grown_size(_sample(could_run_more=0), max_size=16) == 2
+    # Calls using a fifth of a CPU each: about as many as bring the machine to GROW_TO.
+    grown = grown_size(_sample(cpu_per_busy_worker=0.2, machine_cpu=0.2), max_size=16)
+    assert 2 < grown < 16 and (grown - 2) * 0.2 / 2 <= GROW_TO - 0.2
+
+
+def test_the_governor_backs_off_to_what_the_cpus_can_take():
+    assert shrunk_size(16, 2, machine_cpu=1.0) == int(16 * GROW_TO)
+    assert shrunk_size(3, 2, machine_cpu=1.0) == 2
+    assert shrunk_size(2, 2, machine_cpu=1.0) == 2  # never below one worker per slot
