@@ -7,6 +7,7 @@ import zlib
 import pytest
 
 from burla import wire
+from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.scheduler import RUNNING, NodeRecord, Scheduler
 
@@ -34,7 +35,8 @@ def test_booting_nodes_let_the_job_wait():
     job = s.admit(spec())
     assert job.status == RUNNING and not job.assignments
     joins = s.add_node(node())
-    assert [(j.job_id, p) for j, p in joins] == [("j", 4)]
+    assert [(j.job_id, p) for j, p in joins] == [("j", 10)]  # up to its 10 inputs (calls that wait share CPUs)
+    assert job.assignments["n1"].slots == 4 and job.assignments["n1"].credit == 8  # credited as its slots
 
 
 def test_parallelism_follows_cpu_and_ram_per_call():
@@ -42,17 +44,37 @@ def test_parallelism_follows_cpu_and_ram_per_call():
     s.add_node(node(slots=8, cpus=8, ram_gb=16))
     assert s.admit(spec("a", func_cpu=2)).assignments["n1"].parallelism == 4
     assert s.admit(spec("b", func_ram=5)).assignments["n1"].parallelism == 3
-    assert s.admit(spec("c")).assignments["n1"].parallelism == 8
+    # func_cpu="dynamic": up to MAX_CALLS_PER_SLOT per slot, the node decides how many run.
+    assert s.admit(spec("c", n=1000)).assignments["n1"].parallelism == 8 * MAX_CALLS_PER_SLOT
+    assert s.admit(spec("d", n=1000, func_ram=0.5)).assignments["n1"].parallelism == 32
 
 
-def test_max_parallelism_is_split_across_nodes():
+def test_a_job_takes_a_slot_per_input_at_most_and_up_to_its_inputs_on_each_node():
     s = Scheduler()
-    s.add_node(node("a", slots=4))
-    s.add_node(node("b", slots=4))
-    job = s.admit(spec(max_parallelism=5))
-    assert sorted(a.parallelism for a in job.assignments.values()) == [1, 4]
-    s.add_node(node("c", slots=4))  # a late node only gets what the cap leaves
-    assert "c" not in job.assignments
+    for node_id in "abc":
+        s.add_node(node(node_id, slots=2))
+    job = s.admit(spec(n=3))
+    assert sorted((a.parallelism, a.slots) for a in job.assignments.values()) == [(3, 1), (3, 2)]
+
+
+def test_max_parallelism_gives_every_node_its_slots_before_more_on_one():
+    s = Scheduler()
+    s.add_node(node("a", slots=2))
+    s.add_node(node("b", slots=2))
+    job = s.admit(spec(n=100, max_parallelism=6))
+    assert sorted((a.parallelism, a.slots) for a in job.assignments.values()) == [(2, 2), (4, 2)]
+
+
+def test_a_node_back_with_inputs_it_kept_running_joins_their_job_past_the_cap():
+    s = Scheduler()
+    s.booting_ids.update({"a", "b"})
+    job = s.admit(spec(n=6, max_parallelism=2))
+    s.booting_ids.clear()
+    s.add_node(node("b", slots=2))  # back first: it takes the whole cap
+    assert (job.assignments["b"].parallelism, job.assignments["b"].slots) == (2, 2)
+    assert [j.job_id for j, _ in s.add_node(node("a", slots=2), holding={"j"})] == ["j"]
+    assert (job.assignments["a"].parallelism, job.assignments["a"].slots) == (2, 2)
+    assert s.add_node(node("c", slots=2)) == []  # holding nothing: only what the cap leaves
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ class Cluster:
         self.last_heard[msg.node_id] = time.monotonic()
         self.booting_ids.discard(msg.node_id)
         self.booting_since.pop(msg.node_id, None)
-        for job, _ in self.scheduler.add_node(node):
+        for job, _ in self.scheduler.add_node(node, {job_id for job_id, _ in msg.held}):
             link.send(self._assign_message(job.spec, job.assignments[node.node_id]))
         self._adopt_held(msg, link)
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)

@@ -62,12 +62,25 @@ class NodeRecord:
         )
 
 
-def _slots_wanted(spec: wire.OpenJob) -> int:
-    """At most how many calls of the job run at once: max_parallelism, and never more than its
-    inputs (a one-call job is assigned to one node, not announced to every node)."""
-    if spec.max_parallelism is None:
-        return spec.n_inputs
-    return min(spec.max_parallelism, spec.n_inputs)
+def _share(node: NodeRecord, ceiling: int, job: JobRecord, holding: bool = False) -> tuple[int, int]:
+    """A node's (parallelism, slots) in a job beside the shares it already gave out, (0, 0) for
+    none: a call per slot while the job has inputs for more slots (a one-call job is assigned to
+    one node, not announced to every node), up to `ceiling` calls at once (node_parallelism:
+    calls that wait share CPUs), and never past max_parallelism in all. `holding`: the node
+    kept running inputs of the job while it had no head; it takes part whatever the caps say,
+    or what it holds would be cancelled there and run again elsewhere."""
+    spec = job.spec
+    given_parallelism = sum(a.parallelism for a in job.assignments.values())
+    given_slots = sum(a.slots for a in job.assignments.values())
+    parallelism = min(ceiling, spec.n_inputs)
+    slots = min(node.slots, parallelism, spec.n_inputs - given_slots)
+    if spec.max_parallelism is not None:
+        parallelism = min(parallelism, spec.max_parallelism - given_parallelism)
+        slots = min(slots, parallelism)
+    if holding:
+        slots = max(slots, min(node.slots, ceiling))
+        parallelism = max(parallelism, slots)
+    return (parallelism, slots) if slots >= 1 else (0, 0)
 
 
 def initial_credit(slots: int) -> int:
@@ -94,9 +107,8 @@ class Assignment:
     credit: int = 0  # inputs the node asked for and has not been sent yet
 
     @classmethod
-    def first(cls, node: NodeRecord, parallelism: int) -> Assignment:
+    def first(cls, node: NodeRecord, parallelism: int, slots: int) -> Assignment:
         """A new share, with the credit a node's first window gives (initial_credit)."""
-        slots = min(parallelism, node.slots)
         return cls(parallelism, slots, initial_credit(slots))
     inflight: dict[int, bytes] = field(default_factory=dict)  # sent, result not yet in
 
@@ -176,20 +188,21 @@ class Scheduler:
 
     # --- nodes ---------------------------------------------------------------------------
 
-    def add_node(self, node: NodeRecord) -> list[tuple[JobRecord, int]]:
-        """Register a node; returns the running jobs it should join, with their parallelism."""
+    def add_node(self, node: NodeRecord, holding: set[str] | frozenset[str] = frozenset()
+                 ) -> list[tuple[JobRecord, int]]:
+        """Register a node; returns the running jobs it should join, with their parallelism.
+
+        `holding`: jobs whose inputs the node kept running while it had no head. It joins those
+        even where the others' shares already add up to the job's cap: otherwise what it holds
+        would be cancelled there and run again elsewhere."""
         self.nodes[node.node_id] = node
         joins = []
         for job in self.running.values():
             if not self.can_join(node, job.spec):
                 continue
-            parallelism = self.node_parallelism(node, job.spec)
-            cap = _slots_wanted(job.spec)
-            if cap is not None:
-                used = sum(a.parallelism for a in job.assignments.values())
-                parallelism = min(parallelism, cap - used)
+            parallelism, slots = _share(node, self.node_parallelism(node, job.spec), job, job.job_id in holding)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment.first(node, parallelism)
+                job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
                 joins.append((job, parallelism))
         return joins
 
@@ -199,18 +212,14 @@ class Scheduler:
         out). Returns the nodes that joined, with their parallelism, to send AssignJob."""
         if job.status != RUNNING:
             return []
-        room = _slots_wanted(job.spec) - sum(a.parallelism for a in job.assignments.values())
         joined = []
         for node in self.nodes.values():
-            if room <= 0:
-                break
             if node.node_id in job.assignments or not self.can_join(node, job.spec):
                 continue
-            parallelism = min(self.node_parallelism(node, job.spec), room)
+            parallelism, slots = _share(node, self.node_parallelism(node, job.spec), job)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment.first(node, parallelism)
+                job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
                 joined.append((node.node_id, parallelism))
-                room -= parallelism
         return joined
 
     def remove_node(self, node_id: str) -> list[tuple[JobRecord, list[int]]]:
@@ -348,14 +357,19 @@ class Scheduler:
 
     def _create(self, spec: wire.OpenJob, eligible: list[tuple[NodeRecord, int]]) -> JobRecord:
         job = JobRecord(spec, seen=bytearray(spec.n_inputs), done=bytearray(spec.n_inputs))
-        cap = _slots_wanted(spec)
-        budget = cap if cap is not None else math.inf
-        for node, parallelism in sorted(eligible, key=lambda e: -e[1]):
-            share = int(min(parallelism, budget))
-            if share < 1:
-                break
-            job.assignments[node.node_id] = Assignment.first(node, share)
-            budget -= share
+        ordered = sorted(eligible, key=lambda e: -e[1])
+        # First a call per slot on as many nodes as the caps allow, then what max_parallelism
+        # leaves of their parallelism (calls that wait may run more than one per slot).
+        for node, ceiling in ordered:
+            parallelism, slots = _share(node, min(ceiling, node.slots), job)
+            if parallelism > 0:
+                job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
+        for node, ceiling in ordered:
+            assignment = job.assignments.get(node.node_id)
+            if assignment is not None:
+                room = spec.max_parallelism - sum(a.parallelism for a in job.assignments.values()) \
+                    if spec.max_parallelism is not None else math.inf
+                assignment.parallelism += int(min(min(ceiling, spec.n_inputs) - assignment.parallelism, room))
         self.jobs[spec.job_id] = job
         self.running[spec.job_id] = job
         return job

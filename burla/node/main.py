@@ -11,10 +11,12 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from burla._version import __version__
 from burla.config import ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
+from burla.node.fork_server import ForkServer, start_fork_server
 from burla.node.gpus import Gpus
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
@@ -76,11 +78,15 @@ def run_node(settings: NodeSettings) -> int:
     env[ENV_NODE_ID] = settings.node_id
     lifeline = () if settings.lifeline_fd is None else (settings.lifeline_fd,)
     gpus = Gpus(settings.gpu, settings.gpu_count)
-    forked = fork_workers(settings.workers, env, close_in_child=lifeline, gpus=gpus) if can_fork() else []
+    server: tuple[int, socket.socket] | None = None
+    forked = []
+    if can_fork():
+        server = start_fork_server(env, close_in_child=lifeline)
+        forked = fork_workers(settings.workers, env, close_in_child=(*lifeline, server[1].fileno()), gpus=gpus)
 
     async def main() -> None:
         nonlocal exit_code
-        pool = WorkerPool(settings.workers, env, forked, gpus)
+        pool = WorkerPool(settings.workers, env, forked, gpus, ForkServer(*server) if server is not None else None)
         await pool.start()
         import_aiohttp()  # while the workers boot
         from burla.node.service import NodeService

@@ -1,6 +1,7 @@
 """The worker process: loads each job's function once and runs calls, one at a time.
 
-Started by its node as `python -m burla.node.worker SOCK_FD SHM_FD`. It talks to the node only
+Forked by its node (worker_fork) or the node's fork server (fork_server), or started as
+`python -m burla.node.worker SOCK_FD SHM_FD` where forking isn't possible. It talks to the node only
 over the inherited private socketpair (length-prefixed wire frames) and publishes the input
 index it is running in a shared 8-byte page, so the node can name the call that was running
 if this process dies. Imports stay minimal: this process starts once per slot.

@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import ProtocolError
+from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 from burla.node.worker_fork import ForkedProcess, ForkedWorker
+
+Process = asyncio.subprocess.Process | ForkedProcess | ServedProcess
 
 log = logging.getLogger("burla.node")
 _INDEX = struct.Struct("q")
@@ -51,7 +54,7 @@ class MemoryKill:
 @dataclass(eq=False)
 class WorkerHandle:
     number: int
-    process: asyncio.subprocess.Process | ForkedProcess
+    process: Process
     writer: asyncio.StreamWriter
     reader: asyncio.StreamReader
     shm: mmap.mmap
@@ -107,7 +110,7 @@ class WorkerPool:
     node boots its workers meanwhile); their frames are read once the node binds its handlers."""
 
     def __init__(self, size: int, env: dict[str, str], forked: Sequence[ForkedWorker] = (),
-                 gpus: Gpus = Gpus(None, 0)) -> None:
+                 gpus: Gpus = Gpus(None, 0), fork_server: ForkServer | None = None) -> None:
         self.size = size  # workers computing at once; guards lower it under pressure, the governor raises it
         self.full_size = size  # one per slot: what an idle node comes back to
         self.max_size = size * MAX_CALLS_PER_SLOT
@@ -121,7 +124,8 @@ class WorkerPool:
         self._closing = False
         self._spawns: set[asyncio.Task] = set()
         self._numbers = itertools.count(size)
-        self._processes: set[asyncio.subprocess.Process | ForkedProcess] = set()  # every worker process started
+        self._processes: set[Process] = set()  # every worker process started
+        self._fork_server = fork_server  # starts workers in milliseconds, while it runs
         self._forked = list(forked)  # workers the node forked before its loop started (worker_fork)
         self._bound = False
 
@@ -153,6 +157,16 @@ class WorkerPool:
 
     async def _spawn(self, number: int) -> WorkerHandle:
         gpu = self._take_gpu()
+        if self._fork_server is not None and self._fork_server.alive:
+            try:
+                process, node_end, shm = await self._fork_server.start(
+                    number, NO_GPUS if not self._gpus.count else NO_GPU if gpu is None else gpu)
+            except ConnectionError:
+                pass  # the server is gone: start it as a new interpreter
+            else:
+                handle = await self._handle(number, process, node_end, shm)
+                handle.gpu = gpu
+                return handle
         env = self._env
         if self._gpus.count:  # each worker sees its own GPU, or none
             env = {**env, ENV_VISIBLE: "" if gpu is None else str(gpu)}
@@ -182,8 +196,7 @@ class WorkerPool:
             handle.gpu = self._take_gpu(number) if visible_to(number, self._gpus) else None
         return handle
 
-    async def _handle(self, number: int, process: asyncio.subprocess.Process | ForkedProcess,
-                      node_end: socket.socket, shm: mmap.mmap) -> WorkerHandle:
+    async def _handle(self, number: int, process: Process, node_end: socket.socket, shm: mmap.mmap) -> WorkerHandle:
         self._processes.add(process)
         reader, writer = await asyncio.open_connection(sock=node_end, limit=wire.MAX_FRAME_BYTES)
         handle = WorkerHandle(number, process, writer, reader, shm)
@@ -315,3 +328,5 @@ class WorkerPool:
                     await handle.reader_task
                 except (asyncio.CancelledError, Exception):
                     pass
+        if self._fork_server is not None:
+            self._fork_server.close()

@@ -1,0 +1,275 @@
+"""Workers started in milliseconds after the node's event loop runs: a fork server.
+
+The node forks its first workers before its event loop starts (worker_fork); once the loop and
+its helpers run, forking the node itself is no longer safe. Workers it starts later (replacing
+one that died, or the governor adding some while calls wait) would each cost a new interpreter,
+about 0.15 s of CPU. So at startup, beside its first workers, the node also forks this server:
+a small single-threaded process that forks a worker whenever the node asks and hands back the
+worker's end of the socketpair and its shared page (as file descriptors over a Unix socket),
+then reports each worker's exit code. The workers are the server's children; it reaps them.
+
+Messages on the SOCK_SEQPACKET pair, one per packet:
+    node -> server  b"S" number gpu          start worker `number` (gpu: index, -1 none, -2 no GPUs here)
+    server -> node  b"P" number pid  + 2 fds  started: the node's end of its socket, its page
+    server -> node  b"X" pid exit_code       a worker exited
+If the server is gone, the node starts workers the usual way, and watches those the server
+started through pidfds (their exit code is then unknown: -1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import mmap
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+from burla.node.gpus import ENV_VISIBLE
+
+log = logging.getLogger("burla.node")
+
+_START = struct.Struct("qq")  # number, gpu
+_STARTED = struct.Struct("qq")  # number, pid
+_EXITED = struct.Struct("qq")  # pid, exit code
+NO_GPUS = -2  # the node has no GPUs: leave CUDA_VISIBLE_DEVICES alone
+NO_GPU = -1  # the node has GPUs, this worker sees none
+UNKNOWN_EXIT = -1
+
+
+def start_fork_server(env: dict[str, str], close_in_child: tuple[int, ...] = ()) -> tuple[int, socket.socket]:
+    """Fork the server (call while this process runs one thread, as for worker_fork);
+    returns its pid and the node's end of its control socket."""
+    from burla.node.worker import serve_worker  # imported before the fork, shared by every worker
+
+    node_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            node_end.close()
+            for fd in close_in_child:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+                signal.signal(sig, signal.SIG_DFL)
+            os.environ.clear()
+            os.environ.update(env)
+            _serve(server_end, serve_worker)
+        finally:
+            os._exit(0)
+    server_end.close()
+    return pid, node_end
+
+
+def _serve(control: socket.socket, serve_worker) -> None:
+    """The server's loop: start workers when asked, report their exits; ends with the node."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select() through the pipe
+    while True:
+        try:
+            ready, _, _ = select.select([control, wake_read], [], [])
+        except InterruptedError:
+            continue
+        if wake_read in ready:
+            os.read(wake_read, 4096)
+            _report_exits(control)
+        if control in ready:
+            request = control.recv(64)
+            if not request:
+                return  # the node is gone; its workers see their sockets close and exit too
+            if request[:1] == b"S":
+                number, gpu = _START.unpack(request[1:])
+                _start_worker(control, number, gpu, (wake_read, wake_write), serve_worker)
+
+
+def _report_exits(control: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        with contextlib.suppress(OSError):
+            control.send(b"X" + _EXITED.pack(pid, os.waitstatus_to_exitcode(status)))
+
+
+def _start_worker(control: socket.socket, number: int, gpu: int, wake: tuple[int, int], serve_worker) -> None:
+    node_end, worker_end = socket.socketpair()
+    page = os.memfd_create("burla-worker-page")
+    os.ftruncate(page, mmap.PAGESIZE)
+    shm = mmap.mmap(page, mmap.PAGESIZE)
+    struct.pack_into("q", shm, 0, -1)  # no call running
+    pid = os.fork()
+    if pid == 0:  # the worker
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (*wake, page):
+                os.close(fd)
+            control.close()
+            node_end.close()
+            if gpu != NO_GPUS:
+                os.environ[ENV_VISIBLE] = "" if gpu == NO_GPU else str(gpu)
+            serve_worker(worker_end, shm)
+        finally:
+            os._exit(1)
+    worker_end.close()
+    shm.close()
+    try:
+        socket.send_fds(control, [b"P" + _STARTED.pack(number, pid)], [node_end.fileno(), page])
+    finally:
+        node_end.close()
+        os.close(page)
+
+
+class ServedProcess:
+    """A worker the server started: the part of asyncio.subprocess.Process the pool uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def exited(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            if not self._exited.done():
+                self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+class ForkServer:
+    """The node's side of the server; used on the node's event loop."""
+
+    def __init__(self, pid: int, control: socket.socket) -> None:
+        self.pid = pid
+        self._control = control
+        self._control.setblocking(False)
+        self._starting: dict[int, asyncio.Future[tuple[ServedProcess, socket.socket, mmap.mmap]]] = {}
+        self._processes: dict[int, ServedProcess] = {}
+        self._early_exits: dict[int, int] = {}  # exits reported before the start they belong to was read
+        self.alive = True
+        self._reading = False
+
+    def _ensure_reading(self) -> None:
+        if not self._reading and self.alive:
+            asyncio.get_running_loop().add_reader(self._control.fileno(), self._on_readable)
+            self._reading = True
+
+    async def start(self, number: int, gpu: int) -> tuple[ServedProcess, socket.socket, mmap.mmap]:
+        """Start worker `number`; returns its process, the node's end of its socket and its page.
+        Raises ConnectionError if the server is gone (start it the usual way then)."""
+        if not self.alive:
+            raise ConnectionError("the fork server is gone")
+        self._ensure_reading()
+        started = asyncio.get_running_loop().create_future()
+        self._starting[number] = started
+        try:
+            self._control.send(b"S" + _START.pack(number, gpu))
+        except OSError as e:
+            self._starting.pop(number, None)
+            self._lost()
+            raise ConnectionError(f"the fork server is gone ({e})") from None
+        return await started
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(self._control, 64, 2)
+            except BlockingIOError:
+                return
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                for fd in fds:
+                    os.close(fd)
+                self._lost()
+                return
+            if message[:1] == b"P" and len(fds) == 2:
+                number, pid = _STARTED.unpack(message[1:])
+                self._started(number, pid, fds[0], fds[1])
+            elif message[:1] == b"X":
+                pid, code = _EXITED.unpack(message[1:])
+                process = self._processes.pop(pid, None)
+                if process is not None:
+                    process.exited(code)
+                else:
+                    self._early_exits[pid] = code
+            else:
+                for fd in fds:
+                    os.close(fd)
+
+    def _started(self, number: int, pid: int, sock_fd: int, page_fd: int) -> None:
+        node_end = socket.socket(fileno=sock_fd)
+        shm = mmap.mmap(page_fd, mmap.PAGESIZE)
+        os.close(page_fd)
+        process = ServedProcess(pid)
+        if pid in self._early_exits:
+            process.exited(self._early_exits.pop(pid))
+        else:
+            self._processes[pid] = process
+        waiter = self._starting.pop(number, None)
+        if waiter is None or waiter.done():  # nobody waits any more (the pool is closing)
+            node_end.close()
+            shm.close()
+            process.kill()
+            return
+        waiter.set_result((process, node_end, shm))
+
+    def _lost(self) -> None:
+        """The server died (or the node is closing it): start nothing more through it, and learn
+        of its workers' exits from pidfds (with no code)."""
+        if not self.alive:
+            return
+        self.alive = False
+        if self._reading:
+            asyncio.get_running_loop().remove_reader(self._control.fileno())
+            self._reading = False
+        self._control.close()
+        for waiter in self._starting.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionError("the fork server is gone"))
+        self._starting.clear()
+        if self._processes:
+            log.warning("the worker fork server exited; watching its %d workers directly", len(self._processes))
+        for process in list(self._processes.values()):
+            self._watch_directly(process)
+        self._processes.clear()
+
+    @staticmethod
+    def _watch_directly(process: ServedProcess) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except OSError:  # gone already
+            process.exited(UNKNOWN_EXIT)
+            return
+
+        def on_exit() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            process.exited(UNKNOWN_EXIT)
+
+        loop.add_reader(pidfd, on_exit)
+
+    def close(self) -> None:
+        """The node is stopping: the server exits when its control socket closes."""
+        self._lost()

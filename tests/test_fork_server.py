@@ -1,0 +1,75 @@
+"""Workers a node starts after its event loop runs come from its fork server: they run calls,
+see the GPU they were given, and the node learns how each ended; without the server, the node
+still learns that they ended."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+# Run in a fresh process: the server is forked, and forking is only safe from a single thread.
+SCRIPT = r"""
+import asyncio, os, pickle, signal, struct
+from burla import wire
+from burla.node.fork_server import NO_GPU, NO_GPUS, UNKNOWN_EXIT, ForkServer, start_fork_server
+from burla.serialization import dumps_function
+
+def visible(x):
+    return (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ["MARK"], os.getppid(), x)
+
+server_pid, control = start_fork_server({**os.environ, "MARK": "served"})
+
+async def frame(reader):
+    (size,) = wire.FRAME_HEADER.unpack(await reader.readexactly(wire.FRAME_HEADER.size))
+    return wire.decode(await reader.readexactly(size), wire.WORKER_TO_NODE)
+
+async def call(process, sock, shm):
+    reader, writer = await asyncio.open_connection(sock=sock)
+    ready = await frame(reader)
+    assert isinstance(ready, wire.WorkerReady) and ready.pid == process.pid
+    assert struct.unpack_from("q", shm, 0)[0] == -1
+    for msg in (wire.LoadFunction("job", dumps_function(visible), b""), wire.RunCalls("job", [[3, pickle.dumps(5)]])):
+        data = msg.encode()
+        writer.write(wire.FRAME_HEADER.pack(len(data)) + data)
+    report = await frame(reader)
+    return writer, [pickle.loads(payload) for _, _, payload in report.results]
+
+async def main():
+    server = ForkServer(server_pid, control)
+    started = await asyncio.gather(server.start(0, 1), server.start(1, NO_GPU), server.start(2, NO_GPUS))
+    results = []
+    writers = []
+    for process, sock, shm in started:
+        writer, result = await call(process, sock, shm)
+        writers.append(writer)
+        results.extend(result)
+    assert results == [("1", "served", server_pid, 5), ("", "served", server_pid, 5),
+                       (os.environ.get("CUDA_VISIBLE_DEVICES"), "served", server_pid, 5)], results
+    (first, _, _), (second, _, _), (third, _, _) = started
+    writers[0].close()  # EOF: the worker exits cleanly
+    assert await asyncio.wait_for(first.wait(), 30) == 0
+    second.kill()
+    assert await asyncio.wait_for(second.wait(), 30) == -signal.SIGKILL
+    os.kill(server_pid, signal.SIGKILL)  # the server dies: its last worker is still watched
+    os.waitpid(server_pid, 0)
+    await asyncio.sleep(0.2)
+    try:
+        await server.start(3, NO_GPUS)
+        raise AssertionError("a dead server started a worker")
+    except ConnectionError:
+        pass
+    assert not server.alive
+    third.kill()
+    assert await asyncio.wait_for(third.wait(), 30) == UNKNOWN_EXIT
+
+asyncio.run(main())
+print("ok")
+"""
+
+
+def test_the_fork_server_starts_workers_and_reports_how_they_ended():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
