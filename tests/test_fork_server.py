@@ -36,6 +36,10 @@ async def call(process, sock, shm):
     report = await frame(reader)
     return writer, [pickle.loads(payload) for _, _, payload in report.results]
 
+def name(pid):
+    with open(f"/proc/{pid}/comm") as comm:
+        return comm.read().strip()
+
 async def main():
     server = ForkServer(server_pid, control)
     started = await asyncio.gather(server.start(0, 1), server.start(1, NO_GPU), server.start(2, NO_GPUS))
@@ -45,6 +49,8 @@ async def main():
         writer, result = await call(process, sock, shm)
         writers.append(writer)
         results.extend(result)
+    assert name(server_pid) == "burla-forksrv"  # it has served requests: it named itself before
+    assert {name(process.pid) for process, _, _ in started} == {name(os.getpid())}  # workers keep the node's name
     assert results == [("1", "served", server_pid, 5), ("", "served", server_pid, 5),
                        (os.environ.get("CUDA_VISIBLE_DEVICES"), "served", server_pid, 5)], results
     (first, _, _), (second, _, _), (third, _, _) = started

@@ -36,6 +36,7 @@ log = logging.getLogger("burla.node")
 _START = struct.Struct("qq")  # number, gpu
 _STARTED = struct.Struct("qq")  # number, pid
 _EXITED = struct.Struct("qq")  # pid, exit code
+PROCESS_NAME = "burla-forksrv"  # what ps and top show for the server (15 characters at most)
 NO_GPUS = -2  # the node has no GPUs: leave CUDA_VISIBLE_DEVICES alone
 NO_GPU = -1  # the node has GPUs, this worker sees none
 UNKNOWN_EXIT = -1
@@ -63,14 +64,30 @@ def start_fork_server(env: dict[str, str], close_in_child: tuple[int, ...] = ())
                 signal.signal(sig, signal.SIG_DFL)
             os.environ.clear()
             os.environ.update(env)
-            _serve(server_end, serve_worker)
+            worker_name = _this_process_name()
+            _name_this_process(PROCESS_NAME)
+            _serve(server_end, serve_worker, worker_name)
         finally:
             os._exit(0)
     server_end.close()
     return pid, node_end
 
 
-def _serve(control: socket.socket, serve_worker) -> None:
+def _this_process_name() -> str:
+    try:
+        with open("/proc/self/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
+
+
+def _name_this_process(name: str) -> None:
+    if name:
+        with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+            comm.write(name)
+
+
+def _serve(control: socket.socket, serve_worker, worker_name: str) -> None:
     """The server's loop: start workers when asked, report their exits; ends with the node."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
@@ -90,7 +107,7 @@ def _serve(control: socket.socket, serve_worker) -> None:
                 return  # the node is gone; its workers see their sockets close and exit too
             if request[:1] == b"S":
                 number, gpu = _START.unpack(request[1:])
-                _start_worker(control, number, gpu, (wake_read, wake_write), serve_worker)
+                _start_worker(control, number, gpu, (wake_read, wake_write), serve_worker, worker_name)
 
 
 def _report_exits(control: socket.socket) -> None:
@@ -105,7 +122,8 @@ def _report_exits(control: socket.socket) -> None:
             control.send(b"X" + _EXITED.pack(pid, os.waitstatus_to_exitcode(status)))
 
 
-def _start_worker(control: socket.socket, number: int, gpu: int, wake: tuple[int, int], serve_worker) -> None:
+def _start_worker(control: socket.socket, number: int, gpu: int, wake: tuple[int, int], serve_worker,
+                  name: str) -> None:
     node_end, worker_end = socket.socketpair()
     page = os.memfd_create("burla-worker-page")
     os.ftruncate(page, mmap.PAGESIZE)
@@ -120,6 +138,7 @@ def _start_worker(control: socket.socket, number: int, gpu: int, wake: tuple[int
                 os.close(fd)
             control.close()
             node_end.close()
+            _name_this_process(name)  # a worker, named like the node's own
             if gpu != NO_GPUS:
                 os.environ[ENV_VISIBLE] = "" if gpu == NO_GPU else str(gpu)
             serve_worker(worker_end, shm)
