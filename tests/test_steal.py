@@ -75,8 +75,10 @@ def bare_head(tmp_path, monkeypatch):
 
 def _skewed_job(out_dir, slow_s: float = 1.5):
     # The first four inputs are 30x slower; they land on the first node before the second joins.
+    # A call per CPU: calls that wait would otherwise share the first node's CPUs, which would
+    # then run its queue itself instead of leaving it to a thief.
     inputs = [(str(out_dir), i, slow_s if i < 4 else 0.05) for i in range(12)]
-    return remote_parallel_map(functions.record_interval, inputs, generator=True, spinner=False)
+    return remote_parallel_map(functions.record_interval, inputs, generator=True, func_cpu=1, spinner=False)
 
 
 def _run_while_node_b_joins(nodes: Nodes, tmp_path) -> None:
