@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 from _common import median_time, noop, warm_local_cluster
 
+from burla.node.fork_server import PROCESS_NAME as FORK_SERVER_NAME
+
 REPEATS = 50
 CPU_JOBS = 300
 
@@ -25,8 +27,8 @@ def _processes() -> dict[str, list[psutil.Process]]:
     record = HeadRecord.read(Path(os.environ["BURLA_CONFIG_DIR"]))
     assert record is not None
     head = psutil.Process(record.pid)
-    nodes = [p for p in head.children() if "join" in p.cmdline()]
-    workers = [w for node in nodes for w in node.children()]
+    nodes = head.children()  # its local nodes (forked from it, or `burla node join`)
+    workers = [w for node in nodes for w in node.children(recursive=True) if w.name() != FORK_SERVER_NAME]
     return {"client": [psutil.Process()], "head": [head], "node": nodes, "workers": workers}
 
 
