@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from burla.config import ENV_TOKEN
 from burla.drivers.base import BootFailed, BootRequest, Driver, NodeHandle
+from burla.forking import flush_before_fork, start_child
 
 EXIT_POLL_S = 0.2
 STOP_GRACE_S = 3.0
@@ -67,8 +68,7 @@ class LocalDriver(Driver):
     def _fork(self, request: BootRequest, node_id: str, lifeline: int, closing: tuple[int, ...]) -> ForkedNode:
         env = dict(self._env)
         env[ENV_TOKEN] = request.token
-        sys.stdout.flush()  # what this process buffered would otherwise be written again by the node
-        sys.stderr.flush()
+        flush_before_fork()
         pid = os.fork()
         if pid == 0:
             _become_node(request, node_id, lifeline, env, closing + tuple(self._lifelines.values()))
@@ -149,14 +149,7 @@ def _become_node(request: BootRequest, node_id: str, lifeline: int, env: dict[st
     code = 1
     try:
         os.setsid()  # its own process group, as a started node has: it is stopped as a group
-        for fd in closing:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        os.environ.clear()
-        os.environ.update(env)
+        start_child(closing, env)
         from burla.config import ENV_HEAD_CERT
         from burla.node.main import node_settings, run_node
 

@@ -27,8 +27,8 @@ import select
 import signal
 import socket
 import struct
-import sys
 
+from burla.forking import flush_before_fork, start_child
 from burla.node.gpus import ENV_VISIBLE
 
 log = logging.getLogger("burla.node")
@@ -48,22 +48,12 @@ def start_fork_server(env: dict[str, str], close_in_child: tuple[int, ...] = ())
     from burla.node.worker import serve_worker  # imported before the fork, shared by every worker
 
     node_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_before_fork()
     pid = os.fork()
     if pid == 0:
         try:
             node_end.close()
-            for fd in close_in_child:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.close(devnull)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-                signal.signal(sig, signal.SIG_DFL)
-            os.environ.clear()
-            os.environ.update(env)
+            start_child(close_in_child, env)
             worker_name = _this_process_name()
             _name_this_process(PROCESS_NAME)
             _serve(server_end, serve_worker, worker_name)

@@ -17,10 +17,10 @@ import os
 import signal
 import socket
 import struct
-import sys
 import threading
 from dataclasses import dataclass
 
+from burla.forking import flush_before_fork, start_child
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 
 
@@ -84,8 +84,7 @@ def fork_workers(count: int, env: dict[str, str], close_in_child: tuple[int, ...
     GPUs, worker i sees GPU i (or none, past the last one)."""
     from burla.node.worker import serve_worker  # imported once here, shared by every child
 
-    sys.stdout.flush()  # what the node buffered would otherwise be written again by each child
-    sys.stderr.flush()
+    flush_before_fork()
     forked: list[ForkedWorker] = []
     for number in range(count):
         node_end, worker_end = socket.socketpair()
@@ -97,15 +96,7 @@ def fork_workers(count: int, env: dict[str, str], close_in_child: tuple[int, ...
                 node_end.close()
                 for other in forked:  # a worker holding another's end would hide its EOF
                     other.node_end.close()
-                for fd in close_in_child:
-                    os.close(fd)
-                devnull = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(devnull, 0)
-                os.close(devnull)
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-                    signal.signal(sig, signal.SIG_DFL)
-                os.environ.clear()
-                os.environ.update(env)
+                start_child(close_in_child, env)
                 if gpus.count:
                     os.environ[ENV_VISIBLE] = visible_to(number, gpus)
                 serve_worker(worker_end, shm)
