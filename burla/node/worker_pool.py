@@ -239,6 +239,7 @@ class WorkerPool:
             handle.gpu = None
         if self._closing:
             return
+        self._processes.discard(handle.process)  # ended: nothing to stop at close (workers come and go)
         if handle in self.workers:
             self.workers.remove(handle)
         if not handle.retired:
