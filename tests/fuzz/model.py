@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 
 # Frames that break RFC 6455: the server may fail the connection without a close frame (§7.1.7),
-# which a text frame that isn't UTF-8 requires too (§8.1).
-PROTOCOL_VIOLATIONS = ("unmasked", "reserved bits", "unknown opcode", "continuation without start", "text not utf-8")
+# which a text frame that isn't UTF-8 requires too (§8.1). Its close frame, if it sends one, can
+# also be lost: closing with the client's frames unread resets the connection.
+PROTOCOL_VIOLATIONS = ("unmasked", "reserved bits", "unknown opcode", "continuation without start", "text not utf-8",
+                       "control frame over 125 bytes")
 
 @dataclass
 class Finding:

@@ -46,7 +46,11 @@ def _wrap(rng: random.Random, payload: bytes) -> tuple[bytes, bool, str]:
         return ws_frame(rng, rng.choice([3, 7, 11, 15]), payload), False, f"unknown opcode {describe(payload)}"
     if r < 0.99:
         ping = rng.choice([b"", b"p", b"x" * 200])
-        return ws_frame(rng, 9, ping), False, f"ping of {len(ping)} bytes"
+        # Control frames carry at most 125 bytes (RFC 6455 §5.5): a longer one is a violation.
+        label = f"ping of {len(ping)} bytes"
+        if len(ping) > 125:
+            label = f"control frame over 125 bytes: {label}"
+        return ws_frame(rng, 9, ping), False, label
     return ws_frame(rng, 0, payload), False, f"continuation without start {describe(payload)}"
 
 
