@@ -21,6 +21,13 @@ def test_help_reads_well():
     assert "worker" not in done.stdout  # internal
 
 
+def test_head_serve_refuses_a_head_to_talk_to(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "BURLA_CONFIG_DIR": str(tmp_path), "BURLA_CLUSTER_TOKEN": "t"}
+    for args in (("head", "serve", "--head", "http://127.0.0.1:9"), ("--head", "http://127.0.0.1:9", "head", "serve")):
+        done = burla(*args, "--port", "0", env=env)
+        assert done.returncode == 2 and "--head names one to talk to" in done.stderr and "--url" in done.stderr, done
+
+
 def test_subcommand_help():
     serve = burla("head", "serve", "--help")
     assert serve.returncode == 0 and "--local-nodes" in serve.stdout and "127.0.0.1" in serve.stdout

@@ -162,6 +162,9 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
     from burla.head.server import PortInUse
     from burla.head.server import serve as run_head
 
+    if (ctx.find_root().obj or {}).get("head_from_flag"):
+        raise click.UsageError("`burla head serve` runs a head: --head names one to talk to, and means nothing here. "
+                               "For the address this head gives its nodes and clients, use --url.")
     directory = config_dir()
     token = token or global_option(ctx, "token")
     driver = _driver_name(driver)
