@@ -253,6 +253,8 @@ class ForkServer:
             asyncio.get_running_loop().remove_reader(self._control.fileno())
             self._reading = False
         self._control.close()
+        with contextlib.suppress(ChildProcessError):  # it died: reap it (at close it exits after this)
+            os.waitpid(self.pid, os.WNOHANG)
         for waiter in self._starting.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError("the fork server is gone"))
