@@ -16,7 +16,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from burla import wire
 from burla.client_loop import ClientLoop, client_loop
@@ -52,10 +52,9 @@ FIRST_BATCH_BYTES = 256 * 1024
 KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
 
 
-class Outcome(NamedTuple):  # a tuple: a million of them are made per million-input job
-    index: int
-    ok: bool
-    value: Any  # the result, or the exception the call raised
+# (input index, ok, the result or the exception the call raised). A plain tuple: a million are
+# made per million-input job, and a NamedTuple's constructor costs ten times as much.
+Outcome = tuple[int, bool, Any]
 
 
 _END = object()
@@ -500,11 +499,11 @@ class JobRunner:
                 f"the head did not confirm within {KEPT_CONFIRM_S:g} s that it saved this job's inputs; the job "
                 "runs on, but if the head restarts before it ends some inputs may be missing from its results")
 
-    def _free_window(self, indices: list[int]) -> None:
+    def _free_window(self, outcomes: list[Outcome]) -> None:
         """These inputs have their results: they leave the window (and their files go)."""
         sizes = self._sizes
         freed_inputs = freed_bytes = 0
-        for index in indices:
+        for index, _, _ in outcomes:
             size = sizes[index]
             if size:
                 sizes[index] = 0
@@ -514,7 +513,7 @@ class JobRunner:
         self._outstanding_bytes -= freed_bytes
         files = self._files
         if files is not None and files.written:
-            for index in indices:
+            for index, _, _ in outcomes:
                 files.done(index)
         self._window_open.set()
 
@@ -528,7 +527,6 @@ class JobRunner:
     async def _receive(self, ws, collect: bool = True) -> None:
         """Take results, output and progress; with collect=False (detaching) leave results be."""
         display = self.display
-        received = self._received
         while True:
             try:
                 msg = await self._next_message(ws)
@@ -539,18 +537,10 @@ class JobRunner:
             if isinstance(msg, wire.ResultBatch) and not collect:
                 continue
             if isinstance(msg, wire.ResultBatch):
-                outcomes = []
-                n_inputs = self.n_inputs
-                failed = 0
-                for index, ok, payload in msg.items:
-                    if 0 <= index < n_inputs and not received[index]:
-                        outcome = self._outcome(index, ok, payload)
-                        received[index] = 1 if outcome.ok else 2
-                        failed += not outcome.ok
-                        outcomes.append(outcome)
+                outcomes, failed = self._take_results(msg.items)
                 # Hand the results over before acknowledging them: once acked, the head forgets them.
                 display.count_results(len(outcomes), failed)
-                self._free_window([o.index for o in outcomes])
+                self._free_window(outcomes)
                 self._remaining -= len(outcomes)
                 if self._remaining == 0 and self._files is not None:
                     self._files.close()  # before the caller has its results: nothing is left behind then
@@ -577,22 +567,40 @@ class JobRunner:
             elif isinstance(msg, wire.ErrorReply):
                 raise error_from_wire(msg.kind, msg.message)
 
-    def _outcome(self, index: int, ok: bool, payload: bytes) -> Outcome:
-        if not ok:
-            error = unpack_error(payload, index)
-            if isinstance(error, ImportError) and error.name:
-                note = missing_package_note(error.name, self.opening.packages if self.opening else {})
-                if note is not None:
-                    error.add_note(note)
-            return Outcome(index, False, error)
-        try:
-            return Outcome(index, True, loads(payload))
-        except Exception as e:
-            error: BaseException = RemoteError(
-                type(e).__name__, f"the result of input {index} can't be unpickled here: {e}"
-            )
-            error.burla_input_index = index  # type: ignore[attr-defined]
-            return Outcome(index, False, error)
+    def _take_results(self, items: list) -> tuple[list[Outcome], int]:
+        """The outcomes of results not taken before (the head may resend), and how many failed."""
+        received, n_inputs = self._received, self.n_inputs
+        outcomes: list[Outcome] = []
+        failed = 0
+        for index, ok, payload in items:  # once per result: kept to the bare minimum
+            if 0 <= index < n_inputs and not received[index]:
+                if ok:
+                    try:
+                        outcomes.append((index, True, loads(payload)))
+                        received[index] = 1
+                        continue
+                    except Exception as e:
+                        error = self._unpickling_error(index, e)
+                else:
+                    error = self._call_error(index, payload)
+                outcomes.append((index, False, error))
+                received[index] = 2
+                failed += 1
+        return outcomes, failed
+
+    def _call_error(self, index: int, payload: bytes) -> BaseException:
+        error = unpack_error(payload, index)
+        if isinstance(error, ImportError) and error.name:
+            note = missing_package_note(error.name, self.opening.packages if self.opening else {})
+            if note is not None:
+                error.add_note(note)
+        return error
+
+    @staticmethod
+    def _unpickling_error(index: int, e: Exception) -> BaseException:
+        error = RemoteError(type(e).__name__, f"the result of input {index} can't be unpickled here: {e}")
+        error.burla_input_index = index  # type: ignore[attr-defined]
+        return error
 
     # --- for the user's thread -----------------------------------------------------------
 

@@ -119,8 +119,8 @@ def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: b
 
 def _results_as_completed(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Any]:
     for batch in _outcome_batches(runner, cluster, raise_errors):
-        for outcome in batch:
-            yield outcome.value
+        for _index, _ok, value in batch:
+            yield value
 
 
 def _wait(event, runner: JobRunner) -> None:
@@ -151,11 +151,12 @@ def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> I
                 continue
             received += len(batch)
             if raise_errors:
-                failed = next((position for position, outcome in enumerate(batch) if not outcome.ok), None)
+                failed = next((position for position, (_, ok, _) in enumerate(batch) if not ok), None)
                 if failed is not None:
                     if failed:
                         yield batch[:failed]
-                    raise batch[failed].value
+                    _, _, error = batch[failed]
+                    raise error
             yield batch
         if runner.error is not None:
             raise runner.error

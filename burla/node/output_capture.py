@@ -37,7 +37,9 @@ class OutputCapture:
         self._poll = select.poll()  # one syscall tells whether either pipe holds anything
         self._pending: list[OutputItem] = []
         self._job_id: str | None = None
-        self._index = -1
+        # The input index of the call running now (-1 between calls). The worker sets it without
+        # the lock, once per call: a single store the watchdog reads under the lock (see end()).
+        self.running = -1
         self._stop = threading.Event()
         self.send_lock = threading.RLock()
         self._watchdog: threading.Thread | None = None
@@ -62,13 +64,16 @@ class OutputCapture:
         self._watchdog = threading.Thread(target=self._watch, name="burla-output", daemon=True)
         self._watchdog.start()
 
-    def begin(self, job_id: str, index: int) -> None:
+    def begin_batch(self, job_id: str) -> None:
+        """The calls that follow are this job's (each announced by setting `running`)."""
         with self._lock:
             self._job_id = job_id
-            self._index = index
 
     def end(self) -> None:
-        """Attribute everything written so far to the current call, then clear it."""
+        """Attribute everything written so far to the running call, then clear it.
+
+        Taking the lock waits out a drain the watchdog began during the call, so the call's output
+        is all pending before its result goes out; the next call's index is set only after this."""
         try:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -76,7 +81,7 @@ class OutputCapture:
             pass
         with self._lock:
             self._drain_locked()
-            self._index = -1
+            self.running = -1
 
     def take(self) -> list[OutputItem]:
         with self._lock:
@@ -86,7 +91,7 @@ class OutputCapture:
     def _drain_locked(self) -> None:
         if not self._poll.poll(0):  # the common case after a call: nothing was written
             return
-        index = self._index
+        index = self.running
         for stream, fd, decoder in self._pipes:
             fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_BUF)
             available = int.from_bytes(_FIONREAD_BUF, sys.byteorder)
@@ -114,7 +119,7 @@ class OutputCapture:
             # The send lock keeps live chunks ordered before the call's final report.
             with self.send_lock:
                 with self._lock:
-                    if self._index >= 0:
+                    if self.running >= 0:
                         self._drain_locked()
                     job_id = self._job_id
                     if not self._pending or job_id is None:

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import mmap
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -26,18 +27,31 @@ from typing import Any
 
 from burla import local_code, wire
 from burla.config import ENV_NODE_ID, ENV_PARENT_JOB
-from burla.input_files import is_reference, mapped_input
+from burla.input_files import mapped_input
 from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
-from burla.serialization import ErrorOrigin, dumps_result, loads, pack_error
+from burla.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
 _INDEX = struct.Struct("q")
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
 _FLUSH_BYTES = 1 << 20
+_PLAIN_RESULTS = frozenset({int, float, str, bytes, bool, type(None)})  # pickled without checks
 
 
 class CallCancelled(BaseException):
     """Raised inside a running call when the node cancels its job (SIGUSR1)."""
+
+
+class _CallFailed(Exception):
+    """A call's packed error, on its way from the call to its result."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+
+def _mapped_arguments(argument_bytes: bytes) -> Any:
+    with mapped_input(argument_bytes) as pickled:
+        return loads(pickled)
 
 
 class _LoadFailure:
@@ -155,32 +169,41 @@ class Worker:
         if os.environ.get(ENV_PARENT_JOB) != job_id:
             os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
         capture = self.capture
-        shm = self._shm
+        capture.begin_batch(job_id)
+        if isinstance(function, _LoadFailure) or function is None:
+            call = self._call_without_function(function)
+        else:
+            call = self._caller(function)
+        # This loop runs once per call: what it does per item is kept to the bare minimum.
+        mark_running, shm, monotonic, flush = _INDEX.pack_into, self._shm, time.monotonic, self._flush
         last = len(items) - 1
         try:
             for position, (index, argument_bytes) in enumerate(items):
                 if self._cancel_requested:
                     break
-                _INDEX.pack_into(shm, 0, index)
-                capture.begin(job_id, index)
+                mark_running(shm, 0, index)
+                capture.running = index
                 try:
-                    ok, payload = self._call(function, argument_bytes)
+                    payload = call(argument_bytes)
+                    ok = True
                 except CallCancelled:
                     self._cancel_requested = True
                     capture.end()
                     break
+                except _CallFailed as failure:
+                    ok, payload = False, failure.payload
                 except Exception as e:  # the call broke the worker's own error handling (it may patch it)
                     ok, payload = False, self._plain_error(e)
                 capture.end()
                 results.append([index, ok, payload])
                 pending_bytes += len(payload)
-                now = time.monotonic()
-                # The batch's last results go with its end (one frame, not two).
-                if position < last and (now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES):
-                    self._flush(job_id, results, False)
-                    results = []
-                    pending_bytes = 0
-                    last_flush = now
+                if position < last:  # the batch's last results go with its end (one frame, not two)
+                    now = monotonic()
+                    if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
+                        flush(job_id, results, False)
+                        results = []
+                        pending_bytes = 0
+                        last_flush = now
         except CallCancelled:  # the signal landed between calls
             self._cancel_requested = True
         finally:
@@ -191,35 +214,50 @@ class Worker:
             results = []
         self._flush(job_id, results, True)
 
-    def _call(self, function: Callable[..., Any] | _LoadFailure | None, argument_bytes: bytes) -> tuple[bool, bytes]:
-        if isinstance(function, _LoadFailure):
-            return False, function.payload
+    def _caller(self, function: Callable[..., Any]) -> Callable[[bytes], bytes]:
+        """One call: its arguments unpickled, the function run, its result pickled. Returns the
+        pickled result or raises _CallFailed with the packed error (CallCancelled passes)."""
+        origin = self._origin
+
+        def call(argument_bytes: bytes) -> bytes:
+            self._in_call = True
+            try:
+                if argument_bytes[:1] == b"\x00":  # a reference to the input's file (pickles start with \x80)
+                    arguments = _mapped_arguments(argument_bytes)
+                else:
+                    arguments = loads(argument_bytes)
+                if type(arguments) is tuple:
+                    value = function(*arguments)
+                else:
+                    value = function(arguments)
+            except CallCancelled:
+                raise
+            except BaseException as e:
+                self._in_call = False
+                raise _CallFailed(pack_error(e, skip_frames=1, origin=origin)) from None
+            finally:
+                self._in_call = False
+            if type(value) in _PLAIN_RESULTS:
+                return pickle.dumps(value, PROTOCOL)
+            try:
+                return dumps_result(value)
+            except BaseException as e:
+                wrapped = TypeError(f"the call returned a {type(value).__name__} that can't be pickled: {e}")
+                raise _CallFailed(pack_error(wrapped, origin=origin)) from None
+
+        return call
+
+    def _call_without_function(self, function: _LoadFailure | None) -> Callable[[bytes], bytes]:
         if function is None:
-            return False, pack_error(RuntimeError("this worker was given calls before the job's function"),
-                                    origin=self._origin)
-        self._in_call = True
-        try:
-            if is_reference(argument_bytes):
-                with mapped_input(argument_bytes) as pickled:
-                    arguments = loads(pickled)
-            else:
-                arguments = loads(argument_bytes)
-            if type(arguments) is tuple:
-                value = function(*arguments)
-            else:
-                value = function(arguments)
-        except CallCancelled:
-            raise
-        except BaseException as e:
-            self._in_call = False
-            return False, pack_error(e, skip_frames=1, origin=self._origin)
-        finally:
-            self._in_call = False
-        try:
-            return True, dumps_result(value)
-        except BaseException as e:
-            wrapped = TypeError(f"the call returned a {type(value).__name__} that can't be pickled: {e}")
-            return False, pack_error(wrapped, origin=self._origin)
+            payload = pack_error(RuntimeError("this worker was given calls before the job's function"),
+                                 origin=self._origin)
+        else:
+            payload = function.payload
+
+        def fail(argument_bytes: bytes) -> bytes:
+            raise _CallFailed(payload)
+
+        return fail
 
     def _plain_error(self, exc: BaseException) -> bytes:
         """An error record built without pack_error (which failed): its type, message and text."""
