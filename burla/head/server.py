@@ -22,7 +22,7 @@ from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSetti
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.local import LocalDriver, can_fork_nodes
 from burla.lifeline import wait_for_eof
-from burla.process_memory import release_large_blocks
+from burla.process_memory import freeze_startup_objects, release_large_blocks
 from burla.web_import import import_aiohttp
 
 log = logging.getLogger("burla.head")
@@ -90,22 +90,6 @@ def import_serving_stack() -> None:
     import burla.node.main  # noqa: F401
     import burla.node.service  # noqa: F401
     import burla.node.worker  # noqa: F401
-
-
-GC_THRESHOLDS = (20_000, 10, 50)  # Python's default is (700, 10, 10)
-
-
-def freeze_startup_objects() -> None:
-    """Move everything alive at startup (modules, classes, the app: hundreds of thousands of
-    objects) out of the cyclic GC's reach. A full collection walks every tracked object; with
-    them frozen it walks only what jobs hold, which keeps its pauses of the event loop short."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    # Collect the young generation less often: most of what a frame allocates is gone by then, so
-    # less survives into the old generations whose full collections pause the loop longest.
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def allow_many_connections(wanted: int = 65536) -> None:

@@ -20,7 +20,7 @@ from burla.node.fork_server import ForkServer, start_fork_server
 from burla.node.gpus import Gpus
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
-from burla.process_memory import release_large_blocks
+from burla.process_memory import freeze_inherited_objects, freeze_startup_objects, release_large_blocks
 from burla.web_import import import_aiohttp
 
 
@@ -70,6 +70,7 @@ def run_node(settings: NodeSettings) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s",
                         force=True)
     release_large_blocks()  # inputs and results pass through the node too
+    freeze_inherited_objects()  # and for the fork server and workers forked below
     exit_code = 0
 
     env = dict(os.environ)
@@ -92,6 +93,7 @@ def run_node(settings: NodeSettings) -> int:
         from burla.node.service import NodeService
 
         service = NodeService(settings, pool)
+        freeze_startup_objects(collect=False)  # no collection: this is on a cold cluster's path
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.stop, f"stopped by {sig.name}")

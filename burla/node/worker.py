@@ -30,6 +30,7 @@ from burla.config import ENV_NODE_ID, ENV_PARENT_JOB
 from burla.input_files import mapped_input
 from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
+from burla.process_memory import freeze_inherited_objects
 from burla.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
 _INDEX = struct.Struct("q")
@@ -274,6 +275,7 @@ class Worker:
 
 def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
     """Run a worker on its socket to the node until the node closes it; never returns."""
+    freeze_inherited_objects()  # what it was forked with, or imported: not the user's objects
     worker = Worker(sock, shm)
     try:
         worker.serve()
