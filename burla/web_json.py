@@ -18,7 +18,10 @@ from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_JSON_DEPTH = 32
-READ_TIMEOUT = "burla_read_timeout_s"  # request key: how long its body may take (set by the connection guard)
+# Request key: how long its body may take (set by the connection guard). A typed key where aiohttp
+# has them (3.13 and later warn about string keys).
+READ_TIMEOUT: Any = (web.RequestKey("burla_read_timeout_s", float) if hasattr(web, "RequestKey")
+                     else "burla_read_timeout_s")
 
 dumps = functools.partial(json.dumps, allow_nan=False)
 

@@ -8,16 +8,13 @@ import time
 
 from aiohttp import web
 
-from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
-from burla.head.fleet import Fleet, SettingsError
-from burla.head.loop_monitor import LoopMonitor
+from burla.head.fleet import SettingsError
+from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
 from burla.head.scheduler import RUNNING
 from burla.head.usage import MACHINE_STARTED, usage
 from burla.web_json import error_response, json_response, read_object
 
-FLEET = web.AppKey("fleet", Fleet)
-LOOP_MONITOR = web.AppKey("loop_monitor", LoopMonitor)
 MAX_LIMIT = 1000
 JOB_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELED")
 MAX_REASON_CHARS = 2000
@@ -51,6 +48,7 @@ async def cluster_state(request: web.Request) -> web.Response:
             "booting": s.booting,
             "nodes": [cluster.node_view(n) for n in s.nodes.values()],
             "jobs": [cluster.job_view(j) for j in reversed(list(s.jobs.values()))],
+            "loops": request.app[SUPERVISOR].view(),  # the head's background loops, with their restarts
         }
     )
 
@@ -58,7 +56,8 @@ async def cluster_state(request: web.Request) -> web.Response:
 async def head_state(request: web.Request) -> web.Response:
     """The head process itself: CPU time used, memory, and how late its event loop runs."""
     window_s = int_param(request, "window_s", 60, 1, 600)
-    return json_response({"version": request.app[CLUSTER].version, **request.app[LOOP_MONITOR].view(window_s)})
+    return json_response({"version": request.app[CLUSTER].version, **request.app[LOOP_MONITOR].view(window_s),
+                          "loops": request.app[SUPERVISOR].view()})
 
 
 def _job_or_404(request: web.Request):

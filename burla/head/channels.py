@@ -18,6 +18,7 @@ from burla import grants, wire
 from burla.config import MAX_FUNCTION_BYTES
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
+from burla.head.keys import CLUSTER, OPEN_SOCKETS
 from burla.head.links import NodeLink
 from burla.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
 
@@ -25,8 +26,6 @@ log = logging.getLogger("burla.head")
 
 FIRST_FRAME_TIMEOUT_S = 30.0
 CLIENT_HEARTBEAT_S = 10.0  # a silently dead client connection is noticed within about this
-CLUSTER = web.AppKey("cluster", Cluster)
-OPEN_SOCKETS = web.AppKey("open_sockets", set)  # every node and job WebSocket being served
 SHUTDOWN_CLOSE_S = 0.5  # how long a peer gets to answer the close frame of a stopping head
 
 
@@ -141,8 +140,7 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     if problem is not None:
         if first.node_id in cluster.booting_ids:  # a VM this head booted that can never join: remove it
             cluster.node_boot_failed(first.node_id, f"refused: {problem}")
-            if cluster.remove_machine is not None:
-                cluster.remove_machine(first.node_id, "refused at registration")
+            cluster.machines.remove_machine(first.node_id, "refused at registration")
         await _refuse(ws, ProtocolError(problem))
         return ws
     # Right after a restart, jobs kept in history are taken up first: what the node kept running

@@ -11,6 +11,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from burla import grants, wire
 from burla.build import build_hash
@@ -51,6 +52,26 @@ STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show bef
 NODE_SAMPLES_PER_S = 100  # node states kept in history per second, across all nodes
 
 
+class Machines(Protocol):
+    """What the cluster asks of whoever keeps its machines (the head's fleet)."""
+
+    def prepare_job(self, spec: wire.OpenJob) -> None:
+        """Boot what a new job needs (grow, or restart local nodes removed for idleness)."""
+
+    def remove_machine(self, node_id: str, why: str) -> None:
+        """A node that left or went silent: its machine goes (cloud nodes)."""
+
+
+class _NoMachines:
+    """Before the fleet is made (and in a cluster without one): nothing to boot or remove."""
+
+    def prepare_job(self, spec: wire.OpenJob) -> None:
+        pass
+
+    def remove_machine(self, node_id: str, why: str) -> None:
+        pass
+
+
 class Cluster:
     def __init__(self, version: str, history: History | None = None) -> None:
         self.version = version
@@ -68,9 +89,7 @@ class Cluster:
         self.rejoining: dict[str, float] = {}  # node id -> when its connection dropped (it may come back)
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
-        self.prepare_job: Callable[[wire.OpenJob], None] | None = None  # boots what a new job needs
-        # A node that left or went silent: its machine should go (set by the fleet; cloud nodes).
-        self.remove_machine: Callable[[str, str], None] | None = None
+        self.machines: Machines = _NoMachines()  # the fleet, once it is made (use_machines)
         self.restored = asyncio.Event()  # set once jobs kept in history are taken up (resumes wait for it)
         self._restored_at: dict[str, float] = {}  # jobs taken up after a restart, until nodes join them
         self.expected_back: set[str] = set()  # nodes connected when the head last stopped, not yet back
@@ -187,6 +206,9 @@ class Cluster:
         """Nodes a driver is starting (the scheduler's set: jobs may wait for them)."""
         return self.scheduler.booting_ids
 
+    def use_machines(self, machines: Machines) -> None:
+        self.machines = machines
+
     def expect_nodes(self, node_ids: list[str], host_id: str = "") -> None:
         """A driver is starting these nodes; jobs may wait for them instead of failing. `host_id`:
         theirs when known ahead (nodes on the head's own machine)."""
@@ -295,8 +317,7 @@ class Cluster:
                     self.node_lost(node_id)
                     if link is not None:
                         link.close()
-                    if self.remove_machine is not None:
-                        self.remove_machine(node_id, f"silent for {now - heard:.1f} s")
+                    self.machines.remove_machine(node_id, f"silent for {now - heard:.1f} s")
             self._end_restored_jobs_without_nodes(now)
             self._release_restored_jobs(now)
             for node_id, dropped in list(self.rejoining.items()):
@@ -305,8 +326,7 @@ class Cluster:
                 elif now - dropped > max(deadline_s, REJOIN_GRACE_S):
                     self.node_boot_failed(node_id, f"its connection dropped and it did not come back within "
                                                    f"{max(deadline_s, REJOIN_GRACE_S):g} s", what="lost")
-                    if self.remove_machine is not None:
-                        self.remove_machine(node_id, "its connection dropped and it did not come back")
+                    self.machines.remove_machine(node_id, "its connection dropped and it did not come back")
 
     def _end_restored_jobs_without_nodes(self, now: float) -> None:
         """A job taken up after a restart waits for nodes to come back (as for a dropped node);
@@ -361,8 +381,7 @@ class Cluster:
             self.node_lost(node_id)  # its inputs go to other nodes now, not after the deadline
             if link is not None:
                 link.close()
-            if self.remove_machine is not None:
-                self.remove_machine(node_id, msg.reason)
+            self.machines.remove_machine(node_id, msg.reason)
 
     def sample_period_s(self) -> float:
         """How often each node's state is kept in history (bounded to NODE_SAMPLES_PER_S in all)."""
@@ -413,8 +432,7 @@ class Cluster:
     def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
         if self.stopping:  # its nodes' connections are going: nothing would run it
             raise HeadUnreachable("the head is stopping (a restart or shutdown); run the job again once it is back")
-        if self.prepare_job is not None:
-            self.prepare_job(spec)  # grow, or restart local nodes removed for idleness
+        self.machines.prepare_job(spec)  # grow, or restart local nodes removed for idleness
         job = self.scheduler.admit(spec)
         link = ClientLink(spec.job_id)
         self.client_links[spec.job_id] = link
@@ -444,9 +462,9 @@ class Cluster:
                 continue
             if not isinstance(spec, wire.OpenJob) or spec.job_id in self.scheduler.jobs:
                 continue
-            if self.prepare_job is not None and kept.status == RUNNING:  # boot only for what will run
+            if kept.status == RUNNING:  # boot only for what will run
                 try:
-                    self.prepare_job(spec)
+                    self.machines.prepare_job(spec)
                 except BurlaError as e:
                     log.warning("job %s can't get nodes again: %s", spec.job_id, e)
             job = self.scheduler.restore(spec)

@@ -15,14 +15,12 @@ from aiohttp import web
 
 from burla.auth import SESSION_COOKIE, Sessions, same_origin_path
 from burla.head.api import int_param, jobs_listing, metrics_of
-from burla.head.channels import CLUSTER
 from burla.head.cluster import Cluster
+from burla.head.keys import CLUSTER, HEAD_URL, SESSIONS
 from burla.login_links import LINK_PARAM, SESSION_TTL_S
 from burla.web_json import dumps, json_response
 
 STATIC = Path(__file__).parent / "static"
-SESSIONS = web.AppKey("sessions", Sessions)
-HEAD_URL = web.AppKey("head_url", str)
 STREAM_EVERY_S = 0.5
 PAGES = {"cluster": "Cluster", "jobs": "Jobs", "job": "Job", "settings": "Settings"}
 

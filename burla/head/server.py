@@ -17,9 +17,8 @@ import signal
 import socket
 import sys
 
-from burla import input_files
 from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
-from burla.drivers.base import BootRequest, Driver
+from burla.drivers.base import BootRequest
 from burla.drivers.local import LocalDriver, can_fork_nodes
 from burla.lifeline import wait_for_eof
 from burla.process_memory import freeze_startup_objects, release_large_blocks
@@ -110,68 +109,25 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     import_aiohttp()
     from aiohttp import web
 
-    from burla.connection_guard import ConnectionGuard, GuardedSite
-    from burla.head.app import build_app
-    from burla.head.cluster import Cluster
-    from burla.head.fleet import ClusterSettings, Fleet
-    from burla.head.history import History
-    from burla.head.loop_monitor import LoopMonitor
+    from burla.connection_guard import GuardedSite
+    from burla.head.app import create_head_app
+    from burla.head.keys import GUARD, STOP
 
-    history = None
-    if settings.history_path is not None:
-        history = History(settings.history_path, settings.history_retention_days)
-    cluster = Cluster(settings.version, history)
-    cluster.expect_nodes(booted, input_files.host_id())  # local nodes share this machine's input files
-    if history is not None:
-        from burla.head.usage import MACHINE_STARTED, machine_detail
-
-        for node_id in booted:
-            history.node_event(node_id, MACHINE_STARTED, machine_detail("local", "", "", False))
-    driver.on_boot_failed = cluster.node_boot_failed
-    driver.start_watching()
-    stop = asyncio.Event()
+    app = create_head_app(settings, driver, url, booted)
+    stop = app[STOP]
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-
-    defaults = ClusterSettings(
-        quantity=settings.local_nodes, workers_per_node=settings.local_node_workers,
-        inactivity_timeout_s=settings.inactivity_timeout_s,
-    )
-    head_cert = settings.tls_cert.read_text() if settings.tls_cert is not None else None
-    fleet_driver: Driver = driver
-    if settings.cloud is not None:
-        fleet_driver = _cloud_driver(settings, url, head_cert, history)
-    fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults, head_cert)
-    if fleet_driver is not driver:  # a cloud VM that can't be set up is deleted at once
-        fleet_driver.on_boot_failed = fleet.setup_failed
-    # Serve first; history opens meanwhile (what is recorded before waits in memory).
-    startup = asyncio.create_task(_open_history(history, fleet, cluster), name="history-open")
-    cluster.prepare_job = fleet.prepare_job
-    cluster.remove_machine = fleet.remove_machine
-    guard = ConnectionGuard(settings.header_timeout_s)
-    loop_monitor = LoopMonitor()
-    runner = web.AppRunner(build_app(cluster, fleet, settings.token, stop, url, guard, loop_monitor), access_log=None,
-                           shutdown_timeout=1.0)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     ssl_context = None
     if settings.tls_cert is not None and settings.tls_key is not None:
         from burla.tls import server_context
 
         ssl_context = server_context(settings.tls_cert, settings.tls_key)
-    site = GuardedSite(runner, guard, sock=sock, ssl_context=ssl_context)
+    site = GuardedSite(runner, app[GUARD], sock=sock, ssl_context=ssl_context)
     await site.start()
     freeze_startup_objects()
-    progress = asyncio.create_task(cluster.progress_loop(), name="progress")
-    loop_watch = asyncio.create_task(loop_monitor.run(), name="loop-monitor")
-    idle_collector = asyncio.create_task(cluster.idle_collector.run(), name="idle-collector")
-    reaper = asyncio.create_task(cluster.reap_loop(settings.node_deadline_s), name="reaper")
-    stealer = asyncio.create_task(cluster.steal_loop(), name="steal-hints")
-    idle_reaper = asyncio.create_task(
-        cluster.inactivity_loop(fleet.idle_timeout, fleet.delete_node), name="inactivity"
-    )
-    boot_watch = asyncio.create_task(fleet.boot_watch_loop(settings.boot_deadline_s), name="boot-watch")
-    client_reaper = asyncio.create_task(cluster.client_reap_loop(settings.client_deadline_s), name="client-reaper")
     lifeline = None
     if settings.lifeline_fd is not None:
         lifeline = asyncio.create_task(wait_for_eof(settings.lifeline_fd), name="lifeline")
@@ -190,51 +146,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         log.info("stopping")
         if settings.advertise:
             HeadRecord.remove_if_owned(settings.config_dir, os.getpid())
-        for task in (progress, loop_watch, idle_collector, reaper, stealer, client_reaper, idle_reaper, boot_watch,
-                     lifeline, startup):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await cluster.shut_down()
-        if not settings.keep_nodes:
-            await fleet.delete_machines()
-        await fleet.close()
-        await driver.close()
-        if fleet_driver is not driver:
-            await fleet_driver.close()
-        await runner.cleanup()
-        if history is not None:
-            await history.close()
-
-
-
-def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, history) -> Driver:
-    """The configured cloud's driver, its VMs set up over SSH by this head."""
-    from burla.drivers.bootstrap import PackageSource
-    from burla.drivers.cloud import cloud_driver
-    from burla.drivers.ssh import SshBootstrapDriver, SshSettings
-
-    ssh = SshSettings(
-        config_dir=settings.config_dir, cluster_id=settings.cloud.cluster_id, head_url=url, token=settings.token,
-        head_cert=head_cert, tunnel=settings.node_link == "tunnel",
-        packages=PackageSource(settings.node_index_url,
-                               str(settings.node_wheelhouse) if settings.node_wheelhouse else None),
-        orphan_timeout_s=settings.orphan_timeout_s, boot_deadline_s=settings.boot_deadline_s,
-        address_map=settings.ssh_address_map,
-    )
-    wrapped = SshBootstrapDriver(cloud_driver(settings.cloud), ssh)
-    if history is not None:
-        wrapped.on_event = history.node_event
-    return wrapped
-
-
-async def _open_history(history, fleet, cluster) -> None:
-    try:
-        if history is not None:
-            await history.open()
-            await fleet.load_saved_settings()  # before jobs are taken up: they may boot machines
-            cluster.restore_jobs(await history.kept_jobs(), await history.nodes_connected_at_stop())
-    finally:
-        cluster.restored.set()  # clients resuming jobs waited for this
-    await fleet.sweep_leftovers()
+        if lifeline is not None:
+            lifeline.cancel()
+            await asyncio.gather(lifeline, return_exceptions=True)
+        await runner.cleanup()  # the app's shutdown: loops, jobs, nodes, drivers, sockets, then history

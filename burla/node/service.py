@@ -26,6 +26,7 @@ from burla.connection_guard import ConnectionGuard, GuardedSite
 from burla.environment import installed_distributions
 from burla.errors import ProtocolError
 from burla.lifeline import wait_for_eof
+from burla.loop_supervisor import LoopSupervisor
 from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.governor import Governor
@@ -59,6 +60,7 @@ class NodeService:
         """`pool`: the node's workers, already starting (see burla/node/main.py)."""
         self.settings = settings
         self.pool = pool
+        self.loops: LoopSupervisor | None = None  # the node's background loops, once it runs
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender, settings.node_id,
                                      socket.gethostname(), lambda: self.pool.size)
         pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump())
@@ -105,15 +107,16 @@ class NodeService:
         # Read the installed distributions now, so the first job's package check is instant.
         reading = asyncio.get_running_loop().run_in_executor(None, installed_distributions)
         try:
-            async with asyncio.TaskGroup() as group:
+            async with asyncio.TaskGroup() as group:  # everything the node runs lives in this group
                 if self.settings.lifeline_fd is not None:
                     group.create_task(self._watch_lifeline(self.settings.lifeline_fd))
                 group.create_task(self._head_session_loop())
-                group.create_task(self.memory.run())
-                group.create_task(self.cpu.run())
-                group.create_task(self.governor.run())
+                self.loops = LoopSupervisor(log, spawn=group.create_task)
+                self.loops.start("memory-guard", self.memory.run)
+                self.loops.start("cpu-guard", self.cpu.run)
+                self.loops.start("governor", self.governor.run)
                 if self.settings.gpu_count and shutil.which("nvidia-smi"):
-                    group.create_task(self._watch_gpus())
+                    self.loops.start("gpu-readings", self._watch_gpus)
                 group.create_task(self._stop_when_asked(group))
         except* _Stop:
             pass
@@ -252,27 +255,32 @@ class NodeService:
         self._pending_credit.update(self.dispatcher.jobs)  # ask the new session for work again
         self._outgoing.set()  # and send what was produced without a head
         log.info("registered with %s as %s", s.head_url, s.node_id)
-        sender = asyncio.create_task(self._send_loop(ws))
-        pusher = asyncio.create_task(self._state_loop(ws))
         try:
-            async for frame in ws:
-                if frame.type != aiohttp.WSMsgType.BINARY:
-                    break
-                try:
-                    msg = wire.decode(frame.data, wire.HEAD_TO_NODE)
-                except ProtocolError as e:
-                    log.error("bad frame from head: %s", e)
-                    continue
-                if isinstance(msg, wire.ShutdownNode):
-                    self.stop()
-                    return
-                self._handle(msg)
-        finally:
-            for task in (sender, pusher):
-                task.cancel()
-            for task in (sender, pusher):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            async with asyncio.TaskGroup() as link:  # any of the three failing ends the session
+                link.create_task(self._send_loop(ws), name="head-sender")
+                link.create_task(self._state_loop(ws), name="state-pusher")
+                link.create_task(self._receive_from_head(ws), name="head-receiver")
+        except* _SessionOver:
+            pass
+        except* (aiohttp.ClientError, OSError):
+            pass  # the connection dropped: the session loop connects again
+        except* Exception as failed:  # a bug in one of them: say so, and start a fresh session
+            log.error("the link to the head failed; reconnecting", exc_info=failed)
+
+    async def _receive_from_head(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for frame in ws:
+            if frame.type != aiohttp.WSMsgType.BINARY:
+                break
+            try:
+                msg = wire.decode(frame.data, wire.HEAD_TO_NODE)
+            except ProtocolError as e:
+                log.error("bad frame from head: %s", e)
+                continue
+            if isinstance(msg, wire.ShutdownNode):
+                self.stop()
+                break
+            self._handle(msg)
+        raise _SessionOver()
 
     def _handle(self, msg: wire.Message) -> None:
         d = self.dispatcher
@@ -442,3 +450,7 @@ class NodeService:
 
 class _Stop(Exception):
     pass
+
+
+class _SessionOver(Exception):
+    """The head's connection ended (closed, or it told this node to stop)."""

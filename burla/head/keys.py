@@ -1,0 +1,24 @@
+"""Every key of the head's aiohttp application, in one place: what a handler may find there."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from burla.auth import Sessions
+from burla.connection_guard import ConnectionGuard
+from burla.head.cluster import Cluster
+from burla.head.fleet import Fleet
+from burla.head.loop_monitor import LoopMonitor
+from burla.loop_supervisor import LoopSupervisor
+
+CLUSTER = web.AppKey("cluster", Cluster)
+FLEET = web.AppKey("fleet", Fleet)
+LOOP_MONITOR = web.AppKey("loop_monitor", LoopMonitor)
+SUPERVISOR = web.AppKey("supervisor", LoopSupervisor)  # the head's background loops
+GUARD = web.AppKey("guard", ConnectionGuard)
+STOP = web.AppKey("stop", asyncio.Event)  # set to stop the head
+OPEN_SOCKETS = web.AppKey("open_sockets", set)  # every node and job WebSocket being served
+SESSIONS = web.AppKey("sessions", Sessions)  # the dashboard's signed-in browsers
+HEAD_URL = web.AppKey("head_url", str)  # the head's own address, as clients reach it
