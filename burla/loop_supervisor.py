@@ -157,3 +157,15 @@ async def run_every_step(log: logging.Logger, steps: list[tuple[str, Callable[[]
             failed.append(name)
             log.error("shutdown step %r failed", name, exc_info=e)
     return failed
+
+
+async def end_tasks(log: logging.Logger, *tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel these tasks and wait until they have ended. One that had failed before is logged
+    with its traceback instead of vanishing (cancelling it would hide why it stopped)."""
+    live = [task for task in tasks if task is not None]
+    for task in live:
+        task.cancel()
+    outcomes = await asyncio.gather(*live, return_exceptions=True)
+    for task, outcome in zip(live, outcomes):
+        if isinstance(outcome, Exception):
+            log.error("task %r had failed", task.get_name(), exc_info=outcome)

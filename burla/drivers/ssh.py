@@ -43,6 +43,7 @@ from burla.drivers.bootstrap import (
     supervise_command,
 )
 from burla.errors import BootstrapFailed
+from burla.loop_supervisor import end_tasks
 
 log = logging.getLogger("burla.ssh")
 
@@ -481,10 +482,7 @@ class SshBootstrapDriver(Driver):
     async def _end_session(self, node_id: str, forget: bool = True) -> None:
         session = self._sessions.pop(node_id, None)
         task = self._tasks.pop(node_id, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await end_tasks(log, task)
         if session is not None:
             await session.close()
         if forget:  # the VM is gone; a new one may come back at this name

@@ -20,6 +20,7 @@ from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, OPEN_SOCKETS
 from burla.head.links import NodeLink
+from burla.loop_supervisor import end_tasks
 from burla.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
 
 log = logging.getLogger("burla.head")
@@ -173,9 +174,7 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
                 break  # declared dead meanwhile: whatever it still sends is stale
             cluster.on_node_message(first.node_id, msg)
     finally:
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await writer
+        await end_tasks(log, writer)
         if cluster.node_links.get(first.node_id) is link:
             cluster.node_dropped(first.node_id)
     return ws

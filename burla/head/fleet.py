@@ -20,6 +20,7 @@ from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
 from burla.head.scheduler import RUNNING
 from burla.head.usage import MACHINE_STARTED, machine_detail
+from burla.loop_supervisor import end_tasks
 from burla.validation import IMAGE, REGION, matches
 
 log = logging.getLogger("burla.head")
@@ -313,11 +314,7 @@ class Fleet:
                 self.history.node_event(node_id, "deleted", "the head stopped")
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await end_tasks(log, *self._tasks)
 
     async def start(self) -> dict[str, Any]:
         self.stopped = False

@@ -13,7 +13,6 @@ certificate digest that the head passed along.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import time
@@ -24,6 +23,7 @@ import aiohttp
 
 from burla import grants, wire
 from burla.errors import GrantRefused, ProtocolError
+from burla.loop_supervisor import end_tasks
 from burla.node.dispatcher import Dispatcher
 
 log = logging.getLogger("burla.node")
@@ -157,10 +157,6 @@ class Thief:
         return None
 
     async def close(self) -> None:
-        for task in list(self._active.values()):
-            task.cancel()
-        for task in list(self._active.values()):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await end_tasks(log, *self._active.values())
         if self._session is not None:
             await self._session.close()
