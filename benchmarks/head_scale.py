@@ -79,49 +79,8 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                 if first_session:
                     counts.registered += 1
                     first_session = False
-                jobs: dict[str, NodeJob] = {}  # the real node's per-job records: they size its credit
-                answering: set[asyncio.Task] = set()
-                free_at = [0.0] * slots  # a heap: when each simulated worker is next free
-                pusher = asyncio.create_task(_push_state(ws, node_id, slots, jobs))
-                try:
-                    async for frame in ws:
-                        if frame.type != aiohttp.WSMsgType.BINARY:
-                            break
-                        msg = wire.decode(frame.data, wire.HEAD_TO_NODE)
-                        if isinstance(msg, wire.InputBatch):
-                            job = jobs.get(msg.job_id)
-                            if job is None:
-                                continue
-                            job.took_inputs(msg.items)
-                            job.inflight += len(msg.items)
-                            if call_s:  # its workers take call_s per call, `slots` at a time
-                                task = asyncio.create_task(_answer_later(ws, msg, job, free_at, call_s, counts))
-                                answering.add(task)
-                                task.add_done_callback(answering.discard)
-                            else:
-                                await _answer(ws, msg, job, INSTANT_CALL_S, counts)
-                        elif isinstance(msg, wire.AssignJob):
-                            # Its workers never grow past its slots (a real node's governor would
-                            # not, for calls that keep a CPU busy).
-                            parallelism = max(1, min(msg.parallelism, slots))
-                            job = jobs[msg.job_id] = NodeJob(msg.job_id, b"", parallelism, None, None, b"")
-                            job.credit_unused = msg.credit  # granted with the assignment
-                            await _ask_credit(ws, job)
-                        elif isinstance(msg, wire.CreditWithdrawn):
-                            job = jobs.get(msg.job_id)
-                            if job is not None:
-                                job.credit_unused = max(0, job.credit_unused - msg.inputs)
-                                await _ask_credit(ws, job)
-                        elif isinstance(msg, (wire.CancelJob, wire.ReleaseJob)):
-                            jobs.pop(msg.job_id, None)
-                        elif isinstance(msg, wire.ShutdownNode):
-                            return
-                finally:
-                    for task in (pusher, *answering):
-                        task.cancel()
-                    for task in (pusher, *answering):
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await task
+                if await _SimulatedSession(ws, slots, call_s, counts).serve(node_id):
+                    return  # the head told it to shut down
             if not stopping.is_set():
                 counts.false_deaths += 1
         except (TimeoutError, aiohttp.ClientError, OSError):
@@ -129,6 +88,78 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                 return
             counts.connect_failures += 1
             await asyncio.sleep(0.5)
+
+
+class _SimulatedSession:
+    """One connection of a simulated node: the real node's per-job records, workers that answer
+    after `call_s` (or at once), and the state pushes."""
+
+    def __init__(self, ws, slots: int, call_s: float, counts: Counts) -> None:
+        self.ws = ws
+        self.slots = slots
+        self.call_s = call_s
+        self.counts = counts
+        self.jobs: dict[str, NodeJob] = {}  # they size its credit
+        self.answering: set[asyncio.Task] = set()
+        self.free_at = [0.0] * slots  # a heap: when each simulated worker is next free
+
+    async def serve(self, node_id: str) -> bool:
+        """Until the connection ends; True if the head told this node to shut down."""
+        import aiohttp
+
+        from burla import wire
+
+        pusher = asyncio.create_task(_push_state(self.ws, node_id, self.slots, self.jobs))
+        try:
+            async for frame in self.ws:
+                if frame.type != aiohttp.WSMsgType.BINARY:
+                    break
+                if not await self.on_message(wire.decode(frame.data, wire.HEAD_TO_NODE)):
+                    return True
+        finally:
+            for task in (pusher, *self.answering):
+                task.cancel()
+            for task in (pusher, *self.answering):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        return False
+
+    async def on_message(self, msg) -> bool:
+        """Act on one frame from the head; False when it says to shut down."""
+        from burla import wire
+
+        if isinstance(msg, wire.InputBatch):
+            await self.on_inputs(msg)
+        elif isinstance(msg, wire.AssignJob):
+            # Its workers never grow past its slots (a real node's governor would not, for calls
+            # that keep a CPU busy).
+            parallelism = max(1, min(msg.parallelism, self.slots))
+            job = self.jobs[msg.job_id] = NodeJob(msg.job_id, b"", parallelism, None, None, b"")
+            job.credit_unused = msg.credit  # granted with the assignment
+            await _ask_credit(self.ws, job)
+        elif isinstance(msg, wire.CreditWithdrawn):
+            job = self.jobs.get(msg.job_id)
+            if job is not None:
+                job.credit_unused = max(0, job.credit_unused - msg.inputs)
+                await _ask_credit(self.ws, job)
+        elif isinstance(msg, (wire.CancelJob, wire.ReleaseJob)):
+            self.jobs.pop(msg.job_id, None)
+        elif isinstance(msg, wire.ShutdownNode):
+            return False
+        return True
+
+    async def on_inputs(self, msg) -> None:
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            return
+        job.took_inputs(msg.items)
+        job.inflight += len(msg.items)
+        if self.call_s:  # its workers take call_s per call, `slots` at a time
+            task = asyncio.create_task(_answer_later(self.ws, msg, job, self.free_at, self.call_s, self.counts))
+            self.answering.add(task)
+            task.add_done_callback(self.answering.discard)
+        else:
+            await _answer(self.ws, msg, job, INSTANT_CALL_S, self.counts)
 
 
 async def _ask_credit(ws, job: NodeJob) -> None:
@@ -234,6 +265,29 @@ def _stop_profile(profiler: subprocess.Popen | None) -> None:
         profiler.wait(60)
 
 
+def _start_simulators(simulators: list[subprocess.Popen], url: str, token: str, nodes: int, slots: int,
+                      call_ms: float, processes: int) -> None:
+    """Start the simulator processes (into `simulators`, so the caller stops them however this
+    ends) and wait until every simulated node has registered."""
+    per = math.ceil(nodes / processes)
+    for p in range(processes):
+        count = min(per, nodes - p * per)
+        if count <= 0:
+            break
+        simulators.append(subprocess.Popen(
+            [sys.executable, __file__, "--simulate", "--head", url, "--token", token, "--prefix",
+             f"sim{p}", "--count", str(count), "--slots", str(slots), "--call-ms", str(call_ms)],
+            stdout=subprocess.PIPE, text=True))
+    for simulator in simulators:
+        if simulator.stdout.readline().strip() != "ready":
+            raise SystemExit("a simulator failed to register its nodes")
+    deadline = time.monotonic() + REGISTER_TIMEOUT_S
+    while len(_get(f"{url}/v1/cluster", token)["nodes"]) < nodes:
+        if time.monotonic() > deadline:
+            raise SystemExit("not every simulated node registered")
+        time.sleep(0.2)
+
+
 def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle_s: float, profile: str | None,
         head_log: str | None, yield_to_head: bool) -> dict:
     from burla import remote_parallel_map
@@ -248,23 +302,7 @@ def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle
             os.nice(OTHER_MACHINES_NICENESS)
         simulators: list[subprocess.Popen] = []
         try:
-            per = math.ceil(nodes / processes)
-            for p in range(processes):
-                count = min(per, nodes - p * per)
-                if count <= 0:
-                    break
-                simulators.append(subprocess.Popen(
-                    [sys.executable, __file__, "--simulate", "--head", url, "--token", token, "--prefix",
-                     f"sim{p}", "--count", str(count), "--slots", str(slots), "--call-ms", str(call_ms)],
-                    stdout=subprocess.PIPE, text=True))
-            for simulator in simulators:
-                if simulator.stdout.readline().strip() != "ready":
-                    raise SystemExit("a simulator failed to register its nodes")
-            deadline = time.monotonic() + REGISTER_TIMEOUT_S
-            while len(_get(f"{url}/v1/cluster", token)["nodes"]) < nodes:
-                if time.monotonic() > deadline:
-                    raise SystemExit("not every simulated node registered")
-                time.sleep(0.2)
+            _start_simulators(simulators, url, token, nodes, slots, call_ms, processes)
             time.sleep(STATE_INTERVAL_S * 2)  # registrations settle
             before_idle = _get(f"{url}/v1/head", token)
             profiler = _profile(before_idle["pid"], f"{profile}.idle") if profile else None

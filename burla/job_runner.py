@@ -534,23 +534,9 @@ class JobRunner:
                 if self._remaining == 0:
                     return
                 raise
-            if isinstance(msg, wire.ResultBatch) and not collect:
-                continue
             if isinstance(msg, wire.ResultBatch):
-                outcomes, failed = self._take_results(msg.items)
-                # Hand the results over before acknowledging them: once acked, the head forgets them.
-                display.count_results(len(outcomes), failed)
-                self._free_window(outcomes)
-                self._remaining -= len(outcomes)
-                if self._remaining == 0 and self._files is not None:
-                    self._files.close()  # before the caller has its results: nothing is left behind then
-                if outcomes:
-                    self.outcomes.put(outcomes)
-                self._acked_seq = max(self._acked_seq, msg.seq)
-                await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
-                if self._remaining == 0 and collect:
-                    self._last_ack_sent.set()
-                    return  # that acknowledgement completes the job on the head: no need to hear JobEnded
+                if collect and await self._on_results(ws, msg):
+                    return  # the last acknowledgement completes the job on the head: no need to hear JobEnded
             elif isinstance(msg, wire.InputsKept):
                 if msg.count >= self.n_inputs:
                     self._kept.set()
@@ -559,13 +545,37 @@ class JobRunner:
             elif isinstance(msg, wire.Progress):
                 display.progress(msg.done, msg.failed, msg.running, msg.booting)
             elif isinstance(msg, wire.JobEnded):
-                if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and self._remaining < self.n_inputs):
-                    return  # a failed call's exception is already in the outcomes
-                if msg.kind == "JobCanceled" and self._cancel_reason is not None:
-                    raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
-                raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
+                self._on_end(msg)
+                return
             elif isinstance(msg, wire.ErrorReply):
                 raise error_from_wire(msg.kind, msg.message)
+
+    async def _on_results(self, ws, msg: wire.ResultBatch) -> bool:
+        """Hand a batch of results over, then acknowledge it; True once every result is in."""
+        outcomes, failed = self._take_results(msg.items)
+        # Hand the results over before acknowledging them: once acked, the head forgets them.
+        self.display.count_results(len(outcomes), failed)
+        self._free_window(outcomes)
+        self._remaining -= len(outcomes)
+        if self._remaining == 0 and self._files is not None:
+            self._files.close()  # before the caller has its results: nothing is left behind then
+        if outcomes:
+            self.outcomes.put(outcomes)
+        self._acked_seq = max(self._acked_seq, msg.seq)
+        await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
+        if self._remaining == 0:
+            self._last_ack_sent.set()
+            return True
+        return False
+
+    def _on_end(self, msg: wire.JobEnded) -> None:
+        """The job ended on the head: fine if it completed (or a failed call's exception is already
+        in the outcomes), else raise why."""
+        if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and self._remaining < self.n_inputs):
+            return
+        if msg.kind == "JobCanceled" and self._cancel_reason is not None:
+            raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
+        raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
 
     def _take_results(self, items: list) -> tuple[list[Outcome], int]:
         """The outcomes of results not taken before (the head may resend), and how many failed."""

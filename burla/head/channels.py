@@ -19,7 +19,8 @@ from burla.config import MAX_FUNCTION_BYTES
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, OPEN_SOCKETS
-from burla.head.links import NodeLink
+from burla.head.links import ClientLink, NodeLink
+from burla.head.scheduler import JobRecord
 from burla.loop_supervisor import end_tasks
 from burla.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
 
@@ -133,11 +134,7 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     if first is None:
         return ws
     assert isinstance(first, wire.RegisterNode)
-    problem = _check_version(first.version, cluster.version) or _check_build(first.build, cluster.build)
-    if problem is None and (first.slots < 1 or first.cpus < 1 or not first.node_id):
-        problem = "RegisterNode needs a node_id, slots >= 1 and cpus >= 1"
-    if problem is None and len(first.cert_sha256) not in (0, 32):
-        problem = "RegisterNode.cert_sha256 must be empty or a 32-byte SHA-256 digest"
+    problem = _registration_problem(first, cluster)
     if problem is not None:
         if first.node_id in cluster.booting_ids:  # a VM this head booted that can never join: remove it
             cluster.node_boot_failed(first.node_id, f"refused: {problem}")
@@ -159,25 +156,39 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     link = NodeLink(first.node_id, ws, request.transport, cluster.node_writes)
     writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
     cluster.node_registered(first, link, grant_key)
-    turns = TakeTurns()
     try:
-        async for frame in ws:
-            await turns.take()
-            if frame.type != WSMsgType.BINARY:
-                break
-            try:
-                msg = wire.decode(frame.data, wire.NODE_TO_HEAD)
-            except ProtocolError as e:
-                await _refuse(ws, e)
-                break
-            if cluster.node_links.get(first.node_id) is not link:
-                break  # declared dead meanwhile: whatever it still sends is stale
-            cluster.on_node_message(first.node_id, msg)
+        await _node_frames(cluster, ws, first.node_id, link)
     finally:
         await end_tasks(log, writer)
         if cluster.node_links.get(first.node_id) is link:
             cluster.node_dropped(first.node_id)
     return ws
+
+
+def _registration_problem(first: wire.RegisterNode, cluster: Cluster) -> str | None:
+    problem = _check_version(first.version, cluster.version) or _check_build(first.build, cluster.build)
+    if problem is None and (first.slots < 1 or first.cpus < 1 or not first.node_id):
+        problem = "RegisterNode needs a node_id, slots >= 1 and cpus >= 1"
+    if problem is None and len(first.cert_sha256) not in (0, 32):
+        problem = "RegisterNode.cert_sha256 must be empty or a 32-byte SHA-256 digest"
+    return problem
+
+
+async def _node_frames(cluster: Cluster, ws: web.WebSocketResponse, node_id: str, link: NodeLink) -> None:
+    """A registered node's frames, until its connection ends or it is declared dead."""
+    turns = TakeTurns()
+    async for frame in ws:
+        await turns.take()
+        if frame.type != WSMsgType.BINARY:
+            break
+        try:
+            msg = wire.decode(frame.data, wire.NODE_TO_HEAD)
+        except ProtocolError as e:
+            await _refuse(ws, e)
+            break
+        if cluster.node_links.get(node_id) is not link:
+            break  # declared dead meanwhile: whatever it still sends is stale
+        cluster.on_node_message(node_id, msg)
 
 
 # Bounds on what one job may ask for: far above any machine, low enough that arithmetic and
@@ -192,16 +203,24 @@ MAX_LOCAL_CODE_BYTES = 100 * 1024 * 1024
 
 def _validate_open(spec: wire.OpenJob) -> None:
     """Every field of a new job, before the head changes any state for it."""
+    _check_sizes(spec)
+    _check_resources(spec)
+    _check_names(spec)
+    problem = packages_problem(spec.packages)
+    if problem is not None:
+        raise ProtocolError(problem)
+
+
+def _check_sizes(spec: wire.OpenJob) -> None:
     if not 1 <= spec.n_inputs <= wire.MAX_INPUTS:
         raise ProtocolError(f"n_inputs must be between 1 and {wire.MAX_INPUTS:,}")
     if len(spec.function_bytes) > MAX_FUNCTION_BYTES:
         raise ProtocolError(f"the function is over {MAX_FUNCTION_BYTES // 2**20} MB pickled")
     if len(spec.local_code) > MAX_LOCAL_CODE_BYTES:
         raise ProtocolError(f"local_code is over {MAX_LOCAL_CODE_BYTES // 2**20} MB")
-    for name in ("job_id", "parent_job_id"):
-        value = getattr(spec, name)
-        if (value is not None or name == "job_id") and not matches(JOB_ID, value):
-            raise ProtocolError(f"{name} must be 1 to 200 letters, digits and _.-")
+
+
+def _check_resources(spec: wire.OpenJob) -> None:
     for name, high in (("func_cpu", MAX_CPUS_PER_CALL), ("max_parallelism", MAX_PARALLELISM),
                        ("disk_gb", MAX_DISK_GB)):
         value = getattr(spec, name)
@@ -211,6 +230,13 @@ def _validate_open(spec: wire.OpenJob) -> None:
         raise ProtocolError(f"func_ram must be a number of GB above 0 and at most {MAX_RAM_GB_PER_CALL:g}")
     if spec.func_gpu is not None and spec.func_gpu.upper() not in GPU_CHOICES:
         raise ProtocolError(f"func_gpu must be one of {', '.join(GPU_CHOICES)}")
+
+
+def _check_names(spec: wire.OpenJob) -> None:
+    for name in ("job_id", "parent_job_id"):
+        value = getattr(spec, name)
+        if (value is not None or name == "job_id") and not matches(JOB_ID, value):
+            raise ProtocolError(f"{name} must be 1 to 200 letters, digits and _.-")
     if spec.image is not None and not matches(IMAGE, spec.image):
         raise ProtocolError("image must be a container image reference (letters, digits and ._/:@+-, not "
                             "starting with -)")
@@ -219,9 +245,6 @@ def _validate_open(spec: wire.OpenJob) -> None:
     for name in ("function_name", "client_version", "python_version"):
         if len(getattr(spec, name)) > MAX_NAME_CHARS:
             raise ProtocolError(f"{name} is over {MAX_NAME_CHARS} characters")
-    problem = packages_problem(spec.packages)
-    if problem is not None:
-        raise ProtocolError(problem)
 
 
 async def job_channel(request: web.Request) -> web.WebSocketResponse:
@@ -239,27 +262,10 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
 async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message) -> wire.Message | None:
     """Open or resume the job `first` names and serve it until the connection ends (None) or the
     client opens its next job on it (that opening is returned)."""
-    try:
-        if isinstance(first, wire.OpenJob):
-            _validate_open(first)
-            problem = _check_version(first.client_version, cluster.version)
-            if problem is not None:
-                raise VersionMismatch(problem)
-            job, link = cluster.open_job(first)
-            reply: wire.Message = cluster.accepted_message(job)
-        else:
-            assert isinstance(first, wire.ResumeJob)
-            # Right after a restart, the jobs kept in history are being taken up: wait for that;
-            # if it takes too long, close without an answer so that the client tries again.
-            try:
-                await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
-            except TimeoutError:
-                await ws.close()
-                return None
-            job, link, reply = cluster.resume_job(first)
-    except BurlaError as e:
-        await _refuse(ws, e)
+    opened = await _open_or_resume(cluster, ws, first)
+    if opened is None:
         return None
+    job, link, reply = opened
     if link.ws is not None:  # a half-open older connection: the newer one wins
         await link.ws.close()
         await link.detach(link.ws, time.monotonic())
@@ -271,30 +277,59 @@ async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Me
         cluster.client_left(job, link)
         return None
     link.attach(ws)
-    turns = TakeTurns()
-    following: wire.Message | None = None
     try:
-        async for frame in ws:
-            await turns.take()
-            if frame.type != WSMsgType.BINARY:
-                break
-            try:
-                msg = wire.decode(frame.data, wire.CLIENT_TO_HEAD)
-                if isinstance(msg, wire.InputBatch):
-                    cluster.add_inputs(job, msg.items)
-                elif isinstance(msg, wire.ResultAck):
-                    cluster.ack(job, msg.seq)
-                elif isinstance(msg, wire.CancelJob):
-                    cluster.cancel(job.job_id, msg.reason or "canceled by the client")
-                else:  # the client's next job
-                    following = msg
-                    break
-            except ProtocolError as e:
-                cluster.cancel(job.job_id, f"protocol error: {e}")
-                await asyncio.sleep(0)  # let the writer flush what the cancel queued
-                await _refuse(ws, e)
-                break
+        return await _client_frames(cluster, ws, job)
     finally:
         await link.detach(ws, time.monotonic())
         cluster.client_left(job, link)
-    return following
+
+
+async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message
+                          ) -> tuple[JobRecord, ClientLink, wire.Message] | None:
+    """The job, its client link and the answer to send; None if the connection was answered
+    (refused) or closed here."""
+    try:
+        if isinstance(first, wire.OpenJob):
+            _validate_open(first)
+            problem = _check_version(first.client_version, cluster.version)
+            if problem is not None:
+                raise VersionMismatch(problem)
+            job, link = cluster.open_job(first)
+            return job, link, cluster.accepted_message(job)
+        assert isinstance(first, wire.ResumeJob)
+        # Right after a restart, the jobs kept in history are being taken up: wait for that;
+        # if it takes too long, close without an answer so that the client tries again.
+        try:
+            await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
+        except TimeoutError:
+            await ws.close()
+            return None
+        return cluster.resume_job(first)
+    except BurlaError as e:
+        await _refuse(ws, e)
+        return None
+
+
+async def _client_frames(cluster: Cluster, ws: web.WebSocketResponse, job: JobRecord) -> wire.Message | None:
+    """A client's frames for its job, until the connection ends (None) or it opens its next job."""
+    turns = TakeTurns()
+    async for frame in ws:
+        await turns.take()
+        if frame.type != WSMsgType.BINARY:
+            break
+        try:
+            msg = wire.decode(frame.data, wire.CLIENT_TO_HEAD)
+            if isinstance(msg, wire.InputBatch):
+                cluster.add_inputs(job, msg.items)
+            elif isinstance(msg, wire.ResultAck):
+                cluster.ack(job, msg.seq)
+            elif isinstance(msg, wire.CancelJob):
+                cluster.cancel(job.job_id, msg.reason or "canceled by the client")
+            else:  # the client's next job
+                return msg
+        except ProtocolError as e:
+            cluster.cancel(job.job_id, f"protocol error: {e}")
+            await asyncio.sleep(0)  # let the writer flush what the cancel queued
+            await _refuse(ws, e)
+            break
+    return None

@@ -343,45 +343,58 @@ class Cluster:
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
         self.last_heard[node_id] = time.monotonic()
         if isinstance(msg, wire.NodeResults):
-            job = self.scheduler.jobs.get(msg.job_id)
-            if job is not None:
-                self._accept_results(node_id, job, msg.items)
-            if msg.credit:
-                self.scheduler.grant(node_id, msg.job_id, msg.credit)
-                self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))
+            self._on_results(node_id, msg)
         elif isinstance(msg, wire.OutputBatch):
-            job = self.scheduler.jobs.get(msg.job_id)
-            link = self.client_links.get(msg.job_id)
-            if job is not None and job.status == RUNNING:
-                if link is not None:
-                    link.deliver(msg.items, [])
-                if self.history is not None:
-                    self.history.output(job.job_id, msg.items)
+            self._on_output(msg)
         elif isinstance(msg, wire.Credit):
             self.scheduler.grant(node_id, msg.job_id, msg.inputs)
             self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))  # only this node can take more
         elif isinstance(msg, wire.NodeState):
-            self.scheduler.update_state(msg)
-            self._note_idleness(node_id)
-            if self.history is not None and self._sample_due(node_id):
-                running = sum(r for _, r, _, _ in msg.jobs)
-                self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
-                                         msg.net_recv_bps, msg.workers_alive, running, msg.gpu_percent,
-                                         msg.gpu_mem_percent)
+            self._on_state(node_id, msg)
         elif isinstance(msg, wire.Stolen):
             job = self.scheduler.jobs.get(msg.job_id)
             if job is not None:
                 self.scheduler.record_steal(node_id, job, msg.donor_id, msg.indices)
             self._hinted.pop((node_id, msg.job_id), None)
         elif isinstance(msg, wire.NodeLeaving):
-            log.info("node %s is leaving: %s", node_id, msg.reason)
-            if self.history is not None:
-                self.history.node_event(node_id, "leaving", msg.reason)
-            link = self.node_links.get(node_id)
-            self.node_lost(node_id)  # its inputs go to other nodes now, not after the deadline
-            if link is not None:
-                link.close()
-            self.machines.remove_machine(node_id, msg.reason)
+            self._on_leaving(node_id, msg)
+
+    def _on_results(self, node_id: str, msg: wire.NodeResults) -> None:
+        job = self.scheduler.jobs.get(msg.job_id)
+        if job is not None:
+            self._accept_results(node_id, job, msg.items)
+        if msg.credit:
+            self.scheduler.grant(node_id, msg.job_id, msg.credit)
+            self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))
+
+    def _on_output(self, msg: wire.OutputBatch) -> None:
+        job = self.scheduler.jobs.get(msg.job_id)
+        if job is None or job.status != RUNNING:
+            return
+        link = self.client_links.get(msg.job_id)
+        if link is not None:
+            link.deliver(msg.items, [])
+        if self.history is not None:
+            self.history.output(job.job_id, msg.items)
+
+    def _on_state(self, node_id: str, msg: wire.NodeState) -> None:
+        self.scheduler.update_state(msg)
+        self._note_idleness(node_id)
+        if self.history is not None and self._sample_due(node_id):
+            running = sum(r for _, r, _, _ in msg.jobs)
+            self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
+                                     msg.net_recv_bps, msg.workers_alive, running, msg.gpu_percent,
+                                     msg.gpu_mem_percent)
+
+    def _on_leaving(self, node_id: str, msg: wire.NodeLeaving) -> None:
+        log.info("node %s is leaving: %s", node_id, msg.reason)
+        if self.history is not None:
+            self.history.node_event(node_id, "leaving", msg.reason)
+        link = self.node_links.get(node_id)
+        self.node_lost(node_id)  # its inputs go to other nodes now, not after the deadline
+        if link is not None:
+            link.close()
+        self.machines.remove_machine(node_id, msg.reason)
 
     def sample_period_s(self) -> float:
         """How often each node's state is kept in history (bounded to NODE_SAMPLES_PER_S in all)."""

@@ -158,62 +158,67 @@ class Worker:
         self._code = (digest, directory)
 
     def _run_batch(self, job_id: str, items: list) -> None:
-        function = self._functions.get(job_id)
         if job_id in self._cancelled_jobs:
             self._send(wire.WorkerReport(job_id, [], [], True))
             return
-        results: list[list] = []
-        pending_bytes = 0
-        last_flush = time.monotonic()
-        self._batch_job = job_id
-        self._cancel_requested = False
-        if os.environ.get(ENV_PARENT_JOB) != job_id:
-            os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
-        capture = self.capture
-        capture.begin_batch(job_id)
+        function = self._functions.get(job_id)
         if isinstance(function, _LoadFailure) or function is None:
             call = self._call_without_function(function)
         else:
             call = self._caller(function)
-        # This loop runs once per call: what it does per item is kept to the bare minimum.
-        mark_running, shm, monotonic, flush = _INDEX.pack_into, self._shm, time.monotonic, self._flush
-        last = len(items) - 1
+        self._batch_job = job_id
+        self._cancel_requested = False
+        if os.environ.get(ENV_PARENT_JOB) != job_id:
+            os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
+        self.capture.begin_batch(job_id)
+        results: list[list] = []
         try:
-            for position, (index, argument_bytes) in enumerate(items):
-                if self._cancel_requested:
-                    break
-                mark_running(shm, 0, index)
-                capture.running = index
-                try:
-                    payload = call(argument_bytes)
-                    ok = True
-                except CallCancelled:
-                    self._cancel_requested = True
-                    capture.end()
-                    break
-                except _CallFailed as failure:
-                    ok, payload = False, failure.payload
-                except Exception as e:  # the call broke the worker's own error handling (it may patch it)
-                    ok, payload = False, self._plain_error(e)
-                capture.end()
-                results.append([index, ok, payload])
-                pending_bytes += len(payload)
-                if position < last:  # the batch's last results go with its end (one frame, not two)
-                    now = monotonic()
-                    if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
-                        flush(job_id, results, False)
-                        results = []
-                        pending_bytes = 0
-                        last_flush = now
+            results = self._run_calls(job_id, items, call)
         except CallCancelled:  # the signal landed between calls
             self._cancel_requested = True
         finally:
-            _INDEX.pack_into(shm, 0, -1)
+            _INDEX.pack_into(self._shm, 0, -1)
             self._batch_job = None
         if self._cancel_requested:
             self._cancelled_jobs.add(job_id)
             results = []
         self._flush(job_id, results, True)
+
+    def _run_calls(self, job_id: str, items: list, call: Callable[[bytes], bytes]) -> list[list]:
+        """Run the batch's calls until done or cancelled; returns the results not yet sent. This
+        loop runs once per call: what it does per item is kept to the bare minimum."""
+        capture, mark_running, shm, monotonic = self.capture, _INDEX.pack_into, self._shm, time.monotonic
+        results: list[list] = []
+        pending_bytes = 0
+        last_flush = monotonic()
+        last = len(items) - 1
+        for position, (index, argument_bytes) in enumerate(items):
+            if self._cancel_requested:
+                break
+            mark_running(shm, 0, index)
+            capture.running = index
+            try:
+                payload = call(argument_bytes)
+                ok = True
+            except CallCancelled:
+                self._cancel_requested = True
+                capture.end()
+                break
+            except _CallFailed as failure:
+                ok, payload = False, failure.payload
+            except Exception as e:  # the call broke the worker's own error handling (it may patch it)
+                ok, payload = False, self._plain_error(e)
+            capture.end()
+            results.append([index, ok, payload])
+            pending_bytes += len(payload)
+            if position < last:  # the batch's last results go with its end (one frame, not two)
+                now = monotonic()
+                if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
+                    self._flush(job_id, results, False)
+                    results = []
+                    pending_bytes = 0
+                    last_flush = now
+        return results
 
     def _caller(self, function: Callable[..., Any]) -> Callable[[bytes], bytes]:
         """One call: its arguments unpickled, the function run, its result pickled. Returns the

@@ -8,6 +8,7 @@ the event loop and hands them to the owner through two callbacks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import mmap
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import ProtocolError
+from burla.loop_supervisor import end_tasks
 from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 from burla.node.worker_fork import ForkedProcess, ForkedWorker
@@ -208,28 +210,33 @@ class WorkerPool:
         if handle.reader_task is None:
             handle.reader_task = asyncio.create_task(self._read(handle), name=f"worker-{handle.number}-reader")
 
+    def _on_message(self, handle: WorkerHandle, msg: wire.Message) -> None:
+        if isinstance(msg, wire.WorkerReport):
+            self._on_report(handle, msg)
+            if msg.batch_done:
+                self.rebalance()
+        elif isinstance(msg, wire.WorkerWaiting):
+            handle.waiting = msg.waiting
+            self.rebalance()
+            self._on_ready(handle)
+        elif isinstance(msg, wire.WorkerReady):
+            handle.last_progress_at = time.monotonic()
+            handle.ready.set()
+            self._on_ready(handle)
+
     async def _read(self, handle: WorkerHandle) -> None:
         try:
             while True:
                 header = await handle.reader.readexactly(wire.FRAME_HEADER.size)
                 (size,) = wire.FRAME_HEADER.unpack(header)
-                msg = wire.decode(await handle.reader.readexactly(size), wire.WORKER_TO_NODE)
-                if isinstance(msg, wire.WorkerReport):
-                    self._on_report(handle, msg)
-                    if msg.batch_done:
-                        self.rebalance()
-                elif isinstance(msg, wire.WorkerWaiting):
-                    handle.waiting = msg.waiting
-                    self.rebalance()
-                    self._on_ready(handle)
-                elif isinstance(msg, wire.WorkerReady):
-                    handle.last_progress_at = time.monotonic()
-                    handle.ready.set()
-                    self._on_ready(handle)
+                self._on_message(handle, wire.decode(await handle.reader.readexactly(size), wire.WORKER_TO_NODE))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except ProtocolError as e:  # a worker that speaks garbage is broken: replace it
             log.error("worker %d sent a bad frame (%s); replacing it", handle.number, e)
+            handle.kill()
+        except Exception:  # a bug handling its report: say so, and replace it (its calls run again)
+            log.exception("handling worker %d's report failed; replacing it", handle.number)
             handle.kill()
         handle.alive = False
         handle.writer.close()
@@ -302,32 +309,19 @@ class WorkerPool:
 
     async def close(self) -> None:
         self._closing = True
-        for task in list(self._spawns):
-            task.cancel()
-        for task in list(self._spawns):
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await end_tasks(log, *self._spawns)
         for handle in self.workers:
             handle.writer.close()
-        for process in self._processes:
-            if process.returncode is None:
-                try:
-                    process.kill()
-                except ProcessLookupError:
-                    pass
-        for process in self._processes:
-            try:
-                await asyncio.wait_for(process.wait(), CLOSE_WAIT_S)
-            except TimeoutError:
-                pass
-        for handle in self.workers:
-            if handle.reader_task is not None:
-                handle.reader_task.cancel()
-                try:
-                    await handle.reader_task
-                except (asyncio.CancelledError, Exception):
-                    pass
+        await self._stop_processes()
+        await end_tasks(log, *(handle.reader_task for handle in self.workers))
         if self._fork_server is not None:
             self._fork_server.close()
+
+    async def _stop_processes(self) -> None:
+        for process in self._processes:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+        for process in self._processes:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), CLOSE_WAIT_S)

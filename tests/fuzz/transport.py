@@ -190,32 +190,11 @@ async def _websocket(plan: Plan) -> Outcome:
         if isinstance(answer, Outcome):
             return answer
         status, head = answer
-        if status != 101:  # the connection may stay open (no Connection: close here): read just the body
-            outcome = _classify(status)
-            length = re.search(rb"\r\ncontent-length:\s*(\d+)", head.lower())
-            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-                body = await reader.readexactly(int(length.group(1))) if length and plan.method != b"HEAD" else b""
-                if status >= 500:
-                    outcome.detail = body[:300].decode("utf-8", "replace")
-            return outcome
+        if status != 101:
+            return await _refused_upgrade(plan, reader, status, head)
         state = _WsState()
         reading = asyncio.create_task(_ws_read(reader, writer, state, rng))
-        cut_off = violated = False
-        for data, ends_stream, label in plan.frames:
-            if state.close_code is not None or state.ended:
-                break
-            violated = violated or label.startswith(PROTOCOL_VIOLATIONS)
-            try:
-                writer.write(data)
-                await writer.drain()
-            except (ConnectionError, RuntimeError):
-                break
-            if ends_stream:
-                cut_off = True
-                with contextlib.suppress(OSError, RuntimeError):
-                    writer.write_eof()
-                break
-            await asyncio.sleep(0)
+        cut_off, violated = await _send_frames(plan, writer, state)
         if plan.linger and not cut_off:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reading), plan.linger)
@@ -230,22 +209,59 @@ async def _websocket(plan: Plan) -> Outcome:
                 writer.write(ws_frame(rng, 8, struct.pack("!H", 1000)))
                 await writer.drain()
         await reading
-        outcome = Outcome("1xx", close_code=state.close_code, replies=state.replies)
-        fives = [e for e in state.error_replies if e[1] >= 500]
-        if state.close_code in (1006, 1011):
-            outcome.finding = f"ws close {state.close_code}"
-        elif fives:
-            outcome.finding = f"ws ErrorReply {fives[0][1]}"
-            outcome.detail = f"{fives[0][0]}: {fives[0][2]}"
-        elif state.close_code is None and not cut_off and not violated and not state.error_replies:
-            outcome.finding = f"ws {state.ended} without a close frame"
-        if state.error_replies and not outcome.detail:
-            outcome.detail = "; ".join(f"{k} {s}: {m[:80]}" for k, s, m in state.error_replies)
-        return outcome
+        return _judge(state, cut_off, violated)
     finally:
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
+
+
+async def _refused_upgrade(plan: Plan, reader: asyncio.StreamReader, status: int, head: bytes) -> Outcome:
+    """The handshake was answered without an upgrade. The connection may stay open (no
+    Connection: close here): read just the body."""
+    outcome = _classify(status)
+    length = re.search(rb"\r\ncontent-length:\s*(\d+)", head.lower())
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        body = await reader.readexactly(int(length.group(1))) if length and plan.method != b"HEAD" else b""
+        if status >= 500:
+            outcome.detail = body[:300].decode("utf-8", "replace")
+    return outcome
+
+
+async def _send_frames(plan: Plan, writer: asyncio.StreamWriter, state: _WsState) -> tuple[bool, bool]:
+    """Send the plan's frames until the peer closes; returns (cut off, a protocol violation sent)."""
+    cut_off = violated = False
+    for data, ends_stream, label in plan.frames:
+        if state.close_code is not None or state.ended:
+            break
+        violated = violated or label.startswith(PROTOCOL_VIOLATIONS)
+        try:
+            writer.write(data)
+            await writer.drain()
+        except (ConnectionError, RuntimeError):
+            break
+        if ends_stream:
+            cut_off = True
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write_eof()
+            break
+        await asyncio.sleep(0)
+    return cut_off, violated
+
+
+def _judge(state: _WsState, cut_off: bool, violated: bool) -> Outcome:
+    outcome = Outcome("1xx", close_code=state.close_code, replies=state.replies)
+    fives = [e for e in state.error_replies if e[1] >= 500]
+    if state.close_code in (1006, 1011):
+        outcome.finding = f"ws close {state.close_code}"
+    elif fives:
+        outcome.finding = f"ws ErrorReply {fives[0][1]}"
+        outcome.detail = f"{fives[0][0]}: {fives[0][2]}"
+    elif state.close_code is None and not cut_off and not violated and not state.error_replies:
+        outcome.finding = f"ws {state.ended} without a close frame"
+    if state.error_replies and not outcome.detail:
+        outcome.detail = "; ".join(f"{k} {s}: {m[:80]}" for k, s, m in state.error_replies)
+    return outcome
 
 
 async def execute(plan: Plan) -> Outcome:

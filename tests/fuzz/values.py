@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -83,45 +84,82 @@ def message(cls: type[wire.Message], **values: Any) -> list:
     return [cls.TAG, *fields]
 
 
+def _wild_fields(rng: random.Random, msg: list) -> bytes:
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        if len(msg) > 1:
+            msg[rng.randrange(1, len(msg))] = wild_value(rng)
+    return pack(defuse(msg))
+
+
+def _wrong_length(rng: random.Random, msg: list) -> bytes:
+    return pack(defuse(msg[:-1] if rng.random() < 0.5 else [*msg, wild_value(rng)]))
+
+
+def _wrong_tag(rng: random.Random, msg: list) -> bytes:
+    msg[0] = rng.choice([0, -1, 19, 43, 99, 2**32, 2**64 - 1, "1", 1.0, None, *wire._REGISTRY])
+    return pack(defuse(msg))
+
+
+def _not_an_array(rng: random.Random, msg: list) -> bytes:
+    return pack(rng.choice([{msg[0]: msg[1:]}, [], "frame", 5, None, msg[1:]]))
+
+
+def _truncated(rng: random.Random, msg: list) -> bytes:
+    packed = pack(defuse(msg))
+    return packed[: rng.randrange(len(packed))]
+
+
+def _trailing_bytes(rng: random.Random, msg: list) -> bytes:
+    return pack(defuse(msg)) + rng.choice([b"\x00", b"\xc1", rng.randbytes(16)])
+
+
+def _deep_nesting(rng: random.Random, msg: list) -> bytes:
+    depth = rng.choice([100, 1000, 100_000])
+    return rng.choice([b"\x91" * depth + b"\xc0", b"\x92\x01" + b"\x91" * depth + b"\xc0"])
+
+
+def _random_bytes(rng: random.Random, msg: list) -> bytes:
+    return rng.randbytes(rng.choice([0, 1, 7, 100, 5000]))
+
+
+def _odd_msgpack(rng: random.Random, msg: list) -> bytes:
+    return rng.choice([
+        b"\x81\x90\x01",  # a map whose key is an array
+        b"\x92\x01\xd4\x05\x00",  # an ext type
+        b"\x92\x01\xd6\xff\x00\x00\x00\x01",  # a timestamp
+        b"\xdd\xff\xff\xff\xff",  # an array that claims 4 billion items
+        b"\xdb\x7f\xff\xff\xff",  # a str that claims 2 GB
+        b"\xc1",  # never used
+    ])
+
+
+def _surrogate(rng: random.Random, msg: list) -> bytes:
+    if len(msg) > 1:
+        msg[rng.randrange(1, len(msg))] = rng.choice(SURROGATES)
+    return pack(defuse(msg))
+
+
+# How often each kind of frame is made: (up to this cumulative probability, how).
+_MUTATIONS: list[tuple[float, Callable[[random.Random, list], bytes]]] = [
+    (0.12, lambda rng, msg: pack(defuse(msg))),  # as is
+    (0.6, _wild_fields),
+    (0.65, _wrong_length),
+    (0.7, _wrong_tag),
+    (0.74, _not_an_array),
+    (0.8, _truncated),
+    (0.84, _trailing_bytes),
+    (0.88, _deep_nesting),
+    (0.92, _random_bytes),
+    (0.96, _odd_msgpack),
+    (1.0, _surrogate),
+]
+
+
 def mutate(rng: random.Random, msg: list) -> bytes:
     """A frame from a well-formed message, most often with something wrong in it."""
     r = rng.random()
-    msg = list(msg)
-    if r < 0.12:
-        pass  # as is
-    elif r < 0.6:
-        for _ in range(rng.choice([1, 1, 2, 3])):
-            if len(msg) > 1:
-                msg[rng.randrange(1, len(msg))] = wild_value(rng)
-    elif r < 0.65:
-        msg = msg[:-1] if rng.random() < 0.5 else [*msg, wild_value(rng)]
-    elif r < 0.7:
-        msg[0] = rng.choice([0, -1, 19, 43, 99, 2**32, 2**64 - 1, "1", 1.0, None, *wire._REGISTRY])
-    elif r < 0.74:
-        return pack(rng.choice([{msg[0]: msg[1:]}, [], "frame", 5, None, msg[1:]]))
-    elif r < 0.8:
-        packed = pack(defuse(msg))
-        return packed[: rng.randrange(len(packed))]  # truncated
-    elif r < 0.84:
-        return pack(defuse(msg)) + rng.choice([b"\x00", b"\xc1", rng.randbytes(16)])  # trailing bytes
-    elif r < 0.88:
-        depth = rng.choice([100, 1000, 100_000])
-        return rng.choice([b"\x91" * depth + b"\xc0", b"\x92\x01" + b"\x91" * depth + b"\xc0"])
-    elif r < 0.92:
-        return rng.randbytes(rng.choice([0, 1, 7, 100, 5000]))
-    elif r < 0.96:
-        return rng.choice([
-            b"\x81\x90\x01",  # a map whose key is an array
-            b"\x92\x01\xd4\x05\x00",  # an ext type
-            b"\x92\x01\xd6\xff\x00\x00\x00\x01",  # a timestamp
-            b"\xdd\xff\xff\xff\xff",  # an array that claims 4 billion items
-            b"\xdb\x7f\xff\xff\xff",  # a str that claims 2 GB
-            b"\xc1",  # never used
-        ])
-    else:
-        if len(msg) > 1:
-            msg[rng.randrange(1, len(msg))] = rng.choice(SURROGATES)
-    return pack(defuse(msg))
+    how = next(how for up_to, how in _MUTATIONS if r < up_to)
+    return how(rng, list(msg))
 
 
 def defuse(msg: list) -> list:
