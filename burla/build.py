@@ -71,7 +71,7 @@ def _metadata() -> str:
             "burla (from a checkout: `python3 -m pip install -e .`) and run it from that environment."
         ) from None
     lines = ["Metadata-Version: 2.1", f"Name: {PACKAGE}", f"Version: {__version__}"]
-    requires_python = distribution.metadata.get("Requires-Python")
+    requires_python = distribution.metadata["Requires-Python"]
     if requires_python:
         lines.append(f"Requires-Python: {requires_python}")
     lines += [f"Provides-Extra: {extra}" for extra in distribution.metadata.get_all("Provides-Extra") or []]

@@ -219,7 +219,8 @@ class GuardedSite(web.BaseSite):
     @property
     def port(self) -> int:
         assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        sockets: list[socket.socket] = list(getattr(self._server, "sockets", ()))  # an asyncio.Server's
+        return int(sockets[0].getsockname()[1])
 
     async def start(self) -> None:
         await super().start()

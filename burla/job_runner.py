@@ -340,6 +340,7 @@ class JobRunner:
             self._remaining = msg.n_inputs
             self.display.total = msg.n_inputs
         self.opened.set()
+        assert isinstance(msg, (wire.JobAccepted, wire.JobResumed))
         start = 0 if isinstance(msg, wire.JobAccepted) else msg.inputs_received
         return start, (msg.window_inputs, msg.window_bytes)
 
@@ -377,8 +378,8 @@ class JobRunner:
             )
             if detaching and uploader.done() and not uploader.cancelled() and uploader.exception() is None:
                 return  # the job runs on; its results wait on the head for get_results
-            if uploader.done() and not uploader.cancelled() and uploader.exception() is not None:
-                error = uploader.exception()
+            error = uploader.exception() if uploader.done() and not uploader.cancelled() else None
+            if error is not None:
                 if isinstance(error, _ConnectionLost):
                     raise error
                 # An input that can't be sent ends the job; say why, not "canceled".

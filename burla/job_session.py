@@ -10,7 +10,7 @@ the head, and the head's start is the longest part of a cold job.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,12 +133,13 @@ def _wait(event, runner: JobRunner) -> None:
         raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
 
 
-def _outcome_batches(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[list[Outcome]]:
+def _outcome_batches(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool
+                     ) -> Generator[list[Outcome], None, None]:
     with waiting_on_children():  # inside a worker: lend this slot while the nested job runs
         yield from _collect(runner, cluster, raise_errors)
 
 
-def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[list[Outcome]]:
+def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Generator[list[Outcome], None, None]:
     """Outcomes as they arrive, in batches; with raise_errors, the first failed one raises (after
     the outcomes before it in its batch)."""
     received = 0

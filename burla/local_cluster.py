@@ -72,14 +72,15 @@ def head_is_healthy(url: str, timeout: float = 1.0, cert: str | None = None) -> 
     import http.client  # here: a cold client that starts its own head never asks
 
     parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname or "127.0.0.1"
     try:
         if parsed.scheme == "https":
             from burla.tls import client_context
 
             connection: http.client.HTTPConnection = http.client.HTTPSConnection(
-                parsed.hostname, parsed.port, timeout=timeout, context=client_context(cert))
+                host, parsed.port, timeout=timeout, context=client_context(cert))
         else:
-            connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
+            connection = http.client.HTTPConnection(host, parsed.port, timeout=timeout)
         connection.request("GET", "/health")
         ok = connection.getresponse().status == 200
         connection.close()

@@ -69,7 +69,7 @@ def collect(function: Callable[..., Any]) -> bytes:
         if path is None:
             continue
         if top is not None and hasattr(top, "__path__") and _is_local(top, roots) is not None:
-            package_dir = Path(top.__file__).resolve().parent  # ship the whole local package
+            package_dir = Path(top.__file__ or "").resolve().parent  # ship the whole local package
             for source in package_dir.rglob("*.py"):
                 files[str(Path(top.__name__) / source.relative_to(package_dir))] = source
         elif "." not in name:

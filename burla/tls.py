@@ -121,10 +121,11 @@ def head_connector(pinned_cert: str | None) -> Any:
     context = client_context(pinned_cert)
     # Before 3.12.7 asyncio can leak closed TLS transports whose shutdown was cut short when the
     # loop ends; aiohttp aborts them on close if asked (and deprecates asking where it's fixed).
-    cleanup = {"enable_cleanup_closed": True} if sys.version_info < (3, 12, 7) else {}
     # No cap on connections: every running job holds one WebSocket for its whole life, and the
     # jobs of a process share this connector (aiohttp's default cap of 100 would stall the 101st).
-    return aiohttp.TCPConnector(ssl=context or True, limit=0, **cleanup)
+    if sys.version_info < (3, 12, 7):
+        return aiohttp.TCPConnector(ssl=context or True, limit=0, enable_cleanup_closed=True)
+    return aiohttp.TCPConnector(ssl=context or True, limit=0)
 
 
 def is_certificate_error(error: BaseException) -> bool:

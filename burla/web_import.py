@@ -59,7 +59,7 @@ def import_aiohttp() -> None:
 
     overridden = "set_default_verify_paths" in vars(ssl.SSLContext)
     original = ssl.SSLContext.set_default_verify_paths
-    ssl.SSLContext.set_default_verify_paths = defer  # type: ignore[method-assign]
+    ssl.SSLContext.set_default_verify_paths = defer  # type: ignore[method-assign,assignment]
     try:
         import aiohttp  # noqa: F401
     finally:

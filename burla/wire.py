@@ -21,7 +21,7 @@ import math
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, dataclass_transform
+from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
 import msgpack
 
@@ -105,6 +105,7 @@ class Message:
 
 
 _REGISTRY: dict[int, type[Message]] = {}
+M = TypeVar("M", bound=Message)
 
 
 def _methods(name: str, fields: tuple[str, ...], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -127,15 +128,15 @@ def _methods(name: str, fields: tuple[str, ...], defaults: dict[str, Any]) -> di
 
 
 @dataclass_transform(eq_default=True, frozen_default=True)
-def message(tag: int) -> Callable[[type], type]:
-    def register(cls: type) -> type:
+def message(tag: int) -> Callable[[type[M]], type[M]]:
+    def register(cls: type[M]) -> type[M]:
         annotations = dict(cls.__dict__.get("__annotations__", {}))
         fields = tuple(annotations)
         defaults = {f: cls.__dict__[f] for f in fields if f in cls.__dict__}
         body = {key: value for key, value in cls.__dict__.items()
                 if key not in fields and key not in ("__dict__", "__weakref__")}
         body.update(_methods(cls.__name__, fields, defaults), __slots__=fields, __hash__=None)
-        cls = type(cls.__name__, cls.__bases__, body)
+        cls = cast("type[M]", type(cls.__name__, cls.__bases__, body))
         cls.TAG = tag
         cls._fields = fields
         cls._checkers = tuple(_checker_for(annotations[f]) for f in fields)

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from burla.cli.common import CliError, JsonGroup, emit_line, fail, head_client, run
+from burla.cli.common import CliError, JsonGroup, emit_line, fail, find_head_client, head_client, run
 
 
 @click.group(cls=JsonGroup)
@@ -38,7 +38,7 @@ def start(ctx: click.Context) -> None:
     """Boot the configured quantity of nodes (starting a local head first if none runs)."""
 
     def action() -> dict:
-        client = head_client(ctx, required=False)
+        client = find_head_client(ctx)
         if client is None:
             from burla.client import get_cluster_dashboard_url
 

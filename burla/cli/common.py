@@ -144,8 +144,9 @@ def _http_error(error: Any, url: str) -> CliError:
                     EXIT_UNREACHABLE)
 
 
-def head_client(ctx: click.Context, required: bool = True) -> HeadClient | None:
-    """The head selected by --head, BURLA_CLUSTER_DASHBOARD_URL, or this machine's running head."""
+def find_head_client(ctx: click.Context) -> HeadClient | None:
+    """The head selected by --head, BURLA_CLUSTER_DASHBOARD_URL, or this machine's running head;
+    None if there is none."""
     directory = config_dir()
     token = ctx.obj.get("token") if ctx.obj else None
     token = token or read_token(directory)
@@ -160,11 +161,17 @@ def head_client(ctx: click.Context, required: bool = True) -> HeadClient | None:
     record = HeadRecord.read(directory)
     if record is not None:
         return HeadClient(record.url, token, f"running local head (pid {record.pid})")
-    if not required:
-        return None
-    raise CliError("no_head", "no head is configured and none runs on this machine",
-                   f"start one with `burla cluster start`, or pass --head URL (or set {ENV_HEAD_URL})",
-                   EXIT_UNREACHABLE)
+    return None
+
+
+def head_client(ctx: click.Context) -> HeadClient:
+    """The selected head (see find_head_client); a CliError saying how to get one if there is none."""
+    client = find_head_client(ctx)
+    if client is None:
+        raise CliError("no_head", "no head is configured and none runs on this machine",
+                       f"start one with `burla cluster start`, or pass --head URL (or set {ENV_HEAD_URL})",
+                       EXIT_UNREACHABLE)
+    return client
 
 
 def vm_setup_options(command):

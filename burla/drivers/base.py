@@ -59,6 +59,7 @@ BootFailed = Callable[[str, str], None]  # (node_id, why)
 class Driver(abc.ABC):
     name: str
     on_this_machine = False  # its nodes run where the head runs (they share its input-file directory)
+    on_boot_failed: BootFailed | None = None  # told of a machine that can't become a node (it is deleted)
 
     @abc.abstractmethod
     async def boot(self, request: BootRequest) -> list[str]:

@@ -76,6 +76,8 @@ def cluster_id_of(token: str) -> str:
 class ThreadedCloudDriver(Driver):
     """A driver whose libcloud calls run in its own pool, one libcloud driver object per thread."""
 
+    ssh_user: str  # the login its VMs' images accept
+
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=f"libcloud-{self.name}")
         self._local = threading.local()
@@ -168,7 +170,7 @@ def cloud_config(driver_name: str, environ: dict[str, str], region: str | None, 
     raise ValueError(f"no cloud driver named {driver_name!r}")
 
 
-def cloud_driver(config: Any) -> Driver:
+def cloud_driver(config: Any) -> ThreadedCloudDriver:
     """The driver for settings made by `cloud_config`."""
     kind = type(config).__name__
     if kind == "Ec2Config":

@@ -116,7 +116,7 @@ class LocalDriver(Driver):
         self._forget(node_id)
         return True
 
-    async def _stop(self, process: subprocess.Popen) -> None:
+    async def _stop(self, process: subprocess.Popen | ForkedNode) -> None:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         for _ in range(int(STOP_GRACE_S / 0.05)):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -157,7 +158,8 @@ class SshLogin:
         import asyncssh
 
         host, port = self.endpoint(address)
-        known_hosts = ([asyncssh.import_public_key(pinned_host_key)], [], []) if pinned_host_key else None
+        known_hosts: tuple[list[Any], list[Any], list[Any]] | None = (
+            ([asyncssh.import_public_key(pinned_host_key)], [], []) if pinned_host_key else None)
         return await asyncio.wait_for(asyncssh.connect(
             host, port, username=self.user, client_keys=[self.key_path], known_hosts=known_hosts,
             connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_MISSES,
@@ -454,7 +456,7 @@ class SshBootstrapDriver(Driver):
             self._sessions[node_id] = session
             task = asyncio.create_task(session.run(), name=f"ssh-{node_id}")
             self._tasks[node_id] = task
-            task.add_done_callback(lambda t, n=node_id: self._session_ended(n, t))
+            task.add_done_callback(functools.partial(self._session_ended, node_id))
         return booted
 
     def _session_ended(self, node_id: str, task: asyncio.Task) -> None:

@@ -84,7 +84,8 @@ async def close_open_sockets(app: web.Application) -> None:
     """The head is stopping: close every WebSocket with "going away". Otherwise the server waits
     out its shutdown timeout for connections that stay open by design (a client keeps its job
     connection for its next job; a node keeps its link), and the user's script waits for it."""
-    sockets = list(app[OPEN_SOCKETS])
+    open_sockets = app[OPEN_SOCKETS]
+    sockets = list(open_sockets)
     if sockets:
         await asyncio.wait([asyncio.ensure_future(ws.close(code=WSCloseCode.GOING_AWAY, message=b"head stopping"))
                             for ws in sockets], timeout=SHUTDOWN_CLOSE_S)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from burla import grants, wire
@@ -457,7 +457,7 @@ class Cluster:
             self.history.job_opened(spec.job_id, job.spec.encode())
         return job, link
 
-    def restore_jobs(self, kept_jobs: list[KeptJob], expected_back: list[str] = ()) -> None:
+    def restore_jobs(self, kept_jobs: list[KeptJob], expected_back: Sequence[str] = ()) -> None:
         """Take up the jobs that were running (or, detached, not yet collected) when this head
         last stopped, from history. An
         attached job waits for its client to come back and say which results it already has
@@ -738,9 +738,9 @@ class Cluster:
                         self.history.job_sample(job.job_id, job.n_done, job.n_failed, job.running(self.scheduler.nodes))
             recorded = {job.job_id: job.n_done for job in running}
             for job_id, link in list(self.client_links.items()):
-                job = self.scheduler.jobs.get(job_id)
-                if job is not None and job.status == RUNNING and link.attached:
-                    self._send_progress(job, link)
+                linked = self.scheduler.jobs.get(job_id)
+                if linked is not None and linked.status == RUNNING and link.attached:
+                    self._send_progress(linked, link)
 
     # --- views for HTTP ------------------------------------------------------------------
 

@@ -29,7 +29,9 @@ def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus:
         budget = max_gpus.get(model, max_gpus.get(spec.func_gpu.upper(), DEFAULT_MAX_GPUS)) - have_gpus.get(model, 0)
         return _pack(choices, min(missing, budget), lambda m: m.gpu_count)
     cpus_per_call = spec.func_cpu or 1
-    family = (lookup(cloud, machine_type or DEFAULT_MACHINE[cloud]) or lookup(cloud, DEFAULT_MACHINE[cloud])).family
+    chosen = lookup(cloud, machine_type or DEFAULT_MACHINE[cloud]) or lookup(cloud, DEFAULT_MACHINE[cloud])
+    assert chosen is not None, f"{cloud}'s default machine type is missing from its catalog"
+    family = chosen.family
     choices = [m for m in catalog if m.family == family and not m.gpu and m.vcpus >= cpus_per_call]
     if spec.func_ram is not None:
         choices = [m for m in choices if m.memory_gb >= spec.func_ram]

@@ -146,6 +146,13 @@ JOB_COLUMNS = ("job_id", "parent_job_id", "function_name", "status", "reason", "
                "started_at", "ended_at", "arguments", "end_kind")
 
 
+async def _one_row(cursor: aiosqlite.Cursor) -> Any:
+    row = await cursor.fetchone()
+    if row is None:
+        raise sqlite3.DatabaseError("a query that always returns a row returned none")
+    return row
+
+
 @dataclass
 class KeptJob:
     """A job a restarted head takes up: its OpenJob frame, how it stood, and (detached) what was kept."""
@@ -217,9 +224,9 @@ class History:
         self._private_files()
         self._db = await aiosqlite.connect(self.path)
         async with self._db.execute("PRAGMA user_version") as cursor:
-            (version,) = await cursor.fetchone()
+            (version,) = await _one_row(cursor)
         async with self._db.execute("SELECT count(*) FROM sqlite_master") as cursor:
-            (tables,) = await cursor.fetchone()
+            (tables,) = await _one_row(cursor)
         if tables and version in MIGRATIONS:
             for statement in MIGRATIONS[version]:
                 try:

@@ -19,6 +19,7 @@ LOOP_MONITOR = web.AppKey("loop_monitor", LoopMonitor)
 SUPERVISOR = web.AppKey("supervisor", LoopSupervisor)  # the head's background loops
 GUARD = web.AppKey("guard", ConnectionGuard)
 STOP = web.AppKey("stop", asyncio.Event)  # set to stop the head
-OPEN_SOCKETS = web.AppKey("open_sockets", set)  # every node and job WebSocket being served
+# Every node and job WebSocket being served.
+OPEN_SOCKETS: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("open_sockets", set)
 SESSIONS = web.AppKey("sessions", Sessions)  # the dashboard's signed-in browsers
 HEAD_URL = web.AppKey("head_url", str)  # the head's own address, as clients reach it

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from burla import wire
-from burla.errors import OutOfMemory, WorkerCrashed
+from burla.errors import BurlaError, OutOfMemory, WorkerCrashed
 from burla.node.worker_pool import Batch, WorkerHandle
 from burla.serialization import ErrorOrigin, pack_error
 
@@ -255,7 +255,7 @@ class Dispatcher:
             for index, argument_bytes in batch.remaining.items():
                 if index == crashed_index and kill is not None:
                     if not kill.retry:
-                        error = OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
+                        error: BurlaError = OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
                         job.out_results.append([index, False, pack_error(error, origin=self.origin(worker.pid))])
                         job.done += 1
                         self._on_outgoing()

@@ -85,13 +85,13 @@ def _serve(control: socket.socket, serve_worker, worker_name: str) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select() through the pipe
     while True:
         try:
-            ready, _, _ = select.select([control, wake_read], [], [])
+            ready, _, _ = select.select([control.fileno(), wake_read], [], [])
         except InterruptedError:
             continue
         if wake_read in ready:
             os.read(wake_read, 4096)
             _report_exits(control)
-        if control in ready:
+        if control.fileno() in ready:
             request = control.recv(64)
             if not request:
                 return  # the node is gone; its workers see their sockets close and exit too

@@ -159,6 +159,7 @@ class WorkerPool:
 
     async def _spawn(self, number: int) -> WorkerHandle:
         gpu = self._take_gpu()
+        process: Process
         if self._fork_server is not None and self._fork_server.alive:
             try:
                 process, node_end, shm = await self._fork_server.start(
