@@ -55,6 +55,10 @@ class FunctionTooBig(ClientInputError):
     pass
 
 
+class SettingsError(InvalidArgument):
+    """A cluster settings update that can't be applied; the message says what to fix."""
+
+
 class InputTooBig(ClientInputError):
     def __init__(self, input_index: int, size: int, limit: int) -> None:
         self.input_index = self.burla_input_index = input_index
@@ -159,6 +163,11 @@ class JobFailed(JobError):
     pass
 
 
+class CallFailed(JobError):
+    """A call raised and the job stopped there (raise_errors). Clients raise the call's own
+    exception instead; this names why the job ended, in its history and on the wire."""
+
+
 class NodeDisconnected(JobError):
     pass
 
@@ -240,6 +249,7 @@ WIRE_ERRORS: dict[str, type[BurlaError]] = {
         DetachRequiresDeployedCluster,
         JobCanceled,
         JobFailed,
+        CallFailed,
         NodeDisconnected,
     )
 }

@@ -40,6 +40,7 @@ from burla.local_cluster import ClusterHandle
 from burla.login_links import LINK_PARAM, link_code
 from burla.progress import Display
 from burla.serialization import PROTOCOL, dumps, loads, unpack_error
+from burla.states import EndKind, JobStatus
 
 RECONNECT_FOR_S = 60.0  # after a cut, keep trying to resume the job this long
 RECONNECT_DELAY_S = 0.2
@@ -572,9 +573,9 @@ class JobRunner:
     def _on_end(self, msg: wire.JobEnded) -> None:
         """The job ended on the head: fine if it completed (or a failed call's exception is already
         in the outcomes), else raise why."""
-        if msg.status == "COMPLETED" or (msg.kind == "CallFailed" and self._remaining < self.n_inputs):
+        if msg.status == JobStatus.COMPLETED or (msg.kind == EndKind.CALL_FAILED and self._remaining < self.n_inputs):
             return
-        if msg.kind == "JobCanceled" and self._cancel_reason is not None:
+        if msg.kind == EndKind.JOB_CANCELED and self._cancel_reason is not None:
             raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
         raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
 

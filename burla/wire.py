@@ -26,6 +26,9 @@ from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 import msgpack
 
 from burla.errors import ProtocolError
+from burla.states import NodeStatus
+
+_NODE_STATUSES = frozenset(NodeStatus)
 
 STDOUT = 1
 STDERR = 2
@@ -401,8 +404,8 @@ class CancelJob(Message):
 @message(11)
 class JobEnded(Message):
     job_id: str
-    status: str  # COMPLETED, FAILED, CANCELED
-    kind: str  # exception class name when not COMPLETED
+    status: str  # a states.JobStatus other than RUNNING
+    kind: str  # a states.EndKind: the exception class name when not COMPLETED
     reason: str
 
 
@@ -502,7 +505,7 @@ class ReleaseJob(Message):
 @message(24)
 class NodeState(Message):
     node_id: str
-    status: str  # READY (idle) or RUNNING
+    status: str  # a states.NodeStatus: READY (idle) or RUNNING
     workers_alive: int
     jobs: list  # [[job_id, running, queued, done], ...]
     cpu_percent: float
@@ -513,6 +516,8 @@ class NodeState(Message):
     gpu_mem_percent: float = 0.0  # GPU memory in use, over all its GPUs
 
     def validate(self) -> None:
+        if self.status not in _NODE_STATUSES:
+            raise ProtocolError(f"NodeState.status must be one of {', '.join(_NODE_STATUSES)}")
         _check_items("NodeState.jobs", self.jobs, (str, int, int, int))
 
 

@@ -7,6 +7,7 @@ import time
 import click
 
 from burla.cli.common import CliError, JsonGroup, emit_line, fail, find_head_client, head_client, run
+from burla.states import JobStatus
 
 
 @click.group(cls=JsonGroup)
@@ -21,7 +22,7 @@ def _status(client) -> dict:
         "version": state["version"],
         "booting": state["booting"],
         "nodes": state["nodes"],
-        "running_jobs": sum(1 for j in state["jobs"] if j["status"] == "RUNNING"),
+        "running_jobs": sum(1 for j in state["jobs"] if j["status"] == JobStatus.RUNNING),
     }
 
 

@@ -18,8 +18,9 @@ from burla.cli.common import (
     head_client,
     run,
 )
+from burla.states import JobStatus
 
-END_EXIT = {"COMPLETED": 0, "FAILED": EXIT_JOB_FAILED, "CANCELED": EXIT_JOB_CANCELED}
+END_EXIT = {JobStatus.COMPLETED: 0, JobStatus.FAILED: EXIT_JOB_FAILED, JobStatus.CANCELED: EXIT_JOB_CANCELED}
 
 
 @click.group(cls=JsonGroup)
@@ -59,7 +60,7 @@ def watch(ctx: click.Context, job_id: str, interval: float) -> None:
             if job != previous:
                 emit_line("jobs watch", "snapshot" if previous is None else "change", job)
                 previous = job
-            if job["status"] != "RUNNING":
+            if job["status"] != JobStatus.RUNNING:
                 sys.exit(END_EXIT.get(job["status"], 0))
             time.sleep(interval)
     except CliError as e:

@@ -35,6 +35,7 @@ from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
+from burla.states import MachineState
 
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 DEFAULT_REGION = "eastus"
@@ -375,8 +376,9 @@ class AzureDriver(ThreadedCloudDriver):
 
     async def list_nodes(self) -> list[NodeHandle]:
         nodes = await self._call(self._cluster_nodes)
-        return [NodeHandle(n.extra["tags"].get(NODE_TAG, n.name), self.name, _STATES.get(str(n.state), "BOOTING"),
-                           n.id) for n in nodes if n.extra["tags"].get(ROLE_TAG) != "head"]
+        return [NodeHandle(n.extra["tags"].get(NODE_TAG, n.name), self.name,
+                           _STATES.get(str(n.state), MachineState.BOOTING), n.id)
+                for n in nodes if n.extra["tags"].get(ROLE_TAG) != "head"]
 
     def _find(self, driver, node_id: str) -> list:
         return [n for n in self._cluster_nodes(driver) if n.extra["tags"].get(NODE_TAG) == node_id]
@@ -464,5 +466,5 @@ class AzureDriver(ThreadedCloudDriver):
             driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
         return bool(heads)
 
-_STATES = {"running": "RUNNING", "pending": "BOOTING", "updating": "BOOTING", "terminated": "STOPPED",
-           "error": "STOPPED", "unknown": "BOOTING"}
+_STATES = {"running": MachineState.RUNNING, "pending": MachineState.BOOTING, "updating": MachineState.BOOTING,
+           "terminated": MachineState.STOPPED, "error": MachineState.STOPPED, "unknown": MachineState.BOOTING}

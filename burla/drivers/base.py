@@ -12,6 +12,8 @@ import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from burla.states import MachineState
+
 
 @dataclass(frozen=True)
 class BootRequest:
@@ -41,7 +43,7 @@ class BootRequest:
 class NodeHandle:
     node_id: str
     driver: str
-    state: str  # BOOTING, RUNNING, STOPPED
+    state: MachineState
     detail: str = ""
 
 

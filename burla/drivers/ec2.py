@@ -24,6 +24,7 @@ from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
+from burla.states import MachineState
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 DEFAULT_AMI_NAME = "al2023-ami-2023*-x86_64"
@@ -268,8 +269,9 @@ class Ec2Driver(ThreadedCloudDriver):
 
     async def list_nodes(self) -> list[NodeHandle]:
         nodes = await self._call(self._cluster_nodes)
-        return [NodeHandle(node.extra.get("tags", {}).get(NODE_TAG, node.id), self.name, str(node.state).upper(),
-                           node.id) for node in nodes if node.extra.get("tags", {}).get(ROLE_TAG) != "head"]
+        return [NodeHandle(node.extra.get("tags", {}).get(NODE_TAG, node.id), self.name,
+                           _STATES.get(str(node.state), MachineState.BOOTING), node.id)
+                for node in nodes if node.extra.get("tags", {}).get(ROLE_TAG) != "head"]
 
     def _delete(self, driver, node_id: str) -> bool:
         matches = [n for n in self._cluster_nodes(driver) if n.extra.get("tags", {}).get(NODE_TAG) == node_id]
@@ -379,3 +381,8 @@ class Ec2Driver(ThreadedCloudDriver):
         for node in heads:
             driver.destroy_node(node)
         return bool(heads)
+
+
+# libcloud's node states (the instance's, for the filtered ones above) as a driver reports them.
+_STATES = {"pending": MachineState.BOOTING, "running": MachineState.RUNNING, "stopping": MachineState.STOPPED,
+           "stopped": MachineState.STOPPED}

@@ -32,6 +32,7 @@ from burla.drivers.catalog import gpu_model, lookup
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
+from burla.states import MachineState
 
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"
@@ -292,7 +293,7 @@ class GceDriver(ThreadedCloudDriver):
     async def list_nodes(self) -> list[NodeHandle]:
         instances = await self._call(self._cluster_instances)
         return [NodeHandle(i.get("labels", {}).get(NODE_TAG, i["name"]), self.name,
-                           _STATES.get(i.get("status", ""), "BOOTING"), i.get("selfLink", i["name"]))
+                           _STATES.get(i.get("status", ""), MachineState.BOOTING), i.get("selfLink", i["name"]))
                 for i in instances if i.get("labels", {}).get(ROLE_TAG) != "head"]
 
     def _find(self, driver, node_id: str) -> list[dict[str, Any]]:
@@ -364,5 +365,5 @@ class GceDriver(ThreadedCloudDriver):
             driver.connection.async_request(f"/zones/{zone}/instances/{name}", method="DELETE")
         return bool(heads)
 
-_STATES = {"PROVISIONING": "BOOTING", "STAGING": "BOOTING", "RUNNING": "RUNNING", "STOPPING": "STOPPED",
-           "SUSPENDED": "STOPPED", "TERMINATED": "STOPPED"}
+_STATES = {"PROVISIONING": MachineState.BOOTING, "STAGING": MachineState.BOOTING, "RUNNING": MachineState.RUNNING,
+           "STOPPING": MachineState.STOPPED, "SUSPENDED": MachineState.STOPPED, "TERMINATED": MachineState.STOPPED}

@@ -21,6 +21,7 @@ from typing import NoReturn
 from burla.config import ENV_TOKEN
 from burla.drivers.base import BootFailed, BootRequest, Driver, NodeHandle
 from burla.forking import flush_before_fork, start_child
+from burla.states import MachineState
 
 EXIT_POLL_S = 0.2
 STOP_GRACE_S = 3.0
@@ -103,7 +104,7 @@ class LocalDriver(Driver):
 
     async def list_nodes(self) -> list[NodeHandle]:
         return [
-            NodeHandle(node_id, self.name, "RUNNING", f"pid {process.pid}")
+            NodeHandle(node_id, self.name, MachineState.RUNNING, f"pid {process.pid}")
             for node_id, process in self._processes.items()
             if process.poll() is None
         ]

@@ -8,15 +8,16 @@ import time
 
 from aiohttp import web
 
+from burla.errors import SettingsError
 from burla.head.cluster import Cluster
-from burla.head.fleet import SettingsError
 from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
 from burla.head.scheduler import RUNNING
 from burla.head.usage import MACHINE_STARTED, usage
+from burla.states import JobStatus
 from burla.web_json import error_response, json_response, read_object
 
 MAX_LIMIT = 1000
-JOB_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELED")
+JOB_STATUSES = tuple(JobStatus)
 MAX_REASON_CHARS = 2000
 _DECIMAL = re.compile(r"[0-9]{1,18}")  # ASCII digits only: int() also takes "²"-like digits and "1_0"
 
@@ -237,7 +238,7 @@ async def list_calls(request: web.Request) -> web.Response:
             return "failed"
         if live is not None and live.status == RUNNING:
             return "done" if live.done[index] else "pending"
-        return "done" if view["status"] == "COMPLETED" else "unknown"
+        return "done" if view["status"] == JobStatus.COMPLETED else "unknown"
 
     calls = []
     for index in page:

@@ -30,6 +30,7 @@ from burla.head.scheduler import (
     Scheduler,
     initial_credit,
 )
+from burla.states import EndKind, JobStatus
 
 log = logging.getLogger("burla.head")
 
@@ -190,7 +191,7 @@ class Cluster:
                         link.send(self._assign_message(job.spec, job.assignments[joined_id]))
             if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
                 self.end_job(
-                    job, FAILED, "NodeDisconnected",
+                    job, FAILED, EndKind.NODE_DISCONNECTED,
                     f"Every node running this job was lost (last: {node_id}) and no node can replace "
                     f"it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.",
                 )
@@ -244,11 +245,12 @@ class Cluster:
         if self.scheduler.booting == 0 and not self.scheduler.nodes:
             for job in list(self.scheduler.jobs.values()):
                 if job.status == RUNNING and not job.assignments and was_running:
-                    self.end_job(job, FAILED, "NodeDisconnected",
+                    self.end_job(job, FAILED, EndKind.NODE_DISCONNECTED,
                                  f"Every node running this job was lost (last: {node_id}, {why}) and no node can "
                                  f"replace it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.")
                 elif job.status == RUNNING and not job.assignments:
-                    self.end_job(job, FAILED, "NoNodes", f"No node is left for this job: {node_id} {what}: {why}")
+                    self.end_job(job, FAILED, EndKind.NO_NODES,
+                                 f"No node is left for this job: {node_id} {what}: {why}")
         self._end_unrunnable()
 
     async def steal_loop(self) -> None:
@@ -337,8 +339,9 @@ class Cluster:
                 del self._restored_at[job_id]
             elif now - since > REJOIN_GRACE_S and self.scheduler.booting == 0:
                 del self._restored_at[job_id]
-                self.end_job(job, FAILED, "NoNodes", f"no node could run this job within {REJOIN_GRACE_S:g} s of "
-                                                     "the head's restart; start nodes and run it again")
+                self.end_job(job, FAILED, EndKind.NO_NODES,
+                             f"no node could run this job within {REJOIN_GRACE_S:g} s of the head's restart; start "
+                             "nodes and run it again")
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
         self.last_heard[node_id] = time.monotonic()
@@ -433,12 +436,12 @@ class Cluster:
         if link is not None:
             link.deliver([], fresh)
         if job.spec.detach and job.n_done >= job.n_inputs:  # results wait for get_results
-            self.end_job(job, COMPLETED, "", "")
+            self.end_job(job, COMPLETED, EndKind.NONE, "")
             return
         if job.spec.raise_errors:
             failed = next((item for item in fresh if not item[1]), None)
             if failed is not None:
-                self.end_job(job, FAILED, "CallFailed", f"input {failed[0]} raised an exception")
+                self.end_job(job, FAILED, EndKind.CALL_FAILED, f"input {failed[0]} raised an exception")
 
     # --- clients -------------------------------------------------------------------------
 
@@ -496,10 +499,10 @@ class Cluster:
             self._restored_at[spec.job_id] = time.monotonic()
             self._record_job(job)
             if kept.status in (FAILED, CANCELED):  # a detached job that ended: only its results remain
-                kind = kept.end_kind or ("JobFailed" if kept.status == FAILED else "JobCanceled")
+                kind = kept.end_kind or (EndKind.JOB_FAILED if kept.status == FAILED else EndKind.JOB_CANCELED)
                 self.end_job(job, kept.status, kind, kept.reason)
             elif spec.detach and job.n_done >= job.n_inputs:
-                self.end_job(job, COMPLETED, "", "")  # its results wait for get_results
+                self.end_job(job, COMPLETED, EndKind.NONE, "")  # its results wait for get_results
             else:
                 self.pump()
 
@@ -549,7 +552,7 @@ class Cluster:
             log.info("job %s resumed by its client, which holds %d of %d results", job.job_id, link.acked,
                      job.n_inputs)
             if link.acked >= job.n_inputs:
-                self.end_job(job, COMPLETED, "", "")
+                self.end_job(job, COMPLETED, EndKind.NONE, "")
         else:
             link.ack(msg.acked_seq)
         if job.spec.detach and job.received >= job.n_inputs:  # a detaching client cut before it heard
@@ -593,7 +596,7 @@ class Cluster:
         link.ack(seq)
         if link.acked >= job.n_inputs or (job.status != RUNNING and not link.unacked_results()):
             if job.status == RUNNING:
-                self.end_job(job, COMPLETED, "", "")
+                self.end_job(job, COMPLETED, EndKind.NONE, "")
             self.client_links.pop(job.job_id, None)  # everything is delivered
             if job.spec.detach and self.history is not None:
                 self.history.job_closed(job.job_id)  # collected: nothing left to keep
@@ -602,7 +605,7 @@ class Cluster:
         job = self.scheduler.jobs.get(job_id)
         if job is None or job.status != RUNNING:
             return False
-        self.end_job(job, CANCELED, "JobCanceled", reason or "canceled")
+        self.end_job(job, CANCELED, EndKind.JOB_CANCELED, reason or "canceled")
         return True
 
     def client_left(self, job: JobRecord, link: ClientLink) -> None:
@@ -631,14 +634,14 @@ class Cluster:
                 if job.status == RUNNING:
                     missing = f" before uploading {job.n_inputs - job.received} inputs" if job.spec.detach else ""
                     self.end_job(
-                        job, CANCELED, "JobCanceled",
+                        job, CANCELED, EndKind.JOB_CANCELED,
                         f"the client disconnected{missing} and did not come back within {patience:g} s",
                     )
                 self.client_links.pop(job_id, None)
                 if self.history is not None:
                     self.history.job_closed(job_id)  # nobody will collect what was kept
 
-    def end_job(self, job: JobRecord, status: str, kind: str, reason: str) -> None:
+    def end_job(self, job: JobRecord, status: JobStatus, kind: EndKind, reason: str) -> None:
         was_running = job.status == RUNNING
         released = self.scheduler.finish(job, status, reason)
         if not was_running:
@@ -688,8 +691,9 @@ class Cluster:
             if job.status != RUNNING:
                 continue
             if self.history is None:
-                self.end_job(job, FAILED, "JobFailed", "the head stopped (a restart or shutdown) while the job ran; "
-                                                       "a head keeps running jobs across restarts only with history")
+                self.end_job(job, FAILED, EndKind.JOB_FAILED,
+                             "the head stopped (a restart or shutdown) while the job ran; a head keeps running jobs "
+                             "across restarts only with history")
         deadline = time.monotonic() + SHUTDOWN_NOTICE_S
         while any(link.pending_frames() for link in self.client_links.values() if link.attached):
             if time.monotonic() > deadline:
@@ -702,7 +706,8 @@ class Cluster:
             return
         for job in list(self.scheduler.running.values()):
             if job.spec.parent_job_id == parent.job_id:
-                self.end_job(job, CANCELED, "JobCanceled", f"its parent job {parent.job_id} ended {parent.status}")
+                self.end_job(job, CANCELED, EndKind.JOB_CANCELED,
+                             f"its parent job {parent.job_id} ended {parent.status}")
 
     # --- progress ------------------------------------------------------------------------
 

@@ -15,12 +15,14 @@ from typing import Any
 from burla import input_files, wire
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
+from burla.errors import SettingsError
 from burla.head.cluster import Cluster
 from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
 from burla.head.scheduler import RUNNING
 from burla.head.usage import MACHINE_STARTED, machine_detail
 from burla.loop_supervisor import end_tasks
+from burla.states import EndKind, JobStatus, MachineState
 from burla.validation import IMAGE, REGION, matches
 
 log = logging.getLogger("burla.head")
@@ -29,10 +31,6 @@ GROWN_IDLE_S = 60.0
 CLOUD_IDLE_S = 600.0  # cloud nodes from `cluster start` go after this idle time unless configured
 DELETE_ON_STOP_S = 120.0  # how long a stopping head spends deleting its VMs
 CLOUD_OF_DRIVER = {"ec2": "aws", "gce": "gcp", "azure": "azure"}
-
-
-class SettingsError(ValueError):
-    """A settings update that can't be applied; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -279,7 +277,7 @@ class Fleet:
         for handle in handles:
             if handle.node_id in self.cluster.scheduler.nodes or handle.node_id in self.cluster.booting_ids:
                 continue
-            if handle.state == "STOPPED":
+            if handle.state == MachineState.STOPPED:
                 await self._remove_machine(handle.node_id, "found powered off when the head started")
             else:
                 self.leftovers.setdefault(handle.node_id, now)
@@ -331,7 +329,7 @@ class Fleet:
         self.stopped = True
         for job in list(self.cluster.scheduler.jobs.values()):
             if job.status == RUNNING:
-                self.cluster.end_job(job, "CANCELED", "JobCanceled", "the cluster was stopped")
+                self.cluster.end_job(job, JobStatus.CANCELED, EndKind.JOB_CANCELED, "the cluster was stopped")
         stopped = []
         for node_id in list(self.cluster.scheduler.nodes):
             link = self.cluster.node_links.get(node_id)

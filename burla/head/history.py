@@ -17,13 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from burla import wire
 from burla.config import private_dir, private_file
 from burla.errors import ProtocolError
+from burla.states import EndKind, JobStatus
 
 log = logging.getLogger("burla.head")
 
@@ -140,10 +141,20 @@ CREATE TABLE IF NOT EXISTS kept_results (
 );
 """
 
+E = TypeVar("E", JobStatus, EndKind)
 HEAD_STOPPED = "head stopped"  # a node event: connected when the head stopped (it is expected back)
 
 JOB_COLUMNS = ("job_id", "parent_job_id", "function_name", "status", "reason", "n_inputs", "n_done", "n_failed",
                "started_at", "ended_at", "arguments", "end_kind")
+
+
+def _parsed(kind: type[E], text: str | None, default: E) -> E:
+    """A state read back from the database (written by this module, so one of `kind`'s)."""
+    try:
+        return kind(text) if text else default
+    except ValueError:
+        log.warning("history holds an unknown %s %r; reading it as %s", kind.__name__, text, default)
+        return default
 
 
 async def _one_row(cursor: aiosqlite.Cursor) -> Any:
@@ -159,9 +170,9 @@ class KeptJob:
 
     opening: bytes
     started_at: float | None
-    status: str
+    status: JobStatus
     reason: str
-    end_kind: str  # the error kind it ended with, if it ended (detached, not yet collected)
+    end_kind: EndKind  # the error kind it ended with, if it ended (detached, not yet collected)
     inputs: list  # [[index, data], ...] without a result yet
     results: list  # [[index, ok, payload], ...] not yet collected
 
@@ -331,8 +342,8 @@ class History:
             results = await self._rows("SELECT input_index, ok, payload FROM kept_results WHERE job_id = ? "
                                        "ORDER BY input_index", (row["job_id"],))
             kept.append(KeptJob(
-                bytes(row["opening"]), row["started_at"], row["status"] or "RUNNING", row["reason"] or "",
-                row["end_kind"] or "",
+                bytes(row["opening"]), row["started_at"], _parsed(JobStatus, row["status"], JobStatus.RUNNING),
+                row["reason"] or "", _parsed(EndKind, row["end_kind"], EndKind.NONE),
                 [[r["input_index"], bytes(r["data"])] for r in inputs],
                 [[r["input_index"], bool(r["ok"]), bytes(r["payload"])] for r in results],
             ))

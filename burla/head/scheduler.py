@@ -16,11 +16,12 @@ from burla.config import MAX_CALLS_PER_SLOT
 from burla.drivers.catalog import gpu_model
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.input_queue import InputQueue
+from burla.states import EndKind, JobStatus, NodeStatus
 
-RUNNING = "RUNNING"
-COMPLETED = "COMPLETED"
-FAILED = "FAILED"
-CANCELED = "CANCELED"
+RUNNING = JobStatus.RUNNING
+COMPLETED = JobStatus.COMPLETED
+FAILED = JobStatus.FAILED
+CANCELED = JobStatus.CANCELED
 
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
 MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger
@@ -39,7 +40,7 @@ class NodeRecord:
     region: str
     python_version: str
     version: str
-    status: str = "READY"
+    status: NodeStatus = NodeStatus.READY
     workers_alive: int = 0
     cpu_percent: float = 0.0
     mem_percent: float = 0.0
@@ -116,9 +117,9 @@ class Assignment:
 @dataclass
 class JobRecord:
     spec: wire.OpenJob
-    status: str = RUNNING
+    status: JobStatus = RUNNING
     reason: str = ""
-    end_kind: str = ""  # the error kind it ended with (an exception class name), if not COMPLETED
+    end_kind: EndKind = EndKind.NONE  # the error kind it ended with, if not COMPLETED
     pending: InputQueue = field(default_factory=InputQueue)  # (index, pickled args) not yet on a node
     received: int = 0  # inputs uploaded by the client so far
     upload_prefix: int = 0  # every index below this one has been uploaded
@@ -257,7 +258,7 @@ class Scheduler:
         node = self.nodes.get(msg.node_id)
         if node is None:
             return
-        node.status = msg.status
+        node.status = NodeStatus(msg.status)  # checked when the frame was decoded
         node.workers_alive = msg.workers_alive
         node.cpu_percent = msg.cpu_percent
         node.mem_percent = msg.mem_percent
@@ -500,7 +501,7 @@ class Scheduler:
             )
         return "\n".join(lines)
 
-    def unrunnable(self) -> list[tuple[JobRecord, str, str]]:
+    def unrunnable(self) -> list[tuple[JobRecord, EndKind, str]]:
         """Running jobs no node can run, now that none is booting: [(job, end kind, why)].
 
         A job that holds nodes, or waits for nodes expected back after a restart, is not one.
@@ -513,7 +514,7 @@ class Scheduler:
             if job.assignments or job.waits_for_nodes or job.restored:
                 continue
             if not self.nodes:
-                found.append((job, "NoNodes", "No node is left in the cluster to run this job. Start nodes "
+                found.append((job, EndKind.NO_NODES, "No node is left in the cluster to run this job. Start nodes "
                               "(`burla cluster start`, `burla node join --head URL`) and run it again."))
                 continue
             reasons: dict[str, list[NodeRecord]] = {}
@@ -523,7 +524,7 @@ class Scheduler:
                     break  # a node could take it after all: leave it be
                 reasons.setdefault(reason, []).append(node)
             else:
-                found.append((job, "NoCompatibleNodes", self._explain(job.spec, reasons)))
+                found.append((job, EndKind.NO_COMPATIBLE_NODES, self._explain(job.spec, reasons)))
         return found
 
     # --- inputs and results --------------------------------------------------------------
@@ -702,7 +703,7 @@ class Scheduler:
                 thief.inflight[index] = data
                 job.stolen += 1
 
-    def finish(self, job: JobRecord, status: str, reason: str = "") -> list[str]:
+    def finish(self, job: JobRecord, status: JobStatus, reason: str = "") -> list[str]:
         """End a job; returns the nodes that should release it."""
         if job.status == RUNNING:
             job.status = status

@@ -37,6 +37,7 @@ from burla.node.packages import Environment
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
 from burla.serialization import pack_error
+from burla.states import NodeStatus
 from burla.tls import node_server_context
 
 log = logging.getLogger("burla.node")
@@ -77,7 +78,7 @@ class NodeService:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._outgoing = asyncio.Event()
         self._state_changed = asyncio.Event()
-        self._status = "READY"
+        self._status = NodeStatus.READY
         self._stopping = asyncio.Event()
         self._leaving: str | None = None  # why this node stops on its own (None: the head asked, or silent)
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
@@ -378,7 +379,7 @@ class NodeService:
 
     def _set_status(self) -> None:
         busy = any(job.queue or job.inflight for job in self.dispatcher.jobs.values())
-        status = "RUNNING" if busy else "READY"
+        status = NodeStatus.RUNNING if busy else NodeStatus.READY
         if status != self._status:
             self._status = status
             self._state_changed.set()

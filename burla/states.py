@@ -1,0 +1,44 @@
+"""The states a job, a node and a machine can be in, and the kinds a job can end with.
+
+They are `StrEnum`s: each member is its own name as a string, which is how it travels on the
+wire, sits in history's database and shows in the API, so those stay plain text.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+class NodeStatus(StrEnum):
+    """What a registered node reports: idle, or running calls."""
+
+    READY = "READY"
+    RUNNING = "RUNNING"
+
+
+class MachineState(StrEnum):
+    """What a driver says of a machine it manages."""
+
+    BOOTING = "BOOTING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+
+
+class EndKind(StrEnum):
+    """Why a job ended that did not complete: the name of the `burla.errors` class a client raises
+    for it (tests check each names one). COMPLETED jobs end with NONE."""
+
+    NONE = ""
+    CALL_FAILED = "CallFailed"  # a call raised, and the job stopped at its first failure (raise_errors)
+    JOB_FAILED = "JobFailed"
+    JOB_CANCELED = "JobCanceled"
+    NO_NODES = "NoNodes"
+    NO_COMPATIBLE_NODES = "NoCompatibleNodes"
+    NODE_DISCONNECTED = "NodeDisconnected"
