@@ -167,7 +167,7 @@ async def _ask_credit(ws, job: NodeJob) -> None:
 
     due = job.credit_due(job.parallelism)
     if due:
-        await ws.send_bytes(wire.Credit(job.job_id, due, 0).encode())
+        await ws.send_bytes(wire.Credit(job.job_id, due).encode())
 
 
 async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts) -> None:

@@ -6,7 +6,7 @@ nothing malformed reaches the code past this module. User objects travel inside 
 cloudpickle bytes.
 
 Channels (the Channel objects at the end list exactly what each direction accepts):
-  client <-> head   OpenJob, ResumeJob, JobAccepted, JobResumed, InputBatch, InputsKept, Credit,
+  client <-> head   OpenJob, ResumeJob, JobAccepted, JobResumed, InputBatch, InputsKept,
                     ResultBatch, ResultAck, OutputBatch, Progress, CancelJob, JobEnded, ErrorReply
   node   <-> head   RegisterNode, NodeRegistered, AssignJob, InputBatch, Credit, NodeResults,
                     OutputBatch, NodeState, Stolen, NodeLeaving, StealHint, CancelJob, ReleaseJob,
@@ -311,9 +311,10 @@ class InputBatch(Message):
 
 @message(5)
 class Credit(Message):
+    """A node asks for this many more of a job's inputs (node to head only)."""
+
     job_id: str
     inputs: int
-    bytes: int
 
 
 @message(6)
@@ -700,7 +701,7 @@ NODE_TO_HEAD = Channel("node to head", (RegisterNode, Credit, NodeResults, Outpu
 HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CreditWithdrawn, CancelJob, ReleaseJob,
                                         ShutdownNode, ErrorReply, StealHint),
                        Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
-HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, Credit, ResultBatch, OutputBatch,
+HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, ResultBatch, OutputBatch,
                                             Progress, JobEnded, InputsKept),
                          Limits(_CALLS, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _CALLS))
 WORKER_TO_NODE = Channel("worker to node", (WorkerReady, WorkerReport, WorkerWaiting),

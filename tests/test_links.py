@@ -128,8 +128,8 @@ async def test_a_fan_out_goes_out_over_several_turns_in_order_per_node(monkeypat
             (ws_a, transport_a), (ws_b, transport_b) = await first.ready, await second.ready
             link_a, link_b = NodeLink("a", ws_a, transport_a, turns), NodeLink("b", ws_b, transport_b, turns)
             for number in range(5):  # ten frames in one step: three go now, the rest wait for turns
-                link_a.send(wire.Credit("j", number, 0))
-                link_b.send(wire.Credit("j", number, 0))
+                link_a.send(wire.Credit("j", number))
+                link_b.send(wire.Credit("j", number))
             assert len(link_a._frames) + len(link_b._frames) == 7
             got_a, got_b = await _read(client_a, 5), await _read(client_b, 5)
             assert [m.inputs for m in got_a] == [m.inputs for m in got_b] == list(range(5))

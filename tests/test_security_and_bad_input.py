@@ -196,7 +196,7 @@ def _register(slots: int, version: str, build: str) -> bytes:
         (_register(slots=1, version="9.9.9", build=build_hash()), "runs burla 9.9.9"),
         (_register(slots=1, version=__version__, build="0.1.0+0000"),
          f"runs burla build 0.1.0+0000 but the head runs build {build_hash()}"),
-        (wire.Credit("j", 1, 0).encode(), "not accepted on this channel"),
+        (wire.Credit("j", 1).encode(), "not accepted on this channel"),
     ],
 )
 async def test_node_channel_rejects_bad_frames(cluster, frame, words):

@@ -16,7 +16,7 @@ SAMPLES: list[wire.Message] = [
     wire.JobAccepted("j-1", 10, 1024, 1, 2, True),
     wire.ErrorReply("NoNodes", "none", 503),
     wire.InputBatch("j-1", [[0, b"a"], [1, b"b"]]),
-    wire.Credit("j-1", 5, 0),
+    wire.Credit("j-1", 5),
     wire.CreditWithdrawn("j-1", 40),
     wire.ResultBatch("j-1", 7, [[0, True, b"r"], [1, False, b"e"]]),
     wire.NodeResults("j-1", [[0, True, b"r"], [1, False, b"e"]], 12),

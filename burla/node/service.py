@@ -374,7 +374,7 @@ class NodeService:
                     continue
                 due = job.credit_due(self.pool.size)
                 if due:
-                    await ws.send_bytes(wire.Credit(job_id, due, 0).encode())
+                    await ws.send_bytes(wire.Credit(job_id, due).encode())
             self._set_status()
 
     def _set_status(self) -> None:

@@ -106,8 +106,7 @@ def _node_follow_up(rng: random.Random, ctx: Context, node_id: str) -> list:
     if r < 0.62:
         return message(wire.OutputBatch, job_id=job_id, items=[[index, rng.choice([1, 2, 0, 3]), random_text(rng)]])
     if r < 0.74:
-        return message(wire.Credit, job_id=job_id, inputs=rng.choice([0, 1, 100, -1, 2**63 - 1]),
-                       bytes=rng.choice([0, 2**20, -1]))
+        return message(wire.Credit, job_id=job_id, inputs=rng.choice([0, 1, 100, -1, 2**63 - 1]))
     if r < 0.86:
         donor = rng.choice([*ctx.node_ids, node_id, "fuzz-donor"]) if ctx.node_ids else node_id
         return message(wire.Stolen, job_id=job_id, donor_id=donor, indices=[index, index])
