@@ -26,8 +26,6 @@ ENV_NODE_WHEELHOUSE = "BURLA_NODE_WHEELHOUSE"
 ENV_SSH_ADDRESS_MAP = "BURLA_SSH_ADDRESS_MAP"
 ENV_INPUT_FILES_DIR = "BURLA_INPUT_FILES_DIR"  # where large inputs go by file (default: /dev/shm or the temp dir)
 CLIENT_CONFIG_FILE = "config.json"
-# `burla config set cloud ...` -> the driver heads started on this machine boot nodes with
-CLOUD_DRIVERS = {"aws": "ec2", "gcp": "gce", "azure": "azure"}
 
 TOKEN_FILE = "cluster_token"
 HEAD_STATE_FILE = "head.json"

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from burla.config import CLOUD_DRIVERS, Deployment
+from burla.config import Deployment
 from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, remote, this_python
-from burla.drivers.cloud import cloud_config, cloud_driver, cluster_id_of
 from burla.drivers.head_vm import EXTRAS, HEAD_CERT, HEAD_KEY, HEAD_PORT, HeadMachine, start_command
+from burla.drivers.registry import BY_CLOUD, CLOUDS, cloud_config, cloud_driver, cluster_id_of, for_cloud
 from burla.errors import BootstrapFailed, DeployError
 
 DEPLOYMENT_DIR = "deployment"  # in the config directory: the deployed head's certificate and key
@@ -55,9 +55,9 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
     if existing is not None:
         raise DeployError(f"a head is already deployed on {existing.cloud} ({existing.head_url}); remove it with "
                           "`burla deploy delete` first")
-    if request.cloud not in CLOUD_DRIVERS:
-        raise DeployError(f"cloud must be one of {', '.join(CLOUD_DRIVERS)}, got {request.cloud!r}")
-    driver_name = CLOUD_DRIVERS[request.cloud]
+    if request.cloud not in BY_CLOUD:
+        raise DeployError(f"cloud must be one of {', '.join(CLOUDS)}, got {request.cloud!r}")
+    driver_name = BY_CLOUD[request.cloud].name
     token = secrets.token_urlsafe(32)
     cluster_id = cluster_id_of(token)
     config = cloud_config(driver_name, environ, request.region, cluster_id)
@@ -208,7 +208,7 @@ def _required(directory: Path) -> Deployment:
 def delete(directory: Path, environ: dict[str, str]) -> dict[str, Any]:
     """Delete the deployed head VM and every node of its cluster, then forget the deployment."""
     deployment = _required(directory)
-    config = cloud_config(CLOUD_DRIVERS[deployment.cloud], environ, deployment.region, cluster_id_of(deployment.token))
+    config = cloud_config(for_cloud(deployment.cloud).name, environ, deployment.region, cluster_id_of(deployment.token))
 
     async def remove() -> tuple[bool, list[str]]:
         driver = cloud_driver(config)

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from burla.config import CLOUD_DRIVERS, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
+from burla.config import ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
+from burla.drivers.registry import BY_CLOUD
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
 
 HEAD_START_TIMEOUT_S = 60.0
@@ -161,8 +162,8 @@ def start_head(settings: ClientSettings, token: str, embedded: bool,
     command = [sys.executable, "-m", "burla", "head", "serve", "--ready-fd", str(ready_write)]
     if settings.cloud is None:
         command += ["--local-nodes", "1", "--driver", "local"]
-    elif settings.cloud in CLOUD_DRIVERS:
-        command += ["--driver", CLOUD_DRIVERS[settings.cloud]]  # nodes boot in the user's account
+    elif settings.cloud in BY_CLOUD:
+        command += ["--driver", BY_CLOUD[settings.cloud].name]  # nodes boot in the user's account
     else:
         raise InvalidArgument(
             f"cloud {settings.cloud!r} has no driver in this burla version; run `burla config set cloud aws`, "

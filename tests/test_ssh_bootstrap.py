@@ -224,7 +224,7 @@ def test_the_bootstrap_installs_the_uploaded_build_never_burla_by_name():
 
 
 def test_the_configured_cloud_then_the_one_signed_in_picks_the_driver(tmp_path):
-    from burla.drivers.cloud import resolve_driver
+    from burla.drivers.registry import resolve_driver
     from burla.errors import CloudSetupError
 
     home = tmp_path / "home"

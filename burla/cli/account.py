@@ -10,8 +10,7 @@ import click
 from burla.cli.common import CliError, JsonGroup, head_client, run
 from burla.config import CLIENT_CONFIG_FILE as CONFIG_FILE
 from burla.config import ENV_TOKEN, config_dir, read_client_config, write_private_file
-
-CLOUDS = ("aws", "gcp", "azure")
+from burla.drivers.registry import CLOUDS
 
 
 def _read_config() -> dict:

@@ -18,6 +18,7 @@ from burla.config import (
     read_token,
     write_private_file,
 )
+from burla.drivers.registry import DRIVER_NAMES
 
 
 def _driver_name(chosen: str | None) -> str:
@@ -25,7 +26,7 @@ def _driver_name(chosen: str | None) -> str:
     import os
 
     from burla.config import ENV_CLOUD, read_client_config
-    from burla.drivers.cloud import resolve_driver
+    from burla.drivers.registry import resolve_driver
     from burla.errors import CloudSetupError
 
     configured = os.environ.get(ENV_CLOUD) or read_client_config(config_dir()).get("cloud")
@@ -41,7 +42,7 @@ def _cloud_config(driver: str, region: str | None, token: str):
         return None
     import os
 
-    from burla.drivers.cloud import cloud_config, cluster_id_of
+    from burla.drivers.registry import cloud_config, cluster_id_of
     from burla.errors import CloudSetupError
 
     try:
@@ -114,7 +115,7 @@ def head() -> None:
 @click.option("--no-history", is_flag=True, help="Keep no history (the dashboard and CLI then show live state only).")
 @click.option("--history-retention-days", type=click.FloatRange(0.01, None), default=30.0, show_default=True,
               help="Delete history older than this.")
-@click.option("--driver", type=click.Choice(["local", "ec2", "gce", "azure"]), default=None,
+@click.option("--driver", type=click.Choice(DRIVER_NAMES), default=None,
               help="Where `burla cluster start` and grow=True boot nodes: this machine, or VMs in your AWS (ec2), "
                    "Google Cloud (gce) or Azure account. Default: the cloud `burla config set cloud` chose, else "
                    "the one cloud this machine is signed in to, else this machine.")

@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
@@ -57,6 +57,7 @@ _SP_FIX = ("Check AZURE_CLIENT_ID, AZURE_CLIENT_SECRET and AZURE_TENANT_ID, or c
 
 @dataclass(frozen=True)
 class AzureConfig:
+    driver_name: ClassVar[str] = "azure"  # its entry in burla.drivers.registry
     subscription_id: str
     tenant_id: str | None = None
     region: str = DEFAULT_REGION
@@ -468,3 +469,7 @@ class AzureDriver(ThreadedCloudDriver):
 
 _STATES = {"running": MachineState.RUNNING, "pending": MachineState.BOOTING, "updating": MachineState.BOOTING,
            "terminated": MachineState.STOPPED, "error": MachineState.STOPPED, "unknown": MachineState.BOOTING}
+
+
+CONFIG = AzureConfig  # for burla.drivers.registry
+DRIVER = AzureDriver

@@ -1,5 +1,5 @@
-"""What the cloud drivers (EC2, GCE, Azure) share: the tags that mark a cluster's machines, which
-clouds this machine is signed in to, and the thread pool libcloud's blocking calls run in. (VMs
+"""What the cloud drivers (EC2, GCE, Azure) share: the tags that mark a cluster's machines, and
+the thread pool libcloud's blocking calls run in (`burla.drivers.registry` names the drivers). (VMs
 are set up over SSH by the head: `burla.drivers.ssh`.)
 
 libcloud is blocking and its driver objects are not thread safe (connection state, GCE paging
@@ -15,7 +15,6 @@ import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from burla.drivers.base import BootRequest, Driver, VmAddress
@@ -26,51 +25,6 @@ if TYPE_CHECKING:
 CLUSTER_TAG = "burla-cluster"
 NODE_TAG = "burla-node-id"
 POOL_THREADS = 8
-
-
-def signed_in_clouds(environ: dict[str, str]) -> list[str]:
-    """The clouds ("aws", "gcp", "azure") this machine has credentials for, judged from their CLIs'
-    environment variables and files only (no network: a laptop must not wait on metadata servers)."""
-    home = Path(environ.get("HOME") or Path.home())
-    found = []
-    aws_files = [environ.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials",
-                 environ.get("AWS_CONFIG_FILE") or home / ".aws" / "config"]
-    if environ.get("AWS_ACCESS_KEY_ID") or environ.get("AWS_PROFILE") or any(Path(f).is_file() for f in aws_files):
-        found.append("aws")
-    gcloud = Path(environ.get("CLOUDSDK_CONFIG") or home / ".config" / "gcloud")
-    if environ.get("GOOGLE_APPLICATION_CREDENTIALS") or (gcloud / "application_default_credentials.json").is_file():
-        found.append("gcp")
-    azure = Path(environ.get("AZURE_CONFIG_DIR") or home / ".azure")
-    if (environ.get("AZURE_CLIENT_ID") and environ.get("AZURE_TENANT_ID")) or (azure / "azureProfile.json").is_file():
-        found.append("azure")
-    return found
-
-
-def resolve_driver(chosen: str | None, configured_cloud: str | None, environ: dict[str, str]) -> str:
-    """The driver a head boots nodes with: `chosen` (--driver), else the cloud `burla config set
-    cloud` configured, else the one cloud this machine is signed in to, else "local"."""
-    from burla.config import CLOUD_DRIVERS
-    from burla.errors import CloudSetupError
-
-    if chosen is not None:
-        return chosen
-    if configured_cloud:
-        if configured_cloud not in CLOUD_DRIVERS:
-            raise CloudSetupError(f"the configured cloud {configured_cloud!r} is not one of aws, gcp, azure; run "
-                                  "`burla config set cloud aws|gcp|azure`.")
-        return CLOUD_DRIVERS[configured_cloud]
-    signed_in = signed_in_clouds(environ)
-    if len(signed_in) > 1:
-        raise CloudSetupError(f"signed in to several clouds ({', '.join(signed_in)}); choose one with "
-                              "`burla config set cloud aws|gcp|azure`, or pass --driver.")
-    return CLOUD_DRIVERS[signed_in[0]] if signed_in else "local"
-
-
-def cluster_id_of(token: str) -> str:
-    """The id that tags a cluster's machines: derived from its token, revealing nothing of it."""
-    import hashlib
-
-    return hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 class ThreadedCloudDriver(Driver):
@@ -151,38 +105,3 @@ class ThreadedCloudDriver(Driver):
 
     @abc.abstractmethod
     def _delete_head(self, driver: Any, name: str) -> bool: ...
-
-
-def cloud_config(driver_name: str, environ: dict[str, str], region: str | None, cluster_id: str) -> Any:
-    """The named cloud driver's settings, resolved once from the environment (raises CloudSetupError)."""
-    if driver_name == "ec2":
-        from burla.drivers.ec2 import Ec2Config
-
-        return Ec2Config.from_environment(environ, region, cluster_id)
-    if driver_name == "gce":
-        from burla.drivers.gce import GceConfig
-
-        return GceConfig.from_environment(environ, region, cluster_id)
-    if driver_name == "azure":
-        from burla.drivers.azure import AzureConfig
-
-        return AzureConfig.from_environment(environ, region, cluster_id)
-    raise ValueError(f"no cloud driver named {driver_name!r}")
-
-
-def cloud_driver(config: Any) -> ThreadedCloudDriver:
-    """The driver for settings made by `cloud_config`."""
-    kind = type(config).__name__
-    if kind == "Ec2Config":
-        from burla.drivers.ec2 import Ec2Driver
-
-        return Ec2Driver(config)
-    if kind == "GceConfig":
-        from burla.drivers.gce import GceDriver
-
-        return GceDriver(config)
-    if kind == "AzureConfig":
-        from burla.drivers.azure import AzureDriver
-
-        return AzureDriver(config)
-    raise ValueError(f"no cloud driver takes {kind}")

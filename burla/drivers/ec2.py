@@ -18,7 +18,7 @@ import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
@@ -43,6 +43,7 @@ _EC2_NAMESPACE = re.compile(r'\s?xmlns="http://ec2\.amazonaws\.com/doc/[^"]*"')
 
 @dataclass(frozen=True)
 class Ec2Config:
+    driver_name: ClassVar[str] = "ec2"  # its entry in burla.drivers.registry
     region: str
     endpoint: str | None = None  # AWS_ENDPOINT_URL_EC2 or AWS_ENDPOINT_URL
     iam_endpoint: str | None = None  # AWS_ENDPOINT_URL_IAM or AWS_ENDPOINT_URL (for `burla deploy`)
@@ -386,3 +387,7 @@ class Ec2Driver(ThreadedCloudDriver):
 # libcloud's node states (the instance's, for the filtered ones above) as a driver reports them.
 _STATES = {"pending": MachineState.BOOTING, "running": MachineState.RUNNING, "stopping": MachineState.STOPPED,
            "stopped": MachineState.STOPPED}
+
+
+CONFIG = Ec2Config  # for burla.drivers.registry
+DRIVER = Ec2Driver

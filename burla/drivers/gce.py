@@ -25,7 +25,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.catalog import gpu_model, lookup
@@ -54,6 +54,7 @@ _LOGIN_FIX = "Run `gcloud auth application-default login`, or set GOOGLE_APPLICA
 
 @dataclass(frozen=True)
 class GceConfig:
+    driver_name: ClassVar[str] = "gce"  # its entry in burla.drivers.registry
     project: str
     zone: str | None = None  # gcloud's compute/zone; None: the first zone of the region
     region: str | None = None  # gcloud's compute/region, or --region
@@ -367,3 +368,7 @@ class GceDriver(ThreadedCloudDriver):
 
 _STATES = {"PROVISIONING": MachineState.BOOTING, "STAGING": MachineState.BOOTING, "RUNNING": MachineState.RUNNING,
            "STOPPING": MachineState.STOPPED, "SUSPENDED": MachineState.STOPPED, "TERMINATED": MachineState.STOPPED}
+
+
+CONFIG = GceConfig  # for burla.drivers.registry
+DRIVER = GceDriver

@@ -184,7 +184,7 @@ class _Lifecycle:
 def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, history: History | None) -> Driver:
     """The configured cloud's driver, its VMs set up over SSH by this head."""
     from burla.drivers.bootstrap import PackageSource
-    from burla.drivers.cloud import cloud_driver
+    from burla.drivers.registry import cloud_driver
     from burla.drivers.ssh import SshBootstrapDriver, SshSettings
 
     assert settings.cloud is not None

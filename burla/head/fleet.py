@@ -15,6 +15,7 @@ from typing import Any
 from burla import input_files, wire
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
+from burla.drivers.registry import BY_NAME
 from burla.errors import SettingsError
 from burla.head.cluster import Cluster
 from burla.head.grow import plan_growth, slots_of
@@ -30,7 +31,6 @@ log = logging.getLogger("burla.head")
 GROWN_IDLE_S = 60.0
 CLOUD_IDLE_S = 600.0  # cloud nodes from `cluster start` go after this idle time unless configured
 DELETE_ON_STOP_S = 120.0  # how long a stopping head spends deleting its VMs
-CLOUD_OF_DRIVER = {"ec2": "aws", "gce": "gcp", "azure": "azure"}
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,8 @@ class Fleet:
 
     @property
     def cloud(self) -> str | None:
-        return CLOUD_OF_DRIVER.get(self.driver.name)
+        entry = BY_NAME.get(self.driver.name)
+        return entry.cloud if entry is not None else None
 
     def prepare_job(self, spec: wire.OpenJob) -> None:
         """Before a job is admitted: grow for it, or start local nodes idleness removed."""
