@@ -290,7 +290,7 @@ def _start_simulators(simulators: list[subprocess.Popen], url: str, token: str, 
 
 def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle_s: float, profile: str | None,
         head_log: str | None, yield_to_head: bool) -> dict:
-    from burla import remote_parallel_map
+    from burla import Client
 
     token = secrets.token_urlsafe(24)
     with private_config() as config_dir:
@@ -311,12 +311,12 @@ def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle
             after_idle = _get(f"{url}/v1/head?window_s={max(1, int(idle_s))}", token)
             idle_cpu_per_s = (after_idle["cpu_s"] - before_idle["cpu_s"]) / idle_s
 
-            os.environ.update(BURLA_CLUSTER_DASHBOARD_URL=url, BURLA_CLUSTER_TOKEN=token)
-            remote_parallel_map(noop, list(range(min(calls, 1000))), spinner=False)  # warm the client's path
+            client = Client(url, token)
+            client.remote_parallel_map(noop, list(range(min(calls, 1000))), spinner=False)  # warm the client's path
             before = _get(f"{url}/v1/head", token)
             profiler = _profile(before["pid"], profile) if profile else None
             start = time.perf_counter()
-            results = remote_parallel_map(noop, list(range(calls)), spinner=False)
+            results = client.remote_parallel_map(noop, list(range(calls)), spinner=False)
             wall = time.perf_counter() - start
             _stop_profile(profiler)
             after = _get(f"{url}/v1/head?window_s={max(1, math.ceil(wall))}", token)

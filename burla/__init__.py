@@ -34,13 +34,14 @@ from burla.errors import (
 )
 
 if TYPE_CHECKING:
-    from burla.client import get_cluster_dashboard_url, get_results, remote_parallel_map
+    from burla.client import Client, get_cluster_dashboard_url, get_results, remote_parallel_map
 
 __all__ = [
     "__version__",
     "remote_parallel_map",
     "get_cluster_dashboard_url",
     "get_results",
+    "Client",
     "BurlaError",
     "DetachRequiresDeployedCluster",
     "FunctionTooBig",
@@ -63,7 +64,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("remote_parallel_map", "get_cluster_dashboard_url", "get_results"):
+    if name in ("remote_parallel_map", "get_cluster_dashboard_url", "get_results", "Client"):
         from burla import client
 
         return getattr(client, name)

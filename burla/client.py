@@ -1,8 +1,10 @@
-"""The public API: remote_parallel_map and get_cluster_dashboard_url."""
+"""The public API: remote_parallel_map, get_results and get_cluster_dashboard_url, each a thin
+wrapper over a `Client` whose settings are resolved from the environment."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -14,6 +16,104 @@ from burla.validation import GPU_CHOICES, IMAGE, REGION, matches
 
 if TYPE_CHECKING:
     from burla import wire
+
+
+class Client:
+    """One cluster to run jobs on, its settings resolved once.
+
+    `Client()` finds the cluster as `remote_parallel_map` does (BURLA_CLUSTER_DASHBOARD_URL, the
+    head `burla deploy` started, this machine's running head, or an embedded one per job);
+    `Client(head_url, token)` names a head outright, whatever the environment says. Its
+    certificate (an https head) is `head_cert`, else the one configured for this machine.
+    """
+
+    def __init__(self, head_url: str | None = None, token: str | None = None, head_cert: str | None = None,
+                 settings: ClientSettings | None = None) -> None:
+        if head_url is not None and (not isinstance(head_url, str) or not head_url.startswith(("http://", "https://"))):
+            raise InvalidArgument(f"head_url must be an http:// or https:// URL, got {head_url!r}")
+        resolved = settings or ClientSettings.resolve()
+        if head_url is not None:
+            resolved = dataclasses.replace(resolved, head_url=head_url.rstrip("/"), token=token or resolved.token,
+                                           head_cert=head_cert or resolved.head_cert)
+        elif token is not None or head_cert is not None:
+            resolved = dataclasses.replace(resolved, token=token or resolved.token,
+                                           head_cert=head_cert or resolved.head_cert)
+        self.settings = resolved
+
+    def remote_parallel_map(
+        self,
+        function_: Callable[..., Any],
+        inputs: Iterable[Any],
+        func_cpu: int | str = "dynamic",
+        func_ram: int | float | str = "dynamic",
+        func_gpu: str | None = None,
+        image: str | None = None,
+        grow: bool = False,
+        max_parallelism: int | None = None,
+        detach: bool = False,
+        generator: bool = False,
+        raise_errors: bool = True,
+        spinner: bool = True,
+        region: str | None = None,
+        disk_gb: int | None = None,
+    ) -> list[Any] | Iterator[Any] | str | None:
+        """`burla.remote_parallel_map` on this client's cluster."""
+        cpu = _resources("func_cpu", func_cpu, integer=True)
+        ram = _resources("func_ram", func_ram, integer=False)
+        _check_options(function_, func_gpu, image, region, disk_gb, max_parallelism)
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
+            raise InvalidArgument(f"inputs must be a list (or other iterable) of inputs, got {type(inputs).__name__}")
+        inputs = inputs if isinstance(inputs, list) else list(inputs)
+        if not inputs:
+            return iter(()) if generator else []
+        settings = self.settings
+        opened: list[wire.OpenJob] = []
+
+        def prepare() -> None:
+            # While an embedded head starts: most of what a cold client does before a job is
+            # importing and pickling, and the head's start is the longer wait.
+            from burla import environment, job_session
+
+            environment.prefetch()
+            options = job_session.JobOptions(
+                func_cpu=cpu, func_ram=ram, func_gpu=func_gpu, image=image, grow=bool(grow),
+                max_parallelism=max_parallelism, detach=bool(detach), raise_errors=bool(raise_errors), region=region,
+                disk_gb=disk_gb, parent_job_id=settings.parent_job_id,
+            )
+            opened.append(job_session.opening(_job_id(function_), function_, _name(function_), len(inputs), options))
+
+        cluster = connect(settings, allow_embedded=not detach, meanwhile=prepare)
+        from burla import job_session
+
+        try:
+            return job_session.run(cluster, opened[0], inputs, spinner, generator)
+        except BaseException:
+            cluster.close()
+            raise
+
+    def get_results(self, job_id: str, generator: bool = False, raise_errors: bool = True,
+                    spinner: bool = True) -> Any:
+        """`burla.get_results` on this client's cluster."""
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidArgument(
+                f"job_id must be the string remote_parallel_map(detach=True) returned, got {job_id!r}")
+        cluster = connect(self.settings, allow_embedded=False)
+        from burla import job_session
+
+        return job_session.collect(cluster, job_id, spinner, generator, raise_errors)
+
+    def dashboard_url(self) -> str:
+        """`burla.get_cluster_dashboard_url` for this client's cluster."""
+        settings = self.settings
+        if settings.head_url:
+            return settings.head_url
+        url = running_local_head(settings)
+        if url is not None:
+            return url
+        from burla.config import load_or_create_token
+
+        token = settings.token or load_or_create_token(settings.config_dir)
+        return start_head(settings, token, embedded=False).url
 
 
 def remote_parallel_map(
@@ -42,40 +142,13 @@ def remote_parallel_map(
     Whatever calls print appears here live. With no cluster configured, a local cluster is
     started on this machine for the job and stopped after. With `detach=True` the call returns
     the job id once every input is uploaded and the job runs on without this process.
+    (`Client(head_url, token).remote_parallel_map` runs on a head named outright.)
     """
-    cpu = _resources("func_cpu", func_cpu, integer=True)
-    ram = _resources("func_ram", func_ram, integer=False)
-    _check_options(function_, func_gpu, image, region, disk_gb, max_parallelism)
-    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
-        raise InvalidArgument(f"inputs must be a list (or other iterable) of inputs, got {type(inputs).__name__}")
-    inputs = inputs if isinstance(inputs, list) else list(inputs)
-    if not inputs:
-        return iter(()) if generator else []
-
-    settings = ClientSettings.resolve()
-    opened: list[wire.OpenJob] = []
-
-    def prepare() -> None:
-        # While an embedded head starts: most of what a cold client does before a job is
-        # importing and pickling, and the head's start is the longer wait.
-        from burla import environment, job_session
-
-        environment.prefetch()
-        options = job_session.JobOptions(
-            func_cpu=cpu, func_ram=ram, func_gpu=func_gpu, image=image, grow=bool(grow),
-            max_parallelism=max_parallelism, detach=bool(detach), raise_errors=bool(raise_errors), region=region,
-            disk_gb=disk_gb, parent_job_id=settings.parent_job_id,
-        )
-        opened.append(job_session.opening(_job_id(function_), function_, _name(function_), len(inputs), options))
-
-    cluster = connect(settings, allow_embedded=not detach, meanwhile=prepare)
-    from burla import job_session
-
-    try:
-        return job_session.run(cluster, opened[0], inputs, spinner, generator)
-    except BaseException:
-        cluster.close()
-        raise
+    return Client().remote_parallel_map(
+        function_, inputs, func_cpu=func_cpu, func_ram=func_ram, func_gpu=func_gpu, image=image, grow=grow,
+        max_parallelism=max_parallelism, detach=detach, generator=generator, raise_errors=raise_errors,
+        spinner=spinner, region=region, disk_gb=disk_gb,
+    )
 
 
 def get_results(job_id: str, generator: bool = False, raise_errors: bool = True, spinner: bool = True) -> Any:
@@ -85,13 +158,7 @@ def get_results(job_id: str, generator: bool = False, raise_errors: bool = True,
     still running. Raises `JobNotFound` if the head has no results for that job (never ran
     there, already collected, or the head restarted).
     """
-    if not isinstance(job_id, str) or not job_id:
-        raise InvalidArgument(f"job_id must be the string remote_parallel_map(detach=True) returned, got {job_id!r}")
-    settings = ClientSettings.resolve()
-    cluster = connect(settings, allow_embedded=False)
-    from burla import job_session
-
-    return job_session.collect(cluster, job_id, spinner, generator, raise_errors)
+    return Client().get_results(job_id, generator=generator, raise_errors=raise_errors, spinner=spinner)
 
 
 def get_cluster_dashboard_url() -> str:
@@ -100,16 +167,7 @@ def get_cluster_dashboard_url() -> str:
     A head started here keeps running after this process exits (with one local node), so
     later jobs start warm and job pages stay up.
     """
-    settings = ClientSettings.resolve()
-    if settings.head_url:
-        return settings.head_url
-    url = running_local_head(settings)
-    if url is not None:
-        return url
-    from burla.config import load_or_create_token
-
-    token = settings.token or load_or_create_token(settings.config_dir)
-    return start_head(settings, token, embedded=False).url
+    return Client().dashboard_url()
 
 
 # --- argument checks ---------------------------------------------------------------------

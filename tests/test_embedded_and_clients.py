@@ -13,9 +13,12 @@ import time
 import urllib.request
 
 import psutil
+import pytest
 
+import burla
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
 from tests.conftest import REPO, run_client, start_head, wait_for_nodes
+from tests.functions import double
 from tests.helpers import wait_until
 
 PRELUDE = (
@@ -296,3 +299,24 @@ def test_a_heads_first_local_node_is_forked_from_it_without_its_listening_socket
     finally:
         head.stop()
     wait_until(lambda: not node.is_running() or node.status() == psutil.STATUS_ZOMBIE, what="the node's exit")
+
+
+def test_a_client_names_its_head_outright_whatever_the_environment_says(cluster, monkeypatch, tmp_path):
+    from burla import Client
+
+    client = Client(cluster.url, cluster.token)
+    # The environment now points elsewhere (a port nothing listens on) and holds a wrong token.
+    monkeypatch.setenv(ENV_HEAD_URL, "http://127.0.0.1:9")
+    monkeypatch.setenv(ENV_TOKEN, "not-the-token")
+    assert client.remote_parallel_map(double, [1, 2, 3], spinner=False) == [2, 4, 6]
+    assert Client(cluster.url, cluster.token).dashboard_url() == cluster.url
+    with pytest.raises(burla.InvalidArgument, match="head_url must be an http:// or https:// URL"):
+        Client("127.0.0.1:5001", cluster.token)
+    with pytest.raises(burla.Unauthorized, match="needs the cluster token"):
+        Client(cluster.url, settings=_no_token_settings(tmp_path)).remote_parallel_map(double, [1], spinner=False)
+
+
+def _no_token_settings(directory):
+    from burla.config import ClientSettings
+
+    return ClientSettings(config_dir=directory, head_url=None, token=None, parent_job_id=None)

@@ -30,7 +30,6 @@ from burla._version import __version__
 from burla.drivers.local import LocalDriver
 from burla.loop_supervisor import LoopSupervisor, run_every_step
 from tests.functions import double
-from tests.helpers import environment
 
 log = logging.getLogger("tests.supervision")
 
@@ -218,10 +217,9 @@ async def _get(cluster: InProcessCluster, path: str) -> dict:
 
 
 def _run_job(cluster: InProcessCluster, inputs: list[int]) -> list[int]:
-    from burla import remote_parallel_map
+    from burla import Client
 
-    with environment(BURLA_CLUSTER_DASHBOARD_URL=cluster.url, BURLA_CLUSTER_TOKEN=cluster.token):
-        return remote_parallel_map(double, inputs, spinner=False)
+    return Client(cluster.url, cluster.token).remote_parallel_map(double, inputs, spinner=False)
 
 
 async def test_every_loop_of_a_head_and_a_node_runs_again_after_an_injected_crash(tmp_path, caplog):

@@ -126,18 +126,12 @@ def results(ctx: click.Context, job_id: str) -> None:
     """Collect a detached job's results (once; the head forgets them after)."""
 
     def action() -> dict:
-        import os
-
-        from burla.client import get_results
-        from burla.config import ENV_HEAD_URL, ENV_TOKEN
+        from burla.client import Client
         from burla.errors import BurlaError, JobNotFound
 
-        client = head_client(ctx)
-        os.environ[ENV_HEAD_URL] = client.url
-        if client.token:
-            os.environ[ENV_TOKEN] = client.token
+        head = head_client(ctx)
         try:
-            values = get_results(job_id, raise_errors=False, spinner=False)
+            values = Client(head.url, head.token).get_results(job_id, raise_errors=False, spinner=False)
         except JobNotFound as e:
             raise CliError("not_found", str(e), "`burla jobs list` shows jobs; results are kept only for detached jobs",
                            4) from None
