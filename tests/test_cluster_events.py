@@ -185,7 +185,7 @@ async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_
     cluster = Cluster("0.1.0")
     cluster.expect_nodes(["a", "b"])
     job, link = cluster.open_job(spec(job_id="w", n=2))
-    assert cluster.job_view(job)["waiting_for_booting_nodes"] == 2
+    assert cluster.job_view(job).waiting_for_booting_nodes == 2
     socket = RecordingSocket()
     link.attach(socket)
     cluster._send_progress(job, link)
@@ -204,5 +204,5 @@ async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_
     display.progress(0, 0, 0, progress[-1].booting)
     assert "waiting for 2 booting nodes" in terminal.getvalue()
     _register(cluster, "a", [])
-    assert cluster.job_view(job)["waiting_for_booting_nodes"] == 0  # it has a node now
+    assert cluster.job_view(job).waiting_for_booting_nodes == 0  # it has a node now
     await link.detach(socket, 0.0)

@@ -263,7 +263,7 @@ async def test_a_failing_shutdown_step_leaves_the_rest_to_run_and_history_is_wri
     caplog.set_level(logging.ERROR)
     async with in_process_cluster(tmp_path, driver=DriverWhoseCloseFails()) as cluster:
         assert await asyncio.to_thread(_run_job, cluster, [1, 2, 3]) == [2, 4, 6]
-        job_id = _cluster(cluster.app).job_view(next(iter(_cluster(cluster.app).scheduler.jobs.values())))["job_id"]
+        [job_id] = _cluster(cluster.app).scheduler.jobs
     assert any("shutdown step 'local driver' failed" in r.getMessage() for r in caplog.records)
     with sqlite3.connect(cluster.history_path) as db:  # history was flushed and closed after the failure
         [(status, n_done)] = db.execute("SELECT status, n_done FROM jobs WHERE job_id = ?", (job_id,)).fetchall()

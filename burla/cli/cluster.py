@@ -7,6 +7,7 @@ import time
 import click
 
 from burla.cli.common import CliError, JsonGroup, emit_line, fail, find_head_client, head_client, run
+from burla.head.views import JobView
 from burla.states import JobStatus
 
 
@@ -22,7 +23,7 @@ def _status(client) -> dict:
         "version": state["version"],
         "booting": state["booting"],
         "nodes": state["nodes"],
-        "running_jobs": sum(1 for j in state["jobs"] if j["status"] == JobStatus.RUNNING),
+        "running_jobs": sum(1 for j in state["jobs"] if JobView.from_json(j).status == JobStatus.RUNNING),
     }
 
 

@@ -18,6 +18,7 @@ from burla.cli.common import (
     head_client,
     run,
 )
+from burla.head.views import JobView
 from burla.states import JobStatus
 
 END_EXIT = {JobStatus.COMPLETED: 0, JobStatus.FAILED: EXIT_JOB_FAILED, JobStatus.CANCELED: EXIT_JOB_CANCELED}
@@ -60,8 +61,9 @@ def watch(ctx: click.Context, job_id: str, interval: float) -> None:
             if job != previous:
                 emit_line("jobs watch", "snapshot" if previous is None else "change", job)
                 previous = job
-            if job["status"] != JobStatus.RUNNING:
-                sys.exit(END_EXIT.get(job["status"], 0))
+            status = JobView.from_json(job).status
+            if status != JobStatus.RUNNING:
+                sys.exit(END_EXIT[status])
             time.sleep(interval)
     except CliError as e:
         fail("jobs watch", e)

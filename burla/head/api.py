@@ -13,6 +13,7 @@ from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
 from burla.head.scheduler import RUNNING
 from burla.head.usage import MACHINE_STARTED, usage
+from burla.head.views import JobView
 from burla.states import JobStatus
 from burla.web_json import error_response, json_response, read_object
 
@@ -47,8 +48,8 @@ async def cluster_state(request: web.Request) -> web.Response:
         {
             "version": cluster.version,
             "booting": s.booting,
-            "nodes": [cluster.node_view(n) for n in s.nodes.values()],
-            "jobs": [cluster.job_view(j) for j in reversed(list(s.jobs.values()))],
+            "nodes": [cluster.node_view(n).to_json() for n in s.nodes.values()],
+            "jobs": [cluster.job_view(j).to_json() for j in reversed(list(s.jobs.values()))],
             "loops": request.app[SUPERVISOR].view(),  # the head's background loops, with their restarts
         }
     )
@@ -70,28 +71,32 @@ def _job_or_404(request: web.Request):
     return cluster, job
 
 
-async def _job_view_or_404(request: web.Request) -> dict:
-    """A job's live view if the head holds it, else its record in history."""
-    cluster: Cluster = request.app[CLUSTER]
-    job_id = request.match_info["job_id"]
+async def job_view_of(cluster: Cluster, job_id: str) -> JobView | None:
+    """A job's live view if the head holds it, else its record in history (None if neither)."""
     job = cluster.scheduler.jobs.get(job_id)
     if job is not None:
         return cluster.job_view(job)
     record = await cluster.history.get_job(job_id) if cluster.history is not None else None
-    if record is None:
+    return JobView.from_history(record) if record is not None else None
+
+
+async def _job_view_or_404(request: web.Request) -> JobView:
+    job_id = request.match_info["job_id"]
+    view = await job_view_of(request.app[CLUSTER], job_id)
+    if view is None:
         raise web.HTTPNotFound(text=f"no job {job_id!r} on this head or in its history; `GET /v1/jobs` lists jobs")
-    return record
+    return view
 
 
 async def get_job(request: web.Request) -> web.Response:
-    return json_response(await _job_view_or_404(request))
+    return json_response((await _job_view_or_404(request)).to_json())
 
 
 async def jobs_listing(cluster: Cluster, status: str | None, limit: int, parent: str | None = None) -> list[dict]:
     """Jobs from history, most recent first, with live counts for the ones still running."""
     jobs = await cluster.history.list_jobs(status, limit, parent) if cluster.history else []
     live = {job.job_id: cluster.job_view(job) for job in cluster.scheduler.jobs.values()}
-    return [{**job, **live.get(job["job_id"], {})} for job in jobs]
+    return [JobView.from_history(row).merged_with(live.get(row["job_id"])).to_json() for row in jobs]
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -108,19 +113,19 @@ async def job_failures(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
     view = await _job_view_or_404(request)
     limit = int_param(request, "limit", 1000, 1, 100_000)
-    failures = await cluster.history.failures_of(view["job_id"], limit) if cluster.history else []
-    return json_response({"job_id": view["job_id"], "failures": failures})
+    failures = await cluster.history.failures_of(view.job_id, limit) if cluster.history else []
+    return json_response({"job_id": view.job_id, "failures": failures})
 
 
 async def call_output(request: web.Request) -> web.Response:
     cluster: Cluster = request.app[CLUSTER]
     view = await _job_view_or_404(request)
     index = parse_index(request.match_info["index"])
-    if index is None or index >= view["n_inputs"]:
-        raise web.HTTPBadRequest(text=f"input index must be 0..{view['n_inputs'] - 1}, got "
+    if index is None or index >= view.n_inputs:
+        raise web.HTTPBadRequest(text=f"input index must be 0..{view.n_inputs - 1}, got "
                                       f"{request.match_info['index'][:50]!r}")
-    rows = await cluster.history.output_of(view["job_id"], index) if cluster.history else []
-    return json_response({"job_id": view["job_id"], "input_index": index, "output": rows})
+    rows = await cluster.history.output_of(view.job_id, index) if cluster.history else []
+    return json_response({"job_id": view.job_id, "input_index": index, "output": rows})
 
 
 async def node_events(request: web.Request) -> web.Response:
@@ -141,7 +146,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     reason = reason or "canceled over HTTP"
     if not cluster.cancel(job.job_id, reason):
         return error_response(409, "Conflict", f"job {job.job_id} already ended ({job.status})")
-    return json_response(cluster.job_view(job))
+    return json_response(cluster.job_view(job).to_json())
 
 
 
@@ -174,25 +179,25 @@ async def cluster_restart(request: web.Request) -> web.Response:
     return json_response({**stopped, **started})
 
 
-async def metrics_of(cluster: Cluster, view: dict) -> dict:
+async def metrics_of(cluster: Cluster, view: JobView) -> dict:
     """Progress over time and, per node that ran the job, CPU and memory samples."""
     import time
 
     if cluster.history is None:
-        return {"job_id": view["job_id"], "progress": [], "nodes": {}}
-    progress = await cluster.history.job_progress_of(view["job_id"])
+        return {"job_id": view.job_id, "progress": [], "nodes": {}}
+    progress = await cluster.history.job_progress_of(view.job_id)
     # A node's state is kept about once per sample period: a job shorter than that still gets the
     # samples taken around it.
     margin = cluster.sample_period_s()
-    since = (view["started_at"] or 0.0) - margin
-    until = (view["ended_at"] or time.time()) + margin
-    node_ids = view.get("nodes") or sorted(await cluster.history.nodes_seen())
+    since = (view.started_at or 0.0) - margin
+    until = (view.ended_at or time.time()) + margin
+    node_ids = view.nodes or sorted(await cluster.history.nodes_seen())
     nodes = {}
     for node_id in node_ids:
         samples = await cluster.history.samples_of(node_id, since, until)
         if samples:
             nodes[node_id] = samples
-    return {"job_id": view["job_id"], "progress": progress, "nodes": nodes}
+    return {"job_id": view.job_id, "progress": progress, "nodes": nodes}
 
 
 async def job_metrics(request: web.Request) -> web.Response:
@@ -208,8 +213,8 @@ async def search_output(request: web.Request) -> web.Response:
     text = request.query.get("search", "")
     if len(text) > 500:
         raise web.HTTPBadRequest(text="search text must be at most 500 characters")
-    rows = await cluster.history.search_output(view["job_id"], text, limit) if cluster.history else []
-    return json_response({"job_id": view["job_id"], "search": text, "matches": rows})
+    rows = await cluster.history.search_output(view.job_id, text, limit) if cluster.history else []
+    return json_response({"job_id": view.job_id, "search": text, "matches": rows})
 
 
 async def list_calls(request: web.Request) -> web.Response:
@@ -219,7 +224,7 @@ async def list_calls(request: web.Request) -> web.Response:
     failed_only = request.query.get("failed_only", "false").lower() in ("1", "true", "yes")
     offset = int_param(request, "offset", 0, 0, 10**9)
     limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
-    job_id, n_inputs = view["job_id"], view["n_inputs"]
+    job_id, n_inputs = view.job_id, view.n_inputs
     history = cluster.history
     # Only the page is read: a job may have 100 million inputs.
     if failed_only:
@@ -238,7 +243,7 @@ async def list_calls(request: web.Request) -> web.Response:
             return "failed"
         if live is not None and live.status == RUNNING:
             return "done" if live.done[index] else "pending"
-        return "done" if view["status"] == JobStatus.COMPLETED else "unknown"
+        return "done" if view.status == JobStatus.COMPLETED else "unknown"
 
     calls = []
     for index in page:
@@ -248,7 +253,7 @@ async def list_calls(request: web.Request) -> web.Response:
             for key in ("exception_type", "message", "node_id", "host", "worker_pid"):
                 call[key] = failure[key]
         calls.append(call)
-    return json_response({"job_id": view["job_id"], "total": total, "offset": offset, "calls": calls})
+    return json_response({"job_id": view.job_id, "total": total, "offset": offset, "calls": calls})
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -258,7 +263,7 @@ async def get_node(request: web.Request) -> web.Response:
     events = await cluster.history.node_events_of(node_id, 20) if cluster.history else []
     if node is None and not events:
         raise web.HTTPNotFound(text=f"no node {node_id!r} on this head or in its history; `GET /v1/cluster` lists them")
-    view = cluster.node_view(node) if node is not None else {"node_id": node_id, "status": "GONE"}
+    view = cluster.node_view(node).to_json() if node is not None else {"node_id": node_id, "status": "GONE"}
     return json_response({**view, "recent_events": events})
 
 

@@ -30,6 +30,7 @@ from burla.head.scheduler import (
     Scheduler,
     initial_credit,
 )
+from burla.head.views import JobView, NodeView, job_view, node_view
 from burla.states import EndKind, JobStatus
 
 log = logging.getLogger("burla.head")
@@ -753,49 +754,8 @@ class Cluster:
         """How many booting nodes a job that has no node yet waits for (0 for any other job)."""
         return len(self.booting_ids) if job.status == RUNNING and not job.assignments else 0
 
-    def job_view(self, job: JobRecord) -> dict:
-        started, ended = self.job_times.get(job.job_id, (None, None))
-        spec = job.spec
-        return {
-            "job_id": job.job_id,
-            "function_name": spec.function_name,
-            "status": job.status,
-            "reason": job.reason,
-            "end_kind": job.end_kind,
-            "n_inputs": job.n_inputs,
-            "n_uploaded": job.received,
-            "n_done": job.n_done,
-            "n_failed": job.n_failed,
-            "stolen": job.stolen,
-            "running": job.running(self.scheduler.nodes) if job.status == RUNNING else 0,
-            "nodes": sorted(job.assignments),
-            "waiting_for_booting_nodes": self.waiting_for_nodes(job),
-            "parent_job_id": spec.parent_job_id,
-            "max_parallelism": spec.max_parallelism,
-            "detach": spec.detach,
-            "started_at": started,
-            "ended_at": ended,
-        }
+    def job_view(self, job: JobRecord) -> JobView:
+        return job_view(job, self.scheduler, self.job_times.get(job.job_id, (None, None)), len(self.booting_ids))
 
-    def node_view(self, node: NodeRecord) -> dict:
-        return {
-            "node_id": node.node_id,
-            "url": node.url,
-            "status": node.status,
-            "slots": node.slots,
-            "cpus": node.cpus,
-            "ram_gb": node.ram_gb,
-            "gpu": node.gpu,
-            "gpu_count": node.gpu_count,
-            "image": node.image,
-            "region": node.region,
-            "python_version": node.python_version,
-            "workers_alive": node.workers_alive,
-            "cpu_percent": node.cpu_percent,
-            "mem_percent": node.mem_percent,
-            "net_sent_bps": node.net_sent_bps,
-            "net_recv_bps": node.net_recv_bps,
-            "gpu_percent": node.gpu_percent,
-            "gpu_mem_percent": node.gpu_mem_percent,
-            "jobs": sorted(node.running_by_job),
-        }
+    def node_view(self, node: NodeRecord) -> NodeView:
+        return node_view(node)

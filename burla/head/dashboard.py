@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from burla.auth import SESSION_COOKIE, Sessions, same_origin_path
-from burla.head.api import int_param, jobs_listing, metrics_of
+from burla.head.api import int_param, job_view_of, jobs_listing, metrics_of
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, HEAD_URL, SESSIONS
 from burla.login_links import LINK_PARAM, SESSION_TTL_S
@@ -114,7 +114,7 @@ async def _cluster_snapshot(cluster: Cluster, request: web.Request) -> dict:
     return {
         "version": cluster.version,
         "booting": s.booting,
-        "nodes": [cluster.node_view(n) for n in s.nodes.values()],
+        "nodes": [cluster.node_view(n).to_json() for n in s.nodes.values()],
         "jobs": await jobs_listing(cluster, None, 10),
     }
 
@@ -126,18 +126,15 @@ async def _jobs_snapshot(cluster: Cluster, request: web.Request) -> dict:
 
 async def _job_snapshot(cluster: Cluster, request: web.Request) -> dict:
     job_id = request.match_info["job_id"]
-    job = cluster.scheduler.jobs.get(job_id)
-    view = cluster.job_view(job) if job is not None else None
-    if view is None and cluster.history is not None:
-        view = await cluster.history.get_job(job_id)
+    view = await job_view_of(cluster, job_id)
     if view is None:
         raise web.HTTPNotFound(text=f"no job {job_id!r} on this head or in its history")
     failures = await cluster.history.failures_of(job_id, 50) if cluster.history else []
     children = await jobs_listing(cluster, None, 200, parent=job_id)
     parent = None
-    if view.get("parent_job_id") and cluster.history is not None:
-        parent = await cluster.history.get_job(view["parent_job_id"])
-    return {"job": view, "metrics": await metrics_of(cluster, view), "failures": failures,
+    if view.parent_job_id and cluster.history is not None:
+        parent = await cluster.history.get_job(view.parent_job_id)
+    return {"job": view.to_json(), "metrics": await metrics_of(cluster, view), "failures": failures,
             "children": children, "parent": parent, "now": time.time()}
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
 
@@ -25,6 +25,9 @@ from burla import wire
 from burla.config import private_dir, private_file
 from burla.errors import ProtocolError
 from burla.states import EndKind, JobStatus
+
+if TYPE_CHECKING:
+    from burla.head.views import JobView
 
 log = logging.getLogger("burla.head")
 
@@ -285,12 +288,11 @@ class History:
 
     # --- recording (synchronous, cheap: rows wait in memory) -----------------------------
 
-    def job(self, view: dict, arguments: dict) -> None:
+    def job(self, view: JobView, arguments: dict) -> None:
         """Record a job's current state (its row is replaced at the next flush)."""
-        row = (view["job_id"], view["parent_job_id"], view["function_name"], view["status"], view["reason"],
-               view["n_inputs"], view["n_done"], view["n_failed"], view["started_at"], view["ended_at"],
-               json.dumps(arguments), view["end_kind"])
-        self._jobs[view["job_id"]] = row
+        row = (view.job_id, view.parent_job_id, view.function_name, str(view.status), view.reason, view.n_inputs,
+               view.n_done, view.n_failed, view.started_at, view.ended_at, json.dumps(arguments), str(view.end_kind))
+        self._jobs[view.job_id] = row
         self._poke(1)
 
     def failures(self, job_id: str, results: list) -> None:
