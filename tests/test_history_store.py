@@ -9,12 +9,13 @@ import time
 import pytest
 
 from burla.head.history import SCHEMA_VERSION, History
+from burla.head.views import JobView
 
 
-def _view(job_id: str, started_at: float, status: str = "COMPLETED") -> dict:
-    return {"job_id": job_id, "parent_job_id": None, "function_name": "f", "status": status, "reason": "",
-            "n_inputs": 3, "n_done": 3, "n_failed": 0, "started_at": started_at, "ended_at": started_at + 1,
-            "end_kind": ""}
+def _view(job_id: str, started_at: float, status: str = "COMPLETED", reason: str = "", end_kind: str = "") -> JobView:
+    return JobView.from_json({"job_id": job_id, "parent_job_id": None, "function_name": "f", "status": status,
+                              "reason": reason, "n_inputs": 3, "n_done": 3, "n_failed": 0, "started_at": started_at,
+                              "ended_at": started_at + 1, "end_kind": end_kind})
 
 
 async def test_rows_wait_in_memory_until_a_flush(tmp_path):
@@ -116,7 +117,7 @@ async def test_a_kept_job_that_ended_keeps_its_error_kind(tmp_path):
     history = History(tmp_path / "h.db", retention_days=30)
     await history.open()
     history.job_opened("d", b"opening")
-    history.job({**_view("d", time.time(), status="FAILED"), "reason": "input 2 raised", "end_kind": "CallFailed"},
+    history.job(_view("d", time.time(), status="FAILED", reason="input 2 raised", end_kind="CallFailed"),
                 {})
     await history.close()
     again = History(tmp_path / "h.db", retention_days=30)

@@ -28,6 +28,7 @@ from burla.head.fleet import ClusterSettings, Fleet
 from burla.head.history import History
 from burla.head.keys import CLUSTER, FLEET, GUARD, LOOP_MONITOR, OPEN_SOCKETS, STOP, SUPERVISOR
 from burla.head.loop_monitor import LoopMonitor
+from burla.head.recorder import Recorder
 from burla.loop_supervisor import LoopSupervisor, run_every_step
 from burla.web_json import json_errors, json_response, require_text_urls
 
@@ -46,16 +47,15 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
         history = History(settings.history_path, settings.history_retention_days)
     cluster = Cluster(settings.version, history)
     cluster.expect_nodes(list(booted), input_files.host_id())  # local nodes share this machine's input files
-    if history is not None:
-        from burla.head.usage import MACHINE_STARTED, machine_detail
+    from burla.head.usage import MACHINE_STARTED, machine_detail
 
-        for node_id in booted:
-            history.node_event(node_id, MACHINE_STARTED, machine_detail("local", "", "", False))
+    for node_id in booted:
+        cluster.record.node_event(node_id, MACHINE_STARTED, machine_detail("local", "", "", False))
     driver.on_boot_failed = cluster.node_boot_failed
     head_cert = settings.tls_cert.read_text() if settings.tls_cert is not None else None
     fleet_driver: Driver = driver
     if settings.cloud is not None:
-        fleet_driver = _cloud_driver(settings, url, head_cert, history)
+        fleet_driver = _cloud_driver(settings, url, head_cert, cluster.record)
     defaults = ClusterSettings(
         quantity=settings.local_nodes, workers_per_node=settings.local_node_workers,
         inactivity_timeout_s=settings.inactivity_timeout_s,
@@ -181,7 +181,7 @@ class _Lifecycle:
             await run_every_step(log, [("history", self._history.close)])
 
 
-def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, history: History | None) -> Driver:
+def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, record: Recorder) -> Driver:
     """The configured cloud's driver, its VMs set up over SSH by this head."""
     from burla.drivers.bootstrap import PackageSource
     from burla.drivers.registry import cloud_driver
@@ -197,6 +197,5 @@ def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, histo
         address_map=settings.ssh_address_map,
     )
     wrapped = SshBootstrapDriver(cloud_driver(settings.cloud), ssh)
-    if history is not None:
-        wrapped.on_event = history.node_event
+    wrapped.on_event = record.node_event
     return wrapped

@@ -19,6 +19,7 @@ from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnec
 from burla.head.history import HEAD_STOPPED, History, KeptJob
 from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink, WriteTurns
+from burla.head.recorder import NoRecord, Recorder
 from burla.head.scheduler import (
     CANCELED,
     COMPLETED,
@@ -78,7 +79,8 @@ class Cluster:
     def __init__(self, version: str, history: History | None = None) -> None:
         self.version = version
         self.build = build_hash()  # nodes must run exactly this build
-        self.history = history
+        self.history = history  # what a head keeps (None with --no-history): for queries
+        self.record: Recorder = history if history is not None else NoRecord()  # where it records what happens
         self.scheduler = Scheduler()
         self.idle_collector = IdleCollector(lambda: bool(self.scheduler.running))
         self.node_links: dict[str, NodeLink] = {}
@@ -136,8 +138,7 @@ class Cluster:
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
         self.idle_collector.changed()
         self.pump()  # its first window is granted with AssignJob: fill it now, it may never ask
-        if self.history is not None:
-            self.history.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
+        self.record.node_event(node.node_id, "registered", f"{node.slots} slots at {node.url}")
         self._end_unrunnable()  # the job's last candidate finished booting and can't run it
         return node
 
@@ -197,8 +198,7 @@ class Cluster:
                     f"it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.",
                 )
         log.info("node %s left", node_id)
-        if self.history is not None:
-            self.history.node_event(node_id, "left")
+        self.record.node_event(node_id, "left")
         self._end_unrunnable()
         if pump:
             self.pump()
@@ -239,8 +239,7 @@ class Cluster:
         if node_id not in self.booting_ids:
             return
         log.warning("node %s %s: %s", node_id, what, why)
-        if self.history is not None:
-            self.history.node_event(node_id, what, why)
+        self.record.node_event(node_id, what, why)
         self.booting_ids.discard(node_id)
         self.booting_since.pop(node_id, None)
         if self.scheduler.booting == 0 and not self.scheduler.nodes:
@@ -298,8 +297,7 @@ class Cluster:
                 if not timeout_s or node_id not in self.idle_since or now - since < timeout_s:
                     continue
                 log.info("node %s idle for %.0f s; removing it", node_id, now - since)
-                if self.history is not None:
-                    self.history.node_event(node_id, "removed", f"idle for {now - since:.0f} s")
+                self.record.node_event(node_id, "removed", f"idle for {now - since:.0f} s")
                 link = self.node_links.get(node_id)
                 self.node_lost(node_id)
                 self.idle_since.pop(node_id, None)
@@ -315,8 +313,7 @@ class Cluster:
                 if now - heard > deadline_s:
                     link = self.node_links.get(node_id)
                     log.warning("node %s silent for %.1f s; declaring it dead", node_id, now - heard)
-                    if self.history is not None:
-                        self.history.node_event(node_id, "declared dead", f"silent for {now - heard:.1f} s")
+                    self.record.node_event(node_id, "declared dead", f"silent for {now - heard:.1f} s")
                     self.node_lost(node_id)
                     if link is not None:
                         link.close()
@@ -378,22 +375,20 @@ class Cluster:
         link = self.client_links.get(msg.job_id)
         if link is not None:
             link.deliver(msg.items, [])
-        if self.history is not None:
-            self.history.output(job.job_id, msg.items)
+        self.record.output(job.job_id, msg.items)
 
     def _on_state(self, node_id: str, msg: wire.NodeState) -> None:
         self.scheduler.update_state(msg)
         self._note_idleness(node_id)
-        if self.history is not None and self._sample_due(node_id):
+        if self._sample_due(node_id):
             running = sum(r for _, r, _, _ in msg.jobs)
-            self.history.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
+            self.record.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
                                      msg.net_recv_bps, msg.workers_alive, running, msg.gpu_percent,
                                      msg.gpu_mem_percent)
 
     def _on_leaving(self, node_id: str, msg: wire.NodeLeaving) -> None:
         log.info("node %s is leaving: %s", node_id, msg.reason)
-        if self.history is not None:
-            self.history.node_event(node_id, "leaving", msg.reason)
+        self.record.node_event(node_id, "leaving", msg.reason)
         link = self.node_links.get(node_id)
         self.node_lost(node_id)  # its inputs go to other nodes now, not after the deadline
         if link is not None:
@@ -429,10 +424,10 @@ class Cluster:
         fresh = self.scheduler.record_results(node_id, job, items)
         if not fresh:
             return
-        if self.history is not None and job.n_failed:
-            self.history.failures(job.job_id, fresh)
-        if self.history is not None and job.spec.detach:  # kept until get_results collects them
-            self.history.keep_results(job.job_id, fresh)
+        if job.n_failed:
+            self.record.failures(job.job_id, fresh)
+        if job.spec.detach:  # kept until get_results collects them
+            self.record.keep_results(job.job_id, fresh)
         link = self.client_links.get(job.job_id)
         if link is not None:
             link.deliver([], fresh)
@@ -457,8 +452,7 @@ class Cluster:
         self._assign(job)
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         self._record_job(job)
-        if self.history is not None:  # a restarted head takes it up again (as admitted: job.spec)
-            self.history.job_opened(spec.job_id, job.spec.encode())
+        self.record.job_opened(spec.job_id, job.spec.encode())  # a restarted head takes it up again (as admitted)
         return job, link
 
     def restore_jobs(self, kept_jobs: list[KeptJob], expected_back: Sequence[str] = ()) -> None:
@@ -570,8 +564,7 @@ class Cluster:
             return
         self.scheduler.add_inputs(job, items)
         if job.spec.detach:
-            if self.history is not None:  # its client won't be there to send them again
-                self.history.keep_inputs(job.job_id, items)
+            self.record.keep_inputs(job.job_id, items)  # its client won't be there to send them again
             if job.received >= job.n_inputs:
                 self._confirm_inputs_kept(job)
         self.pump()
@@ -585,10 +578,7 @@ class Cluster:
             if link is not None:
                 link.send(wire.InputsKept(job_id, count))
 
-        if self.history is None:
-            confirm()  # kept in memory only: nothing more to wait for
-        else:
-            self.history.after_flush(confirm)
+        self.record.after_flush(confirm)
 
     def ack(self, job: JobRecord, seq: int) -> None:
         link = self.client_links.get(job.job_id)
@@ -599,8 +589,8 @@ class Cluster:
             if job.status == RUNNING:
                 self.end_job(job, COMPLETED, EndKind.NONE, "")
             self.client_links.pop(job.job_id, None)  # everything is delivered
-            if job.spec.detach and self.history is not None:
-                self.history.job_closed(job.job_id)  # collected: nothing left to keep
+            if job.spec.detach:
+                self.record.job_closed(job.job_id)  # collected: nothing left to keep
 
     def cancel(self, job_id: str, reason: str) -> bool:
         job = self.scheduler.jobs.get(job_id)
@@ -639,8 +629,7 @@ class Cluster:
                         f"the client disconnected{missing} and did not come back within {patience:g} s",
                     )
                 self.client_links.pop(job_id, None)
-                if self.history is not None:
-                    self.history.job_closed(job_id)  # nobody will collect what was kept
+                self.record.job_closed(job_id)  # nobody will collect what was kept
 
     def end_job(self, job: JobRecord, status: JobStatus, kind: EndKind, reason: str) -> None:
         was_running = job.status == RUNNING
@@ -666,14 +655,13 @@ class Cluster:
         self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
         self._record_job(job)
-        if self.history is not None and not job.spec.detach:  # a detached job's results wait to be collected
-            self.history.job_closed(job.job_id)
+        if not job.spec.detach:  # a detached job's results wait to be collected
+            self.record.job_closed(job.job_id)
         self._finished[job.job_id] = None
         while len(self._finished) > FINISHED_JOBS_KEPT:
             old, _ = self._finished.popitem(last=False)
             self.scheduler.forget(old)
-            if self.history is not None:
-                self.history.job_closed(old)
+            self.record.job_closed(old)
             self.job_times.pop(old, None)
             self.client_links.pop(old, None)
         for key in [k for k in self._hinted if k[1] == job.job_id]:
@@ -685,9 +673,8 @@ class Cluster:
         them up (their clients reconnect, detached jobs' inputs and results are kept there);
         without, they end clearly. Clients get a moment to receive what is already here."""
         self.stopping = True  # from here on, closing connections end no job and lose no node
-        if self.history is not None:
-            for node_id in self.node_links:  # they keep running what they hold, for the next head
-                self.history.node_event(node_id, HEAD_STOPPED)
+        for node_id in self.node_links:  # they keep running what they hold, for the next head
+            self.record.node_event(node_id, HEAD_STOPPED)
         for job in list(self.scheduler.jobs.values()):
             if job.status != RUNNING:
                 continue
@@ -721,8 +708,6 @@ class Cluster:
             link.send(wire.Progress(job.job_id, *snapshot))
 
     def _record_job(self, job: JobRecord) -> None:
-        if self.history is None:
-            return
         spec = job.spec
         arguments = {
             "func_cpu": spec.func_cpu, "func_ram": spec.func_ram, "func_gpu": spec.func_gpu, "image": spec.image,
@@ -730,7 +715,7 @@ class Cluster:
             "raise_errors": spec.raise_errors, "region": spec.region, "disk_gb": spec.disk_gb,
             "client_version": spec.client_version, "python_version": spec.python_version,
         }
-        self.history.job(self.job_view(job), arguments)
+        self.record.job(self.job_view(job), arguments)
 
     async def progress_loop(self) -> None:
         recorded: dict[str, int] = {}
@@ -740,8 +725,7 @@ class Cluster:
             for job in running:  # keep history's counts current while jobs run
                 if recorded.get(job.job_id) != job.n_done:
                     self._record_job(job)
-                    if self.history is not None:
-                        self.history.job_sample(job.job_id, job.n_done, job.n_failed, job.running(self.scheduler.nodes))
+                    self.record.job_sample(job.job_id, job.n_done, job.n_failed, job.running(self.scheduler.nodes))
             recorded = {job.job_id: job.n_done for job in running}
             for job_id, link in list(self.client_links.items()):
                 linked = self.scheduler.jobs.get(job_id)

@@ -228,8 +228,8 @@ class Fleet:
             console = await self.driver.boot_log(node_id)
         except Exception as e:  # the log is a courtesy; the deletion is what matters
             console = f"(console unavailable: {type(e).__name__}: {e})"
-        if self.history is not None and console:
-            self.history.node_event(node_id, "boot log", console[-100_000:])
+        if console:
+            self.cluster.record.node_event(node_id, "boot log", console[-100_000:])
         self.cluster.node_boot_failed(node_id, why)
         try:
             await self.driver.delete(node_id)
@@ -255,12 +255,11 @@ class Fleet:
             self._boots_in_flight -= 1
             if not self._boots_in_flight:
                 self._boots_settled.set()
-        if self.history is not None:  # billed from now (burla usage)
-            cloud = self.cloud or "local"
-            machine_type = request.machine_type or (DEFAULT_MACHINE.get(cloud, "") if self.cloud else "")
-            detail = machine_detail(cloud, machine_type, request.region or "", request.spot)
-            for node_id in booted:
-                self.history.node_event(node_id, MACHINE_STARTED, detail)
+        cloud = self.cloud or "local"  # billed from now (burla usage)
+        machine_type = request.machine_type or (DEFAULT_MACHINE.get(cloud, "") if self.cloud else "")
+        detail = machine_detail(cloud, machine_type, request.region or "", request.spot)
+        for node_id in booted:
+            self.cluster.record.node_event(node_id, MACHINE_STARTED, detail)
         return booted
 
     async def sweep_leftovers(self) -> None:
@@ -309,8 +308,8 @@ class Fleet:
         for node_id, result in zip(node_ids, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("could not delete the VM of node %s: %s", node_id, result)
-            elif self.history is not None:
-                self.history.node_event(node_id, "deleted", "the head stopped")
+            else:
+                self.cluster.record.node_event(node_id, "deleted", "the head stopped")
 
     async def close(self) -> None:
         await end_tasks(log, *self._tasks)
@@ -321,9 +320,8 @@ class Fleet:
         missing = max(0, self.settings.quantity - have)
         booted = await self._boot_machines(self._request(missing)) if missing else []
         self.cluster.expect_nodes(booted, self._host_id_of_booted())
-        if self.history is not None:
-            for node_id in booted:
-                self.history.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")
+        for node_id in booted:
+            self.cluster.record.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")
         return {"booted": booted, "already_running": have, "quantity": self.settings.quantity}
 
     async def stop(self) -> dict[str, Any]:
@@ -360,8 +358,8 @@ class Fleet:
         except Exception as e:  # the next cluster stop or deploy delete tries again
             log.error("could not delete the machine of node %s (%s): %s", node_id, why, e)
             return
-        if deleted and self.history is not None:
-            self.history.node_event(node_id, "deleted", f"its machine was deleted ({why})")
+        if deleted:
+            self.cluster.record.node_event(node_id, "deleted", f"its machine was deleted ({why})")
 
     async def delete_node(self, node_id: str) -> bool:
         """Delete a node through whichever driver started it; False if none did."""
