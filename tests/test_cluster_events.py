@@ -188,7 +188,7 @@ async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_
     assert cluster.job_view(job).waiting_for_booting_nodes == 2
     socket = RecordingSocket()
     link.attach(socket)
-    cluster._send_progress(job, link)
+    cluster.clients.send_progress(job, link)
     for _ in range(20):
         await asyncio.sleep(0)
     progress = [m for m in map(lambda f: wire.decode(f, wire.HEAD_TO_CLIENT), socket.frames)

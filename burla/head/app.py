@@ -125,14 +125,14 @@ class _Lifecycle:
         """Every background loop of the head, by the name `/v1/cluster` shows."""
         s, cluster, fleet = self._settings, self._cluster, self._fleet
         return {
-            "progress": cluster.progress_loop,
+            "progress": cluster.clients.progress_loop,
             "loop-monitor": self._monitor.run,
             "idle-collector": cluster.idle_collector.run,
-            "reaper": lambda: cluster.reap_loop(s.node_deadline_s),
-            "steal-hints": cluster.steal_loop,
-            "inactivity": lambda: cluster.inactivity_loop(fleet.idle_timeout, fleet.delete_node),
+            "reaper": lambda: cluster.watch.reap_loop(s.node_deadline_s),
+            "steal-hints": cluster.watch.steal_loop,
+            "inactivity": lambda: cluster.watch.inactivity_loop(fleet.idle_timeout, fleet.delete_node),
             "boot-watch": lambda: fleet.boot_watch_loop(s.boot_deadline_s),
-            "client-reaper": lambda: cluster.client_reap_loop(s.client_deadline_s),
+            "client-reaper": lambda: cluster.clients.client_reap_loop(s.client_deadline_s),
         }
 
     async def start(self, app: web.Application) -> None:

@@ -10,15 +10,17 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-from burla import grants, wire
+from burla import wire
 from burla.build import build_hash
 from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
+from burla.head.client_watch import ClientWatch
 from burla.head.history import HEAD_STOPPED, History, KeptJob
 from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink, WriteTurns
+from burla.head.node_watch import NodeWatch
 from burla.head.recorder import NoRecord, Recorder
 from burla.head.scheduler import (
     CANCELED,
@@ -40,7 +42,6 @@ log = logging.getLogger("burla.head")
 # changing networks): jobs wait this long for it, or the node deadline if longer.
 REJOIN_GRACE_S = 120.0
 
-PROGRESS_INTERVAL_S = 0.25
 CLIENT_WINDOW_INPUTS = 200_000
 CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
@@ -49,9 +50,6 @@ RESTORED_CLIENT_GRACE_S = 60.0  # how long a job taken up after a restart waits 
 # How long a job taken up after a restart holds its inputs back for the nodes that were connected
 # when the head stopped: they come back holding inputs, which must not be pushed to others meanwhile.
 RESTORE_SETTLE_S = 10.0
-INACTIVITY_CHECK_S = 0.5
-STEAL_CHECK_S = 0.25
-STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
 NODE_SAMPLES_PER_S = 100  # node states kept in history per second, across all nodes
 
 
@@ -89,10 +87,9 @@ class Cluster:
         self.job_times: dict[str, tuple[float, float | None]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.booting_since: dict[str, float] = {}  # node id -> when its driver started it
-        self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self.rejoining: dict[str, float] = {}  # node id -> when its connection dropped (it may come back)
-        self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
-        self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
+        self.watch = NodeWatch(self)  # liveness, idleness and steal hints
+        self.clients = ClientWatch(self)  # progress to clients and history, and clients that left
         self.machines: Machines = _NoMachines()  # the fleet, once it is made (use_machines)
         self.restored = asyncio.Event()  # set once jobs kept in history are taken up (resumes wait for it)
         self._restored_at: dict[str, float] = {}  # jobs taken up after a restart, until nodes join them
@@ -129,7 +126,7 @@ class Cluster:
             self.node_lost(msg.node_id, pump=False, replace=False)
         node = NodeRecord.from_register(msg, grant_key)
         self.node_links[msg.node_id] = link
-        self.last_heard[msg.node_id] = time.monotonic()
+        self.watch.heard(msg.node_id)
         self.booting_ids.discard(msg.node_id)
         self.booting_since.pop(msg.node_id, None)
         for job, _ in self.scheduler.add_node(node, {job_id for job_id, _ in msg.held}):
@@ -181,8 +178,7 @@ class Cluster:
         self.idle_collector.changed()
         if self.stopping:
             return
-        self.idle_since.pop(node_id, None)
-        self.last_heard.pop(node_id, None)
+        self.watch.forget(node_id)
         for job, given_up in self.scheduler.remove_node(node_id):
             if given_up:
                 self._accept_results(None, job, [[i, False, self._node_loss_error(i, job)] for i in given_up])
@@ -224,7 +220,7 @@ class Cluster:
     def node_dropped(self, node_id: str) -> None:
         """The node's connection closed without a goodbye. Its inputs go elsewhere now, but it may be
         back in a moment (a network blip, a re-established SSH tunnel): jobs wait for it as for a
-        booting node, up to the node deadline (see reap_loop). A stopping head loses no node: its
+        booting node, up to the node deadline (see NodeWatch.reap_loop). A stopping head loses no node: its
         jobs stay as they are for the head that starts next."""
         if self.stopping:
             self.node_lost(node_id)
@@ -253,80 +249,17 @@ class Cluster:
                                  f"No node is left for this job: {node_id} {what}: {why}")
         self._end_unrunnable()
 
-    async def steal_loop(self) -> None:
-        """Point idle nodes at peers that still hold queued inputs (they steal half)."""
-        while True:
-            await asyncio.sleep(STEAL_CHECK_S)
-            now = time.monotonic()
-            for thief_id, job_id, donor_id in self.scheduler.steal_plan():
-                if now - self._hinted.get((thief_id, job_id), 0.0) < STEAL_HINT_COOLDOWN_S:
-                    continue
-                thief = self.node_links.get(thief_id)
-                donor = self.scheduler.nodes.get(donor_id)
-                if thief is None or donor is None:
-                    continue
-                self._hinted[(thief_id, job_id)] = now
-                transfer_id = grants.new_transfer_id(thief_id)
-                expires_at = time.time() + grants.GRANT_TTL_S
-                grant = grants.sign(donor.grant_key, job_id, donor_id, thief_id, transfer_id, expires_at)
-                thief.send(wire.StealHint(job_id, donor_id, donor.url, donor.cert_sha256, transfer_id, expires_at,
-                                          grant))
-
-    def _note_idleness(self, node_id: str) -> None:
-        busy = any(
-            node_id in job.assignments for job in self.scheduler.running.values()
-        )
-        if busy:
-            self.idle_since.pop(node_id, None)
-        else:
-            self.idle_since.setdefault(node_id, time.monotonic())
-
-    async def inactivity_loop(
-        self, timeout_of: Callable[[str], float | None], delete: Callable[[str], Awaitable[bool]]
-    ) -> None:
-        """Remove nodes idle past their timeout: through their driver, else by asking them to stop."""
-        while True:
-            await asyncio.sleep(INACTIVITY_CHECK_S)
-            now = time.monotonic()
-            for node_id, since in list(self.idle_since.items()):
-                if node_id not in self.node_links:
-                    self.idle_since.pop(node_id, None)
-                    continue
-                self._note_idleness(node_id)
-                timeout_s = timeout_of(node_id)
-                if not timeout_s or node_id not in self.idle_since or now - since < timeout_s:
-                    continue
-                log.info("node %s idle for %.0f s; removing it", node_id, now - since)
-                self.record.node_event(node_id, "removed", f"idle for {now - since:.0f} s")
-                link = self.node_links.get(node_id)
-                self.node_lost(node_id)
-                self.idle_since.pop(node_id, None)
-                if not await delete(node_id) and link is not None:
-                    link.send(wire.ShutdownNode(f"idle for more than {timeout_s:g} s"))
-
-    async def reap_loop(self, deadline_s: float) -> None:
-        """Drop nodes that stopped talking (frozen, cut off): their inputs go to live nodes."""
-        while True:
-            await asyncio.sleep(min(1.0, deadline_s / 4))
-            now = time.monotonic()
-            for node_id, heard in list(self.last_heard.items()):
-                if now - heard > deadline_s:
-                    link = self.node_links.get(node_id)
-                    log.warning("node %s silent for %.1f s; declaring it dead", node_id, now - heard)
-                    self.record.node_event(node_id, "declared dead", f"silent for {now - heard:.1f} s")
-                    self.node_lost(node_id)
-                    if link is not None:
-                        link.close()
-                    self.machines.remove_machine(node_id, f"silent for {now - heard:.1f} s")
-            self._end_restored_jobs_without_nodes(now)
-            self._release_restored_jobs(now)
-            for node_id, dropped in list(self.rejoining.items()):
-                if node_id not in self.booting_ids:
-                    self.rejoining.pop(node_id, None)  # it came back (or its driver gave up on it)
-                elif now - dropped > max(deadline_s, REJOIN_GRACE_S):
-                    self.node_boot_failed(node_id, f"its connection dropped and it did not come back within "
-                                                   f"{max(deadline_s, REJOIN_GRACE_S):g} s", what="lost")
-                    self.machines.remove_machine(node_id, "its connection dropped and it did not come back")
+    def check_waiting(self, now: float, deadline_s: float) -> None:
+        """What waits for nodes: jobs taken up after a restart, and dropped nodes that may rejoin."""
+        self._end_restored_jobs_without_nodes(now)
+        self._release_restored_jobs(now)
+        for node_id, dropped in list(self.rejoining.items()):
+            if node_id not in self.booting_ids:
+                self.rejoining.pop(node_id, None)  # it came back (or its driver gave up on it)
+            elif now - dropped > max(deadline_s, REJOIN_GRACE_S):
+                self.node_boot_failed(node_id, f"its connection dropped and it did not come back within "
+                                               f"{max(deadline_s, REJOIN_GRACE_S):g} s", what="lost")
+                self.machines.remove_machine(node_id, "its connection dropped and it did not come back")
 
     def _end_restored_jobs_without_nodes(self, now: float) -> None:
         """A job taken up after a restart waits for nodes to come back (as for a dropped node);
@@ -342,7 +275,7 @@ class Cluster:
                              "nodes and run it again")
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
-        self.last_heard[node_id] = time.monotonic()
+        self.watch.heard(node_id)
         if isinstance(msg, wire.NodeResults):
             self._on_results(node_id, msg)
         elif isinstance(msg, wire.OutputBatch):
@@ -356,7 +289,7 @@ class Cluster:
             job = self.scheduler.jobs.get(msg.job_id)
             if job is not None:
                 self.scheduler.record_steal(node_id, job, msg.donor_id, msg.indices)
-            self._hinted.pop((node_id, msg.job_id), None)
+            self.watch.stolen(node_id, msg.job_id)
         elif isinstance(msg, wire.NodeLeaving):
             self._on_leaving(node_id, msg)
 
@@ -379,7 +312,7 @@ class Cluster:
 
     def _on_state(self, node_id: str, msg: wire.NodeState) -> None:
         self.scheduler.update_state(msg)
-        self._note_idleness(node_id)
+        self.watch.note_idleness(node_id)
         if self._sample_due(node_id):
             running = sum(r for _, r, _, _ in msg.jobs)
             self.record.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
@@ -451,7 +384,7 @@ class Cluster:
         self.job_times[spec.job_id] = (time.time(), None)
         self._assign(job)
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
-        self._record_job(job)
+        self.clients.record_job(job)
         self.record.job_opened(spec.job_id, job.spec.encode())  # a restarted head takes it up again (as admitted)
         return job, link
 
@@ -492,7 +425,7 @@ class Cluster:
             log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,
                      job.n_inputs)
             self._restored_at[spec.job_id] = time.monotonic()
-            self._record_job(job)
+            self.clients.record_job(job)
             if kept.status in (FAILED, CANCELED):  # a detached job that ended: only its results remain
                 kind = kept.end_kind or (EndKind.JOB_FAILED if kept.status == FAILED else EndKind.JOB_CANCELED)
                 self.end_job(job, kept.status, kind, kept.reason)
@@ -607,30 +540,6 @@ class Cluster:
             if job.status != COMPLETED or link.unacked_results() == 0:
                 self.client_links.pop(job.job_id, None)
 
-    async def client_reap_loop(self, deadline_s: float) -> None:
-        """Cancel jobs whose client left and did not come back in time (unless detached)."""
-        while True:
-            await asyncio.sleep(min(1.0, deadline_s / 4))
-            now = time.monotonic()
-            for job_id, link in list(self.client_links.items()):
-                patience = link.patience_s if link.patience_s is not None else deadline_s
-                if link.attached or link.detached_since is None or now - link.detached_since < patience:
-                    continue
-                job = self.scheduler.jobs.get(job_id)
-                if job is None:
-                    self.client_links.pop(job_id, None)
-                    continue
-                if job.spec.detach and job.received >= job.n_inputs:
-                    continue  # every input is here: its results wait until collected
-                if job.status == RUNNING:
-                    missing = f" before uploading {job.n_inputs - job.received} inputs" if job.spec.detach else ""
-                    self.end_job(
-                        job, CANCELED, EndKind.JOB_CANCELED,
-                        f"the client disconnected{missing} and did not come back within {patience:g} s",
-                    )
-                self.client_links.pop(job_id, None)
-                self.record.job_closed(job_id)  # nobody will collect what was kept
-
     def end_job(self, job: JobRecord, status: JobStatus, kind: EndKind, reason: str) -> None:
         was_running = job.status == RUNNING
         released = self.scheduler.finish(job, status, reason)
@@ -650,11 +559,11 @@ class Cluster:
         client = self.client_links.get(job.job_id)
         if client is not None:
             if status != COMPLETED:  # a completed job's client has counted every result itself
-                self._send_progress(job, client, force=True)
+                self.clients.send_progress(job, client, force=True)
             client.send(wire.JobEnded(job.job_id, status, kind, reason))
         self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
-        self._record_job(job)
+        self.clients.record_job(job)
         if not job.spec.detach:  # a detached job's results wait to be collected
             self.record.job_closed(job.job_id)
         self._finished[job.job_id] = None
@@ -664,8 +573,7 @@ class Cluster:
             self.record.job_closed(old)
             self.job_times.pop(old, None)
             self.client_links.pop(old, None)
-        for key in [k for k in self._hinted if k[1] == job.job_id]:
-            del self._hinted[key]
+        self.watch.job_ended(job.job_id)
         self.pump()
 
     async def shut_down(self) -> None:
@@ -696,41 +604,6 @@ class Cluster:
             if job.spec.parent_job_id == parent.job_id:
                 self.end_job(job, CANCELED, EndKind.JOB_CANCELED,
                              f"its parent job {parent.job_id} ended {parent.status}")
-
-    # --- progress ------------------------------------------------------------------------
-
-    def _send_progress(self, job: JobRecord, link: ClientLink, force: bool = False) -> None:
-        running = job.running(self.scheduler.nodes) if job.status == RUNNING else 0
-        queued = max(0, job.received - job.n_done - running)
-        snapshot = (job.n_done, job.n_failed, running, queued, self.waiting_for_nodes(job))
-        if force or snapshot != link.last_progress:
-            link.last_progress = snapshot
-            link.send(wire.Progress(job.job_id, *snapshot))
-
-    def _record_job(self, job: JobRecord) -> None:
-        spec = job.spec
-        arguments = {
-            "func_cpu": spec.func_cpu, "func_ram": spec.func_ram, "func_gpu": spec.func_gpu, "image": spec.image,
-            "grow": spec.grow, "max_parallelism": spec.max_parallelism, "detach": spec.detach,
-            "raise_errors": spec.raise_errors, "region": spec.region, "disk_gb": spec.disk_gb,
-            "client_version": spec.client_version, "python_version": spec.python_version,
-        }
-        self.record.job(self.job_view(job), arguments)
-
-    async def progress_loop(self) -> None:
-        recorded: dict[str, int] = {}
-        while True:
-            await asyncio.sleep(PROGRESS_INTERVAL_S)
-            running = list(self.scheduler.running.values())
-            for job in running:  # keep history's counts current while jobs run
-                if recorded.get(job.job_id) != job.n_done:
-                    self._record_job(job)
-                    self.record.job_sample(job.job_id, job.n_done, job.n_failed, job.running(self.scheduler.nodes))
-            recorded = {job.job_id: job.n_done for job in running}
-            for job_id, link in list(self.client_links.items()):
-                linked = self.scheduler.jobs.get(job_id)
-                if linked is not None and linked.status == RUNNING and link.attached:
-                    self._send_progress(linked, link)
 
     # --- views for HTTP ------------------------------------------------------------------
 
