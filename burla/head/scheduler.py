@@ -9,58 +9,25 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
 
 from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.drivers.catalog import gpu_model
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
-from burla.head.input_queue import InputQueue
+from burla.head.records import (  # noqa: F401 - the records' module re-exported: callers import them here
+    CANCELED,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    Assignment,
+    JobRecord,
+    NodeRecord,
+    initial_credit,
+)
 from burla.states import EndKind, JobStatus, NodeStatus
-
-RUNNING = JobStatus.RUNNING
-COMPLETED = JobStatus.COMPLETED
-FAILED = JobStatus.FAILED
-CANCELED = JobStatus.CANCELED
 
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
 MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger
-
-
-@dataclass
-class NodeRecord:
-    node_id: str
-    url: str
-    slots: int
-    cpus: int
-    ram_gb: float
-    gpu: str | None
-    gpu_count: int
-    image: str | None
-    region: str
-    python_version: str
-    version: str
-    status: NodeStatus = NodeStatus.READY
-    workers_alive: int = 0
-    cpu_percent: float = 0.0
-    mem_percent: float = 0.0
-    net_sent_bps: float = 0.0
-    net_recv_bps: float = 0.0
-    gpu_percent: float = 0.0
-    gpu_mem_percent: float = 0.0
-    running_by_job: dict[str, int] = field(default_factory=dict)
-    queued_by_job: dict[str, int] = field(default_factory=dict)
-    cert_sha256: bytes = b""  # its TLS certificate's digest, which thieves pin
-    grant_key: bytes = b""  # what the head signs transfer grants from this node with
-    host_id: str = ""  # nodes sharing a client's host id can open the input files it writes
-
-    @classmethod
-    def from_register(cls, msg: wire.RegisterNode, grant_key: bytes = b"") -> NodeRecord:
-        return cls(
-            msg.node_id, msg.url, msg.slots, msg.cpus, msg.ram_gb, msg.gpu, msg.gpu_count, msg.image,
-            msg.region, msg.python_version, msg.version, workers_alive=0, cert_sha256=msg.cert_sha256,
-            grant_key=grant_key, host_id=msg.host_id,
-        )
 
 
 def _share(node: NodeRecord, ceiling: int, job: JobRecord, holding: bool = False) -> tuple[int, int]:
@@ -84,12 +51,6 @@ def _share(node: NodeRecord, ceiling: int, job: JobRecord, holding: bool = False
     return (parallelism, slots) if slots >= 1 else (0, 0)
 
 
-def initial_credit(slots: int) -> int:
-    """What the head may push to a node as soon as it assigns a job, before the node asks: the
-    smallest window a node keeps (two inputs per worker), so the first inputs skip a round trip."""
-    return 2 * slots
-
-
 def _least_push(assignment: Assignment) -> int:
     """The fewest inputs worth a push to a node: its workers' worth, or a quarter of its credit if
     that is more (up to a frame's worth). A node asks for about 0.1 s of calls ahead, in chunks of
@@ -97,62 +58,6 @@ def _least_push(assignment: Assignment) -> int:
     short calls: there, pushes of a few inputs each would cost a frame per handful of calls on
     both sides."""
     return max(assignment.slots, min(assignment.credit // 4, wire.BATCH_ITEMS))
-
-
-@dataclass
-class Assignment:
-    """One job's share of one node."""
-
-    parallelism: int  # at most this many of its calls run there at once
-    slots: int  # how many run at once before the node oversubscribes its CPUs (func_cpu="dynamic")
-    credit: int = 0  # inputs the node asked for and has not been sent yet
-
-    @classmethod
-    def first(cls, node: NodeRecord, parallelism: int, slots: int) -> Assignment:
-        """A new share, with the credit a node's first window gives (initial_credit)."""
-        return cls(parallelism, slots, initial_credit(slots))
-    inflight: dict[int, bytes] = field(default_factory=dict)  # sent, result not yet in
-
-
-@dataclass
-class JobRecord:
-    spec: wire.OpenJob
-    status: JobStatus = RUNNING
-    reason: str = ""
-    end_kind: EndKind = EndKind.NONE  # the error kind it ended with, if not COMPLETED
-    pending: InputQueue = field(default_factory=InputQueue)  # (index, pickled args) not yet on a node
-    received: int = 0  # inputs uploaded by the client so far
-    upload_prefix: int = 0  # every index below this one has been uploaded
-    seen: bytearray = field(default_factory=bytearray)  # per index: uploaded yet?
-    done: bytearray = field(default_factory=bytearray)  # per index: result in yet?
-    n_done: int = 0
-    n_failed: int = 0
-    stolen: int = 0  # inputs that moved between nodes by stealing
-    node_losses: dict[int, int] = field(default_factory=dict)  # index -> nodes lost while holding it
-    assignments: dict[str, Assignment] = field(default_factory=dict)
-    restored: bool = False  # taken up after a head restart; its client has not said what it holds yet
-    # Inputs a node reported holding when it registered again whose bytes this head has not got
-    # yet (it restarted): index -> node id. The client's upload of one goes to that node's inflight.
-    node_held: dict[int, str] = field(default_factory=dict)
-    # Taken up after a restart: push nothing until the nodes that were running it are back (or
-    # their grace is over), so what they still hold is not pushed to another node meanwhile.
-    waits_for_nodes: bool = False
-    lenient_uploads: bool = False  # inputs uploaded again are ignored (a job taken up from history)
-    failed_here: set[int] = field(default_factory=set)  # failures recorded before a restored job's client is back
-
-    @property
-    def job_id(self) -> str:
-        return self.spec.job_id
-
-    @property
-    def n_inputs(self) -> int:
-        return self.spec.n_inputs
-
-    def running(self, nodes: dict[str, NodeRecord]) -> int:
-        return sum(nodes[n].running_by_job.get(self.job_id, 0) for n in self.assignments if n in nodes)
-
-    def inflight(self) -> int:
-        return sum(len(a.inflight) for a in self.assignments.values())
 
 
 _ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1

@@ -1,0 +1,234 @@
+"""How a wire message is framed and checked: the `Message` base and its `message` decorator,
+per-channel limits, and `decode`, which turns a frame into its typed message or raises
+`ProtocolError` naming what is wrong. The messages themselves are in `burla.wire`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
+
+import msgpack
+
+from burla.errors import ProtocolError
+
+_Checker = Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_float(value: Any) -> bool:
+    # NaN and infinities are refused at the edge: nothing downstream (JSON views, the scheduler's
+    # arithmetic) has to think about them.
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+_SIMPLE: dict[str, _Checker] = {
+    "int": _is_int,
+    "float": _is_float,
+    "bool": lambda v: type(v) is bool,
+    "str": lambda v: type(v) is str,
+    "bytes": lambda v: type(v) is bytes,
+    "list": lambda v: type(v) is list,
+    "dict": lambda v: type(v) is dict,
+}
+
+
+def _checker_for(annotation: str) -> _Checker:
+    """A type check from a field's annotation text ("int", "str | None", "list"...).
+
+    Annotations are read as text (this module uses postponed evaluation) rather than through
+    typing.get_type_hints, which costs every process that imports this module tens of ms.
+    """
+    names = [part.strip() for part in annotation.split("|")]
+    allows_none = "None" in names
+    checks = []
+    for name in names:
+        if name == "None":
+            continue
+        base = name.split("[", 1)[0]
+        if base not in _SIMPLE:
+            raise TypeError(f"unsupported wire field type {annotation!r}")
+        checks.append(_SIMPLE[base])
+    if len(checks) == 1 and not allows_none:
+        return checks[0]
+
+    def check_union(value: Any) -> bool:
+        return (allows_none and value is None) or any(check(value) for check in checks)
+
+    return check_union
+
+
+class Message:
+    """Base of all wire messages. Subclasses are made by `message`: slotted classes with a TAG,
+    built without the dataclasses machinery (which cost every process ~25 ms at import)."""
+
+    __slots__ = ()
+    TAG: ClassVar[int]
+    _fields: ClassVar[tuple[str, ...]]
+    _checkers: ClassVar[tuple[_Checker, ...]]
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.TAG, *(getattr(self, f) for f in self._fields)], use_bin_type=True)
+
+    def validate(self) -> None:
+        """Deeper checks of list items; called after the field types passed."""
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with some fields changed (messages are never changed in place)."""
+        values = {name: getattr(self, name) for name in self._fields}
+        unknown = set(changes) - set(values)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)[0]!r}")
+        values.update(changes)
+        return type(self)(**values)
+
+
+_REGISTRY: dict[int, type[Message]] = {}
+M = TypeVar("M", bound=Message)
+
+
+def _methods(name: str, fields: tuple[str, ...], defaults: dict[str, Any]) -> dict[str, Any]:
+    """__init__, __eq__ and __repr__ for a message with these fields, compiled in one go."""
+    parameters = ", ".join(f"{f}=_defaults[{f!r}]" if f in defaults else f for f in fields)
+    assignments = "".join(f"\n    self.{f} = {f}" for f in fields) or "\n    pass"
+    mine = "(" + "".join(f"self.{f}, " for f in fields) + ")"
+    theirs = "(" + "".join(f"other.{f}, " for f in fields) + ")"
+    shown = ", ".join(f"{f}={{self.{f}!r}}" for f in fields)
+    source = (
+        f"def __init__(self, {parameters}):{assignments}\n"
+        f"def __eq__(self, other):\n"
+        f"    if other.__class__ is not self.__class__:\n        return NotImplemented\n"
+        f"    return {mine} == {theirs}\n"
+        f"def __repr__(self):\n    return f'{name}({shown})'\n"
+    )
+    namespace: dict[str, Any] = {"_defaults": defaults}
+    exec(source, namespace)  # noqa: S102 - source built from this module's own field names
+    return {key: namespace[key] for key in ("__init__", "__eq__", "__repr__")}
+
+
+@dataclass_transform(eq_default=True, frozen_default=True)
+def message(tag: int) -> Callable[[type[M]], type[M]]:
+    def register(cls: type[M]) -> type[M]:
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        fields = tuple(annotations)
+        defaults = {f: cls.__dict__[f] for f in fields if f in cls.__dict__}
+        body = {key: value for key, value in cls.__dict__.items()
+                if key not in fields and key not in ("__dict__", "__weakref__")}
+        body.update(_methods(cls.__name__, fields, defaults), __slots__=fields, __hash__=None)
+        cls = cast("type[M]", type(cls.__name__, cls.__bases__, body))
+        cls.TAG = tag
+        cls._fields = fields
+        cls._checkers = tuple(_checker_for(annotations[f]) for f in fields)
+        if tag in _REGISTRY:
+            raise RuntimeError(f"duplicate wire tag {tag}")
+        _REGISTRY[tag] = cls
+        return cls
+
+    return register
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one frame on a channel may hold. Strings and bytes cost memory in proportion to the
+    frame, but arrays and maps of tiny items cost ~60 bytes per byte sent: their lengths, and the
+    items of all of them together, are bounded so that no frame can make a peer balloon."""
+
+    max_array_len: int
+    max_map_len: int
+    max_str_len: int
+    max_bin_len: int
+    max_items: int  # array items plus map entries, over the whole frame
+
+
+class Channel:
+    """One direction of one link: which messages it carries and how big their frames may be."""
+
+    def __init__(self, name: str, messages: tuple[type[Message], ...], limits: Limits) -> None:
+        self.name = name
+        self.messages = messages
+        self.limits = limits
+
+
+class _ItemBudget:
+    """msgpack hooks that count the items of every array and map as the frame is decoded."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.left = self.limit = limit
+
+    def array(self, items: list) -> list:
+        self.left -= len(items)
+        if self.left < 0:
+            raise ValueError(f"over {self.limit} array items and map entries in one frame")
+        return items
+
+    def map(self, entries: dict) -> dict:
+        self.left -= len(entries)
+        if self.left < 0:
+            raise ValueError(f"over {self.limit} array items and map entries in one frame")
+        return entries
+
+
+DEFAULT_LIMITS = Limits(max_array_len=10_000, max_map_len=10_000, max_str_len=1 << 20, max_bin_len=1 << 20,
+                        max_items=100_000)
+
+
+def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[Message], ...] | None = None) -> Message:
+    """Decode one frame into its message, or raise ProtocolError saying what is wrong."""
+    limits = allowed.limits if isinstance(allowed, Channel) else DEFAULT_LIMITS
+    hooks = {}
+    if len(data) > limits.max_items:  # every item takes a byte: smaller frames can't exceed the budget
+        budget = _ItemBudget(limits.max_items)
+        hooks = {"list_hook": budget.array, "object_hook": budget.map}
+    try:
+        frame = msgpack.unpackb(
+            data, raw=False, use_list=True, strict_map_key=False, max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len, max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
+            max_ext_len=0, **hooks,
+        )
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"frame is not valid msgpack or is over this channel's limits "
+                            f"({type(e).__name__}: {e})") from None
+    if type(frame) is not list or not frame or type(frame[0]) is not int:
+        raise ProtocolError("frame must be a msgpack array [tag, fields...]")
+    cls = _REGISTRY.get(frame[0])
+    if cls is None:
+        raise ProtocolError(f"unknown message tag {frame[0]}")
+    if allowed is not None and cls not in (allowed.messages if isinstance(allowed, Channel) else allowed):
+        raise ProtocolError(f"{cls.__name__} is not accepted on this channel")
+    values = frame[1:]
+    if len(values) != len(cls._fields):
+        raise ProtocolError(f"{cls.__name__} needs {len(cls._fields)} fields, got {len(values)}")
+    for name, check, value in zip(cls._fields, cls._checkers, values):
+        if not check(value):
+            raise ProtocolError(f"{cls.__name__}.{name} has the wrong type ({type(value).__name__})")
+    msg = cls(*values)
+    msg.validate()
+    return msg
+
+
+def _check_items(name: str, items: list, shape: tuple[type, ...]) -> None:
+    """Every item is a list of exactly these types (bool is not int here: types match exactly).
+    The common shapes are checked without an inner loop: this runs for every input and result."""
+    width = len(shape)
+    if width == 2:
+        first, second = shape
+        if all(type(item) is list and len(item) == 2 and type(item[0]) is first and type(item[1]) is second
+               for item in items):
+            return
+    elif width == 3:
+        first, second, third = shape
+        if all(type(item) is list and len(item) == 3 and type(item[0]) is first and type(item[1]) is second
+               and type(item[2]) is third for item in items):
+            return
+    for item in items:  # slow path: find what is wrong, and say so
+        if type(item) is not list or len(item) != width:
+            raise ProtocolError(f"{name} items must be arrays of {width} values")
+        for value, tp in zip(item, shape):
+            if type(value) is not tp:
+                raise ProtocolError(f"{name} item field has type {type(value).__name__}, expected {tp.__name__}")
