@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import deque
 
 from burla import wire
-from burla.node.dispatcher import Dispatcher
-from burla.node.worker_pool import Batch
+from burla.node.dispatcher import Dispatcher, NodeJob
+from burla.node.worker_pool import Batch, WorkerHandle
 
 
 def _dispatcher() -> Dispatcher:
@@ -59,3 +59,176 @@ def test_a_worker_that_keeps_dying_between_calls_fails_the_call_it_was_about_to_
     assert (index, ok, record.type_name, record.node_id, record.worker_pid) == (0, False, "WorkerCrashed", "node-a",
                                                                                 4242)
     assert [item[0] for item in job.queue] == [1]  # the other runs again
+
+
+# --- the dispatcher as a state machine: events in, effects out, on a clock the test moves ---------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordedEffects:
+    """The effects the dispatcher asks for, in order (WorkerEffects)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, object]] = []
+
+    def send(self, worker, msg) -> None:
+        self.log.append(("send", worker.number, msg))
+
+    def interrupt(self, worker) -> None:
+        self.log.append(("interrupt", worker.number, None))
+
+    def kill(self, worker) -> None:
+        self.log.append(("kill", worker.number, None))
+
+    def runs(self) -> list[tuple[int, list[int]]]:
+        return [(n, [i for i, _ in m.items]) for kind, n, m in self.log if isinstance(m, wire.RunCalls)]
+
+    def take(self) -> list:
+        taken, self.log = self.log, []
+        return taken
+
+
+class _Process:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+def _worker(number: int, gpu: int | None = None) -> WorkerHandle:
+    import mmap
+
+    handle = WorkerHandle(number, _Process(5000 + number), None, None, mmap.mmap(-1, mmap.PAGESIZE), gpu=gpu)
+    handle.ready.set()
+    return handle
+
+
+class Machine:
+    """A dispatcher with `n` ready workers, recorded effects and a test clock."""
+
+    def __init__(self, n: int, capacity: int | None = None, gpus: int = 0) -> None:
+        self.workers = [_worker(i, gpu=i if i < gpus else None) for i in range(n)]
+        self.effects = RecordedEffects()
+        self.clock = Clock()
+        self.outgoing = 0
+        self.dispatcher = Dispatcher(lambda: self.workers, self._wake, "node-t", "host-t",
+                                     capacity=(lambda: capacity) if capacity else (lambda: 1 << 30),
+                                     effects=self.effects, clock=self.clock)
+
+    def _wake(self) -> None:
+        self.outgoing += 1
+
+    def assign(self, job_id: str, parallelism: int = 8, gpu: str | None = None) -> None:
+        self.dispatcher.assign(wire.AssignJob(job_id, "f", b"fn", parallelism, None, None, b"", {}, 0, gpu))
+
+    def finish(self, worker: WorkerHandle, seconds: float) -> None:
+        """The worker's first batch ends after `seconds`, every call ok."""
+        batch = worker.batches[0]
+        self.clock.now += seconds
+        results = [[index, True, b"r"] for index in batch.remaining]
+        self.dispatcher.on_report(worker, wire.WorkerReport(batch.job_id, results, [], True))
+
+
+def _inputs(first: int, count: int) -> list:
+    return [[i, b"x"] for i in range(first, first + count)]
+
+
+def test_batches_start_at_one_call_and_grow_to_about_ten_milliseconds_of_calls():
+    m = Machine(2)
+    m.assign("j")
+    m.dispatcher.add_inputs("j", _inputs(0, 5000))
+    assert m.effects.runs() == [(0, [0]), (1, [1])]  # call time unknown: one call each
+    assert [k for k, _, msg in m.effects.log if isinstance(msg, wire.LoadFunction)] == ["send", "send"]
+    m.effects.take()
+    m.finish(m.workers[0], 0.001)  # 1 ms a call: batches of ~10 ms are 10 calls
+    [(worker, items)] = [r for r in m.effects.runs() if r[0] == 0][:1]
+    assert worker == 0 and 5 <= len(items) <= 10
+    assert not [m for _, _, m in m.effects.log if isinstance(m, wire.LoadFunction)]  # loaded once per worker
+
+
+def test_short_calls_get_a_second_batch_ahead_and_long_ones_do_not():
+    short, long_ = Machine(1), Machine(1)
+    for m, seconds in ((short, 0.001), (long_, 0.5)):
+        m.assign("j")
+        m.dispatcher.add_inputs("j", _inputs(0, 100))
+        m.finish(m.workers[0], seconds)
+    assert len(short.workers[0].batches) == 2
+    assert len(long_.workers[0].batches) == 1
+
+
+def test_a_job_runs_on_at_most_its_parallelism_and_all_jobs_on_at_most_the_pools_size():
+    capped = Machine(4)
+    capped.assign("j", parallelism=2)
+    capped.dispatcher.add_inputs("j", _inputs(0, 100))
+    assert sorted(n for n, _ in capped.effects.runs()) == [0, 1]
+    small_pool = Machine(4, capacity=3)
+    small_pool.assign("j")
+    small_pool.dispatcher.add_inputs("j", _inputs(0, 100))
+    assert sorted(n for n, _ in small_pool.effects.runs()) == [0, 1, 2]
+
+
+def test_a_worker_that_frees_up_goes_to_the_next_job_in_turn():
+    m = Machine(2)
+    m.assign("a")
+    m.assign("b")
+    m.dispatcher.add_inputs("a", _inputs(0, 10))  # both workers take the only job with inputs
+    m.dispatcher.add_inputs("b", _inputs(0, 10))
+    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, wire.RunCalls)] == ["a", "a"]
+    m.finish(m.workers[0], 0.5)
+    m.finish(m.workers[1], 0.5)
+    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, wire.RunCalls)] == ["b", "a"]
+
+
+def test_a_gpu_job_runs_only_on_workers_that_have_a_gpu():
+    m = Machine(3, gpus=1)
+    m.assign("g", gpu="A100")
+    m.dispatcher.add_inputs("g", _inputs(0, 10))
+    assert [n for n, _ in m.effects.runs()] == [0]
+
+
+def test_cancelling_interrupts_only_that_jobs_workers_and_release_unloads_it():
+    m = Machine(2)
+    m.assign("a", parallelism=1)
+    m.assign("b", parallelism=1)
+    m.dispatcher.add_inputs("a", _inputs(0, 10))
+    m.dispatcher.add_inputs("b", _inputs(0, 10))
+    running_a = next(n for _, n, msg in m.effects.log if isinstance(msg, wire.RunCalls) and msg.job_id == "a")
+    m.effects.take()
+    m.dispatcher.cancel("a")
+    assert m.effects.take() == [("interrupt", running_a, None)]
+    assert not m.dispatcher.jobs["a"].queue
+    m.dispatcher.release("a")
+    assert [(kind, n, msg) for kind, n, msg in m.effects.take()] == [("send", running_a, wire.UnloadFunction("a"))]
+    assert "a" not in m.dispatcher.jobs
+
+
+def test_results_wait_for_the_sender_and_a_dead_workers_inputs_run_first():
+    m = Machine(1)
+    m.assign("j")
+    m.dispatcher.add_inputs("j", _inputs(0, 3))
+    m.finish(m.workers[0], 0.2)
+    job = m.dispatcher.jobs["j"]
+    assert [item[0] for item in job.out_results] == [0] and m.outgoing >= 1
+    [(_, [second])] = m.effects.runs()[1:]
+    worker = m.workers[0]
+    worker.alive = False
+    m.dispatcher.on_worker_exit(worker, 1)  # died between calls: the input it held goes back first
+    assert [index for index, _ in job.queue][0] == second
+
+
+def test_credit_asks_for_a_window_then_waits_for_a_quarter_of_it_to_drain():
+    job = NodeJob("j", b"", parallelism=2)
+    job.call_seconds = 0.01  # a window is 0.1 s of calls: 10 per worker
+    assert job.credit_due(workers=2) == 20
+    assert job.credit_due(workers=2) == 0  # all asked for already
+    job.credit_unused = 0
+    job.queue.extend(_inputs(0, 16))  # 4 missing: under a quarter of the window
+    assert job.credit_due(workers=2) == 0
+    job.queue.clear()
+    job.queue.extend(_inputs(0, 14))
+    assert job.credit_due(workers=2) == 6

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from burla import wire
 from burla.errors import BurlaError, OutOfMemory, WorkerCrashed
@@ -94,10 +95,40 @@ class NodeJob:
         return deficit
 
 
+class WorkerEffects(Protocol):
+    """What the dispatcher has done to workers: the node's pool does it (DirectEffects), a test
+    records it. The dispatcher itself does no I/O and reads time from its clock."""
+
+    def send(self, worker: WorkerHandle, msg: wire.Message) -> None: ...
+
+    def interrupt(self, worker: WorkerHandle) -> None:
+        """Stop the worker's running call (its job was cancelled)."""
+
+    def kill(self, worker: WorkerHandle) -> None: ...
+
+
+class DirectEffects:
+    def send(self, worker: WorkerHandle, msg: wire.Message) -> None:
+        worker.send(msg)
+
+    def interrupt(self, worker: WorkerHandle) -> None:
+        worker.signal_cancel()
+
+    def kill(self, worker: WorkerHandle) -> None:
+        worker.kill()
+
+
 class Dispatcher:
+    """The node's inputs as a state machine: events in (inputs, reports, exits, cancels), effects
+    out (messages to workers, interrupts, kills) through `effects`, and results waiting in each
+    job's `out_results` for the node's sender (`on_outgoing` says there are some)."""
+
     def __init__(self, workers: Callable[[], list[WorkerHandle]], on_outgoing: Callable[[], None],
-                 node_id: str = "", host: str = "", capacity: Callable[[], int] = lambda: 1 << 30) -> None:
+                 node_id: str = "", host: str = "", capacity: Callable[[], int] = lambda: 1 << 30,
+                 effects: WorkerEffects | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._workers = workers
+        self._effects: WorkerEffects = effects or DirectEffects()
+        self._clock = clock
         self._capacity = capacity  # how many workers may compute at once now (the pool's size)
         self._on_outgoing = on_outgoing
         self._node_id = node_id  # where the calls it fails itself failed (a crashed worker, OOM)
@@ -184,7 +215,7 @@ class Dispatcher:
         job.out_outputs.clear()
         interrupted = [w for w in self._workers() if any(b.job_id == job_id for b in w.batches)]
         for worker in interrupted:
-            worker.signal_cancel()
+            self._effects.interrupt(worker)
         return interrupted
 
     def release(self, job_id: str) -> None:
@@ -192,7 +223,7 @@ class Dispatcher:
         for worker in self._workers():
             if job_id in worker.loaded_jobs and worker.alive:
                 worker.loaded_jobs.discard(job_id)
-                worker.send(wire.UnloadFunction(job_id))
+                self._effects.send(worker, wire.UnloadFunction(job_id))
 
     # --- credit --------------------------------------------------------------------------
 
@@ -200,7 +231,7 @@ class Dispatcher:
 
     def on_report(self, worker: WorkerHandle, report: wire.WorkerReport) -> None:
         job = self.jobs.get(report.job_id)
-        now = time.monotonic()
+        now = self._clock()
         if report.results and worker.batches:
             batch = worker.batches[0]
             for item in report.results:
@@ -323,10 +354,10 @@ class Dispatcher:
         size = max(1, min(size, spread, len(job.queue)))
         items = [job.queue.popleft() for _ in range(size)]
         if job.job_id not in worker.loaded_jobs:
-            worker.send(wire.LoadFunction(job.job_id, job.function_bytes, job.local_code))
+            self._effects.send(worker, wire.LoadFunction(job.job_id, job.function_bytes, job.local_code))
             worker.loaded_jobs.add(job.job_id)
-        worker.send(wire.RunCalls(job.job_id, items))
-        now = time.monotonic()
+        self._effects.send(worker, wire.RunCalls(job.job_id, items))
+        now = self._clock()
         if not worker.batches:
             worker.last_progress_at = now
         worker.batches.append(Batch(job.job_id, dict(items), now))
@@ -412,4 +443,4 @@ class Dispatcher:
     def hard_kill_stragglers(self, job_id: str, interrupted: list[WorkerHandle]) -> None:
         for worker in interrupted:
             if worker.alive and any(b.job_id == job_id for b in worker.batches):
-                worker.kill()
+                self._effects.kill(worker)
