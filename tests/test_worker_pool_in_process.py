@@ -1,0 +1,90 @@
+"""A node's worker pool and dispatcher in this process, with real worker processes: calls run
+and their results wait for the sender, a worker killed mid-call is replaced and its calls run
+again, and closing the pool leaves no worker behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable
+
+import cloudpickle
+import psutil
+
+from burla import wire
+from burla.node.dispatcher import Dispatcher
+from burla.node.worker_pool import WorkerPool
+from tests import functions
+
+cloudpickle.register_pickle_by_value(functions)
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Node:
+    """A pool bound to a dispatcher, as NodeService binds them."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = WorkerPool(workers, dict(os.environ))
+        self.dispatcher = Dispatcher(lambda: self.pool.workers, lambda: None, "node-p", "host-p",
+                                     capacity=lambda: self.pool.size)
+        self.exits: list[int | None] = []
+
+    async def __aenter__(self) -> Node:
+        await self.pool.start()
+        self.pool.bind(self.dispatcher.on_report, self._on_exit, lambda _: self.dispatcher.pump())
+        await _until(lambda: self.pool.alive_count() == self.pool.size, "the workers to be ready")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.close()
+
+    def _on_exit(self, worker, exit_code: int | None) -> None:
+        self.exits.append(exit_code)
+        self.dispatcher.on_worker_exit(worker, exit_code)
+
+    def run(self, job_id: str, function: Callable, inputs: list) -> None:
+        self.dispatcher.assign(wire.AssignJob(job_id, "f", cloudpickle.dumps(function), self.pool.size, None, None,
+                                              b"", {}, 0))
+        self.dispatcher.add_inputs(job_id, [[i, pickle.dumps(x)] for i, x in enumerate(inputs)])
+
+    def results(self, job_id: str) -> dict[int, object]:
+        job = self.dispatcher.jobs[job_id]
+        return {index: pickle.loads(payload) for index, ok, payload in job.out_results if ok}
+
+
+async def test_calls_run_on_the_pools_workers_and_their_results_wait_for_the_sender():
+    async with Node(2) as node:
+        node.run("j", functions.double, list(range(200)))
+        await _until(lambda: len(node.dispatcher.jobs["j"].out_results) == 200, "200 results")
+        assert node.results("j") == {i: 2 * i for i in range(200)}
+        assert node.exits == []
+
+
+async def test_a_worker_killed_mid_call_is_replaced_and_its_calls_run_again():
+    async with Node(2) as node:
+        node.run("j", functions.sleep_then_return, [(i, 0.3) for i in range(8)])
+        await _until(lambda: any(w.current_index() >= 0 for w in node.pool.workers), "a call to start")
+        victim = next(w for w in node.pool.workers if w.current_index() >= 0)
+        os.kill(victim.pid, signal.SIGKILL)
+        await _until(lambda: len(node.dispatcher.jobs["j"].out_results) == 8, "every result")
+        assert node.results("j") == {i: i for i in range(8)}  # the killed call ran again, once in all
+        assert node.exits == [-signal.SIGKILL]
+        await _until(lambda: node.pool.alive_count() == 2, "a replacement worker")
+        assert victim not in node.pool.workers
+
+
+async def test_closing_the_pool_leaves_no_worker_running():
+    async with Node(2) as node:
+        pids = [w.pid for w in node.pool.workers]
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
