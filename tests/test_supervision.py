@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 
 import aiohttp
 import pytest
 
-from burla._version import __version__
 from burla.drivers.local import LocalDriver
 from burla.loop_supervisor import LoopSupervisor, run_every_step
 from tests.functions import double
+from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, supervisor_of
 
 log = logging.getLogger("tests.supervision")
 
@@ -142,71 +137,12 @@ async def test_every_shutdown_step_runs_even_when_one_fails(caplog):
 # --- a real head and node ----------------------------------------------------------------
 
 
-@dataclass
-class InProcessCluster:
-    url: str
-    token: str
-    app: object
-    service: object
-    history_path: Path
-
-
 class DriverWhoseCloseFails(LocalDriver):
     """The local driver, except that closing it fails (the shutdown step under test)."""
 
     async def close(self) -> None:
         await super().close()
         raise OSError("the driver could not close (injected)")
-
-
-@asynccontextmanager
-async def in_process_cluster(tmp_path: Path, driver=None, node_deadline_s: float = 30.0
-                             ) -> AsyncIterator[InProcessCluster]:
-    from aiohttp import web
-
-    from burla.config import HeadSettings
-    from burla.connection_guard import GuardedSite
-    from burla.head.app import create_head_app
-    from burla.head.keys import GUARD
-    from burla.head.server import bind, url_of
-    from burla.node.main import node_settings
-    from burla.node.service import NodeService
-    from burla.node.worker_pool import WorkerPool
-
-    token = secrets.token_urlsafe(16)
-    history_path = tmp_path / "history.db"
-    settings = HeadSettings(host="127.0.0.1", port=0, token=token, config_dir=tmp_path, advertise=False,
-                            history_path=history_path, node_deadline_s=node_deadline_s, version=__version__)
-    sock = bind("127.0.0.1", 0)
-    url = url_of(sock, settings)
-    app = create_head_app(settings, driver or LocalDriver(), url)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    await GuardedSite(runner, app[GUARD], sock=sock).start()
-    node = node_settings(url, token, workers=1, node_id="node-inproc")
-    pool = WorkerPool(1, dict(os.environ))  # its worker is started as a process of its own
-    await pool.start()
-    service = NodeService(node, pool)
-    serving = asyncio.create_task(service.run())
-    try:
-        await _until(lambda: "node-inproc" in _cluster(app).scheduler.nodes, "the node to register")
-        yield InProcessCluster(url, token, app, service, history_path)
-    finally:
-        service.stop()
-        await asyncio.wait_for(serving, 60)
-        await runner.cleanup()
-
-
-def _cluster(app):
-    from burla.head.keys import CLUSTER
-
-    return app[CLUSTER]
-
-
-def _supervisor(app) -> LoopSupervisor:
-    from burla.head.keys import SUPERVISOR
-
-    return app[SUPERVISOR]
 
 
 async def _get(cluster: InProcessCluster, path: str) -> dict:
@@ -217,15 +153,13 @@ async def _get(cluster: InProcessCluster, path: str) -> dict:
 
 
 def _run_job(cluster: InProcessCluster, inputs: list[int]) -> list[int]:
-    from burla import Client
-
-    return Client(cluster.url, cluster.token).remote_parallel_map(double, inputs, spinner=False)
+    return cluster.client().remote_parallel_map(double, inputs, spinner=False)
 
 
 async def test_every_loop_of_a_head_and_a_node_runs_again_after_an_injected_crash(tmp_path, caplog):
     caplog.set_level(logging.ERROR)
     async with in_process_cluster(tmp_path, node_deadline_s=3.0) as cluster:
-        head_loops = _supervisor(cluster.app)
+        head_loops = supervisor_of(cluster.app)
         node_loops = cluster.service.loops
         assert set(head_loops.names()) == {"progress", "loop-monitor", "idle-collector", "reaper", "steal-hints",
                                            "inactivity", "boot-watch", "client-reaper"}
@@ -250,9 +184,9 @@ async def test_every_loop_of_a_head_and_a_node_runs_again_after_an_injected_cras
                                    "--token", cluster.token, "--workers", "1", "--node-id", "node-frozen"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            await _until(lambda: "node-frozen" in _cluster(cluster.app).scheduler.nodes, "the second node")
+            await _until(lambda: "node-frozen" in cluster_of(cluster.app).scheduler.nodes, "the second node")
             frozen.send_signal(signal.SIGSTOP)
-            await _until(lambda: "node-frozen" not in _cluster(cluster.app).scheduler.nodes,
+            await _until(lambda: "node-frozen" not in cluster_of(cluster.app).scheduler.nodes,
                          "the reaper to declare the frozen node dead")
         finally:
             frozen.kill()
@@ -263,7 +197,7 @@ async def test_a_failing_shutdown_step_leaves_the_rest_to_run_and_history_is_wri
     caplog.set_level(logging.ERROR)
     async with in_process_cluster(tmp_path, driver=DriverWhoseCloseFails()) as cluster:
         assert await asyncio.to_thread(_run_job, cluster, [1, 2, 3]) == [2, 4, 6]
-        [job_id] = _cluster(cluster.app).scheduler.jobs
+        [job_id] = cluster_of(cluster.app).scheduler.jobs
     assert any("shutdown step 'local driver' failed" in r.getMessage() for r in caplog.records)
     with sqlite3.connect(cluster.history_path) as db:  # history was flushed and closed after the failure
         [(status, n_done)] = db.execute("SELECT status, n_done FROM jobs WHERE job_id = ?", (job_id,)).fetchall()
