@@ -234,8 +234,9 @@ class NodeService:
     async def _serve_head(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         s = self.settings
         register = wire.RegisterNode(
-            s.node_id, self.url, s.workers, s.cpus, float(s.ram_gb), s.gpu, s.gpu_count, s.image, s.region,
-            s.python_version, s.version, build_hash(), self.cert_sha256, self.dispatcher.held(), s.host_id,
+            node_id=s.node_id, url=self.url, slots=s.workers, cpus=s.cpus, ram_gb=float(s.ram_gb), gpu=s.gpu,
+            gpu_count=s.gpu_count, image=s.image, region=s.region, python_version=s.python_version, version=s.version,
+            build=build_hash(), cert_sha256=self.cert_sha256, held=self.dispatcher.held(), host_id=s.host_id,
         )
         await ws.send_bytes(register.encode())
         first = await ws.receive()
@@ -400,15 +401,9 @@ class NodeService:
         jobs = [[j.job_id, d.running_calls(j), len(j.queue), j.done] for j in d.jobs.values()]
         cpu_percent, mem_percent, sent_bps, recv_bps = self._machine_readings()
         return wire.NodeState(
-            self.settings.node_id,
-            self._status,
-            self.pool.alive_count(),
-            jobs,
-            cpu_percent,
-            mem_percent,
-            sent_bps,
-            recv_bps,
-            *self._gpu_usage,
+            node_id=self.settings.node_id, status=self._status, workers_alive=self.pool.alive_count(), jobs=jobs,
+            cpu_percent=cpu_percent, mem_percent=mem_percent, net_sent_bps=sent_bps, net_recv_bps=recv_bps,
+            gpu_percent=self._gpu_usage[0], gpu_mem_percent=self._gpu_usage[1],
         )
 
     async def _watch_gpus(self) -> None:
