@@ -15,8 +15,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -24,17 +22,9 @@ import pytest
 from burla.drivers.local import LocalDriver
 from burla.loop_supervisor import LoopSupervisor, run_every_step
 from tests.functions import double
-from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, supervisor_of
+from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, supervisor_of, until
 
 log = logging.getLogger("tests.supervision")
-
-
-async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # --- the supervisor alone ----------------------------------------------------------------
@@ -51,7 +41,7 @@ async def test_a_crashing_loop_is_logged_with_its_traceback_and_runs_again(caplo
 
     supervisor = LoopSupervisor(log, first_backoff_s=0.01)
     supervisor.start("flaky", flaky)
-    await _until(lambda: len(lives) == 3 and supervisor.view()[0]["running"], "the third life")
+    await until(lambda: len(lives) == 3 and supervisor.view()[0]["running"], "the third life")
     assert supervisor.restarts() == {"flaky": 2}
     [view] = supervisor.view()
     assert view["last_error"] == "ValueError: bug number 2"
@@ -74,7 +64,7 @@ async def test_backoff_doubles_while_a_loop_keeps_crashing_and_is_capped():
 
     supervisor = LoopSupervisor(log, first_backoff_s=0.1, max_backoff_s=0.5, sleep=recording_sleep)
     supervisor.start("broken", broken)
-    await _until(lambda: len(slept) >= 6, "six restarts")
+    await until(lambda: len(slept) >= 6, "six restarts")
     await supervisor.close()
     assert slept[:6] == [0.1, 0.2, 0.4, 0.5, 0.5, 0.5]
     assert supervisor.restarts()["broken"] >= 6
@@ -97,7 +87,7 @@ async def test_a_loop_that_ends_by_itself_is_not_started_again_and_close_cancels
     supervisor.start("once", once)
     supervisor.start("forever", forever)
     await ended.wait()
-    await _until(lambda: supervisor.view()[1]["running"], "the forever loop")
+    await until(lambda: supervisor.view()[1]["running"], "the forever loop")
     await supervisor.close()
     assert cancelled.is_set()
     assert supervisor.restarts() == {"once": 0, "forever": 0}
@@ -168,7 +158,7 @@ async def test_every_loop_of_a_head_and_a_node_runs_again_after_an_injected_cras
         everyone += [(node_loops, name) for name in node_loops.names()]
         for supervisor, name in everyone:
             supervisor.inject_fault(name, RuntimeError(f"injected into {name}"))
-        await _until(lambda: all(s.restarts()[n] == 1 and next(v for v in s.view() if v["name"] == n)["running"]
+        await until(lambda: all(s.restarts()[n] == 1 and next(v for v in s.view() if v["name"] == n)["running"]
                                  for s, n in everyone), "every loop to run again")
         for _, name in everyone:
             [record] = [r for r in caplog.records if f"background loop {name!r} crashed" in r.getMessage()]
@@ -184,9 +174,9 @@ async def test_every_loop_of_a_head_and_a_node_runs_again_after_an_injected_cras
                                    "--token", cluster.token, "--workers", "1", "--node-id", "node-frozen"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            await _until(lambda: "node-frozen" in cluster_of(cluster.app).scheduler.nodes, "the second node")
+            await until(lambda: "node-frozen" in cluster_of(cluster.app).scheduler.nodes, "the second node")
             frozen.send_signal(signal.SIGSTOP)
-            await _until(lambda: "node-frozen" not in cluster_of(cluster.app).scheduler.nodes,
+            await until(lambda: "node-frozen" not in cluster_of(cluster.app).scheduler.nodes,
                          "the reaper to declare the frozen node dead")
         finally:
             frozen.kill()

@@ -4,11 +4,9 @@ again, and closing the pool leaves no worker behind."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pickle
 import signal
-import time
 from collections.abc import Callable
 
 import cloudpickle
@@ -18,16 +16,9 @@ from burla import wire
 from burla.node.dispatcher import Dispatcher
 from burla.node.worker_pool import WorkerPool
 from tests import functions
+from tests.in_process import until
 
 cloudpickle.register_pickle_by_value(functions)
-
-
-async def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Node:
@@ -42,7 +33,7 @@ class Node:
     async def __aenter__(self) -> Node:
         await self.pool.start()
         self.pool.bind(self.dispatcher.on_report, self._on_exit, lambda _: self.dispatcher.pump())
-        await _until(lambda: self.pool.alive_count() == self.pool.size, "the workers to be ready")
+        await until(lambda: self.pool.alive_count() == self.pool.size, "the workers to be ready")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -65,7 +56,7 @@ class Node:
 async def test_calls_run_on_the_pools_workers_and_their_results_wait_for_the_sender():
     async with Node(2) as node:
         node.run("j", functions.double, list(range(200)))
-        await _until(lambda: len(node.dispatcher.jobs["j"].out_results) == 200, "200 results")
+        await until(lambda: len(node.dispatcher.jobs["j"].out_results) == 200, "200 results")
         assert node.results("j") == {i: 2 * i for i in range(200)}
         assert node.exits == []
 
@@ -73,13 +64,13 @@ async def test_calls_run_on_the_pools_workers_and_their_results_wait_for_the_sen
 async def test_a_worker_killed_mid_call_is_replaced_and_its_calls_run_again():
     async with Node(2) as node:
         node.run("j", functions.sleep_then_return, [(i, 0.3) for i in range(8)])
-        await _until(lambda: any(w.current_index() >= 0 for w in node.pool.workers), "a call to start")
+        await until(lambda: any(w.current_index() >= 0 for w in node.pool.workers), "a call to start")
         victim = next(w for w in node.pool.workers if w.current_index() >= 0)
         os.kill(victim.pid, signal.SIGKILL)
-        await _until(lambda: len(node.dispatcher.jobs["j"].out_results) == 8, "every result")
+        await until(lambda: len(node.dispatcher.jobs["j"].out_results) == 8, "every result")
         assert node.results("j") == {i: i for i in range(8)}  # the killed call ran again, once in all
         assert node.exits == [-signal.SIGKILL]
-        await _until(lambda: node.pool.alive_count() == 2, "a replacement worker")
+        await until(lambda: node.pool.alive_count() == 2, "a replacement worker")
         assert victim not in node.pool.workers
 
 
