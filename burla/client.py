@@ -31,14 +31,21 @@ class Client:
                  settings: ClientSettings | None = None) -> None:
         if head_url is not None and (not isinstance(head_url, str) or not head_url.startswith(("http://", "https://"))):
             raise InvalidArgument(f"head_url must be an http:// or https:// URL, got {head_url!r}")
-        resolved = settings or ClientSettings.resolve()
-        if head_url is not None:
-            resolved = dataclasses.replace(resolved, head_url=head_url.rstrip("/"), token=token or resolved.token,
-                                           head_cert=head_cert or resolved.head_cert)
-        elif token is not None or head_cert is not None:
-            resolved = dataclasses.replace(resolved, token=token or resolved.token,
-                                           head_cert=head_cert or resolved.head_cert)
-        self.settings = resolved
+        self._head_url = head_url.rstrip("/") if head_url is not None else None
+        self._token = token
+        self._head_cert = head_cert
+        self._given = settings
+        self._resolved: ClientSettings | None = None
+
+    @property
+    def settings(self) -> ClientSettings:
+        """Resolved on first use (a job with no inputs reads no configuration), then kept."""
+        if self._resolved is None:
+            base = self._given or ClientSettings.resolve()
+            self._resolved = dataclasses.replace(
+                base, head_url=self._head_url or base.head_url, token=self._token or base.token,
+                head_cert=self._head_cert or base.head_cert)
+        return self._resolved
 
     def remote_parallel_map(
         self,

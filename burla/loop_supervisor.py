@@ -167,5 +167,7 @@ async def end_tasks(log: logging.Logger, *tasks: asyncio.Task[Any] | None) -> No
         task.cancel()
     outcomes = await asyncio.gather(*live, return_exceptions=True)
     for task, outcome in zip(live, outcomes):
-        if isinstance(outcome, Exception):
+        if isinstance(outcome, ConnectionError):
+            log.debug("task %r ended with its connection: %s", task.get_name(), outcome)  # a peer went away
+        elif isinstance(outcome, Exception):
             log.error("task %r had failed", task.get_name(), exc_info=outcome)

@@ -6,7 +6,11 @@ wire, sits in history's database and shows in the API, so those stay plain text.
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
+from typing import TypeVar
+
+log = logging.getLogger("burla")
 
 
 class JobStatus(StrEnum):
@@ -42,3 +46,16 @@ class EndKind(StrEnum):
     NO_NODES = "NoNodes"
     NO_COMPATIBLE_NODES = "NoCompatibleNodes"
     NODE_DISCONNECTED = "NodeDisconnected"
+
+
+S = TypeVar("S", JobStatus, NodeStatus, MachineState, EndKind)
+
+
+def parse_state(kind: type[S], text: str | None, default: S) -> S:
+    """A state read back from text written by this or another burla version (history, an API
+    answer): `default` for one this version does not know, so one odd row can't break a listing."""
+    try:
+        return kind(text) if text else default
+    except ValueError:
+        log.warning("unknown %s %r; reading it as %s", kind.__name__, text, default)
+        return default

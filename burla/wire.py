@@ -32,7 +32,7 @@ from burla.wire_format import Message as Message
 from burla.wire_format import _check_items, message
 from burla.wire_format import decode as decode
 
-_NODE_STATUSES = frozenset(NodeStatus)
+_NODE_STATUSES = tuple(NodeStatus)  # in their order: the refusal names them so
 
 STDOUT = 1
 STDERR = 2

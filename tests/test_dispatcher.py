@@ -232,3 +232,16 @@ def test_credit_asks_for_a_window_then_waits_for_a_quarter_of_it_to_drain():
     job.queue.clear()
     job.queue.extend(_inputs(0, 14))
     assert job.credit_due(workers=2) == 6
+
+
+def test_results_taken_for_a_session_that_ended_mid_send_go_first_on_the_next():
+    m = Machine(1)
+    m.assign("j")
+    m.dispatcher.add_inputs("j", _inputs(0, 3))
+    m.finish(m.workers[0], 0.2)  # input 0's result
+    taken = m.dispatcher.take_outgoing()
+    assert [[item[0] for item in results] for _, _, results in taken] == [[0]]
+    m.finish(m.workers[0], 0.2)  # input 1's result, while the session is down
+    m.dispatcher.give_back(taken)
+    [(job_id, _, results)] = m.dispatcher.take_outgoing()
+    assert job_id == "j" and [item[0] for item in results] == [0, 1]

@@ -36,3 +36,17 @@ def test_a_node_state_with_an_unknown_status_is_refused():
     bad = good.replace(status="ASLEEP")
     with pytest.raises(ProtocolError, match="NodeState.status must be one of READY, RUNNING"):
         wire.decode(bad.encode(), wire.NODE_TO_HEAD)
+
+
+def test_a_history_row_reads_whatever_its_states_and_takes_its_options_from_its_arguments():
+    from burla.head.views import JobView
+
+    row = {"job_id": "j", "parent_job_id": None, "function_name": "f", "status": "PAUSED", "reason": "",
+           "n_inputs": 3, "n_done": 1, "n_failed": 0, "started_at": 1.0, "ended_at": None, "end_kind": "Newer",
+           "arguments": {"detach": True, "max_parallelism": 3}, "a_column_from_later": 1}
+    view = JobView.from_history(row)
+    assert (view.status, view.end_kind) == (JobStatus.FAILED, EndKind.NONE)  # unknown here: not a crash
+    assert (view.detach, view.max_parallelism) == (True, 3)
+    shown = view.to_json()
+    assert "n_uploaded" not in shown and "stolen" not in shown  # only a head holding the job knows them
+    assert shown["arguments"] == {"detach": True, "max_parallelism": 3}

@@ -271,7 +271,7 @@ class Ec2Driver(ThreadedCloudDriver):
     async def list_nodes(self) -> list[NodeHandle]:
         nodes = await self._call(self._cluster_nodes)
         return [NodeHandle(node.extra.get("tags", {}).get(NODE_TAG, node.id), self.name,
-                           _STATES.get(str(node.state), MachineState.BOOTING), node.id)
+                           _STATES.get(node.extra.get("status") or str(node.state), MachineState.BOOTING), node.id)
                 for node in nodes if node.extra.get("tags", {}).get(ROLE_TAG) != "head"]
 
     def _delete(self, driver, node_id: str) -> bool:
@@ -384,7 +384,8 @@ class Ec2Driver(ThreadedCloudDriver):
         return bool(heads)
 
 
-# libcloud's node states (the instance's, for the filtered ones above) as a driver reports them.
+# EC2's own instance states (libcloud's `extra["status"]`; its NodeState has no "stopping"), for
+# the filtered ones above, as a driver reports them.
 _STATES = {"pending": MachineState.BOOTING, "running": MachineState.RUNNING, "stopping": MachineState.STOPPED,
            "stopped": MachineState.STOPPED}
 

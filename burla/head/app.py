@@ -26,7 +26,7 @@ from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import ClusterSettings, Fleet
 from burla.head.history import History
-from burla.head.keys import CLUSTER, FLEET, GUARD, LOOP_MONITOR, OPEN_SOCKETS, STOP, SUPERVISOR
+from burla.head.keys import CLUSTER, FLEET, GUARD, LOOP_MONITOR, OPEN_SOCKETS, SHUT_DOWN, STOP, SUPERVISOR
 from burla.head.loop_monitor import LoopMonitor
 from burla.head.recorder import Recorder
 from burla.loop_supervisor import LoopSupervisor, run_every_step
@@ -67,7 +67,8 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
     app = build_app(cluster, fleet, settings.token, url, ConnectionGuard(settings.header_timeout_s))
     lifecycle = _Lifecycle(settings, app, history, driver, fleet_driver)
     app.on_startup.append(lifecycle.start)
-    app.on_shutdown.insert(0, lifecycle.stop)  # before the sockets close: nodes and clients hear of it
+    app[SHUT_DOWN] = lifecycle.stop
+    app.on_shutdown.insert(0, lambda _app: lifecycle.stop())  # before the sockets close: nodes and clients hear
     app.on_cleanup.append(lifecycle.close_history)
     return app
 
@@ -120,6 +121,7 @@ class _Lifecycle:
         self._driver = driver
         self._fleet_driver = fleet_driver
         self._startup: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Task[None] | None = None
 
     def loops(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """Every background loop of the head, by the name `/v1/cluster` shows."""
@@ -158,7 +160,13 @@ class _Lifecycle:
         except Exception:  # noqa: BLE001 - each later boot watch removes what it finds
             log.exception("could not look for machines an earlier head left")
 
-    async def stop(self, app: web.Application) -> None:
+    async def stop(self) -> None:
+        """Every step, once (the server runs it while its site still serves; on_shutdown again)."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop_every_step())
+        await asyncio.shield(self._stopping)
+
+    async def _stop_every_step(self) -> None:
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
             ("background loops", self._supervisor.close),
             ("history opening", self._stop_startup),

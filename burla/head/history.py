@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
@@ -30,7 +30,7 @@ from burla.head.history_schema import (
     SCHEMA,
     SCHEMA_VERSION,
 )
-from burla.states import EndKind, JobStatus
+from burla.states import EndKind, JobStatus, parse_state
 
 if TYPE_CHECKING:
     from burla.head.views import JobView
@@ -42,18 +42,8 @@ FLUSH_AT_ROWS = 20_000
 KEEP_AFTER_FAILED_WRITES = 100_000  # output chunks, and samples, kept for the next write when one fails
 PRUNE_EVERY_S = 3600.0
 
-E = TypeVar("E", JobStatus, EndKind)
 HEAD_STOPPED = "head stopped"  # a node event: connected when the head stopped (it is expected back)
 
-
-
-def _parsed(kind: type[E], text: str | None, default: E) -> E:
-    """A state read back from the database (written by this module, so one of `kind`'s)."""
-    try:
-        return kind(text) if text else default
-    except ValueError:
-        log.warning("history holds an unknown %s %r; reading it as %s", kind.__name__, text, default)
-        return default
 
 
 async def _one_row(cursor: aiosqlite.Cursor) -> Any:
@@ -240,8 +230,8 @@ class History:
             results = await self._rows("SELECT input_index, ok, payload FROM kept_results WHERE job_id = ? "
                                        "ORDER BY input_index", (row["job_id"],))
             kept.append(KeptJob(
-                bytes(row["opening"]), row["started_at"], _parsed(JobStatus, row["status"], JobStatus.RUNNING),
-                row["reason"] or "", _parsed(EndKind, row["end_kind"], EndKind.NONE),
+                bytes(row["opening"]), row["started_at"], parse_state(JobStatus, row["status"], JobStatus.RUNNING),
+                row["reason"] or "", parse_state(EndKind, row["end_kind"], EndKind.NONE),
                 [[r["input_index"], bytes(r["data"])] for r in inputs],
                 [[r["input_index"], bool(r["ok"]), bytes(r["payload"])] for r in results],
             ))

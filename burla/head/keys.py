@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -19,6 +20,9 @@ LOOP_MONITOR = web.AppKey("loop_monitor", LoopMonitor)
 SUPERVISOR = web.AppKey("supervisor", LoopSupervisor)  # the head's background loops
 GUARD = web.AppKey("guard", ConnectionGuard)
 STOP = web.AppKey("stop", asyncio.Event)  # set to stop the head
+# Stop the head's loops, jobs, nodes and drivers (once; run again it does nothing), while the
+# site still serves. The app's on_shutdown runs it too, for a runner cleaned up directly.
+SHUT_DOWN: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("shut_down")
 # Every node and job WebSocket being served.
 OPEN_SOCKETS: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("open_sockets", set)
 SESSIONS = web.AppKey("sessions", Sessions)  # the dashboard's signed-in browsers

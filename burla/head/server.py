@@ -111,7 +111,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
 
     from burla.connection_guard import GuardedSite
     from burla.head.app import create_head_app
-    from burla.head.keys import GUARD, STOP
+    from burla.head.keys import GUARD, SHUT_DOWN, STOP
 
     app = create_head_app(settings, driver, url, booted)
     stop = app[STOP]
@@ -119,28 +119,28 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    ssl_context = None
-    if settings.tls_cert is not None and settings.tls_key is not None:
-        from burla.tls import server_context
-
-        ssl_context = server_context(settings.tls_cert, settings.tls_key)
-    site = GuardedSite(runner, app[GUARD], sock=sock, ssl_context=ssl_context)
-    await site.start()
-    freeze_startup_objects()
+    await runner.setup()  # the app's loops start here
     lifeline = None
-    if settings.lifeline_fd is not None:
-        lifeline = asyncio.create_task(wait_for_eof(settings.lifeline_fd), name="lifeline")
-        lifeline.add_done_callback(lambda _: stop.set())
-    if settings.advertise:
-        HeadRecord(url, os.getpid()).write(settings.config_dir)
-    print(f"burla head serving at {url}", flush=True)
-    log.info("serving at %s with %d local node(s)", url, settings.local_nodes)
-    if settings.ready_fd is not None:
-        with contextlib.suppress(OSError):
-            os.write(settings.ready_fd, f"{url}\n".encode())
-            os.close(settings.ready_fd)
     try:
+        ssl_context = None
+        if settings.tls_cert is not None and settings.tls_key is not None:
+            from burla.tls import server_context
+
+            ssl_context = server_context(settings.tls_cert, settings.tls_key)
+        site = GuardedSite(runner, app[GUARD], sock=sock, ssl_context=ssl_context)
+        await site.start()
+        freeze_startup_objects()
+        if settings.lifeline_fd is not None:
+            lifeline = asyncio.create_task(wait_for_eof(settings.lifeline_fd), name="lifeline")
+            lifeline.add_done_callback(lambda _: stop.set())
+        if settings.advertise:
+            HeadRecord(url, os.getpid()).write(settings.config_dir)
+        print(f"burla head serving at {url}", flush=True)
+        log.info("serving at %s with %d local node(s)", url, settings.local_nodes)
+        if settings.ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(settings.ready_fd, f"{url}\n".encode())
+                os.close(settings.ready_fd)
         await stop.wait()
     finally:
         log.info("stopping")
@@ -149,4 +149,8 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         if lifeline is not None:
             lifeline.cancel()
             await asyncio.gather(lifeline, return_exceptions=True)
-        await runner.cleanup()  # the app's shutdown: loops, jobs, nodes, drivers, sockets, then history
+        # Loops, jobs, nodes and drivers stop while the site still serves (a client resuming hears
+        # the head is stopping; /health answers while VMs are deleted); then the site stops, the
+        # sockets close and history is written and closed.
+        await app[SHUT_DOWN]()
+        await runner.cleanup()

@@ -440,6 +440,16 @@ class Dispatcher:
                 job.out_outputs, job.out_results = [], []
         return out
 
+    def give_back(self, taken: list[tuple[str, list, list]]) -> None:
+        """Results and output `take_outgoing` gave that may not have been sent (the session ended
+        mid-send): they go first on the next send. The head keeps only a result's first copy."""
+        for job_id, outputs, results in taken:
+            job = self.jobs.get(job_id)
+            if job is None or job.cancelled:
+                continue
+            job.out_outputs[:0] = outputs
+            job.out_results[:0] = results
+
     def hard_kill_stragglers(self, job_id: str, interrupted: list[WorkerHandle]) -> None:
         for worker in interrupted:
             if worker.alive and any(b.job_id == job_id for b in worker.batches):

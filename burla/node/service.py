@@ -50,6 +50,7 @@ STATE_SETTLE_S = 0.05
 MACHINE_READINGS_S = 0.5
 GPU_READINGS_S = 2.0  # nvidia-smi takes tens of ms a run
 RECONNECT_DELAY_S = 0.05
+MAX_FAILED_SESSION_DELAY_S = 30.0
 STOLEN_REPORT_TIMEOUT_S = 10.0
 # Without a head (it restarts, or the network is cut) a node keeps running what it holds this long,
 # then reports it to the head it reaches again; past it, the head has given the inputs to others.
@@ -62,6 +63,7 @@ class NodeService:
         self.settings = settings
         self.pool = pool
         self.loops: LoopSupervisor | None = None  # the node's background loops, once it runs
+        self._failed_sessions = 0  # sessions with the head a bug ended, in a row
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender, settings.node_id,
                                      socket.gethostname(), lambda: self.pool.size)
         pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump())
@@ -203,7 +205,14 @@ class NodeService:
                     self.exit_code = 6
                     self.stop()
                     return
-                await asyncio.sleep(RECONNECT_DELAY_S)
+                await asyncio.sleep(self._reconnect_delay())
+
+    def _reconnect_delay(self) -> float:
+        """At once after a cut; after sessions a bug ended, 1, 2, 4... up to 30 s (a bug that
+        repeats must not make the node re-register many times a second)."""
+        if not self._failed_sessions:
+            return RECONNECT_DELAY_S
+        return min(MAX_FAILED_SESSION_DELAY_S, 2.0 ** (self._failed_sessions - 1))
 
     def _keep_jobs_a_while(self) -> None:
         """Jobs keep running without a head, for a head that comes back; after
@@ -267,7 +276,10 @@ class NodeService:
         except* (aiohttp.ClientError, OSError):
             pass  # the connection dropped: the session loop connects again
         except* Exception as failed:  # a bug in one of them: say so, and start a fresh session
+            self._failed_sessions += 1
             log.error("the link to the head failed; reconnecting", exc_info=failed)
+        else:
+            self._failed_sessions = 0
 
     async def _receive_from_head(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for frame in ws:
@@ -356,18 +368,16 @@ class NodeService:
                 await ws.send_bytes(msg.encode())
                 if not done.done():
                     done.set_result(None)
-            for job_id, outputs, results in self.dispatcher.take_outgoing():
-                if outputs:
-                    await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
-                # A frame is one step of the head's loop: results go in frames of wire.BATCH_ITEMS.
-                for start in range(0, len(results) - wire.BATCH_ITEMS, wire.BATCH_ITEMS):
-                    await ws.send_bytes(wire.NodeResults(job_id, results[start:start + wire.BATCH_ITEMS], 0).encode())
-                if results:
-                    # The credit its freed slots allow rides along (it used to be a frame of its own).
-                    job = self.dispatcher.jobs.get(job_id)
-                    due = job.credit_due(self.pool.size) if job is not None else 0
-                    last = results[(len(results) - 1) // wire.BATCH_ITEMS * wire.BATCH_ITEMS:]
-                    await ws.send_bytes(wire.NodeResults(job_id, last, due).encode())
+            taken = self.dispatcher.take_outgoing()
+            while taken:
+                try:
+                    await self._send_results(ws, *taken[0])
+                except BaseException:
+                    # The session ended mid-send: what may not have gone out goes on the next one
+                    # (the head keeps a result once), instead of running again elsewhere.
+                    self.dispatcher.give_back(taken)
+                    raise
+                taken.pop(0)
             credit_jobs, self._pending_credit = self._pending_credit, set()
             for job_id in credit_jobs:
                 job = self.dispatcher.jobs.get(job_id)
@@ -377,6 +387,20 @@ class NodeService:
                 if due:
                     await ws.send_bytes(wire.Credit(job_id, due).encode())
             self._set_status()
+
+    async def _send_results(self, ws: aiohttp.ClientWebSocketResponse, job_id: str, outputs: list,
+                            results: list) -> None:
+        if outputs:
+            await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
+        # A frame is one step of the head's loop: results go in frames of wire.BATCH_ITEMS.
+        for start in range(0, len(results) - wire.BATCH_ITEMS, wire.BATCH_ITEMS):
+            await ws.send_bytes(wire.NodeResults(job_id, results[start:start + wire.BATCH_ITEMS], 0).encode())
+        if results:
+            # The credit its freed slots allow rides along (it used to be a frame of its own).
+            job = self.dispatcher.jobs.get(job_id)
+            due = job.credit_due(self.pool.size) if job is not None else 0
+            last = results[(len(results) - 1) // wire.BATCH_ITEMS * wire.BATCH_ITEMS:]
+            await ws.send_bytes(wire.NodeResults(job_id, last, due).encode())
 
     def _set_status(self) -> None:
         busy = any(job.queue or job.inflight for job in self.dispatcher.jobs.values())
