@@ -47,6 +47,7 @@ RECONNECT_DELAY_S = 0.2
 HEARTBEAT_S = 5.0  # a silently dead connection is noticed within about this
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = wire.BATCH_ITEMS
+FIRST_UPLOAD_BATCH_ITEMS = 256
 CANCEL_WAIT_S = 5.0
 FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answer (well inside any window)
 FIRST_BATCH_BYTES = 256 * 1024
@@ -455,6 +456,9 @@ class JobRunner:
         batch_bytes = 0
         inputs, received, sizes = self.inputs, self._received, self._sizes
         detaching = self._detaching
+        # The first batches are small, so the workers start while the rest is pickled; they double
+        # up to UPLOAD_BATCH_ITEMS, where a frame's cost per input is already small.
+        batch_items = FIRST_UPLOAD_BATCH_ITEMS
         for index in range(start, len(inputs)):
             if received[index]:
                 continue
@@ -482,9 +486,11 @@ class JobRunner:
                 self._sent_until = index + 1
             batch.append([index, data])
             batch_bytes += len(data)
-            if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= UPLOAD_BATCH_ITEMS:
+            if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
                 await self._send(ws, wire.InputBatch(job_id, batch))
                 batch, batch_bytes = [], 0
+                batch_items = min(UPLOAD_BATCH_ITEMS, batch_items * 2)
+                await asyncio.sleep(0)  # results that came back meanwhile are taken between batches
         if batch:
             await self._send(ws, wire.InputBatch(job_id, batch))
         if self._detaching:
