@@ -25,7 +25,6 @@ import msgpack
 from burla.errors import ProtocolError
 from burla.states import NodeStatus
 from burla.wire_format import _REGISTRY as _REGISTRY  # every message class by tag
-from burla.wire_format import DEFAULT_LIMITS as DEFAULT_LIMITS
 from burla.wire_format import Channel as Channel
 from burla.wire_format import Limits as Limits
 from burla.wire_format import Message as Message
