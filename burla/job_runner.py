@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import pickle
+import functools
 import queue
 import threading
 import time
 import zlib
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
 from burla import wire
 from burla.client_loop import ClientLoop, client_loop
-from burla.config import MAX_INPUT_BYTES
 from burla.environment import missing_package_note
 from burla.errors import (
     HeadUnreachable,
-    InputTooBig,
     JobCanceled,
     JobFailed,
     JobNotFound,
@@ -32,26 +29,20 @@ from burla.errors import (
     ProtocolError,
     RemoteError,
     Unauthorized,
-    UnpicklableInput,
     error_from_wire,
 )
-from burla.input_files import INPUT_FILE_MIN_BYTES, InputFiles, files_root
+from burla.input_files import files_root
+from burla.job_upload import Uploader
 from burla.local_cluster import ClusterHandle
 from burla.login_links import LINK_PARAM, link_code
 from burla.progress import Display
-from burla.serialization import PROTOCOL, dumps, loads, unpack_error
+from burla.serialization import loads, unpack_error
 from burla.states import EndKind, JobStatus
 
 RECONNECT_FOR_S = 60.0  # after a cut, keep trying to resume the job this long
 RECONNECT_DELAY_S = 0.2
 HEARTBEAT_S = 5.0  # a silently dead connection is noticed within about this
-UPLOAD_BATCH_BYTES = 1024 * 1024
-UPLOAD_BATCH_ITEMS = wire.BATCH_ITEMS
-FIRST_UPLOAD_BATCH_ITEMS = 256
 CANCEL_WAIT_S = 5.0
-FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answer (well inside any window)
-FIRST_BATCH_BYTES = 256 * 1024
-KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
 
 
 # (input index, ok, the result or the exception the call raised). A plain tuple: a million are
@@ -60,11 +51,6 @@ Outcome = tuple[int, bool, Any]
 
 
 _END = object()
-_SCALARS = frozenset({int, float, bool, type(None), complex})  # pickle small, always
-
-
-def _no_sizes(n_inputs: int) -> array:
-    return array("I", bytes(4 * n_inputs))  # an input is at most MAX_INPUT_BYTES < 2**32
 
 
 class _ConnectionLost(Exception):
@@ -85,10 +71,8 @@ class JobRunner:
         self.job_id = job_id
         self.opening = opening
         self.n_inputs = opening.n_inputs if opening is not None else 0
-        # A detaching client only uploads: the head keeps every result for get_results, so
-        # neither results nor the upload window concern it.
+        # A detaching client only uploads: the head keeps every result for get_results.
         self._detaching = opening is not None and opening.detach
-        self.inputs = inputs
         self.display = display
         self.outcomes: queue.SimpleQueue = queue.SimpleQueue()  # Outcome lists, then _END
         self.error: BaseException | None = None  # why the job ended early, if it did
@@ -99,26 +83,15 @@ class JobRunner:
         self._cancel_reason: str | None = None
         self._ended = threading.Event()
         self._last_ack_sent = threading.Event()  # every result is here and the head was told so
-        self._window_inputs = 1
-        self._window_bytes = 0
-        self._outstanding_inputs = 0
-        self._outstanding_bytes = 0
-        # Per input, its size while it is uploaded and its result still out (0: not out). An array,
-        # not a dict: a million-input job would otherwise spend ~20 MB on it.
-        self._sizes = _no_sizes(self.n_inputs)
-        self._window_open = asyncio.Event()
-        self._kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
         self._side_tasks: set[asyncio.Future] = set()
         self._session_over = False  # set on the loop once `_run` stops taking side tasks
-        self._files: InputFiles | None = None  # where large inputs go when the head allows it
-        self._files_full = False  # a file could not be written: the rest go inline
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
+        self.upload = Uploader(job_id, inputs, self._received, display, self._detaching)
         self._remaining = self.n_inputs
         self._acked_seq = 0
         self._closing = False
         self._shared: ClientLoop | None = None
         self._lost_at: float | None = None  # when the connection to the head dropped, while it is down
-        self._sent_until = 0  # every input sent so far has a lower index
 
     def start(self) -> None:
         """Run the job on this process's client loop (shared by its jobs)."""
@@ -193,13 +166,12 @@ class JobRunner:
             for task in list(self._side_tasks):
                 with contextlib.suppress(Exception):
                     await task
-            if self._files is not None:
-                self._files.close()
+            self.upload.close_files()
 
     async def _session(self) -> None:
         """Open the job, then keep it going across connection cuts until it ends."""
         opened = self.opening is None  # collecting results: resume from the start
-        first_batch = [] if opened else self._first_batch()
+        first_batch = [] if opened else self.upload.first_batch()
         assert self._shared is not None
         session = self._shared.session(self.cluster.cert)
         kept = self._shared.connections(self.cluster.url, self.cluster.token, self.cluster.cert)
@@ -260,7 +232,7 @@ class JobRunner:
             # The first inputs go right behind the opening (frames arrive in order),
             # so a short job does not wait a round trip before its inputs leave.
             try:
-                early = await self._send_first_batch(ws, first_batch)
+                early = await self.upload.send_first_batch(functools.partial(self._send, ws), first_batch)
             except _ConnectionLost:
                 early = 0  # the head may have refused the job already: its answer says why
             _, window = await self._expect_opening(ws, wire.JobAccepted)
@@ -330,15 +302,12 @@ class JobRunner:
             code = link_code(self.cluster.token, path)
             self.display.announce(f"job {self.job_id}: {self.cluster.url}{path}?{LINK_PARAM}={code}")
             root = files_root() if msg.inputs_by_file else None
-            if root is not None:  # every node of the job shares this machine: large inputs go by file
-                try:
-                    self._files = InputFiles(root, self.job_id)
-                except OSError as e:
-                    self.display.announce(f"large inputs go inline: can't make their directory in {root} ({e})")
+            if root is not None:
+                self.upload.use_files(root)
         if isinstance(msg, wire.JobResumed) and not self.opened.is_set():
             self.n_inputs = msg.n_inputs  # collecting a job this process did not start
             self._received = bytearray(msg.n_inputs)
-            self._sizes = _no_sizes(msg.n_inputs)
+            self.upload = Uploader(self.job_id, (), self._received, self.display, detaching=False)
             self._remaining = msg.n_inputs
             self.display.total = msg.n_inputs
         self.opened.set()
@@ -368,9 +337,7 @@ class JobRunner:
 
     async def _exchange(self, ws, start: int, window: tuple[int, int]) -> None:
         """Upload from `start` and receive until the job ends or the connection drops."""
-        self._window_inputs, self._window_bytes = window
-        for index in range(start, self._sent_until):  # sent, but never reached the head (a cut): again
-            self._leave_window(index)
+        self.upload.resume(start, window)
         detaching = self._detaching
         uploader = asyncio.create_task(self._upload(ws, start))
         receiver = asyncio.create_task(self._receive(ws, collect=not detaching))
@@ -404,133 +371,9 @@ class JobRunner:
         except (aiohttp.ClientError, OSError, RuntimeError) as e:
             raise _ConnectionLost(str(e)) from None
 
-    def _pickled_input(self, index: int) -> bytes:
-        try:
-            data = dumps(self.inputs[index])
-        except Exception as e:
-            raise UnpicklableInput(index, f"{type(e).__name__}: {e}") from e
-        if len(data) > MAX_INPUT_BYTES:
-            raise InputTooBig(index, len(data), MAX_INPUT_BYTES)
-        return data
-
-    def _by_file(self, index: int, data: bytes) -> bytes:
-        """The reference to send for a large input, or its bytes if its file can't be written
-        (the directory is full, say): then it, and the rest of the job, go inline."""
-        assert self._files is not None
-        try:
-            return self._files.write(index, data)
-        except OSError as e:
-            self.display.announce(f"large inputs go inline from input {index} on: can't write its file ({e})")
-            self._files_full = True  # those written so far stay until their results are back
-            return data
-
-    def _first_batch(self) -> list:
-        """The first inputs (up to FIRST_BATCH_ITEMS, and FIRST_BATCH_BYTES give or take one input),
-        pickled before the job opens: one that can't be sent stops the job before the head starts it."""
-        batch: list = []
-        size = 0
-        for index in range(min(len(self.inputs), FIRST_BATCH_ITEMS)):
-            if size >= FIRST_BATCH_BYTES:
-                break
-            data = self._pickled_input(index)
-            batch.append([index, data])
-            size += len(data)
-        return batch
-
-    async def _send_first_batch(self, ws, batch: list) -> int:
-        """Send the first inputs before the head's answer to the opening; returns how many."""
-        if batch:
-            for index, data in batch:
-                self._leave_window(index)  # sent before on a connection that closed at once
-                self._sizes[index] = len(data)
-                self._sent_until = max(self._sent_until, index + 1)
-                self._outstanding_bytes += len(data)
-            self._outstanding_inputs += len(batch)
-            await self._send(ws, wire.InputBatch(self.job_id, batch))
-        return len(batch)
-
     async def _upload(self, ws, start: int) -> None:
-        """Pickle and send inputs while the window allows; the window frees as results return."""
-        job_id = self.job_id
-        batch: list = []
-        batch_bytes = 0
-        inputs, received, sizes = self.inputs, self._received, self._sizes
-        detaching = self._detaching
-        # The first batches are small, so the workers start while the rest is pickled; they double
-        # up to UPLOAD_BATCH_ITEMS, where a frame's cost per input is already small.
-        batch_items = FIRST_UPLOAD_BATCH_ITEMS
-        for index in range(start, len(inputs)):
-            if received[index]:
-                continue
-            value = inputs[index]
-            if type(value) in _SCALARS and not isinstance(value, (str, bytes)):
-                data = pickle.dumps(value, PROTOCOL)  # the common small input, without the checks
-            else:
-                data = self._pickled_input(index)
-            size = len(data)  # what the input weighs in the window, whichever way it travels
-            if size >= INPUT_FILE_MIN_BYTES and self._files is not None and not self._files_full:
-                data = self._by_file(index, data)
-            while not detaching and self._outstanding_inputs and (
-                self._outstanding_inputs >= self._window_inputs
-                or self._outstanding_bytes + size > self._window_bytes
-            ):
-                if batch:
-                    await self._send(ws, wire.InputBatch(job_id, batch))
-                    batch, batch_bytes = [], 0
-                self._window_open.clear()
-                await self._window_open.wait()
-            self._outstanding_inputs += 1
-            self._outstanding_bytes += size
-            sizes[index] = size
-            if index >= self._sent_until:
-                self._sent_until = index + 1
-            batch.append([index, data])
-            batch_bytes += len(data)
-            if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
-                await self._send(ws, wire.InputBatch(job_id, batch))
-                batch, batch_bytes = [], 0
-                batch_items = min(UPLOAD_BATCH_ITEMS, batch_items * 2)
-                await asyncio.sleep(0)  # results that came back meanwhile are taken between batches
-        if batch:
-            await self._send(ws, wire.InputBatch(job_id, batch))
-        if self._detaching:
-            await self._wait_until_kept()
+        await self.upload.upload(functools.partial(self._send, ws), start)
         self.uploaded.set()
-
-    async def _wait_until_kept(self) -> None:
-        """Leave only once the head has saved every input, so that a head crash right after
-        the client leaves loses none of them."""
-        try:
-            await asyncio.wait_for(self._kept.wait(), KEPT_CONFIRM_S)
-        except TimeoutError:
-            self.display.announce(
-                f"the head did not confirm within {KEPT_CONFIRM_S:g} s that it saved this job's inputs; the job "
-                "runs on, but if the head restarts before it ends some inputs may be missing from its results")
-
-    def _free_window(self, outcomes: list[Outcome]) -> None:
-        """These inputs have their results: they leave the window (and their files go)."""
-        sizes = self._sizes
-        freed_inputs = freed_bytes = 0
-        for index, _, _ in outcomes:
-            size = sizes[index]
-            if size:
-                sizes[index] = 0
-                freed_inputs += 1
-                freed_bytes += size
-        self._outstanding_inputs -= freed_inputs
-        self._outstanding_bytes -= freed_bytes
-        files = self._files
-        if files is not None and files.written:
-            for index, _, _ in outcomes:
-                files.done(index)
-        self._window_open.set()
-
-    def _leave_window(self, index: int) -> None:
-        size = self._sizes[index]
-        if size:
-            self._sizes[index] = 0
-            self._outstanding_inputs -= 1
-            self._outstanding_bytes -= size
 
     async def _receive(self, ws, collect: bool = True) -> None:
         """Take results, output and progress; with collect=False (detaching) leave results be."""
@@ -547,7 +390,7 @@ class JobRunner:
                     return  # the last acknowledgement completes the job on the head: no need to hear JobEnded
             elif isinstance(msg, wire.InputsKept):
                 if msg.count >= self.n_inputs:
-                    self._kept.set()
+                    self.upload.kept.set()
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):
@@ -563,10 +406,10 @@ class JobRunner:
         outcomes, failed = self._take_results(msg.items)
         # Hand the results over before acknowledging them: once acked, the head forgets them.
         self.display.count_results(len(outcomes), failed)
-        self._free_window(outcomes)
+        self.upload.results_in(outcomes)
         self._remaining -= len(outcomes)
-        if self._remaining == 0 and self._files is not None:
-            self._files.close()  # before the caller has its results: nothing is left behind then
+        if self._remaining == 0:
+            self.upload.close_files()  # before the caller has its results: nothing is left behind then
         if outcomes:
             self.outcomes.put(outcomes)
         self._acked_seq = max(self._acked_seq, msg.seq)

@@ -1,0 +1,219 @@
+"""The client's upload side of one job: pickle inputs and send them within the head's window.
+
+The window counts the inputs that are out (sent, their result not yet back) and what they
+weigh; it frees as results return. A large input goes by file when the head allows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from array import array
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from burla import wire
+from burla.config import MAX_INPUT_BYTES
+from burla.errors import InputTooBig, UnpicklableInput
+from burla.input_files import INPUT_FILE_MIN_BYTES, InputFiles
+from burla.progress import Display
+from burla.serialization import PROTOCOL, dumps
+
+UPLOAD_BATCH_BYTES = 1024 * 1024
+UPLOAD_BATCH_ITEMS = wire.BATCH_ITEMS
+FIRST_UPLOAD_BATCH_ITEMS = 256
+FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answer (well inside any window)
+FIRST_BATCH_BYTES = 256 * 1024
+KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
+
+_SCALARS = frozenset({int, float, bool, type(None), complex})  # pickle small, always
+
+Send = Callable[[wire.Message], Awaitable[None]]
+
+
+def _no_sizes(n_inputs: int) -> array:
+    return array("I", bytes(4 * n_inputs))  # an input is at most MAX_INPUT_BYTES < 2**32
+
+
+class Uploader:
+    """Sends one job's inputs. `received[index]` (shared with the receiving side) is nonzero once
+    that input's result is in: such an input is never sent again after a reconnect."""
+
+    def __init__(self, job_id: str, inputs: Sequence[Any], received: bytearray, display: Display,
+                 detaching: bool) -> None:
+        self.job_id = job_id
+        self.inputs = inputs
+        self.received = received
+        self.display = display
+        # A detaching client only uploads: the head keeps every result for get_results, so the
+        # window does not hold it back.
+        self.detaching = detaching
+        self.window_inputs = 1
+        self.window_bytes = 0
+        self.outstanding_inputs = 0
+        self.outstanding_bytes = 0
+        # Per input, its size while it is out (0: not out). An array, not a dict: a million-input
+        # job would otherwise spend ~20 MB on it.
+        self.sizes = _no_sizes(len(received))
+        self.sent_until = 0  # every input sent so far has a lower index
+        self.window_open = asyncio.Event()
+        self.kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
+        self.files: InputFiles | None = None  # where large inputs go when the head allows it
+        self.files_full = False  # a file could not be written: the rest go inline
+
+    # --- the window ----------------------------------------------------------------------
+
+    def resume(self, start: int, window: tuple[int, int]) -> None:
+        """A (re)opened connection: the head's window, and inputs sent from `start` on that never
+        reached the head (a cut) leave the window, to go again."""
+        self.window_inputs, self.window_bytes = window
+        for index in range(start, self.sent_until):
+            self.leave_window(index)
+
+    def leave_window(self, index: int) -> None:
+        size = self.sizes[index]
+        if size:
+            self.sizes[index] = 0
+            self.outstanding_inputs -= 1
+            self.outstanding_bytes -= size
+
+    def results_in(self, outcomes: Sequence[tuple[int, bool, Any]]) -> None:
+        """These inputs have their results: they leave the window (and their files go)."""
+        sizes = self.sizes
+        freed_inputs = freed_bytes = 0
+        for index, _, _ in outcomes:
+            size = sizes[index]
+            if size:
+                sizes[index] = 0
+                freed_inputs += 1
+                freed_bytes += size
+        self.outstanding_inputs -= freed_inputs
+        self.outstanding_bytes -= freed_bytes
+        files = self.files
+        if files is not None and files.written:
+            for index, _, _ in outcomes:
+                files.done(index)
+        self.window_open.set()
+
+    def _mark_sent(self, index: int, size: int) -> None:
+        self.outstanding_inputs += 1
+        self.outstanding_bytes += size
+        self.sizes[index] = size
+        if index >= self.sent_until:
+            self.sent_until = index + 1
+
+    # --- large inputs by file ------------------------------------------------------------
+
+    def use_files(self, root: Path) -> None:
+        """Every node of the job shares this machine: large inputs go as files under `root`."""
+        try:
+            self.files = InputFiles(root, self.job_id)
+        except OSError as e:
+            self.display.announce(f"large inputs go inline: can't make their directory in {root} ({e})")
+
+    def close_files(self) -> None:
+        if self.files is not None:
+            self.files.close()
+
+    def _by_file(self, index: int, data: bytes) -> bytes:
+        """The reference to send for a large input, or its bytes if its file can't be written
+        (the directory is full, say): then it, and the rest of the job, go inline."""
+        assert self.files is not None
+        try:
+            return self.files.write(index, data)
+        except OSError as e:
+            self.display.announce(f"large inputs go inline from input {index} on: can't write its file ({e})")
+            self.files_full = True  # those written so far stay until their results are back
+            return data
+
+    # --- pickling and sending ------------------------------------------------------------
+
+    def pickled_input(self, index: int) -> bytes:
+        try:
+            data = dumps(self.inputs[index])
+        except Exception as e:
+            raise UnpicklableInput(index, f"{type(e).__name__}: {e}") from e
+        if len(data) > MAX_INPUT_BYTES:
+            raise InputTooBig(index, len(data), MAX_INPUT_BYTES)
+        return data
+
+    def first_batch(self) -> list:
+        """The first inputs (up to FIRST_BATCH_ITEMS, and FIRST_BATCH_BYTES give or take one input),
+        pickled before the job opens: one that can't be sent stops the job before the head starts it."""
+        batch: list = []
+        size = 0
+        for index in range(min(len(self.inputs), FIRST_BATCH_ITEMS)):
+            if size >= FIRST_BATCH_BYTES:
+                break
+            data = self.pickled_input(index)
+            batch.append([index, data])
+            size += len(data)
+        return batch
+
+    async def send_first_batch(self, send: Send, batch: list) -> int:
+        """Send the first inputs before the head's answer to the opening; returns how many."""
+        if batch:
+            for index, data in batch:
+                self.leave_window(index)  # sent before on a connection that closed at once
+                self._mark_sent(index, len(data))
+            await send(wire.InputBatch(self.job_id, batch))
+        return len(batch)
+
+    async def upload(self, send: Send, start: int) -> None:
+        """Pickle and send inputs from `start` while the window allows; a detaching client then
+        waits until the head has saved them all."""
+        job_id = self.job_id
+        batch: list = []
+        batch_bytes = 0
+        inputs, received, sizes = self.inputs, self.received, self.sizes
+        detaching = self.detaching
+        # The first batches are small, so the workers start while the rest is pickled; they double
+        # up to UPLOAD_BATCH_ITEMS, where a frame's cost per input is already small.
+        batch_items = FIRST_UPLOAD_BATCH_ITEMS
+        for index in range(start, len(inputs)):  # once per input: kept to the bare minimum
+            if received[index]:
+                continue
+            value = inputs[index]
+            if type(value) in _SCALARS and not isinstance(value, (str, bytes)):
+                data = pickle.dumps(value, PROTOCOL)  # the common small input, without the checks
+            else:
+                data = self.pickled_input(index)
+            size = len(data)  # what the input weighs in the window, whichever way it travels
+            if size >= INPUT_FILE_MIN_BYTES and self.files is not None and not self.files_full:
+                data = self._by_file(index, data)
+            while not detaching and self.outstanding_inputs and (
+                self.outstanding_inputs >= self.window_inputs
+                or self.outstanding_bytes + size > self.window_bytes
+            ):
+                if batch:
+                    await send(wire.InputBatch(job_id, batch))
+                    batch, batch_bytes = [], 0
+                self.window_open.clear()
+                await self.window_open.wait()
+            self.outstanding_inputs += 1
+            self.outstanding_bytes += size
+            sizes[index] = size
+            if index >= self.sent_until:
+                self.sent_until = index + 1
+            batch.append([index, data])
+            batch_bytes += len(data)
+            if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
+                await send(wire.InputBatch(job_id, batch))
+                batch, batch_bytes = [], 0
+                batch_items = min(UPLOAD_BATCH_ITEMS, batch_items * 2)
+                await asyncio.sleep(0)  # results that came back meanwhile are taken between batches
+        if batch:
+            await send(wire.InputBatch(job_id, batch))
+        if detaching:
+            await self._wait_until_kept()
+
+    async def _wait_until_kept(self) -> None:
+        """Leave only once the head has saved every input, so that a head crash right after
+        the client leaves loses none of them."""
+        try:
+            await asyncio.wait_for(self.kept.wait(), KEPT_CONFIRM_S)
+        except TimeoutError:
+            self.display.announce(
+                f"the head did not confirm within {KEPT_CONFIRM_S:g} s that it saved this job's inputs; the job "
+                "runs on, but if the head restarts before it ends some inputs may be missing from its results")
