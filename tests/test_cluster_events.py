@@ -42,7 +42,7 @@ def _register(cluster: Cluster, node_id: str, held: list) -> NodeLink:
 async def test_results_a_returning_node_sends_again_do_not_count_twice():
     cluster = Cluster("0.1.0")
     opening = spec(n=4, raise_errors=False)
-    cluster.restore_jobs([KeptJob(opening.encode(), None, RUNNING, "", "", [], [])])
+    cluster.recovery.restore_jobs([KeptJob(opening.encode(), None, RUNNING, "", "", [], [])])
     _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
     job = cluster.scheduler.jobs["j"]
     # The node finished 0, 1 and 2 while the head was away; the client already got 0 and 1.

@@ -188,7 +188,7 @@ async def metrics_of(cluster: Cluster, view: JobView) -> dict:
     progress = await cluster.history.job_progress_of(view.job_id)
     # A node's state is kept about once per sample period: a job shorter than that still gets the
     # samples taken around it.
-    margin = cluster.sample_period_s()
+    margin = cluster.watch.sample_period_s()
     since = (view.started_at or 0.0) - margin
     until = (view.ended_at or time.time()) + margin
     node_ids = view.nodes or sorted(await cluster.history.nodes_seen())

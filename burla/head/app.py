@@ -150,11 +150,11 @@ class _Lifecycle:
             if history is not None:
                 await history.open()
                 await fleet.load_saved_settings()  # before jobs are taken up: they may boot machines
-                cluster.restore_jobs(await history.kept_jobs(), await history.nodes_connected_at_stop())
+                cluster.recovery.restore_jobs(await history.kept_jobs(), await history.nodes_connected_at_stop())
         except Exception:  # noqa: BLE001 - the head serves on without the jobs it kept
             log.exception("history could not be opened; jobs kept in it are not taken up")
         finally:
-            cluster.restored.set()  # clients resuming jobs waited for this
+            cluster.recovery.done.set()  # clients resuming jobs waited for this
         try:
             await fleet.sweep_leftovers()
         except Exception:  # noqa: BLE001 - each later boot watch removes what it finds

@@ -145,7 +145,7 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
     # Right after a restart, jobs kept in history are taken up first: what the node kept running
     # belongs to them. If that takes too long, close without an answer; the node tries again.
     try:
-        await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
+        await asyncio.wait_for(cluster.recovery.done.wait(), FIRST_FRAME_TIMEOUT_S)
     except TimeoutError:
         await ws.close()
         return ws
@@ -301,7 +301,7 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
         # Right after a restart, the jobs kept in history are being taken up: wait for that;
         # if it takes too long, close without an answer so that the client tries again.
         try:
-            await asyncio.wait_for(cluster.restored.wait(), FIRST_FRAME_TIMEOUT_S)
+            await asyncio.wait_for(cluster.recovery.done.wait(), FIRST_FRAME_TIMEOUT_S)
         except TimeoutError:
             await ws.close()
             return None

@@ -10,18 +10,18 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Protocol
 
 from burla import wire
 from burla.build import build_hash
-from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
+from burla.errors import HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.client_watch import ClientWatch
-from burla.head.history import HEAD_STOPPED, History, KeptJob
+from burla.head.history import HEAD_STOPPED, History
 from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink, WriteTurns
+from burla.head.machines import Machines, NoMachines
 from burla.head.node_watch import NodeWatch
 from burla.head.recorder import NoRecord, Recorder
+from burla.head.restart_recovery import REJOIN_GRACE_S, RestartRecovery
 from burla.head.scheduler import (
     CANCELED,
     COMPLETED,
@@ -38,39 +38,10 @@ from burla.states import EndKind, JobStatus
 
 log = logging.getLogger("burla.head")
 
-# A node whose connection dropped may be back after its SSH tunnel is re-established (a laptop
-# changing networks): jobs wait this long for it, or the node deadline if longer.
-REJOIN_GRACE_S = 120.0
-
 CLIENT_WINDOW_INPUTS = 200_000
 CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
 SHUTDOWN_NOTICE_S = 1.0
-RESTORED_CLIENT_GRACE_S = 60.0  # how long a job taken up after a restart waits for its client (its retry window)
-# How long a job taken up after a restart holds its inputs back for the nodes that were connected
-# when the head stopped: they come back holding inputs, which must not be pushed to others meanwhile.
-RESTORE_SETTLE_S = 10.0
-NODE_SAMPLES_PER_S = 100  # node states kept in history per second, across all nodes
-
-
-class Machines(Protocol):
-    """What the cluster asks of whoever keeps its machines (the head's fleet)."""
-
-    def prepare_job(self, spec: wire.OpenJob) -> None:
-        """Boot what a new job needs (grow, or restart local nodes removed for idleness)."""
-
-    def remove_machine(self, node_id: str, why: str) -> None:
-        """A node that left or went silent: its machine goes (cloud nodes)."""
-
-
-class _NoMachines:
-    """Before the fleet is made (and in a cluster without one): nothing to boot or remove."""
-
-    def prepare_job(self, spec: wire.OpenJob) -> None:
-        pass
-
-    def remove_machine(self, node_id: str, why: str) -> None:
-        pass
 
 
 class Cluster:
@@ -90,13 +61,9 @@ class Cluster:
         self.rejoining: dict[str, float] = {}  # node id -> when its connection dropped (it may come back)
         self.watch = NodeWatch(self)  # liveness, idleness and steal hints
         self.clients = ClientWatch(self)  # progress to clients and history, and clients that left
-        self.machines: Machines = _NoMachines()  # the fleet, once it is made (use_machines)
-        self.restored = asyncio.Event()  # set once jobs kept in history are taken up (resumes wait for it)
-        self._restored_at: dict[str, float] = {}  # jobs taken up after a restart, until nodes join them
-        self.expected_back: set[str] = set()  # nodes connected when the head last stopped, not yet back
-        self._settle_until = 0.0  # restored jobs push nothing before this (or before expected_back is empty)
+        self.machines: Machines = NoMachines()  # the fleet, once it is made (use_machines)
+        self.recovery = RestartRecovery(self)  # jobs kept in history, taken up after a restart
         self.stopping = False  # set by shut_down: connections that close now are not node losses
-        self._sampled_at: dict[str, float] = {}  # node id -> when its state was last kept in history
 
     # --- pushing inputs ------------------------------------------------------------------
 
@@ -156,25 +123,10 @@ class Cluster:
             self.scheduler.adopt(msg.node_id, job, wire.unpack_indices(packed))
         if msg.held:
             log.info("node %s came back holding inputs of %d job(s)", msg.node_id, len(msg.held))
-        self.expected_back.discard(msg.node_id)
-        self._release_restored_jobs(time.monotonic())
-
-    def _release_restored_jobs(self, now: float) -> None:
-        """Restored jobs push again once the nodes expected back are back, or the wait is over."""
-        if self.expected_back and now < self._settle_until:
-            return
-        self.expected_back.clear()
-        released = False
-        for job in self.scheduler.running.values():
-            if job.waits_for_nodes:
-                job.waits_for_nodes = False
-                released = True
-        if released:
-            self.pump()
+        self.recovery.node_back(msg.node_id)
 
     def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None:
         self.node_links.pop(node_id, None)
-        self._sampled_at.pop(node_id, None)
         self.idle_collector.changed()
         if self.stopping:
             return
@@ -251,8 +203,8 @@ class Cluster:
 
     def check_waiting(self, now: float, deadline_s: float) -> None:
         """What waits for nodes: jobs taken up after a restart, and dropped nodes that may rejoin."""
-        self._end_restored_jobs_without_nodes(now)
-        self._release_restored_jobs(now)
+        self.recovery.end_jobs_without_nodes(now)
+        self.recovery.release(now)
         for node_id, dropped in list(self.rejoining.items()):
             if node_id not in self.booting_ids:
                 self.rejoining.pop(node_id, None)  # it came back (or its driver gave up on it)
@@ -260,19 +212,6 @@ class Cluster:
                 self.node_boot_failed(node_id, f"its connection dropped and it did not come back within "
                                                f"{max(deadline_s, REJOIN_GRACE_S):g} s", what="lost")
                 self.machines.remove_machine(node_id, "its connection dropped and it did not come back")
-
-    def _end_restored_jobs_without_nodes(self, now: float) -> None:
-        """A job taken up after a restart waits for nodes to come back (as for a dropped node);
-        if none has joined it by then and none is booting, it ends saying so."""
-        for job_id, since in list(self._restored_at.items()):
-            job = self.scheduler.jobs.get(job_id)
-            if job is None or job.status != RUNNING or job.assignments:
-                del self._restored_at[job_id]
-            elif now - since > REJOIN_GRACE_S and self.scheduler.booting == 0:
-                del self._restored_at[job_id]
-                self.end_job(job, FAILED, EndKind.NO_NODES,
-                             f"no node could run this job within {REJOIN_GRACE_S:g} s of the head's restart; start "
-                             "nodes and run it again")
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
         self.watch.heard(node_id)
@@ -313,7 +252,7 @@ class Cluster:
     def _on_state(self, node_id: str, msg: wire.NodeState) -> None:
         self.scheduler.update_state(msg)
         self.watch.note_idleness(node_id)
-        if self._sample_due(node_id):
+        if self.watch.sample_due(node_id):
             running = sum(r for _, r, _, _ in msg.jobs)
             self.record.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
                                      msg.net_recv_bps, msg.workers_alive, running, msg.gpu_percent,
@@ -327,20 +266,6 @@ class Cluster:
         if link is not None:
             link.close()
         self.machines.remove_machine(node_id, msg.reason)
-
-    def sample_period_s(self) -> float:
-        """How often each node's state is kept in history (bounded to NODE_SAMPLES_PER_S in all)."""
-        return max(1.0, len(self.node_links) / NODE_SAMPLES_PER_S)
-
-    def _sample_due(self, node_id: str) -> bool:
-        """Whether to keep this node's state in history now: every second with up to
-        NODE_SAMPLES_PER_S nodes, less often with more, so history's writes stay bounded."""
-        now = time.monotonic()
-        every = self.sample_period_s() * 0.9  # a push arriving early still counts
-        if now - self._sampled_at.get(node_id, 0.0) < every:
-            return False
-        self._sampled_at[node_id] = now
-        return True
 
     @staticmethod
     def _node_loss_error(index: int, job: JobRecord) -> bytes:
@@ -382,59 +307,13 @@ class Cluster:
         link = ClientLink(spec.job_id)
         self.client_links[spec.job_id] = link
         self.job_times[spec.job_id] = (time.time(), None)
-        self._assign(job)
+        self.assign(job)
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         self.clients.record_job(job)
         self.record.job_opened(spec.job_id, job.spec.encode())  # a restarted head takes it up again (as admitted)
         return job, link
 
-    def restore_jobs(self, kept_jobs: list[KeptJob], expected_back: Sequence[str] = ()) -> None:
-        """Take up the jobs that were running (or, detached, not yet collected) when this head
-        last stopped, from history. An
-        attached job waits for its client to come back and say which results it already has
-        (RESTORED_CLIENT_GRACE_S); a detached one runs its kept inputs and keeps its results for
-        get_results. Nodes join them as they register; those that were connected when the head
-        stopped (`expected_back`) report the inputs they kept running, and until they are back (at
-        most RESTORE_SETTLE_S) nothing of these jobs is pushed to other nodes."""
-        self.expected_back = set(expected_back) - set(self.node_links)
-        self._settle_until = time.monotonic() + RESTORE_SETTLE_S
-        for kept in kept_jobs:
-            try:
-                spec = wire.decode(kept.opening, wire.CLIENT_TO_HEAD)
-            except ProtocolError as e:
-                log.warning("a job kept in history can't be read (%s); dropping it", e)
-                continue
-            if not isinstance(spec, wire.OpenJob) or spec.job_id in self.scheduler.jobs:
-                continue
-            if kept.status == RUNNING:  # boot only for what will run
-                try:
-                    self.machines.prepare_job(spec)
-                except BurlaError as e:
-                    log.warning("job %s can't get nodes again: %s", spec.job_id, e)
-            job = self.scheduler.restore(spec)
-            job.waits_for_nodes = bool(self.expected_back)
-            link = ClientLink(spec.job_id)
-            link.detached_since = time.monotonic()
-            link.patience_s = RESTORED_CLIENT_GRACE_S
-            self.client_links[spec.job_id] = link
-            self.job_times[spec.job_id] = (kept.started_at or time.time(), None)
-            if spec.detach:
-                self.scheduler.load_kept(job, kept.inputs, kept.results)
-                link.deliver([], kept.results)
-            self._assign(job)
-            log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,
-                     job.n_inputs)
-            self._restored_at[spec.job_id] = time.monotonic()
-            self.clients.record_job(job)
-            if kept.status in (FAILED, CANCELED):  # a detached job that ended: only its results remain
-                kind = kept.end_kind or (EndKind.JOB_FAILED if kept.status == FAILED else EndKind.JOB_CANCELED)
-                self.end_job(job, kept.status, kind, kept.reason)
-            elif spec.detach and job.n_done >= job.n_inputs:
-                self.end_job(job, COMPLETED, EndKind.NONE, "")  # its results wait for get_results
-            else:
-                self.pump()
-
-    def _assign(self, job: JobRecord) -> None:
+    def assign(self, job: JobRecord) -> None:
         """Tell every node the scheduler gave a share of `job` to run it."""
         # (parallelism, slots) -> the encoded AssignJob (its function may be large)
         frames: dict[tuple[int, int], bytes] = {}

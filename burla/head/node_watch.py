@@ -1,7 +1,7 @@
 """Watching the registered nodes: which went silent (declared dead), which sat idle past their
 timeout (removed), and which idle ones to point at a peer still holding queued inputs (steal
-hints). It owns when each node was last heard and since when it has been idle; what to do
-with a lost node is the cluster's."""
+hints). It owns when each node was last heard, since when it has been idle and when its state
+was last kept in history; what to do with a lost node is the cluster's."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ log = logging.getLogger("burla.head")
 INACTIVITY_CHECK_S = 0.5
 STEAL_CHECK_S = 0.25
 STEAL_HINT_COOLDOWN_S = 1.0  # about one state push: let the last steal show before hinting again
+NODE_SAMPLES_PER_S = 100  # node states kept in history per second, across all nodes
 
 
 class NodeWatch:
@@ -29,6 +30,7 @@ class NodeWatch:
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job
         self._hinted: dict[tuple[str, str], float] = {}  # (thief, job) -> when it was last hinted
+        self._sampled_at: dict[str, float] = {}  # node id -> when its state was last kept in history
 
     def heard(self, node_id: str) -> None:
         self.last_heard[node_id] = time.monotonic()
@@ -36,6 +38,21 @@ class NodeWatch:
     def forget(self, node_id: str) -> None:
         self.idle_since.pop(node_id, None)
         self.last_heard.pop(node_id, None)
+        self._sampled_at.pop(node_id, None)
+
+    def sample_period_s(self) -> float:
+        """How often each node's state is kept in history (bounded to NODE_SAMPLES_PER_S in all)."""
+        return max(1.0, len(self._cluster.node_links) / NODE_SAMPLES_PER_S)
+
+    def sample_due(self, node_id: str) -> bool:
+        """Whether to keep this node's state in history now: every second with up to
+        NODE_SAMPLES_PER_S nodes, less often with more, so history's writes stay bounded."""
+        now = time.monotonic()
+        every = self.sample_period_s() * 0.9  # a push arriving early still counts
+        if now - self._sampled_at.get(node_id, 0.0) < every:
+            return False
+        self._sampled_at[node_id] = now
+        return True
 
     def stolen(self, thief_id: str, job_id: str) -> None:
         """The thief took what it was hinted at: it may be hinted again at once."""

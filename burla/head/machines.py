@@ -1,0 +1,27 @@
+"""What the cluster asks of whoever keeps its machines (the head's fleet, head/fleet.py)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from burla import wire
+
+
+class Machines(Protocol):
+    """What the cluster asks of whoever keeps its machines (the head's fleet)."""
+
+    def prepare_job(self, spec: wire.OpenJob) -> None:
+        """Boot what a new job needs (grow, or restart local nodes removed for idleness)."""
+
+    def remove_machine(self, node_id: str, why: str) -> None:
+        """A node that left or went silent: its machine goes (cloud nodes)."""
+
+
+class NoMachines:
+    """Before the fleet is made (and in a cluster without one): nothing to boot or remove."""
+
+    def prepare_job(self, spec: wire.OpenJob) -> None:
+        pass
+
+    def remove_machine(self, node_id: str, why: str) -> None:
+        pass
