@@ -9,6 +9,8 @@ import pytest
 from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
+from burla.head.eligibility import can_join, ineligibility
+from burla.head.held_inputs import adopt_held, mark_client_held
 from burla.head.scheduler import RUNNING, NodeRecord, Scheduler
 
 
@@ -261,9 +263,9 @@ def _inputs(indices):
 
 def test_a_node_back_after_a_restart_keeps_what_it_holds():
     s, job = _restored()
-    s.adopt("a", job, [0, 1, 2])
+    adopt_held(job, "a", [0, 1, 2])
     assert job.node_held == {0: "a", 1: "a", 2: "a"}
-    s.mark_held(job, zlib.compress(bytes(6)))  # the client has no result yet and uploads all six
+    mark_client_held(job, zlib.compress(bytes(6)))  # the client has no result yet and uploads all six
     s.add_inputs(job, _inputs(range(6)))
     assert job.assignments["a"].inflight == {0: b"x0", 1: b"x1", 2: b"x2"}  # bytes in case "a" dies
     assert [item[0] for item in job.pending] == [3, 4, 5] and job.received == 6 and not job.node_held
@@ -283,27 +285,27 @@ def test_inputs_queued_again_go_back_to_the_node_that_holds_them():
     s.remove_node("a")  # its connection dropped: its inputs are queued again
     assert [item[0] for item in job.pending] == [0, 1, 2, 3] and job.node_losses == {0: 1, 1: 1, 2: 1, 3: 1}
     s.add_node(node("a", slots=2))
-    s.adopt("a", job, [1, 3])  # it came back still holding two of them
+    adopt_held(job, "a", [1, 3])  # it came back still holding two of them
     assert [item[0] for item in job.pending] == [0, 2]
     assert job.assignments["a"].inflight == {1: b"x1", 3: b"x3"} and job.node_losses == {0: 1, 2: 1}
 
 
 def test_held_inputs_of_a_lost_holder_are_queued_when_uploaded():
     s, job = _restored()
-    s.adopt("a", job, [0, 1])
+    adopt_held(job, "a", [0, 1])
     s.remove_node("a")
     assert not job.node_held
-    s.mark_held(job, zlib.compress(bytes(6)))
+    mark_client_held(job, zlib.compress(bytes(6)))
     s.add_inputs(job, _inputs(range(6)))
     assert [item[0] for item in job.pending] == list(range(6))
 
 
 def test_results_before_the_client_is_back_are_merged_with_what_it_holds():
     s, job = _restored()
-    s.adopt("a", job, [0, 1, 2])
+    adopt_held(job, "a", [0, 1, 2])
     s.record_results("a", job, [[1, True, b"r1"], [2, False, b"e2"]])
     assert job.n_done == 2 and job.n_failed == 1
-    held, states = s.mark_held(job, zlib.compress(bytes([1, 0, 0, 0, 2, 0])))  # the client has 0 and 4 (failed)
+    held, states = mark_client_held(job, zlib.compress(bytes([1, 0, 0, 0, 2, 0])))  # the client has 0 and 4 (failed)
     assert held == 2 and states == bytes([1, 0, 0, 0, 2, 0])
     assert (job.n_done, job.n_failed, job.upload_prefix) == (4, 2, 3)
     s.add_inputs(job, _inputs([0, 1, 2, 3, 4, 5]))  # sending again what it lacks results for is fine
@@ -313,9 +315,9 @@ def test_results_before_the_client_is_back_are_merged_with_what_it_holds():
 
 def test_a_held_input_stolen_before_its_bytes_arrive_follows_the_thief():
     s, job = _restored()
-    s.adopt("a", job, [0, 1])
+    adopt_held(job, "a", [0, 1])
     s.record_steal("b", job, "a", [1])
-    s.mark_held(job, zlib.compress(bytes(6)))
+    mark_client_held(job, zlib.compress(bytes(6)))
     s.add_inputs(job, _inputs([0, 1]))
     assert job.assignments["a"].inflight == {0: b"x0"} and job.assignments["b"].inflight == {1: b"x1"}
 
@@ -323,7 +325,7 @@ def test_a_held_input_stolen_before_its_bytes_arrive_follows_the_thief():
 def test_a_restored_job_pushes_nothing_while_it_waits_for_its_nodes():
     s, job = _restored()
     job.waits_for_nodes = True
-    s.mark_held(job, zlib.compress(bytes(6)))
+    mark_client_held(job, zlib.compress(bytes(6)))
     s.add_inputs(job, _inputs(range(6)))
     s.grant("a", "j", 10)
     assert s.plan() == []
@@ -369,5 +371,5 @@ def test_a_clients_machine_is_no_requirement_for_growth_or_errors():
     # by-file job only stays on its machine once admitted, through `can_join`).
     elsewhere = _on("vm", "b")
     by_file = spec(client_host="laptop")
-    assert Scheduler.ineligibility(elsewhere, by_file) is None
-    assert not Scheduler.can_join(elsewhere, by_file) and Scheduler.can_join(_on("laptop", "a"), by_file)
+    assert ineligibility(elsewhere, by_file) is None
+    assert not can_join(elsewhere, by_file) and can_join(_on("laptop", "a"), by_file)

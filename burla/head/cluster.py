@@ -15,6 +15,7 @@ from burla import wire
 from burla.build import build_hash
 from burla.errors import HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.client_watch import ClientWatch
+from burla.head.held_inputs import adopt_held, mark_client_held
 from burla.head.history import HEAD_STOPPED, History
 from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink, WriteTurns
@@ -120,7 +121,7 @@ class Cluster:
                 link.send(wire.CancelJob(job_id, "the head does not run this job (any more)"))
                 link.send(wire.ReleaseJob(job_id))
                 continue
-            self.scheduler.adopt(msg.node_id, job, wire.unpack_indices(packed))
+            adopt_held(job, msg.node_id, wire.unpack_indices(packed))
         if msg.held:
             log.info("node %s came back holding inputs of %d job(s)", msg.node_id, len(msg.held))
         self.recovery.node_back(msg.node_id)
@@ -351,7 +352,7 @@ class Cluster:
         if job.restored and job.status == RUNNING:  # this head restarted: the client says what it has
             if not msg.held:
                 raise ProtocolError("a job taken up after a restart needs ResumeJob.held")
-            link.acked, client_states = self.scheduler.mark_held(job, msg.held)
+            link.acked, client_states = mark_client_held(job, msg.held)
             # A returning node may have sent results the client already holds: they would count
             # twice towards the acknowledgements that end the job.
             link.forget_results(client_states)

@@ -18,6 +18,7 @@ from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
 from burla.drivers.registry import BY_NAME
 from burla.errors import SettingsError
 from burla.head.cluster import Cluster
+from burla.head.eligibility import ineligibility, node_parallelism
 from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
 from burla.head.scheduler import RUNNING
@@ -152,8 +153,8 @@ class Fleet:
             self._booting_machines.pop(node_id, None)  # registered or failed by now
         self.grown &= set(scheduler.nodes) | self.cluster.booting_ids
         have_slots = sum(
-            scheduler.node_parallelism(node, spec) for node in scheduler.nodes.values()
-            if scheduler.ineligibility(node, spec) is None
+            node_parallelism(node, spec) for node in scheduler.nodes.values()
+            if ineligibility(node, spec) is None
         ) + sum(self._booting_slots.get(node_id, 0) for node_id in self.cluster.booting_ids)
         have_vcpus = sum(node.cpus for node in scheduler.nodes.values()) + sum(
             self._booting_machines[n].vcpus for n in self.cluster.booting_ids if n in self._booting_machines)

@@ -8,12 +8,10 @@ Keeping it pure makes every scheduling rule testable in microseconds.
 from __future__ import annotations
 
 import math
-import zlib
 
 from burla import wire
-from burla.config import MAX_CALLS_PER_SLOT
-from burla.drivers.catalog import gpu_model
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
+from burla.head.eligibility import can_join, explain, ineligibility, node_parallelism
 from burla.head.records import (  # noqa: F401 - the records' module re-exported: callers import them here
     CANCELED,
     COMPLETED,
@@ -60,23 +58,6 @@ def _least_push(assignment: Assignment) -> int:
     return max(assignment.slots, min(assignment.credit // 4, wire.BATCH_ITEMS))
 
 
-_ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1
-
-
-def _nonzero(flags: bytearray) -> list[int]:
-    """Indices of the set bytes, skipping zero runs at C speed."""
-    found = []
-    index = flags.find(1)
-    while index >= 0:
-        found.append(index)
-        index = flags.find(1, index + 1)
-    return found
-
-
-def _major_minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
-
-
 class Scheduler:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeRecord] = {}
@@ -104,9 +85,9 @@ class Scheduler:
         self.nodes[node.node_id] = node
         joins = []
         for job in self.running.values():
-            if not self.can_join(node, job.spec):
+            if not can_join(node, job.spec):
                 continue
-            parallelism, slots = _share(node, self.node_parallelism(node, job.spec), job, job.job_id in holding)
+            parallelism, slots = _share(node, node_parallelism(node, job.spec), job, job.job_id in holding)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
                 joins.append((job, parallelism))
@@ -120,9 +101,9 @@ class Scheduler:
             return []
         joined = []
         for node in self.nodes.values():
-            if node.node_id in job.assignments or not self.can_join(node, job.spec):
+            if node.node_id in job.assignments or not can_join(node, job.spec):
                 continue
-            parallelism, slots = _share(node, self.node_parallelism(node, job.spec), job)
+            parallelism, slots = _share(node, node_parallelism(node, job.spec), job)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
                 joined.append((node.node_id, parallelism))
@@ -176,45 +157,6 @@ class Scheduler:
 
     # --- admission -----------------------------------------------------------------------
 
-    @staticmethod
-    def ineligibility(node: NodeRecord, spec: wire.OpenJob) -> str | None:
-        """Why this node can't run the job, or None if it can."""
-        if _major_minor(node.python_version) != _major_minor(spec.python_version):
-            return "python"
-        if spec.func_gpu is not None and gpu_model(node.gpu or "") != gpu_model(spec.func_gpu):
-            return "gpu"
-        if spec.image is not None and node.image != spec.image:
-            return "image"
-        if spec.region is not None and node.region != spec.region:
-            return "region"
-        if Scheduler.node_parallelism(node, spec) < 1:
-            return "capacity"
-        return None
-
-    @staticmethod
-    def can_join(node: NodeRecord, spec: wire.OpenJob) -> bool:
-        """Whether a node may take part in an admitted job: it meets the job's requirements and,
-        for a job whose inputs go by file, shares the client's machine."""
-        if spec.client_host and node.host_id != spec.client_host:
-            return False
-        return Scheduler.ineligibility(node, spec) is None
-
-    @staticmethod
-    def node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
-        """At most how many calls of the job may run on the node at once. With func_cpu="dynamic"
-        that is MAX_CALLS_PER_SLOT per slot: the node runs more than a call per slot only while
-        its CPUs show room (burla/node/governor.py)."""
-        parallelism = node.slots
-        if spec.func_gpu is not None:
-            parallelism = min(parallelism, node.gpu_count)
-        elif spec.func_cpu is None:
-            parallelism = node.slots * MAX_CALLS_PER_SLOT
-        if spec.func_cpu is not None:
-            parallelism = min(parallelism, node.cpus // spec.func_cpu)
-        if spec.func_ram is not None:
-            parallelism = min(parallelism, int(node.ram_gb // spec.func_ram))
-        return parallelism
-
     def admit(self, spec: wire.OpenJob) -> JobRecord:
         """Create the job and its node assignments, or raise why no node can take it."""
         if spec.job_id in self.jobs:
@@ -227,13 +169,13 @@ class Scheduler:
         reasons: dict[str, list[NodeRecord]] = {}
         eligible: list[tuple[NodeRecord, int]] = []
         for node in self.nodes.values():
-            reason = self.ineligibility(node, spec)
+            reason = ineligibility(node, spec)
             if reason is None:
-                eligible.append((node, self.node_parallelism(node, spec)))
+                eligible.append((node, node_parallelism(node, spec)))
             else:
                 reasons.setdefault(reason, []).append(node)
         if not eligible and self.booting == 0:
-            raise NoCompatibleNodes(self._explain(spec, reasons))
+            raise NoCompatibleNodes(explain(spec, reasons, len(self.nodes)))
         # Inputs by file only when every node that could run the job shares the client's machine
         # (and none is booting elsewhere); the job then stays on that machine's nodes.
         if spec.client_host and not self._all_on(spec.client_host, [node for node, _ in eligible]):
@@ -255,8 +197,8 @@ class Scheduler:
         join it as they register, and for its client, which says which results it already has."""
         if spec.job_id in self.jobs:
             raise ProtocolError(f"job id {spec.job_id!r} is already in use")
-        eligible = [(node, self.node_parallelism(node, spec)) for node in self.nodes.values()
-                    if self.can_join(node, spec)]
+        eligible = [(node, node_parallelism(node, spec)) for node in self.nodes.values()
+                    if can_join(node, spec)]
         job = self._create(spec, eligible)
         job.restored = True
         return job
@@ -293,119 +235,6 @@ class Scheduler:
         job.lenient_uploads = True
         self.add_inputs(job, [item for item in inputs if 0 <= item[0] < job.n_inputs and not job.done[item[0]]])
 
-    def adopt(self, node_id: str, job: JobRecord, indices: list[int]) -> None:
-        """A node registering again still holds these inputs (queued, running, or with results on
-        their way): they count as in flight on it, not to be pushed anywhere else."""
-        assignment = job.assignments[node_id]
-        n = job.n_inputs
-        done = job.done
-        holding = {i for i in indices if 0 <= i < n and not done[i]}
-        if not holding:
-            return
-        if job.pending:  # queued here again meanwhile (the node's inputs came back when it dropped)
-            rest = []
-            for index, data in job.pending:
-                if index in holding:
-                    assignment.inflight[index] = data
-                    holding.discard(index)
-                    losses = job.node_losses.pop(index, 0)  # its node was not lost after all
-                    if losses > 1:
-                        job.node_losses[index] = losses - 1
-                else:
-                    rest.append((index, data))
-            job.pending.keep(rest)
-        for other_id, other in job.assignments.items():
-            if other_id != node_id and holding:
-                holding.difference_update(other.inflight)  # already pushed elsewhere: both run it, first wins
-        seen = job.seen
-        for index in holding:
-            if index in assignment.inflight:
-                continue
-            if seen[index]:  # uploaded but in no queue and on no node: a result is on its way
-                continue
-            job.node_held[index] = node_id
-
-    def mark_held(self, job: JobRecord, held: bytes) -> tuple[int, bytes]:
-        """A restored job's client has these results already (one byte per input: 0 none, 1 a
-        result, 2 a failure): count them done and uploaded. Returns how many it holds, and the
-        per-input states it sent."""
-        n = job.n_inputs
-        try:
-            inflater = zlib.decompressobj()
-            states = inflater.decompress(held, n + 1)  # bounded: a frame can't inflate past n bytes
-        except zlib.error as e:
-            raise ProtocolError(f"ResumeJob.held is not zlib data ({e})") from None
-        if len(states) != n or inflater.unconsumed_tail:
-            raise ProtocolError(f"ResumeJob.held must describe exactly {n} inputs")
-        flags = bytearray(bytes(states).translate(_ANY_RESULT))
-        held_count = n - states.count(0)
-        failed = states.count(2)
-        done_here = 0
-        if job.n_done:  # results nodes sent before the client was back: they are on their way to it
-            for index in _nonzero(job.done):
-                if not flags[index]:
-                    flags[index] = 1
-                    done_here += 1
-                    failed += index in job.failed_here
-        job.failed_here.clear()
-        job.seen = bytearray(flags)
-        job.done = flags
-        job.n_done = held_count + done_here
-        job.n_failed = failed
-        job.received = job.n_done
-        first_missing = job.seen.find(0)
-        job.upload_prefix = n if first_missing < 0 else first_missing
-        job.restored = False
-        job.lenient_uploads = True  # it may send again what a node's result already covers
-        return held_count, bytes(states)
-
-    def _explain(self, spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]]) -> str:
-        n = len(self.nodes)
-        lines = [f"None of the cluster's {n} node(s) can run this job:"]
-        if "python" in reasons:
-            versions = sorted({_major_minor(node.python_version) for node in reasons["python"]})
-            lines.append(
-                f"- the client runs Python {_major_minor(spec.python_version)} but the nodes run "
-                f"Python {', '.join(versions)}; run the client with a matching Python or start nodes "
-                f"with Python {_major_minor(spec.python_version)}."
-            )
-        if "gpu" in reasons:
-            have = sorted({node.gpu or "no GPU" for node in reasons["gpu"]})
-            lines.append(
-                f"- func_gpu={spec.func_gpu!r} but the nodes have {', '.join(have)}; use grow=True on a "
-                "cloud cluster to boot GPU nodes, or drop func_gpu."
-            )
-        if "image" in reasons:
-            have = sorted({node.image or "no image (the node's own Python)" for node in reasons["image"]})
-            lines.append(
-                f"- image={spec.image!r} but the nodes run {', '.join(have)}; use grow=True on a cloud "
-                "cluster to boot nodes with that image, or drop image."
-            )
-        if "region" in reasons:
-            have = sorted({node.region for node in reasons["region"]})
-            lines.append(
-                f"- region={spec.region!r} but the nodes are in {', '.join(have)}; use grow=True on a "
-                "cloud cluster to boot nodes there, or drop region."
-            )
-        if "capacity" in reasons:
-            biggest = max(reasons["capacity"], key=lambda node: (node.cpus, node.ram_gb))
-            asked = []
-            if spec.func_cpu is not None:
-                asked.append(f"func_cpu={spec.func_cpu}")
-            if spec.func_ram is not None:
-                asked.append(f"func_ram={spec.func_ram:g}")
-            lines.append(
-                f"- one call needs {' and '.join(asked) or 'more than a node has'} but the largest node "
-                f"has {biggest.cpus} CPUs and {biggest.ram_gb:.0f} GB; lower them, or use grow=True on "
-                "a cloud cluster to boot bigger machines."
-            )
-        if "host" in reasons:
-            lines.append(
-                "- the job's inputs travel as files on the client's machine, and no node on that machine is left; "
-                "run the job again (its inputs then go over the network to the other nodes)."
-            )
-        return "\n".join(lines)
-
     def unrunnable(self) -> list[tuple[JobRecord, EndKind, str]]:
         """Running jobs no node can run, now that none is booting: [(job, end kind, why)].
 
@@ -424,12 +253,12 @@ class Scheduler:
                 continue
             reasons: dict[str, list[NodeRecord]] = {}
             for node in self.nodes.values():
-                reason = self.ineligibility(node, job.spec) or ("host" if not self.can_join(node, job.spec) else None)
+                reason = ineligibility(node, job.spec) or ("host" if not can_join(node, job.spec) else None)
                 if reason is None:
                     break  # a node could take it after all: leave it be
                 reasons.setdefault(reason, []).append(node)
             else:
-                found.append((job, EndKind.NO_COMPATIBLE_NODES, self._explain(job.spec, reasons)))
+                found.append((job, EndKind.NO_COMPATIBLE_NODES, explain(job.spec, reasons, len(self.nodes))))
         return found
 
     # --- inputs and results --------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""Which nodes may run a job, how many of its calls at once, and, when none can, why: pure
+functions of a node's record and the job's opening."""
+
+from __future__ import annotations
+
+from burla import wire
+from burla.config import MAX_CALLS_PER_SLOT
+from burla.drivers.catalog import gpu_model
+from burla.head.records import NodeRecord
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def ineligibility(node: NodeRecord, spec: wire.OpenJob) -> str | None:
+    """Why this node can't run the job, or None if it can."""
+    if _major_minor(node.python_version) != _major_minor(spec.python_version):
+        return "python"
+    if spec.func_gpu is not None and gpu_model(node.gpu or "") != gpu_model(spec.func_gpu):
+        return "gpu"
+    if spec.image is not None and node.image != spec.image:
+        return "image"
+    if spec.region is not None and node.region != spec.region:
+        return "region"
+    if node_parallelism(node, spec) < 1:
+        return "capacity"
+    return None
+
+
+def can_join(node: NodeRecord, spec: wire.OpenJob) -> bool:
+    """Whether a node may take part in an admitted job: it meets the job's requirements and,
+    for a job whose inputs go by file, shares the client's machine."""
+    if spec.client_host and node.host_id != spec.client_host:
+        return False
+    return ineligibility(node, spec) is None
+
+
+def node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
+    """At most how many calls of the job may run on the node at once. With func_cpu="dynamic"
+    that is MAX_CALLS_PER_SLOT per slot: the node runs more than a call per slot only while
+    its CPUs show room (burla/node/governor.py)."""
+    parallelism = node.slots
+    if spec.func_gpu is not None:
+        parallelism = min(parallelism, node.gpu_count)
+    elif spec.func_cpu is None:
+        parallelism = node.slots * MAX_CALLS_PER_SLOT
+    if spec.func_cpu is not None:
+        parallelism = min(parallelism, node.cpus // spec.func_cpu)
+    if spec.func_ram is not None:
+        parallelism = min(parallelism, int(node.ram_gb // spec.func_ram))
+    return parallelism
+
+
+def explain(spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]], n_nodes: int) -> str:
+    """Why none of the cluster's `n_nodes` nodes can run the job, a line per reason with what to do."""
+    lines = [f"None of the cluster's {n_nodes} node(s) can run this job:"]
+    if "python" in reasons:
+        versions = sorted({_major_minor(node.python_version) for node in reasons["python"]})
+        lines.append(
+            f"- the client runs Python {_major_minor(spec.python_version)} but the nodes run "
+            f"Python {', '.join(versions)}; run the client with a matching Python or start nodes "
+            f"with Python {_major_minor(spec.python_version)}."
+        )
+    if "gpu" in reasons:
+        have = sorted({node.gpu or "no GPU" for node in reasons["gpu"]})
+        lines.append(
+            f"- func_gpu={spec.func_gpu!r} but the nodes have {', '.join(have)}; use grow=True on a "
+            "cloud cluster to boot GPU nodes, or drop func_gpu."
+        )
+    if "image" in reasons:
+        have = sorted({node.image or "no image (the node's own Python)" for node in reasons["image"]})
+        lines.append(
+            f"- image={spec.image!r} but the nodes run {', '.join(have)}; use grow=True on a cloud "
+            "cluster to boot nodes with that image, or drop image."
+        )
+    if "region" in reasons:
+        have = sorted({node.region for node in reasons["region"]})
+        lines.append(
+            f"- region={spec.region!r} but the nodes are in {', '.join(have)}; use grow=True on a "
+            "cloud cluster to boot nodes there, or drop region."
+        )
+    if "capacity" in reasons:
+        biggest = max(reasons["capacity"], key=lambda node: (node.cpus, node.ram_gb))
+        asked = []
+        if spec.func_cpu is not None:
+            asked.append(f"func_cpu={spec.func_cpu}")
+        if spec.func_ram is not None:
+            asked.append(f"func_ram={spec.func_ram:g}")
+        lines.append(
+            f"- one call needs {' and '.join(asked) or 'more than a node has'} but the largest node "
+            f"has {biggest.cpus} CPUs and {biggest.ram_gb:.0f} GB; lower them, or use grow=True on "
+            "a cloud cluster to boot bigger machines."
+        )
+    if "host" in reasons:
+        lines.append(
+            "- the job's inputs travel as files on the client's machine, and no node on that machine is left; "
+            "run the job again (its inputs then go over the network to the other nodes)."
+        )
+    return "\n".join(lines)

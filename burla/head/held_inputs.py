@@ -1,0 +1,89 @@
+"""What a head restart leaves behind, reconciled with a job's record: the inputs a returning node
+still holds, and the results a returning client already has. Pure functions of the record."""
+
+from __future__ import annotations
+
+import zlib
+
+from burla.errors import ProtocolError
+from burla.head.records import JobRecord
+
+_ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1
+
+
+def _nonzero(flags: bytearray) -> list[int]:
+    """Indices of the set bytes, skipping zero runs at C speed."""
+    found = []
+    index = flags.find(1)
+    while index >= 0:
+        found.append(index)
+        index = flags.find(1, index + 1)
+    return found
+
+
+def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:
+    """A node registering again still holds these inputs (queued, running, or with results on
+    their way): they count as in flight on it, not to be pushed anywhere else."""
+    assignment = job.assignments[node_id]
+    n = job.n_inputs
+    done = job.done
+    holding = {i for i in indices if 0 <= i < n and not done[i]}
+    if not holding:
+        return
+    if job.pending:  # queued here again meanwhile (the node's inputs came back when it dropped)
+        rest = []
+        for index, data in job.pending:
+            if index in holding:
+                assignment.inflight[index] = data
+                holding.discard(index)
+                losses = job.node_losses.pop(index, 0)  # its node was not lost after all
+                if losses > 1:
+                    job.node_losses[index] = losses - 1
+            else:
+                rest.append((index, data))
+        job.pending.keep(rest)
+    for other_id, other in job.assignments.items():
+        if other_id != node_id and holding:
+            holding.difference_update(other.inflight)  # already pushed elsewhere: both run it, first wins
+    seen = job.seen
+    for index in holding:
+        if index in assignment.inflight:
+            continue
+        if seen[index]:  # uploaded but in no queue and on no node: a result is on its way
+            continue
+        job.node_held[index] = node_id
+
+
+def mark_client_held(job: JobRecord, held: bytes) -> tuple[int, bytes]:
+    """A restored job's client has these results already (one byte per input: 0 none, 1 a
+    result, 2 a failure): count them done and uploaded. Returns how many it holds, and the
+    per-input states it sent."""
+    n = job.n_inputs
+    try:
+        inflater = zlib.decompressobj()
+        states = inflater.decompress(held, n + 1)  # bounded: a frame can't inflate past n bytes
+    except zlib.error as e:
+        raise ProtocolError(f"ResumeJob.held is not zlib data ({e})") from None
+    if len(states) != n or inflater.unconsumed_tail:
+        raise ProtocolError(f"ResumeJob.held must describe exactly {n} inputs")
+    flags = bytearray(bytes(states).translate(_ANY_RESULT))
+    held_count = n - states.count(0)
+    failed = states.count(2)
+    done_here = 0
+    if job.n_done:  # results nodes sent before the client was back: they are on their way to it
+        for index in _nonzero(job.done):
+            if not flags[index]:
+                flags[index] = 1
+                done_here += 1
+                failed += index in job.failed_here
+    job.failed_here.clear()
+    job.seen = bytearray(flags)
+    job.done = flags
+    job.n_done = held_count + done_here
+    job.n_failed = failed
+    job.received = job.n_done
+    first_missing = job.seen.find(0)
+    job.upload_prefix = n if first_missing < 0 else first_missing
+    job.restored = False
+    job.lenient_uploads = True  # it may send again what a node's result already covers
+    return held_count, bytes(states)
