@@ -32,15 +32,17 @@ class InProcessCluster:
     token: str
     app: object
     service: object
-    history_path: Path
+    history_path: Path | None
 
     def client(self) -> Client:
         return Client(self.url, self.token)
 
 
 @asynccontextmanager
-async def in_process_cluster(tmp_path: Path, driver=None, node_deadline_s: float = 30.0
+async def in_process_cluster(tmp_path: Path, driver=None, node_deadline_s: float = 30.0, history: bool = True
                              ) -> AsyncIterator[InProcessCluster]:
+    """A head and one node of one worker in this process (the worker is a process of its own);
+    `history=False` is a head run with --no-history."""
     from aiohttp import web
 
     from burla.config import HeadSettings
@@ -53,7 +55,7 @@ async def in_process_cluster(tmp_path: Path, driver=None, node_deadline_s: float
     from burla.node.worker_pool import WorkerPool
 
     token = secrets.token_urlsafe(16)
-    history_path = tmp_path / "history.db"
+    history_path = tmp_path / "history.db" if history else None
     settings = HeadSettings(host="127.0.0.1", port=0, token=token, config_dir=tmp_path, advertise=False,
                             history_path=history_path, node_deadline_s=node_deadline_s, version=__version__)
     sock = bind("127.0.0.1", 0)

@@ -93,8 +93,14 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def jobs_listing(cluster: Cluster, status: str | None, limit: int, parent: str | None = None) -> list[dict]:
-    """Jobs from history, most recent first, with live counts for the ones still running."""
-    jobs = await cluster.history.list_jobs(status, limit, parent) if cluster.history else []
+    """Jobs from history, most recent first, with live counts for the ones still running; a head
+    without history lists the jobs it holds (the last FINISHED_JOBS_KEPT ended ones and those running)."""
+    if cluster.history is None:
+        views = [cluster.job_view(job) for job in cluster.scheduler.jobs.values()
+                 if (status is None or job.status == status) and (parent is None or job.spec.parent_job_id == parent)]
+        views.sort(key=lambda view: view.started_at or 0.0, reverse=True)
+        return [view.to_json() for view in views[:limit]]
+    jobs = await cluster.history.list_jobs(status, limit, parent)
     live = {job.job_id: cluster.job_view(job) for job in cluster.scheduler.jobs.values()}
     return [JobView.from_history(row).merged_with(live.get(row["job_id"])).to_json() for row in jobs]
 

@@ -73,7 +73,7 @@ class ClientWatch:
         recorded: dict[str, int] = {}
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
-            running = list(cluster.scheduler.running.values())
+            running = list(cluster.scheduler.running.values()) if cluster.record.keeps else []
             for job in running:  # keep history's counts current while jobs run
                 if recorded.get(job.job_id) != job.n_done:
                     self.record_job(job)

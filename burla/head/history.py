@@ -86,6 +86,8 @@ class _Rows:
 
 
 class History:
+    keeps = True  # a Recorder that writes down what it is told
+
     def __init__(self, path: Path, retention_days: float) -> None:
         self.path = path
         self.retention_s = retention_days * 86400

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 
 class Recorder(Protocol):
+    keeps: bool  # whether anything is kept (else a caller may skip building what it would record)
+
     def job(self, view: JobView, arguments: dict) -> None: ...
 
     def job_opened(self, job_id: str, opening: bytes) -> None: ...
@@ -43,6 +45,8 @@ class Recorder(Protocol):
 
 class NoRecord:
     """No history: nothing is kept, and what is recorded is as safe as it gets at once."""
+
+    keeps = False
 
     def job(self, view: JobView, arguments: dict) -> None:
         pass
