@@ -7,6 +7,7 @@ weigh; it frees as results return. A large input goes by file when the head allo
 from __future__ import annotations
 
 import asyncio
+import math
 import pickle
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
@@ -167,46 +168,80 @@ class Uploader:
         batch: list = []
         batch_bytes = 0
         inputs, received, sizes = self.inputs, self.received, self.sizes
-        detaching = self.detaching
+        dumps, scalars = pickle.dumps, _SCALARS
         # The first batches are small, so the workers start while the rest is pickled; they double
         # up to UPLOAD_BATCH_ITEMS, where a frame's cost per input is already small.
         batch_items = FIRST_UPLOAD_BATCH_ITEMS
-        for index in range(start, len(inputs)):  # once per input: kept to the bare minimum
-            if received[index]:
-                continue
-            value = inputs[index]
-            if type(value) in _SCALARS and not isinstance(value, (str, bytes)):
-                data = pickle.dumps(value, PROTOCOL)  # the common small input, without the checks
-            else:
-                data = self.pickled_input(index)
-            size = len(data)  # what the input weighs in the window, whichever way it travels
-            if size >= INPUT_FILE_MIN_BYTES and self.files is not None and not self.files_full:
-                data = self._by_file(index, data)
-            while not detaching and self.outstanding_inputs and (
-                self.outstanding_inputs >= self.window_inputs
-                or self.outstanding_bytes + size > self.window_bytes
-            ):
-                if batch:
+        # Per input, the loop counts what it sends in locals and checks them against the room the
+        # window had when the counters were last brought up to date (`_count_out`), which happens
+        # before every await: only then can results free the window.
+        room_inputs, room_bytes = self._room()
+        taken_inputs = taken_bytes = 0
+        last = start - 1
+        try:
+            for index in range(start, len(inputs)):  # once per input: kept to the bare minimum
+                if received[index]:
+                    continue
+                value = inputs[index]
+                if type(value) in scalars:
+                    data = dumps(value, PROTOCOL)  # the common small input, without the checks
+                else:
+                    data = self.pickled_input(index)
+                size = len(data)  # what the input weighs in the window, whichever way it travels
+                if size >= INPUT_FILE_MIN_BYTES and self.files is not None and not self.files_full:
+                    data = self._by_file(index, data)
+                if taken_inputs >= room_inputs or taken_bytes + size > room_bytes:
+                    self._count_out(taken_inputs, taken_bytes, last)
+                    taken_inputs = taken_bytes = 0
+                    if batch:
+                        await send(wire.InputBatch(job_id, batch))
+                        batch, batch_bytes = [], 0
+                    await self._room_for(size)
+                    room_inputs, room_bytes = self._room()
+                taken_inputs += 1
+                taken_bytes += size
+                last = index
+                sizes[index] = size
+                batch.append([index, data])
+                batch_bytes += len(data)
+                if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
+                    self._count_out(taken_inputs, taken_bytes, last)
+                    taken_inputs = taken_bytes = 0
                     await send(wire.InputBatch(job_id, batch))
                     batch, batch_bytes = [], 0
-                self.window_open.clear()
-                await self.window_open.wait()
-            self.outstanding_inputs += 1
-            self.outstanding_bytes += size
-            sizes[index] = size
-            if index >= self.sent_until:
-                self.sent_until = index + 1
-            batch.append([index, data])
-            batch_bytes += len(data)
-            if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
+                    batch_items = min(UPLOAD_BATCH_ITEMS, batch_items * 2)
+                    await asyncio.sleep(0)  # results that came back meanwhile are taken between batches
+                    room_inputs, room_bytes = self._room()
+            self._count_out(taken_inputs, taken_bytes, last)
+            taken_inputs = taken_bytes = 0
+            if batch:
                 await send(wire.InputBatch(job_id, batch))
-                batch, batch_bytes = [], 0
-                batch_items = min(UPLOAD_BATCH_ITEMS, batch_items * 2)
-                await asyncio.sleep(0)  # results that came back meanwhile are taken between batches
-        if batch:
-            await send(wire.InputBatch(job_id, batch))
-        if detaching:
+        finally:
+            self._count_out(taken_inputs, taken_bytes, last)  # an input that can't be sent ends the upload
+        if self.detaching:
             await self._wait_until_kept()
+
+    def _room(self) -> tuple[float, float]:
+        """How many more inputs, and bytes, the window takes now (a detaching client's is endless)."""
+        if self.detaching:
+            return math.inf, math.inf
+        return self.window_inputs - self.outstanding_inputs, self.window_bytes - self.outstanding_bytes
+
+    def _count_out(self, inputs: int, size: int, last: int) -> None:
+        """Inputs the upload loop sent (up to index `last`) count in the window from now on."""
+        self.outstanding_inputs += inputs
+        self.outstanding_bytes += size
+        if last >= self.sent_until:
+            self.sent_until = last + 1
+
+    async def _room_for(self, size: int) -> None:
+        """Wait until the window takes one more input of `size` bytes: an input always goes when
+        none is out, however big."""
+        while not self.detaching and self.outstanding_inputs and (
+            self.outstanding_inputs >= self.window_inputs or self.outstanding_bytes + size > self.window_bytes
+        ):
+            self.window_open.clear()
+            await self.window_open.wait()
 
     async def _wait_until_kept(self) -> None:
         """Leave only once the head has saved every input, so that a head crash right after

@@ -212,34 +212,35 @@ def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[M
     return msg
 
 
-def _only_lists(items: list) -> bool:
+def _items_match(items: list, shape: tuple[type, ...]) -> bool:
+    """The fast check of the common shapes. Unpacking checks each item's length; the items' own
+    types are gathered at C speed first, since a msgpack map of two keys would unpack too."""
     kinds = set(map(type, items))
-    return not kinds or kinds == {list}
+    if kinds and kinds != {list}:
+        return False
+    try:
+        if len(shape) == 2:
+            first, second = shape
+            for a, b in items:
+                if type(a) is not first or type(b) is not second:
+                    return False
+            return True
+        if len(shape) == 3:
+            first, second, third = shape
+            for a, b, c in items:
+                if type(a) is not first or type(b) is not second or type(c) is not third:
+                    return False
+            return True
+    except ValueError:  # an item of another length
+        pass
+    return False
 
 
 def _check_items(name: str, items: list, shape: tuple[type, ...]) -> None:
     """Every item is a list of exactly these types (bool is not int here: types match exactly).
-    The common shapes are checked without an inner loop: this runs for every input and result.
-    Unpacking checks each item's length; the types of the items are gathered at C speed first,
-    since a msgpack map of two keys would unpack too."""
-    if _only_lists(items):
-        try:
-            if len(shape) == 2:
-                first, second = shape
-                for a, b in items:
-                    if type(a) is not first or type(b) is not second:
-                        break
-                else:
-                    return
-            elif len(shape) == 3:
-                first, second, third = shape
-                for a, b, c in items:
-                    if type(a) is not first or type(b) is not second or type(c) is not third:
-                        break
-                else:
-                    return
-        except ValueError:  # an item of another length
-            pass
+    The common shapes are checked without an inner loop: this runs for every input and result."""
+    if _items_match(items, shape):
+        return
     width = len(shape)
     for item in items:  # slow path: find what is wrong, and say so
         if type(item) is not list or len(item) != width:

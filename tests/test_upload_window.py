@@ -1,0 +1,137 @@
+"""The client's upload window, without a head: inputs go out while the window has room, wait
+while it is full, go again as results free it, each exactly once and in order; an input bigger
+than the window goes alone; a reconnect sends again what never reached the head."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import pickle
+
+import pytest
+
+from burla import wire
+from burla.errors import UnpicklableInput
+from burla.job_upload import Uploader
+from burla.progress import Display
+
+
+def _uploader(inputs: list, detaching: bool = False) -> Uploader:
+    display = Display(len(inputs), show_progress=False, stdout=io.StringIO(), stderr=io.StringIO())
+    return Uploader("j", inputs, bytearray(len(inputs)), display, detaching)
+
+
+class Head:
+    """Takes the uploader's frames and answers with results when told to."""
+
+    def __init__(self, uploader: Uploader) -> None:
+        self.uploader = uploader
+        self.sent: list[int] = []
+        self.in_flight: list[int] = []
+
+    async def send(self, msg: wire.Message) -> None:
+        assert isinstance(msg, wire.InputBatch)
+        indices = [index for index, _ in msg.items]
+        self.sent += indices
+        self.in_flight += indices
+        # The window is never over its count, nor over its bytes but for a lone input.
+        assert len(self.in_flight) <= self.uploader.window_inputs
+        sizes = [self.uploader.sizes[i] for i in self.in_flight]
+        assert sum(sizes) <= self.uploader.window_bytes or len(sizes) == 1
+
+    def answer(self, count: int) -> None:
+        done, self.in_flight = self.in_flight[:count], self.in_flight[count:]
+        for index in done:
+            self.uploader.received[index] = 1
+        self.uploader.results_in([(index, True, None) for index in done])
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_inputs_wait_for_room_and_go_once_each_in_order():
+    uploader = _uploader(list(range(50)))
+    head = Head(uploader)
+    uploader.resume(0, (8, 1 << 20))
+    upload = asyncio.create_task(uploader.upload(head.send, 0))
+    await _settle()
+    assert head.sent == list(range(8)) and not upload.done()  # the window is full: it waits
+    while not upload.done():
+        head.answer(3)
+        await _settle()
+    await upload
+    assert head.sent == list(range(50))
+    head.answer(len(head.in_flight))
+    assert (uploader.outstanding_inputs, uploader.outstanding_bytes) == (0, 0)
+
+
+async def test_an_input_bigger_than_the_window_goes_alone():
+    inputs = [b"a" * 10, b"b" * 5000, b"c" * 10, b"d" * 10]
+    uploader = _uploader(inputs)
+    head = Head(uploader)
+    uploader.resume(0, (100, 1000))
+    upload = asyncio.create_task(uploader.upload(head.send, 0))
+    await _settle()
+    assert head.sent == [0]  # the big one waits until nothing is out
+    head.answer(1)
+    await _settle()
+    assert head.sent == [0, 1]  # then goes alone
+    head.answer(1)
+    await _settle()
+    await upload
+    assert head.sent == [0, 1, 2, 3]
+
+
+async def test_a_reconnect_sends_again_what_never_reached_the_head():
+    uploader = _uploader(list(range(20)))
+    head = Head(uploader)
+    uploader.resume(0, (10, 1 << 20))
+    upload = asyncio.create_task(uploader.upload(head.send, 0))
+    await _settle()
+    assert head.sent == list(range(10))
+    upload.cancel()  # the connection dropped while the loop waited for room
+    with pytest.raises(asyncio.CancelledError):
+        await upload
+    # The head had received 0..5 and had results for 0..2 (the client has them now).
+    for index in range(3):
+        uploader.received[index] = 1
+    uploader.results_in([(index, True, None) for index in range(3)])
+    uploader.resume(6, (10, 1 << 20))
+    assert uploader.outstanding_inputs == 3  # 3, 4 and 5 are still out; 6..9 go again
+    again = Head(uploader)
+    upload = asyncio.create_task(uploader.upload(again.send, 6))
+    await _settle()
+    assert again.sent == list(range(6, 13))  # then the window (3 out + 7) is full
+    assert uploader.outstanding_inputs == 10 and not upload.done()
+    upload.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await upload
+
+
+async def test_a_detaching_client_sends_everything_whatever_the_window():
+    uploader = _uploader(list(range(30)), detaching=True)
+    sent: list[int] = []
+
+    async def send(msg: wire.Message) -> None:
+        assert isinstance(msg, wire.InputBatch)
+        sent.extend(index for index, _ in msg.items)
+        if len(sent) == 30:
+            uploader.kept.set()  # the head says it saved them all
+
+    uploader.resume(0, (2, 10))
+    await uploader.upload(send, 0)
+    assert sent == list(range(30))
+    assert [pickle.loads(uploader.pickled_input(i)) for i in (0, 29)] == [0, 29]
+
+
+async def test_an_input_that_cant_be_pickled_stops_the_upload_and_leaves_the_window_counted():
+    inputs: list = [1, 2, lambda: None, 4]
+    uploader = _uploader(inputs)
+    head = Head(uploader)
+    uploader.resume(0, (100, 1 << 20))
+    uploader.pickled_input = lambda index: (_ for _ in ()).throw(UnpicklableInput(index, "no"))  # type: ignore
+    with pytest.raises(UnpicklableInput):
+        await uploader.upload(head.send, 0)
+    assert uploader.outstanding_inputs == 2 and uploader.sent_until == 2
