@@ -181,6 +181,39 @@ def test_results_are_kept_once_per_index():
     assert job.n_done == 1
 
 
+def test_a_batch_of_results_with_a_repeat_counts_each_input_once():
+    s = Scheduler()
+    s.add_node(node())
+    job = s.admit(spec(n=6, raise_errors=False))
+    s.add_inputs(job, [[i, b"x"] for i in range(6)])
+    s.grant("n1", "j", 10)
+    s.plan()
+    assert len(s.record_results("n1", job, [[0, True, b"r"], [1, False, b"e"]])) == 2
+    # A repeat of an earlier result, and a repeat inside the batch: each input counts once.
+    fresh = s.record_results("n1", job, [[2, True, b"r"], [1, True, b"again"], [3, True, b"r"], [3, False, b"e"]])
+    assert [item[0] for item in fresh] == [2, 3] and (job.n_done, job.n_failed) == (4, 1)
+    assert bytes(job.done) == bytes([1, 1, 1, 1, 0, 0]) and sorted(job.assignments["n1"].inflight) == [4, 5]
+    fresh = s.record_results("n1", job, [[5, False, b"e"], [4, True, b"r"]])
+    assert [item[0] for item in fresh] == [5, 4] and (job.n_done, job.n_failed) == (6, 2)
+    assert not job.assignments["n1"].inflight
+
+
+def test_inputs_in_any_order_are_queued_in_that_order_and_pushed_in_slices():
+    s = Scheduler()
+    s.add_node(node())
+    job = s.admit(spec(n=10))
+    s.add_inputs(job, [[i, bytes([i])] for i in (4, 5, 6)])  # a run that is not the first
+    s.add_inputs(job, [[i, bytes([i])] for i in (0, 3, 1)])  # out of order
+    s.add_inputs(job, [[i, bytes([i])] for i in (2, 7)])
+    assert job.upload_prefix == 8 and [i for i, _ in job.pending] == [4, 5, 6, 0, 3, 1, 2, 7]
+    with pytest.raises(ProtocolError, match="twice"):
+        s.add_inputs(job, [[8, b"x"], [9, b"x"], [7, b"x"]])
+    job.assignments["n1"].credit = 5
+    pushed = [item for _, _, items in s.plan_for("n1", "j") for item in items]
+    assert pushed == [(i, bytes([i])) for i in (4, 5, 6, 0, 3)]  # across the first two chunks
+    assert sorted(job.assignments["n1"].inflight) == [0, 3, 4, 5, 6] and len(job.pending) == 3
+
+
 def test_lost_node_requeues_what_it_held_first():
     s = Scheduler()
     s.add_node(node("a"))

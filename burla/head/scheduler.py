@@ -8,6 +8,9 @@ Keeping it pure makes every scheduling rule testable in microseconds.
 from __future__ import annotations
 
 import math
+from collections import deque
+from itertools import repeat
+from operator import itemgetter
 
 from burla import wire
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
@@ -26,6 +29,10 @@ from burla.states import EndKind, JobStatus, NodeStatus
 
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
 MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger
+
+_index_of = itemgetter(0)
+_data_of = itemgetter(1)
+_ok_of = itemgetter(1)
 
 
 def _share(node: NodeRecord, ceiling: int, job: JobRecord, holding: bool = False) -> tuple[int, int]:
@@ -47,6 +54,25 @@ def _share(node: NodeRecord, ceiling: int, job: JobRecord, holding: bool = False
         slots = max(slots, min(node.slots, ceiling))
         parallelism = max(parallelism, slots)
     return (parallelism, slots) if slots >= 1 else (0, 0)
+
+
+def _frames(indices: list[int], data: list[bytes]) -> list[list[tuple[int, bytes]]]:
+    """Inputs pushed to a node, in InputBatch frames of at most wire.BATCH_ITEMS inputs and
+    about MAX_PUSH_BYTES (a frame ends with the input that reaches it)."""
+    if len(indices) <= wire.BATCH_ITEMS and sum(map(len, data)) < MAX_PUSH_BYTES:
+        return [list(zip(indices, data))] if indices else []
+    frames: list[list[tuple[int, bytes]]] = []
+    batch: list[tuple[int, bytes]] = []
+    size = 0
+    for item in zip(indices, data):
+        batch.append(item)
+        size += len(item[1])
+        if size >= MAX_PUSH_BYTES or len(batch) >= wire.BATCH_ITEMS:
+            frames.append(batch)
+            batch, size = [], 0
+    if batch:
+        frames.append(batch)
+    return frames
 
 
 def _least_push(assignment: Assignment) -> int:
@@ -272,15 +298,25 @@ class Scheduler:
             items = self._to_holders(job, items)
         if job.lenient_uploads:  # taken up from history: its client may send again what was kept
             items = [item for item in items if not (0 <= item[0] < n and seen[item[0]])]
-        for index, _ in items:
-            if not 0 <= index < n:
-                raise ProtocolError(f"input index {index} is outside 0..{n - 1}")
-            if seen[index]:
-                raise ProtocolError(f"input index {index} was uploaded twice")
-            seen[index] = 1
-        job.received += len(items)
-        job.pending.extend(items)
+        if not items:
+            return
+        indices, data = list(map(_index_of, items)), list(map(_data_of, items))
+        first, end = indices[0], indices[0] + len(indices)
+        if 0 <= first and end <= n and indices[-1] == end - 1 and seen.find(1, first, end) < 0 \
+                and indices == list(range(first, end)):
+            seen[first:end] = b"\x01" * len(indices)  # the common case, a new run of inputs: at C speed
+        else:
+            for index in indices:
+                if not 0 <= index < n:
+                    raise ProtocolError(f"input index {index} is outside 0..{n - 1}")
+                if seen[index]:
+                    raise ProtocolError(f"input index {index} was uploaded twice")
+                seen[index] = 1
+        job.received += len(indices)
+        job.pending.extend_lists(indices, data)
         prefix = job.upload_prefix
+        if prefix == first:
+            prefix = end
         while prefix < n and seen[prefix]:
             prefix += 1
         job.upload_prefix = prefix
@@ -352,20 +388,11 @@ class Scheduler:
 
     def _push(self, job: JobRecord, node_id: str, assignment: Assignment, wanted: int, pushes: list) -> None:
         count = min(assignment.credit, wanted, len(job.pending))
-        batch: list = []
-        size = 0
-        pending, inflight = job.pending, assignment.inflight
-        for _ in range(count):
-            item = pending.pop()
-            batch.append(item)
-            inflight[item[0]] = item[1]
-            size += len(item[1])
-            if size >= MAX_PUSH_BYTES or len(batch) >= wire.BATCH_ITEMS:
-                pushes.append((node_id, job.job_id, batch))
-                batch, size = [], 0
-        assignment.credit -= count
-        if batch:
+        indices, data = job.pending.take(count)
+        assignment.inflight.update(zip(indices, data))
+        for batch in _frames(indices, data):
             pushes.append((node_id, job.job_id, batch))
+        assignment.credit -= count
         if job.pending and assignment.credit > 0:
             # Held back so the other nodes get their share: no credit may sit here while inputs wait
             # (the node would not ask again, counting on it, and nothing else would push them).
@@ -377,6 +404,10 @@ class Scheduler:
         if job.status != RUNNING:
             return []  # late results of an ended job
         assignment = job.assignments.get(node_id) if node_id is not None else None
+        if assignment is not None and not job.node_held and not job.restored and items:
+            fresh = self._all_fresh(job, assignment, items)
+            if fresh is not None:
+                return fresh
         fresh = []
         done = job.done
         for item in items:
@@ -395,6 +426,25 @@ class Scheduler:
                     job.failed_here.add(index)
             fresh.append(item)
         return fresh
+
+    @staticmethod
+    def _all_fresh(job: JobRecord, assignment: Assignment, items: list) -> list | None:
+        """The common case at C speed where it can be: every result is the first for its input (none
+        is a repeat, in this batch or before). Returns the items, or None (nothing changed) if not."""
+        indices = list(map(_index_of, items))
+        if min(indices) < 0 or max(indices) >= job.n_inputs:
+            return None
+        done = job.done
+        for position, index in enumerate(indices):  # the one loop per result
+            if done[index]:
+                for earlier in indices[:position]:
+                    done[earlier] = 0
+                return None
+            done[index] = 1
+        deque(map(assignment.inflight.pop, indices, repeat(None)), maxlen=0)
+        job.n_done += len(indices)
+        job.n_failed += len(indices) - sum(map(_ok_of, items))
+        return items
 
     def steal_plan(self) -> list[tuple[str, str, str]]:
         """Idle nodes to hint at a peer with queued inputs: [(thief_id, job_id, donor_id)].
