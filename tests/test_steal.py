@@ -33,7 +33,7 @@ class Nodes:
     def __init__(self, head, log_dir, env: dict[str, str] | None = None) -> None:
         self.head = head
         self.log_dir = log_dir
-        self.env = dict(os.environ, **head.env(), **(env or {}))
+        self.env = {**os.environ, **head.env(), **(env or {})}
         self.processes: list[subprocess.Popen] = []
 
     def join(self, name: str, *extra: str) -> subprocess.Popen:
