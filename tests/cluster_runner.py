@@ -64,13 +64,14 @@ class LocalCluster:
         return {"BURLA_CLUSTER_DASHBOARD_URL": self.url, "BURLA_CLUSTER_TOKEN": self.token,
                 "BURLA_CONFIG_DIR": str(self.config_dir)}
 
-    def client(self):
-        """A burla client for this cluster's head, whatever the environment says."""
+    def client(self, head_url: str | None = None):
+        """A burla client for this cluster's head (or the head behind `head_url`, e.g. a proxy),
+        whatever the environment says."""
         from burla.client import Client
         from burla.config import ClientSettings
 
-        return Client(settings=ClientSettings(config_dir=self.config_dir, head_url=self.url, token=self.token,
-                                              parent_job_id=None))
+        return Client(settings=ClientSettings(config_dir=self.config_dir, head_url=head_url or self.url,
+                                              token=self.token, parent_job_id=None))
 
     def _spawn(self, command: list[str], log_name: str, pass_fds: tuple[int, ...] = (),
                env_extra: dict[str, str] | None = None) -> subprocess.Popen:
