@@ -60,8 +60,18 @@ class LocalCluster:
         self.stop()
 
     def env(self) -> dict[str, str]:
+        """The environment a client or CLI subprocess needs to use this cluster."""
         return {"BURLA_CLUSTER_DASHBOARD_URL": self.url, "BURLA_CLUSTER_TOKEN": self.token,
                 "BURLA_CONFIG_DIR": str(self.config_dir)}
+
+    def client(self, head_url: str | None = None):
+        """A burla client for this cluster's head (or the head behind `head_url`, e.g. a proxy),
+        whatever the environment says."""
+        from burla.client import Client
+        from burla.config import ClientSettings
+
+        return Client(settings=ClientSettings(config_dir=self.config_dir, head_url=head_url or self.url,
+                                              token=self.token, parent_job_id=None))
 
     def _spawn(self, command: list[str], log_name: str, pass_fds: tuple[int, ...] = (),
                env_extra: dict[str, str] | None = None) -> subprocess.Popen:

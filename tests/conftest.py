@@ -8,13 +8,22 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import cloudpickle
 import pytest
 
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
+from burla.client import Client
+from burla.config import (
+    ENV_CLOUD,
+    ENV_CONFIG_DIR,
+    ENV_HEAD_CERT,
+    ENV_HEAD_URL,
+    ENV_PARENT_JOB,
+    ENV_TOKEN,
+    ClientSettings,
+)
 from tests import functions
 
 # Workers load test helpers by value, like functions from a user's __main__.
@@ -27,6 +36,27 @@ START_TIMEOUT_S = 60.0
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-requests", type=int, default=2000,
                      help="how many requests tests/test_fuzz.py sends to a head and its node")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Isolate the tests from this machine's burla configuration: BURLA_CONFIG_DIR names an empty
+    directory of the session's own (never the user's config directory, its token, deployment or
+    running head), and no head URL, token, certificate, cloud or parent job comes from the shell.
+
+    No test reaches a head through this: tests name their head outright (`Head.client()`,
+    `Head.env()` for subprocesses). Under tests.cluster_runner (`tox -e cluster`, which sets
+    BURLA_TEST_CLUSTER=1) the head URL, token and config directory it set are left as they are:
+    tests/test_multinode.py reads them to find that cluster.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        if os.environ.get("BURLA_TEST_CLUSTER") != "1":
+            patch.setenv(ENV_CONFIG_DIR, str(tmp_path_factory.mktemp("isolated-config")))
+            patch.delenv(ENV_HEAD_URL, raising=False)
+            patch.delenv(ENV_TOKEN, raising=False)
+        for name in (ENV_HEAD_CERT, ENV_CLOUD, ENV_PARENT_JOB):
+            patch.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +80,20 @@ class Head:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
+
+    def settings(self, **changes: object) -> ClientSettings:
+        """Client settings naming this head outright (its URL, token and config directory), with
+        `changes` (e.g. `head_url=proxy.url`, `head_cert=...`); nothing comes from the environment."""
+        settings = ClientSettings(config_dir=self.config_dir, head_url=self.url, token=self.token, parent_job_id=None)
+        return replace(settings, **changes)  # type: ignore[arg-type]
+
+    def client(self, **changes: object) -> Client:
+        """A burla client for this head (see `settings`)."""
+        return Client(settings=self.settings(**changes))
+
+    def env(self) -> dict[str, str]:
+        """The environment a client or CLI subprocess needs to use this head."""
+        return {ENV_HEAD_URL: self.url, ENV_TOKEN: self.token, ENV_CONFIG_DIR: str(self.config_dir)}
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -116,23 +160,28 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     config_dir = tmp_path_factory.mktemp("cluster-config")
     head = start_head(config_dir)
     wait_for_nodes(head, 1)
-    from tests.helpers import environment
-
     try:
-        with environment(**{ENV_HEAD_URL: head.url, ENV_TOKEN: head.token, ENV_CONFIG_DIR: str(config_dir)}):
-            yield head
+        yield head
     finally:
         head.stop()
 
 
 @pytest.fixture
-def fresh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A config directory with no head configured: remote_parallel_map must start its own."""
-    directory = tmp_path / "config"
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(directory))
-    monkeypatch.delenv(ENV_HEAD_URL, raising=False)
-    monkeypatch.delenv(ENV_TOKEN, raising=False)
-    return directory
+def client(cluster: Head) -> Client:
+    """A burla client for the shared `cluster`."""
+    return cluster.client()
+
+
+@pytest.fixture
+def fresh_config(tmp_path: Path) -> Path:
+    """A config directory with no head in it (see `embedded_client`)."""
+    return tmp_path / "config"
+
+
+@pytest.fixture
+def embedded_client(fresh_config: Path) -> Client:
+    """A client with no head configured (config directory `fresh_config`): it must start its own."""
+    return Client(settings=ClientSettings(config_dir=fresh_config, head_url=None, token=None, parent_job_id=None))
 
 
 def run_client(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -180,12 +229,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @contextlib.contextmanager
-def own_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_nodes: int = 1, **start: object) -> Iterator[Head]:
-    """A head (and its local nodes) for one test, which this test process's client uses."""
-    from tests.helpers import use_head
-
+def own_head(tmp_path: Path, local_nodes: int = 1, **start: object) -> Iterator[Head]:
+    """A head (and its local nodes) for one test; the test's client is `head.client()`."""
     head = start_head(tmp_path / "config", local_nodes=local_nodes, **start)  # type: ignore[arg-type]
-    use_head(monkeypatch, head)
     try:
         if local_nodes:
             wait_for_nodes(head, local_nodes)

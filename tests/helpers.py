@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 # A client script's opening: test helpers are pickled by value, like a user's __main__.
 PRELUDE = (
@@ -35,36 +34,8 @@ def get_json(head, path: str) -> dict:
         return json.load(response)
 
 
-def use_head(monkeypatch, head) -> None:
-    """Point this test process's burla client at `head` (has .url, .token, .config_dir)."""
-    from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
-
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(head.config_dir))
-
-
-@contextlib.contextmanager
-def environment(**values: str | None) -> Iterator[None]:
-    """Set (or, with None, unset) environment variables for the block, then restore them."""
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-
 def client_env(head) -> dict[str, str]:
+    """The environment of a client subprocess that uses `head` (has .url, .token and .config_dir)."""
     return dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token,
                 BURLA_CONFIG_DIR=str(head.config_dir))
 

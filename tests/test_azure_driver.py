@@ -19,7 +19,7 @@ import pytest
 from burla.drivers.base import BootRequest
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_azure import FakeAzure
-from tests.helpers import get_json, run_client_in, use_head, wait_until
+from tests.helpers import get_json, run_client_in, wait_until
 from tests.vm_standin import AzureVmFarm
 
 SUBSCRIPTION = "3f6d2b1c-0a4e-4d7b-9c55-2e8f7a1b6c90"
@@ -200,9 +200,9 @@ def test_missing_azure_setup_names_the_command_that_fixes_it(monkeypatch, tmp_pa
         AzureConfig.from_environment(dict(os.environ), None, "c1")
 
 
-def _burla(*args: str) -> dict:
+def _burla(head, *args: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+                          timeout=120, env=dict(os.environ, **head.env()))
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])["data"]
 
@@ -214,10 +214,10 @@ def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure
     head = start_head(tmp_path / "config", local_nodes=0, extra=[
         "--driver", "azure", "--inactivity-timeout", "3", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
         "--ssh-address-map", str(farm.map_path)])
-    use_head(monkeypatch, head)
     try:
-        _burla("settings", "update", "--quantity", "1", "--machine-type", "Standard_D4as_v5", "--disk-gb", "40")
-        [node_id] = _burla("cluster", "start")["booted"]
+        _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "Standard_D4as_v5", "--disk-gb",
+               "40")
+        [node_id] = _burla(head, "cluster", "start")["booted"]
         [vm] = azure.logged("PUT", "/virtualMachines/")
         assert vm.body["properties"]["hardwareProfile"]["vmSize"] == "Standard_D4as_v5"
         assert vm.body["location"] == "westus3" and "priority" not in vm.body["properties"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -13,8 +14,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from burla import JobCanceled, JobNotFound, get_results, remote_parallel_map, wire
-from burla.config import ENV_HEAD_URL, ENV_TOKEN
+from burla import JobCanceled, JobNotFound, wire
 from burla.serialization import dumps, dumps_function, loads
 from tests import functions
 from tests.conftest import REPO, own_head
@@ -24,20 +24,20 @@ from tests.test_security_and_bad_input import open_job
 
 
 @pytest.fixture
-def quick_head(tmp_path, monkeypatch):
+def quick_head(tmp_path):
     """A head that gives a vanished client one second to come back."""
-    with own_head(tmp_path, monkeypatch, extra=["--client-deadline", "1"]) as head:
+    with own_head(tmp_path, extra=["--client-deadline", "1"]) as head:
         yield head
 
 
-def test_client_resumes_after_the_connection_is_cut(cluster, tmp_path, monkeypatch):
+def test_client_resumes_after_the_connection_is_cut(cluster, tmp_path):
     parsed = urllib.parse.urlsplit(cluster.url)
     proxy = CuttableProxy(parsed.hostname, parsed.port)
-    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+    client = cluster.client(head_url=proxy.url)
     out = tmp_path / "calls"
     out.mkdir()
     try:
-        stream = remote_parallel_map(
+        stream = client.remote_parallel_map(
             functions.record_interval, [(str(out), i, 0.1) for i in range(30)], generator=True, spinner=False
         )
         results = [next(stream)]
@@ -54,7 +54,7 @@ def test_client_resumes_after_the_connection_is_cut(cluster, tmp_path, monkeypat
 def test_a_job_canceled_while_it_connects_never_opens(cluster, monkeypatch):
     parsed = urllib.parse.urlsplit(cluster.url)
     proxy = CuttableProxy(parsed.hostname, parsed.port)
-    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+    client = cluster.client(head_url=proxy.url)
 
     def ctrl_c_while_connecting(event, runner):  # what _wait does on KeyboardInterrupt
         time.sleep(0.3)
@@ -66,7 +66,7 @@ def test_a_job_canceled_while_it_connects_never_opens(cluster, monkeypatch):
     proxy.hold()  # the head is slow to answer the connection
     try:
         with pytest.raises(JobCanceled):
-            remote_parallel_map(functions.double, [1, 2], spinner=False)
+            client.remote_parallel_map(functions.double, [1, 2], spinner=False)
         proxy.release()
         wait_until(lambda: proxy.connections >= 1, what="the job's connection went through")
         time.sleep(1.0)  # time for a job it would (wrongly) open to show
@@ -75,12 +75,12 @@ def test_a_job_canceled_while_it_connects_never_opens(cluster, monkeypatch):
     assert len(get_json(cluster, "/v1/cluster")["jobs"]) == jobs_before
 
 
-def test_outage_during_upload_resends_only_what_was_lost(cluster, monkeypatch):
+def test_outage_during_upload_resends_only_what_was_lost(cluster):
     parsed = urllib.parse.urlsplit(cluster.url)
     proxy = CuttableProxy(parsed.hostname, parsed.port)
-    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+    client = cluster.client(head_url=proxy.url)
     try:
-        stream = remote_parallel_map(functions.double, range(20_000), generator=True, spinner=False)
+        stream = client.remote_parallel_map(functions.double, range(20_000), generator=True, spinner=False)
         first = next(stream)
         proxy.cut()
         time.sleep(0.5)
@@ -93,8 +93,7 @@ def test_outage_during_upload_resends_only_what_was_lost(cluster, monkeypatch):
 
 def test_vanished_client_gets_its_job_cancelled_after_the_deadline(quick_head):
     script = PRELUDE + "remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(4)], spinner=False)\n"
-    env = {ENV_HEAD_URL: quick_head.url, ENV_TOKEN: quick_head.token}
-    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**__import__("os").environ, **env})
+    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, **quick_head.env()})
     try:
         wait_until(lambda: any(j["running"] for j in get_json(quick_head, "/v1/cluster")["jobs"]), what="job running")
     finally:
@@ -104,59 +103,59 @@ def test_vanished_client_gets_its_job_cancelled_after_the_deadline(quick_head):
     job = get_json(quick_head, "/v1/cluster")["jobs"][0]
     assert "did not come back" in job["reason"]
     # The node is free again: a new job runs right away.
-    assert remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]
+    assert quick_head.client().remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]
 
 
-def test_detached_results_are_kept_until_collected(cluster):
-    job_id = remote_parallel_map(functions.fail_on, range(6), detach=True, raise_errors=False, spinner=False)
-    results = get_results(job_id, raise_errors=False, spinner=False)
+def test_detached_results_are_kept_until_collected(client):
+    job_id = client.remote_parallel_map(functions.fail_on, range(6), detach=True, raise_errors=False, spinner=False)
+    results = client.get_results(job_id, raise_errors=False, spinner=False)
     assert [r for i, r in enumerate(results) if i != 3] == [0, 1, 2, 4, 5]
     assert isinstance(results[3], ValueError) and results[3].burla_input_index == 3
     with pytest.raises(JobNotFound, match="already collected"):
-        get_results(job_id, spinner=False)
+        client.get_results(job_id, spinner=False)
 
 
-def test_get_results_of_an_unknown_job(cluster):
+def test_get_results_of_an_unknown_job(client):
     with pytest.raises(JobNotFound, match="no-such-job"):
-        get_results("no-such-job", spinner=False)
+        client.get_results("no-such-job", spinner=False)
 
 
-def test_jobs_in_a_row_share_one_connection(cluster, monkeypatch):
+def test_jobs_in_a_row_share_one_connection(cluster):
     parsed = urllib.parse.urlsplit(cluster.url)
     proxy = CuttableProxy(parsed.hostname, parsed.port)
-    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+    client = cluster.client(head_url=proxy.url)
     try:
         for round_ in range(5):
             inputs = list(range(round_ * 10, round_ * 10 + 1 + round_ * 20))
-            assert remote_parallel_map(functions.double, inputs, spinner=False) == [2 * x for x in inputs]
+            assert client.remote_parallel_map(functions.double, inputs, spinner=False) == [2 * x for x in inputs]
         with pytest.raises(ValueError):  # a failed call with every result in: the connection is kept
             # (one input: with several, another's result may still be on its way when it raises)
-            remote_parallel_map(functions.fail_on, [3], spinner=False)
+            client.remote_parallel_map(functions.fail_on, [3], spinner=False)
         # A caller that leaves mid-job closes its connection; the next job opens another.
-        stream = remote_parallel_map(functions.pause_then_double, [(i, 0.5) for i in range(20)],
-                                     generator=True, spinner=False)
+        stream = client.remote_parallel_map(functions.pause_then_double, [(i, 0.5) for i in range(20)],
+                                            generator=True, spinner=False)
         next(stream)
         stream.close()
-        assert remote_parallel_map(functions.double, [7], spinner=False) == [14]
+        assert client.remote_parallel_map(functions.double, [7], spinner=False) == [14]
     finally:
         proxy.close()
     assert proxy.connections == 2
 
 
-def test_a_kept_connection_that_went_silent_is_replaced(cluster, monkeypatch):
+def test_a_kept_connection_that_went_silent_is_replaced(cluster):
     parsed = urllib.parse.urlsplit(cluster.url)
     proxy = CuttableProxy(parsed.hostname, parsed.port)
-    monkeypatch.setenv(ENV_HEAD_URL, proxy.url)
+    client = cluster.client(head_url=proxy.url)
     jobs_before = {job["job_id"] for job in get_json(cluster, "/v1/cluster")["jobs"]}
 
     def statuses() -> list[str]:
         return [job["status"] for job in get_json(cluster, "/v1/cluster")["jobs"] if job["job_id"] not in jobs_before]
 
     try:
-        assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+        assert client.remote_parallel_map(functions.double, [1], spinner=False) == [2]
         wait_until(lambda: statuses() == ["COMPLETED"], what="the head has the job's last acknowledgement")
         proxy.stall()  # the kept connection is still open but leads nowhere
-        assert remote_parallel_map(functions.double, [2, 3], spinner=False) == [4, 6]
+        assert client.remote_parallel_map(functions.double, [2, 3], spinner=False) == [4, 6]
         # The opening sent into the silence never made a job; the one sent again did.
         wait_until(lambda: statuses() == ["COMPLETED", "COMPLETED"], what="both jobs completed")
     finally:

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-from burla import remote_parallel_map
 from tests import functions
 from tests.conftest import own_head
 
@@ -14,13 +13,13 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 @pytest.fixture
-def head(tmp_path, monkeypatch):
-    with own_head(tmp_path, monkeypatch) as head:
+def head(tmp_path):
+    with own_head(tmp_path) as head:
         yield head
 
 
 def test_calls_waiting_for_cores_lower_parallelism(head):
-    assert remote_parallel_map(functions.busy_threads, [2.0] * 4, spinner=False) == [2.0] * 4
+    assert head.client().remote_parallel_map(functions.busy_threads, [2.0] * 4, spinner=False) == [2.0] * 4
     assert "calls wait for a core" in head.log()
 
 
@@ -28,11 +27,11 @@ def test_single_threaded_calls_keep_every_slot(head, tmp_path):
     out = tmp_path / "calls"
     out.mkdir()
     inputs = [(str(out), i, 0.5) for i in range(4)]
-    remote_parallel_map(functions.record_interval, inputs, spinner=False)
+    head.client().remote_parallel_map(functions.record_interval, inputs, spinner=False)
     assert functions.max_overlap(out) >= 2  # calls that wait may run more than one per worker
     assert "calls wait for a core" not in head.log()
 
 
 def test_an_integer_func_cpu_is_never_lowered(head):
-    assert remote_parallel_map(functions.busy_threads, [1.5] * 2, func_cpu=1, spinner=False) == [1.5] * 2
+    assert head.client().remote_parallel_map(functions.busy_threads, [1.5] * 2, func_cpu=1, spinner=False) == [1.5] * 2
     assert "calls wait for a core" not in head.log()

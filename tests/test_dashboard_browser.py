@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from burla import remote_parallel_map
 from tests import functions
 from tests.conftest import REPO
 from tests.helpers import PRELUDE
@@ -104,9 +103,9 @@ def test_cluster_page_shows_the_node(page, cluster):
     _shot(page, "cluster")
 
 
-def test_jobs_page_shows_progress_advancing(page, cluster):
+def test_jobs_page_shows_progress_advancing(page, cluster, client):
     results: list = []
-    runner = threading.Thread(target=lambda: results.extend(remote_parallel_map(
+    runner = threading.Thread(target=lambda: results.extend(client.remote_parallel_map(
         functions.sleep_then_return, [(i, 0.25) for i in range(16)], spinner=False)))
     runner.start()
     try:
@@ -128,8 +127,8 @@ def test_jobs_page_shows_progress_advancing(page, cluster):
                            arg=row)
 
 
-def test_job_page_shows_a_calls_output(page, cluster):
-    remote_parallel_map(functions.chatty, [11, 12, 13], spinner=False)
+def test_job_page_shows_a_calls_output(page, cluster, client):
+    client.remote_parallel_map(functions.chatty, [11, 12, 13], spinner=False)
     job_id = _latest_job(cluster, "chatty")
     page.goto(f"{cluster.url}/jobs/{job_id}")
     page.wait_for_selector("#count-done:has-text('3/3')")
@@ -146,8 +145,8 @@ def test_job_page_shows_a_calls_output(page, cluster):
     _shot(page, "job-output")
 
 
-def test_failed_calls_show_their_traceback(page, cluster):
-    remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)
+def test_failed_calls_show_their_traceback(page, cluster, client):
+    client.remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)
     job_id = _latest_job(cluster, "fail_on")
     page.goto(f"{cluster.url}/jobs/{job_id}")
     page.click("details.failure[data-index='3'] summary")
@@ -161,15 +160,13 @@ def test_failed_calls_show_their_traceback(page, cluster):
 def test_a_printed_job_link_signs_in_once_and_its_session_outlives_the_head(browser, tmp_path):
     import re
 
-    from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
     from tests.conftest import run_client, start_head, wait_for_nodes
 
     config_dir = tmp_path / "config"
     head = start_head(config_dir, workers=1)
     try:
         wait_for_nodes(head, 1)
-        done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2], spinner=False))\n",
-                          {ENV_HEAD_URL: head.url, ENV_TOKEN: head.token, ENV_CONFIG_DIR: str(config_dir)})
+        done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2], spinner=False))\n", head.env())
         assert done.returncode == 0, done.stderr
         [(job_id, link)] = re.findall(r"\[burla\] job (\S+): (\S+)", done.stderr)
         assert link.startswith(f"{head.url}/jobs/{job_id}?login=")
@@ -194,8 +191,8 @@ def test_a_printed_job_link_signs_in_once_and_its_session_outlives_the_head(brow
 
 def test_cancel_button_stops_the_job(page, cluster):
     script = PRELUDE + "remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(4)])\n"
-    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         job_id = _running_job(cluster, "sleep_then_return")
         page.goto(f"{cluster.url}/jobs")
@@ -221,8 +218,8 @@ def test_settings_page_saves(page, cluster):
     _shot(page, "settings")
 
 
-def test_job_page_shows_its_nested_jobs(page, cluster):
-    assert remote_parallel_map(functions.nested_sum, [2], spinner=False) == [2]
+def test_job_page_shows_its_nested_jobs(page, cluster, client):
+    assert client.remote_parallel_map(functions.nested_sum, [2], spinner=False) == [2]
     parent_id = _latest_job(cluster, "nested_sum")
     child_id = _latest_job(cluster, "double")
     page.goto(f"{cluster.url}/jobs/{parent_id}")

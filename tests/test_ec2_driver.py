@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import client_env, finish_client, get_json, run_client_in, start_client, use_head, wait_until
+from tests.helpers import client_env, finish_client, get_json, run_client_in, start_client, wait_until
 from tests.vm_standin import MotoVmFarm
 
 
@@ -189,13 +189,12 @@ def test_config_set_cloud_aws_makes_started_heads_boot_ec2(moto, tmp_path, monke
             wait_until(lambda: HeadRecord.read(tmp_path) is None, what="head stopped")
 
 
-def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_path, monkeypatch):
+def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_path):
     farm = MotoVmFarm(moto, tmp_path / "vms", answer=False)
     head = start_head(tmp_path / "config", local_nodes=0, extra=["--driver", "ec2", "--boot-deadline", "2",
                                                                  "--ssh-address-map", str(farm.map_path)])
-    use_head(monkeypatch, head)
     try:
-        env = dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url)
+        env = dict(os.environ, **head.env())
         subprocess.run([sys.executable, "-m", "burla", "settings", "update", "--quantity", "1"], check=True, env=env,
                        capture_output=True)
         subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], check=True, env=env, capture_output=True)

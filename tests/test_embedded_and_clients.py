@@ -127,8 +127,8 @@ def test_several_clients_at_once_each_get_their_own_results(cluster):
         "print('ok', k)\n"
     )
     clients = [
-        subprocess.Popen([sys.executable, "-c", script, str(k)], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-c", script, str(k)], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for k in range(4)
     ]
     for k, client in enumerate(clients):
@@ -145,11 +145,12 @@ def test_jobs_share_slots_instead_of_failing(cluster, tmp_path):
         "spinner=False)\n"
         "print(r)\n"
     )
-    long_job = subprocess.Popen([sys.executable, "-c", script, "2"], cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    long_job = subprocess.Popen([sys.executable, "-c", script, "2"], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: _running_jobs(cluster) >= 1, what="long job running")
-        short = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [21], spinner=False))\n", {})
+        short = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [21], spinner=False))\n",
+                           cluster.env())
         assert short.returncode == 0, short.stderr
         assert "[42]" in short.stdout
     finally:
@@ -172,15 +173,15 @@ def test_ctrl_c_cancels_the_job_and_frees_the_node(cluster):
         "except JobCanceled as e:\n"
         "    print('canceled:', e, flush=True)\n"
     )
-    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(lambda: _running_jobs(cluster) >= 1, what="job running")
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=60)
     assert "canceled:" in out, err
     # The running calls stopped (they would sleep a minute): the next job runs at once.
-    done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2, 3, 4], spinner=False))\n", {},
-                      timeout=30)
+    done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2, 3, 4], spinner=False))\n",
+                      cluster.env(), timeout=30)
     assert "[2, 4, 6, 8]" in done.stdout, done.stderr
     request = urllib.request.Request(f"{cluster.url}/v1/cluster", headers=cluster.headers())
     with urllib.request.urlopen(request) as response:
@@ -215,14 +216,14 @@ def test_progress_line_on_a_tty(cluster):
         "d = tempfile.mkdtemp()\n"
         "remote_parallel_map(functions.record_interval, [(d, i, 0.3) for i in range(6)])\n"
     )
-    shown = _run_in_pty(script, {})
+    shown = _run_in_pty(script, cluster.env())
     assert "[burla] 6/6 done" in shown
     assert "running" in shown and "/s" in shown
 
 
 def test_no_progress_line_with_spinner_false_on_a_tty(cluster):
     script = PRELUDE + "print(remote_parallel_map(functions.double, [1, 2], spinner=False))\n"
-    shown = _run_in_pty(script, {})
+    shown = _run_in_pty(script, cluster.env())
     assert "[2, 4]" in shown and "2/2 done" not in shown
     assert "[burla] job double-" in shown  # the job's page is still announced
 
@@ -301,19 +302,46 @@ def test_a_heads_first_local_node_is_forked_from_it_without_its_listening_socket
     wait_until(lambda: not node.is_running() or node.status() == psutil.STATUS_ZOMBIE, what="the node's exit")
 
 
-def test_a_client_names_its_head_outright_whatever_the_environment_says(cluster, monkeypatch, tmp_path):
+def test_a_client_names_its_head_outright_whatever_the_environment_says(cluster, tmp_path):
+    # The environment points elsewhere (a port nothing listens on) and holds a wrong token.
+    script = PRELUDE + (
+        "from burla import Client\n"
+        f"client = Client({cluster.url!r}, {cluster.token!r})\n"
+        "print(client.remote_parallel_map(functions.double, [1, 2, 3], spinner=False))\n"
+        "print(client.dashboard_url())\n"
+    )
+    done = run_client(script, _env(tmp_path / "config", **{ENV_HEAD_URL: "http://127.0.0.1:9",
+                                                            ENV_TOKEN: "not-the-token"}))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["[2, 4, 6]", cluster.url]
     from burla import Client
 
-    client = Client(cluster.url, cluster.token)
-    # The environment now points elsewhere (a port nothing listens on) and holds a wrong token.
-    monkeypatch.setenv(ENV_HEAD_URL, "http://127.0.0.1:9")
-    monkeypatch.setenv(ENV_TOKEN, "not-the-token")
-    assert client.remote_parallel_map(double, [1, 2, 3], spinner=False) == [2, 4, 6]
     assert Client(cluster.url, cluster.token).dashboard_url() == cluster.url
     with pytest.raises(burla.InvalidArgument, match="head_url must be an http:// or https:// URL"):
         Client("127.0.0.1:5001", cluster.token)
     with pytest.raises(burla.Unauthorized, match="needs the cluster token"):
         Client(cluster.url, settings=_no_token_settings(tmp_path)).remote_parallel_map(double, [1], spinner=False)
+
+
+def test_the_module_functions_use_the_head_the_environment_names(cluster, tmp_path):
+    # burla.remote_parallel_map, get_results and get_cluster_dashboard_url find their head in
+    # BURLA_CLUSTER_DASHBOARD_URL and BURLA_CLUSTER_TOKEN (and nothing in this config directory).
+    script = PRELUDE + (
+        "from burla import get_results\n"
+        "job_id = remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False)\n"
+        "print(job_id)\n"
+        "print(get_results(job_id, spinner=False))\n"
+        "print(remote_parallel_map(functions.double, [4], spinner=False))\n"
+        "print(get_cluster_dashboard_url())\n"
+    )
+    done = run_client(script, _env(tmp_path / "config", **{ENV_HEAD_URL: cluster.url, ENV_TOKEN: cluster.token}))
+    assert done.returncode == 0, done.stderr
+    job_id, results, again, url = done.stdout.splitlines()[-4:]
+    assert (results, again, url) == ("[2, 4, 6]", "[8]", cluster.url)
+    from tests.helpers import get_json
+
+    assert job_id in [job["job_id"] for job in get_json(cluster, "/v1/cluster")["jobs"]]  # it ran on that head
+    assert not (tmp_path / "config" / "logs").exists()  # no head was started here
 
 
 def _no_token_settings(directory):

@@ -13,8 +13,6 @@ import urllib.parse
 import psutil
 import pytest
 
-from burla import get_results, remote_parallel_map
-from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from burla.node.fork_server import PROCESS_NAME as FORK_SERVER_NAME
 from tests import functions
 from tests.cluster_runner import LocalCluster
@@ -28,16 +26,9 @@ INPUTS = 60
 TRIALS = range(2)
 
 
-def _use(cluster: LocalCluster, monkeypatch, url: str | None = None) -> None:
-    monkeypatch.setenv(ENV_HEAD_URL, url or cluster.url)
-    monkeypatch.setenv(ENV_TOKEN, cluster.token)
-    monkeypatch.setenv(ENV_CONFIG_DIR, str(cluster.config_dir))
-
-
-def _stream(seconds: float = 0.05):
+def _stream(client, seconds: float = 0.05):
     inputs = [(i, seconds) for i in range(INPUTS)]
-    return remote_parallel_map(functions.sleep_then_return, inputs, generator=True, spinner=False)
-
+    return client.remote_parallel_map(functions.sleep_then_return, inputs, generator=True, spinner=False)
 
 
 def _assert_exactly_once(delivered: list[int]) -> None:
@@ -45,10 +36,10 @@ def _assert_exactly_once(delivered: list[int]) -> None:
 
 
 @pytest.mark.parametrize("trial", TRIALS)
-def test_sigkill_a_node_mid_job(tmp_path, monkeypatch, trial):
+def test_sigkill_a_node_mid_job(tmp_path, trial):
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
-        _use(cluster, monkeypatch)
-        stream = _stream()
+        client = cluster.client()
+        stream = _stream(client)
         delivered = [next(stream)]
         cluster.signal_node("node-0", signal.SIGKILL)
         delivered.extend(stream)
@@ -57,10 +48,10 @@ def test_sigkill_a_node_mid_job(tmp_path, monkeypatch, trial):
 
 
 @pytest.mark.parametrize("trial", TRIALS)
-def test_sigstop_a_node_then_sigcont(tmp_path, monkeypatch, trial):
+def test_sigstop_a_node_then_sigcont(tmp_path, trial):
     with LocalCluster(tmp_path / "c", nodes=2, workers=2, head_args=["--node-deadline", "3"]) as cluster:
-        _use(cluster, monkeypatch)
-        stream = _stream()
+        client = cluster.client()
+        stream = _stream(client)
         delivered = [next(stream)]
         cluster.signal_node("node-0", signal.SIGSTOP)
         delivered.extend(stream)
@@ -68,14 +59,14 @@ def test_sigstop_a_node_then_sigcont(tmp_path, monkeypatch, trial):
         _assert_exactly_once(delivered)
         cluster.signal_node("node-0", signal.SIGCONT)
         cluster.wait_for_nodes(2)  # it rejoins by itself
-        assert remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
+        assert client.remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
 
 
 @pytest.mark.parametrize("trial", TRIALS)
-def test_kill_workers_mid_job(tmp_path, monkeypatch, trial):
+def test_kill_workers_mid_job(tmp_path, trial):
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
-        _use(cluster, monkeypatch)
-        stream = _stream(0.1)
+        client = cluster.client()
+        stream = _stream(client, 0.1)
         delivered = [next(stream)]
         for node_id in cluster.nodes:
             # Forked by the node or its fork server, or started as -m; the governor may have added some.
@@ -89,13 +80,13 @@ def test_kill_workers_mid_job(tmp_path, monkeypatch, trial):
 
 
 @pytest.mark.parametrize("trial", TRIALS)
-def test_cut_the_client_connection(tmp_path, monkeypatch, trial):
+def test_cut_the_client_connection(tmp_path, trial):
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
         parsed = urllib.parse.urlsplit(cluster.url)
         proxy = CuttableProxy(parsed.hostname, parsed.port)
-        _use(cluster, monkeypatch, url=proxy.url)
+        client = cluster.client(head_url=proxy.url)
         try:
-            stream = _stream()
+            stream = _stream(client)
             delivered = [next(stream)]
             proxy.cut()
             time.sleep(1.0)
@@ -130,13 +121,13 @@ RESTARTS = [signal.SIGTERM, signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, sign
 
 
 @pytest.mark.parametrize("trial, how", list(enumerate(RESTARTS)), ids=lambda v: getattr(v, "name", str(v)))
-def test_restart_the_head(tmp_path, monkeypatch, trial, how):
+def test_restart_the_head(tmp_path, trial, how):
     # Fails on the previous code: a running job was lost with the head's memory (JobFailed).
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
-        _use(cluster, monkeypatch)
-        assert remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)[0] == 0
+        client = cluster.client()
+        assert client.remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)[0] == 0
         finished = cluster.get("/v1/jobs")["jobs"][0]
-        stream = _stream(0.2)
+        stream = _stream(client, 0.2)
         delivered = [next(stream)]
         running = cluster.get("/v1/jobs")["jobs"][0]
         cluster.stop_head(how)
@@ -154,11 +145,11 @@ def test_restart_the_head(tmp_path, monkeypatch, trial, how):
         assert resumed["status"] == "COMPLETED" and resumed["n_done"] == INPUTS, resumed
         assert resumed["started_at"] == running["started_at"]
         cluster.wait_for_nodes(2)  # nodes re-register by themselves
-        assert remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
+        assert client.remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_nodes_keep_their_calls_through_a_head_restart(tmp_path, monkeypatch, how):
+def test_nodes_keep_their_calls_through_a_head_restart(tmp_path, how):
     # Fails on the previous code: nodes dropped what they held when the head went away, and the
     # restarted head ran those inputs again. Now they keep running, report what they hold when
     # they register again, and the head adopts it: every input runs once.
@@ -166,9 +157,9 @@ def test_nodes_keep_their_calls_through_a_head_restart(tmp_path, monkeypatch, ho
     runs.mkdir()
     n = 8  # 2 nodes x 2 workers run 4 at once and hold all 8 (each asks for twice its slots)
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
-        _use(cluster, monkeypatch)
-        stream = remote_parallel_map(functions.count_runs, [(str(runs), i, 4.0) for i in range(n)],
-                                     generator=True, spinner=False)
+        client = cluster.client()
+        stream = client.remote_parallel_map(functions.count_runs, [(str(runs), i, 4.0) for i in range(n)],
+                                            generator=True, spinner=False)
         wait_until(lambda: len(list(runs.iterdir())) >= 4, timeout=60, what="4 calls running")
         cluster.stop_head(how)
         cluster.start_head()
@@ -181,16 +172,16 @@ def test_nodes_keep_their_calls_through_a_head_restart(tmp_path, monkeypatch, ho
 
 @pytest.mark.parametrize("how, when", [(signal.SIGTERM, "running"), (signal.SIGKILL, "running"),
                                        (signal.SIGKILL, "detached")], ids=["sigterm", "sigkill", "sigkill-at-once"])
-def test_restart_the_head_under_a_detached_job(tmp_path, monkeypatch, how, when):
+def test_restart_the_head_under_a_detached_job(tmp_path, how, when):
     # Fails on the previous code: a detached job's inputs lived only in the head's memory.
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
-        _use(cluster, monkeypatch)
+        client = cluster.client()
         script = PRELUDE + (
             f"job_id = remote_parallel_map(functions.sleep_then_return, [(i, 0.2) for i in range({INPUTS})], "
             "detach=True, spinner=False)\nprint(job_id)\n"
         )
         uploaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                                  cwd=REPO, env=dict(os.environ))
+                                  cwd=REPO, env=dict(os.environ, **cluster.env()))
         assert uploaded.returncode == 0, uploaded.stderr
         job_id = uploaded.stdout.strip().splitlines()[-1]
         if when == "running":
@@ -198,7 +189,7 @@ def test_restart_the_head_under_a_detached_job(tmp_path, monkeypatch, how, when)
         cluster.stop_head(how)  # "detached": the moment the client is gone, which it is only once inputs are saved
         cluster.start_head()
         # The restarted head takes the job up from history: kept results wait, kept inputs run.
-        delivered = get_results(job_id, spinner=False)
+        delivered = client.get_results(job_id, spinner=False)
         assert delivered == list(range(INPUTS))
         record_fault_trial("restart the head under a detached job", INPUTS, delivered, f"{how.name} {when}")
         assert cluster.get(f"/v1/jobs/{job_id}")["status"] == "COMPLETED"

@@ -14,7 +14,6 @@ import re
 import psutil
 import pytest
 
-from burla import remote_parallel_map
 from tests import functions
 from tests.conftest import own_head, wait_for_nodes
 from tests.fuzz import run
@@ -25,9 +24,9 @@ LOG_TROUBLE = re.compile(r"Traceback|Error handling request|Unhandled exception|
 
 
 @pytest.mark.timeout(600)
-def test_every_route_survives_fuzzing(tmp_path, monkeypatch, request):
+def test_every_route_survives_fuzzing(tmp_path, request):
     requests = request.config.getoption("--fuzz-requests")
-    with own_head(tmp_path, monkeypatch) as head:
+    with own_head(tmp_path) as head:
         [node] = wait_for_nodes(head, 1)
         head_process = psutil.Process(head.process.pid)
         rss_before = head_process.memory_info().rss
@@ -38,7 +37,7 @@ def test_every_route_survives_fuzzing(tmp_path, monkeypatch, request):
 
         problems = [f"finding {finding}" for finding in summary.findings]
         try:
-            results = remote_parallel_map(functions.double, range(10), spinner=False)
+            results = head.client().remote_parallel_map(functions.double, range(10), spinner=False)
             if results != [x * 2 for x in range(10)]:
                 problems.append(f"the job after fuzzing returned {results}")
         except Exception as e:  # reported with everything else below

@@ -16,7 +16,7 @@ import pytest
 from burla.drivers.base import BootRequest
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_gce import FakeGce
-from tests.helpers import get_json, run_client_in, use_head, wait_until
+from tests.helpers import get_json, run_client_in, wait_until
 from tests.vm_standin import GceVmFarm
 
 PROJECT = "burla-test"
@@ -173,9 +173,9 @@ def test_a_refused_key_names_the_fix(gce):
     asyncio.run(driver.close())
 
 
-def _burla(*args: str) -> dict:
+def _burla(head, *args: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+                          timeout=120, env=dict(os.environ, **head.env()))
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])["data"]
 
@@ -192,13 +192,13 @@ def farm(gce, tmp_path):
     farm.close()
 
 
-def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(gce, farm, tmp_path, monkeypatch,
-                                                                               wheelhouse, client_venv):
+def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(gce, farm, tmp_path, wheelhouse,
+                                                                               client_venv):
     head = _cloud_head(tmp_path, farm, wheelhouse, "--inactivity-timeout", "3")
-    use_head(monkeypatch, head)
     try:
-        _burla("settings", "update", "--quantity", "1", "--machine-type", "n4-standard-4", "--spot", "--disk-gb", "40")
-        assert len(_burla("cluster", "start")["booted"]) == 1
+        _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "n4-standard-4", "--spot",
+               "--disk-gb", "40")
+        assert len(_burla(head, "cluster", "start")["booted"]) == 1
         [insert] = gce.logged("POST", "/instances")
         assert insert.path == f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances"  # gcloud's zone
         assert insert.body["machineType"].endswith("/machineTypes/n4-standard-4")
@@ -224,13 +224,11 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         head.stop()
 
 
-def test_a_node_that_stops_on_its_own_has_its_instance_deleted_by_the_head(gce, farm, tmp_path, monkeypatch,
-                                                                          wheelhouse):
+def test_a_node_that_stops_on_its_own_has_its_instance_deleted_by_the_head(gce, farm, tmp_path, wheelhouse):
     head = _cloud_head(tmp_path, farm, wheelhouse)  # no idle timeout
-    use_head(monkeypatch, head)
     try:
-        _burla("settings", "update", "--quantity", "1")
-        [node_id] = _burla("cluster", "start")["booted"]
+        _burla(head, "settings", "update", "--quantity", "1")
+        [node_id] = _burla(head, "cluster", "start")["booted"]
         wait_for_nodes(head, 1, timeout=240)
         farm.vm(node_id).node_process().terminate()  # SIGTERM: the node tells the head it is leaving
         wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
@@ -244,12 +242,11 @@ def test_a_node_that_stops_on_its_own_has_its_instance_deleted_by_the_head(gce, 
         head.stop()
 
 
-def test_a_silent_node_has_its_instance_deleted_once_declared_dead(gce, farm, tmp_path, monkeypatch, wheelhouse):
+def test_a_silent_node_has_its_instance_deleted_once_declared_dead(gce, farm, tmp_path, wheelhouse):
     head = _cloud_head(tmp_path, farm, wheelhouse, "--node-deadline", "2")
-    use_head(monkeypatch, head)
     try:
-        _burla("settings", "update", "--quantity", "1")
-        [node_id] = _burla("cluster", "start")["booted"]
+        _burla(head, "settings", "update", "--quantity", "1")
+        [node_id] = _burla(head, "cluster", "start")["booted"]
         wait_for_nodes(head, 1, timeout=240)
         farm.vm(node_id).node_process().suspend()  # a frozen VM: it costs money and does nothing
         wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")

@@ -10,12 +10,10 @@ import sys
 
 import pytest
 
-from burla import remote_parallel_map
-from burla.config import ENV_TOKEN
 from burla.node.gpus import Gpus, detect, model_name
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import get_json, use_head, wait_until
+from tests.helpers import get_json, wait_until
 
 
 def _fake_nvidia_smi(directory, names: list[str], exit_code: int = 0):
@@ -53,11 +51,11 @@ def test_detection_reads_nvidia_smi_and_tolerates_its_absence_or_failure(tmp_pat
     assert detect() == Gpus(None, 0)
 
 
-def test_a_node_offers_its_gpus_and_each_gpu_call_gets_one_of_its_own(tmp_path, monkeypatch):
+def test_a_node_offers_its_gpus_and_each_gpu_call_gets_one_of_its_own(tmp_path):
     head = start_head(tmp_path / "config", local_nodes=0)
-    use_head(monkeypatch, head)
+    client = head.client()
     fake = _fake_nvidia_smi(tmp_path / "bin", ["NVIDIA A100-SXM4-40GB"] * 2)
-    env = dict(os.environ, **{ENV_TOKEN: head.token}, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, **head.env(), PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     log_path = tmp_path / "node.log"
     with open(log_path, "wb") as log:  # three workers, two GPUs
@@ -67,14 +65,14 @@ def test_a_node_offers_its_gpus_and_each_gpu_call_gets_one_of_its_own(tmp_path, 
         wait_for_nodes(head, 1)
         [registered] = get_json(head, "/v1/cluster")["nodes"]
         assert (registered["gpu"], registered["gpu_count"]) == ("A100_40G", 2)
-        seen = remote_parallel_map(functions.visible_gpu, [0.3] * 8, func_gpu="A100", spinner=False)
+        seen = client.remote_parallel_map(functions.visible_gpu, [0.3] * 8, func_gpu="A100", spinner=False)
         assert set(seen) == {"0", "1"}  # two at a time, each on its own GPU, never on the worker without one
         # A job without func_gpu runs on every worker; the third sees no GPU.
-        seen = remote_parallel_map(functions.visible_gpu, [0.3] * 9, spinner=False)
+        seen = client.remote_parallel_map(functions.visible_gpu, [0.3] * 9, spinner=False)
         assert set(seen) == {"0", "1", ""}
         # A worker that dies gives its GPU to its replacement.
-        remote_parallel_map(functions.exit_hard, [1], raise_errors=False, spinner=False)
-        seen = remote_parallel_map(functions.visible_gpu, [0.3] * 8, func_gpu="A100", spinner=False)
+        client.remote_parallel_map(functions.exit_hard, [1], raise_errors=False, spinner=False)
+        seen = client.remote_parallel_map(functions.visible_gpu, [0.3] * 8, func_gpu="A100", spinner=False)
         assert set(seen) == {"0", "1"}
         # Utilisation and memory reach the node's view and the job's metrics.
         wait_until(lambda: get_json(head, "/v1/cluster")["nodes"][0]["gpu_percent"] == 37.0, timeout=30,

@@ -17,7 +17,7 @@ import aiohttp
 import msgpack
 import pytest
 
-from burla import RemoteError, remote_parallel_map, wire
+from burla import RemoteError, wire
 from burla._version import __version__
 from burla.build import build_hash
 from tests import functions
@@ -45,24 +45,24 @@ def test_no_module_of_the_head_can_unpickle():
     assert not offences, offences
 
 
-def test_a_failure_payload_that_is_a_pickle_runs_nowhere(tmp_path, monkeypatch):
+def test_a_failure_payload_that_is_a_pickle_runs_nowhere(tmp_path):
     # Fails on the code before typed error records: the head's history unpickled every failure.
     marker = tmp_path / "loaded-by"
-    with own_head(tmp_path, monkeypatch) as head:
+    with own_head(tmp_path) as head:
         with pytest.raises(RemoteError, match="could not be read"):
-            remote_parallel_map(functions.fail_with_a_planted_pickle, [str(marker)], spinner=False)
+            head.client().remote_parallel_map(functions.fail_with_a_planted_pickle, [str(marker)], spinner=False)
         [job] = get_json(head, "/v1/jobs")["jobs"]
         errors = get_json(head, f"/v1/jobs/{job['job_id']}/failures")["failures"]
         assert errors and errors[0]["exception_type"] == "unknown"
     assert not marker.exists(), f"code ran in pid {marker.read_text()}"
 
 
-def test_a_call_that_breaks_its_workers_error_handling_still_fails_with_where_it_ran(tmp_path, monkeypatch):
+def test_a_call_that_breaks_its_workers_error_handling_still_fails_with_where_it_ran(tmp_path):
     # It hung the job: the worker died between calls, and its input ran again on new workers for ever.
     # (Its own head: the broken worker stays broken for the jobs after it.)
-    with own_head(tmp_path, monkeypatch):
+    with own_head(tmp_path) as head:
         with pytest.raises(RemoteError) as caught:
-            remote_parallel_map(functions.break_error_handling, [7], spinner=False)
+            head.client().remote_parallel_map(functions.break_error_handling, [7], spinner=False)
     assert caught.value.type_name == "TypeError" and caught.value.burla_input_index == 0
     assert caught.value.burla_node_id  # the worker's own record of where it ran
 
@@ -202,13 +202,13 @@ async def test_frames_of_tiny_containers_are_refused_before_they_balloon(cluster
     assert "over this channel's limits" in error.message
 
 
-def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_path, monkeypatch):
+def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_path):
     # Fails on the previous code: a NaN CPU made /v1/cluster emit invalid JSON.
     # (Its own head: the refused node is then awaited as one that may come back.)
     register = wire.RegisterNode("nan-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
                                  __version__, build_hash(), b"", [])
     state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0, 0.0, 0.0])
-    with own_head(tmp_path, monkeypatch, local_nodes=0) as head:
+    with own_head(tmp_path, local_nodes=0) as head:
         replies = asyncio.run(_exchange(head, "/v1/nodes/ws", [register.encode(), state]))
         assert "has the wrong type" in _error(replies).message
         status, body = _raw_request(head.url, b"GET /v1/cluster HTTP/1.1",
@@ -289,19 +289,19 @@ def test_settings_refuse_nan_and_deep_json(cluster):
         assert status == 400, (body[:20], reply)
 
 
-def test_the_head_still_serves_a_job_after_all_that(cluster):
-    assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
+def test_the_head_still_serves_a_job_after_all_that(client):
+    assert client.remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
 
 
-def test_the_config_directory_and_history_are_private(tmp_path, monkeypatch):
+def test_the_config_directory_and_history_are_private(tmp_path):
     # Fails on the previous code: history.db was 0644 and the config directory 0755.
     config = tmp_path / "config"
     config.mkdir(mode=0o755)
     os.chmod(config, 0o755)
     (config / "history.db").touch(mode=0o644)
     os.chmod(config / "history.db", 0o644)
-    with own_head(tmp_path, monkeypatch) as head:
-        assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+    with own_head(tmp_path) as head:
+        assert head.client().remote_parallel_map(functions.double, [1], spinner=False) == [2]
         get_json(head, "/v1/jobs")  # history written and read
         assert stat.S_IMODE(config.stat().st_mode) == 0o700
         files = [p for p in config.iterdir() if p.name.startswith("history.db")]
@@ -326,9 +326,9 @@ def _closed_by_server(sock: socket.socket, timeout: float = 60.0) -> bool:
         return False
 
 
-def test_half_sent_requests_and_slow_bodies_are_cut_off(tmp_path, monkeypatch):
+def test_half_sent_requests_and_slow_bodies_are_cut_off(tmp_path):
     # Fails on the previous code: 300 half-sent requests stayed open for minutes without a token.
-    with own_head(tmp_path, monkeypatch, local_nodes=0, extra=["--header-timeout", "1"]) as head:
+    with own_head(tmp_path, local_nodes=0, extra=["--header-timeout", "1"]) as head:
         parts = urllib.parse.urlsplit(head.url)
         half_sent = []
         for _ in range(20):
@@ -348,10 +348,10 @@ def test_half_sent_requests_and_slow_bodies_are_cut_off(tmp_path, monkeypatch):
         assert get_json(head, "/health")["ok"]
 
 
-def test_one_address_cannot_hold_more_than_its_share_of_strangers(tmp_path, monkeypatch):
+def test_one_address_cannot_hold_more_than_its_share_of_strangers(tmp_path):
     from burla.connection_guard import MAX_UNAUTHENTICATED_PER_ADDRESS as CAP
 
-    with own_head(tmp_path, monkeypatch) as head:
+    with own_head(tmp_path) as head:
         parts = urllib.parse.urlsplit(head.url)
         strangers = [socket.create_connection((parts.hostname, parts.port)) for _ in range(CAP)]
         over = [socket.create_connection((parts.hostname, parts.port)) for _ in range(5)]
@@ -362,7 +362,7 @@ def test_one_address_cannot_hold_more_than_its_share_of_strangers(tmp_path, monk
         # The node's own connection was never counted (it sent the token); it is still there.
         wait_until(lambda: _health_ok(head), timeout=60, what="the head serving strangers' address again")
         assert len(get_json(head, "/v1/cluster")["nodes"]) == 1
-        assert remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]
+        assert head.client().remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]
 
 
 def _health_ok(head) -> bool:
@@ -372,9 +372,9 @@ def _health_ok(head) -> bool:
         return False
 
 
-def test_malformed_requests_log_one_line_each_at_most(tmp_path, monkeypatch):
+def test_malformed_requests_log_one_line_each_at_most(tmp_path):
     # Fails on the previous code: each one logged an ERROR with a traceback.
-    with own_head(tmp_path, monkeypatch, local_nodes=0) as head:
+    with own_head(tmp_path, local_nodes=0) as head:
         parts = urllib.parse.urlsplit(head.url)
         for garbage in [b"GARBAGE\r\n\r\n", b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: zz\r\n\r\n"] * 25:
             with socket.create_connection((parts.hostname, parts.port)) as sock:
@@ -418,7 +418,7 @@ def test_settings_refuse_numbers_that_overflow_and_names_that_are_not_names(clus
     assert get_json(cluster, "/v1/settings")["quantity"] >= 0
 
 
-def test_a_function_or_input_over_a_megabyte_still_runs(cluster):
+def test_a_function_or_input_over_a_megabyte_still_runs(client):
     # The frame limits bound arrays and maps, not the bytes of a function or an input (which
     # the review of the limits found refused over 1 MiB, the default limit, on a job's opening).
     data = os.urandom(3 * 1024 * 1024)
@@ -426,4 +426,4 @@ def test_a_function_or_input_over_a_megabyte_still_runs(cluster):
     def size_with(extra: bytes) -> int:
         return len(data) + len(extra)
 
-    assert remote_parallel_map(size_with, [b"x" * (2 * 1024 * 1024)], spinner=False) == [5 * 1024 * 1024]
+    assert client.remote_parallel_map(size_with, [b"x" * (2 * 1024 * 1024)], spinner=False) == [5 * 1024 * 1024]

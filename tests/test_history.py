@@ -9,7 +9,6 @@ import urllib.request
 
 import pytest
 
-from burla import remote_parallel_map
 from tests import functions
 from tests.helpers import get_json
 
@@ -25,8 +24,8 @@ def _last_job(head, function_name: str) -> dict:
     return next(j for j in get_json(head, "/v1/jobs?limit=50")["jobs"] if j["function_name"] == function_name)
 
 
-def test_jobs_failures_and_output_are_recorded(cluster):
-    remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)
+def test_jobs_failures_and_output_are_recorded(cluster, client):
+    client.remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)
     job = _last_job(cluster, "fail_on")
     assert job["status"] == "COMPLETED" and job["n_done"] == 5 and job["n_failed"] == 1
     assert job["arguments"]["raise_errors"] is False
@@ -35,8 +34,8 @@ def test_jobs_failures_and_output_are_recorded(cluster):
     assert failures[0]["exception_type"].endswith("ValueError") and "input 3 is bad" in failures[0]["traceback"]
 
 
-def test_each_calls_output_is_kept(cluster):
-    remote_parallel_map(functions.chatty, [7, 8], spinner=False)
+def test_each_calls_output_is_kept(cluster, client):
+    client.remote_parallel_map(functions.chatty, [7, 8], spinner=False)
     job = _last_job(cluster, "chatty")
     output = get_json(cluster, f"/v1/jobs/{job['job_id']}/calls/1/output")["output"]
     text = "".join(row["text"] for row in output)
@@ -49,8 +48,8 @@ def test_node_events_are_kept(cluster):
     assert "registered" in [e["event"] for e in events]
 
 
-def test_listing_filters_by_status(cluster):
-    remote_parallel_map(functions.double, [1], spinner=False)
+def test_listing_filters_by_status(cluster, client):
+    client.remote_parallel_map(functions.double, [1], spinner=False)
     jobs = get_json(cluster, "/v1/jobs?status=completed&limit=5")["jobs"]
     assert jobs and all(j["status"] == "COMPLETED" for j in jobs) and len(jobs) <= 5
 
@@ -72,16 +71,16 @@ def test_bad_queries_are_4xx_with_a_message(cluster, path, status, words):
     assert code == status and words in body["message"]
 
 
-def test_output_index_out_of_range(cluster):
-    remote_parallel_map(functions.double, [1, 2], spinner=False)
+def test_output_index_out_of_range(cluster, client):
+    client.remote_parallel_map(functions.double, [1, 2], spinner=False)
     job = _last_job(cluster, "double")
     code, body = _status_of(cluster, f"/v1/jobs/{job['job_id']}/calls/9/output")
     assert code == 400 and "0..1" in body["message"]
 
 
-def test_counts_are_current_while_a_job_runs(cluster):
-    stream = remote_parallel_map(functions.sleep_then_return, [(i, 0.3) for i in range(6)], generator=True,
-                                 spinner=False)
+def test_counts_are_current_while_a_job_runs(cluster, client):
+    stream = client.remote_parallel_map(functions.sleep_then_return, [(i, 0.3) for i in range(6)], generator=True,
+                                        spinner=False)
     first = next(stream)
     deadline = time.monotonic() + 30
     while True:

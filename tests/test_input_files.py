@@ -7,19 +7,17 @@ import pickle
 
 import pytest
 
-from burla import remote_parallel_map
 from burla.input_files import INPUT_FILE_MIN_BYTES, REFERENCE_PREFIX, InputFiles, files_root, host_id, mapped_input
 from burla.serialization import dumps
 from tests import functions
 from tests.cluster_runner import LocalCluster
-from tests.helpers import environment
 
 BIG = INPUT_FILE_MIN_BYTES * 2
 
 
-def test_large_inputs_go_by_file_and_each_file_goes_with_its_result(cluster):
+def test_large_inputs_go_by_file_and_each_file_goes_with_its_result(client):
     inputs = [b"a" * BIG, b"b" * BIG, b"c" * BIG, b"small"]
-    seen = remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
+    seen = client.remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
     assert [size for size, _, _ in seen] == [len(data) for data in inputs]
     # The first input travels with the opening, before the head says files are fine; the other
     # large ones are files while their calls run; small ones always travel inline.
@@ -31,9 +29,10 @@ def test_large_inputs_go_by_file_and_each_file_goes_with_its_result(cluster):
     assert root is not None and not [d for d in root.iterdir() if d.name.startswith(f"{os.getpid()}.")]
 
 
-def test_the_embedded_cluster_passes_large_inputs_by_file(fresh_config):
+def test_the_embedded_cluster_passes_large_inputs_by_file(embedded_client):
     # Its node is still booting when the job opens: the head knows it boots on this machine.
-    seen = remote_parallel_map(functions.input_files_seen, [b"a" * BIG, b"b" * BIG, b"c" * BIG], spinner=False)
+    inputs = [b"a" * BIG, b"b" * BIG, b"c" * BIG]
+    seen = embedded_client.remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
     assert [size for size, _, _ in seen] == [BIG] * 3
     assert any(files and str(index) in files for index, (_, _, files) in enumerate(seen) if index > 0)
 
@@ -41,11 +40,11 @@ def test_the_embedded_cluster_passes_large_inputs_by_file(fresh_config):
 def test_a_node_on_another_machine_gets_its_inputs_inline(tmp_path):
     # A node that sees other files (here: another input-file directory) has another host id, so
     # the job's inputs go inline and the job runs on both nodes.
-    with LocalCluster(tmp_path / "cluster", nodes=1, workers=1) as cluster, environment(**cluster.env()):
+    with LocalCluster(tmp_path / "cluster", nodes=1, workers=1) as cluster:
         cluster.add_node("elsewhere", env={"BURLA_INPUT_FILES_DIR": str(tmp_path / "other-machine")})
         cluster.wait_for_nodes(2)
         inputs = [(bytes([i]) * BIG, 0.3) for i in range(12)]  # calls long enough for both nodes to get some
-        seen = remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
+        seen = cluster.client().remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
     assert [size for size, _, _ in seen] == [BIG] * 12
     other = tmp_path / "other-machine" / f"burla-inputs-{os.getuid()}"
     assert {root for _, root, _ in seen} == {str(files_root()), str(other)}

@@ -34,13 +34,13 @@ def test_local_modules_and_packages_are_shipped_and_imported(cluster, tmp_path):
     _project(tmp_path, 3)
     # The client runs in the project directory; the cluster's workers run elsewhere.
     done = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+                          env=dict(os.environ, **cluster.env()))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-2:] == ["[3, 6]", "[9]"]
     # A changed module is shipped again, and workers drop the old version after each job.
     _project(tmp_path, 5)
     done = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+                          env=dict(os.environ, **cluster.env()))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-2] == "[5, 10]"
 

@@ -12,50 +12,50 @@ import urllib.error
 
 import pytest
 
-from burla import remote_parallel_map
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.helpers import PRELUDE, get_json
 
 
-def burla(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
+def burla(head, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """Run `burla ARGS` against `head` (its URL, token and config directory in the environment)."""
     done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, **(env or {})), cwd=REPO)
+                          env={**os.environ, **head.env(), **(env or {})}, cwd=REPO)
     lines = done.stdout.strip().splitlines()
     assert lines, f"no output; stderr: {done.stderr}"
     return done.returncode, json.loads(lines[-1])
 
 
-def stream(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, list[dict]]:
+def stream(head, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, list[dict]]:
     done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, **(env or {})), cwd=REPO)
+                          env={**os.environ, **head.env(), **(env or {})}, cwd=REPO)
     return done.returncode, [json.loads(line) for line in done.stdout.strip().splitlines()]
 
 
-def _latest(function_name: str) -> dict:
-    code, doc = burla("jobs", "list", "--limit", "50")
+def _latest(head, function_name: str) -> dict:
+    code, doc = burla(head, "jobs", "list", "--limit", "50")
     assert code == 0
     return next(j for j in doc["data"] if j["function_name"] == function_name)
 
 
 def test_cluster_status(cluster):
-    code, doc = burla("cluster", "status")
+    code, doc = burla(cluster, "cluster", "status")
     assert code == 0 and doc["ok"] and doc["command"] == "cluster status"
     assert doc["data"]["head_url"] == cluster.url and len(doc["data"]["nodes"]) == 1
 
 
 def test_cluster_watch_streams_ndjson(cluster):
-    code, lines = stream("cluster", "watch", "--count", "1")
+    code, lines = stream(cluster, "cluster", "watch", "--count", "1")
     assert code == 0 and len(lines) == 1 and lines[0]["event"] == "snapshot"
 
 
-def test_debugging_a_failed_job(cluster):
-    remote_parallel_map(functions.fail_on, range(6), raise_errors=False, spinner=False)
-    job = _latest("fail_on")
-    code, doc = burla("jobs", "show", job["job_id"])
+def test_debugging_a_failed_job(cluster, client):
+    client.remote_parallel_map(functions.fail_on, range(6), raise_errors=False, spinner=False)
+    job = _latest(cluster, "fail_on")
+    code, doc = burla(cluster, "jobs", "show", job["job_id"])
     assert code == 0 and doc["data"]["n_failed"] == 1
-    code, doc = burla("jobs", "errors", job["job_id"])
+    code, doc = burla(cluster, "jobs", "errors", job["job_id"])
     assert code == 0
     [group] = doc["data"]["groups"]
     assert group["count"] == 1 and group["input_indices"] == [3] and "ValueError" in group["exception_type"]
@@ -63,122 +63,122 @@ def test_debugging_a_failed_job(cluster):
     assert group["nodes"] == {node_id: 1}
     where = group["example_where"]
     assert where["node_id"] == node_id and where["host"] == socket.gethostname() and where["worker_pid"] > 0
-    code, doc = burla("jobs", "calls", "list", job["job_id"], "--failed-only")
+    code, doc = burla(cluster, "jobs", "calls", "list", job["job_id"], "--failed-only")
     assert code == 0 and [c["input_index"] for c in doc["data"]["calls"]] == [3]
     [call] = doc["data"]["calls"]
     assert call["node_id"] == node_id and call["worker_pid"] == where["worker_pid"]
-    code, doc = burla("jobs", "calls", "list", job["job_id"], "--limit", "2", "--offset", "2")
+    code, doc = burla(cluster, "jobs", "calls", "list", job["job_id"], "--limit", "2", "--offset", "2")
     assert [c["state"] for c in doc["data"]["calls"]] == ["done", "failed"]
 
 
-def test_a_calls_logs(cluster):
-    remote_parallel_map(functions.chatty, [5, 6], spinner=False)
-    job = _latest("chatty")
-    code, doc = burla("jobs", "calls", "logs", job["job_id"], "1")
+def test_a_calls_logs(cluster, client):
+    client.remote_parallel_map(functions.chatty, [5, 6], spinner=False)
+    job = _latest(cluster, "chatty")
+    code, doc = burla(cluster, "jobs", "calls", "logs", job["job_id"], "1")
     assert code == 0 and "stdout line from 6" in doc["data"]["text"] and "from 5" not in doc["data"]["text"]
 
 
-def test_job_metrics(cluster):
-    remote_parallel_map(functions.sleep_then_return, [(i, 0.3) for i in range(6)], spinner=False)
-    job = _latest("sleep_then_return")
-    code, doc = burla("jobs", "metrics", job["job_id"])
+def test_job_metrics(cluster, client):
+    client.remote_parallel_map(functions.sleep_then_return, [(i, 0.3) for i in range(6)], spinner=False)
+    job = _latest(cluster, "sleep_then_return")
+    code, doc = burla(cluster, "jobs", "metrics", job["job_id"])
     assert code == 0 and doc["data"]["progress"] and doc["data"]["progress"][-1]["n_done"] >= 1
     samples = next(iter(doc["data"]["nodes"].values()))  # CPU, memory and network of the node that ran it
     assert {"cpu_percent", "mem_percent", "net_sent_bps", "net_recv_bps"} <= set(samples[0])
 
 
-def test_watch_exit_codes_say_how_jobs_ended(cluster):
-    remote_parallel_map(functions.double, [1], spinner=False)
-    code, lines = stream("jobs", "watch", _latest("double")["job_id"])
+def test_watch_exit_codes_say_how_jobs_ended(cluster, client):
+    client.remote_parallel_map(functions.double, [1], spinner=False)
+    code, lines = stream(cluster, "jobs", "watch", _latest(cluster, "double")["job_id"])
     assert code == 0 and lines[-1]["data"]["status"] == "COMPLETED"
     with pytest.raises(ValueError):
-        remote_parallel_map(functions.fail_on, [3], spinner=False)
-    code, lines = stream("jobs", "watch", _latest("fail_on")["job_id"])
+        client.remote_parallel_map(functions.fail_on, [3], spinner=False)
+    code, lines = stream(cluster, "jobs", "watch", _latest(cluster, "fail_on")["job_id"])
     assert code == 7 and lines[-1]["data"]["status"] == "FAILED"
 
 
 def test_cancel_a_running_job(cluster):
     client = subprocess.Popen(
         [sys.executable, "-c", PRELUDE + "remote_parallel_map(functions.sleep_then_return, [(0, 60), (1, 60)])\n"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=REPO, env=dict(os.environ, **cluster.env()), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while True:
-            code, doc = burla("jobs", "list", "--status", "running")
+            code, doc = burla(cluster, "jobs", "list", "--status", "running")
             running = [j for j in doc["data"] if j["function_name"] == "sleep_then_return"]
             if running:
                 break
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        code, doc = burla("jobs", "cancel", running[0]["job_id"])
+        code, doc = burla(cluster, "jobs", "cancel", running[0]["job_id"])
         assert code == 0 and doc["data"]["status"] == "CANCELED"
-        code, doc = burla("jobs", "cancel", running[0]["job_id"])
+        code, doc = burla(cluster, "jobs", "cancel", running[0]["job_id"])
         assert code == 5 and doc["error"]["code"] == "conflict"
-        code, lines = stream("jobs", "watch", running[0]["job_id"])
+        code, lines = stream(cluster, "jobs", "watch", running[0]["job_id"])
         assert code == 8
     finally:
         client.wait(60)
 
 
-def test_results_of_a_detached_job(cluster):
-    job_id = remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False)
+def test_results_of_a_detached_job(cluster, client):
+    job_id = client.remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False)
     deadline = time.monotonic() + 60
-    while burla("jobs", "show", job_id)[1]["data"]["status"] != "COMPLETED":
+    while burla(cluster, "jobs", "show", job_id)[1]["data"]["status"] != "COMPLETED":
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    code, doc = burla("jobs", "results", job_id)
+    code, doc = burla(cluster, "jobs", "results", job_id)
     assert code == 0 and [r["value"] for r in doc["data"]["results"]] == [2, 4, 6]
-    code, doc = burla("jobs", "results", job_id)
+    code, doc = burla(cluster, "jobs", "results", job_id)
     assert code == 4 and "already collected" in doc["error"]["message"]
 
 
 def test_nodes(cluster):
-    code, doc = burla("nodes", "list")
+    code, doc = burla(cluster, "nodes", "list")
     assert code == 0 and len(doc["data"]) == 1
     node_id = doc["data"][0]["node_id"]
-    code, doc = burla("nodes", "show", node_id)
+    code, doc = burla(cluster, "nodes", "show", node_id)
     assert code == 0 and doc["data"]["node_id"] == node_id and doc["data"]["recent_events"]
-    code, doc = burla("nodes", "logs", node_id)
+    code, doc = burla(cluster, "nodes", "logs", node_id)
     assert code == 0 and "registered" in [e["event"] for e in doc["data"]["events"]]
-    code, doc = burla("nodes", "show", "no-such-node")
+    code, doc = burla(cluster, "nodes", "show", "no-such-node")
     assert code == 4
 
 
 def test_settings(cluster):
-    code, doc = burla("settings", "update", "--machine-type", "m7i.2xlarge", "--max-gpus", "A100=8")
+    code, doc = burla(cluster, "settings", "update", "--machine-type", "m7i.2xlarge", "--max-gpus", "A100=8")
     assert code == 0 and doc["data"]["machine_type"] == "m7i.2xlarge" and doc["data"]["max_gpus"] == {"A100": 8}
-    code, doc = burla("settings", "show")
+    code, doc = burla(cluster, "settings", "show")
     assert code == 0 and doc["data"]["machine_type"] == "m7i.2xlarge"
-    code, doc = burla("settings", "update", "--quantity", "-1")
+    code, doc = burla(cluster, "settings", "update", "--quantity", "-1")
     assert code == 2 and "quantity" in doc["error"]["message"]
-    code, doc = burla("settings", "update", "--max-gpus", "A100")
+    code, doc = burla(cluster, "settings", "update", "--max-gpus", "A100")
     assert code == 2 and "MODEL=N" in doc["error"]["message"]
-    code, doc = burla("settings", "update")
+    code, doc = burla(cluster, "settings", "update")
     assert code == 2
 
 
 def test_config_and_auth(cluster, tmp_path):
     env = {ENV_CONFIG_DIR: str(tmp_path)}
-    code, doc = burla("config", "set", "cloud", "gcp", env=env)
+    code, doc = burla(cluster, "config", "set", "cloud", "gcp", env=env)
     assert code == 0 and doc["data"]["config"] == {"cloud": "gcp"}
     assert oct((tmp_path / "config.json").stat().st_mode)[-3:] == "600"
-    code, doc = burla("config", "get", env=env)
+    code, doc = burla(cluster, "config", "get", env=env)
     assert doc["data"]["config"]["cloud"] == "gcp"
-    code, doc = burla("config", "set", "cloud", "mars", env=env)
+    code, doc = burla(cluster, "config", "set", "cloud", "mars", env=env)
     assert code == 2 and "aws, gcp, azure" in doc["error"]["message"]
-    code, doc = burla("auth", "status")
+    code, doc = burla(cluster, "auth", "status")
     assert code == 0 and doc["data"]["authorized"] and doc["data"]["head_url"] == cluster.url
     assert doc["data"]["token_source"] == ENV_TOKEN
 
 
 def test_error_exit_codes(cluster):
-    code, doc = burla("--token", "wrong", "cluster", "status")
+    code, doc = burla(cluster, "--token", "wrong", "cluster", "status")
     assert code == 3 and doc["error"]["code"] == "unauthorized"
-    code, doc = burla("--head", "http://127.0.0.1:9", "cluster", "status")
+    code, doc = burla(cluster, "--head", "http://127.0.0.1:9", "cluster", "status")
     assert code == 6 and doc["error"]["code"] == "head_unreachable" and doc["error"]["remediation"]
-    code, doc = burla("jobs", "show", "no-such-job")
+    code, doc = burla(cluster, "jobs", "show", "no-such-job")
     assert code == 4
-    code, doc = burla("jobs", "list", "--status", "sleeping")
+    code, doc = burla(cluster, "jobs", "list", "--status", "sleeping")
     assert code == 2 and doc["ok"] is False
 
 
@@ -186,26 +186,26 @@ def test_head_and_token_mean_the_same_after_the_subcommand_as_before_it(cluster,
     for args in (("--token", "wrong", "cluster", "status"), ("cluster", "status", "--token", "wrong"),
                  ("jobs", "list", "--token", "wrong"), ("jobs", "calls", "list", "no-job", "--token", "wrong"),
                  ("jobs", "--token", "wrong", "list")):
-        code, doc = burla(*args)
+        code, doc = burla(cluster, *args)
         assert code == 3 and doc["error"]["code"] == "unauthorized", args
     for args in (("--head", "http://127.0.0.1:9", "jobs", "list"), ("jobs", "list", "--head", "http://127.0.0.1:9")):
-        code, doc = burla(*args)
+        code, doc = burla(cluster, *args)
         assert code == 6 and doc["error"]["code"] == "head_unreachable", args
     # Neither from the environment: both after the subcommand reach the head.
     env = dict(os.environ, **{ENV_CONFIG_DIR: str(tmp_path)})
-    env.pop(ENV_HEAD_URL)
-    env.pop(ENV_TOKEN)
+    env.pop(ENV_HEAD_URL, None)
+    env.pop(ENV_TOKEN, None)
     done = subprocess.run([sys.executable, "-m", "burla", "cluster", "status", "--head", cluster.url, "--token",
                            cluster.token], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["ok"] is True
     # The last one given wins, as with any repeated option.
-    code, doc = burla("--head", "http://127.0.0.1:9", "cluster", "status", "--head", cluster.url)
+    code, doc = burla(cluster, "--head", "http://127.0.0.1:9", "cluster", "status", "--head", cluster.url)
     assert code == 0
 
 
 def test_usage_counts_the_local_nodes_hours_at_no_cost(cluster):
-    code, doc = burla("usage", "--since", "1")
+    code, doc = burla(cluster, "usage", "--since", "1")
     assert code == 0
     [local] = [row for row in doc["data"]["machine_types"] if row["cloud"] == "local"]
     assert local["machines"] >= 1 and local["still_running"] >= 1 and local["node_hours"] > 0
@@ -218,24 +218,22 @@ def test_usage_counts_the_local_nodes_hours_at_no_cost(cluster):
     assert caught.value.code == 400 and "since_days" in caught.value.read().decode()
 
 
-def test_cluster_stop_and_start(tmp_path, monkeypatch):
+def test_cluster_stop_and_start(tmp_path):
     head = start_head(tmp_path / "config", local_nodes=1, workers=1)
-    env = {ENV_HEAD_URL: head.url, ENV_TOKEN: head.token, ENV_CONFIG_DIR: str(head.config_dir)}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    client = head.client()
     try:
         wait_for_nodes(head, 1)
-        code, doc = burla("cluster", "stop", env=env)
+        code, doc = burla(head, "cluster", "stop")
         assert code == 0 and len(doc["data"]["stopped"]) == 1
         from burla import NoNodes
 
         with pytest.raises(NoNodes, match="burla cluster start"):
-            remote_parallel_map(functions.double, [1], spinner=False)
-        code, doc = burla("cluster", "start", env=env)
+            client.remote_parallel_map(functions.double, [1], spinner=False)
+        code, doc = burla(head, "cluster", "start")
         assert code == 0 and len(doc["data"]["booted"]) == 1
         wait_for_nodes(head, 1)
-        assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
-        code, doc = burla("cluster", "restart", env=env)
+        assert client.remote_parallel_map(functions.double, [1], spinner=False) == [2]
+        code, doc = burla(head, "cluster", "restart")
         assert code == 0 and len(doc["data"]["stopped"]) == 1 and len(doc["data"]["booted"]) == 1
     finally:
         head.stop()

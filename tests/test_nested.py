@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
 
-from burla import remote_parallel_map
 from tests import functions
 from tests.conftest import REPO
 from tests.helpers import PRELUDE, wait_until
@@ -20,27 +20,28 @@ def _jobs(head) -> list[dict]:
 
 
 
-def test_nested_job_runs_on_the_same_cluster_and_records_its_parent(cluster):
-    assert remote_parallel_map(functions.nested_sum, [3], spinner=False) == [6]
+def test_nested_job_runs_on_the_same_cluster_and_records_its_parent(cluster, client):
+    assert client.remote_parallel_map(functions.nested_sum, [3], spinner=False) == [6]
     jobs = _jobs(cluster)
     child, parent = jobs[0], jobs[1]
     assert parent["function_name"] == "nested_sum" and child["function_name"] == "double"
     assert child["parent_job_id"] == parent["job_id"]
 
 
-def test_parents_holding_every_slot_do_not_deadlock(cluster):
+def test_parents_holding_every_slot_do_not_deadlock(client):
     # Two workers, four parents: without lending slots, the children could never run.
-    assert remote_parallel_map(functions.nested_sum, [2, 3, 4, 5], spinner=False) == [2, 6, 12, 20]
+    assert client.remote_parallel_map(functions.nested_sum, [2, 3, 4, 5], spinner=False) == [2, 6, 12, 20]
 
 
-def test_a_pipeline_of_two_stages_in_one_parent_job(cluster):
+def test_a_pipeline_of_two_stages_in_one_parent_job(client):
     words = ["a", "bb", "ccc"]
-    assert remote_parallel_map(functions.two_stage_pipeline, [(words,)], spinner=False) == [[2, 4, 6]]
+    assert client.remote_parallel_map(functions.two_stage_pipeline, [(words,)], spinner=False) == [[2, 4, 6]]
 
 
-def test_canceling_a_parent_cancels_its_children(cluster):
-    client = subprocess.Popen([sys.executable, "-c", PRELUDE + "remote_parallel_map(functions.nested_sleepers, [0])\n"],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def test_canceling_a_parent_cancels_its_children(cluster, client):
+    script = PRELUDE + "remote_parallel_map(functions.nested_sleepers, [0])\n"
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: any(j["parent_job_id"] and j["running"] for j in _jobs(cluster)), what="child running")
         parent = next(j for j in _jobs(cluster) if j["function_name"] == "nested_sleepers")
@@ -50,7 +51,7 @@ def test_canceling_a_parent_cancels_its_children(cluster):
         child = next(j for j in _jobs(cluster) if j["parent_job_id"] == parent["job_id"])
         assert child["status"] == "CANCELED" and "parent" in child["reason"]
     finally:
-        client.wait(60)
+        process.wait(60)
     # Every slot is free again.
     wait_until(lambda: not any(j["running"] for j in _jobs(cluster)), what="calls stopped")
-    assert remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]
+    assert client.remote_parallel_map(functions.double, [1, 2], spinner=False) == [2, 4]

@@ -11,8 +11,7 @@ import aiohttp
 import psutil
 import pytest
 
-from burla import DetachRequiresDeployedCluster, remote_parallel_map, wire
-from burla.config import ENV_HEAD_URL, ENV_TOKEN
+from burla import DetachRequiresDeployedCluster, wire
 from tests import functions
 from tests.conftest import own_head, run_client, start_head, wait_for_nodes
 from tests.helpers import PRELUDE, get_json, wait_until
@@ -24,8 +23,8 @@ def _node_processes(head) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def two_node_head(tmp_path, monkeypatch):
-    with own_head(tmp_path, monkeypatch, local_nodes=2, workers=1, extra=["--node-deadline", "3"]) as head:
+def two_node_head(tmp_path):
+    with own_head(tmp_path, local_nodes=2, workers=1, extra=["--node-deadline", "3"]) as head:
         try:
             yield head
         finally:
@@ -37,7 +36,8 @@ def test_frozen_node_is_declared_dead_and_its_inputs_rerun(two_node_head, tmp_pa
     head = two_node_head
     out = tmp_path / "calls"
     out.mkdir()
-    stream = remote_parallel_map(
+    client = head.client()
+    stream = client.remote_parallel_map(
         functions.record_interval, [(str(out), i, 0.3) for i in range(12)], generator=True, spinner=False
     )
     first = next(stream)  # the job is running on both nodes
@@ -50,17 +50,15 @@ def test_frozen_node_is_declared_dead_and_its_inputs_rerun(two_node_head, tmp_pa
     # Thawed, the node comes back by itself and serves the next job.
     frozen.send_signal(signal.SIGCONT)
     wait_until(lambda: len(get_json(head, "/v1/cluster")["nodes"]) == 2, what="node re-registered")
-    assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
+    assert client.remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
 
 
-def test_losing_the_only_node_fails_the_job_clearly(tmp_path, monkeypatch):
+def test_losing_the_only_node_fails_the_job_clearly(tmp_path):
     head = start_head(tmp_path / "config", local_nodes=1, workers=1)
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
     try:
         wait_for_nodes(head, 1)
-        stream = remote_parallel_map(functions.sleep_then_return, [(i, 0.5) for i in range(6)], generator=True,
-                                     spinner=False)
+        stream = head.client().remote_parallel_map(functions.sleep_then_return, [(i, 0.5) for i in range(6)],
+                                                   generator=True, spinner=False)
         next(stream)
         for process in _node_processes(head):
             os.killpg(process.pid, signal.SIGKILL)
@@ -80,7 +78,7 @@ def test_detached_job_runs_on_after_its_client_exits(cluster, tmp_path):
         "detach=True, spinner=False)\n"
         "print(job_id)\n"
     )
-    done = run_client(script, {})
+    done = run_client(script, cluster.env())
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip().splitlines()[-1]
     assert "Done uploading inputs!" in done.stderr
@@ -88,28 +86,26 @@ def test_detached_job_runs_on_after_its_client_exits(cluster, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [f"{i}.txt" for i in range(4)]
 
 
-def test_detach_needs_a_head_that_outlives_the_client(fresh_config):
+def test_detach_needs_a_head_that_outlives_the_client(embedded_client):
     with pytest.raises(DetachRequiresDeployedCluster, match="get_cluster_dashboard_url"):
-        remote_parallel_map(functions.double, [1], detach=True)
+        embedded_client.remote_parallel_map(functions.double, [1], detach=True)
 
 
-def test_idle_nodes_are_removed_and_come_back_for_the_next_job(tmp_path, monkeypatch):
+def test_idle_nodes_are_removed_and_come_back_for_the_next_job(tmp_path):
     head = start_head(tmp_path / "config", local_nodes=1, workers=1, extra=["--inactivity-timeout", "1"])
-    monkeypatch.setenv(ENV_HEAD_URL, head.url)
-    monkeypatch.setenv(ENV_TOKEN, head.token)
     try:
         wait_for_nodes(head, 1)
         first = _node_processes(head)[0]
         wait_until(lambda: not get_json(head, "/v1/cluster")["nodes"], what="idle node removed")
         first.wait(30)  # the driver stopped its process
         # The next job starts the local node again and runs.
-        assert remote_parallel_map(functions.double, [4], spinner=False) == [8]
+        assert head.client().remote_parallel_map(functions.double, [4], spinner=False) == [8]
         assert "idle for" in head.log()
     finally:
         head.stop()
 
 
-def test_a_detaching_client_leaves_only_once_its_inputs_are_saved(tmp_path, monkeypatch):
+def test_a_detaching_client_leaves_only_once_its_inputs_are_saved(tmp_path):
     # Fails on the previous code: the client left as soon as its last input was sent, before the
     # head had written it to history (a head crash in between lost it).
     from burla.serialization import dumps, dumps_function
@@ -134,6 +130,6 @@ def test_a_detaching_client_leaves_only_once_its_inputs_are_saved(tmp_path, monk
                             return raw.execute("SELECT count(*) FROM kept_inputs WHERE job_id = ?",
                                                (spec.job_id,)).fetchone()[0]
 
-    with own_head(tmp_path, monkeypatch) as head:
+    with own_head(tmp_path) as head:
         assert asyncio.run(detach()) == n
         assert get_json(head, f"/v1/jobs/{spec.job_id}")["status"] == "RUNNING"  # it runs on without its client

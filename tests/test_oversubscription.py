@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from burla import remote_parallel_map
 from burla.node.governor import GROW_TO, Sample, grown_size, shrunk_size
 from tests import functions
 from tests.conftest import own_head
@@ -13,8 +12,8 @@ from tests.helpers import get_json, wait_until
 
 
 @pytest.fixture
-def head(tmp_path, monkeypatch):
-    with own_head(tmp_path, monkeypatch, workers=2) as head:
+def head(tmp_path):
+    with own_head(tmp_path, workers=2) as head:
         yield head
 
 
@@ -32,7 +31,8 @@ def _workers_alive(head) -> int:
 def test_calls_that_wait_run_more_than_one_per_worker_and_the_extra_workers_retire(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
     inputs = [(str(out), i, 1.5) for i in range(16)]
-    assert sorted(remote_parallel_map(functions.record_interval, inputs, spinner=False)) == list(range(16))
+    results = head.client().remote_parallel_map(functions.record_interval, inputs, spinner=False)
+    assert sorted(results) == list(range(16))
     assert functions.max_overlap(out) > 2  # the node has two workers
     assert "calls leave the CPUs idle" in head.log()
     # Idle again: back to one worker per slot.
@@ -41,22 +41,22 @@ def test_calls_that_wait_run_more_than_one_per_worker_and_the_extra_workers_reti
 
 def test_max_parallelism_caps_calls_that_wait(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
-    remote_parallel_map(functions.record_interval, [(str(out), i, 1.0) for i in range(9)], max_parallelism=3,
-                        spinner=False)
+    head.client().remote_parallel_map(functions.record_interval, [(str(out), i, 1.0) for i in range(9)],
+                                      max_parallelism=3, spinner=False)
     assert functions.max_overlap(out) <= 3
 
 
 def test_an_integer_func_cpu_runs_exactly_its_share(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
-    remote_parallel_map(functions.record_interval, [(str(out), i, 0.6) for i in range(8)], func_cpu=1,
-                        spinner=False)
+    head.client().remote_parallel_map(functions.record_interval, [(str(out), i, 0.6) for i in range(8)], func_cpu=1,
+                                      spinner=False)
     assert functions.max_overlap(out) <= 2
     assert "calls leave the CPUs idle" not in head.log()
 
 
 def test_cpu_bound_calls_run_one_per_worker(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
-    remote_parallel_map(functions.spin_interval, [(str(out), i, 0.8) for i in range(6)], spinner=False)
+    head.client().remote_parallel_map(functions.spin_interval, [(str(out), i, 0.8) for i in range(6)], spinner=False)
     assert functions.max_overlap(out) <= 2
     assert "calls leave the CPUs idle" not in head.log()
 
@@ -65,7 +65,7 @@ def test_calls_that_turn_cpu_bound_make_the_node_run_fewer(head, tmp_path):
     # They wait first (the node adds workers), then all keep a CPU busy at once (it backs off).
     out = _calls_dir(tmp_path, "calls")
     inputs = [(str(out), i, 1.5, 1.5) for i in range(16)]
-    assert sorted(remote_parallel_map(functions.spin_interval, inputs, spinner=False)) == list(range(16))
+    assert sorted(head.client().remote_parallel_map(functions.spin_interval, inputs, spinner=False)) == list(range(16))
     log = head.log()
     assert "calls leave the CPUs idle" in log and "CPUs saturated" in log
 

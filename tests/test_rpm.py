@@ -17,41 +17,40 @@ from burla import (
     UnpicklableFunction,
     UnpicklableInput,
     WorkerCrashed,
-    remote_parallel_map,
 )
 from tests import functions
 from tests.conftest import run_client
 from tests.helpers import PRELUDE, get_json, wait_until
 
 
-def test_results_come_back_in_input_order(cluster):
+def test_results_come_back_in_input_order(client):
     inputs = list(range(500))
-    assert remote_parallel_map(functions.double, inputs, spinner=False) == [x * 2 for x in inputs]
+    assert client.remote_parallel_map(functions.double, inputs, spinner=False) == [x * 2 for x in inputs]
 
 
-def test_tuples_unpack_and_nested_tuples_pass_whole(cluster):
-    results = remote_parallel_map(functions.identity, [(1, 2), ((1, 2),), [3, 4], 5], spinner=False)
+def test_tuples_unpack_and_nested_tuples_pass_whole(client):
+    results = client.remote_parallel_map(functions.identity, [(1, 2), ((1, 2),), [3, 4], 5], spinner=False)
     assert results == [(1, 2), ((1, 2),), ([3, 4],), (5,)]
 
 
-def test_empty_inputs(cluster):
-    assert remote_parallel_map(functions.double, []) == []
-    assert list(remote_parallel_map(functions.double, [], generator=True)) == []
+def test_empty_inputs(client):
+    assert client.remote_parallel_map(functions.double, []) == []
+    assert list(client.remote_parallel_map(functions.double, [], generator=True)) == []
 
 
-def test_any_iterable_of_inputs(cluster):
-    assert remote_parallel_map(functions.double, (x for x in range(5)), spinner=False) == [0, 2, 4, 6, 8]
+def test_any_iterable_of_inputs(client):
+    assert client.remote_parallel_map(functions.double, (x for x in range(5)), spinner=False) == [0, 2, 4, 6, 8]
 
 
-def test_generator_yields_every_result(cluster):
-    stream = remote_parallel_map(functions.double, range(50), generator=True, spinner=False)
+def test_generator_yields_every_result(client):
+    stream = client.remote_parallel_map(functions.double, range(50), generator=True, spinner=False)
     assert not isinstance(stream, list)
     assert sorted(stream) == [x * 2 for x in range(50)]
 
 
-def test_exception_reraises_with_type_index_and_remote_traceback(cluster):
+def test_exception_reraises_with_type_index_and_remote_traceback(cluster, client):
     with pytest.raises(ValueError, match="input 3 is bad") as caught:
-        remote_parallel_map(functions.fail_on, range(6), spinner=False)
+        client.remote_parallel_map(functions.fail_on, range(6), spinner=False)
     error = caught.value
     assert error.burla_input_index == 3
     shown = "".join(traceback.format_exception(error))
@@ -65,36 +64,36 @@ def test_exception_reraises_with_type_index_and_remote_traceback(cluster):
     assert error.__notes__[-1].startswith(note) and note in shown
 
 
-def test_custom_exception_keeps_its_fields(cluster):
+def test_custom_exception_keeps_its_fields(client):
     with pytest.raises(functions.CustomError) as caught:
-        remote_parallel_map(functions.raise_custom, [41], spinner=False)
+        client.remote_parallel_map(functions.raise_custom, [41], spinner=False)
     assert caught.value.code == 41 and caught.value.detail == "custom detail"
     assert caught.value.burla_input_index == 0
 
 
-def test_unpicklable_exception_arrives_as_remote_error(cluster):
+def test_unpicklable_exception_arrives_as_remote_error(client):
     with pytest.raises(RemoteError) as caught:
-        remote_parallel_map(functions.raise_unpicklable, [0], spinner=False)
+        client.remote_parallel_map(functions.raise_unpicklable, [0], spinner=False)
     assert "Unpicklable" in caught.value.type_name
     assert "carries a lock" in str(caught.value)
     assert caught.value.burla_input_index == 0
 
 
-def test_raise_errors_false_puts_exceptions_in_place(cluster):
-    results = remote_parallel_map(functions.fail_on, range(8), raise_errors=False, spinner=False)
+def test_raise_errors_false_puts_exceptions_in_place(client):
+    results = client.remote_parallel_map(functions.fail_on, range(8), raise_errors=False, spinner=False)
     assert [r for i, r in enumerate(results) if i != 3] == [0, 1, 2, 4, 5, 6, 7]
     assert isinstance(results[3], ValueError) and results[3].burla_input_index == 3
 
 
-def test_generator_raises_at_the_failed_call(cluster):
-    stream = remote_parallel_map(functions.fail_on, [0, 3], generator=True, spinner=False)
+def test_generator_raises_at_the_failed_call(client):
+    stream = client.remote_parallel_map(functions.fail_on, [0, 3], generator=True, spinner=False)
     with pytest.raises(ValueError):
         list(stream)
 
 
-def test_unpicklable_result_is_a_clear_error(cluster):
+def test_unpicklable_result_is_a_clear_error(client):
     # A lambda can't go through plain pickle; cloudpickle takes it by value.
-    results = remote_parallel_map(functions.returns_lambda, [7], spinner=False)
+    results = client.remote_parallel_map(functions.returns_lambda, [7], spinner=False)
     assert results[0]() == 7
 
 
@@ -105,7 +104,7 @@ def test_prints_from_python_c_and_subprocesses_reach_the_client(cluster):
         "import cloudpickle; cloudpickle.register_pickle_by_value(functions)\n"
         "print(remote_parallel_map(functions.chatty, [1, 2], spinner=False))\n"
     )
-    done = run_client(script, {})
+    done = run_client(script, cluster.env())
     assert done.returncode == 0, done.stderr
     for i in (1, 2):
         assert f"stdout line from {i}" in done.stdout
@@ -122,7 +121,7 @@ def test_a_client_that_exits_right_after_its_results_leaves_its_job_completed(cl
     # reach the head before the process is gone, even one that ends with os._exit (no atexit).
     script = (PRELUDE + "import os\n"
               "print(remote_parallel_map(functions.double, [1, 2, 3], spinner=False), flush=True)\nos._exit(0)\n")
-    done = run_client(script, {})
+    done = run_client(script, cluster.env())
     assert done.returncode == 0, done.stderr
     job_ids = [line.split()[2].rstrip(":") for line in done.stderr.splitlines() if line.startswith("[burla] job ")]
     assert len(job_ids) == 1
@@ -141,27 +140,27 @@ def test_a_call_printing_megabytes_neither_blocks_nor_loses_output(cluster):
         "import cloudpickle; cloudpickle.register_pickle_by_value(functions)\n"
         "print(remote_parallel_map(functions.print_a_lot, [3], spinner=False))\n"
     )
-    done = run_client(script, {})
+    done = run_client(script, cluster.env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("x" * 1023 + "\n") == 3 * 1024
 
 
-def test_max_parallelism_caps_concurrent_calls(cluster, tmp_path):
+def test_max_parallelism_caps_concurrent_calls(client, tmp_path):
     inputs = [(str(tmp_path), i) for i in range(6)]
-    remote_parallel_map(functions.record_interval, inputs, max_parallelism=1, spinner=False)
+    client.remote_parallel_map(functions.record_interval, inputs, max_parallelism=1, spinner=False)
     assert functions.max_overlap(tmp_path) == 1
 
 
-def test_all_slots_are_used_without_a_cap(cluster, tmp_path):
+def test_all_slots_are_used_without_a_cap(client, tmp_path):
     inputs = [(str(tmp_path), i, 0.5) for i in range(4)]
-    remote_parallel_map(functions.record_interval, inputs, spinner=False)
+    client.remote_parallel_map(functions.record_interval, inputs, spinner=False)
     assert functions.max_overlap(tmp_path) >= 2  # the node has two workers (calls that wait may share them)
 
 
-def test_integer_func_cpu_lowers_calls_per_node(cluster, tmp_path):
+def test_integer_func_cpu_lowers_calls_per_node(cluster, client, tmp_path):
     cpus = cluster_node(cluster)["cpus"]
     inputs = [(str(tmp_path), i) for i in range(4)]
-    remote_parallel_map(functions.record_interval, inputs, func_cpu=cpus, spinner=False)
+    client.remote_parallel_map(functions.record_interval, inputs, func_cpu=cpus, spinner=False)
     assert functions.max_overlap(tmp_path) == 1
 
 
@@ -181,9 +180,9 @@ def cluster_node(head) -> dict:
         ({"func_cpu": 4096}, ["func_cpu=4096", "CPUs"]),
     ],
 )
-def test_unsatisfiable_requirements_raise_no_compatible_nodes(cluster, kwargs, words):
+def test_unsatisfiable_requirements_raise_no_compatible_nodes(client, kwargs, words):
     with pytest.raises(NoCompatibleNodes) as caught:
-        remote_parallel_map(functions.double, [1], spinner=False, **kwargs)
+        client.remote_parallel_map(functions.double, [1], spinner=False, **kwargs)
     for word in words:
         assert word in str(caught.value)
 
@@ -202,58 +201,58 @@ def test_unsatisfiable_requirements_raise_no_compatible_nodes(cluster, kwargs, w
         {"image": ""},
     ],
 )
-def test_bad_arguments_raise_invalid_argument(cluster, kwargs):
+def test_bad_arguments_raise_invalid_argument(client, kwargs):
     with pytest.raises(InvalidArgument):
-        remote_parallel_map(functions.double, [1], **kwargs)
+        client.remote_parallel_map(functions.double, [1], **kwargs)
 
 
-def test_non_callable_and_bad_inputs(cluster):
+def test_non_callable_and_bad_inputs(client):
     with pytest.raises(InvalidArgument, match="callable"):
-        remote_parallel_map(42, [1])
+        client.remote_parallel_map(42, [1])
     with pytest.raises(InvalidArgument, match="inputs"):
-        remote_parallel_map(functions.double, 5)
+        client.remote_parallel_map(functions.double, 5)
     with pytest.raises(InvalidArgument, match="inputs"):
-        remote_parallel_map(functions.double, "abc")
+        client.remote_parallel_map(functions.double, "abc")
 
 
-def test_function_too_big(cluster):
+def test_function_too_big(client):
     blob = os.urandom(101 * 1024 * 1024)
 
     def big(x):
         return len(blob) + x
 
     with pytest.raises(FunctionTooBig, match="100 MB"):
-        remote_parallel_map(big, [1])
+        client.remote_parallel_map(big, [1])
 
 
-def test_input_too_big_names_its_index(cluster):
+def test_input_too_big_names_its_index(client):
     small = b"x"
     huge = bytes(201 * 1024 * 1024)
     with pytest.raises(InputTooBig) as caught:
-        remote_parallel_map(len, [small, huge], spinner=False)
+        client.remote_parallel_map(len, [small, huge], spinner=False)
     assert caught.value.input_index == caught.value.burla_input_index == 1
     # The cluster is fine afterwards.
-    assert remote_parallel_map(functions.double, [1], spinner=False) == [2]
+    assert client.remote_parallel_map(functions.double, [1], spinner=False) == [2]
 
 
-def test_unpicklable_function_names_the_culprit(cluster):
+def test_unpicklable_function_names_the_culprit(client):
     with pytest.raises(UnpicklableFunction, match="LOCK"):
-        remote_parallel_map(functions.uses_lock, [1])
+        client.remote_parallel_map(functions.uses_lock, [1])
 
 
-def test_unpicklable_input_names_its_index(cluster):
+def test_unpicklable_input_names_its_index(cluster, client):
     import threading
 
     jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
     with pytest.raises(UnpicklableInput) as caught:
-        remote_parallel_map(functions.double, [1, 2, threading.Lock()], spinner=False)
+        client.remote_parallel_map(functions.double, [1, 2, threading.Lock()], spinner=False)
     assert caught.value.input_index == caught.value.burla_input_index == 2
     # It was among the first inputs, pickled before the job opens: no job was left on the head.
     assert len(get_json(cluster, "/v1/cluster")["jobs"]) == jobs_before
 
 
-def test_worker_that_exits_is_replaced_and_the_job_goes_on(cluster):
-    results = remote_parallel_map(functions.exit_hard, range(6), raise_errors=False, spinner=False)
+def test_worker_that_exits_is_replaced_and_the_job_goes_on(client):
+    results = client.remote_parallel_map(functions.exit_hard, range(6), raise_errors=False, spinner=False)
     assert [r for i, r in enumerate(results) if i != 1] == [0, 2, 3, 4, 5]
     assert isinstance(results[1], WorkerCrashed)
     assert results[1].input_index == 1 and results[1].burla_input_index == 1
@@ -261,17 +260,17 @@ def test_worker_that_exits_is_replaced_and_the_job_goes_on(cluster):
     assert results[1].__notes__[-1].startswith(f"[burla] failed on input index 1 on node {results[1].burla_node_id}")
     assert "exit code 13" in str(results[1])
     # Both workers are back and serve the next job.
-    assert sorted(set(remote_parallel_map(functions.pid, range(40), spinner=False))) != []
+    assert sorted(set(client.remote_parallel_map(functions.pid, range(40), spinner=False))) != []
 
 
-def test_segfault_raises_worker_crashed(cluster):
+def test_segfault_raises_worker_crashed(client):
     with pytest.raises(WorkerCrashed) as caught:
-        remote_parallel_map(functions.segfault, [0, 1], spinner=False)
+        client.remote_parallel_map(functions.segfault, [0, 1], spinner=False)
     assert caught.value.input_index == 0
     assert "SIGSEGV" in str(caught.value)
 
 
-def test_killed_worker_raises_worker_crashed_naming_the_signal(cluster):
-    results = remote_parallel_map(functions.kill_self, range(3), raise_errors=False, spinner=False)
+def test_killed_worker_raises_worker_crashed_naming_the_signal(client):
+    results = client.remote_parallel_map(functions.kill_self, range(3), raise_errors=False, spinner=False)
     assert results[1:] == [1, 2]
     assert isinstance(results[0], WorkerCrashed) and "SIGKILL" in str(results[0])

@@ -12,7 +12,7 @@ import aiohttp
 import msgpack
 import pytest
 
-from burla import remote_parallel_map, wire
+from burla import wire
 from burla._version import __version__
 from burla.build import build_hash
 from tests import functions
@@ -100,8 +100,8 @@ async def test_unknown_job_is_404(cluster):
             assert response.status == 404
 
 
-async def test_cancel_body_is_checked(cluster):
-    remote_parallel_map(functions.double, [1], spinner=False)
+async def test_cancel_body_is_checked(cluster, client):
+    client.remote_parallel_map(functions.double, [1], spinner=False)
     async with aiohttp.ClientSession(headers=cluster.headers()) as session:
         async with session.get(cluster.url + "/v1/cluster") as response:
             job_id = (await response.json())["jobs"][0]["job_id"]
@@ -203,5 +203,5 @@ async def test_node_channel_rejects_bad_frames(cluster, frame, words):
     assert words in _error(await _exchange(cluster, "/v1/nodes/ws", [frame])).message
 
 
-def test_the_head_still_serves_after_all_that(cluster):
-    assert remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
+def test_the_head_still_serves_after_all_that(client):
+    assert client.remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]

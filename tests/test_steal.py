@@ -14,11 +14,10 @@ import urllib.request
 
 import pytest
 
-from burla import remote_parallel_map, wire
-from burla.config import ENV_CONFIG_DIR, ENV_TOKEN
+from burla import wire
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import get_json, use_head, wait_until
+from tests.helpers import get_json, wait_until
 from tests.http_proxy import DroppingProxy
 
 
@@ -31,18 +30,18 @@ def _free_port() -> int:
 class Nodes:
     """`burla node join` processes started by a test, stopped however the test ends."""
 
-    def __init__(self, head, log_dir) -> None:
+    def __init__(self, head, log_dir, env: dict[str, str] | None = None) -> None:
         self.head = head
         self.log_dir = log_dir
+        self.env = {**os.environ, **head.env(), **(env or {})}
         self.processes: list[subprocess.Popen] = []
 
     def join(self, name: str, *extra: str) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")
-        env = dict(os.environ, **{ENV_TOKEN: self.head.token, ENV_CONFIG_DIR: str(self.head.config_dir)})
         process = subprocess.Popen(
             [sys.executable, "-m", "burla", "node", "join", "--head", self.head.url, "--node-id", name,
              "--workers", "1", *extra],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )
         log.close()
         self.processes.append(process)
@@ -62,9 +61,8 @@ class Nodes:
 
 
 @pytest.fixture
-def bare_head(tmp_path, monkeypatch):
+def bare_head(tmp_path):
     head = start_head(tmp_path / "config", local_nodes=0)
-    use_head(monkeypatch, head)
     nodes = Nodes(head, tmp_path)
     try:
         yield head, nodes
@@ -73,19 +71,19 @@ def bare_head(tmp_path, monkeypatch):
         head.stop()
 
 
-def _skewed_job(out_dir, slow_s: float = 1.5):
+def _skewed_job(client, out_dir, slow_s: float = 1.5):
     # The first four inputs are 30x slower; they land on the first node before the second joins.
     # A call per CPU: calls that wait would otherwise share the first node's CPUs, which would
     # then run its queue itself instead of leaving it to a thief.
     inputs = [(str(out_dir), i, slow_s if i < 4 else 0.05) for i in range(12)]
-    return remote_parallel_map(functions.record_interval, inputs, generator=True, func_cpu=1, spinner=False)
+    return client.remote_parallel_map(functions.record_interval, inputs, generator=True, func_cpu=1, spinner=False)
 
 
-def _run_while_node_b_joins(nodes: Nodes, tmp_path) -> None:
+def _run_while_node_b_joins(client, nodes: Nodes, tmp_path) -> None:
     """The skewed job on node-a; node-b joins idle and steals. Every result arrives once."""
     out = tmp_path / "calls"
     out.mkdir()
-    stream = _skewed_job(out)
+    stream = _skewed_job(client, out)
     nodes.join("node-b")
     assert sorted(stream) == list(range(12))
 
@@ -94,7 +92,7 @@ def test_idle_node_steals_from_a_busy_peer(bare_head, tmp_path):
     head, nodes = bare_head
     nodes.join("node-a")
     wait_for_nodes(head, 1)
-    _run_while_node_b_joins(nodes, tmp_path)
+    _run_while_node_b_joins(head.client(), nodes, tmp_path)
     job = get_json(head, "/v1/cluster")["jobs"][0]
     assert job["stolen"] >= 1, head.log()
     assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a")
@@ -109,7 +107,7 @@ def test_a_lost_steal_ack_still_gives_every_result_exactly_once(bare_head, tmp_p
         wait_for_nodes(head, 1)
         out = tmp_path / "calls"
         out.mkdir()
-        stream = _skewed_job(out, slow_s=2.0)
+        stream = _skewed_job(head.client(), out, slow_s=2.0)
         nodes.join("node-b")
         results = list(stream)
     finally:
@@ -154,12 +152,10 @@ def test_a_token_alone_cannot_take_a_nodes_inputs(bare_head):
     assert status == 401
 
 
-def test_nodes_of_an_https_head_steal_over_https_pinned_by_the_head(tmp_path, monkeypatch):
+def test_nodes_of_an_https_head_steal_over_https_pinned_by_the_head(tmp_path):
     head = start_head(tmp_path / "config", local_nodes=0, extra=["--tls-self-signed"])
     cert = head.config_dir / "head-cert.pem"
-    monkeypatch.setenv("BURLA_HEAD_CERT", str(cert))
-    use_head(monkeypatch, head)
-    nodes = Nodes(head, tmp_path)
+    nodes = Nodes(head, tmp_path, env={"BURLA_HEAD_CERT": str(cert)})
     try:
         nodes.join("node-a")
         context = ssl.create_default_context(cafile=str(cert))
@@ -170,7 +166,7 @@ def test_nodes_of_an_https_head_steal_over_https_pinned_by_the_head(tmp_path, mo
                 return [n for n in json.load(response)["nodes"] if n["workers_alive"] >= 1]
 
         wait_until(lambda: len(ready_nodes()) == 1, timeout=120, what="node-a joined the https head")
-        _run_while_node_b_joins(nodes, tmp_path)
+        _run_while_node_b_joins(head.client(head_cert=str(cert)), nodes, tmp_path)
         assert all(n["url"].startswith("https://127.0.0.1:") for n in ready_nodes())
         assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a"), nodes.log("node-b")
         # The node serves https only, with its own certificate (not the head's).

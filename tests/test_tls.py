@@ -10,11 +10,10 @@ import sys
 
 import pytest
 
-from burla import remote_parallel_map
 from burla.errors import HeadUnreachable
 from tests import functions
 from tests.conftest import REPO, start_head
-from tests.helpers import use_head, wait_until
+from tests.helpers import wait_until
 
 
 def _burla(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -31,33 +30,31 @@ def tls_head(tmp_path):
         head.stop()
 
 
-def test_an_https_head_runs_jobs_for_clients_that_pin_its_certificate(tls_head, monkeypatch):
+def test_an_https_head_runs_jobs_for_clients_that_pin_its_certificate(tls_head):
     cert = tls_head.config_dir / "head-cert.pem"
     assert tls_head.url.startswith("https://127.0.0.1:") and cert.exists()
     assert oct((tls_head.config_dir / "head-key.pem").stat().st_mode & 0o777) == "0o600"
-    use_head(monkeypatch, tls_head)
-    monkeypatch.setenv("BURLA_HEAD_CERT", str(cert))
-    env = dict(os.environ)
+    env = dict(os.environ, **tls_head.env(), BURLA_HEAD_CERT=str(cert))
 
     def one_node() -> bool:
         done = _burla("nodes", "list", env=env)
         return done.returncode == 0 and len(json.loads(done.stdout)["data"]) == 1
 
     wait_until(one_node, what="the local node joined over https")  # it pinned the head's certificate too
-    assert remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+    client = tls_head.client(head_cert=str(cert))
+    assert client.remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
 
 
-def test_clients_without_the_certificate_are_refused_with_the_fix(tls_head, monkeypatch, tmp_path):
-    use_head(monkeypatch, tls_head)
-    monkeypatch.delenv("BURLA_HEAD_CERT", raising=False)
+def test_clients_without_the_certificate_are_refused_with_the_fix(tls_head, tmp_path):
     with pytest.raises(HeadUnreachable, match="does not trust.*BURLA_HEAD_CERT"):
-        remote_parallel_map(functions.double, [1], spinner=False)
+        tls_head.client(head_cert=None).remote_parallel_map(functions.double, [1], spinner=False)
     # Another self-signed certificate (for the same names) is not this head's: refused too.
     from burla.tls import make_self_signed
 
     other, _ = make_self_signed(["127.0.0.1", "localhost"], tmp_path / "other")
     for cert in (None, other):
-        env = dict(os.environ)
+        env = dict(os.environ, **tls_head.env())
+        env.pop("BURLA_HEAD_CERT", None)
         if cert is not None:
             env["BURLA_HEAD_CERT"] = str(cert)
         done = _burla("cluster", "status", env=env)
