@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from burla.config import ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
+from burla.config import ENV_CONFIG_DIR, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
 from burla.drivers.registry import BY_CLOUD
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
 
@@ -178,6 +178,7 @@ def start_head(settings: ClientSettings, token: str, embedded: bool,
         pass_fds.append(lifeline_read)
     env = dict(os.environ)
     env[ENV_TOKEN] = token
+    env[ENV_CONFIG_DIR] = str(settings.config_dir)  # the client's, even one it was given, not read from here
     env.pop("BURLA_CLUSTER_DASHBOARD_URL", None)
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(

@@ -118,6 +118,33 @@ def test_get_cluster_dashboard_url_starts_a_head_that_outlives_the_client(tmp_pa
         wait_until(lambda: not _burla_processes(config_dir), what="background head exit")
 
 
+def test_a_head_a_client_starts_keeps_to_the_clients_config_dir(tmp_path):
+    given, from_environment = tmp_path / "given", tmp_path / "environment"
+    script = PRELUDE + (
+        "from pathlib import Path\n"
+        "from burla import Client\n"
+        "from burla.config import ClientSettings\n"
+        f"client = Client(settings=ClientSettings(config_dir=Path({str(given)!r}), head_url=None, token=None,\n"
+        "                                         parent_job_id=None))\n"
+        "print(client.dashboard_url())\n"
+        "print(client.remote_parallel_map(functions.double, [4], spinner=False))\n"
+    )
+    done = run_client(script, _env(from_environment))
+    assert done.returncode == 0, done.stderr
+    url = done.stdout.strip().splitlines()[-2]
+    record = HeadRecord.read(given)
+    try:
+        assert record is not None and record.url == url and done.stdout.strip().endswith("[8]")
+        assert HeadRecord.read(from_environment) is None
+        assert (given / "history.db").exists() and not (from_environment / "history.db").exists()
+    finally:
+        for directory in (given, from_environment):  # a head that went to the wrong one stops too
+            started = HeadRecord.read(directory)
+            if started is not None:
+                os.kill(started.pid, signal.SIGTERM)
+            wait_until(lambda d=directory: not _burla_processes(d), what="background head exit")
+
+
 def test_several_clients_at_once_each_get_their_own_results(cluster):
     script = PRELUDE + (
         "import sys\n"

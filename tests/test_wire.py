@@ -76,7 +76,7 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", [[0, b"x"], {1: 0, b"y": 0}]]), "InputBatch items must be arrays of 2"),
         (msgpack.packb([4, "j", [[0, b"x"], b"xy"]]), "InputBatch items must be arrays of 2"),
         (msgpack.packb([39, "j", [[0, True, b"r"], [1, True]], 0]), "NodeResults items must be arrays of 3"),
-        (msgpack.packb([39, "j", [[0, True, b"r"], {1: 0, True: 0, b"r": 0}], 0]), "NodeResults items must be"),
+        (msgpack.packb([39, "j", [[0, True, b"r"], {1: 0, b"r": 0, "s": 0}], 0]), "NodeResults items must be"),
         (msgpack.packb([39, "j", [[0, True, b"r"], [1, True, "r"]], 0]), "expected bytes"),
         (msgpack.packb([4, "j", [["0", b"x"]]]), "expected int"),
         (msgpack.packb([4, "j", "notalist"]), "InputBatch.items has the wrong type"),
