@@ -12,6 +12,7 @@ import asyncio
 import struct
 import time
 from collections import deque
+from operator import itemgetter
 
 import msgpack
 from aiohttp import web
@@ -19,6 +20,7 @@ from aiohttp import web
 from burla import wire
 
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # results per frame to a client
+_payload_of = itemgetter(2)
 MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit
 WRITER_SLICE_S = 0.002  # a client's writer lets other connections run after this long
 # Bytes a node's socket may hold unsent before its frames wait for the writer task instead (which
@@ -195,6 +197,10 @@ class ClientLink:
     def _queue_results(self, results: list) -> None:
         """Pack results in parts that fit a batch (wire.BATCH_ITEMS, MAX_BATCH_BYTES unless one
         result is bigger)."""
+        if len(results) <= wire.BATCH_ITEMS and sum(map(len, map(_payload_of, results))) <= MAX_BATCH_BYTES:
+            self.results.append((len(results), wire.pack_items(results)))  # the common case: one part
+            self.queued_results += len(results)
+            return
         start, size = 0, 0
         for end, item in enumerate(results):
             size += len(item[2])
