@@ -1,12 +1,12 @@
-"""Which nodes may run a job, how many of its calls at once, and, when none can, why: pure
-functions of a node's record and the job's opening."""
+"""Which nodes may run a job, how many of its calls at once, each node's share of it, and, when
+none can, why: pure functions of a node's record and the job's."""
 
 from __future__ import annotations
 
 from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.drivers.catalog import gpu_model
-from burla.head.records import NodeRecord
+from burla.head.records import JobRecord, NodeRecord
 
 
 def _major_minor(version: str) -> str:
@@ -50,6 +50,27 @@ def node_parallelism(node: NodeRecord, spec: wire.OpenJob) -> int:
     if spec.func_ram is not None:
         parallelism = min(parallelism, int(node.ram_gb // spec.func_ram))
     return parallelism
+
+
+def share(node: NodeRecord, ceiling: int, job: JobRecord, holding: bool = False) -> tuple[int, int]:
+    """A node's (parallelism, slots) in a job beside the shares it already gave out, (0, 0) for
+    none: a call per slot while the job has inputs for more slots (a one-call job is assigned to
+    one node, not announced to every node), up to `ceiling` calls at once (node_parallelism:
+    calls that wait share CPUs), and never past max_parallelism in all. `holding`: the node
+    kept running inputs of the job while it had no head; it takes part whatever the caps say,
+    or what it holds would be cancelled there and run again elsewhere."""
+    spec = job.spec
+    given_parallelism = sum(a.parallelism for a in job.assignments.values())
+    given_slots = sum(a.slots for a in job.assignments.values())
+    parallelism = min(ceiling, spec.n_inputs)
+    slots = min(node.slots, parallelism, spec.n_inputs - given_slots)
+    if spec.max_parallelism is not None:
+        parallelism = min(parallelism, spec.max_parallelism - given_parallelism)
+        slots = min(slots, parallelism)
+    if holding:
+        slots = max(slots, min(node.slots, ceiling))
+        parallelism = max(parallelism, slots)
+    return (parallelism, slots) if slots >= 1 else (0, 0)
 
 
 def explain(spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]], n_nodes: int) -> str:

@@ -14,7 +14,7 @@ from operator import itemgetter
 
 from burla import wire
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
-from burla.head.eligibility import can_join, explain, ineligibility, node_parallelism
+from burla.head.eligibility import can_join, explain, ineligibility, node_parallelism, share
 from burla.head.records import (  # noqa: F401 - the records' module re-exported: callers import them here
     CANCELED,
     COMPLETED,
@@ -33,27 +33,6 @@ MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unles
 _index_of = itemgetter(0)
 _data_of = itemgetter(1)
 _ok_of = itemgetter(1)
-
-
-def _share(node: NodeRecord, ceiling: int, job: JobRecord, holding: bool = False) -> tuple[int, int]:
-    """A node's (parallelism, slots) in a job beside the shares it already gave out, (0, 0) for
-    none: a call per slot while the job has inputs for more slots (a one-call job is assigned to
-    one node, not announced to every node), up to `ceiling` calls at once (node_parallelism:
-    calls that wait share CPUs), and never past max_parallelism in all. `holding`: the node
-    kept running inputs of the job while it had no head; it takes part whatever the caps say,
-    or what it holds would be cancelled there and run again elsewhere."""
-    spec = job.spec
-    given_parallelism = sum(a.parallelism for a in job.assignments.values())
-    given_slots = sum(a.slots for a in job.assignments.values())
-    parallelism = min(ceiling, spec.n_inputs)
-    slots = min(node.slots, parallelism, spec.n_inputs - given_slots)
-    if spec.max_parallelism is not None:
-        parallelism = min(parallelism, spec.max_parallelism - given_parallelism)
-        slots = min(slots, parallelism)
-    if holding:
-        slots = max(slots, min(node.slots, ceiling))
-        parallelism = max(parallelism, slots)
-    return (parallelism, slots) if slots >= 1 else (0, 0)
 
 
 def _frames(indices: list[int], data: list[bytes]) -> list[list[tuple[int, bytes]]]:
@@ -113,7 +92,7 @@ class Scheduler:
         for job in self.running.values():
             if not can_join(node, job.spec):
                 continue
-            parallelism, slots = _share(node, node_parallelism(node, job.spec), job, job.job_id in holding)
+            parallelism, slots = share(node, node_parallelism(node, job.spec), job, job.job_id in holding)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
                 joins.append((job, parallelism))
@@ -129,7 +108,7 @@ class Scheduler:
         for node in self.nodes.values():
             if node.node_id in job.assignments or not can_join(node, job.spec):
                 continue
-            parallelism, slots = _share(node, node_parallelism(node, job.spec), job)
+            parallelism, slots = share(node, node_parallelism(node, job.spec), job)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
                 joined.append((node.node_id, parallelism))
@@ -235,7 +214,7 @@ class Scheduler:
         # First a call per slot on as many nodes as the caps allow, then what max_parallelism
         # leaves of their parallelism (calls that wait may run more than one per slot).
         for node, ceiling in ordered:
-            parallelism, slots = _share(node, min(ceiling, node.slots), job)
+            parallelism, slots = share(node, min(ceiling, node.slots), job)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
         for node, ceiling in ordered:
