@@ -356,8 +356,8 @@ class Scheduler:
         if assignment is None or assignment.credit <= 0:
             return []
         pushes: list[tuple[str, str, list]] = []
-        share = math.ceil(len(job.pending) / len(job.assignments))
-        self._push(job, node_id, assignment, max(share, _least_push(assignment)), pushes)
+        even_share = math.ceil(len(job.pending) / len(job.assignments))
+        self._push(job, node_id, assignment, max(even_share, _least_push(assignment)), pushes)
         return pushes
 
     def take_withdrawn(self) -> list[tuple[str, str, int]]:
