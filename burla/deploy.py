@@ -62,7 +62,7 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
     cluster_id = cluster_id_of(token)
     config = cloud_config(driver_name, environ, request.region, cluster_id)
     cert_path, key_path = _fresh_certificate(directory / DEPLOYMENT_DIR)
-    from burla.drivers.ssh import cluster_key
+    from burla.drivers.ssh_login import cluster_key
 
     ssh_key, public_key = cluster_key(directory, cluster_id)
     environment = dict(config.head_environment())
@@ -81,7 +81,7 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
                             config.region)
     deployment.write(directory)  # from here on, `burla deploy delete` removes what was made
     from burla.build import build_wheel
-    from burla.drivers.ssh import SshLogin
+    from burla.drivers.ssh_login import SshLogin
 
     setup = HeadSetup(head, driver_name, SshLogin(driver.ssh_user, ssh_key, settings.ssh_address_map), address,
                       token, cert_path.read_text(), key_path.read_text(), build_wheel(directory / "builds"),
@@ -100,7 +100,7 @@ class HeadSetup:
 
     head: HeadMachine
     driver_name: str
-    login: Any  # burla.drivers.ssh.SshLogin
+    login: Any  # burla.drivers.ssh_login.SshLogin
     address: str
     token: str
     cert_pem: str
@@ -116,7 +116,7 @@ class HeadSetup:
         return " | ".join(line.replace("\n", " ")[:300] for line in self.transcript[-4:])
 
     async def run(self, wait_s: float) -> bool:
-        from burla.drivers.ssh import completed_output, upload_setup, write_private
+        from burla.drivers.ssh_login import completed_output, upload_setup, write_private
 
         deadline = time.monotonic() + max(wait_s, SSH_TIMEOUT_S)
         connection = await self.login.connect_until(self.address, deadline, None, self.note)

@@ -6,9 +6,7 @@ bootstrap, and starts `burla node join` under its supervisor. When the VMs can't
 head's URL (a laptop behind NAT, a loopback head) the node reaches it through a remote port
 forward on that same connection, which is held open and re-established when it drops.
 
-Host keys: trust on first use, per node. The first connection to a new VM records its host key
-(in `ssh/known-hosts-<cluster>.json`, 0600, and in the node's history); every later connection
-to that VM must present the same key. A VM is new only once, minutes after the head booted it.
+Logging in, host keys and the upload are in `burla.drivers.ssh_login`.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import time
 import urllib.parse
@@ -26,33 +23,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.build import build_hash, build_wheel, wheel_name
-from burla.config import TOKEN_FILE, write_private_file
+from burla.build import build_hash, build_wheel
 from burla.drivers.base import BootRequest, Driver, NodeHandle, VmAddress
 from burla.drivers.bootstrap import (
-    BUILD_DIR,
-    CONFIG_DIR,
     HEAD_CERT_FILE,
     HEAD_URL_FILE,
-    HOME_DIR,
-    INSTALLED_MARKER,
     SCRIPT_FILE,
-    WHEELHOUSE_DIR,
     PackageSource,
     install_script,
     remote,
     supervise_command,
+)
+from burla.drivers.ssh_login import (
+    RETRY_EVERY_S,
+    HostKeys,
+    SshLogin,
+    cluster_key,
+    completed_output,
+    explain,
+    host_key_of,
+    upload_setup,
+    write_private,
 )
 from burla.errors import BootstrapFailed
 from burla.loop_supervisor import end_tasks
 
 log = logging.getLogger("burla.ssh")
 
-CONNECT_TIMEOUT_S = 15.0
-RETRY_EVERY_S = 3.0
 ADDRESS_POLL_S = 2.0
-KEEPALIVE_S = 10.0
-KEEPALIVE_MISSES = 3
 TRANSCRIPT_LIMIT = 20_000
 
 NodeEvent = Callable[[str, str, str], None]  # (node_id, kind, detail)
@@ -72,41 +70,6 @@ class SshSettings:
     address_map: Path | None = None  # JSON {address: "host:port"}: where to dial a VM's port 22 instead
 
 
-def cluster_key(config_dir: Path, cluster_id: str) -> tuple[Path, str]:
-    """The cluster's ed25519 key (created once, 0600) and its public half in OpenSSH form."""
-    import asyncssh
-
-    path = config_dir / "ssh" / f"burla-{cluster_id}"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key = asyncssh.generate_private_key("ssh-ed25519", comment=f"burla-{cluster_id}")
-        write_private_file(path, key.export_private_key().decode())
-    public = asyncssh.read_private_key(path).export_public_key().decode().strip()
-    return path, public
-
-
-class HostKeys:
-    """Each VM's host key, recorded on first use and required after (a JSON file, 0600)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self._keys: dict[str, str] = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            self._keys = {}
-
-    def get(self, node_id: str) -> str | None:
-        return self._keys.get(node_id)
-
-    def record(self, node_id: str, key: str) -> None:
-        self._keys[node_id] = key
-        write_private_file(self.path, json.dumps(self._keys, indent=1))
-
-    def forget(self, node_id: str) -> None:
-        if self._keys.pop(node_id, None) is not None:
-            write_private_file(self.path, json.dumps(self._keys, indent=1))
-
-
 def _head_endpoint(head_url: str) -> tuple[str, str, int]:
     """(scheme, host, port) the tunnel forwards to: the head's own listening address."""
     parts = urllib.parse.urlsplit(head_url)
@@ -114,124 +77,6 @@ def _head_endpoint(head_url: str) -> tuple[str, str, int]:
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
     return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
-
-
-def explain(error: BaseException, address: str, user: str) -> str:
-    """What a failed SSH attempt means for the user, and what to check."""
-    import asyncssh
-
-    if isinstance(error, asyncssh.PermissionDenied):
-        return (f"the VM at {address} refused the cluster's SSH key for user {user!r}; check that the image "
-                "accepts keys through the cloud's key mechanism (or set the SSH user for this cloud)")
-    if isinstance(error, asyncssh.HostKeyNotVerifiable):
-        return f"the VM at {address} presented a different SSH host key than when it was first reached"
-    if isinstance(error, (OSError, TimeoutError, asyncssh.DisconnectError)):
-        return (f"nothing answered SSH on port 22 of {address} ({type(error).__name__}: {error}); check that "
-                "the firewall or security group lets this machine reach port 22 and that the VM is running")
-    return f"{type(error).__name__}: {error}"
-
-
-@dataclass(frozen=True)
-class SshLogin:
-    """How this machine logs in to a cloud's VMs."""
-
-    user: str
-    key_path: Path
-    address_map: Path | None = None  # JSON {address: "host:port"}: dial only these (stand-in VMs)
-
-    def endpoint(self, address: str) -> tuple[str, int]:
-        """Where to dial the VM's SSH: its port 22, or with an address map only what the map says,
-        so nothing is ever dialled outside it."""
-        if self.address_map is None:
-            return address, 22
-        try:
-            target = json.loads(self.address_map.read_text()).get(address)
-        except (OSError, ValueError):
-            target = None
-        if not target:
-            raise ConnectionRefusedError(f"{address} is not in the SSH address map {self.address_map}")
-        host, port = target.rsplit(":", 1)
-        return host, int(port)
-
-    async def connect(self, address: str, pinned_host_key: str | None) -> Any:
-        """One connection; with a pinned host key, only a server presenting it is accepted."""
-        import asyncssh
-
-        host, port = self.endpoint(address)
-        known_hosts: tuple[list[Any], list[Any], list[Any]] | None = (
-            ([asyncssh.import_public_key(pinned_host_key)], [], []) if pinned_host_key else None)
-        return await asyncio.wait_for(asyncssh.connect(
-            host, port, username=self.user, client_keys=[self.key_path], known_hosts=known_hosts,
-            connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_MISSES,
-            agent_path=None, config=None,
-        ), CONNECT_TIMEOUT_S * 2)
-
-    async def connect_until(self, address: str, deadline: float, pinned_host_key: str | None,
-                            note: Callable[[str], None]) -> Any:
-        """Connect, retrying until the deadline; BootstrapFailed says what kept failing."""
-        import asyncssh
-
-        attempts = 0
-        noted = ""
-        while True:
-            attempts += 1
-            try:
-                connection = await self.connect(address, pinned_host_key)
-                note(f"connected to {address} as {self.user} (attempt {attempts})")
-                return connection
-            except Exception as e:  # noqa: BLE001 - every failure is retried until the deadline
-                last = explain(e, address, self.user)
-                if isinstance(e, asyncssh.HostKeyNotVerifiable):
-                    raise BootstrapFailed(last) from None
-                if last != noted or attempts % 10 == 0:  # each new reason, and a heartbeat
-                    note(f"attempt {attempts}: {last}")
-                    noted = last
-            if time.monotonic() > deadline:
-                raise BootstrapFailed(f"after {attempts} attempts, {last}")
-            await asyncio.sleep(RETRY_EVERY_S)
-
-
-def host_key_of(connection: Any) -> str:
-    return connection.get_server_host_key().export_public_key().decode().strip()
-
-
-async def write_private(sftp: Any, path: str, text: str) -> None:
-    """A file only its owner reads (0600) on the VM."""
-    import asyncssh
-
-    async with sftp.open(path, "w", attrs=asyncssh.SFTPAttrs(permissions=0o600)) as handle:
-        await handle.write(text)
-    await sftp.chmod(path, 0o600)
-
-
-async def upload_setup(sftp: Any, wheel: Path, packages: PackageSource, token: str, head_cert: str | None,
-                       script: str) -> None:
-    """~/.burla (0700) with the token (0600), the head's certificate, the build and the bootstrap.
-    The build and the wheelhouse go only when that build is not installed there yet."""
-    import asyncssh
-
-    attrs = asyncssh.SFTPAttrs(permissions=0o700)
-    for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
-        await sftp.makedirs(directory, attrs=attrs, exist_ok=True)
-        await sftp.chmod(directory, 0o700)
-    await write_private(sftp, remote(CONFIG_DIR, TOKEN_FILE), token + "\n")
-    if head_cert:
-        await write_private(sftp, remote(HEAD_CERT_FILE), head_cert)
-    installed = ""
-    with contextlib.suppress(asyncssh.SFTPError):
-        async with sftp.open(remote(INSTALLED_MARKER)) as marker:
-            installed = (await marker.read()).strip()
-    if installed != build_hash():
-        await sftp.put(str(wheel), remote(BUILD_DIR, wheel_name()))
-        if packages.wheelhouse:
-            await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)
-            wheels = sorted(str(p) for p in Path(packages.wheelhouse).iterdir() if p.suffix in (".whl", ".gz"))
-            await sftp.put(wheels, remote(WHEELHOUSE_DIR))
-    await write_private(sftp, remote(SCRIPT_FILE), script)
-
-
-def completed_output(result: Any) -> str:
-    return ((result.stdout or "") + (result.stderr or "")).strip()
 
 
 class VmSession:
