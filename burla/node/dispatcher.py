@@ -15,8 +15,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
 from typing import Protocol
 
 from burla import wire
@@ -33,9 +31,6 @@ WINDOW_BYTES = 64 * 1024 * 1024
 MAX_CRASH_ATTEMPTS = 2  # a call whose worker dies runs once more, then fails
 HARD_KILL_AFTER_S = 1.5  # a cancelled call that ignores SIGUSR1 this long is killed
 MAX_HELD_OUTPUTS = 100_000  # output chunks a job keeps while the head is away (results are always kept)
-
-_index_of = itemgetter(0)
-_data_of = itemgetter(1)
 
 
 @dataclass
@@ -76,7 +71,7 @@ class NodeJob:
     def took_inputs(self, items: list) -> None:
         """Inputs from the head: they fill granted credit, and their size bounds the window."""
         self.credit_unused = max(0, self.credit_unused - len(items))
-        size = sum(map(len, map(_data_of, items))) / max(1, len(items))
+        size = sum(len(b) for _, b in items) / max(1, len(items))
         self.mean_input_bytes = size if not self.mean_input_bytes else 0.8 * self.mean_input_bytes + 0.2 * size
 
     def calls_done(self, count: int, seconds_per_call: float) -> None:
@@ -239,7 +234,8 @@ class Dispatcher:
         now = self._clock()
         if report.results and worker.batches:
             batch = worker.batches[0]
-            deque(map(batch.remaining.pop, map(_index_of, report.results), repeat(None)), maxlen=0)  # at C speed
+            for item in report.results:
+                batch.remaining.pop(item[0], None)
             n = len(report.results)
             elapsed = max(now - worker.last_progress_at, 1e-7) / n
             worker.last_progress_at = now
