@@ -50,10 +50,29 @@ def cores() -> int:
 
 
 @contextlib.contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Set (or, with None, unset) environment variables for the block, then restore them. The
+    benchmarks measure what a user runs, `burla.remote_parallel_map` finding its cluster the way
+    the user's would: through the environment."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
 def private_config() -> Iterator[Path]:
     """Point burla at a fresh config directory so no other head on this machine is used."""
-    from tests.helpers import environment
-
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory, environment(
         BURLA_CONFIG_DIR=directory, BURLA_CLUSTER_DASHBOARD_URL=None, BURLA_CLUSTER_TOKEN=None
     ):

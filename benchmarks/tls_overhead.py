@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import cores, noop, private_config
+from _common import cores, environment, noop, private_config
 
 CALLS = 10_000
 ROUNDS = 3
@@ -18,7 +18,6 @@ ROUNDS = 3
 
 def _timed(url: str, token: str, cert: str | None) -> float:
     from burla import remote_parallel_map
-    from tests.helpers import environment
 
     with environment(BURLA_CLUSTER_DASHBOARD_URL=url, BURLA_CLUSTER_TOKEN=token, BURLA_HEAD_CERT=cert):
         remote_parallel_map(noop, list(range(100)), spinner=False)  # connections and workers warm

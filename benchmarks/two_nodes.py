@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import noop, sleep_10ms
+from _common import environment, noop, sleep_10ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.cluster_runner import LocalCluster  # noqa: E402
-from tests.helpers import environment  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 

@@ -12,8 +12,8 @@ import pytest
 
 from burla.errors import HeadUnreachable
 from tests import functions
-from tests.conftest import REPO, start_head
-from tests.helpers import wait_until
+from tests.conftest import REPO, run_client, start_head
+from tests.helpers import PRELUDE, wait_until
 
 
 def _burla(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -43,6 +43,10 @@ def test_an_https_head_runs_jobs_for_clients_that_pin_its_certificate(tls_head):
     wait_until(one_node, what="the local node joined over https")  # it pinned the head's certificate too
     client = tls_head.client(head_cert=str(cert))
     assert client.remote_parallel_map(functions.double, [1, 2, 3], spinner=False) == [2, 4, 6]
+    # A user's client process pins it through BURLA_HEAD_CERT, as the CLI above does.
+    done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [4, 5], spinner=False))\n", env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[8, 10]"
 
 
 def test_clients_without_the_certificate_are_refused_with_the_fix(tls_head, tmp_path):
