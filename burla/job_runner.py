@@ -35,6 +35,7 @@ from burla.input_files import files_root
 from burla.job_upload import Uploader
 from burla.local_cluster import ClusterHandle
 from burla.login_links import LINK_PARAM, link_code
+from burla.process_memory import JOB_COLLECTIONS
 from burla.progress import Display
 from burla.serialization import loads, unpack_error
 from burla.states import EndKind, JobStatus
@@ -97,7 +98,12 @@ class JobRunner:
         """Run the job on this process's client loop (shared by its jobs)."""
         self._shared = client_loop()
         self._loop = self._shared.loop
-        self._shared.submit(self._main())
+        JOB_COLLECTIONS.job_started()  # until `_main` ends
+        try:
+            self._shared.submit(self._main())
+        except BaseException:
+            JOB_COLLECTIONS.job_ended()
+            raise
 
     async def _main(self) -> None:
         try:
@@ -106,6 +112,7 @@ class JobRunner:
             if self.error is None:
                 self.error = e
         finally:
+            JOB_COLLECTIONS.job_ended()
             self._ended.set()
             self._last_ack_sent.set()
             self.uploaded.set()
