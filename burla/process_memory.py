@@ -10,6 +10,7 @@ big input, every later 10 MB input then comes from the heap, and a head that rel
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 
@@ -71,6 +72,15 @@ class JobCollections:
         self._saved: tuple[int, int, int] | None = None  # the thresholds before the first job
         self._ours: tuple[int, int, int] | None = None  # the ones set while jobs run
 
+    def forked(self) -> None:
+        """In a child forked while jobs ran: those jobs are the parent's. Start afresh, with the
+        program's thresholds back (and a lock no other thread of the parent may be holding)."""
+        self._lock = threading.Lock()
+        if self._jobs and self._saved is not None and gc.get_threshold() == self._ours:
+            gc.set_threshold(*self._saved)
+        self._jobs = 0
+        self._saved = self._ours = None
+
     def job_started(self) -> None:
         with self._lock:
             self._jobs += 1
@@ -95,3 +105,5 @@ class JobCollections:
 
 
 JOB_COLLECTIONS = JobCollections()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=JOB_COLLECTIONS.forked)

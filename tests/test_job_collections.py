@@ -65,3 +65,30 @@ def test_a_real_job_raises_them_while_it_runs_and_restores_them(python_defaults,
                                                                       spinner=False)]
     assert seen and all(threshold == GC_THRESHOLDS for threshold in seen)
     wait_until(lambda: gc.get_threshold() == (700, 10, 10), what="the thresholds to come back after the job")
+
+
+def test_a_child_forked_while_a_job_runs_starts_afresh(python_defaults):
+    import os
+
+    from burla.process_memory import JOB_COLLECTIONS
+
+    JOB_COLLECTIONS.job_started()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's job is not its own
+            ok = gc.get_threshold() == (700, 10, 10)
+            JOB_COLLECTIONS.job_started()
+            ok = ok and gc.get_threshold() == GC_THRESHOLDS
+            JOB_COLLECTIONS.job_ended()
+            ok = ok and gc.get_threshold() == (700, 10, 10)
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as answer:
+            assert answer.read() == b"1"
+        os.waitpid(pid, 0)
+        assert gc.get_threshold() == GC_THRESHOLDS  # the parent's job still runs
+    finally:
+        JOB_COLLECTIONS.job_ended()
+    assert gc.get_threshold() == (700, 10, 10)

@@ -181,6 +181,18 @@ def test_results_are_kept_once_per_index():
     assert job.n_done == 1
 
 
+def test_the_upload_prefix_stops_at_the_first_input_missing():
+    s = Scheduler()
+    s.add_node(node())
+    job = s.admit(spec(n=10))
+    s.add_inputs(job, [[0, b"x"], [1, b"x"]])
+    assert job.upload_prefix == 2
+    s.add_inputs(job, [[2, b"x"], [5, b"x"]])  # starts at the prefix, with a gap
+    assert job.upload_prefix == 3
+    s.add_inputs(job, [[3, b"x"], [4, b"x"]])  # a run that closes the gap
+    assert job.upload_prefix == 6
+
+
 def test_a_batch_of_results_with_a_repeat_counts_each_input_once():
     s = Scheduler()
     s.add_node(node())
@@ -203,7 +215,9 @@ def test_inputs_in_any_order_are_queued_in_that_order_and_pushed_in_slices():
     s.add_node(node())
     job = s.admit(spec(n=10))
     s.add_inputs(job, [[i, bytes([i])] for i in (4, 5, 6)])  # a run that is not the first
-    s.add_inputs(job, [[i, bytes([i])] for i in (0, 3, 1)])  # out of order
+    assert job.upload_prefix == 0
+    s.add_inputs(job, [[i, bytes([i])] for i in (0, 3, 1)])  # out of order, and 2 is still missing
+    assert job.upload_prefix == 2  # a client that comes back sends again from the first input missing
     s.add_inputs(job, [[i, bytes([i])] for i in (2, 7)])
     assert job.upload_prefix == 8 and [i for i, _ in job.pending] == [4, 5, 6, 0, 3, 1, 2, 7]
     with pytest.raises(ProtocolError, match="twice"):

@@ -66,6 +66,7 @@ class InputQueue:
         end = chunk.start + count
         if end < len(chunk.indices):  # the common case: a slice of the first chunk
             indices, data = chunk.indices[chunk.start:end], chunk.data[chunk.start:end]
+            chunk.data[chunk.start:end] = [None] * count  # type: ignore[list-item]  # the chunk lets go of them
             chunk.start = end
             self._count -= count
             return indices, data
@@ -78,6 +79,7 @@ class InputQueue:
             if end >= len(chunk.indices):
                 chunks.popleft()
             else:
+                chunk.data[chunk.start:end] = [None] * (end - chunk.start)  # type: ignore[list-item]
                 chunk.start = end
         self._count -= len(indices)
         return indices, data

@@ -281,9 +281,12 @@ class Scheduler:
             return
         indices, data = list(map(_index_of, items)), list(map(_data_of, items))
         first, end = indices[0], indices[0] + len(indices)
+        prefix = job.upload_prefix
         if 0 <= first and end <= n and indices[-1] == end - 1 and seen.find(1, first, end) < 0 \
                 and indices == list(range(first, end)):
             seen[first:end] = b"\x01" * len(indices)  # the common case, a new run of inputs: at C speed
+            if prefix == first:
+                prefix = end
         else:
             for index in indices:
                 if not 0 <= index < n:
@@ -293,9 +296,6 @@ class Scheduler:
                 seen[index] = 1
         job.received += len(indices)
         job.pending.extend_lists(indices, data)
-        prefix = job.upload_prefix
-        if prefix == first:
-            prefix = end
         while prefix < n and seen[prefix]:
             prefix += 1
         job.upload_prefix = prefix
