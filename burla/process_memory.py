@@ -72,6 +72,10 @@ class JobCollections:
         self._saved: tuple[int, int, int] | None = None  # the thresholds before the first job
         self._ours: tuple[int, int, int] | None = None  # the ones set while jobs run
 
+    @property
+    def jobs_running(self) -> int:
+        return self._jobs
+
     def forked(self) -> None:
         """In a child forked while jobs ran: those jobs are the parent's. Start afresh, with the
         program's thresholds back (and a lock no other thread of the parent may be holding)."""
