@@ -97,13 +97,6 @@ class Uploader:
                 files.done(index)
         self.window_open.set()
 
-    def _mark_sent(self, index: int, size: int) -> None:
-        self.outstanding_inputs += 1
-        self.outstanding_bytes += size
-        self.sizes[index] = size
-        if index >= self.sent_until:
-            self.sent_until = index + 1
-
     # --- large inputs by file ------------------------------------------------------------
 
     def use_files(self, root: Path) -> None:
@@ -157,7 +150,8 @@ class Uploader:
         if batch:
             for index, data in batch:
                 self.leave_window(index)  # sent before on a connection that closed at once
-                self._mark_sent(index, len(data))
+                self.sizes[index] = len(data)
+            self._count_out(len(batch), sum(len(data) for _, data in batch), batch[-1][0])
             await send(wire.InputBatch(self.job_id, batch))
         return len(batch)
 
