@@ -16,7 +16,8 @@ from burla.build import build_hash
 from burla.errors import HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.client_watch import ClientWatch
 from burla.head.held_inputs import adopt_held, mark_client_held
-from burla.head.history import HEAD_STOPPED, History
+from burla.head.history import History
+from burla.head.history_queries import HEAD_STOPPED
 from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink, WriteTurns
 from burla.head.machines import Machines, NoMachines

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from burla.drivers.catalog import lookup
-from burla.head.history import HEAD_STOPPED
+from burla.head.history_queries import HEAD_STOPPED
 
 MACHINE_STARTED = "machine started"  # a node event; its detail is JSON (see machine_detail)
 _ENDS = {"deleted", "removed"}  # a cloud machine is billed until it is deleted (or removed for idleness)

@@ -1,0 +1,126 @@
+"""What the head's history answers: jobs, failed calls, call output, node events and samples,
+the nodes connected when the head last stopped, and saved settings. Each read first writes what
+was recorded so far, so it sees everything (History, head/history.py, does the writing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiosqlite
+
+HEAD_STOPPED = "head stopped"  # a node event: connected when the head stopped (it is expected back)
+
+
+class HistoryQueries:
+    """The reading half of History, which provides the connection and `flush`."""
+
+    _db: aiosqlite.Connection | None
+    _ready: asyncio.Event
+
+    async def flush(self) -> None:
+        raise NotImplementedError
+
+    async def _rows(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
+        await self._ready.wait()
+        assert self._db is not None
+        await self.flush()  # a read sees everything recorded so far
+        async with self._db.execute(sql, args) as cursor:
+            names = [c[0] for c in cursor.description]
+            return [dict(zip(names, row)) for row in await cursor.fetchall()]
+
+    async def list_jobs(self, status: str | None = None, limit: int = 50, parent: str | None = None
+                        ) -> list[dict[str, Any]]:
+        conditions, args = [], []
+        if status:
+            conditions.append("status = ?")
+            args.append(status)
+        if parent:
+            conditions.append("parent_job_id = ?")
+            args.append(parent)
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+        rows = await self._rows(f"SELECT * FROM jobs {where} ORDER BY started_at DESC LIMIT ?", (*args, limit))
+        for row in rows:
+            row["arguments"] = json.loads(row["arguments"])
+        return rows
+
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        rows = await self._rows("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+        if not rows:
+            return None
+        rows[0]["arguments"] = json.loads(rows[0]["arguments"])
+        return rows[0]
+
+    async def failures_of(self, job_id: str, limit: int = 1000, offset: int = 0, first_index: int = 0,
+                          last_index: int | None = None) -> list[dict[str, Any]]:
+        """A page of a job's failed calls by input index, optionally within an index range."""
+        last = (1 << 62) if last_index is None else last_index
+        return await self._rows(
+            "SELECT input_index, exception_type, message, traceback, at, node_id, host, worker_pid FROM call_failures "
+            "WHERE job_id = ? "
+            "AND input_index BETWEEN ? AND ? ORDER BY input_index LIMIT ? OFFSET ?",
+            (job_id, first_index, last, limit, offset))
+
+    async def count_failures(self, job_id: str) -> int:
+        rows = await self._rows("SELECT COUNT(*) AS n FROM call_failures WHERE job_id = ?", (job_id,))
+        return int(rows[0]["n"])
+
+    async def search_output(self, job_id: str, text: str, limit: int) -> list[dict[str, Any]]:
+        """Chunks any call of the job printed that contain `text`, by input index."""
+        escaped = json.dumps(text)[1:-1]  # chunks are stored JSON-encoded
+        pattern = "%" + escaped.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = await self._rows(
+            "SELECT at, chunks FROM call_output WHERE job_id = ? AND chunks LIKE ? ESCAPE '\\' ORDER BY rowid",
+            (job_id, pattern))
+        matches = [
+            {"input_index": index, "stream": stream, "text": chunk, "at": row["at"]}
+            for row in rows for index, stream, chunk in json.loads(row["chunks"]) if text in chunk
+        ]
+        matches.sort(key=lambda m: m["input_index"])  # stable: each call's chunks stay in order
+        return matches[:limit]
+
+    async def output_of(self, job_id: str, input_index: int) -> list[dict[str, Any]]:
+        rows = await self._rows(
+            "SELECT at, chunks FROM call_output WHERE job_id = ? AND min_index <= ? AND max_index >= ? ORDER BY rowid",
+            (job_id, input_index, input_index))
+        return [
+            {"stream": stream, "text": chunk, "at": row["at"]}
+            for row in rows for index, stream, chunk in json.loads(row["chunks"]) if index == input_index
+        ]
+
+    async def machine_events(self, started_event: str) -> list[dict[str, Any]]:
+        """Every event of the nodes that have a `started_event` (machines), in time order."""
+        return await self._rows(
+            "SELECT node_id, event, detail, at FROM node_events WHERE node_id IN "
+            "(SELECT node_id FROM node_events WHERE event = ?) ORDER BY at", (started_event,))
+
+    async def node_events_of(self, node_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        return await self._rows(
+            "SELECT event, detail, at FROM node_events WHERE node_id = ? ORDER BY at DESC LIMIT ?", (node_id, limit))
+
+    async def samples_of(self, node_id: str, since: float, until: float) -> list[dict[str, Any]]:
+        return await self._rows(
+            "SELECT at, cpu_percent, mem_percent, net_sent_bps, net_recv_bps, workers_alive, running, gpu_percent, "
+            "gpu_mem_percent FROM node_samples "
+            "WHERE node_id = ? AND at >= ? AND at <= ? ORDER BY at", (node_id, since, until))
+
+    async def job_progress_of(self, job_id: str) -> list[dict[str, Any]]:
+        return await self._rows(
+            "SELECT at, n_done, n_failed, running FROM job_samples WHERE job_id = ? ORDER BY at", (job_id,))
+
+    async def nodes_connected_at_stop(self) -> list[str]:
+        """Nodes whose last event says they were connected when the head last stopped (registered,
+        or still there when it stopped): they come back by themselves, with what they kept running."""
+        rows = await self._rows(
+            "SELECT node_id, event FROM node_events AS e WHERE at = "
+            "(SELECT MAX(at) FROM node_events WHERE node_id = e.node_id)")
+        return sorted({row["node_id"] for row in rows if row["event"] in ("registered", HEAD_STOPPED)})
+
+    async def nodes_seen(self) -> list[str]:
+        rows = await self._rows("SELECT DISTINCT node_id FROM node_events")
+        return [row["node_id"] for row in rows]
+
+    async def load_settings(self) -> dict[str, Any] | None:
+        rows = await self._rows("SELECT data FROM settings WHERE id = 1")
+        return json.loads(rows[0]["data"]) if rows else None
