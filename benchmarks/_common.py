@@ -49,6 +49,13 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def _set_variable(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
 @contextlib.contextmanager
 def environment(**values: str | None) -> Iterator[None]:
     """Set (or, with None, unset) environment variables for the block, then restore them. The
@@ -57,17 +64,11 @@ def environment(**values: str | None) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
     try:
         for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            _set_variable(key, value)
         yield
     finally:
         for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            _set_variable(key, value)
 
 
 @contextlib.contextmanager

@@ -52,12 +52,18 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def test_inputs_wait_for_room_and_go_once_each_in_order():
-    uploader = _uploader(list(range(50)))
+async def _uploading(inputs: list, window: tuple[int, int]) -> tuple[Uploader, Head, asyncio.Task]:
+    """An upload of `inputs` under `window`, started and run until it waits."""
+    uploader = _uploader(inputs)
     head = Head(uploader)
-    uploader.resume(0, (8, 1 << 20))
+    uploader.resume(0, window)
     upload = asyncio.create_task(uploader.upload(head.send, 0))
     await _settle()
+    return uploader, head, upload
+
+
+async def test_inputs_wait_for_room_and_go_once_each_in_order():
+    uploader, head, upload = await _uploading(list(range(50)), (8, 1 << 20))
     assert head.sent == list(range(8)) and not upload.done()  # the window is full: it waits
     while not upload.done():
         head.answer(3)
@@ -69,12 +75,7 @@ async def test_inputs_wait_for_room_and_go_once_each_in_order():
 
 
 async def test_an_input_bigger_than_the_window_goes_alone():
-    inputs = [b"a" * 10, b"b" * 5000, b"c" * 10, b"d" * 10]
-    uploader = _uploader(inputs)
-    head = Head(uploader)
-    uploader.resume(0, (100, 1000))
-    upload = asyncio.create_task(uploader.upload(head.send, 0))
-    await _settle()
+    _, head, upload = await _uploading([b"a" * 10, b"b" * 5000, b"c" * 10, b"d" * 10], (100, 1000))
     assert head.sent == [0]  # the big one waits until nothing is out
     head.answer(1)
     await _settle()
@@ -86,11 +87,7 @@ async def test_an_input_bigger_than_the_window_goes_alone():
 
 
 async def test_a_reconnect_sends_again_what_never_reached_the_head():
-    uploader = _uploader(list(range(20)))
-    head = Head(uploader)
-    uploader.resume(0, (10, 1 << 20))
-    upload = asyncio.create_task(uploader.upload(head.send, 0))
-    await _settle()
+    uploader, head, upload = await _uploading(list(range(20)), (10, 1 << 20))
     assert head.sent == list(range(10))
     upload.cancel()  # the connection dropped while the loop waited for room
     with pytest.raises(asyncio.CancelledError):
