@@ -23,7 +23,7 @@ from burla.serialization import PROTOCOL, dumps
 
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = wire.BATCH_ITEMS
-FIRST_UPLOAD_BATCH_ITEMS = 256
+FIRST_UPLOAD_BATCH_ITEMS = 256  # the upload loop's first batch after the opening; each next one doubles
 FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answer (well inside any window)
 FIRST_BATCH_BYTES = 256 * 1024
 KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved

@@ -30,7 +30,7 @@ async def _get(cluster: InProcessCluster, path: str) -> dict:
 
 async def test_jobs_run_and_show_from_live_state_with_nothing_written(tmp_path):
     async with in_process_cluster(tmp_path, history=False) as cluster:
-        assert isinstance(cluster_of(cluster.app).record, NoRecord)
+        assert isinstance(cluster_of(cluster.app).record, NoRecord) and cluster_of(cluster.app).history is None
         run = functools.partial(cluster.client().remote_parallel_map, functions.fail_on, list(range(6)),
                                 raise_errors=False, spinner=False)
         results = await asyncio.to_thread(run)

@@ -1,11 +1,13 @@
 """What the head's history answers: jobs, failed calls, call output, node events and samples,
 the nodes connected when the head last stopped, and saved settings. Each read first writes what
-was recorded so far, so it sees everything (History, head/history.py, does the writing)."""
+was recorded so far, so it sees everything (History, head/history.py, does the writing; it also
+reads back the jobs kept across a restart, beside what keeps them)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiosqlite
@@ -18,9 +20,7 @@ class HistoryQueries:
 
     _db: aiosqlite.Connection | None
     _ready: asyncio.Event
-
-    async def flush(self) -> None:
-        raise NotImplementedError
+    flush: Callable[[], Awaitable[None]]
 
     async def _rows(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
         await self._ready.wait()

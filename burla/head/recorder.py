@@ -2,7 +2,8 @@
 
 The cluster records through a `Recorder` whatever its history is: `History` writes it down,
 `NoRecord` (a head run with --no-history) lets it go. So the cluster's code says what happened
-once, without asking each time whether anyone keeps it.
+once, without asking each time whether anyone keeps it (`keeps` lets a periodic loop skip building
+what it would record for nobody).
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ log = logging.getLogger("burla.head")
 # after a restart wait as long for a node to join them.
 REJOIN_GRACE_S = 120.0
 RESTORED_CLIENT_GRACE_S = 60.0  # how long a job taken up after a restart waits for its client (its retry window)
+# How long a job taken up after a restart holds its inputs back for the nodes that were connected
+# when the head stopped: they come back holding inputs, which must not be pushed to others meanwhile.
 RESTORE_SETTLE_S = 10.0
 
 

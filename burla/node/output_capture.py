@@ -18,6 +18,7 @@ import sys
 import termios
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from burla.wire import STDERR, STDOUT
 
@@ -34,9 +35,9 @@ class OutputCapture:
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self._pipes: list[tuple[int, int, codecs.IncrementalDecoder]] = []
-        # One syscall tells whether either pipe holds anything: epoll's costs ~60% of poll's here, and
-        # it is made after every call.
-        self._poll = select.epoll()
+        # One syscall tells whether either pipe holds anything, made after every call: epoll's costs
+        # ~60% of poll's on Linux; elsewhere (macOS) poll.
+        self._poll: Any = select.epoll() if hasattr(select, "epoll") else select.poll()
         self._pending: list[OutputItem] = []
         self._job_id: str | None = None
         # The input index of the call running now (-1 between calls). The worker sets it without
@@ -59,7 +60,7 @@ class OutputCapture:
             os.close(write_fd)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             self._pipes.append((stream, read_fd, decoder))
-            self._poll.register(read_fd, select.EPOLLIN)
+            self._poll.register(read_fd, select.EPOLLIN if hasattr(select, "epoll") else select.POLLIN)
         # Line buffering: Python prints reach the pipe at each newline, in order with C output.
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
