@@ -143,21 +143,41 @@ class InputFiles:
     """A client's files for one job: written as inputs go out, removed as their results come back.
 
     The job's directory holds a lock file this process keeps locked: a directory whose lock can
-    be taken belongs to a client that is gone (process ids don't tell, across containers)."""
+    be taken belongs to a client that is gone (process ids don't tell, across containers). It is
+    made with the first file: most jobs have no input large enough, and making and removing it
+    was a tenth of a warm single-call job's client time."""
 
     def __init__(self, root: Path, job_id: str) -> None:
-        _remove_abandoned(root)
+        self.root = root
         self.directory = root / f"{os.getpid()}.{job_id}"
-        self.directory.mkdir(mode=0o700)
-        self._lock_fd = os.open(self.directory / _LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._lock_fd = -1
+        self._closed = False
         self._paths: dict[int, Path] = {}
+
+    def _make_directory(self) -> None:
+        """Raises OSError if it can't be made (then no file is written)."""
+        _remove_abandoned(self.root)
+        self.directory.mkdir(mode=0o700)
+        lock_fd = -1
+        try:
+            lock_fd = os.open(self.directory / _LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        except OSError:
+            if lock_fd >= 0:
+                os.close(lock_fd)
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        self._lock_fd = lock_fd
 
     def write(self, index: int, data: bytes) -> bytes:
         """Keep an input's pickle in a file; returns the reference to send in its place. An input
         written before (sent again after a head restart) keeps its file: a worker may be reading it."""
         path = self._paths.get(index)
         if path is None:
+            if self._closed:
+                raise FileNotFoundError(f"the input files of job {self.directory.name} were removed")
+            if self._lock_fd < 0:
+                self._make_directory()
             path = self.directory / str(index)
             partial = self.directory / f".{index}.partial"
             try:
@@ -189,11 +209,13 @@ class InputFiles:
                 path.unlink()
 
     def close(self) -> None:
+        self._closed = True
         self._paths.clear()
+        if self._lock_fd < 0:
+            return  # never made (or closed already)
         shutil.rmtree(self.directory, ignore_errors=True)
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        os.close(self._lock_fd)
+        self._lock_fd = -1
 
 
 def _remove_abandoned(root: Path) -> None:

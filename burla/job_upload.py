@@ -101,10 +101,7 @@ class Uploader:
 
     def use_files(self, root: Path) -> None:
         """Every node of the job shares this machine: large inputs go as files under `root`."""
-        try:
-            self.files = InputFiles(root, self.job_id)
-        except OSError as e:
-            self.display.announce(f"large inputs go inline: can't make their directory in {root} ({e})")
+        self.files = InputFiles(root, self.job_id)  # its directory comes with the first file
 
     def close_files(self) -> None:
         if self.files is not None:

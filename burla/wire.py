@@ -278,6 +278,7 @@ class AssignJob(Message):
     packages: dict  # what the node installs before running the job, if it lacks them
     credit: int  # inputs the head may push before the node asks (a node's first window, no round trip)
     func_gpu: str | None = None  # set: each call runs on a worker that has a GPU of its own
+    n_inputs: int = 0  # the job's size (0: unknown): no node holds credit for more inputs than that
 
 
 @message(23)

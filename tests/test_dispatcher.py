@@ -234,6 +234,24 @@ def test_credit_asks_for_a_window_then_waits_for_a_quarter_of_it_to_drain():
     assert job.credit_due(workers=2) == 6
 
 
+def test_credit_never_exceeds_the_jobs_size():
+    # A one-input job: the head's first credit already covers it, so the node asks for nothing.
+    dispatcher = _dispatcher()
+    job = dispatcher.assign(wire.AssignJob("small", "f", b"fn", 2, None, None, b"", {}, 4, None, 1))
+    assert job.credit_due(workers=2) == 0
+    dispatcher.add_inputs("small", _inputs(0, 1))
+    assert job.credit_due(workers=2) == 0
+    # Ten inputs: the window is capped at ten, first credit included.
+    job = dispatcher.assign(wire.AssignJob("ten", "f", b"fn", 2, None, None, b"", {}, 4, None, 10))
+    job.call_seconds = 0.01
+    assert job.credit_due(workers=2) == 6
+    assert job.credit_due(workers=2) == 0
+    # A head that does not say the job's size: the whole window, as before.
+    job = dispatcher.assign(wire.AssignJob("unknown", "f", b"fn", 2, None, None, b"", {}, 4))
+    job.call_seconds = 0.01
+    assert job.credit_due(workers=2) == 16
+
+
 def test_results_taken_for_a_session_that_ended_mid_send_go_first_on_the_next():
     m = Machine(1)
     m.assign("j")

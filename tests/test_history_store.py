@@ -189,3 +189,23 @@ async def test_while_writes_fail_samples_and_output_wait_only_up_to_a_bound(tmp_
         assert [e["event"] for e in await history.node_events_of("n1")] == ["registered"]  # never dropped
     finally:
         await history.close()
+
+
+async def test_a_flush_whose_caller_is_cancelled_still_writes_its_rows_once(tmp_path):
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    confirmed = []
+    try:
+        history.output("j1", [[0, 1, "a\n"]])
+        history.after_flush(lambda: confirmed.append("first"))
+        reader = asyncio.create_task(history.flush())  # say, a page read whose browser went away
+        await asyncio.sleep(0)  # the write has taken the rows and is on the writer's thread
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        history.output("j1", [[0, 1, "b\n"]])
+        await history.flush()
+        assert confirmed == ["first"]
+        assert [r["text"] for r in await history.output_of("j1", 0)] == ["a\n", "b\n"]  # once each, in order
+    finally:
+        await history.close()

@@ -80,10 +80,12 @@ def test_files_of_clients_that_died_are_removed(tmp_path, monkeypatch):
     abandoned.mkdir()
     (abandoned / ".lock").write_bytes(b"")
     (abandoned / "3").write_bytes(b"x")
-    other = InputFiles(root, "alive")  # a live client's directory, whatever its process id says
     files = InputFiles(root, "mine")
-    assert not abandoned.exists() and other.directory.exists() and files.directory.exists()
+    assert not files.directory.exists() and abandoned.exists()  # made with its first file, and only then
+    other = InputFiles(root, "alive")  # a live client's directory, whatever its process id says
+    other.write(1, dumps("theirs"))
     reference = files.write(7, dumps([1, 2, 3]))
+    assert not abandoned.exists() and other.directory.exists() and files.directory.exists()
     assert reference == REFERENCE_PREFIX + f"{files.directory.name}/7".encode()  # relative to the root
     assert _load(reference) == [1, 2, 3]
     assert files.write(7, dumps("sent again")) == reference and _load(reference) == [1, 2, 3]  # never rewritten
@@ -92,7 +94,13 @@ def test_files_of_clients_that_died_are_removed(tmp_path, monkeypatch):
         _load(reference)
     files.close()
     other.close()
+    assert not files.directory.exists() and not other.directory.exists()
+    with pytest.raises(FileNotFoundError, match="were removed"):
+        files.write(8, dumps("after the job"))
     assert not files.directory.exists()
+    never_written = InputFiles(root, "small-inputs-only")
+    never_written.close()
+    assert sorted(path.name for path in root.iterdir() if not path.name.startswith(".")) == []
 
 
 def test_a_reference_outside_the_directory_is_refused(tmp_path, monkeypatch):

@@ -333,6 +333,7 @@ class Cluster:
         return wire.AssignJob(
             spec.job_id, spec.function_name, spec.function_bytes, assignment.parallelism, spec.func_ram,
             spec.func_cpu, spec.local_code, spec.packages, initial_credit(assignment.slots), spec.func_gpu,
+            spec.n_inputs,
         )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
@@ -401,7 +402,8 @@ class Cluster:
         link.ack(seq)
         if link.acked >= job.n_inputs or (job.status != RUNNING and not link.unacked_results()):
             if job.status == RUNNING:
-                self.end_job(job, COMPLETED, EndKind.NONE, "")
+                # The client holds every result and stopped listening with its last ack.
+                self.end_job(job, COMPLETED, EndKind.NONE, "", tell_client=False)
             self.client_links.pop(job.job_id, None)  # everything is delivered
             if job.spec.detach:
                 self.record.job_closed(job.job_id)  # collected: nothing left to keep
@@ -421,7 +423,7 @@ class Cluster:
             if job.status != COMPLETED or link.unacked_results() == 0:
                 self.client_links.pop(job.job_id, None)
 
-    def end_job(self, job: JobRecord, status: JobStatus, kind: EndKind, reason: str) -> None:
+    def end_job(self, job: JobRecord, status: JobStatus, kind: EndKind, reason: str, tell_client: bool = True) -> None:
         was_running = job.status == RUNNING
         released = self.scheduler.finish(job, status, reason)
         if not was_running:
@@ -437,7 +439,7 @@ class Cluster:
             if status != COMPLETED:
                 link.send(wire.CancelJob(job.job_id, reason))
             link.send(wire.ReleaseJob(job.job_id))
-        client = self.client_links.get(job.job_id)
+        client = self.client_links.get(job.job_id) if tell_client else None
         if client is not None:
             if status != COMPLETED:  # a completed job's client has counted every result itself
                 self.clients.send_progress(job, client, force=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sqlite3
@@ -26,11 +27,11 @@ from burla.config import private_dir, private_file
 from burla.errors import ProtocolError
 from burla.head.history_queries import HistoryQueries
 from burla.head.history_schema import (
-    JOB_COLUMNS,
     MIGRATIONS,
     SCHEMA,
     SCHEMA_VERSION,
 )
+from burla.head.history_writer import HistoryWriter, Rows
 from burla.states import EndKind, JobStatus, parse_state
 
 if TYPE_CHECKING:
@@ -66,32 +67,14 @@ class KeptJob:
     results: list  # [[index, ok, payload], ...] not yet collected
 
 
-@dataclass
-class _Rows:
-    """What one flush writes, taken out of the in-memory buffers (put back if the write fails)."""
-
-    jobs: list[tuple]
-    failures: list[tuple]
-    output: dict[str, list]
-    events: list[tuple]
-    samples: list[tuple]
-    job_samples: list[tuple]
-    live: dict[str, bytes | None]
-    kept_inputs: list[tuple]
-    kept_results: list[tuple]
-
-    def __bool__(self) -> bool:
-        return any((self.jobs, self.failures, self.output, self.events, self.samples, self.job_samples, self.live,
-                    self.kept_inputs, self.kept_results))
-
-
 class History(HistoryQueries):
     keeps = True  # a Recorder that writes down what it is told
 
     def __init__(self, path: Path, retention_days: float) -> None:
         self.path = path
         self.retention_s = retention_days * 86400
-        self._db: aiosqlite.Connection | None = None
+        self._db: aiosqlite.Connection | None = None  # reads (and opening the database)
+        self._writer: HistoryWriter | None = None  # every write after that
         self._jobs: dict[str, tuple] = {}  # latest row per job, upserted at the next flush
         self._failures: list[tuple] = []
         self._output: dict[str, list] = {}  # job id -> [[index, stream, text], ...] since the last flush
@@ -157,6 +140,8 @@ class History(HistoryQueries):
             (time.time(),),
         )
         await self._db.commit()
+        self._writer = HistoryWriter(self.path)
+        await self._writer.open()
         await self.prune()
         self._ready.set()
         self._task = asyncio.create_task(self._flush_loop(), name="history-writer")
@@ -169,8 +154,11 @@ class History(HistoryQueries):
             self._wake.set()
             await self._task
             self._task = None
-        if self._db is not None:
+        if self._writer is not None:
             await asyncio.shield(self.flush())  # the final writes must land
+            await self._writer.close()
+            self._writer = None
+        if self._db is not None:
             await self._db.close()
             self._db = None
 
@@ -278,7 +266,7 @@ class History(HistoryQueries):
                 if time.monotonic() - last_prune > PRUNE_EVERY_S:
                     last_prune = time.monotonic()
                     await self.prune()
-            except aiosqlite.Error as e:  # a full disk must not take the head down
+            except sqlite3.Error as e:  # a full disk must not take the head down
                 log.error("history write failed: %s", e)
 
     def after_flush(self, callback: Callable[[], None]) -> None:
@@ -289,33 +277,40 @@ class History(HistoryQueries):
     async def flush(self) -> None:
         """Write everything recorded so far. One write at a time: a read that flushes while the
         writer task is mid-write waits for it, so it sees those rows too."""
-        db = self._db
-        if db is None or not self._ready.is_set():
+        writer = self._writer
+        if writer is None or not self._ready.is_set():
             return  # not open yet: rows keep waiting in memory
         async with self._flush_lock:
             callbacks, self._after_flush = self._after_flush, []
             rows = self._take_rows()
-            try:
-                await self._write(db, rows)
-            except BaseException:
-                # Nothing of this write is kept: roll it back and keep its rows for the next one.
-                with contextlib.suppress(Exception):
-                    await db.rollback()
-                self._put_back(rows)
-                self._after_flush[:0] = callbacks  # confirmed only by a later write that lands
-                raise
+            if not rows:  # nothing to write: what was recorded before is written already
+                for callback in callbacks:
+                    callback()
+                return
+            written = writer.write(rows)
+            written.add_done_callback(functools.partial(self._written, rows, callbacks))
+            # A caller cancelled meanwhile leaves the write to finish: `_written` settles it then,
+            # so its rows are neither lost nor written twice.
+            await asyncio.shield(written)
+
+    def _written(self, rows: Rows, callbacks: list[Callable[[], None]], written: asyncio.Future) -> None:
+        if written.cancelled() or written.exception() is not None:
+            # Nothing of this write is kept (it was rolled back): its rows wait for the next one.
+            self._put_back(rows)
+            self._after_flush[:0] = callbacks  # confirmed only by a later write that lands
+            return
         for callback in callbacks:
             callback()
 
-    def _take_rows(self) -> _Rows:
-        rows = _Rows(list(self._jobs.values()), self._failures, self._output, self._events, self._samples,
+    def _take_rows(self) -> Rows:
+        rows = Rows(list(self._jobs.values()), self._failures, self._output, self._events, self._samples,
                      self._job_samples, self._live, self._kept_inputs, self._kept_results)
         self._jobs, self._failures, self._output, self._events, self._samples = {}, [], {}, [], []
         self._job_samples, self._live, self._kept_inputs, self._kept_results = [], {}, [], []
         self._output_rows = 0
         return rows
 
-    def _put_back(self, rows: _Rows) -> None:
+    def _put_back(self, rows: Rows) -> None:
         """Rows of a failed write wait again, older than anything recorded since. What jobs need
         (their state, kept inputs and results, failures, node events) is all kept; output and
         samples only up to KEEP_AFTER_FAILED_WRITES rows each, so a disk that stays full can't
@@ -346,57 +341,15 @@ class History(HistoryQueries):
         self._kept_inputs[:0] = rows.kept_inputs
         self._kept_results[:0] = rows.kept_results
 
-    @staticmethod
-    async def _write(db: aiosqlite.Connection, rows: _Rows) -> None:
-        if not rows:
-            return
-        now = time.time()
-        output_rows = [
-            (job_id, min(c[0] for c in chunks), max(c[0] for c in chunks), now, json.dumps(chunks))
-            for job_id, chunks in rows.output.items()
-        ]
-        live = rows.live
-        closed = [(job_id,) for job_id, opening in live.items() if opening is None]
-        placeholders = ", ".join("?" * len(JOB_COLUMNS))
-        statements = [
-            ("INSERT OR REPLACE INTO live_jobs VALUES (?, ?)",
-             [(job_id, opening) for job_id, opening in live.items() if opening is not None]),
-            ("INSERT OR IGNORE INTO kept_inputs VALUES (?, ?, ?)", rows.kept_inputs),
-            ("INSERT OR IGNORE INTO kept_results VALUES (?, ?, ?, ?)", rows.kept_results),
-            ("DELETE FROM kept_inputs WHERE job_id = ? AND input_index = ?",
-             [(job_id, index) for job_id, index, _, _ in rows.kept_results]),
-            *[(f"DELETE FROM {table} WHERE job_id = ?", closed)
-              for table in ("live_jobs", "kept_inputs", "kept_results")],
-            (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", rows.jobs),
-            ("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows.failures),
-            ("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows),
-            ("INSERT INTO node_events VALUES (?, ?, ?, ?)", rows.events),
-            ("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows.samples),
-            ("INSERT INTO job_samples VALUES (?, ?, ?, ?, ?)", rows.job_samples),
-        ]
-        for sql, values in statements:
-            if values:  # each statement is a round trip to the database's thread
-                await db.executemany(sql, values)
-        await db.commit()
-
     async def prune(self) -> None:
-        db = self._db
-        if db is None:
+        writer = self._writer
+        if writer is None:
             return
-        cutoff = time.time() - self.retention_s
-        old = "SELECT job_id FROM jobs WHERE started_at < ? AND status != 'RUNNING'"
-        async with self._flush_lock:  # one transaction at a time on the connection
-            await db.execute(f"DELETE FROM call_output WHERE job_id IN ({old})", (cutoff,))
-            await db.execute(f"DELETE FROM call_failures WHERE job_id IN ({old})", (cutoff,))
-            await db.execute(f"DELETE FROM job_samples WHERE job_id IN ({old})", (cutoff,))
-            await db.execute("DELETE FROM jobs WHERE started_at < ? AND status != 'RUNNING'", (cutoff,))
-            await db.execute("DELETE FROM node_events WHERE at < ?", (cutoff,))
-            await db.execute("DELETE FROM node_samples WHERE at < ?", (cutoff,))
-            await db.commit()
+        async with self._flush_lock:  # one transaction at a time
+            await writer.prune(time.time() - self.retention_s)
 
     async def save_settings(self, data: dict[str, Any]) -> None:
         await self._ready.wait()
-        assert self._db is not None
-        async with self._flush_lock:  # one transaction at a time on the connection
-            await self._db.execute("INSERT OR REPLACE INTO settings VALUES (1, ?)", (json.dumps(data),))
-            await self._db.commit()
+        assert self._writer is not None
+        async with self._flush_lock:  # one transaction at a time
+            await self._writer.save_settings(data)

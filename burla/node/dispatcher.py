@@ -48,6 +48,7 @@ class NodeJob:
     call_seconds: float | None = None  # EWMA of one call's duration
     mean_input_bytes: float = 0.0
     credit_unused: int = 0  # granted to the head and not yet filled
+    n_inputs: int = 0  # the job's size, if the head said (0: unknown)
     gpu: bool = False  # its calls run only on workers that have a GPU (one each)
     done: int = 0
     inflight: int = 0
@@ -87,6 +88,8 @@ class NodeJob:
         if self.cancelled:
             return 0
         window = self.window(workers)
+        if self.n_inputs:  # a small job: asking for room it can never fill would cost a frame each way
+            window = min(window, self.n_inputs)
         held = len(self.queue) + self.inflight + self.credit_unused
         deficit = window - held
         if deficit <= 0 or (held > 0 and deficit < window // 4):
@@ -150,6 +153,7 @@ class Dispatcher:
             job.parallelism = max(1, msg.parallelism)
             job.cancelled = False  # the head runs it again here (it had cancelled it on a lost session)
         job.credit_unused += msg.credit  # the head pushes this much without being asked
+        job.n_inputs = msg.n_inputs
         job.gpu = msg.func_gpu is not None
         return job
 
