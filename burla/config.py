@@ -79,11 +79,31 @@ def write_private_file(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# path -> (what identifies the file's version, its text): see read_config_file.
+_TEXTS: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
+
+
+def read_config_file(path: Path) -> str:
+    """A config file's text (raises FileNotFoundError or NotADirectoryError as reading would).
+
+    A client reads several of these before every job; a file whose inode, size and change times
+    are those of its last read is not read again (files here are replaced whole, with a new inode,
+    and an edit in place changes its times)."""
+    info = os.stat(path)
+    version = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    cached = _TEXTS.get(path)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    text = path.read_text()
+    _TEXTS[path] = (version, text)
+    return text
+
+
 def load_or_create_token(directory: Path) -> str:
     """The machine's cluster token: read from the config directory, created there if absent."""
     path = directory / TOKEN_FILE
     try:
-        token = path.read_text().strip()
+        token = read_config_file(path).strip()
         if token:
             return token
     except FileNotFoundError:
@@ -95,7 +115,7 @@ def load_or_create_token(directory: Path) -> str:
 
 def read_token(directory: Path) -> str | None:
     try:
-        return (directory / TOKEN_FILE).read_text().strip() or None
+        return read_config_file(directory / TOKEN_FILE).strip() or None
     except (FileNotFoundError, NotADirectoryError):
         return None
 
@@ -103,7 +123,7 @@ def read_token(directory: Path) -> str | None:
 def read_client_config(directory: Path) -> dict:
     """`burla config set` values (config.json in the config directory); {} if none."""
     try:
-        data = json.loads((directory / CLIENT_CONFIG_FILE).read_text())
+        data = json.loads(read_config_file(directory / CLIENT_CONFIG_FILE))
     except (FileNotFoundError, NotADirectoryError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -123,7 +143,7 @@ class Deployment:
     @classmethod
     def read(cls, directory: Path) -> Deployment | None:
         try:
-            data = json.loads((directory / DEPLOYMENT_FILE).read_text())
+            data = json.loads(read_config_file(directory / DEPLOYMENT_FILE))
             return cls(**{k: data[k] for k in ("cloud", "head_id", "head_url", "head_cert", "token")},
                        region=data.get("region"))
         except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
@@ -142,9 +162,14 @@ class Deployment:
             pass
 
 
-def head_cert_file(directory: Path, deployment: Deployment | None = None) -> str | None:
-    """The certificate clients pin for their head: BURLA_HEAD_CERT, else the deployment's."""
-    deployment = deployment or Deployment.read(directory)
+_UNREAD: Any = object()
+
+
+def head_cert_file(directory: Path, deployment: Deployment | None = _UNREAD) -> str | None:
+    """The certificate clients pin for their head: BURLA_HEAD_CERT, else the deployment's
+    (`deployment`: the one read already, None if there is none)."""
+    if deployment is _UNREAD:
+        deployment = Deployment.read(directory)
     return os.environ.get(ENV_HEAD_CERT) or (deployment.head_cert if deployment else None)
 
 
@@ -158,7 +183,7 @@ class HeadRecord:
     @classmethod
     def read(cls, directory: Path) -> HeadRecord | None:
         try:
-            data = json.loads((directory / HEAD_STATE_FILE).read_text())
+            data = json.loads(read_config_file(directory / HEAD_STATE_FILE))
             return cls(url=str(data["url"]), pid=int(data["pid"]))
         except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
             return None

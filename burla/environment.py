@@ -120,12 +120,19 @@ def prefetch() -> None:
         threading.Thread(target=read, name="burla-environment", daemon=True).start()
 
 
+_packages: dict[str, str] | None = None
+
+
 def client_packages() -> dict[str, str]:
-    """What nodes should install: every distribution here a node can install by name."""
-    prefetch()
-    assert _prefetch is not None
-    skipped = not_installable_by_name()
-    return {name: version for name, version in _prefetch.result() if name not in skipped}
+    """What nodes should install: every distribution here a node can install by name (read once
+    per process, like the distributions themselves; not to be changed by the caller)."""
+    global _packages
+    if _packages is None:
+        prefetch()
+        assert _prefetch is not None
+        skipped = not_installable_by_name()
+        _packages = {name: version for name, version in _prefetch.result() if name not in skipped}
+    return _packages
 
 
 _warned = False

@@ -1,0 +1,70 @@
+"""The client's config files: read again only when they change (a client reads them before every job)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from burla.config import (
+    ClientSettings,
+    Deployment,
+    HeadRecord,
+    read_config_file,
+    read_token,
+    write_private_file,
+)
+
+
+def _counting_reads(monkeypatch) -> list[Path]:
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counted(self: Path, *args, **kwargs) -> str:
+        reads.append(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    return reads
+
+
+def test_an_unchanged_file_is_read_once_and_every_change_is_seen(tmp_path, monkeypatch):
+    reads = _counting_reads(monkeypatch)
+    path = tmp_path / "cluster_token"
+    write_private_file(path, "first\n")
+    assert read_token(tmp_path) == "first"
+    assert read_token(tmp_path) == "first"
+    assert reads == [path]
+    write_private_file(path, "secnd\n")  # replaced whole, same size: a new inode
+    assert read_token(tmp_path) == "secnd"
+    with open(path, "w") as f:  # edited in place, same size
+        f.write("third\n")
+    info = os.stat(path)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000))  # as a later edit would stamp it
+    assert read_token(tmp_path) == "third"
+    assert len(reads) == 3
+    path.unlink()
+    assert read_token(tmp_path) is None
+    with pytest.raises(FileNotFoundError):
+        read_config_file(path)
+
+
+def test_settings_and_the_head_record_follow_their_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("BURLA_CONFIG_DIR", str(tmp_path))
+    for name in ("BURLA_CLUSTER_DASHBOARD_URL", "BURLA_CLUSTER_TOKEN", "BURLA_HEAD_CERT", "BURLA_CLOUD"):
+        monkeypatch.delenv(name, raising=False)
+    write_private_file(tmp_path / "cluster_token", "local-token\n")
+    assert ClientSettings.resolve().head_url is None
+    deployment = Deployment("aws", "head-1", "https://head.example.com", str(tmp_path / "head.pem"), "deployed-token")
+    deployment.write(tmp_path)
+    settings = ClientSettings.resolve()
+    assert (settings.head_url, settings.token, settings.head_cert) == (
+        "https://head.example.com", "deployed-token", str(tmp_path / "head.pem"))
+    Deployment.remove(tmp_path)
+    settings = ClientSettings.resolve()
+    assert (settings.head_url, settings.token, settings.head_cert) == (None, "local-token", None)
+    HeadRecord("http://127.0.0.1:5001", 111).write(tmp_path)
+    assert HeadRecord.read(tmp_path) == HeadRecord("http://127.0.0.1:5001", 111)
+    HeadRecord("http://127.0.0.1:5002", 222).write(tmp_path)  # a new head, same length
+    assert HeadRecord.read(tmp_path) == HeadRecord("http://127.0.0.1:5002", 222)
