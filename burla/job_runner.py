@@ -346,6 +346,10 @@ class JobRunner:
         """Upload from `start` and receive until the job ends or the connection drops."""
         self.upload.resume(start, window)
         detaching = self._detaching
+        if start >= self.n_inputs and not detaching:  # every input is up (a small job's went with its opening)
+            self.uploaded.set()
+            await self._receive(ws)
+            return
         uploader = asyncio.create_task(self._upload(ws, start))
         receiver = asyncio.create_task(self._receive(ws, collect=not detaching))
         try:

@@ -78,8 +78,8 @@ class RecordedEffects:
     def __init__(self) -> None:
         self.log: list[tuple[str, int, object]] = []
 
-    def send(self, worker, msg) -> None:
-        self.log.append(("send", worker.number, msg))
+    def send(self, worker, *msgs) -> None:
+        self.log.extend(("send", worker.number, msg) for msg in msgs)
 
     def interrupt(self, worker) -> None:
         self.log.append(("interrupt", worker.number, None))

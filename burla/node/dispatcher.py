@@ -102,7 +102,8 @@ class WorkerEffects(Protocol):
     """What the dispatcher has done to workers: the node's pool does it (DirectEffects), a test
     records it. The dispatcher itself does no I/O and reads time from its clock."""
 
-    def send(self, worker: WorkerHandle, msg: wire.Message) -> None: ...
+    def send(self, worker: WorkerHandle, *msgs: wire.Message) -> None:
+        """Send these messages to the worker, in order (in one write)."""
 
     def interrupt(self, worker: WorkerHandle) -> None:
         """Stop the worker's running call (its job was cancelled)."""
@@ -111,8 +112,8 @@ class WorkerEffects(Protocol):
 
 
 class DirectEffects:
-    def send(self, worker: WorkerHandle, msg: wire.Message) -> None:
-        worker.send(msg)
+    def send(self, worker: WorkerHandle, *msgs: wire.Message) -> None:
+        worker.send(*msgs)
 
     def interrupt(self, worker: WorkerHandle) -> None:
         worker.signal_cancel()
@@ -357,10 +358,12 @@ class Dispatcher:
         spread = math.ceil(len(job.queue) / max(1, min(job.parallelism, n_workers)))
         size = max(1, min(size, spread, len(job.queue)))
         items = [job.queue.popleft() for _ in range(size)]
-        if job.job_id not in worker.loaded_jobs:
-            self._effects.send(worker, wire.LoadFunction(job.job_id, job.function_bytes, job.local_code))
+        run = wire.RunCalls(job.job_id, items)
+        if job.job_id not in worker.loaded_jobs:  # the function first, in the same write
+            self._effects.send(worker, wire.LoadFunction(job.job_id, job.function_bytes, job.local_code), run)
             worker.loaded_jobs.add(job.job_id)
-        self._effects.send(worker, wire.RunCalls(job.job_id, items))
+        else:
+            self._effects.send(worker, run)
         now = self._clock()
         if not worker.batches:
             worker.last_progress_at = now

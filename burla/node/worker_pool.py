@@ -75,9 +75,13 @@ class WorkerHandle:
     def pid(self) -> int:
         return self.process.pid
 
-    def send(self, msg: wire.Message) -> None:
-        data = msg.encode()
-        self.writer.write(wire.FRAME_HEADER.pack(len(data)) + data)
+    def send(self, *msgs: wire.Message) -> None:
+        """Frame and write these messages in one write (one syscall, one wake-up of the worker)."""
+        frames: list[bytes] = []
+        for msg in msgs:
+            data = msg.encode()
+            frames += (wire.FRAME_HEADER.pack(len(data)), data)
+        self.writer.write(b"".join(frames))
 
     def current_index(self) -> int:
         return _INDEX.unpack_from(self.shm, 0)[0]
