@@ -235,13 +235,10 @@ class JobRunner:
                 raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
             if self._closing:  # the caller left while it connected
                 return
-            await self._send(ws, self.opening)
-            # The first inputs go right behind the opening (frames arrive in order),
-            # so a short job does not wait a round trip before its inputs leave.
-            try:
-                early = await self.upload.send_first_batch(functools.partial(self._send, ws), first_batch)
-            except _ConnectionLost:
-                early = 0  # the head may have refused the job already: its answer says why
+            # The first inputs go in the opening's frame: a short job does not wait a round trip
+            # before its inputs leave, and a small one is one frame.
+            await self._send(ws, self.opening.replace(first_inputs=first_batch) if first_batch else self.opening)
+            early = self.upload.first_batch_sent(first_batch)
             _, window = await self._expect_opening(ws, wire.JobAccepted)
             start = early
             if self._cancel_reason is not None:  # canceled while the head answered

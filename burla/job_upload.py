@@ -142,14 +142,13 @@ class Uploader:
             size += len(data)
         return batch
 
-    async def send_first_batch(self, send: Send, batch: list) -> int:
-        """Send the first inputs before the head's answer to the opening; returns how many."""
+    def first_batch_sent(self, batch: list) -> int:
+        """The first inputs went out with the opening: they count in the window; returns how many."""
         if batch:
             for index, data in batch:
                 self.leave_window(index)  # sent before on a connection that closed at once
                 self.sizes[index] = len(data)
             self._count_out(len(batch), sum(len(data) for _, data in batch), batch[-1][0])
-            await send(wire.InputBatch(self.job_id, batch))
         return len(batch)
 
     async def upload(self, send: Send, start: int) -> None:

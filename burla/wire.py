@@ -63,6 +63,13 @@ class OpenJob(Message):
     # The client's input_files.host_id() when it may pass large inputs by file ("" if not). The head
     # keeps it only if every node for the job shares that host, and the job then runs only there.
     client_host: str = ""
+    # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
+    # one frame. The head takes them as an InputBatch right after admitting the job.
+    first_inputs: list = []  # (shared: messages are never changed in place)
+
+    def validate(self) -> None:
+        if self.first_inputs:
+            _check_items("OpenJob.first_inputs", self.first_inputs, (int, bytes))
 
 
 @message(2)

@@ -131,6 +131,15 @@ async def test_a_one_call_job_goes_to_one_node_and_moves_when_that_node_is_lost(
     assert _sent(links[other], wire.AssignJob) and _pushed(links[other]) == [0]
 
 
+@pytest.mark.asyncio
+async def test_inputs_carried_in_the_opening_are_not_kept_as_part_of_the_job():
+    # A restarted head takes a job up from the spec it keeps: inputs there would be taken twice.
+    cluster = Cluster("0.1.0")
+    _register(cluster, "a", [])
+    job, _ = cluster.open_job(spec(job_id="j", n=2, first_inputs=[[0, b"a"]]))
+    assert job.spec.first_inputs == [] and wire.decode(job.spec.encode()).first_inputs == []
+
+
 def _ended(cluster: Cluster, job_id: str) -> tuple[str, str, str]:
     job = cluster.scheduler.jobs[job_id]
     return job.status, job.end_kind, job.reason

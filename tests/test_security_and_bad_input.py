@@ -155,12 +155,17 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         (["hello"], "ProtocolError", "binary"),
         ([b"\xc1garbage"], "ProtocolError", "msgpack"),
         ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
-        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 20 fields"),
+        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 21 fields"),
         ([wire.InputBatch("j", []).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),
         ([open_job(client_version="0.0.1").encode()], "VersionMismatch", "Run the same burla"),
         ([open_job(func_gpu="H100").encode()], "NoCompatibleNodes", "func_gpu"),
+        # Inputs carried in the opening are checked before the job is admitted.
+        ([open_job(first_inputs=[[7, b"x"]]).encode()], "ProtocolError", "distinct input indices in 0..1"),
+        ([open_job(first_inputs=[[1, b"x"], [1, b"x"]]).encode()], "ProtocolError", "distinct input indices"),
+        ([open_job(first_inputs=[[0, "not-bytes"]]).encode()], "ProtocolError", "expected bytes"),
+        ([open_job(first_inputs=[[0, b"x", b"y"]]).encode()], "ProtocolError", "first_inputs"),
     ],
 )
 async def test_job_channel_rejects_bad_openings(cluster, frames, kind, words):

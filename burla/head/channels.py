@@ -215,6 +215,10 @@ def _validate_open(spec: wire.OpenJob) -> None:
 def _check_sizes(spec: wire.OpenJob) -> None:
     if not 1 <= spec.n_inputs <= wire.MAX_INPUTS:
         raise ProtocolError(f"n_inputs must be between 1 and {wire.MAX_INPUTS:,}")
+    indices = [index for index, _ in spec.first_inputs]
+    if indices != list(range(len(indices))) and (  # the common case: the first inputs, in order
+            not all(0 <= index < spec.n_inputs for index in indices) or len(set(indices)) != len(indices)):
+        raise ProtocolError(f"first_inputs must have distinct input indices in 0..{spec.n_inputs - 1}")
     if len(spec.function_bytes) > MAX_FUNCTION_BYTES:
         raise ProtocolError(f"the function is over {MAX_FUNCTION_BYTES // 2**20} MB pickled")
     if len(spec.local_code) > MAX_LOCAL_CODE_BYTES:
@@ -296,6 +300,8 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             if problem is not None:
                 raise VersionMismatch(problem)
             job, link = cluster.open_job(first)
+            if first.first_inputs:
+                cluster.add_inputs(job, first.first_inputs)
             return job, link, cluster.accepted_message(job)
         assert isinstance(first, wire.ResumeJob)
         # Right after a restart, the jobs kept in history are being taken up: wait for that;

@@ -304,6 +304,8 @@ class Cluster:
     def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
         if self.stopping:  # its nodes' connections are going: nothing would run it
             raise HeadUnreachable("the head is stopping (a restart or shutdown); run the job again once it is back")
+        if spec.first_inputs:  # they go on as inputs (add_inputs), not as part of the job's spec
+            spec = spec.replace(first_inputs=[])
         self.machines.prepare_job(spec)  # grow, or restart local nodes removed for idleness
         job = self.scheduler.admit(spec)
         link = ClientLink(spec.job_id)
