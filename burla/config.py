@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,21 +82,28 @@ def write_private_file(path: Path, text: str) -> None:
 
 # path -> (what identifies the file's version, its text): see read_config_file.
 _TEXTS: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
+# A file changed this recently is read every time: a filesystem's clock ticks coarsely (a few
+# ms, up to seconds), so an edit in place within a tick of a read would keep its times and size.
+RACY_S = 2.0
 
 
 def read_config_file(path: Path) -> str:
     """A config file's text (raises FileNotFoundError or NotADirectoryError as reading would).
 
     A client reads several of these before every job; a file whose inode, size and change times
-    are those of its last read is not read again (files here are replaced whole, with a new inode,
-    and an edit in place changes its times)."""
+    are those of its last read, and which had not changed for RACY_S before that read, is not
+    read again (files here are replaced whole, with a new inode; an edit in place changes its
+    times)."""
     info = os.stat(path)
     version = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
     cached = _TEXTS.get(path)
     if cached is not None and cached[0] == version:
         return cached[1]
     text = path.read_text()
-    _TEXTS[path] = (version, text)
+    if time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) > RACY_S * 1e9:
+        _TEXTS[path] = (version, text)
+    else:
+        _TEXTS.pop(path, None)
     return text
 
 

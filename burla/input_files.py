@@ -139,6 +139,9 @@ def mapped_input(data: bytes) -> Iterator[bytes | memoryview]:
         os.close(fd)
 
 
+_swept: set[Path] = set()  # roots this process has cleared of abandoned job directories
+
+
 class InputFiles:
     """A client's files for one job: written as inputs go out, removed as their results come back.
 
@@ -148,6 +151,9 @@ class InputFiles:
     was a tenth of a warm single-call job's client time."""
 
     def __init__(self, root: Path, job_id: str) -> None:
+        if root not in _swept:  # a process's first job clears what dead clients left (it is RAM)
+            _swept.add(root)
+            _remove_abandoned(root)
         self.root = root
         self.directory = root / f"{os.getpid()}.{job_id}"
         self._lock_fd = -1

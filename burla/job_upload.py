@@ -130,16 +130,18 @@ class Uploader:
         return data
 
     def first_batch(self) -> list:
-        """The first inputs (up to FIRST_BATCH_ITEMS, and FIRST_BATCH_BYTES give or take one input),
-        pickled before the job opens: one that can't be sent stops the job before the head starts it."""
+        """The first inputs, to travel in the opening's frame (up to FIRST_BATCH_ITEMS and
+        FIRST_BATCH_BYTES: a large input goes later, by itself or by file, so the opening stays
+        small). Pickled before the job opens: one that can't be pickled stops the job before the
+        head starts it."""
         batch: list = []
         size = 0
         for index in range(min(len(self.inputs), FIRST_BATCH_ITEMS)):
-            if size >= FIRST_BATCH_BYTES:
-                break
             data = self.pickled_input(index)
-            batch.append([index, data])
             size += len(data)
+            if size > FIRST_BATCH_BYTES:
+                break
+            batch.append([index, data])
         return batch
 
     def first_batch_sent(self, batch: list) -> int:

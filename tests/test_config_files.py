@@ -30,6 +30,7 @@ def _counting_reads(monkeypatch) -> list[Path]:
 
 
 def test_an_unchanged_file_is_read_once_and_every_change_is_seen(tmp_path, monkeypatch):
+    monkeypatch.setattr("burla.config.RACY_S", -1.0)  # as if every file had been written long ago
     reads = _counting_reads(monkeypatch)
     path = tmp_path / "cluster_token"
     write_private_file(path, "first\n")
@@ -48,6 +49,18 @@ def test_an_unchanged_file_is_read_once_and_every_change_is_seen(tmp_path, monke
     assert read_token(tmp_path) is None
     with pytest.raises(FileNotFoundError):
         read_config_file(path)
+
+
+def test_a_file_changed_moments_ago_is_read_every_time(tmp_path, monkeypatch):
+    # Within a tick of the filesystem's clock an edit in place can keep the file's times and size.
+    reads = _counting_reads(monkeypatch)
+    path = tmp_path / "cluster_token"
+    write_private_file(path, "first\n")
+    assert read_token(tmp_path) == "first"
+    with open(path, "r+") as f:  # same size, same inode, maybe the same times
+        f.write("again\n")
+    assert read_token(tmp_path) == "again"
+    assert len(reads) == 2
 
 
 def test_settings_and_the_head_record_follow_their_files(tmp_path, monkeypatch):

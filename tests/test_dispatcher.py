@@ -77,9 +77,11 @@ class RecordedEffects:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, int, object]] = []
+        self.writes: list[tuple[int, list[type]]] = []  # per send: the worker and its messages' kinds
 
     def send(self, worker, *msgs) -> None:
         self.log.extend(("send", worker.number, msg) for msg in msgs)
+        self.writes.append((worker.number, [type(msg) for msg in msgs]))
 
     def interrupt(self, worker) -> None:
         self.log.append(("interrupt", worker.number, None))
@@ -232,6 +234,16 @@ def test_credit_asks_for_a_window_then_waits_for_a_quarter_of_it_to_drain():
     job.queue.clear()
     job.queue.extend(_inputs(0, 14))
     assert job.credit_due(workers=2) == 6
+
+
+def test_a_worker_gets_a_jobs_function_and_its_first_calls_in_one_write():
+    m = Machine(1)
+    m.assign("j")
+    m.dispatcher.add_inputs("j", _inputs(0, 1))
+    assert m.effects.writes == [(0, [wire.LoadFunction, wire.RunCalls])]
+    m.finish(m.workers[0], 0.001)
+    m.dispatcher.add_inputs("j", _inputs(1, 1))
+    assert m.effects.writes[-1] == (0, [wire.RunCalls])  # loaded already
 
 
 def test_credit_never_exceeds_the_jobs_size():

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+import threading
 import time
 
 import pytest
 
 from burla.head.history import SCHEMA_VERSION, History
+from burla.head.history_writer import HistoryWriter
 from burla.head.views import JobView
 
 
@@ -208,4 +211,40 @@ async def test_a_flush_whose_caller_is_cancelled_still_writes_its_rows_once(tmp_
         assert confirmed == ["first"]
         assert [r["text"] for r in await history.output_of("j1", 0)] == ["a\n", "b\n"]  # once each, in order
     finally:
+        await history.close()
+
+
+async def test_a_cancelled_flush_holds_the_next_one_until_its_write_has_settled(tmp_path, monkeypatch):
+    # Two writes fail in a row (a full disk) while the first one's caller was cancelled: the
+    # second must not take rows until the first's are put back, or they would end up behind it.
+    monkeypatch.setattr("burla.head.history.FLUSH_EVERY_S", 3600.0)  # only this test's flushes
+    history = History(tmp_path / "h.db", retention_days=30)
+    await history.open()
+    gate = threading.Event()
+    write = HistoryWriter._write
+
+    def full_disk(self, rows):
+        gate.wait(30)
+        raise sqlite3.OperationalError("database or disk is full")
+
+    try:
+        monkeypatch.setattr(HistoryWriter, "_write", full_disk)
+        history.output("j1", [[0, 1, "first\n"]])
+        reader = asyncio.create_task(history.flush())
+        await asyncio.sleep(0.1)  # its write waits at the gate, on the writer's thread
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        history.output("j1", [[0, 1, "second\n"]])
+        second = asyncio.create_task(history.flush())
+        await asyncio.sleep(0.1)
+        assert not second.done()  # it waits for the first write to settle
+        gate.set()
+        with contextlib.suppress(sqlite3.Error):
+            await second
+        monkeypatch.setattr(HistoryWriter, "_write", write)
+        await history.flush()
+        assert [r["text"] for r in await history.output_of("j1", 0)] == ["first\n", "second\n"]
+    finally:
+        gate.set()
         await history.close()

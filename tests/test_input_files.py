@@ -19,10 +19,9 @@ def test_large_inputs_go_by_file_and_each_file_goes_with_its_result(client):
     inputs = [b"a" * BIG, b"b" * BIG, b"c" * BIG, b"small"]
     seen = client.remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
     assert [size for size, _, _ in seen] == [len(data) for data in inputs]
-    # The first input travels with the opening, before the head says files are fine; the other
-    # large ones are files while their calls run; small ones always travel inline.
-    assert seen[0][2] is None or "0" not in seen[0][2]
-    for index in (1, 2):
+    # Large inputs are files while their calls run (none rides in the opening, which carries only
+    # small first inputs); small ones always travel inline.
+    for index in (0, 1, 2):
         assert str(index) in seen[index][2]
     assert "3" not in (seen[3][2] or [])
     root = files_root()
@@ -34,7 +33,7 @@ def test_the_embedded_cluster_passes_large_inputs_by_file(embedded_client):
     inputs = [b"a" * BIG, b"b" * BIG, b"c" * BIG]
     seen = embedded_client.remote_parallel_map(functions.input_files_seen, inputs, spinner=False)
     assert [size for size, _, _ in seen] == [BIG] * 3
-    assert any(files and str(index) in files for index, (_, _, files) in enumerate(seen) if index > 0)
+    assert any(files and str(index) in files for index, (_, _, files) in enumerate(seen))
 
 
 def test_a_node_on_another_machine_gets_its_inputs_inline(tmp_path):
@@ -81,10 +80,13 @@ def test_files_of_clients_that_died_are_removed(tmp_path, monkeypatch):
     (abandoned / ".lock").write_bytes(b"")
     (abandoned / "3").write_bytes(b"x")
     files = InputFiles(root, "mine")
-    assert not files.directory.exists() and abandoned.exists()  # made with its first file, and only then
+    # The process's first job here clears what dead clients left; its own directory comes with its first file.
+    assert not abandoned.exists() and not files.directory.exists()
     other = InputFiles(root, "alive")  # a live client's directory, whatever its process id says
     other.write(1, dumps("theirs"))
-    reference = files.write(7, dumps([1, 2, 3]))
+    abandoned.mkdir()  # another client dies meanwhile
+    (abandoned / ".lock").write_bytes(b"")
+    reference = files.write(7, dumps([1, 2, 3]))  # making a directory clears them too
     assert not abandoned.exists() and other.directory.exists() and files.directory.exists()
     assert reference == REFERENCE_PREFIX + f"{files.directory.name}/7".encode()  # relative to the root
     assert _load(reference) == [1, 2, 3]

@@ -164,6 +164,8 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         # Inputs carried in the opening are checked before the job is admitted.
         ([open_job(first_inputs=[[7, b"x"]]).encode()], "ProtocolError", "distinct input indices in 0..1"),
         ([open_job(first_inputs=[[1, b"x"], [1, b"x"]]).encode()], "ProtocolError", "distinct input indices"),
+        ([open_job(first_inputs=[[0, b"x"], [1, b"x"], [2, b"x"]]).encode()], "ProtocolError",
+         "distinct input indices in 0..1"),  # in order, but more than the job has
         ([open_job(first_inputs=[[0, "not-bytes"]]).encode()], "ProtocolError", "expected bytes"),
         ([open_job(first_inputs=[[0, b"x", b"y"]]).encode()], "ProtocolError", "first_inputs"),
     ],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import pickle
+import threading
 
 import pytest
 
@@ -136,3 +137,18 @@ async def test_an_input_that_cant_be_pickled_stops_the_upload_with_a_clear_error
     with pytest.raises(UnpicklableInput, match="refuses to be pickled"):
         await uploader.upload(head.send, 0)
     assert head.sent == []  # 0 and 1 were still in the first batch: nothing went (the job ends)
+
+
+def test_the_opening_carries_only_small_first_inputs():
+    from burla.job_upload import FIRST_BATCH_BYTES, FIRST_BATCH_ITEMS
+
+    small = _uploader(list(range(1000)))
+    assert [index for index, _ in small.first_batch()] == list(range(FIRST_BATCH_ITEMS))
+    # A large first input goes later, by itself (or by file): the opening stays small.
+    large = _uploader([b"x" * (FIRST_BATCH_BYTES + 1), 1, 2])
+    assert large.first_batch() == []
+    mixed = _uploader([b"x" * (FIRST_BATCH_BYTES // 2)] * 3)
+    batch = mixed.first_batch()
+    assert [index for index, _ in batch] == [0] and sum(len(data) for _, data in batch) <= FIRST_BATCH_BYTES
+    with pytest.raises(UnpicklableInput):  # stops the job before it opens
+        _uploader([1, threading.Lock()]).first_batch()

@@ -216,8 +216,9 @@ def _check_sizes(spec: wire.OpenJob) -> None:
     if not 1 <= spec.n_inputs <= wire.MAX_INPUTS:
         raise ProtocolError(f"n_inputs must be between 1 and {wire.MAX_INPUTS:,}")
     indices = [index for index, _ in spec.first_inputs]
-    if indices != list(range(len(indices))) and (  # the common case: the first inputs, in order
-            not all(0 <= index < spec.n_inputs for index in indices) or len(set(indices)) != len(indices)):
+    in_order = len(indices) <= spec.n_inputs and indices == list(range(len(indices)))  # the common case
+    if not in_order and (not all(0 <= index < spec.n_inputs for index in indices)
+                         or len(set(indices)) != len(indices)):
         raise ProtocolError(f"first_inputs must have distinct input indices in 0..{spec.n_inputs - 1}")
     if len(spec.function_bytes) > MAX_FUNCTION_BYTES:
         raise ProtocolError(f"the function is over {MAX_FUNCTION_BYTES // 2**20} MB pickled")
@@ -258,16 +259,20 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
     await _upgrade(ws, request)
-    opening = await _first_frame(ws, wire.JOB_OPENING)
-    while opening is not None:
-        opening = await _serve_job(cluster, ws, opening)
+    # Handed over in a list the job's code empties: an opening may carry the first inputs, which
+    # must not stay referenced here for as long as the job runs.
+    handover = [await _first_frame(ws, wire.JOB_OPENING)]
+    while handover[0] is not None:
+        handover = [await _serve_job(cluster, ws, handover)]
     return ws
 
 
-async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message) -> wire.Message | None:
-    """Open or resume the job `first` names and serve it until the connection ends (None) or the
-    client opens its next job on it (that opening is returned)."""
+async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list) -> wire.Message | None:
+    """Open or resume the job the message in `handover` names and serve it until the connection
+    ends (None) or the client opens its next job on it (that opening is returned)."""
+    first = handover.pop()
     opened = await _open_or_resume(cluster, ws, first)
+    del first  # its inputs are the job's now
     if opened is None:
         return None
     job, link, reply = opened
@@ -301,7 +306,11 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
                 raise VersionMismatch(problem)
             job, link = cluster.open_job(first)
             if first.first_inputs:
-                cluster.add_inputs(job, first.first_inputs)
+                try:
+                    cluster.add_inputs(job, first.first_inputs)  # checked above: this should not raise
+                except BurlaError as e:
+                    cluster.cancel(job.job_id, f"its first inputs were refused: {e}")
+                    raise
             return job, link, cluster.accepted_message(job)
         assert isinstance(first, wire.ResumeJob)
         # Right after a restart, the jobs kept in history are being taken up: wait for that;

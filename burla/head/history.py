@@ -277,30 +277,45 @@ class History(HistoryQueries):
     async def flush(self) -> None:
         """Write everything recorded so far. One write at a time: a read that flushes while the
         writer task is mid-write waits for it, so it sees those rows too."""
-        writer = self._writer
-        if writer is None or not self._ready.is_set():
+        if self._writer is None or not self._ready.is_set():
             return  # not open yet: rows keep waiting in memory
-        async with self._flush_lock:
-            callbacks, self._after_flush = self._after_flush, []
-            rows = self._take_rows()
+        await self._flush_lock.acquire()
+        # From here the lock is held until this write settles (`_written` releases it), even if
+        # the caller is cancelled meanwhile: a later flush must not take rows before this one's
+        # are written or put back, or rows would be put back behind newer ones.
+        writer = self._writer
+        if writer is None:  # closed while this waited: the rows stay in memory
+            self._flush_lock.release()
+            return
+        callbacks, self._after_flush = self._after_flush, []
+        rows = self._take_rows()
+        try:
             if not rows:  # nothing to write: what was recorded before is written already
                 for callback in callbacks:
                     callback()
+                self._flush_lock.release()
                 return
             written = writer.write(rows)
-            written.add_done_callback(functools.partial(self._written, rows, callbacks))
-            # A caller cancelled meanwhile leaves the write to finish: `_written` settles it then,
-            # so its rows are neither lost nor written twice.
-            await asyncio.shield(written)
+        except BaseException:
+            if rows:
+                self._put_back(rows)
+                self._after_flush[:0] = callbacks
+            self._flush_lock.release()
+            raise
+        written.add_done_callback(functools.partial(self._written, rows, callbacks))
+        await asyncio.shield(written)  # a cancelled caller leaves the write to finish and settle
 
     def _written(self, rows: Rows, callbacks: list[Callable[[], None]], written: asyncio.Future) -> None:
-        if written.cancelled() or written.exception() is not None:
-            # Nothing of this write is kept (it was rolled back): its rows wait for the next one.
-            self._put_back(rows)
-            self._after_flush[:0] = callbacks  # confirmed only by a later write that lands
-            return
-        for callback in callbacks:
-            callback()
+        try:
+            if written.cancelled() or written.exception() is not None:
+                # Nothing of this write is kept (it was rolled back): its rows wait for the next one.
+                self._put_back(rows)
+                self._after_flush[:0] = callbacks  # confirmed only by a later write that lands
+                return
+            for callback in callbacks:
+                callback()
+        finally:
+            self._flush_lock.release()
 
     def _take_rows(self) -> Rows:
         rows = Rows(list(self._jobs.values()), self._failures, self._output, self._events, self._samples,
