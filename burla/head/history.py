@@ -129,7 +129,10 @@ class History(HistoryQueries):
             self._private_files()
             self._db = await aiosqlite.connect(self.path)
         await self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        await self._db.execute("PRAGMA journal_mode=WAL")
+        async with self._db.execute("PRAGMA journal_mode=WAL") as cursor:
+            (mode,) = await _one_row(cursor)
+        if str(mode).lower() != "wal":  # reads then wait for writes (and writes for reads)
+            log.warning("history at %s can't use SQLite's WAL journal (it uses %s here)", self.path, mode)
         await self._db.execute("PRAGMA synchronous=NORMAL")
         await self._db.executescript(SCHEMA)
         # Jobs that were running when the previous head stopped and were not kept to be taken up
