@@ -151,9 +151,10 @@ class InputFiles:
     was a tenth of a warm single-call job's client time."""
 
     def __init__(self, root: Path, job_id: str) -> None:
-        if root not in _swept:  # a process's first job clears what dead clients left (it is RAM)
+        if root not in _swept:  # the first job here that may pass files clears what dead clients left
             _swept.add(root)
-            _remove_abandoned(root)
+            with contextlib.suppress(OSError):  # a root that went away: files fail later, and go inline
+                _remove_abandoned(root)
         self.root = root
         self.directory = root / f"{os.getpid()}.{job_id}"
         self._lock_fd = -1
@@ -163,15 +164,18 @@ class InputFiles:
     def _make_directory(self) -> None:
         """Raises OSError if it can't be made (then no file is written)."""
         _remove_abandoned(self.root)
-        self.directory.mkdir(mode=0o700)
+        # Made under a dot-name and renamed once locked: a sweep never sees it unlocked.
+        making = self.root / f".{self.directory.name}.making"
+        making.mkdir(mode=0o700)
         lock_fd = -1
         try:
-            lock_fd = os.open(self.directory / _LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+            lock_fd = os.open(making / _LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            os.rename(making, self.directory)
         except OSError:
             if lock_fd >= 0:
                 os.close(lock_fd)
-            shutil.rmtree(self.directory, ignore_errors=True)
+            shutil.rmtree(making, ignore_errors=True)
             raise
         self._lock_fd = lock_fd
 
@@ -230,14 +234,16 @@ def _remove_abandoned(root: Path) -> None:
         if not entry.is_dir() or entry.is_symlink():
             continue
         try:
-            fd = os.open(entry / _LOCK_FILE, os.O_RDONLY)
+            fd = -1 if entry.name.startswith(".") else os.open(entry / _LOCK_FILE, os.O_RDONLY)
         except FileNotFoundError:
-            # Made a moment ago (the lock comes right after), or left by a crash in between.
+            fd = -1
+        except OSError:
+            continue
+        if fd < 0:
+            # Being made (under a dot-name until it is locked), or left by a crash meanwhile.
             with contextlib.suppress(OSError):
                 if time.time() - entry.stat().st_mtime > ORPHAN_UNLOCKED_S:
                     shutil.rmtree(entry, ignore_errors=True)
-            continue
-        except OSError:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

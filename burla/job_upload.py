@@ -62,6 +62,7 @@ class Uploader:
         self.kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
         self.files: InputFiles | None = None  # where large inputs go when the head allows it
         self.files_full = False  # a file could not be written: the rest go inline
+        self._pickled_ahead: tuple[int, bytes] | None = None  # first_batch's one that did not fit
 
     # --- the window ----------------------------------------------------------------------
 
@@ -121,6 +122,10 @@ class Uploader:
     # --- pickling and sending ------------------------------------------------------------
 
     def pickled_input(self, index: int) -> bytes:
+        ahead = self._pickled_ahead
+        if ahead is not None and ahead[0] == index:  # pickled by first_batch: a large input, once
+            self._pickled_ahead = None
+            return ahead[1]
         try:
             data = dumps(self.inputs[index])
         except Exception as e:
@@ -140,6 +145,7 @@ class Uploader:
             data = self.pickled_input(index)
             size += len(data)
             if size > FIRST_BATCH_BYTES:
+                self._pickled_ahead = (index, data)  # the upload takes it from here
                 break
             batch.append([index, data])
         return batch

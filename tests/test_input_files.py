@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import pytest
 
-from burla.input_files import INPUT_FILE_MIN_BYTES, REFERENCE_PREFIX, InputFiles, files_root, host_id, mapped_input
+from burla.input_files import (
+    INPUT_FILE_MIN_BYTES,
+    ORPHAN_UNLOCKED_S,
+    REFERENCE_PREFIX,
+    InputFiles,
+    files_root,
+    host_id,
+    mapped_input,
+)
 from burla.serialization import dumps
 from tests import functions
 from tests.cluster_runner import LocalCluster
@@ -79,15 +88,20 @@ def test_files_of_clients_that_died_are_removed(tmp_path, monkeypatch):
     abandoned.mkdir()
     (abandoned / ".lock").write_bytes(b"")
     (abandoned / "3").write_bytes(b"x")
+    being_made = root / ".2.other-job.making"  # another client's, until it is locked and renamed
+    being_made.mkdir()
     files = InputFiles(root, "mine")
     # The process's first job here clears what dead clients left; its own directory comes with its first file.
-    assert not abandoned.exists() and not files.directory.exists()
+    assert not abandoned.exists() and not files.directory.exists() and being_made.exists()
+    old_enough = time.time() - ORPHAN_UNLOCKED_S - 1
+    os.utime(being_made, (old_enough, old_enough))  # a crash left it half made
     other = InputFiles(root, "alive")  # a live client's directory, whatever its process id says
     other.write(1, dumps("theirs"))
     abandoned.mkdir()  # another client dies meanwhile
     (abandoned / ".lock").write_bytes(b"")
     reference = files.write(7, dumps([1, 2, 3]))  # making a directory clears them too
     assert not abandoned.exists() and other.directory.exists() and files.directory.exists()
+    assert not being_made.exists()
     assert reference == REFERENCE_PREFIX + f"{files.directory.name}/7".encode()  # relative to the root
     assert _load(reference) == [1, 2, 3]
     assert files.write(7, dumps("sent again")) == reference and _load(reference) == [1, 2, 3]  # never rewritten
@@ -114,3 +128,12 @@ def test_a_reference_outside_the_directory_is_refused(tmp_path, monkeypatch):
 
 def test_inline_inputs_load_as_before():
     assert _load(dumps({"a": 1})) == {"a": 1}
+
+
+def test_a_root_that_went_away_fails_only_the_files(tmp_path):
+    # Say a logout cleared /dev/shm under a long-lived client: its next job still opens; its large
+    # inputs then can't be files (the uploader sends them inline).
+    files = InputFiles(tmp_path / "gone", "job")
+    with pytest.raises(OSError):
+        files.write(0, dumps(b"x"))
+    files.close()

@@ -139,14 +139,21 @@ async def test_an_input_that_cant_be_pickled_stops_the_upload_with_a_clear_error
     assert head.sent == []  # 0 and 1 were still in the first batch: nothing went (the job ends)
 
 
-def test_the_opening_carries_only_small_first_inputs():
+def test_the_opening_carries_only_small_first_inputs(monkeypatch):
+    from burla import job_upload
     from burla.job_upload import FIRST_BATCH_BYTES, FIRST_BATCH_ITEMS
 
     small = _uploader(list(range(1000)))
     assert [index for index, _ in small.first_batch()] == list(range(FIRST_BATCH_ITEMS))
-    # A large first input goes later, by itself (or by file): the opening stays small.
+    # A large first input goes later, by itself (or by file): the opening stays small. It is
+    # pickled once, not again by the upload.
+    pickled = []
+    dumps = job_upload.dumps
+    monkeypatch.setattr(job_upload, "dumps", lambda value: pickled.append(value) or dumps(value))
     large = _uploader([b"x" * (FIRST_BATCH_BYTES + 1), 1, 2])
     assert large.first_batch() == []
+    assert pickle.loads(large.pickled_input(0)) == large.inputs[0]
+    assert len(pickled) == 1
     mixed = _uploader([b"x" * (FIRST_BATCH_BYTES // 2)] * 3)
     batch = mixed.first_batch()
     assert [index for index, _ in batch] == [0] and sum(len(data) for _, data in batch) <= FIRST_BATCH_BYTES

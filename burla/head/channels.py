@@ -310,6 +310,7 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
                     cluster.add_inputs(job, first.first_inputs)  # checked above: this should not raise
                 except BurlaError as e:
                     cluster.cancel(job.job_id, f"its first inputs were refused: {e}")
+                    cluster.client_left(job, link)  # no client will attach to it
                     raise
             return job, link, cluster.accepted_message(job)
         assert isinstance(first, wire.ResumeJob)
