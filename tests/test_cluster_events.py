@@ -135,9 +135,10 @@ async def test_a_one_call_job_goes_to_one_node_and_moves_when_that_node_is_lost(
 async def test_inputs_carried_in_the_opening_are_not_kept_as_part_of_the_job():
     # A restarted head takes a job up from the spec it keeps: inputs there would be taken twice.
     cluster = Cluster("0.1.0")
-    _register(cluster, "a", [])
+    link = _register(cluster, "a", [])
     job, _ = cluster.open_job(spec(job_id="j", n=2, first_inputs=[[0, b"a"]]))
     assert job.spec.first_inputs == [] and wire.decode(job.spec.encode()).first_inputs == []
+    assert job.received == 1 and _pushed(link) == [0]  # they are the job's inputs, pushed at once
 
 
 def _ended(cluster: Cluster, job_id: str) -> tuple[str, str, str]:

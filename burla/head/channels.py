@@ -304,14 +304,7 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             problem = _check_version(first.client_version, cluster.version)
             if problem is not None:
                 raise VersionMismatch(problem)
-            job, link = cluster.open_job(first)
-            if first.first_inputs:
-                try:
-                    cluster.add_inputs(job, first.first_inputs)  # checked above: this should not raise
-                except BurlaError as e:
-                    cluster.cancel(job.job_id, f"its first inputs were refused: {e}")
-                    cluster.client_left(job, link)  # no client will attach to it
-                    raise
+            job, link = cluster.open_job(first)  # and queues the inputs it carries
             return job, link, cluster.accepted_message(job)
         assert isinstance(first, wire.ResumeJob)
         # Right after a restart, the jobs kept in history are being taken up: wait for that;

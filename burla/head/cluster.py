@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 from burla import wire
 from burla.build import build_hash
-from burla.errors import HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
+from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.client_watch import ClientWatch
 from burla.head.held_inputs import adopt_held, mark_client_held
 from burla.head.history import History
@@ -302,9 +302,12 @@ class Cluster:
     # --- clients -------------------------------------------------------------------------
 
     def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
+        """Admit the job, assign it, and queue (and push) the inputs its opening carries; those
+        were checked with the opening (channels._validate_open)."""
         if self.stopping:  # its nodes' connections are going: nothing would run it
             raise HeadUnreachable("the head is stopping (a restart or shutdown); run the job again once it is back")
-        if spec.first_inputs:  # they go on as inputs (add_inputs), not as part of the job's spec
+        first_inputs = spec.first_inputs
+        if first_inputs:  # inputs, not part of the job's spec (which history keeps for a restart)
             spec = spec.replace(first_inputs=[])
         self.machines.prepare_job(spec)  # grow, or restart local nodes removed for idleness
         job = self.scheduler.admit(spec)
@@ -312,6 +315,13 @@ class Cluster:
         self.client_links[spec.job_id] = link
         self.job_times[spec.job_id] = (time.time(), None)
         self.assign(job)
+        if first_inputs:  # pushed before the bookkeeping below: the node can start at once
+            try:
+                self.add_inputs(job, first_inputs)
+            except BurlaError as e:
+                self.cancel(job.job_id, f"its first inputs were refused: {e}")
+                self.client_left(job, link)  # no client will attach to it
+                raise
         log.info("job %s admitted: %d inputs on %d node(s)", spec.job_id, spec.n_inputs, len(job.assignments))
         self.clients.record_job(job)
         self.record.job_opened(spec.job_id, job.spec.encode())  # a restarted head takes it up again (as admitted)
