@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from operator import itemgetter
 
 import msgpack
 
@@ -116,12 +117,32 @@ class ResultBatch(Message):
         _check_items("ResultBatch", self.items, (int, bool, bytes))
 
 
+_index_of = itemgetter(0)
+_ok_of = itemgetter(1)
+_payload_of = itemgetter(2)
+
+
 def pack_items(items: Sequence) -> bytes:
     """Items packed as they follow their array's header inside a frame. A head keeps the results
     it relays in this form until they go out in a ResultBatch (`result_batch_frame`): bytes, where
     a tuple per result would have been walked by the cyclic GC."""
     packed = msgpack.packb(items, use_bin_type=True)
     return packed[_array_header_bytes(len(items)):]
+
+
+def result_frames(items: Sequence) -> list[Sequence]:
+    """Results in frames of at most BATCH_ITEMS and RESULT_FRAME_BYTES of payloads, unless one
+    result is bigger: frames a node sends and a head passes on to its client as they are."""
+    if len(items) <= BATCH_ITEMS and sum(map(len, map(_payload_of, items))) <= RESULT_FRAME_BYTES:
+        return [items] if items else []  # the common case: one frame
+    frames, start, size = [], 0, 0
+    for end, item in enumerate(items):
+        size += len(item[2])
+        if end > start and (end - start >= BATCH_ITEMS or size > RESULT_FRAME_BYTES):
+            frames.append(items[start:end])
+            start, size = end, len(item[2])
+    frames.append(items[start:])
+    return frames
 
 
 def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[bytes]) -> bytes:
@@ -148,16 +169,51 @@ def _array_header(length: int) -> bytes:
 class NodeResults(Message):
     """A node's results for one job, with the credit it asks for right after them (0: none):
     one frame where a result batch and a credit were two (at 1,000 nodes the head's loop runs a
-    step per frame)."""
+    step per frame).
+
+    The results travel packed as the head relays them to the client (`pack_items`), beside their
+    indices: when every result is new and none failed, the head passes them on without decoding
+    them. The node checked each result its workers sent and packed them itself; a head that does
+    decode them (`items`) checks they are the results the indices name."""
 
     job_id: str
-    items: list  # [[input_index, ok, payload], ...]
+    indices: bytes  # the results' input indices, in order (pack_indices)
+    failed: bytes  # the indices of the results that are errors (pack_indices; usually empty)
+    packed: bytes  # the results, [[input_index, ok, payload], ...] as pack_items packs them
     credit: int  # inputs the node can take now, as in Credit
 
+    @classmethod
+    def of(cls, job_id: str, items: Sequence, credit: int) -> NodeResults:
+        """The frame for these results ([[input_index, ok, payload], ...])."""
+        failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
+        return cls(job_id, pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items),
+                   credit)
+
     def validate(self) -> None:
-        _check_items("NodeResults", self.items, (int, bool, bytes))
+        for name in ("indices", "failed"):
+            if len(getattr(self, name)) % _INDEX.size:
+                raise ProtocolError(f"NodeResults.{name} must be packed {_INDEX.size}-byte integers")
+        if len(self.failed) > len(self.indices):
+            raise ProtocolError("NodeResults lists more failed results than results")
         if self.credit < 0:
             raise ProtocolError("NodeResults.credit must not be negative")
+
+    def items(self) -> list:
+        """The results, decoded and checked against the indices and failures the frame lists."""
+        indices = unpack_indices(self.indices)
+        try:
+            items = msgpack.unpackb(_array_header(len(indices)) + self.packed, raw=False, use_list=True,
+                                    strict_map_key=False, max_ext_len=0)
+        except Exception as e:  # msgpack raises several unrelated types on garbage
+            raise ProtocolError(f"NodeResults.packed is not {len(indices)} packed results ({type(e).__name__})") from None
+        if type(items) is not list:
+            raise ProtocolError("NodeResults.packed must hold an array of results")
+        _check_items("NodeResults", items, (int, bool, bytes))
+        if list(map(_index_of, items)) != indices:
+            raise ProtocolError("NodeResults.packed holds other results than its indices name")
+        if [item[0] for item in items if not item[1]] != unpack_indices(self.failed):
+            raise ProtocolError("NodeResults.failed does not name the failed results it holds")
+        return items
 
 
 @message(7)
@@ -473,6 +529,10 @@ def read_error(payload: bytes) -> ErrorRecord:
 # course (fewer when they are large). A frame is one step of the head's event loop, which every
 # other connection waits for: this bounds that step to a few milliseconds.
 BATCH_ITEMS = 4096
+
+# The most bytes of results one frame carries from a node, and from the head to a client (more
+# only for a single larger result).
+RESULT_FRAME_BYTES = 8 * 1024 * 1024
 
 # The largest frame: one 200 MB input or 100 MB function plus its envelope.
 MAX_FRAME_BYTES = 216 * 1024 * 1024

@@ -9,7 +9,7 @@ import zlib
 import pytest
 
 from burla import wire
-from burla.errors import HeadUnreachable
+from burla.errors import HeadUnreachable, ProtocolError
 from burla.head.cluster import Cluster
 from burla.head.history import KeptJob
 from burla.head.links import NodeLink
@@ -46,7 +46,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
     job = cluster.scheduler.jobs["j"]
     # The node finished 0, 1 and 2 while the head was away; the client already got 0 and 1.
-    cluster.on_node_message("a", wire.NodeResults("j", [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]], 0))
+    cluster.on_node_message("a", wire.NodeResults.of("j", [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]], 0))
     _, link, _ = cluster.resume_job(wire.ResumeJob("j", 1, zlib.compress(bytes([1, 1, 0, 0]))))
     assert link.acked == 2
     socket = RecordingSocket()
@@ -58,7 +58,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     assert sent == [2]
     cluster.ack(job, max(b.seq for b in batches if isinstance(b, wire.ResultBatch)))
     assert link.acked == 3 and job.status == RUNNING  # input 3 is still out
-    cluster.on_node_message("a", wire.NodeResults("j", [[3, True, b"r3"]], 0))
+    cluster.on_node_message("a", wire.NodeResults.of("j", [[3, True, b"r3"]], 0))
     for _ in range(20):
         await asyncio.sleep(0)
     cluster.ack(job, max(b.seq for b in (wire.decode(f, wire.HEAD_TO_CLIENT) for f in socket.frames)
@@ -216,3 +216,40 @@ async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_
     _register(cluster, "a", [])
     assert cluster.job_view(job).waiting_for_booting_nodes == 0  # it has a node now
     await link.detach(socket, 0.0)
+
+
+def _held_results(link) -> list:
+    items = []
+    for count, packed in link.results:
+        items.extend(wire.decode(wire.result_batch_frame("j", 0, count, [packed]), wire.HEAD_TO_CLIENT).items)
+    return items
+
+
+@pytest.mark.asyncio
+async def test_a_nodes_results_reach_the_client_once_whether_passed_on_packed_or_sorted_out():
+    cluster = Cluster("0.1.0")
+    _register(cluster, "a", [])
+    job, link = cluster.open_job(spec(n=5, raise_errors=False))
+    cluster.add_inputs(job, [[i, b"x"] for i in range(5)])
+    first = wire.NodeResults.of("j", [[0, True, b"r0"], [1, True, b"r1"]], 0)
+    cluster.on_node_message("a", first)
+    assert link.results[0][1] is first.packed  # passed on as the node packed it
+    # A repeat beside a new one, then a failure: both are sorted out result by result.
+    cluster.on_node_message("a", wire.NodeResults.of("j", [[1, True, b"again"], [2, True, b"r2"]], 0))
+    cluster.on_node_message("a", wire.NodeResults.of("j", [[3, False, b"e3"]], 0))
+    assert _held_results(link) == [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"], [3, False, b"e3"]]
+    assert (job.n_done, job.n_failed) == (4, 1)
+
+
+@pytest.mark.asyncio
+async def test_packed_results_that_are_not_what_their_indices_name_change_nothing():
+    cluster = Cluster("0.1.0")
+    _register(cluster, "a", [])
+    job, link = cluster.open_job(spec(n=3, raise_errors=False))
+    cluster.add_inputs(job, [[i, b"x"] for i in range(3)])
+    cluster.on_node_message("a", wire.NodeResults.of("j", [[0, True, b"r0"]], 0))
+    # Input 0 again (so not passed on packed), packed as if it were input 2.
+    lying = wire.NodeResults("j", wire.pack_indices([0]), b"", wire.pack_items([[2, True, b"r2"]]), 0)
+    with pytest.raises(ProtocolError, match="other results than its indices name"):
+        cluster.on_node_message("a", lying)
+    assert _held_results(link) == [[0, True, b"r0"]] and job.n_done == 1

@@ -217,6 +217,40 @@ def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_pat
         json.loads(body)
 
 
+def test_a_node_whose_packed_results_are_not_what_they_claim_is_refused(tmp_path):
+    # A head decodes a node's packed results only where it must look at them (a failure here):
+    # there they must be the results the frame names, or the node's connection is refused.
+    register = wire.RegisterNode("liar-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
+                                 __version__, build_hash(), b"", [])
+    spec = open_job(n_inputs=2, raise_errors=False)
+
+    async def exchange(head) -> list[wire.Message]:
+        async with aiohttp.ClientSession(headers=head.headers()) as session:
+            async with session.ws_connect(head.url + "/v1/nodes/ws") as node, \
+                    session.ws_connect(head.url + "/v1/jobs/ws") as client:
+                await node.send_bytes(register.encode())
+                replies: list[wire.Message] = [wire.decode((await node.receive()).data, wire.HEAD_TO_NODE)]
+                assert isinstance(replies[0], wire.NodeRegistered)
+                await client.send_bytes(spec.encode())
+                assert isinstance(wire.decode((await client.receive()).data), wire.JobAccepted)
+                await client.send_bytes(wire.InputBatch(spec.job_id, [[0, b"a"], [1, b"b"]]).encode())
+                while True:
+                    frame = await asyncio.wait_for(node.receive(), 60)
+                    if frame.type != aiohttp.WSMsgType.BINARY:
+                        return replies
+                    replies.append(wire.decode(frame.data, wire.HEAD_TO_NODE))
+                    if isinstance(replies[-1], wire.AssignJob):
+                        await node.send_bytes(wire.Credit(spec.job_id, 2).encode())
+                    elif isinstance(replies[-1], wire.InputBatch):  # answer: 0 failed, 1 packed in its place
+                        lying = wire.NodeResults(spec.job_id, wire.pack_indices([0]), wire.pack_indices([0]),
+                                                 wire.pack_items([[1, False, b"e"]]), 0)
+                        await node.send_bytes(lying.encode())
+
+    with own_head(tmp_path, local_nodes=0) as head:
+        replies = asyncio.run(exchange(head))
+    assert "other results than its indices name" in _error(replies).message
+
+
 async def test_a_node_back_with_work_of_a_job_the_head_does_not_run_is_told_to_drop_it(cluster):
     # A node that kept running through a head restart may hold jobs that ended meanwhile (or that
     # a head without history forgot): the head stops them there.

@@ -19,7 +19,7 @@ SAMPLES: list[wire.Message] = [
     wire.Credit("j-1", 5),
     wire.CreditWithdrawn("j-1", 40),
     wire.ResultBatch("j-1", 7, [[0, True, b"r"], [1, False, b"e"]]),
-    wire.NodeResults("j-1", [[0, True, b"r"], [1, False, b"e"]], 12),
+    wire.NodeResults.of("j-1", [[0, True, b"r"], [1, False, b"e"]], 12),
     wire.ResultAck("j-1", 7),
     wire.OutputBatch("j-1", [[0, wire.STDOUT, "hi\n"]]),
     wire.Progress("j-1", 1, 0, 2, 3),
@@ -75,14 +75,15 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", [[0, b"x"], [1, b"y", b"z"]]]), "InputBatch items must be arrays of 2"),
         (msgpack.packb([4, "j", [[0, b"x"], {1: 0, b"y": 0}]]), "InputBatch items must be arrays of 2"),
         (msgpack.packb([4, "j", [[0, b"x"], b"xy"]]), "InputBatch items must be arrays of 2"),
-        (msgpack.packb([39, "j", [[0, True, b"r"], [1, True]], 0]), "NodeResults items must be arrays of 3"),
-        (msgpack.packb([39, "j", [[0, True, b"r"], {1: 0, b"r": 0, "s": 0}], 0]), "NodeResults items must be"),
-        (msgpack.packb([39, "j", [[0, True, b"r"], [1, True, "r"]], 0]), "expected bytes"),
         (msgpack.packb([4, "j", [["0", b"x"]]]), "expected int"),
         (msgpack.packb([4, "j", "notalist"]), "InputBatch.items has the wrong type"),
         (wire.InputBatch("j", [[0, b"x"]]).encode()[:-2], "not valid msgpack"),
-        (msgpack.packb([39, "j", [[0, True, b"r"]], -1]), "credit must not be negative"),
-        (msgpack.packb([39, "j", [[0, 1, b"r"]], 0]), "expected bool"),
+        (msgpack.packb([39, "j", wire.pack_indices([0]), b"", wire.pack_items([[0, True, b"r"]]), -1]),
+         "credit must not be negative"),
+        (msgpack.packb([39, "j", b"\x00\x00\x00", b"", b"", 0]), "NodeResults.indices must be packed"),
+        (msgpack.packb([39, "j", wire.pack_indices([0]), b"\x00", b"", 0]), "NodeResults.failed must be packed"),
+        (msgpack.packb([39, "j", wire.pack_indices([0]), wire.pack_indices([0, 0]), b"", 0]), "more failed results"),
+        (msgpack.packb([39, "j", [[0, True, b"r"]], 0]), "needs 5 fields"),
     ],
 )
 def test_malformed_frames_raise_protocol_error(data, words):
@@ -90,12 +91,59 @@ def test_malformed_frames_raise_protocol_error(data, words):
         wire.decode(data)
 
 
+def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
+    return wire.NodeResults("j", wire.pack_indices(indices), wire.pack_indices(failed), wire.pack_items(items), 0)
+
+
+@pytest.mark.parametrize(
+    "results, words",
+    [
+        (_node_results([0, 1], [], [[0, True, b"r"]]), "not 2 packed results"),
+        (_node_results([0], [], [[0, True, b"r"], [1, True, b"r"]]), "not 1 packed results"),
+        (wire.NodeResults("j", wire.pack_indices([0]), b"", b"\xc1", 0), "not 1 packed results"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, True]]), "NodeResults items must be arrays of 3"),
+        (_node_results([0, 1], [], [[0, True, b"r"], {1: 0, b"r": 0, "s": 0}]), "NodeResults items must be"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, True, "r"]]), "expected bytes"),
+        (_node_results([0], [], [[0, 1, b"r"]]), "expected bool"),
+        (_node_results([0, 2], [], [[0, True, b"r"], [1, True, b"r"]]), "other results than its indices name"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, False, b"e"]]), "does not name the failed results"),
+        (_node_results([0, 1], [0], [[0, True, b"r"], [1, False, b"e"]]), "does not name the failed results"),
+    ],
+)
+def test_packed_node_results_are_checked_where_they_are_decoded(results, words):
+    """A head passes a node's packed results on undecoded only when all are new successes; where
+    it decodes them, they must be the results the frame's indices and failures name."""
+    decoded = wire.decode(results.encode(), wire.NODE_TO_HEAD)
+    with pytest.raises(ProtocolError, match=words):
+        decoded.items()
+
+
+def test_node_results_pack_their_indices_and_failures():
+    items = [[5, True, b"r"], [2, False, b"e"], [9, True, b""]]
+    results = wire.decode(wire.NodeResults.of("j", items, 4).encode(), wire.NODE_TO_HEAD)
+    assert wire.unpack_indices(results.indices) == [5, 2, 9]
+    assert wire.unpack_indices(results.failed) == [2]
+    assert results.items() == items
+    assert wire.NodeResults.of("j", [], 0).items() == []
+
+
+def test_results_are_framed_by_count_and_bytes():
+    big = b"x" * (wire.RESULT_FRAME_BYTES // 2 + 1)
+    items = [[i, True, big] for i in range(3)]
+    assert [len(frame) for frame in wire.result_frames(items)] == [1, 1, 1]
+    alone = [[0, True, b"x" * (wire.RESULT_FRAME_BYTES + 1)]]
+    assert wire.result_frames(alone) == [alone]  # one larger result goes alone
+    many = [[i, True, b""] for i in range(wire.BATCH_ITEMS * 2 + 1)]
+    assert [len(frame) for frame in wire.result_frames(many)] == [wire.BATCH_ITEMS, wire.BATCH_ITEMS, 1]
+    assert wire.result_frames([]) == []
+
+
 def test_results_from_a_node_are_node_results():
     """A node's results carry its credit; a client-side ResultBatch is refused from a node."""
     batch = wire.ResultBatch("j", 0, [[0, True, b"r"]])
     with pytest.raises(ProtocolError, match="not accepted on this channel"):
         wire.decode(batch.encode(), wire.NODE_TO_HEAD)
-    assert wire.decode(wire.NodeResults("j", [[0, True, b"r"]], 3).encode(), wire.NODE_TO_HEAD).credit == 3
+    assert wire.decode(wire.NodeResults.of("j", [[0, True, b"r"]], 3).encode(), wire.NODE_TO_HEAD).credit == 3
 
 
 def test_channels_refuse_messages_of_other_channels():

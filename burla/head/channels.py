@@ -184,12 +184,12 @@ async def _node_frames(cluster: Cluster, ws: web.WebSocketResponse, node_id: str
             break
         try:
             msg = wire.decode(frame.data, wire.NODE_TO_HEAD)
+            if cluster.node_links.get(node_id) is not link:
+                break  # declared dead meanwhile: whatever it still sends is stale
+            cluster.on_node_message(node_id, msg)  # checks packed results where it decodes them
         except ProtocolError as e:
             await _refuse(ws, e)
             break
-        if cluster.node_links.get(node_id) is not link:
-            break  # declared dead meanwhile: whatever it still sends is stale
-        cluster.on_node_message(node_id, msg)
 
 
 # Bounds on what one job may ask for: far above any machine, low enough that arithmetic and

@@ -236,11 +236,23 @@ class Cluster:
 
     def _on_results(self, node_id: str, msg: wire.NodeResults) -> None:
         job = self.scheduler.jobs.get(msg.job_id)
-        if job is not None:
-            self._accept_results(node_id, job, msg.items)
+        if job is not None and job.status == RUNNING:
+            if msg.failed or job.spec.detach or not self._pass_on(node_id, job, msg):
+                self._accept_results(node_id, job, msg.items())  # decoded, and checked, only here
         if msg.credit:
             self.scheduler.grant(node_id, msg.job_id, msg.credit)
             self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))
+
+    def _pass_on(self, node_id: str, job: JobRecord, msg: wire.NodeResults) -> bool:
+        """The common case: results that all succeeded, each the first for its input, go to the
+        client as the node packed them. False (nothing changed) when they need a closer look."""
+        indices = wire.unpack_indices(msg.indices)
+        if not self.scheduler.record_successes(node_id, job, indices):
+            return False
+        link = self.client_links.get(job.job_id)
+        if link is not None:
+            link.deliver_packed(len(indices), msg.packed)
+        return True
 
     def _on_output(self, msg: wire.OutputBatch) -> None:
         job = self.scheduler.jobs.get(msg.job_id)

@@ -12,15 +12,13 @@ import asyncio
 import struct
 import time
 from collections import deque
-from operator import itemgetter
 
 import msgpack
 from aiohttp import web
 
 from burla import wire
 
-MAX_BATCH_BYTES = 8 * 1024 * 1024  # results per frame to a client
-_payload_of = itemgetter(2)
+MAX_BATCH_BYTES = wire.RESULT_FRAME_BYTES  # results per frame to a client
 MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit
 WRITER_SLICE_S = 0.002  # a client's writer lets other connections run after this long
 # Bytes a node's socket may hold unsent before its frames wait for the writer task instead (which
@@ -194,20 +192,16 @@ class ClientLink:
             self._queue_results(results)
         self._wake.set()
 
+    def deliver_packed(self, count: int, packed: bytes) -> None:
+        """`count` results as a node packed them (wire.NodeResults.packed: a frame's worth at most)."""
+        self.results.append((count, packed))
+        self.queued_results += count
+        self._wake.set()
+
     def _queue_results(self, results: list) -> None:
-        """Pack results in parts that fit a batch (wire.BATCH_ITEMS, MAX_BATCH_BYTES unless one
-        result is bigger)."""
-        if len(results) <= wire.BATCH_ITEMS and sum(map(len, map(_payload_of, results))) <= MAX_BATCH_BYTES:
-            self.results.append((len(results), wire.pack_items(results)))  # the common case: one part
-            self.queued_results += len(results)
-            return
-        start, size = 0, 0
-        for end, item in enumerate(results):
-            size += len(item[2])
-            if end > start and (end - start >= wire.BATCH_ITEMS or size > MAX_BATCH_BYTES):
-                self.results.append((end - start, wire.pack_items(results[start:end])))
-                start, size = end, len(item[2])
-        self.results.append((len(results) - start, wire.pack_items(results[start:])))
+        """Pack results in parts that fit a batch (wire.result_frames)."""
+        for frame in wire.result_frames(results):
+            self.results.append((len(frame), wire.pack_items(frame)))
         self.queued_results += len(results)
 
     def send(self, msg: wire.Message) -> None:

@@ -406,24 +406,39 @@ class Scheduler:
             fresh.append(item)
         return fresh
 
-    @staticmethod
-    def _all_fresh(job: JobRecord, assignment: Assignment, items: list) -> list | None:
+    def record_successes(self, node_id: str, job: JobRecord, indices: list[int]) -> bool:
+        """record_results' common case, for results known to have all succeeded, by their indices:
+        True (and recorded) when every one is the first for its input, as the node's own results
+        of a running job; False (nothing changed) when record_results must sort them out."""
+        assignment = job.assignments.get(node_id)
+        if job.status != RUNNING or assignment is None or job.node_held or job.restored or not indices:
+            return False
+        return self._mark_fresh(job, assignment, indices)
+
+    @classmethod
+    def _all_fresh(cls, job: JobRecord, assignment: Assignment, items: list) -> list | None:
         """The common case at C speed where it can be: every result is the first for its input (none
         is a repeat, in this batch or before). Returns the items, or None (nothing changed) if not."""
-        indices = list(map(_index_of, items))
-        if min(indices) < 0 or max(indices) >= job.n_inputs:
+        if not cls._mark_fresh(job, assignment, list(map(_index_of, items))):
             return None
+        job.n_failed += len(items) - sum(map(_ok_of, items))
+        return items
+
+    @staticmethod
+    def _mark_fresh(job: JobRecord, assignment: Assignment, indices: list[int]) -> bool:
+        """Mark these inputs done if none is yet (nor twice among them); else change nothing."""
+        if min(indices) < 0 or max(indices) >= job.n_inputs:
+            return False
         done = job.done
         for position, index in enumerate(indices):  # the one loop per result
             if done[index]:
                 for earlier in indices[:position]:
                     done[earlier] = 0
-                return None
+                return False
             done[index] = 1
         deque(map(assignment.inflight.pop, indices, repeat(None)), maxlen=0)
         job.n_done += len(indices)
-        job.n_failed += len(indices) - sum(map(_ok_of, items))
-        return items
+        return True
 
     def steal_plan(self) -> list[tuple[str, str, str]]:
         """Idle nodes to hint at a peer with queued inputs: [(thief_id, job_id, donor_id)].

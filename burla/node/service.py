@@ -392,15 +392,16 @@ class NodeService:
                             results: list) -> None:
         if outputs:
             await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
-        # A frame is one step of the head's loop: results go in frames of wire.BATCH_ITEMS.
-        for start in range(0, len(results) - wire.BATCH_ITEMS, wire.BATCH_ITEMS):
-            await ws.send_bytes(wire.NodeResults(job_id, results[start:start + wire.BATCH_ITEMS], 0).encode())
-        if results:
+        # A frame is one step of the head's loop: results go in frames of wire.BATCH_ITEMS, and of
+        # wire.RESULT_FRAME_BYTES, which the head can pass on to a client as they are.
+        frames = wire.result_frames(results)
+        for frame in frames[:-1]:
+            await ws.send_bytes(wire.NodeResults.of(job_id, frame, 0).encode())
+        if frames:
             # The credit its freed slots allow rides along (it used to be a frame of its own).
             job = self.dispatcher.jobs.get(job_id)
             due = job.credit_due(self.pool.size) if job is not None else 0
-            last = results[(len(results) - 1) // wire.BATCH_ITEMS * wire.BATCH_ITEMS:]
-            await ws.send_bytes(wire.NodeResults(job_id, last, due).encode())
+            await ws.send_bytes(wire.NodeResults.of(job_id, frames[-1], due).encode())
 
     def _set_status(self) -> None:
         busy = any(job.queue or job.inflight for job in self.dispatcher.jobs.values())

@@ -188,6 +188,7 @@ class Worker:
         """Run the batch's calls until done or cancelled; returns the results not yet sent. This
         loop runs once per call: what it does per item is kept to the bare minimum."""
         capture, mark_running, shm, monotonic = self.capture, _INDEX.pack_into, self._shm, time.monotonic
+        end_call = capture.call_ender()
         results: list[list] = []
         pending_bytes = 0
         last_flush = monotonic()
@@ -202,13 +203,13 @@ class Worker:
                 ok = True
             except CallCancelled:
                 self._cancel_requested = True
-                capture.end()
+                end_call()
                 break
             except _CallFailed as failure:
                 ok, payload = False, failure.payload
             except Exception as e:  # the call broke the worker's own error handling (it may patch it)
                 ok, payload = False, self._plain_error(e)
-            capture.end()
+            end_call()
             results.append([index, ok, payload])
             pending_bytes += len(payload)
             if position < last:  # the batch's last results go with its end (one frame, not two)
@@ -228,7 +229,7 @@ class Worker:
         def call(argument_bytes: bytes) -> bytes:
             self._in_call = True
             try:
-                if argument_bytes[:1] == b"\x00":  # a reference to the input's file (pickles start with \x80)
+                if argument_bytes[0] == 0:  # a reference to the input's file (pickles start with 0x80)
                     arguments = _mapped_arguments(argument_bytes)
                 else:
                     arguments = loads(argument_bytes)
