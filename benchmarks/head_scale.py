@@ -177,7 +177,8 @@ async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts
     job.calls_done(len(results), seconds_per_call)
     counts.results += len(results)
     # The credit the freed slots allow rides along, by the real node's rule.
-    await ws.send_bytes(wire.NodeResults.of(msg.job_id, results, job.credit_due(job.parallelism)).encode())
+    frame = wire.NodeResults.of(msg.job_id, wire.PackedResults.of(results), job.credit_due(job.parallelism))
+    await ws.send_bytes(frame.encode())
 
 
 async def _answer_later(ws, msg, job: NodeJob, free_at: list[float], call_s: float, counts: Counts) -> None:

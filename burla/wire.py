@@ -130,9 +130,64 @@ def pack_items(items: Sequence) -> bytes:
     return packed[_array_header_bytes(len(items)):]
 
 
-def result_frames(items: Sequence) -> list[Sequence]:
+class PackedResults:
+    """Results packed as a head sends them to its client (`pack_items`), beside their input indices
+    and the indices of those that failed (`pack_indices`; usually empty). Workers pack their
+    results so; nodes and the head pass them on without decoding each (a head decodes them only
+    to sort out repeats and failures, and checks them then: `items`)."""
+
+    __slots__ = ("indices", "failed", "packed")
+
+    def __init__(self, indices: bytes, failed: bytes, packed: bytes) -> None:
+        self.indices = indices
+        self.failed = failed
+        self.packed = packed
+
+    @classmethod
+    def of(cls, items: Sequence) -> PackedResults:
+        """These results ([[input_index, ok, payload], ...]) packed."""
+        failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
+        return cls(pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items))
+
+    @classmethod
+    def join(cls, parts: Sequence[PackedResults]) -> PackedResults:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(b"".join(p.indices for p in parts), b"".join(p.failed for p in parts),
+                   b"".join(p.packed for p in parts))
+
+    @property
+    def count(self) -> int:
+        return len(self.indices) // _INDEX.size
+
+    def items(self, name: str = "results") -> list:
+        """The results, decoded and checked against the indices and failures they are listed with
+        (`name` is the message's, for the error)."""
+        indices = unpack_indices(self.indices)
+        try:
+            items = msgpack.unpackb(_array_header(len(indices)) + self.packed, raw=False, use_list=True,
+                                    strict_map_key=False, max_ext_len=0)
+        except Exception as e:  # msgpack raises several unrelated types on garbage
+            raise ProtocolError(f"{name}.packed is not {len(indices)} packed results ({type(e).__name__})") from None
+        _check_items(name, items, (int, bool, bytes))
+        if list(map(_index_of, items)) != indices:
+            raise ProtocolError(f"{name}.packed holds other results than its indices name")
+        if [item[0] for item in items if not item[1]] != unpack_indices(self.failed):
+            raise ProtocolError(f"{name}.failed does not name the failed results it holds")
+        return items
+
+
+def _check_packed(name: str, indices: bytes, failed: bytes) -> None:
+    for field, value in (("indices", indices), ("failed", failed)):
+        if len(value) % _INDEX.size:
+            raise ProtocolError(f"{name}.{field} must be packed {_INDEX.size}-byte integers")
+    if len(failed) > len(indices):
+        raise ProtocolError(f"{name} lists more failed results than results")
+
+
+def item_frames(items: Sequence) -> list[Sequence]:
     """Results in frames of at most BATCH_ITEMS and RESULT_FRAME_BYTES of payloads, unless one
-    result is bigger: frames a node sends and a head passes on to its client as they are."""
+    result is bigger."""
     if len(items) <= BATCH_ITEMS and sum(map(len, map(_payload_of, items))) <= RESULT_FRAME_BYTES:
         return [items] if items else []  # the common case: one frame
     frames, start, size = [], 0, 0
@@ -142,6 +197,25 @@ def result_frames(items: Sequence) -> list[Sequence]:
             frames.append(items[start:end])
             start, size = end, len(item[2])
     frames.append(items[start:])
+    return frames
+
+
+def packed_frames(parts: Sequence[PackedResults]) -> list[PackedResults]:
+    """Packed results joined into frames of at most BATCH_ITEMS and about RESULT_FRAME_BYTES (a part
+    is never split: workers and nodes pack at most that many): a node's frames, which a head can
+    pass on to its client as they are."""
+    frames: list[PackedResults] = []
+    group: list[PackedResults] = []
+    count = size = 0
+    for part in parts:
+        if group and (count + part.count > BATCH_ITEMS or size + len(part.packed) > RESULT_FRAME_BYTES):
+            frames.append(PackedResults.join(group))
+            group, count, size = [], 0, 0
+        group.append(part)
+        count += part.count
+        size += len(part.packed)
+    if group:
+        frames.append(PackedResults.join(group))
     return frames
 
 
@@ -169,51 +243,26 @@ def _array_header(length: int) -> bytes:
 class NodeResults(Message):
     """A node's results for one job, with the credit it asks for right after them (0: none):
     one frame where a result batch and a credit were two (at 1,000 nodes the head's loop runs a
-    step per frame).
-
-    The results travel packed as the head relays them to the client (`pack_items`), beside their
-    indices: when every result is new and none failed, the head passes them on without decoding
-    them. The node checked each result its workers sent and packed them itself; a head that does
-    decode them (`items`) checks they are the results the indices name."""
+    step per frame). The results are packed (PackedResults): when every one is new and none
+    failed, the head passes them on to the client without decoding them."""
 
     job_id: str
-    indices: bytes  # the results' input indices, in order (pack_indices)
-    failed: bytes  # the indices of the results that are errors (pack_indices; usually empty)
-    packed: bytes  # the results, [[input_index, ok, payload], ...] as pack_items packs them
+    indices: bytes  # PackedResults' three parts
+    failed: bytes
+    packed: bytes
     credit: int  # inputs the node can take now, as in Credit
 
     @classmethod
-    def of(cls, job_id: str, items: Sequence, credit: int) -> NodeResults:
-        """The frame for these results ([[input_index, ok, payload], ...])."""
-        failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
-        return cls(job_id, pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items),
-                   credit)
+    def of(cls, job_id: str, part: PackedResults, credit: int) -> NodeResults:
+        return cls(job_id, part.indices, part.failed, part.packed, credit)
+
+    def part(self) -> PackedResults:
+        return PackedResults(self.indices, self.failed, self.packed)
 
     def validate(self) -> None:
-        for name in ("indices", "failed"):
-            if len(getattr(self, name)) % _INDEX.size:
-                raise ProtocolError(f"NodeResults.{name} must be packed {_INDEX.size}-byte integers")
-        if len(self.failed) > len(self.indices):
-            raise ProtocolError("NodeResults lists more failed results than results")
+        _check_packed("NodeResults", self.indices, self.failed)
         if self.credit < 0:
             raise ProtocolError("NodeResults.credit must not be negative")
-
-    def items(self) -> list:
-        """The results, decoded and checked against the indices and failures the frame lists."""
-        indices = unpack_indices(self.indices)
-        try:
-            items = msgpack.unpackb(_array_header(len(indices)) + self.packed, raw=False, use_list=True,
-                                    strict_map_key=False, max_ext_len=0)
-        except Exception as e:  # msgpack raises several unrelated types on garbage
-            raise ProtocolError(f"NodeResults.packed is not {len(indices)} packed results ({type(e).__name__})") from None
-        if type(items) is not list:
-            raise ProtocolError("NodeResults.packed must hold an array of results")
-        _check_items("NodeResults", items, (int, bool, bytes))
-        if list(map(_index_of, items)) != indices:
-            raise ProtocolError("NodeResults.packed holds other results than its indices name")
-        if [item[0] for item in items if not item[1]] != unpack_indices(self.failed):
-            raise ProtocolError("NodeResults.failed does not name the failed results it holds")
-        return items
 
 
 @message(7)
@@ -459,12 +508,23 @@ class UnloadFunction(Message):
 @message(34)
 class WorkerReport(Message):
     job_id: str
-    results: list  # [[input_index, ok, payload], ...]
+    indices: bytes  # the results, as PackedResults' three parts (the node passes them on)
+    failed: bytes
+    packed: bytes
     outputs: list  # [[input_index, stream, text], ...] of the same job
     batch_done: bool  # the last report of a RunCalls batch
 
+    @classmethod
+    def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool) -> WorkerReport:
+        """The report of these results ([[input_index, ok, payload], ...]), packed."""
+        part = PackedResults.of(items)
+        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done)
+
+    def part(self) -> PackedResults:
+        return PackedResults(self.indices, self.failed, self.packed)
+
     def validate(self) -> None:
-        _check_items("WorkerReport.results", self.results, (int, bool, bytes))
+        _check_packed("WorkerReport", self.indices, self.failed)
         _check_items("WorkerReport.outputs", self.outputs, (int, int, str))
 
 

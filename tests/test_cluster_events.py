@@ -30,6 +30,11 @@ class RecordingSocket:
         pass
 
 
+def _results(items: list) -> wire.NodeResults:
+    """A node's frame of these results ([[index, ok, payload], ...]) for job "j"."""
+    return wire.NodeResults.of("j", wire.PackedResults.of(items), 0)
+
+
 def _register(cluster: Cluster, node_id: str, held: list) -> NodeLink:
     link = NodeLink(node_id, RecordingSocket())
     msg = wire.RegisterNode(node_id, "http://x", 2, 2, 4.0, None, 0, None, "local", "3.11.7", cluster.version,
@@ -46,7 +51,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
     job = cluster.scheduler.jobs["j"]
     # The node finished 0, 1 and 2 while the head was away; the client already got 0 and 1.
-    cluster.on_node_message("a", wire.NodeResults.of("j", [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]], 0))
+    cluster.on_node_message("a", _results([[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]]))
     _, link, _ = cluster.resume_job(wire.ResumeJob("j", 1, zlib.compress(bytes([1, 1, 0, 0]))))
     assert link.acked == 2
     socket = RecordingSocket()
@@ -58,7 +63,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     assert sent == [2]
     cluster.ack(job, max(b.seq for b in batches if isinstance(b, wire.ResultBatch)))
     assert link.acked == 3 and job.status == RUNNING  # input 3 is still out
-    cluster.on_node_message("a", wire.NodeResults.of("j", [[3, True, b"r3"]], 0))
+    cluster.on_node_message("a", _results([[3, True, b"r3"]]))
     for _ in range(20):
         await asyncio.sleep(0)
     cluster.ack(job, max(b.seq for b in (wire.decode(f, wire.HEAD_TO_CLIENT) for f in socket.frames)
@@ -231,12 +236,12 @@ async def test_a_nodes_results_reach_the_client_once_whether_passed_on_packed_or
     _register(cluster, "a", [])
     job, link = cluster.open_job(spec(n=5, raise_errors=False))
     cluster.add_inputs(job, [[i, b"x"] for i in range(5)])
-    first = wire.NodeResults.of("j", [[0, True, b"r0"], [1, True, b"r1"]], 0)
+    first = _results([[0, True, b"r0"], [1, True, b"r1"]])
     cluster.on_node_message("a", first)
     assert link.results[0][1] is first.packed  # passed on as the node packed it
     # A repeat beside a new one, then a failure: both are sorted out result by result.
-    cluster.on_node_message("a", wire.NodeResults.of("j", [[1, True, b"again"], [2, True, b"r2"]], 0))
-    cluster.on_node_message("a", wire.NodeResults.of("j", [[3, False, b"e3"]], 0))
+    cluster.on_node_message("a", _results([[1, True, b"again"], [2, True, b"r2"]]))
+    cluster.on_node_message("a", _results([[3, False, b"e3"]]))
     assert _held_results(link) == [[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"], [3, False, b"e3"]]
     assert (job.n_done, job.n_failed) == (4, 1)
 
@@ -247,7 +252,7 @@ async def test_packed_results_that_are_not_what_their_indices_name_change_nothin
     _register(cluster, "a", [])
     job, link = cluster.open_job(spec(n=3, raise_errors=False))
     cluster.add_inputs(job, [[i, b"x"] for i in range(3)])
-    cluster.on_node_message("a", wire.NodeResults.of("j", [[0, True, b"r0"]], 0))
+    cluster.on_node_message("a", _results([[0, True, b"r0"]]))
     # Input 0 again (so not passed on packed), packed as if it were input 2.
     lying = wire.NodeResults("j", wire.pack_indices([0]), b"", wire.pack_items([[2, True, b"r2"]]), 0)
     with pytest.raises(ProtocolError, match="other results than its indices name"):

@@ -54,7 +54,7 @@ def test_a_worker_that_keeps_dying_between_calls_fails_the_call_it_was_about_to_
         items = [job.queue.popleft() for _ in range(len(job.queue))]
         job.inflight += len(items)
         dispatcher.on_worker_exit(_DeadWorker([Batch("j", dict(items), 0.0)]), 0)
-    [(index, ok, payload)] = job.out_results  # it did not loop forever: input 0 failed
+    [(index, ok, payload)] = _out(job)  # it did not loop forever: input 0 failed
     record = wire.read_error(payload)
     assert (index, ok, record.type_name, record.node_id, record.worker_pid) == (0, False, "WorkerCrashed", "node-a",
                                                                                 4242)
@@ -133,7 +133,12 @@ class Machine:
         batch = worker.batches[0]
         self.clock.now += seconds
         results = [[index, True, b"r"] for index in batch.remaining]
-        self.dispatcher.on_report(worker, wire.WorkerReport(batch.job_id, results, [], True))
+        self.dispatcher.on_report(worker, wire.WorkerReport.of(batch.job_id, results, [], True))
+
+
+def _out(job) -> list:
+    """The results a node's job holds for the head, decoded."""
+    return [item for part in job.out_results for item in part.items()]
 
 
 def _inputs(first: int, count: int) -> list:
@@ -215,7 +220,7 @@ def test_results_wait_for_the_sender_and_a_dead_workers_inputs_run_first():
     m.dispatcher.add_inputs("j", _inputs(0, 3))
     m.finish(m.workers[0], 0.2)
     job = m.dispatcher.jobs["j"]
-    assert [item[0] for item in job.out_results] == [0] and m.outgoing >= 1
+    assert [item[0] for item in _out(job)] == [0] and m.outgoing >= 1
     [(_, [second])] = m.effects.runs()[1:]
     worker = m.workers[0]
     worker.alive = False
@@ -270,8 +275,8 @@ def test_results_taken_for_a_session_that_ended_mid_send_go_first_on_the_next():
     m.dispatcher.add_inputs("j", _inputs(0, 3))
     m.finish(m.workers[0], 0.2)  # input 0's result
     taken = m.dispatcher.take_outgoing()
-    assert [[item[0] for item in results] for _, _, results in taken] == [[0]]
+    assert [[item[0] for part in results for item in part.items()] for _, _, results in taken] == [[0]]
     m.finish(m.workers[0], 0.2)  # input 1's result, while the session is down
     m.dispatcher.give_back(taken)
     [(job_id, _, results)] = m.dispatcher.take_outgoing()
-    assert job_id == "j" and [item[0] for item in results] == [0, 1]
+    assert job_id == "j" and [item[0] for part in results for item in part.items()] == [0, 1]

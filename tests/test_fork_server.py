@@ -34,7 +34,7 @@ async def call(process, sock, shm):
         data = msg.encode()
         writer.write(wire.FRAME_HEADER.pack(len(data)) + data)
     report = await frame(reader)
-    return writer, [pickle.loads(payload) for _, _, payload in report.results]
+    return writer, [pickle.loads(payload) for _, _, payload in report.part().items()]
 
 def name(pid):
     with open(f"/proc/{pid}/comm") as comm:

@@ -19,7 +19,7 @@ SAMPLES: list[wire.Message] = [
     wire.Credit("j-1", 5),
     wire.CreditWithdrawn("j-1", 40),
     wire.ResultBatch("j-1", 7, [[0, True, b"r"], [1, False, b"e"]]),
-    wire.NodeResults.of("j-1", [[0, True, b"r"], [1, False, b"e"]], 12),
+    wire.NodeResults.of("j-1", wire.PackedResults.of([[0, True, b"r"], [1, False, b"e"]]), 12),
     wire.ResultAck("j-1", 7),
     wire.OutputBatch("j-1", [[0, wire.STDOUT, "hi\n"]]),
     wire.Progress("j-1", 1, 0, 2, 3),
@@ -47,7 +47,7 @@ SAMPLES: list[wire.Message] = [
     wire.LoadFunction("j-1", b"fn", b""),
     wire.RunCalls("j-1", [[0, b"a"]]),
     wire.UnloadFunction("j-1"),
-    wire.WorkerReport("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
+    wire.WorkerReport.of("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
 ]
 
 
@@ -96,7 +96,7 @@ def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
 
 
 @pytest.mark.parametrize(
-    "results, words",
+    "part, words",
     [
         (_node_results([0, 1], [], [[0, True, b"r"]]), "not 2 packed results"),
         (_node_results([0], [], [[0, True, b"r"], [1, True, b"r"]]), "not 1 packed results"),
@@ -110,32 +110,49 @@ def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
         (_node_results([0, 1], [0], [[0, True, b"r"], [1, False, b"e"]]), "does not name the failed results"),
     ],
 )
-def test_packed_node_results_are_checked_where_they_are_decoded(results, words):
-    """A head passes a node's packed results on undecoded only when all are new successes; where
-    it decodes them, they must be the results the frame's indices and failures name."""
-    decoded = wire.decode(results.encode(), wire.NODE_TO_HEAD)
+def test_packed_results_are_checked_where_they_are_decoded(part, words):
+    """Nodes and a head pass packed results on undecoded; where a head decodes them (to sort out
+    repeats and failures), they must be the results their indices and failures name."""
+    decoded = wire.decode(part.encode(), wire.NODE_TO_HEAD)
     with pytest.raises(ProtocolError, match=words):
-        decoded.items()
+        decoded.part().items("NodeResults")
 
 
-def test_node_results_pack_their_indices_and_failures():
+def test_packed_results_list_their_indices_and_failures_and_join():
     items = [[5, True, b"r"], [2, False, b"e"], [9, True, b""]]
-    results = wire.decode(wire.NodeResults.of("j", items, 4).encode(), wire.NODE_TO_HEAD)
-    assert wire.unpack_indices(results.indices) == [5, 2, 9]
-    assert wire.unpack_indices(results.failed) == [2]
-    assert results.items() == items
-    assert wire.NodeResults.of("j", [], 0).items() == []
+    part = wire.decode(wire.NodeResults.of("j", wire.PackedResults.of(items), 4).encode(), wire.NODE_TO_HEAD).part()
+    assert wire.unpack_indices(part.indices) == [5, 2, 9] and part.count == 3
+    assert wire.unpack_indices(part.failed) == [2]
+    assert part.items() == items
+    assert wire.PackedResults.of([]).items() == [] and wire.PackedResults.of([]).count == 0
+    more = wire.PackedResults.of([[7, False, b"f"]])
+    assert wire.PackedResults.join([part, more]).items() == items + [[7, False, b"f"]]
+    assert wire.unpack_indices(wire.PackedResults.join([part, more]).failed) == [2, 7]
 
 
 def test_results_are_framed_by_count_and_bytes():
     big = b"x" * (wire.RESULT_FRAME_BYTES // 2 + 1)
     items = [[i, True, big] for i in range(3)]
-    assert [len(frame) for frame in wire.result_frames(items)] == [1, 1, 1]
+    assert [len(frame) for frame in wire.item_frames(items)] == [1, 1, 1]
     alone = [[0, True, b"x" * (wire.RESULT_FRAME_BYTES + 1)]]
-    assert wire.result_frames(alone) == [alone]  # one larger result goes alone
+    assert wire.item_frames(alone) == [alone]  # one larger result goes alone
     many = [[i, True, b""] for i in range(wire.BATCH_ITEMS * 2 + 1)]
-    assert [len(frame) for frame in wire.result_frames(many)] == [wire.BATCH_ITEMS, wire.BATCH_ITEMS, 1]
-    assert wire.result_frames([]) == []
+    assert [len(frame) for frame in wire.item_frames(many)] == [wire.BATCH_ITEMS, wire.BATCH_ITEMS, 1]
+    assert wire.item_frames([]) == []
+    # Packed parts are joined up to a frame's worth, never split.
+    parts = [wire.PackedResults.of(frame) for frame in wire.item_frames(many)] * 2
+    assert [f.count for f in wire.packed_frames(parts)] == [4096, 4096, 1, 4096, 4096, 1]
+    assert [f.count for f in wire.packed_frames([wire.PackedResults.of(items[:1])] * 3)] == [1, 1, 1]
+    small = [wire.PackedResults.of([[i, True, b"r"]]) for i in range(5)]
+    [joined] = wire.packed_frames(small)
+    assert [item[0] for item in joined.items()] == [0, 1, 2, 3, 4]
+
+
+def test_a_worker_report_is_checked_like_a_nodes_results():
+    with pytest.raises(ProtocolError, match="WorkerReport.indices must be packed"):
+        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True]), wire.WORKER_TO_NODE)
+    with pytest.raises(ProtocolError, match="more failed results"):
+        wire.decode(msgpack.packb([34, "j", b"", wire.pack_indices([1]), b"", [], True]), wire.WORKER_TO_NODE)
 
 
 def test_results_from_a_node_are_node_results():
@@ -143,7 +160,8 @@ def test_results_from_a_node_are_node_results():
     batch = wire.ResultBatch("j", 0, [[0, True, b"r"]])
     with pytest.raises(ProtocolError, match="not accepted on this channel"):
         wire.decode(batch.encode(), wire.NODE_TO_HEAD)
-    assert wire.decode(wire.NodeResults.of("j", [[0, True, b"r"]], 3).encode(), wire.NODE_TO_HEAD).credit == 3
+    results = wire.NodeResults.of("j", wire.PackedResults.of([[0, True, b"r"]]), 3)
+    assert wire.decode(results.encode(), wire.NODE_TO_HEAD).credit == 3
 
 
 def test_channels_refuse_messages_of_other_channels():

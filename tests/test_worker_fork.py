@@ -44,7 +44,8 @@ for worker in (first, second):
 send(second, wire.LoadFunction("job", dumps_function(triple), b""))
 send(second, wire.RunCalls("job", [[7, pickle.dumps(14)]]))
 report = receive(second)
-assert [(index, ok, pickle.loads(payload)) for index, ok, payload in report.results] == [(7, True, ("forked", 42))]
+results = report.part().items()
+assert [(index, ok, pickle.loads(payload)) for index, ok, payload in results] == [(7, True, ("forked", 42))]
 
 async def main():
     first.node_end.close()  # EOF: the first exits although the second (forked after it) still runs

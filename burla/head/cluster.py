@@ -238,7 +238,8 @@ class Cluster:
         job = self.scheduler.jobs.get(msg.job_id)
         if job is not None and job.status == RUNNING:
             if msg.failed or job.spec.detach or not self._pass_on(node_id, job, msg):
-                self._accept_results(node_id, job, msg.items())  # decoded, and checked, only here
+                # Decoded, and checked against the indices and failures they came with, only here.
+                self._accept_results(node_id, job, msg.part().items("NodeResults"))
         if msg.credit:
             self.scheduler.grant(node_id, msg.job_id, msg.credit)
             self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))

@@ -199,8 +199,8 @@ class ClientLink:
         self._wake.set()
 
     def _queue_results(self, results: list) -> None:
-        """Pack results in parts that fit a batch (wire.result_frames)."""
-        for frame in wire.result_frames(results):
+        """Pack results in parts that fit a batch (wire.item_frames)."""
+        for frame in wire.item_frames(results):
             self.results.append((len(frame), wire.pack_items(frame)))
         self.queued_results += len(results)
 

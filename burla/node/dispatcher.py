@@ -54,7 +54,7 @@ class NodeJob:
     inflight: int = 0
     crash_attempts: dict[int, int] = field(default_factory=dict)
     cancelled: bool = False
-    out_results: list = field(default_factory=list)
+    out_results: list[wire.PackedResults] = field(default_factory=list)  # results not yet sent, as packed
     out_outputs: list = field(default_factory=list)
     dropped_outputs: int = 0  # chunks over MAX_HELD_OUTPUTS since the last send
 
@@ -205,8 +205,15 @@ class Dispatcher:
         self._fail_all(job, queued)
 
     def _fail_all(self, job: NodeJob, items: list) -> None:
-        job.out_results.extend([index, False, job.failed_payload] for index, _ in items)
+        failed = [[index, False, job.failed_payload] for index, _ in items]
+        job.out_results.extend(map(wire.PackedResults.of, wire.item_frames(failed)))
         job.done += len(items)
+        self._on_outgoing()
+
+    def _fail_one(self, job: NodeJob, index: int, error: BurlaError, worker: WorkerHandle) -> None:
+        payload = pack_error(error, origin=self.origin(worker.pid))
+        job.out_results.append(wire.PackedResults.of([[index, False, payload]]))
+        job.done += 1
         self._on_outgoing()
 
     def cancel(self, job_id: str) -> list[WorkerHandle]:
@@ -237,11 +244,12 @@ class Dispatcher:
     def on_report(self, worker: WorkerHandle, report: wire.WorkerReport) -> None:
         job = self.jobs.get(report.job_id)
         now = self._clock()
-        if report.results and worker.batches:
-            batch = worker.batches[0]
-            for item in report.results:
-                batch.remaining.pop(item[0], None)
-            n = len(report.results)
+        indices = wire.unpack_indices(report.indices) if report.indices else None
+        if indices and worker.batches:
+            forget = worker.batches[0].remaining.pop
+            for index in indices:
+                forget(index, None)
+            n = len(indices)
             elapsed = max(now - worker.last_progress_at, 1e-7) / n
             worker.last_progress_at = now
             if job is not None:
@@ -249,8 +257,8 @@ class Dispatcher:
         if job is not None and not job.cancelled:
             if report.outputs:
                 self._keep_outputs(job, report.outputs)
-            if report.results:
-                job.out_results.extend(report.results)
+            if indices:  # passed on as the worker packed them
+                job.out_results.append(report.part())
             self._on_outgoing()
         if report.batch_done and worker.batches:
             batch = worker.batches.popleft()
@@ -292,18 +300,14 @@ class Dispatcher:
                 if index == crashed_index and kill is not None:
                     if not kill.retry:
                         error: BurlaError = OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
-                        job.out_results.append([index, False, pack_error(error, origin=self.origin(worker.pid))])
-                        job.done += 1
-                        self._on_outgoing()
+                        self._fail_one(job, index, error, worker)
                         continue
                 elif index == crashed_index:
                     attempts = job.crash_attempts.get(index, 0) + 1
                     job.crash_attempts[index] = attempts
                     if attempts >= MAX_CRASH_ATTEMPTS:
                         error = WorkerCrashed(index, exit_code, attempts)
-                        job.out_results.append([index, False, pack_error(error, origin=self.origin(worker.pid))])
-                        job.done += 1
-                        self._on_outgoing()
+                        self._fail_one(job, index, error, worker)
                         continue
                 requeue.append([index, argument_bytes])
             job.queue.extendleft(reversed(requeue))
@@ -423,7 +427,8 @@ class Dispatcher:
             indices = by_job[job.job_id] = []
             if not job.cancelled:  # a cancelled one is listed empty, so that the head releases it
                 indices.extend(index for index, _ in job.queue)
-                indices.extend(item[0] for item in job.out_results)
+                for part in job.out_results:
+                    indices.extend(wire.unpack_indices(part.indices))
         for worker in self._workers():
             for batch in worker.batches:
                 if batch.job_id in by_job and not self.jobs[batch.job_id].cancelled:

@@ -389,12 +389,12 @@ class NodeService:
             self._set_status()
 
     async def _send_results(self, ws: aiohttp.ClientWebSocketResponse, job_id: str, outputs: list,
-                            results: list) -> None:
+                            results: list[wire.PackedResults]) -> None:
         if outputs:
             await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
         # A frame is one step of the head's loop: results go in frames of wire.BATCH_ITEMS, and of
         # wire.RESULT_FRAME_BYTES, which the head can pass on to a client as they are.
-        frames = wire.result_frames(results)
+        frames = wire.packed_frames(results)
         for frame in frames[:-1]:
             await ws.send_bytes(wire.NodeResults.of(job_id, frame, 0).encode())
         if frames:

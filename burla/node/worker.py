@@ -36,6 +36,7 @@ from burla.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack
 _INDEX = struct.Struct("q")
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
 _FLUSH_BYTES = 1 << 20
+_FLUSH_ITEMS = wire.BATCH_ITEMS  # a report's results are one frame's worth at most, as a node frames them
 _PLAIN_RESULTS = frozenset({int, float, str, bytes, bool, type(None)})  # pickled without checks
 
 
@@ -82,7 +83,7 @@ class Worker:
             self._sock.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
 
     def _send_live_output(self, job_id: str, items: list) -> None:
-        data = wire.WorkerReport(job_id, [], items, False).encode()
+        data = wire.WorkerReport(job_id, b"", b"", b"", items, False).encode()
         self._sock.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
 
     def _recv(self) -> wire.Message | None:
@@ -159,7 +160,7 @@ class Worker:
 
     def _run_batch(self, job_id: str, items: list) -> None:
         if job_id in self._cancelled_jobs:
-            self._send(wire.WorkerReport(job_id, [], [], True))
+            self._send(wire.WorkerReport(job_id, b"", b"", b"", [], True))
             return
         function = self._functions.get(job_id)
         if isinstance(function, _LoadFailure) or function is None:
@@ -214,7 +215,7 @@ class Worker:
             pending_bytes += len(payload)
             if position < last:  # the batch's last results go with its end (one frame, not two)
                 now = monotonic()
-                if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
+                if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES or len(results) >= _FLUSH_ITEMS:
                     self._flush(job_id, results, False)
                     results = []
                     pending_bytes = 0
@@ -276,7 +277,8 @@ class Worker:
         with self.capture.send_lock:
             outputs = self.capture.take()
             if results or outputs or batch_done:
-                self._send(wire.WorkerReport(job_id, results, outputs, batch_done))
+                # Packed here: the node, and the head, pass them on as they are.
+                self._send(wire.WorkerReport.of(job_id, results, outputs, batch_done))
 
 
 def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
