@@ -3,7 +3,11 @@
 A frame is the msgpack array `[TAG, field1, field2, ...]`. Decoding checks the tag, the field
 count and every field's type, and raises `ProtocolError` with a message naming what was wrong;
 nothing malformed reaches the code past this module. User objects travel inside as opaque
-cloudpickle bytes.
+cloudpickle bytes. Results travel packed (`PackedResults`): a head passes them on to its client
+without decoding them, trusting the indices and failures a node lists beside them as it trusts
+its payloads (a node is an authenticated member running the head's exact build, and a worker
+makes all three from one list); where a head decodes them, it checks they match, and the client
+checks every result it takes.
 
 Channels (the Channel objects at the end list exactly what each direction accepts):
   client <-> head   OpenJob, ResumeJob, JobAccepted, JobResumed, InputBatch, InputsKept,
@@ -29,7 +33,7 @@ from burla.wire_format import _REGISTRY as _REGISTRY  # every message class by t
 from burla.wire_format import Channel as Channel
 from burla.wire_format import Limits as Limits
 from burla.wire_format import Message as Message
-from burla.wire_format import _check_items, message
+from burla.wire_format import _check_items, _ItemBudget, message
 from burla.wire_format import decode as decode
 
 _NODE_STATUSES = tuple(NodeStatus)  # in their order: the refusal names them so
@@ -164,11 +168,16 @@ class PackedResults:
         """The results, decoded and checked against the indices and failures they are listed with
         (`name` is the message's, for the error)."""
         indices = unpack_indices(self.indices)
+        count = len(indices)
+        # Limits as tight as the results allow (an array per result, of three scalars; no str, map
+        # or ext), so that a frame that is not what it claims can't make this head balloon.
+        budget = _ItemBudget(4 * count)
         try:
-            items = msgpack.unpackb(_array_header(len(indices)) + self.packed, raw=False, use_list=True,
-                                    strict_map_key=False, max_ext_len=0)
+            items = msgpack.unpackb(_array_header(count) + self.packed, raw=False, use_list=True,
+                                    max_array_len=max(count, 3), max_map_len=0, max_str_len=0, max_ext_len=0,
+                                    max_bin_len=len(self.packed), list_hook=budget.array)
         except Exception as e:  # msgpack raises several unrelated types on garbage
-            raise ProtocolError(f"{name}.packed is not {len(indices)} packed results ({type(e).__name__})") from None
+            raise ProtocolError(f"{name}.packed is not {count} packed results ({type(e).__name__}: {e})") from None
         _check_items(name, items, (int, bool, bytes))
         if list(map(_index_of, items)) != indices:
             raise ProtocolError(f"{name}.packed holds other results than its indices name")
@@ -181,6 +190,8 @@ def _check_packed(name: str, indices: bytes, failed: bytes) -> None:
     for field, value in (("indices", indices), ("failed", failed)):
         if len(value) % _INDEX.size:
             raise ProtocolError(f"{name}.{field} must be packed {_INDEX.size}-byte integers")
+    if len(indices) > BATCH_ITEMS * _INDEX.size:  # what one frame takes in one step of the head's loop
+        raise ProtocolError(f"{name} carries more than {BATCH_ITEMS} results")
     if len(failed) > len(indices):
         raise ProtocolError(f"{name} lists more failed results than results")
 
@@ -243,8 +254,8 @@ def _array_header(length: int) -> bytes:
 class NodeResults(Message):
     """A node's results for one job, with the credit it asks for right after them (0: none):
     one frame where a result batch and a credit were two (at 1,000 nodes the head's loop runs a
-    step per frame). The results are packed (PackedResults): when every one is new and none
-    failed, the head passes them on to the client without decoding them."""
+    step per frame). The results are packed (PackedResults): when every one is new, none failed
+    and the job is not detached, the head passes them on to the client without decoding them."""
 
     job_id: str
     indices: bytes  # PackedResults' three parts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from burla import wire
-from burla.node.dispatcher import Dispatcher, NodeJob
+from burla.node.dispatcher import MAX_BATCH, Dispatcher, NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle
 
 
@@ -280,3 +280,8 @@ def test_results_taken_for_a_session_that_ended_mid_send_go_first_on_the_next():
     m.dispatcher.give_back(taken)
     [(job_id, _, results)] = m.dispatcher.take_outgoing()
     assert job_id == "j" and [item[0] for part in results for item in part.items()] == [0, 1]
+
+
+def test_a_workers_batch_is_never_more_than_a_frame_of_results():
+    # A worker's report holds at most one batch's results; a node refuses one of more than this.
+    assert MAX_BATCH <= wire.BATCH_ITEMS

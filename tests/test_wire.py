@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import msgpack
 import pytest
 
@@ -102,8 +104,9 @@ def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
         (_node_results([0], [], [[0, True, b"r"], [1, True, b"r"]]), "not 1 packed results"),
         (wire.NodeResults("j", wire.pack_indices([0]), b"", b"\xc1", 0), "not 1 packed results"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, True]]), "NodeResults items must be arrays of 3"),
-        (_node_results([0, 1], [], [[0, True, b"r"], {1: 0, b"r": 0, "s": 0}]), "NodeResults items must be"),
-        (_node_results([0, 1], [], [[0, True, b"r"], [1, True, "r"]]), "expected bytes"),
+        (_node_results([0, 1], [], [[0, True, b"r"], {1: 0, b"r": 0}]), "not 2 packed results.*max_map_len"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, True, "r"]]), "not 2 packed results.*max_str_len"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, True, 7]]), "expected bytes"),
         (_node_results([0], [], [[0, 1, b"r"]]), "expected bool"),
         (_node_results([0, 2], [], [[0, True, b"r"], [1, True, b"r"]]), "other results than its indices name"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, False, b"e"]]), "does not name the failed results"),
@@ -116,6 +119,33 @@ def test_packed_results_are_checked_where_they_are_decoded(part, words):
     decoded = wire.decode(part.encode(), wire.NODE_TO_HEAD)
     with pytest.raises(ProtocolError, match=words):
         decoded.part().items("NodeResults")
+
+
+def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_do():
+    # One result "holding" an array of 20M nils: the array limit refuses it as it is read.
+    nested = b"\x93\x00\xc3\xdd" + (20_000_000).to_bytes(4, "big") + b"\xc0" * 20_000_000
+    part = wire.NodeResults("j", wire.pack_indices([0]), b"", nested, 0)
+    with pytest.raises(ProtocolError, match="not 1 packed results"):
+        wire.decode(part.encode(), wire.NODE_TO_HEAD).part().items("NodeResults")
+    # Arrays of three arrays, twelve deep (531,441 arrays in 800 KB), each within the array limit:
+    # the item budget refuses them before they are built (built, they would take some 60 MB).
+    bomb = b"\xc0"
+    for _ in range(12):
+        bomb = b"\x93" + bomb * 3
+    part = wire.NodeResults("j", wire.pack_indices([0]), b"", b"\x93\x00\xc3" + bomb, 0).part()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="not 1 packed results"):
+            part.items("NodeResults")
+        assert tracemalloc.get_traced_memory()[1] < 8 * 1024 * 1024
+    finally:
+        tracemalloc.stop()
+    # More results than a frame carries, whatever they are.
+    many = wire.pack_indices(list(range(wire.BATCH_ITEMS + 1)))
+    with pytest.raises(ProtocolError, match=f"more than {wire.BATCH_ITEMS} results"):
+        wire.decode(msgpack.packb([39, "j", many, b"", b"", 0]), wire.NODE_TO_HEAD)
+    with pytest.raises(ProtocolError, match=f"more than {wire.BATCH_ITEMS} results"):
+        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True]), wire.WORKER_TO_NODE)
 
 
 def test_packed_results_list_their_indices_and_failures_and_join():

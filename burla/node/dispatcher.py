@@ -25,7 +25,7 @@ from burla.serialization import ErrorOrigin, pack_error
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
 TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
 PREFETCH_BELOW_S = 0.05  # give workers a second batch only when calls are this short
-MAX_BATCH = 1024
+MAX_BATCH = 1024  # at most wire.BATCH_ITEMS: a worker's report holds up to a batch's results
 MAX_WINDOW = 20_000
 WINDOW_BYTES = 64 * 1024 * 1024
 MAX_CRASH_ATTEMPTS = 2  # a call whose worker dies runs once more, then fails
@@ -440,7 +440,7 @@ class Dispatcher:
         for job in self.jobs.values():
             job.credit_unused = 0
 
-    def take_outgoing(self) -> list[tuple[str, list, list]]:
+    def take_outgoing(self) -> list[tuple[str, list, list[wire.PackedResults]]]:
         out = []
         for job in self.jobs.values():
             if job.dropped_outputs:
@@ -452,7 +452,7 @@ class Dispatcher:
                 job.out_outputs, job.out_results = [], []
         return out
 
-    def give_back(self, taken: list[tuple[str, list, list]]) -> None:
+    def give_back(self, taken: list[tuple[str, list, list[wire.PackedResults]]]) -> None:
         """Results and output `take_outgoing` gave that may not have been sent (the session ended
         mid-send): they go first on the next send. The head keeps only a result's first copy."""
         for job_id, outputs, results in taken:

@@ -72,16 +72,14 @@ class OutputCapture:
         with self._lock:
             self._job_id = job_id
 
-    def end(self) -> None:
-        """Attribute everything written so far to the running call, then clear it.
+    def call_ender(self) -> Callable[[], None]:
+        """What the worker calls as each call ends: attribute everything written so far to the
+        running call, then clear it.
 
         Taking the lock waits out a drain the watchdog began during the call, so the call's output
-        is all pending before its result goes out; the next call's index is set only after this."""
-        self.call_ender()()
-
-    def call_ender(self) -> Callable[[], None]:
-        """`end` as a closure over what it uses, for the worker's per-call loop: the method's
-        lookups and calls were a third of a no-op call's cost in the worker."""
+        is all pending before its result goes out; the next call's index is set only after this.
+        A closure over the lock and the poller (taken once per batch): a method's lookups and calls
+        were a third of a no-op call's cost in the worker."""
         acquire, release, poll, drain = self._lock.acquire, self._lock.release, self._poll.poll, self._drain_locked
 
         def end() -> None:
@@ -92,7 +90,7 @@ class OutputCapture:
                 pass
             acquire()
             try:
-                if poll(0):  # the common case after a call: nothing was written
+                if poll(0):  # nothing, in the common case: the call wrote no output
                     drain()
                 self.running = -1
             finally:

@@ -36,7 +36,6 @@ from burla.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack
 _INDEX = struct.Struct("q")
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
 _FLUSH_BYTES = 1 << 20
-_FLUSH_ITEMS = wire.BATCH_ITEMS  # a report's results are one frame's worth at most, as a node frames them
 _PLAIN_RESULTS = frozenset({int, float, str, bytes, bool, type(None)})  # pickled without checks
 
 
@@ -215,7 +214,7 @@ class Worker:
             pending_bytes += len(payload)
             if position < last:  # the batch's last results go with its end (one frame, not two)
                 now = monotonic()
-                if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES or len(results) >= _FLUSH_ITEMS:
+                if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
                     self._flush(job_id, results, False)
                     results = []
                     pending_bytes = 0
@@ -230,7 +229,7 @@ class Worker:
         def call(argument_bytes: bytes) -> bytes:
             self._in_call = True
             try:
-                if argument_bytes[0] == 0:  # a reference to the input's file (pickles start with 0x80)
+                if argument_bytes[:1] == b"\x00":  # a reference to the input's file (pickles start with \x80)
                     arguments = _mapped_arguments(argument_bytes)
                 else:
                     arguments = loads(argument_bytes)
