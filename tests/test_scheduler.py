@@ -67,6 +67,25 @@ def test_max_parallelism_gives_every_node_its_slots_before_more_on_one():
     assert sorted((a.parallelism, a.slots) for a in job.assignments.values()) == [(2, 2), (4, 2)]
 
 
+def test_shares_over_many_nodes_add_up_to_the_caps_and_a_lost_nodes_share_moves():
+    # The running totals that replaced a sum per node (admitting on N nodes was O(N²)) keep the
+    # same caps: max_parallelism in all, a slot per input, a lost node's share to one left out.
+    s = Scheduler()
+    for number in range(300):
+        s.add_node(node(f"n{number:03}", slots=4))
+    job = s.admit(spec(n=10_000, max_parallelism=1001))
+    shares = [(a.parallelism, a.slots) for a in job.assignments.values()]
+    assert len(shares) == 251 and sum(p for p, _ in shares) == 1001 and sum(t for _, t in shares) == 1001
+    few = s.admit(spec("few", n=30))
+    assert sum(a.slots for a in few.assignments.values()) == 30 and len(few.assignments) == 8
+    lost = next(iter(job.assignments))
+    s.remove_node(lost)
+    kept = set(job.assignments)
+    [(joined, parallelism)] = s.top_up(job)
+    assert joined != lost and joined not in kept and parallelism == 4
+    assert sum(a.parallelism for a in job.assignments.values()) == 1001
+
+
 def test_a_node_back_with_inputs_it_kept_running_joins_their_job_past_the_cap():
     s = Scheduler()
     s.booting_ids.update({"a", "b"})

@@ -14,7 +14,7 @@ from operator import itemgetter
 
 from burla import wire
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
-from burla.head.eligibility import can_join, explain, ineligibility, node_parallelism, share
+from burla.head.eligibility import Given, can_join, explain, ineligibility, node_parallelism, share
 from burla.head.records import (  # noqa: F401 - the records' module re-exported: callers import them here
     CANCELED,
     COMPLETED,
@@ -92,7 +92,7 @@ class Scheduler:
         for job in self.running.values():
             if not can_join(node, job.spec):
                 continue
-            parallelism, slots = share(node, node_parallelism(node, job.spec), job, job.job_id in holding)
+            parallelism, slots = share(node, node_parallelism(node, job.spec), job, Given(job), job.job_id in holding)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
                 joins.append((job, parallelism))
@@ -105,12 +105,14 @@ class Scheduler:
         if job.status != RUNNING:
             return []
         joined = []
+        given = Given(job)
         for node in self.nodes.values():
             if node.node_id in job.assignments or not can_join(node, job.spec):
                 continue
-            parallelism, slots = share(node, node_parallelism(node, job.spec), job)
+            parallelism, slots = share(node, node_parallelism(node, job.spec), job, given)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
+                given.add(parallelism, slots)
                 joined.append((node.node_id, parallelism))
         return joined
 
@@ -213,16 +215,19 @@ class Scheduler:
         ordered = sorted(eligible, key=lambda e: -e[1])
         # First a call per slot on as many nodes as the caps allow, then what max_parallelism
         # leaves of their parallelism (calls that wait may run more than one per slot).
+        given = Given(job)
         for node, ceiling in ordered:
-            parallelism, slots = share(node, min(ceiling, node.slots), job)
+            parallelism, slots = share(node, min(ceiling, node.slots), job, given)
             if parallelism > 0:
                 job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
+                given.add(parallelism, slots)
         for node, ceiling in ordered:
             assignment = job.assignments.get(node.node_id)
             if assignment is not None:
-                room = spec.max_parallelism - sum(a.parallelism for a in job.assignments.values()) \
-                    if spec.max_parallelism is not None else math.inf
-                assignment.parallelism += int(min(min(ceiling, spec.n_inputs) - assignment.parallelism, room))
+                room = spec.max_parallelism - given.parallelism if spec.max_parallelism is not None else math.inf
+                more = int(min(min(ceiling, spec.n_inputs) - assignment.parallelism, room))
+                assignment.parallelism += more
+                given.add(more, 0)
         self.jobs[spec.job_id] = job
         self.running[spec.job_id] = job
         return job
