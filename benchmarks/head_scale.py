@@ -321,10 +321,11 @@ def run(nodes: int, slots: int, calls: int, call_ms: float, processes: int, idle
             wall = time.perf_counter() - start
             _stop_profile(profiler)
             after = _get(f"{url}/v1/head", token)
-            # The head keeps its loop's lag per whole second: waiting out the rest of the job's last
-            # second makes the window start as the job did (not in the warm-up before it).
-            window_s = max(1, math.ceil(wall))
-            time.sleep(window_s - wall)
+            # The head's lag window is asked for in whole seconds, back from when it is asked: waiting
+            # until that many seconds after the job's start makes the window start with the job (not
+            # in the warm-up before it).
+            window_s = max(1, math.ceil(time.perf_counter() - start))
+            time.sleep(max(0.0, start + window_s - time.perf_counter()))
             after["loop_lag_ms"] = _get(f"{url}/v1/head?window_s={window_s}", token)["loop_lag_ms"]
             assert results == list(range(calls)), "results came back wrong"
             job_cpu = after["cpu_s"] - before["cpu_s"]

@@ -404,7 +404,7 @@ class JobRunner:
             elif isinstance(msg, wire.Progress):
                 display.progress(msg.done, msg.failed, msg.running, msg.booting)
             elif isinstance(msg, wire.JobEnded):
-                self._on_end(msg, collect)
+                self._on_end(msg)
                 return
             elif isinstance(msg, wire.ErrorReply):
                 raise error_from_wire(msg.kind, msg.message)
@@ -427,13 +427,9 @@ class JobRunner:
             return True
         return False
 
-    def _on_end(self, msg: wire.JobEnded, collect: bool) -> None:
+    def _on_end(self, msg: wire.JobEnded) -> None:
         """The job ended on the head: fine if it completed (or a failed call's exception is already
         in the outcomes), else raise why."""
-        if msg.status == JobStatus.COMPLETED and collect and self._remaining:
-            # A head sends a completed job's results before saying so: never hand over a partial list.
-            raise ProtocolError(f"the head ended job {self.job_id} COMPLETED, but {self._remaining} of its "
-                                f"{self.n_inputs} results never reached this client")
         if msg.status == JobStatus.COMPLETED or (msg.kind == EndKind.CALL_FAILED and self._remaining < self.n_inputs):
             return
         if msg.kind == EndKind.JOB_CANCELED and self._cancel_reason is not None:

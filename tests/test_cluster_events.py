@@ -14,6 +14,7 @@ from burla.head.cluster import Cluster
 from burla.head.history import KeptJob
 from burla.head.links import NodeLink
 from burla.head.scheduler import COMPLETED, RUNNING
+from burla.states import EndKind
 from tests.test_scheduler import spec
 
 
@@ -258,3 +259,23 @@ async def test_packed_results_that_are_not_what_their_indices_name_change_nothin
     with pytest.raises(ProtocolError, match="other results than its indices name"):
         cluster.on_node_message("a", lying)
     assert _held_results(link) == [[0, True, b"r0"]] and job.n_done == 1
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_heads_batches_of_a_detached_job_are_numbered_after_what_its_collector_acked():
+    # Fails on the code before: the restarted head numbered them from 1 again, so a collector
+    # that had acknowledged up to 40 and resumed again would acknowledge batches it never had.
+    cluster = Cluster("0.1.0")
+    opening = spec(n=3, detach=True, raise_errors=False)
+    kept = [[0, True, b"r0"], [1, True, b"r1"]]
+    cluster.recovery.restore_jobs([KeptJob(opening.encode(), None, RUNNING, "", EndKind.NONE, [[2, b"x"]], kept)])
+    _, link, _ = cluster.resume_job(wire.ResumeJob("j", 40, b""))
+    socket = RecordingSocket()
+    link.attach(socket)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    frames = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in socket.frames]
+    batches = [msg for msg in frames if isinstance(msg, wire.ResultBatch)]
+    assert [item for batch in batches for item in batch.items] == kept
+    assert all(batch.seq > 40 for batch in batches)
+    await link.detach(socket, 0.0)

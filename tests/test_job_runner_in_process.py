@@ -10,12 +10,12 @@ import io
 import cloudpickle
 
 from burla import job_session
-from burla.errors import JobCanceled, ProtocolError
+from burla.errors import JobCanceled
 from burla.head.keys import OPEN_SOCKETS
 from burla.job_runner import JobRunner
 from burla.local_cluster import ClusterHandle
 from burla.progress import Display
-from burla.states import EndKind, JobStatus
+from burla.states import JobStatus
 from tests import functions
 from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, until
 
@@ -72,20 +72,6 @@ async def test_a_cancel_ends_the_job_on_the_head_with_its_reason(tmp_path):
         assert job.reason == "enough"
         await asyncio.to_thread(_drain, runner)
         assert isinstance(runner.error, JobCanceled) and "enough" in str(runner.error)
-
-
-async def test_a_job_the_head_ends_completed_before_every_result_arrived_is_an_error(tmp_path):
-    # Fails on the code before: the client ended quietly, and a caller would have had a list with
-    # holes. (A head ends a job COMPLETED only after the client has every result; this stands in
-    # for a head or a node that counted results it never sent.)
-    async with in_process_cluster(tmp_path) as cluster:
-        runner = _runner(cluster, "early-1", functions.sleep_then_return, [(i, 30) for i in range(2)])
-        await until(lambda: runner.opened.is_set(), "the job to open")
-        head = cluster_of(cluster.app)
-        head.end_job(head.scheduler.jobs["early-1"], JobStatus.COMPLETED, EndKind.NONE, "")
-        await asyncio.to_thread(_drain, runner)
-        assert isinstance(runner.error, ProtocolError)
-        assert "2 of its 2 results never reached this client" in str(runner.error)
 
 
 async def test_jobs_in_a_row_share_one_connection_to_the_head(tmp_path):

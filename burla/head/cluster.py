@@ -376,6 +376,9 @@ class Cluster:
                 "results were already collected, or the head restarted."
             )
         link.patience_s = None  # back: a later disconnect gets the usual client deadline
+        # Batches are numbered after what the client acknowledged: a restarted head counts from 0
+        # again (on one that did not restart, its numbers are past the client's already).
+        link.continue_after(msg.acked_seq)
         if job.restored and job.status == RUNNING:  # this head restarted: the client says what it has
             if not msg.held:
                 raise ProtocolError("a job taken up after a restart needs ResumeJob.held")
@@ -383,7 +386,6 @@ class Cluster:
             # A returning node may have sent results the client already holds: they would count
             # twice towards the acknowledgements that end the job.
             link.forget_results(client_states)
-            link.continue_after(msg.acked_seq)
             log.info("job %s resumed by its client, which holds %d of %d results", job.job_id, link.acked,
                      job.n_inputs)
             if link.acked >= job.n_inputs:
