@@ -279,3 +279,31 @@ async def test_a_restarted_heads_batches_of_a_detached_job_are_numbered_after_wh
     assert [item for batch in batches for item in batch.items] == kept
     assert all(batch.seq > 40 for batch in batches)
     await link.detach(socket, 0.0)
+
+
+@pytest.mark.asyncio
+async def test_a_client_whose_last_acknowledgement_was_lost_completes_its_job_when_it_resumes():
+    # Fails on the code before: the head counted the resumed acknowledgement but left the job
+    # running, so the client waited for an end that never came (and the job ended CANCELED).
+    cluster = Cluster("0.1.0")
+    _register(cluster, "a", [])
+    job, link = cluster.open_job(spec(n=2, raise_errors=False))
+    cluster.add_inputs(job, [[0, b"x"], [1, b"y"]])
+    first = RecordingSocket()
+    link.attach(first)
+    cluster.on_node_message("a", _results([[0, True, b"r0"], [1, True, b"r1"]]))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    sent = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in first.frames]
+    [batch] = [msg for msg in sent if isinstance(msg, wire.ResultBatch)]
+    await link.detach(first, 0.0)  # the connection went with the acknowledgement on it
+    _, resumed, _ = cluster.resume_job(wire.ResumeJob("j", batch.seq, zlib.compress(bytes([1, 1]))))
+    assert job.status == COMPLETED
+    second = RecordingSocket()
+    resumed.attach(second)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    told = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in second.frames]
+    ends = [msg for msg in told if isinstance(msg, wire.JobEnded)]
+    assert [(m.status, m.kind) for m in ends] == [(COMPLETED, EndKind.NONE)]
+    await resumed.detach(second, 0.0)

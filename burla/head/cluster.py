@@ -391,7 +391,9 @@ class Cluster:
             if link.acked >= job.n_inputs:
                 self.end_job(job, COMPLETED, EndKind.NONE, "")
         else:
-            link.ack(msg.acked_seq)
+            # As any acknowledgement: one that covers every result ends the job (the client's last
+            # may have been lost with the connection it went on, and it waits to hear the end).
+            self.ack(job, msg.acked_seq)
         if job.spec.detach and job.received >= job.n_inputs:  # a detaching client cut before it heard
             self._confirm_inputs_kept(job)
         if job.status != RUNNING:  # it ended while the client was away: say so after the results
