@@ -285,3 +285,15 @@ def test_results_taken_for_a_session_that_ended_mid_send_go_first_on_the_next():
 def test_a_workers_batch_is_never_more_than_a_frame_of_results():
     # A worker's report holds at most one batch's results; a node refuses one of more than this.
     assert MAX_BATCH <= wire.BATCH_ITEMS
+
+
+def test_a_calls_time_is_averaged_over_calls_not_reports():
+    # The first report (one call, with the function's loading and a round trip in it) used to
+    # weigh as much as one of hundreds of calls: batches of short calls grew over some twenty
+    # batches, each a frame to the worker and back.
+    job = NodeJob("j", b"fn", 2)
+    job.calls_done(1, 0.5)
+    job.calls_done(200, 0.000004)
+    assert job.call_seconds is not None and job.call_seconds < 0.0001
+    job.calls_done(1, 0.5)  # one slow call moves it as one call
+    assert 0.1 < job.call_seconds < 0.2

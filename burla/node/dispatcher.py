@@ -25,6 +25,8 @@ from burla.serialization import ErrorOrigin, pack_error
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
 TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
 PREFETCH_BELOW_S = 0.05  # give workers a second batch only when calls are this short
+# Per call reported, how much of the previous estimate of a call's time is kept (EWMA).
+CALL_TIME_KEPT = 0.7
 MAX_BATCH = 1024  # at most wire.BATCH_ITEMS: a worker's report holds up to a batch's results
 MAX_WINDOW = 20_000
 WINDOW_BYTES = 64 * 1024 * 1024
@@ -79,8 +81,11 @@ class NodeJob:
         """Calls finished, and what each took (it sizes the window)."""
         self.inflight -= count
         self.done += count
-        self.call_seconds = (seconds_per_call if self.call_seconds is None
-                             else 0.7 * self.call_seconds + 0.3 * seconds_per_call)
+        if self.call_seconds is None:
+            self.call_seconds = seconds_per_call
+        else:  # an average over calls, not reports: a report of many calls outweighs one of a few
+            kept = CALL_TIME_KEPT ** count
+            self.call_seconds = kept * self.call_seconds + (1 - kept) * seconds_per_call
 
     def credit_due(self, workers: int) -> int:
         """How many more inputs to ask the head for now, counted as granted (0 if the window is
