@@ -42,9 +42,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         with LocalCluster(Path(directory), nodes=2, workers=WORKERS_PER_NODE) as cluster:
             os.environ.update(cluster.env())
-            remote_parallel_map(work, [0.0] * 10, spinner=False)  # warm
+            # A call per CPU, as in ProcessPoolExecutor: by default calls that wait (these sleep)
+            # share CPUs, and would finish far under the ideal of a call per worker.
+            remote_parallel_map(work, [0.0] * 10, func_cpu=1, spinner=False)  # warm
             start = time.perf_counter()
-            remote_parallel_map(work, inputs, spinner=False)
+            remote_parallel_map(work, inputs, func_cpu=1, spinner=False)
             burla_s = time.perf_counter() - start
             stolen = cluster.get("/v1/cluster")["jobs"][0]["stolen"]
     with ProcessPoolExecutor(max_workers=workers) as pool:
