@@ -79,9 +79,19 @@ def _pushed(link: NodeLink) -> list[int]:
             if isinstance(msg, wire.InputBatch) for item in msg.items]
 
 
-def _open(cluster: Cluster, n: int) -> None:
-    job, _ = cluster.open_job(spec(n=n, raise_errors=False))
+def _open(cluster: Cluster, n: int) -> tuple:
+    """Job "j" of `n` inputs, every one uploaded: (its record, its client link)."""
+    job, link = cluster.open_job(spec(n=n, raise_errors=False))
     cluster.add_inputs(job, [[i, f"x{i}".encode()] for i in range(n)])
+    return job, link
+
+
+async def _told(socket: RecordingSocket, kind: type) -> list:
+    """The messages of this kind a client link has sent on `socket`, once its writer has run."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+    told = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in socket.frames]
+    return [msg for msg in told if isinstance(msg, kind)]
 
 
 @pytest.mark.asyncio
@@ -205,10 +215,7 @@ async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_
     socket = RecordingSocket()
     link.attach(socket)
     cluster.clients.send_progress(job, link)
-    for _ in range(20):
-        await asyncio.sleep(0)
-    progress = [m for m in map(lambda f: wire.decode(f, wire.HEAD_TO_CLIENT), socket.frames)
-                if isinstance(m, wire.Progress)]
+    progress = await _told(socket, wire.Progress)
     assert progress and progress[-1].booting == 2
 
     class Terminal(io.StringIO):
@@ -235,8 +242,7 @@ def _held_results(link) -> list:
 async def test_a_nodes_results_reach_the_client_once_whether_passed_on_packed_or_sorted_out():
     cluster = Cluster("0.1.0")
     _register(cluster, "a", [])
-    job, link = cluster.open_job(spec(n=5, raise_errors=False))
-    cluster.add_inputs(job, [[i, b"x"] for i in range(5)])
+    job, link = _open(cluster, 5)
     first = _results([[0, True, b"r0"], [1, True, b"r1"]])
     cluster.on_node_message("a", first)
     assert link.results[0][1] is first.packed  # passed on as the node packed it
@@ -251,8 +257,7 @@ async def test_a_nodes_results_reach_the_client_once_whether_passed_on_packed_or
 async def test_packed_results_that_are_not_what_their_indices_name_change_nothing():
     cluster = Cluster("0.1.0")
     _register(cluster, "a", [])
-    job, link = cluster.open_job(spec(n=3, raise_errors=False))
-    cluster.add_inputs(job, [[i, b"x"] for i in range(3)])
+    job, link = _open(cluster, 3)
     cluster.on_node_message("a", _results([[0, True, b"r0"]]))
     # Input 0 again (so not passed on packed), packed as if it were input 2.
     lying = wire.NodeResults("j", wire.pack_indices([0]), b"", wire.pack_items([[2, True, b"r2"]]), 0)
@@ -272,10 +277,7 @@ async def test_a_restarted_heads_batches_of_a_detached_job_are_numbered_after_wh
     _, link, _ = cluster.resume_job(wire.ResumeJob("j", 40, b""))
     socket = RecordingSocket()
     link.attach(socket)
-    for _ in range(20):
-        await asyncio.sleep(0)
-    frames = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in socket.frames]
-    batches = [msg for msg in frames if isinstance(msg, wire.ResultBatch)]
+    batches = await _told(socket, wire.ResultBatch)
     assert [item for batch in batches for item in batch.items] == kept
     assert all(batch.seq > 40 for batch in batches)
     await link.detach(socket, 0.0)
@@ -287,23 +289,16 @@ async def test_a_client_whose_last_acknowledgement_was_lost_completes_its_job_wh
     # running, so the client waited for an end that never came (and the job ended CANCELED).
     cluster = Cluster("0.1.0")
     _register(cluster, "a", [])
-    job, link = cluster.open_job(spec(n=2, raise_errors=False))
-    cluster.add_inputs(job, [[0, b"x"], [1, b"y"]])
+    job, link = _open(cluster, 2)
     first = RecordingSocket()
     link.attach(first)
     cluster.on_node_message("a", _results([[0, True, b"r0"], [1, True, b"r1"]]))
-    for _ in range(20):
-        await asyncio.sleep(0)
-    sent = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in first.frames]
-    [batch] = [msg for msg in sent if isinstance(msg, wire.ResultBatch)]
+    [batch] = await _told(first, wire.ResultBatch)
     await link.detach(first, 0.0)  # the connection went with the acknowledgement on it
     _, resumed, _ = cluster.resume_job(wire.ResumeJob("j", batch.seq, zlib.compress(bytes([1, 1]))))
     assert job.status == COMPLETED
     second = RecordingSocket()
     resumed.attach(second)
-    for _ in range(20):
-        await asyncio.sleep(0)
-    told = [wire.decode(frame, wire.HEAD_TO_CLIENT) for frame in second.frames]
-    ends = [msg for msg in told if isinstance(msg, wire.JobEnded)]
+    ends = await _told(second, wire.JobEnded)
     assert [(m.status, m.kind) for m in ends] == [(COMPLETED, EndKind.NONE)]
     await resumed.detach(second, 0.0)
