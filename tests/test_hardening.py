@@ -8,8 +8,10 @@ import base64
 import http.client
 import json
 import os
+import random
 import socket
 import stat
+import struct
 import urllib.parse
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from burla._version import __version__
 from burla.build import build_hash
 from tests import functions
 from tests.conftest import own_head
+from tests.fuzz.transport import _read_frame, ws_frame
 from tests.helpers import get_json, wait_until
 from tests.test_security_and_bad_input import _error, _exchange, open_job
 
@@ -268,6 +271,46 @@ async def test_a_node_back_with_work_of_a_job_the_head_does_not_run_is_told_to_d
     assert isinstance(replies[0], wire.NodeRegistered)
     told = [(type(r).__name__, r.job_id) for r in replies[1:]]
     assert told == [("CancelJob", "gone-job"), ("ReleaseJob", "gone-job")]
+
+
+async def test_a_node_that_leaves_and_goes_on_talking_gets_a_close_frame(cluster):
+    # Fails on the previous code (found by the fuzz test): a WebSocket closed from another task
+    # while its handler read was cut at once, with the node's frames unread; the reset that
+    # followed reached the node before it had read the close frame.
+    register = wire.RegisterNode("leaver-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
+                                 __version__, build_hash(), b"", [])
+    state = wire.NodeState("leaver-node", "READY", 1, [], 0.0, 0.0, 0.0, 0.0)
+    url = urllib.parse.urlsplit(cluster.url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    masks = random.Random(7)
+    try:
+        key = base64.b64encode(os.urandom(16))
+        writer.write(b"GET /v1/nodes/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + b"\r\n"
+                     + f"Authorization: Bearer {cluster.token}\r\n\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+        writer.write(ws_frame(masks, 2, register.encode()))
+        opcode, _, payload = await asyncio.wait_for(_read_frame(reader), 60)
+        assert opcode == 2 and isinstance(wire.decode(payload, wire.HEAD_TO_NODE), wire.NodeRegistered)
+        writer.write(ws_frame(masks, 2, wire.NodeLeaving("test over").encode()))
+        await asyncio.sleep(0.1)  # the head reads on meanwhile, as it would from a busy node
+        for _ in range(50):  # frames on the way as the head closes
+            writer.write(ws_frame(masks, 2, state.encode()))
+            await asyncio.sleep(0.02)
+        opcodes = []
+        while 8 not in opcodes:
+            try:
+                opcode, _, _ = await asyncio.wait_for(_read_frame(reader), 60)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break  # cut off
+            opcodes.append(opcode)
+        assert 8 in opcodes, f"the head ended the connection without a close frame after frames {opcodes}"
+        writer.write(ws_frame(masks, 8, struct.pack("!H", 1000)))
+    finally:
+        writer.close()
+    async with aiohttp.ClientSession(headers=cluster.headers()) as session:
+        async with session.get(cluster.url + "/v1/cluster") as response:
+            assert "leaver-node" not in {node["node_id"] for node in (await response.json())["nodes"]}
 
 
 async def test_a_cancel_reason_that_is_not_unicode_changes_nothing(cluster):

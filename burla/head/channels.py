@@ -156,13 +156,21 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
         return ws
     link = NodeLink(first.node_id, ws, request.transport, cluster.node_writes)
     writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
+    reader = asyncio.create_task(_node_frames(cluster, ws, first.node_id, link), name=f"node-{first.node_id}-reader")
+    link.stop_reading = reader.cancel  # declared dead or leaving: its frames are stale from then on
     cluster.node_registered(first, link, grant_key)
     try:
-        await _node_frames(cluster, ws, first.node_id, link)
+        await asyncio.wait({reader})
     finally:
-        await end_tasks(log, writer)
+        await end_tasks(log, reader, writer)
         if cluster.node_links.get(first.node_id) is link:
             cluster.node_dropped(first.node_id)
+        # Closed here, with no receive pending, aiohttp reads on to the node's own close frame
+        # (within its close timeout). Closed from another task while this one read, it would cut
+        # the connection at once, with the node's frames unread, and the reset that follows can
+        # lose the close frame on its way.
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.close()
     return ws
 
 

@@ -12,6 +12,7 @@ import asyncio
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 
 import msgpack
 from aiohttp import web
@@ -96,6 +97,7 @@ class NodeLink:
         self._frames: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._closing = False
+        self.stop_reading: Callable[[], object] = lambda: None  # set by its connection's handler
         self.waiting_turn = False  # queued in its WriteTurns
 
     def send(self, msg: wire.Message) -> None:
@@ -132,17 +134,18 @@ class NodeLink:
                 transport.write(frame)
 
     def close(self) -> None:
-        """Drop the connection (the node was declared dead); the writer task closes it."""
+        """Drop the connection (the node left or was declared dead): nothing more is sent or read;
+        its handler closes the WebSocket."""
         self._closing = True
         self._frames.clear()
         self._wake.set()
+        self.stop_reading()
 
     async def run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             if self._closing:
-                await self.ws.close()
                 return
             while self._frames:
                 await self.ws.send_bytes(self._frames.popleft())
