@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from burla.config import ClientSettings
+from burla.config import MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL, ClientSettings
 from burla.errors import InvalidArgument
 from burla.local_cluster import connect, running_local_head, start_head
 from burla.validation import GPU_CHOICES, IMAGE, REGION, matches
@@ -67,6 +68,9 @@ class Client:
         """`burla.remote_parallel_map` on this client's cluster."""
         cpu = _resources("func_cpu", func_cpu, integer=True)
         ram = _resources("func_ram", func_ram, integer=False)
+        if ram is not None and not MIN_RAM_GB_PER_CALL <= ram <= MAX_RAM_GB_PER_CALL:
+            raise InvalidArgument(f"func_ram must be \"dynamic\" or a number of GB from {MIN_RAM_GB_PER_CALL:g} to "
+                                  f"{MAX_RAM_GB_PER_CALL:g}, got {func_ram!r}")
         _check_options(function_, func_gpu, image, region, disk_gb, max_parallelism)
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
             raise InvalidArgument(f"inputs must be a list (or other iterable) of inputs, got {type(inputs).__name__}")
@@ -186,8 +190,8 @@ def _resources(name: str, value: Any, integer: bool) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         kind = "a positive integer" if integer else "a positive number"
         raise InvalidArgument(f"{name} must be \"dynamic\" or {kind}, got {value!r}")
-    if value <= 0:
-        raise InvalidArgument(f"{name} must be positive, got {value!r}")
+    if not value > 0 or value == math.inf:  # NaN too
+        raise InvalidArgument(f"{name} must be a positive, finite number, got {value!r}")
     return int(value) if integer else float(value)
 
 

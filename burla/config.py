@@ -39,6 +39,10 @@ MAX_FUNCTION_BYTES = 100 * 1024 * 1024
 # leave its CPUs idle (they wait on sleep, the network or a disk). See burla/node/governor.py.
 MAX_CALLS_PER_SLOT = 8
 MAX_INPUT_BYTES = 200 * 1024 * 1024
+# func_ram's range, in GB: far beyond any machine above, and below a megabyte a call's share
+# of a machine's memory stops meaning anything (and node RAM over it stops being a number).
+MIN_RAM_GB_PER_CALL = 0.001
+MAX_RAM_GB_PER_CALL = 1_000_000.0
 
 
 def config_dir(environ: os._Environ | dict[str, str] | None = None) -> Path:

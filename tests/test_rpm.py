@@ -194,6 +194,9 @@ def test_unsatisfiable_requirements_raise_no_compatible_nodes(client, kwargs, wo
         {"func_cpu": 1.5},
         {"func_cpu": "lots"},
         {"func_ram": -1},
+        {"func_ram": 5e-324},  # would make a node's RAM over it infinite
+        {"func_ram": float("nan")},
+        {"func_ram": float("inf")},
         {"func_gpu": "V100"},
         {"max_parallelism": 0},
         {"max_parallelism": True},

@@ -159,6 +159,9 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         ([wire.InputBatch("j", []).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),
+        # Fails on the previous code (found by the fuzz test): a node's RAM over it overflowed.
+        ([open_job(func_ram=5e-324).encode()], "ProtocolError", "func_ram"),
+        ([open_job(func_ram=float("nan")).encode()], "ProtocolError", "func_ram"),
         ([open_job(client_version="0.0.1").encode()], "VersionMismatch", "Run the same burla"),
         ([open_job(func_gpu="H100").encode()], "NoCompatibleNodes", "func_gpu"),
         # Inputs carried in the opening are checked before the job is admitted.
@@ -191,15 +194,19 @@ async def test_job_channel_rejects_bad_inputs(cluster, batch, words):
     assert words in _error(replies).message
 
 
-def _register(slots: int, version: str, build: str) -> bytes:
-    return wire.RegisterNode("n", "u", slots, 1, 1.0, None, 0, None, "r", "3.11", version, build, b"", []).encode()
+def _register(slots: int, version: str, build: str, ram_gb: float = 1.0) -> bytes:
+    return wire.RegisterNode("n", "u", slots, 1, ram_gb, None, 0, None, "r", "3.11", version, build, b"", []).encode()
 
 
 @pytest.mark.parametrize(
     "frame, words",
     [
         (b"\x00\x01", "msgpack"),
-        (_register(slots=0, version=__version__, build=build_hash()), "slots >= 1"),
+        (_register(slots=0, version=__version__, build=build_hash()), "slots and cpus from 1"),
+        (_register(slots=2**62, version=__version__, build=build_hash()), "slots and cpus from 1"),
+        # Fails on the previous code: RAM this large over a job's func_ram overflowed admission.
+        (_register(slots=1, version=__version__, build=build_hash(), ram_gb=1e308), "ram_gb above 0"),
+        (_register(slots=1, version=__version__, build=build_hash(), ram_gb=0.0), "ram_gb above 0"),
         (_register(slots=1, version="9.9.9", build=build_hash()), "runs burla 9.9.9"),
         (_register(slots=1, version=__version__, build="0.1.0+0000"),
          f"runs burla build 0.1.0+0000 but the head runs build {build_hash()}"),

@@ -15,7 +15,7 @@ import time
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from burla import grants, wire
-from burla.config import MAX_FUNCTION_BYTES
+from burla.config import MAX_FUNCTION_BYTES, MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, OPEN_SOCKETS
@@ -176,8 +176,12 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
 
 def _registration_problem(first: wire.RegisterNode, cluster: Cluster) -> str | None:
     problem = _check_version(first.version, cluster.version) or _check_build(first.build, cluster.build)
-    if problem is None and (first.slots < 1 or first.cpus < 1 or not first.node_id):
-        problem = "RegisterNode needs a node_id, slots >= 1 and cpus >= 1"
+    if problem is None and (not 1 <= first.slots <= MAX_NODE_SLOTS or not 1 <= first.cpus <= MAX_NODE_SLOTS
+                            or not first.node_id):
+        problem = f"RegisterNode needs a node_id, and slots and cpus from 1 to {MAX_NODE_SLOTS}"
+    if problem is None and not (0 < first.ram_gb <= MAX_RAM_GB_PER_CALL and 0 <= first.gpu_count <= MAX_NODE_SLOTS):
+        problem = (f"RegisterNode needs ram_gb above 0 and at most {MAX_RAM_GB_PER_CALL:g}, and gpu_count "
+                   f"from 0 to {MAX_NODE_SLOTS}")
     if problem is None and len(first.cert_sha256) not in (0, 32):
         problem = "RegisterNode.cert_sha256 must be empty or a 32-byte SHA-256 digest"
     return problem
@@ -203,7 +207,7 @@ async def _node_frames(cluster: Cluster, ws: web.WebSocketResponse, node_id: str
 # Bounds on what one job may ask for: far above any machine, low enough that arithmetic and
 # the state kept per job stay small.
 MAX_CPUS_PER_CALL = 100_000
-MAX_RAM_GB_PER_CALL = 1_000_000.0
+MAX_NODE_SLOTS = 100_000  # CPUs, workers or GPUs of one machine
 MAX_PARALLELISM = 10_000_000
 MAX_DISK_GB = 65536
 MAX_NAME_CHARS = 500
@@ -240,8 +244,8 @@ def _check_resources(spec: wire.OpenJob) -> None:
         value = getattr(spec, name)
         if value is not None and not 1 <= value <= high:
             raise ProtocolError(f"{name} must be between 1 and {high}")
-    if spec.func_ram is not None and not 0 < spec.func_ram <= MAX_RAM_GB_PER_CALL:
-        raise ProtocolError(f"func_ram must be a number of GB above 0 and at most {MAX_RAM_GB_PER_CALL:g}")
+    if spec.func_ram is not None and not MIN_RAM_GB_PER_CALL <= spec.func_ram <= MAX_RAM_GB_PER_CALL:
+        raise ProtocolError(f"func_ram must be a number of GB from {MIN_RAM_GB_PER_CALL:g} to {MAX_RAM_GB_PER_CALL:g}")
     if spec.func_gpu is not None and spec.func_gpu.upper() not in GPU_CHOICES:
         raise ProtocolError(f"func_gpu must be one of {', '.join(GPU_CHOICES)}")
 
