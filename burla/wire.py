@@ -426,6 +426,10 @@ class NodeState(Message):
         if self.status not in _NODE_STATUSES:
             raise ProtocolError(f"NodeState.status must be one of {', '.join(_NODE_STATUSES)}")
         _check_items("NodeState.jobs", self.jobs, (str, int, int, int))
+        # Counts, summed over its jobs and stored: bounded so that no sum leaves 64 bits.
+        counts = [count for _, running, queued, done in self.jobs for count in (running, queued, done)]
+        if not 0 <= self.workers_alive <= MAX_INPUTS or not all(0 <= count <= MAX_INPUTS for count in counts):
+            raise ProtocolError(f"NodeState counts must be from 0 to {MAX_INPUTS:,}")
 
 
 @message(25)

@@ -16,14 +16,18 @@ from burla.errors import ProtocolError
 _Checker = Callable[[Any], bool]
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _is_int(value: Any) -> bool:
-    return type(value) is int
+    # Within 64 bits signed, like every integer the head stores (SQLite's INTEGER) or sends on.
+    return type(value) is int and _INT64_MIN <= value <= _INT64_MAX
 
 
 def _is_float(value: Any) -> bool:
     # NaN and infinities are refused at the edge: nothing downstream (JSON views, the scheduler's
     # arithmetic) has to think about them.
-    return type(value) is int or (type(value) is float and math.isfinite(value))
+    return _is_int(value) or (type(value) is float and math.isfinite(value))
 
 
 _SIMPLE: dict[str, _Checker] = {

@@ -220,6 +220,24 @@ def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_pat
         json.loads(body)
 
 
+def test_a_node_reporting_counts_past_64_bits_is_refused_and_history_goes_on(tmp_path):
+    # Fails on the previous code: the count reached SQLite, whose write then failed on every
+    # flush after, so the job listing answered 500 from then on.
+    register = wire.RegisterNode("count-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
+                                 __version__, build_hash(), b"", [])
+    past_64_bits = msgpack.packb([wire.NodeState.TAG, "count-node", "READY", 2**64 - 1, [], 1.0, 1.0, 0.0, 0.0,
+                                  0.0, 0.0])
+    summing_past = wire.NodeState("count-node", "RUNNING", 1, [["a", 2**62, 0, 0], ["b", 2**62, 0, 0]],
+                                  1.0, 1.0, 0.0, 0.0).encode()
+    with own_head(tmp_path, local_nodes=0) as head:
+        for state, words in ((past_64_bits, "has the wrong type"), (summing_past, "counts must be from 0")):
+            replies = asyncio.run(_exchange(head, "/v1/nodes/ws", [register.encode(), state]))
+            assert words in _error(replies).message
+        status, body = _raw_request(head.url, b"GET /v1/jobs HTTP/1.1",
+                                    {"Host": "x", "Authorization": f"Bearer {head.token}"})
+        assert status == 200, body[:300]
+
+
 def test_a_node_whose_packed_results_are_not_what_they_claim_is_refused(tmp_path):
     # A head decodes a node's packed results only where it must look at them (a failure here):
     # there they must be the results the frame names, or the node's connection is refused.
