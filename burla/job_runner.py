@@ -44,6 +44,12 @@ RECONNECT_FOR_S = 60.0  # after a cut, keep trying to resume the job this long
 RECONNECT_DELAY_S = 0.2
 HEARTBEAT_S = 5.0  # a silently dead connection is noticed within about this
 CANCEL_WAIT_S = 5.0
+# Result batches are acknowledged together (the head keeps a batch until then, to send it again
+# after a cut): once this many, or this many bytes, wait, or this long after the last
+# acknowledgement when the next batch comes; the last results at once, as the job ends on it.
+ACK_AFTER_BATCHES = 8
+ACK_AFTER_BYTES = 4 * 2**20
+ACK_AFTER_S = 0.05
 
 
 # (input index, ok, the result or the exception the call raised). A plain tuple: a million are
@@ -52,6 +58,9 @@ Outcome = tuple[int, bool, Any]
 
 
 _END = object()
+# With a results list: every value is in it (failures came before). Told apart by identity from
+# the empty list a wait that timed out returns.
+ALL_IN: list[Outcome] = []
 
 
 class _ConnectionLost(Exception):
@@ -66,8 +75,12 @@ class JobRunner:
         display: Display,
         opening: wire.OpenJob | None = None,
         inputs: Sequence[Any] = (),
+        in_order: bool = False,
     ) -> None:
-        """Run a new job (`opening` given) or collect an existing one's results (`opening` None)."""
+        """Run a new job (`opening` given) or collect an existing one's results (`opening` None).
+        With `in_order` (a new job), the values go straight into `results`, in input order, and
+        only failures (then ALL_IN) go through `outcomes`: a hand-over per batch to the caller's
+        thread, and its loop over every outcome, were a good part of a short call's client cost."""
         self.cluster = cluster
         self.job_id = job_id
         self.opening = opening
@@ -76,6 +89,7 @@ class JobRunner:
         self._detaching = opening is not None and opening.detach
         self.display = display
         self.outcomes: queue.SimpleQueue = queue.SimpleQueue()  # Outcome lists, then _END
+        self.results: list[Any] | None = [None] * self.n_inputs if in_order and opening is not None else None
         self.error: BaseException | None = None  # why the job ended early, if it did
         self.uploaded = threading.Event()
         self.opened = threading.Event()  # the head accepted or resumed the job; n_inputs is known
@@ -89,7 +103,10 @@ class JobRunner:
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self.upload = Uploader(job_id, inputs, self._received, display, self._detaching)
         self._remaining = self.n_inputs
-        self._acked_seq = 0
+        self._acked_seq = 0  # the last result batch taken (acknowledged, or soon)
+        self._unacked_batches = self._unacked_bytes = 0
+        self._last_ack_at = 0.0
+        self._frame_bytes = 0  # of the frame read last
         self._closing = False
         self._shared: ClientLoop | None = None
         self._lost_at: float | None = None  # when the connection to the head dropped, while it is down
@@ -330,6 +347,7 @@ class JobRunner:
             if frame.type != aiohttp.WSMsgType.BINARY:
                 break
             msg = wire.decode(frame.data, wire.HEAD_TO_CLIENT)
+            self._frame_bytes = len(frame.data)
             if getattr(msg, "job_id", self.job_id) == self.job_id:
                 return msg
             # A late frame of the job this connection carried before (it was kept for this one).
@@ -411,17 +429,26 @@ class JobRunner:
 
     async def _on_results(self, ws, msg: wire.ResultBatch) -> bool:
         """Hand a batch of results over, then acknowledge it; True once every result is in."""
-        outcomes, failed = self._take_results(msg.items)
+        taken, outcomes, failed = self._take_results(msg.items)
         # Hand the results over before acknowledging them: once acked, the head forgets them.
-        self.display.count_results(len(outcomes), failed)
-        self.upload.results_in(outcomes)
-        self._remaining -= len(outcomes)
+        self.display.count_results(len(taken), failed)
+        self.upload.results_in(taken)
+        self._remaining -= len(taken)
         if self._remaining == 0:
             self.upload.close_files()  # before the caller has its results: nothing is left behind then
         if outcomes:
             self.outcomes.put(outcomes)
+        if self._remaining == 0 and self.results is not None:
+            self.outcomes.put(ALL_IN)
         self._acked_seq = max(self._acked_seq, msg.seq)
-        await self._send(ws, wire.ResultAck(self.job_id, msg.seq))
+        self._unacked_batches += 1
+        self._unacked_bytes += self._frame_bytes
+        now = time.monotonic()
+        if (self._remaining == 0 or self._unacked_batches >= ACK_AFTER_BATCHES
+                or self._unacked_bytes >= ACK_AFTER_BYTES or now - self._last_ack_at >= ACK_AFTER_S):
+            await self._send(ws, wire.ResultAck(self.job_id, self._acked_seq))
+            self._unacked_batches = self._unacked_bytes = 0
+            self._last_ack_at = now
         if self._remaining == 0:
             self._last_ack_sent.set()
             return True
@@ -436,26 +463,37 @@ class JobRunner:
             raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
         raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
 
-    def _take_results(self, items: list) -> tuple[list[Outcome], int]:
-        """The outcomes of results not taken before (the head may resend), and how many failed."""
-        received, n_inputs = self._received, self.n_inputs
+    def _take_results(self, items: list) -> tuple[list[int], list[Outcome], int]:
+        """The results not taken before (the head may resend): their indices, the outcomes for the
+        caller's thread (each one, or with `results` only the failures: values go into the list),
+        and how many failed."""
+        received, n_inputs, results = self._received, self.n_inputs, self.results
+        taken: list[int] = []
         outcomes: list[Outcome] = []
         failed = 0
         for index, ok, payload in items:  # once per result: kept to the bare minimum
             if 0 <= index < n_inputs and not received[index]:
+                taken.append(index)
                 if ok:
                     try:
-                        outcomes.append((index, True, loads(payload)))
-                        received[index] = 1
-                        continue
+                        value = loads(payload)
                     except Exception as e:
                         error = self._unpickling_error(index, e)
+                    else:
+                        received[index] = 1
+                        if results is None:
+                            outcomes.append((index, True, value))
+                        else:
+                            results[index] = value
+                        continue
                 else:
                     error = self._call_error(index, payload)
-                outcomes.append((index, False, error))
                 received[index] = 2
                 failed += 1
-        return outcomes, failed
+                if results is not None:
+                    results[index] = error
+                outcomes.append((index, False, error))
+        return taken, outcomes, failed
 
     def _call_error(self, index: int, payload: bytes) -> BaseException:
         error = unpack_error(payload, index)
@@ -474,7 +512,8 @@ class JobRunner:
     # --- for the user's thread -----------------------------------------------------------
 
     def next_outcomes(self, timeout: float = 0.25) -> list[Outcome] | None:
-        """The next batch of outcomes; [] on timeout; None once the job thread has ended."""
+        """The next batch of outcomes; [] on timeout; ALL_IN (with `results`) once every value is
+        in the list; None once the job thread has ended."""
         try:
             item = self.outcomes.get(timeout=timeout)
         except queue.Empty:

@@ -20,7 +20,7 @@ from burla._version import __version__
 from burla.config import MAX_FUNCTION_BYTES
 from burla.environment import client_packages, not_replicated_warning
 from burla.errors import FunctionTooBig, JobCanceled
-from burla.job_runner import JobRunner, Outcome
+from burla.job_runner import ALL_IN, JobRunner, Outcome
 from burla.local_cluster import ClusterHandle
 from burla.node.worker_context import waiting_on_children
 from burla.progress import Display
@@ -87,7 +87,8 @@ def run(cluster: ClusterHandle, spec: wire.OpenJob, inputs: list[Any], spinner: 
     warning = not_replicated_warning()
     if warning is not None:
         display.announce(warning)
-    runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs)
+    runner = JobRunner(cluster, spec.job_id, display, opening=spec, inputs=inputs,
+                       in_order=not (generator or spec.detach))
     runner.start()
     if spec.detach:
         return _detach(runner, cluster)
@@ -113,6 +114,10 @@ def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: b
     except BaseException:
         batches.close()
         raise
+    if runner.results is not None:  # the job's thread fills it: only failures come through here
+        for _ in batches:
+            pass
+        return runner.results
     results: list[Any] = [None] * runner.n_inputs
     for batch in batches:  # a batch at a time: a generator step per result was most of this thread's time
         for index, _ok, value in batch:
@@ -151,6 +156,9 @@ def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> G
             batch = runner.next_outcomes()
             if batch is None:
                 break
+            if batch is ALL_IN:  # the failures, if any, came before
+                received = runner.n_inputs
+                continue
             if not batch:
                 continue
             received += len(batch)

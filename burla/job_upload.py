@@ -80,11 +80,11 @@ class Uploader:
             self.outstanding_inputs -= 1
             self.outstanding_bytes -= size
 
-    def results_in(self, outcomes: Sequence[tuple[int, bool, Any]]) -> None:
+    def results_in(self, indices: Sequence[int]) -> None:
         """These inputs have their results: they leave the window (and their files go)."""
         sizes = self.sizes
         freed_inputs = freed_bytes = 0
-        for index, _, _ in outcomes:
+        for index in indices:
             size = sizes[index]
             if size:
                 sizes[index] = 0
@@ -94,7 +94,7 @@ class Uploader:
         self.outstanding_bytes -= freed_bytes
         files = self.files
         if files is not None and files.written:
-            for index, _, _ in outcomes:
+            for index in indices:
                 files.done(index)
         self.window_open.set()
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+from types import SimpleNamespace
 
 import cloudpickle
 
-from burla import job_session
+from burla import job_runner, job_session, wire
 from burla.errors import JobCanceled
+from burla.head.cluster import Cluster
 from burla.head.keys import OPEN_SOCKETS
 from burla.job_runner import JobRunner
 from burla.local_cluster import ClusterHandle
@@ -86,3 +88,22 @@ async def test_jobs_in_a_row_share_one_connection_to_the_head(tmp_path):
             job_connections.append(set(sockets) - node_link)
         [first, *rest] = job_connections
         assert len(first) == 1 and all(c == first for c in rest)  # the same WebSocket carried all three
+
+
+async def test_result_batches_are_acknowledged_together_and_the_last_at_once(tmp_path, monkeypatch):
+    # Fails on the previous code, which answered every batch with an acknowledgement of its own.
+    # The clock stands still, so only the count of batches waiting (and the job's end) calls one.
+    monkeypatch.setattr(job_runner, "time", SimpleNamespace(monotonic=lambda: 1000.0))
+    acks: list[int] = []
+    acknowledge = Cluster.ack
+    monkeypatch.setattr(Cluster, "ack", lambda self, job, seq: (acks.append(seq), acknowledge(self, job, seq)))
+    n = 20 * wire.BATCH_ITEMS  # at least 20 batches of results
+    async with in_process_cluster(tmp_path) as cluster:
+        runner = _runner(cluster, "acks-1", functions.double, list(range(n)))
+        batches = await asyncio.to_thread(_drain, runner)
+        assert sorted(v for batch in batches for _, _, v in batch) == [2 * i for i in range(n)]
+        await until(lambda: cluster_of(cluster.app).scheduler.jobs["acks-1"].status == JobStatus.COMPLETED,
+                    "the job to complete on the head")
+    sent = runner._acked_seq  # the head numbers its batches from 1
+    assert sent >= 20 and acks[-1] == sent
+    assert len(acks) <= sent // job_runner.ACK_AFTER_BATCHES + 2, (len(acks), sent)

@@ -45,7 +45,7 @@ class Head:
         done, self.in_flight = self.in_flight[:count], self.in_flight[count:]
         for index in done:
             self.uploader.received[index] = 1
-        self.uploader.results_in([(index, True, None) for index in done])
+        self.uploader.results_in(list(done))
 
 
 async def _settle() -> None:
@@ -96,7 +96,7 @@ async def test_a_reconnect_sends_again_what_never_reached_the_head():
     # The head had received 0..5 and had results for 0..2 (the client has them now).
     for index in range(3):
         uploader.received[index] = 1
-    uploader.results_in([(index, True, None) for index in range(3)])
+    uploader.results_in(list(range(3)))
     uploader.resume(6, (10, 1 << 20))
     assert uploader.outstanding_inputs == 3  # 3, 4 and 5 are still out; 6..9 go again
     again = Head(uploader)
