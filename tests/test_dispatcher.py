@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from burla import wire
+from burla.node import dispatcher
 from burla.node.dispatcher import MAX_BATCH, Dispatcher, NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle
 
@@ -297,3 +298,23 @@ def test_a_calls_time_is_averaged_over_calls_not_reports():
     assert job.call_seconds is not None and job.call_seconds < 0.0001
     job.calls_done(1, 0.5)  # one slow call moves it as one call
     assert 0.1 < job.call_seconds < 0.2
+
+
+def test_batches_stay_whole_while_credit_brings_inputs_and_shrink_only_at_the_end():
+    # Fails on the previous code: cut by the queue alone, with each worker holding two batches,
+    # every batch was half the one before (600, 300, 150, 75 of these 1,200 inputs).
+    m = Machine(2)
+    job = m.dispatcher.assign(wire.AssignJob("j", "f", b"fn", 8, None, None, b"", {}, 4, None, 10_000))
+    m.dispatcher.add_inputs("j", _inputs(0, 2))
+    for worker in m.workers:
+        m.finish(worker, 0.00001)  # about 10 µs a call: a batch of about 10 ms is some 800 calls
+    by_time = int(dispatcher.TARGET_BATCH_S / job.call_seconds)
+    job.credit_unused = 4_000  # granted to the head: more inputs are on their way
+    m.effects.take()
+    m.dispatcher.add_inputs("j", _inputs(2, 1_200))
+    assert [len(items) for _, items in m.effects.runs()] == [by_time, 1_200 - by_time]
+    # Near the end the job's size bounds what the credit can still bring: even shares again.
+    job.done, job.inflight = 9_000, 600
+    assert job.credit_unused > 400 and job.still_to_run() == 400
+    job.queue.extend(_inputs(9_600, 400))  # here they are: nothing more to come
+    assert job.still_to_run() == 400

@@ -23,6 +23,7 @@ from burla.node.worker_pool import Batch, WorkerHandle
 from burla.serialization import ErrorOrigin, pack_error
 
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
+MIN_SHARE_S = 0.001  # at a job's end, batches are cut to even shares, but not below this long
 TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
 PREFETCH_BELOW_S = 0.05  # give workers a second batch only when calls are this short
 # Per call reported, how much of the previous estimate of a call's time is kept (EWMA).
@@ -86,6 +87,17 @@ class NodeJob:
         else:  # an average over calls, not reports: a report of many calls outweighs one of a few
             kept = CALL_TIME_KEPT ** count
             self.call_seconds = kept * self.call_seconds + (1 - kept) * seconds_per_call
+
+    def still_to_run(self) -> int:
+        """Inputs this node may yet start: those queued and those its credit will bring, but no
+        more than the job has left. Batches are cut to an even share of these: whole while inputs
+        flow in, smaller only at the end (cut by the queue alone, with every worker holding two
+        batches, they halved from one batch to the next, and their frames were most of a short
+        call's cost)."""
+        coming = len(self.queue) + self.credit_unused
+        if self.n_inputs:
+            coming = min(coming, self.n_inputs - self.done - self.inflight)
+        return max(coming, len(self.queue))
 
     def credit_due(self, workers: int) -> int:
         """How many more inputs to ask the head for now, counted as granted (0 if the window is
@@ -361,10 +373,13 @@ class Dispatcher:
 
     def _dispatch(self, worker: WorkerHandle, job: NodeJob, n_workers: int) -> None:
         if job.call_seconds is None:
-            size = 1
+            size = spread = 1
         else:
-            size = max(1, min(MAX_BATCH, int(TARGET_BATCH_S / max(job.call_seconds, 1e-7))))
-        spread = math.ceil(len(job.queue) / max(1, min(job.parallelism, n_workers)))
+            call_s = max(job.call_seconds, 1e-7)
+            size = max(1, min(MAX_BATCH, int(TARGET_BATCH_S / call_s)))
+            # Finer shares than a millisecond of calls balance nothing and cost a frame each way.
+            spread = max(math.ceil(job.still_to_run() / max(1, min(job.parallelism, n_workers))),
+                         int(MIN_SHARE_S / call_s))
         size = max(1, min(size, spread, len(job.queue)))
         items = [job.queue.popleft() for _ in range(size)]
         run = wire.RunCalls(job.job_id, items)
