@@ -528,12 +528,15 @@ class WorkerReport(Message):
     packed: bytes
     outputs: list  # [[input_index, stream, text], ...] of the same job
     batch_done: bool  # the last report of a RunCalls batch
+    # How long the worker spent on these results' calls (0: not measured). What a call takes,
+    # without the node's round trip and the function's loading, sizes the node's next batches.
+    seconds: float = 0.0
 
     @classmethod
-    def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool) -> WorkerReport:
+    def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool, seconds: float = 0.0) -> WorkerReport:
         """The report of these results ([[input_index, ok, payload], ...]), packed."""
         part = PackedResults.of(items)
-        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done)
+        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds)
 
     def part(self) -> PackedResults:
         return PackedResults(self.indices, self.failed, self.packed)

@@ -318,3 +318,19 @@ def test_batches_stay_whole_while_credit_brings_inputs_and_shrink_only_at_the_en
     assert job.credit_unused > 400 and job.still_to_run() == 400
     job.queue.extend(_inputs(9_600, 400))  # here they are: nothing more to come
     assert job.still_to_run() == 400
+
+
+def test_a_calls_time_is_the_workers_own_measure_without_the_round_trip():
+    # Fails on the previous code: the node timed a batch from its dispatch, the round trip and the
+    # function's loading included, and took several batches to see how short the calls were.
+    m = Machine(1)
+    m.assign("j")
+    m.dispatcher.add_inputs("j", _inputs(0, 5_000))
+    [batch] = m.workers[0].batches
+    m.clock.now += 0.002  # the report comes 2 ms after the dispatch; its one call took 10 µs
+    results = [[index, True, b"r"] for index in batch.remaining]
+    m.dispatcher.on_report(m.workers[0], wire.WorkerReport.of("j", results, [], True, 0.00001))
+    job = m.dispatcher.jobs["j"]
+    assert abs(job.call_seconds - 0.00001) < 1e-9
+    # The next batch is about 10 ms of calls at once (on the node's own measure, 2 ms a call: 5).
+    assert len(m.effects.runs()[-1][1]) == int(dispatcher.TARGET_BATCH_S / job.call_seconds) > 900

@@ -145,7 +145,7 @@ def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_d
     with pytest.raises(ProtocolError, match=f"more than {wire.BATCH_ITEMS} results"):
         wire.decode(msgpack.packb([39, "j", many, b"", b"", 0]), wire.NODE_TO_HEAD)
     with pytest.raises(ProtocolError, match=f"more than {wire.BATCH_ITEMS} results"):
-        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True]), wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0]), wire.WORKER_TO_NODE)
 
 
 def test_packed_results_list_their_indices_and_failures_and_join():
@@ -180,9 +180,9 @@ def test_results_are_framed_by_count_and_bytes():
 
 def test_a_worker_report_is_checked_like_a_nodes_results():
     with pytest.raises(ProtocolError, match="WorkerReport.indices must be packed"):
-        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True]), wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True, 0.0]), wire.WORKER_TO_NODE)
     with pytest.raises(ProtocolError, match="more failed results"):
-        wire.decode(msgpack.packb([34, "j", b"", wire.pack_indices([1]), b"", [], True]), wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", b"", wire.pack_indices([1]), b"", [], True, 0.0]), wire.WORKER_TO_NODE)
 
 
 def test_results_from_a_node_are_node_results():

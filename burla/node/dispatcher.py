@@ -267,10 +267,12 @@ class Dispatcher:
             for index in indices:
                 forget(index, None)
             n = len(indices)
-            elapsed = max(now - worker.last_progress_at, 1e-7) / n
+            # The worker's own measure if it sent one: ours adds the round trip, and the first
+            # batch's the function's loading, which kept the first batches small for longer.
+            elapsed = report.seconds if report.seconds > 0 else now - worker.last_progress_at
             worker.last_progress_at = now
             if job is not None:
-                job.calls_done(n, elapsed)
+                job.calls_done(n, max(elapsed, 1e-7) / n)
         if job is not None and not job.cancelled:
             if report.outputs:
                 self._keep_outputs(job, report.outputs)

@@ -71,6 +71,7 @@ class Worker:
         self._in_call = False
         self._batch_job: str | None = None
         self._cancel_requested = False
+        self._calls_since = 0.0  # when the calls of the next report began (monotonic)
         self.capture = OutputCapture(self._send_live_output)
         self._origin = ErrorOrigin(os.environ.get(ENV_NODE_ID, ""), socket.gethostname(), os.getpid())
 
@@ -172,6 +173,7 @@ class Worker:
             os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
         self.capture.begin_batch(job_id)
         results: list[list] = []
+        self._calls_since = time.monotonic()
         try:
             results = self._run_calls(job_id, items, call)
         except CallCancelled:  # the signal landed between calls
@@ -182,7 +184,7 @@ class Worker:
         if self._cancel_requested:
             self._cancelled_jobs.add(job_id)
             results = []
-        self._flush(job_id, results, True)
+        self._flush(job_id, results, True, time.monotonic() - self._calls_since)
 
     def _run_calls(self, job_id: str, items: list, call: Callable[[bytes], bytes]) -> list[list]:
         """Run the batch's calls until done or cancelled; returns the results not yet sent. This
@@ -191,7 +193,7 @@ class Worker:
         end_call = capture.call_ender()
         results: list[list] = []
         pending_bytes = 0
-        last_flush = monotonic()
+        last_flush = self._calls_since
         last = len(items) - 1
         for position, (index, argument_bytes) in enumerate(items):
             if self._cancel_requested:
@@ -215,10 +217,10 @@ class Worker:
             if position < last:  # the batch's last results go with its end (one frame, not two)
                 now = monotonic()
                 if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
-                    self._flush(job_id, results, False)
+                    self._flush(job_id, results, False, now - last_flush)
                     results = []
                     pending_bytes = 0
-                    last_flush = now
+                    last_flush = self._calls_since = now
         return results
 
     def _caller(self, function: Callable[..., Any]) -> Callable[[bytes], bytes]:
@@ -272,12 +274,13 @@ class Worker:
         return wire.ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), text, None, None,
                                 *self._origin).encode()
 
-    def _flush(self, job_id: str, results: list, batch_done: bool) -> None:
+    def _flush(self, job_id: str, results: list, batch_done: bool, seconds: float) -> None:
+        """Report these results, which took `seconds` of calls."""
         with self.capture.send_lock:
             outputs = self.capture.take()
             if results or outputs or batch_done:
                 # Packed here: the node, and the head, pass them on as they are.
-                self._send(wire.WorkerReport.of(job_id, results, outputs, batch_done))
+                self._send(wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds))
 
 
 def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
