@@ -289,6 +289,12 @@ class OutputBatch(Message):
 
     def validate(self) -> None:
         _check_items("OutputBatch", self.items, (int, int, str))
+        # Bounded like what history stores of them (-1: the node's own, such as installing).
+        if self.items and not (-1 <= min(item[0] for item in self.items)
+                               and max(item[0] for item in self.items) < MAX_INPUTS
+                               and {item[1] for item in self.items} <= {STDOUT, STDERR}):
+            raise ProtocolError(f"OutputBatch items need an input index from -1 to {MAX_INPUTS - 1} and a stream "
+                                f"of {STDOUT} (stdout) or {STDERR} (stderr)")
 
 
 @message(9)
@@ -426,10 +432,11 @@ class NodeState(Message):
         if self.status not in _NODE_STATUSES:
             raise ProtocolError(f"NodeState.status must be one of {', '.join(_NODE_STATUSES)}")
         _check_items("NodeState.jobs", self.jobs, (str, int, int, int))
-        # Counts, summed over its jobs and stored: bounded so that no sum leaves 64 bits.
+        # Counts, summed over its jobs (at most 200,000 in a frame) and stored: bounded so that no
+        # sum leaves 64 bits, and far above any job's size (calls run again count twice).
         counts = [count for _, running, queued, done in self.jobs for count in (running, queued, done)]
-        if not 0 <= self.workers_alive <= MAX_INPUTS or not all(0 <= count <= MAX_INPUTS for count in counts):
-            raise ProtocolError(f"NodeState counts must be from 0 to {MAX_INPUTS:,}")
+        if not 0 <= self.workers_alive <= _MAX_COUNT or not all(0 <= count <= _MAX_COUNT for count in counts):
+            raise ProtocolError(f"NodeState counts must be from 0 to {_MAX_COUNT:,}")
 
 
 @message(25)
@@ -570,6 +577,15 @@ class CreditWithdrawn(Message):
     inputs: int
 
 
+@message(43)
+class InputsPushed(Message):
+    """Head to node: every input of the job is on its nodes now (inputs of a node lost later may
+    come again). What this node's credit would still bring is not coming: it cuts its last
+    batches to even shares of what it holds."""
+
+    job_id: str
+
+
 @message(37)
 class ErrorRecord(Message):
     """A failed call's error, as a result payload. The head, CLI and dashboard read the typed
@@ -621,13 +637,14 @@ MAX_INPUTS = 100_000_000
 _TEXT = 64 * 1024 * 1024
 _CALLS = 2_000_000  # the most results one frame to a client carries (8 MB of tiny results)
 _PER_NODE = 200_000  # the most inputs, results or output chunks a node exchanges in one frame
+_MAX_COUNT = 2**40  # a count a node reports (NodeState)
 
 CLIENT_TO_HEAD = Channel("client to head", (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob),
                          Limits(200_000, 100_000, 1 << 20, MAX_FRAME_BYTES, 600_000))
 NODE_TO_HEAD = Channel("node to head", (RegisterNode, Credit, NodeResults, OutputBatch, NodeState, Stolen, NodeLeaving),
                        Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
-HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CreditWithdrawn, CancelJob, ReleaseJob,
-                                        ShutdownNode, ErrorReply, StealHint),
+HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CreditWithdrawn, InputsPushed,
+                                        CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint),
                        Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
 HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, ResultBatch, OutputBatch,
                                             Progress, JobEnded, InputsKept),

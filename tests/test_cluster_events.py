@@ -302,3 +302,30 @@ async def test_a_client_whose_last_acknowledgement_was_lost_completes_its_job_wh
     ends = await _told(second, wire.JobEnded)
     assert [(m.status, m.kind) for m in ends] == [(COMPLETED, EndKind.NONE)]
     await resumed.detach(second, 0.0)
+
+
+def _node_told(link: NodeLink, kind: type) -> list:
+    """The messages of this kind the head has queued for a node's connection, in order."""
+    told = [wire.decode(frame, wire.HEAD_TO_NODE) for frame in link._frames]
+    return [msg for msg in told if isinstance(msg, kind)]
+
+
+def test_nodes_hear_once_when_every_input_of_a_job_is_on_them():
+    # Fails on the previous code (nothing said it): a node counted its unfilled credit as inputs
+    # still to come, and cut a multi-node job's last batches too big for even shares.
+    cluster = Cluster("0.1.0")
+    links = [_register(cluster, "a", []), _register(cluster, "b", [])]
+    job, _ = cluster.open_job(spec(n=2_000, raise_errors=False))
+    cluster.add_inputs(job, [[i, b"x"] for i in range(1_000)])
+    for node_id in ("a", "b"):
+        cluster.on_node_message(node_id, wire.Credit("j", 5_000))
+    assert not job.pending and not any(_node_told(link, wire.InputsPushed) for link in links)  # more to upload
+    cluster.add_inputs(job, [[i, b"x"] for i in range(1_000, 2_000)])
+    assert not job.pending and job.all_pushed
+    for link in links:
+        assert _node_told(link, wire.InputsPushed) == [wire.InputsPushed("j")]
+        kinds = [type(wire.decode(frame, wire.HEAD_TO_NODE)) for frame in link._frames]
+        assert kinds.index(wire.InputsPushed) > max(i for i, k in enumerate(kinds) if k is wire.InputBatch)
+    # A node lost: its inputs go to the other one, which already knows there are no more.
+    cluster.node_lost("b")
+    assert len(_node_told(links[0], wire.InputsPushed)) == 1

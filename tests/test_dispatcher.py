@@ -334,3 +334,21 @@ def test_a_calls_time_is_the_workers_own_measure_without_the_round_trip():
     assert abs(job.call_seconds - 0.00001) < 1e-9
     # The next batch is about 10 ms of calls at once (on the node's own measure, 2 ms a call: 5).
     assert len(m.effects.runs()[-1][1]) == int(dispatcher.TARGET_BATCH_S / job.call_seconds) > 900
+
+
+def test_once_every_input_is_pushed_unfilled_credit_no_longer_makes_batches_bigger():
+    # A node of a multi-node job: the job's size bounds nothing here, and credit the head will
+    # never fill stays. Fails on the previous code, which gave 100 and 20 of the last 120 inputs
+    # to two of eight workers.
+    def last_batches(told: bool) -> list[int]:
+        m = Machine(8)
+        job = m.dispatcher.assign(wire.AssignJob("j", "f", b"fn", 8, None, None, b"", {}, 4, None, 1_000_000))
+        job.call_seconds = 0.0001  # 0.1 ms a call: a batch of about 10 ms is 100 calls
+        job.credit_unused = 800
+        if told:
+            m.dispatcher.inputs_pushed("j")
+        m.dispatcher.add_inputs("j", _inputs(0, 120))
+        return [len(items) for _, items in m.effects.runs()]
+
+    assert last_batches(told=False)[:2] == [100, 20]  # more inputs are counted on
+    assert max(last_batches(told=True)) <= 15  # even shares for the eight

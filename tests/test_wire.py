@@ -20,6 +20,7 @@ SAMPLES: list[wire.Message] = [
     wire.InputBatch("j-1", [[0, b"a"], [1, b"b"]]),
     wire.Credit("j-1", 5),
     wire.CreditWithdrawn("j-1", 40),
+    wire.InputsPushed("j-1"),
     wire.ResultBatch("j-1", 7, [[0, True, b"r"], [1, False, b"e"]]),
     wire.NodeResults.of("j-1", wire.PackedResults.of([[0, True, b"r"], [1, False, b"e"]]), 12),
     wire.ResultAck("j-1", 7),
@@ -208,3 +209,14 @@ def test_results_packed_in_parts_make_the_frame_a_result_batch_would(count):
     frame = wire.result_batch_frame("job-7", 9, count, parts)
     assert frame == wire.ResultBatch("job-7", 9, items).encode()
     assert wire.decode(frame, wire.HEAD_TO_CLIENT).items == items
+
+
+def test_output_indices_and_streams_are_bounded():
+    # Fails on the previous code: a node's output index past 64 bits reached history, whose every
+    # write failed after it; any other stream than stdout or stderr is refused too.
+    for items, words in (([[2**64 - 1, wire.STDOUT, "x"]], "input index"), ([[0, 3, "x"]], "stream"),
+                         ([[-2, wire.STDERR, "x"]], "input index")):
+        with pytest.raises(ProtocolError, match=words):
+            wire.decode(msgpack.packb([wire.OutputBatch.TAG, "j", items]), wire.NODE_TO_HEAD)
+    ok = wire.OutputBatch("j", [[-1, wire.STDERR, "installing"], [7, wire.STDOUT, "hi"]])
+    assert wire.decode(ok.encode(), wire.NODE_TO_HEAD) == ok

@@ -29,6 +29,7 @@ log = logging.getLogger("burla.head")
 FIRST_FRAME_TIMEOUT_S = 30.0
 CLIENT_HEARTBEAT_S = 10.0  # a silently dead client connection is noticed within about this
 SHUTDOWN_CLOSE_S = 0.5  # how long a peer gets to answer the close frame of a stopping head
+NODE_CLOSE_S = 12.0  # closing a node's connection: above aiohttp's 10 s wait for the node's close frame
 
 
 def _status_for(error: BurlaError) -> int:
@@ -169,8 +170,10 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
         # (within its close timeout). Closed from another task while this one read, it would cut
         # the connection at once, with the node's frames unread, and the reset that follows can
         # lose the close frame on its way.
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await ws.close()
+        with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
+            # Bounded as a whole: the send may wait on a node that stopped reading (then the
+            # connection is cut when the wait is over).
+            await asyncio.wait_for(ws.close(), NODE_CLOSE_S)
     return ws
 
 

@@ -81,6 +81,12 @@ class Cluster:
             link = self.node_links.get(node_id)
             if link is not None:
                 link.send(wire.CreditWithdrawn(job_id, inputs))
+        for job in self.scheduler.take_all_pushed():
+            frame = wire.InputsPushed(job.job_id).encode()
+            for node_id in job.assignments:
+                link = self.node_links.get(node_id)
+                if link is not None:
+                    link.send_frame(frame)
 
     # --- nodes ---------------------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class Cluster:
         self.booting_ids.discard(msg.node_id)
         self.booting_since.pop(msg.node_id, None)
         for job, _ in self.scheduler.add_node(node, {job_id for job_id, _ in msg.held}):
-            link.send(self._assign_message(job.spec, job.assignments[node.node_id]))
+            self._send_assignment(link, job, node.node_id)
         self._adopt_held(msg, link)
         log.info("node %s registered (%d slots, %s)", node.node_id, node.slots, node.url)
         self.idle_collector.changed()
@@ -140,7 +146,7 @@ class Cluster:
                 for joined_id, _ in self.scheduler.top_up(job):
                     link = self.node_links.get(joined_id)
                     if link is not None:
-                        link.send(self._assign_message(job.spec, job.assignments[joined_id]))
+                        self._send_assignment(link, job, joined_id)
             if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
                 self.end_job(
                     job, FAILED, EndKind.NODE_DISCONNECTED,
@@ -352,6 +358,12 @@ class Cluster:
                 if frame is None:
                     frame = frames[key] = self._assign_message(job.spec, assignment).encode()
                 link.send_frame(frame)
+
+    def _send_assignment(self, link: NodeLink, job: JobRecord, node_id: str) -> None:
+        """A running job's share for a node that joins it."""
+        link.send(self._assign_message(job.spec, job.assignments[node_id]))
+        if job.all_pushed:  # its credit brings no more inputs than the others' does
+            link.send(wire.InputsPushed(job.job_id))
 
     @staticmethod
     def _assign_message(spec: wire.OpenJob, assignment: Assignment) -> wire.AssignJob:

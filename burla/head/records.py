@@ -79,6 +79,7 @@ class JobRecord:
     end_kind: EndKind = EndKind.NONE  # the error kind it ended with, if not COMPLETED
     pending: InputQueue = field(default_factory=InputQueue)  # (index, pickled args) not yet on a node
     received: int = 0  # inputs uploaded by the client so far
+    all_pushed: bool = False  # every input was on a node at once (its nodes were told: InputsPushed)
     upload_prefix: int = 0  # every index below this one has been uploaded
     seen: bytearray = field(default_factory=bytearray)  # per index: uploaded yet?
     done: bytearray = field(default_factory=bytearray)  # per index: result in yet?

@@ -73,6 +73,7 @@ class Scheduler:
         self.booting_ids: set[str] = set()  # nodes a driver is starting that have not registered yet
         self.booting_hosts: dict[str, str] = {}  # booting node id -> its host id, where known ahead
         self._withdrawn: list[tuple[str, str, int]] = []  # credit kept back by the last plans (take_withdrawn)
+        self._all_pushed: list[JobRecord] = []  # jobs the last plans pushed the last inputs of (take_all_pushed)
 
     @property
     def booting(self) -> int:
@@ -370,6 +371,11 @@ class Scheduler:
         withdrawn, self._withdrawn = self._withdrawn, []
         return withdrawn
 
+    def take_all_pushed(self) -> list[JobRecord]:
+        """Jobs whose last inputs the last plans pushed, to tell their nodes (once a job)."""
+        jobs, self._all_pushed = self._all_pushed, []
+        return jobs
+
     def _push(self, job: JobRecord, node_id: str, assignment: Assignment, wanted: int, pushes: list) -> None:
         count = min(assignment.credit, wanted, len(job.pending))
         indices, data = job.pending.take(count)
@@ -377,6 +383,9 @@ class Scheduler:
         for batch in _frames(indices, data):
             pushes.append((node_id, job.job_id, batch))
         assignment.credit -= count
+        if not job.pending and job.received >= job.n_inputs and not job.all_pushed:
+            job.all_pushed = True
+            self._all_pushed.append(job)
         if job.pending and assignment.credit > 0:
             # Held back so the other nodes get their share: no credit may sit here while inputs wait
             # (the node would not ask again, counting on it, and nothing else would push them).

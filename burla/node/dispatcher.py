@@ -52,6 +52,7 @@ class NodeJob:
     mean_input_bytes: float = 0.0
     credit_unused: int = 0  # granted to the head and not yet filled
     n_inputs: int = 0  # the job's size, if the head said (0: unknown)
+    all_pushed: bool = False  # the head has pushed every input of the job (InputsPushed)
     gpu: bool = False  # its calls run only on workers that have a GPU (one each)
     done: int = 0
     inflight: int = 0
@@ -89,12 +90,12 @@ class NodeJob:
             self.call_seconds = kept * self.call_seconds + (1 - kept) * seconds_per_call
 
     def still_to_run(self) -> int:
-        """Inputs this node may yet start: those queued and those its credit will bring, but no
-        more than the job has left. Batches are cut to an even share of these: whole while inputs
-        flow in, smaller only at the end (cut by the queue alone, with every worker holding two
-        batches, they halved from one batch to the next, and their frames were most of a short
-        call's cost)."""
-        coming = len(self.queue) + self.credit_unused
+        """Inputs this node may yet start: those queued and those its credit will bring (until the
+        head says every input is pushed), no more than the job has left. Batches are cut to an
+        even share of these: whole while inputs flow in, smaller only at the end (cut by the queue
+        alone, with every worker holding two batches, they halved from one batch to the next, and
+        their frames were most of a short call's cost)."""
+        coming = len(self.queue) + (0 if self.all_pushed else self.credit_unused)
         if self.n_inputs:
             coming = min(coming, self.n_inputs - self.done - self.inflight)
         return max(coming, len(self.queue))
@@ -186,6 +187,13 @@ class Dispatcher:
         job.queue.extend(items)
         self.pump()
         return True
+
+    def inputs_pushed(self, job_id: str) -> None:
+        """Every input of the job is on its nodes: this node's credit brings no more (NodeJob.still_to_run)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.all_pushed = True
+            self.pump()
 
     def withdraw_credit(self, job_id: str, inputs: int) -> None:
         """The head keeps back part of the credit granted: ask for it again when due (NodeJob.credit_due)."""

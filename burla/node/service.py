@@ -312,6 +312,8 @@ class NodeService:
         elif isinstance(msg, wire.CreditWithdrawn):
             d.withdraw_credit(msg.job_id, msg.inputs)
             self._queue_credit(msg.job_id)  # asks again if its window has room (credit_due)
+        elif isinstance(msg, wire.InputsPushed):
+            d.inputs_pushed(msg.job_id)
         elif isinstance(msg, wire.CancelJob):
             interrupted = d.cancel(msg.job_id)
             if interrupted:
