@@ -329,3 +329,23 @@ def test_nodes_hear_once_when_every_input_of_a_job_is_on_them():
     # A node lost: its inputs go to the other one, which already knows there are no more.
     cluster.node_lost("b")
     assert len(_node_told(links[0], wire.InputsPushed)) == 1
+
+
+def test_a_node_that_joins_after_every_input_was_pushed_hears_it_with_its_share():
+    cluster = Cluster("0.1.0")
+    a, b, c = (_register(cluster, node_id, []) for node_id in "abc")
+    job, _ = _open(cluster, 4)  # two calls a node: two of the three nodes take it
+    assert sorted(job.assignments) == ["a", "b"]
+    for node_id in job.assignments:
+        cluster.on_node_message(node_id, wire.Credit("j", 10))
+    assert job.all_pushed and not _node_told(c, wire.InputsPushed)
+    cluster.node_lost("b")  # its share, and its inputs, go to the node left out
+    kinds = [type(wire.decode(frame, wire.HEAD_TO_NODE)) for frame in c._frames]
+    assert kinds[:2] == [wire.AssignJob, wire.InputsPushed] and wire.InputBatch in kinds
+
+
+def test_a_job_on_one_node_costs_no_frame_to_say_so():
+    cluster = Cluster("0.1.0")
+    a = _register(cluster, "a", [])
+    job, _ = _open(cluster, 2)
+    assert job.all_pushed and _pushed(a) == [0, 1] and not _node_told(a, wire.InputsPushed)

@@ -107,3 +107,22 @@ async def test_result_batches_are_acknowledged_together_and_the_last_at_once(tmp
     sent = runner._acked_seq  # the head numbers its batches from 1
     assert sent >= 20 and acks[-1] == sent
     assert len(acks) <= sent // job_runner.ACK_AFTER_BATCHES + 2, (len(acks), sent)
+
+
+async def test_a_node_takes_the_heads_word_that_every_input_is_pushed(tmp_path):
+    # The node's side of InputsPushed (a one-node job is not sent it: the head says it here).
+    async with in_process_cluster(tmp_path) as cluster:
+        runner = _runner(cluster, "pushed-1", functions.sleep_then_return, [(i, 30) for i in range(2)])
+        node_job = None
+
+        def assigned() -> bool:
+            nonlocal node_job
+            node_job = cluster.service.dispatcher.jobs.get("pushed-1")
+            return node_job is not None
+
+        await until(assigned, "the node to take the job")
+        assert not node_job.all_pushed
+        cluster_of(cluster.app).node_links["node-inproc"].send(wire.InputsPushed("pushed-1"))
+        await until(lambda: node_job.all_pushed, "the node to hear every input is pushed")
+        await asyncio.to_thread(runner.cancel, "enough")
+        await asyncio.to_thread(_drain, runner)

@@ -218,5 +218,17 @@ def test_output_indices_and_streams_are_bounded():
                          ([[-2, wire.STDERR, "x"]], "input index")):
         with pytest.raises(ProtocolError, match=words):
             wire.decode(msgpack.packb([wire.OutputBatch.TAG, "j", items]), wire.NODE_TO_HEAD)
+    with pytest.raises(ProtocolError, match="input index"):
+        wire.decode(wire.OutputBatch("j", [[wire.MAX_INPUTS, wire.STDOUT, "x"]]).encode(), wire.NODE_TO_HEAD)
     ok = wire.OutputBatch("j", [[-1, wire.STDERR, "installing"], [7, wire.STDOUT, "hi"]])
     assert wire.decode(ok.encode(), wire.NODE_TO_HEAD) == ok
+
+
+def test_a_nodes_counts_are_bounded_far_above_any_job():
+    def state(count: int) -> bytes:
+        return wire.NodeState("n", "RUNNING", 1, [["j", 1, 0, count]], 1.0, 1.0, 0.0, 0.0).encode()
+
+    assert wire.decode(state(2 * wire.MAX_INPUTS), wire.NODE_TO_HEAD).jobs[0][3] == 2 * wire.MAX_INPUTS
+    assert wire.decode(state(2**40), wire.NODE_TO_HEAD).jobs[0][3] == 2**40
+    with pytest.raises(ProtocolError, match="counts must be from 0"):
+        wire.decode(state(2**40 + 1), wire.NODE_TO_HEAD)

@@ -170,10 +170,13 @@ async def node_channel(request: web.Request) -> web.WebSocketResponse:
         # (within its close timeout). Closed from another task while this one read, it would cut
         # the connection at once, with the node's frames unread, and the reset that follows can
         # lose the close frame on its way.
-        with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
-            # Bounded as a whole: the send may wait on a node that stopped reading (then the
-            # connection is cut when the wait is over).
+        try:
             await asyncio.wait_for(ws.close(), NODE_CLOSE_S)
+        except TimeoutError:  # the send waited on a node that stopped reading: cut, unsent bytes and all
+            if request.transport is not None:
+                request.transport.abort()
+        except (ConnectionError, RuntimeError):
+            pass
     return ws
 
 

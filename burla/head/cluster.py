@@ -82,6 +82,8 @@ class Cluster:
             if link is not None:
                 link.send(wire.CreditWithdrawn(job_id, inputs))
         for job in self.scheduler.take_all_pushed():
+            if len(job.assignments) < 2:
+                continue  # its one node's bound (the job's size) is exact already: no frame for it
             frame = wire.InputsPushed(job.job_id).encode()
             for node_id in job.assignments:
                 link = self.node_links.get(node_id)

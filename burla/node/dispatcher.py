@@ -466,9 +466,11 @@ class Dispatcher:
         return [[job_id, wire.pack_indices(indices)] for job_id, indices in by_job.items()]
 
     def new_head_session(self) -> None:
-        """A new connection to the head: credit granted on the old one is void there."""
+        """A new connection to the head: credit granted on the old one is void there, and so is
+        what that head said of its pushes."""
         for job in self.jobs.values():
             job.credit_unused = 0
+            job.all_pushed = False
 
     def take_outgoing(self) -> list[tuple[str, list, list[wire.PackedResults]]]:
         out = []
