@@ -71,7 +71,6 @@ class Worker:
         self._in_call = False
         self._batch_job: str | None = None
         self._cancel_requested = False
-        self._calls_since = 0.0  # when the calls of the next report began (monotonic)
         self.capture = OutputCapture(self._send_live_output)
         self._origin = ErrorOrigin(os.environ.get(ENV_NODE_ID, ""), socket.gethostname(), os.getpid())
 
@@ -173,9 +172,9 @@ class Worker:
             os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
         self.capture.begin_batch(job_id)
         results: list[list] = []
-        self._calls_since = time.monotonic()
+        since = time.monotonic()  # when the calls of the last report began
         try:
-            results = self._run_calls(job_id, items, call)
+            results, since = self._run_calls(job_id, items, call, since)
         except CallCancelled:  # the signal landed between calls
             self._cancel_requested = True
         finally:
@@ -184,16 +183,18 @@ class Worker:
         if self._cancel_requested:
             self._cancelled_jobs.add(job_id)
             results = []
-        self._flush(job_id, results, True, time.monotonic() - self._calls_since)
+        self._flush(job_id, results, True, time.monotonic() - since)
 
-    def _run_calls(self, job_id: str, items: list, call: Callable[[bytes], bytes]) -> list[list]:
-        """Run the batch's calls until done or cancelled; returns the results not yet sent. This
-        loop runs once per call: what it does per item is kept to the bare minimum."""
+    def _run_calls(self, job_id: str, items: list, call: Callable[[bytes], bytes], started: float
+                   ) -> tuple[list[list], float]:
+        """Run the batch's calls (from `started`) until done or cancelled; returns the results not
+        yet sent and when their calls began. This loop runs once per call: what it does per item
+        is kept to the bare minimum."""
         capture, mark_running, shm, monotonic = self.capture, _INDEX.pack_into, self._shm, time.monotonic
         end_call = capture.call_ender()
         results: list[list] = []
         pending_bytes = 0
-        last_flush = self._calls_since
+        last_flush = started
         last = len(items) - 1
         for position, (index, argument_bytes) in enumerate(items):
             if self._cancel_requested:
@@ -220,8 +221,8 @@ class Worker:
                     self._flush(job_id, results, False, now - last_flush)
                     results = []
                     pending_bytes = 0
-                    last_flush = self._calls_since = now
-        return results
+                    last_flush = now
+        return results, last_flush
 
     def _caller(self, function: Callable[..., Any]) -> Callable[[bytes], bytes]:
         """One call: its arguments unpickled, the function run, its result pickled. Returns the
