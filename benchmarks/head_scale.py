@@ -1,7 +1,7 @@
 """A real head with N simulated nodes: what the head costs per node and per call.
 
 The nodes speak the real node protocol over real WebSockets (RegisterNode, AssignJob, credit,
-InputBatch, NodeResults, a NodeState push every second) from a few processes, so the simulator
+NodeInputs, NodeResults, a NodeState push every second) from a few processes, so the simulator
 is not the bottleneck; their "workers" answer every input at once (or after --call-ms per call,
 `--slots` at a time), so the head (and the client feeding it) is all that is measured. They ask
 for credit with the real node's records and rule (`burla.node.dispatcher.NodeJob`): a window of
@@ -128,7 +128,7 @@ class _SimulatedSession:
         """Act on one frame from the head; False when it says to shut down."""
         from burla import wire
 
-        if isinstance(msg, wire.InputBatch):
+        if isinstance(msg, wire.NodeInputs):
             await self.on_inputs(msg)
         elif isinstance(msg, wire.AssignJob):
             # Its workers never grow past its slots (a real node's governor would not, for calls
@@ -152,8 +152,8 @@ class _SimulatedSession:
         job = self.jobs.get(msg.job_id)
         if job is None:
             return
-        job.took_inputs(msg.items)
-        job.inflight += len(msg.items)
+        job.took_inputs(msg.part())
+        job.inflight += msg.part().count
         if self.call_s:  # its workers take call_s per call, `slots` at a time
             task = asyncio.create_task(_answer_later(self.ws, msg, job, self.free_at, self.call_s, self.counts))
             self.answering.add(task)
@@ -173,7 +173,7 @@ async def _ask_credit(ws, job: NodeJob) -> None:
 async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts) -> None:
     from burla import wire
 
-    results = [[index, True, data] for index, data in msg.items]  # a no-op returns its input
+    results = [[index, True, data] for index, data in msg.part().items()]  # a no-op returns its input
     job.calls_done(len(results), seconds_per_call)
     counts.results += len(results)
     # The credit the freed slots allow rides along, by the real node's rule.
@@ -186,7 +186,7 @@ async def _answer_later(ws, msg, job: NodeJob, free_at: list[float], call_s: flo
     is next free), then answer for all of them."""
     now = time.monotonic()
     done_at = now
-    for _ in msg.items:
+    for _ in range(msg.part().count):
         start = max(now, heapq.heappop(free_at))
         heapq.heappush(free_at, start + call_s)
         done_at = max(done_at, start + call_s)

@@ -76,7 +76,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
 def _pushed(link: NodeLink) -> list[int]:
     """Input indices the head has queued for this node's connection."""
     return [item[0] for frame in link._frames for msg in [wire.decode(frame, wire.HEAD_TO_NODE)]
-            if isinstance(msg, wire.InputBatch) for item in msg.items]
+            if isinstance(msg, wire.NodeInputs) for item in msg.part().items()]
 
 
 def _open(cluster: Cluster, n: int) -> tuple:
@@ -325,7 +325,7 @@ def test_nodes_hear_once_when_every_input_of_a_job_is_on_them():
     for link in links:
         assert _node_told(link, wire.InputsPushed) == [wire.InputsPushed("j")]
         kinds = [type(wire.decode(frame, wire.HEAD_TO_NODE)) for frame in link._frames]
-        assert kinds.index(wire.InputsPushed) > max(i for i, k in enumerate(kinds) if k is wire.InputBatch)
+        assert kinds.index(wire.InputsPushed) > max(i for i, k in enumerate(kinds) if k is wire.NodeInputs)
     # A node lost: its inputs go to the other one, which already knows there are no more.
     cluster.node_lost("b")
     assert len(_node_told(links[0], wire.InputsPushed)) == 1
@@ -341,7 +341,7 @@ def test_a_node_that_joins_after_every_input_was_pushed_hears_it_with_its_share(
     assert job.all_pushed and not _node_told(c, wire.InputsPushed)
     cluster.node_lost("b")  # its share, and its inputs, go to the node left out
     kinds = [type(wire.decode(frame, wire.HEAD_TO_NODE)) for frame in c._frames]
-    assert kinds[:2] == [wire.AssignJob, wire.InputsPushed] and wire.InputBatch in kinds
+    assert kinds[:2] == [wire.AssignJob, wire.InputsPushed] and wire.NodeInputs in kinds
 
 
 def test_a_job_on_one_node_costs_no_frame_to_say_so():

@@ -8,6 +8,7 @@ from burla import wire
 from burla.node import dispatcher
 from burla.node.dispatcher import MAX_BATCH, Dispatcher, NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle
+from burla.packed_inputs import PackedInputs
 
 
 def _dispatcher() -> Dispatcher:
@@ -22,8 +23,8 @@ def test_held_lists_queued_inputs_and_cancelled_jobs_empty():
     dispatcher = _dispatcher()
     _assign(dispatcher, "kept")
     _assign(dispatcher, "cancelled")
-    dispatcher.add_inputs("kept", [[0, b"a"], [1, b"b"]])
-    dispatcher.add_inputs("cancelled", [[0, b"a"]])
+    dispatcher.add_inputs("kept", PackedInputs.of([[0, b"a"], [1, b"b"]]))
+    dispatcher.add_inputs("cancelled", PackedInputs.of([[0, b"a"]]))
     dispatcher.cancel("cancelled")
     held = {job_id: wire.unpack_indices(packed) for job_id, packed in dispatcher.held()}
     # A cancelled job the head has not released yet is listed with nothing: the head then releases it.
@@ -49,17 +50,17 @@ def test_a_worker_that_keeps_dying_between_calls_fails_the_call_it_was_about_to_
     outgoing = []
     dispatcher = Dispatcher(lambda: [], lambda: outgoing.append(1), "node-a", "host-a")
     _assign(dispatcher, "j")
-    dispatcher.add_inputs("j", [[0, b"a"], [1, b"b"]])
+    dispatcher.add_inputs("j", PackedInputs.of([[0, b"a"], [1, b"b"]]))
     job = dispatcher.jobs["j"]
     for _ in range(2):  # MAX_CRASH_ATTEMPTS: each death takes the two queued inputs back
-        items = [job.queue.popleft() for _ in range(len(job.queue))]
-        job.inflight += len(items)
-        dispatcher.on_worker_exit(_DeadWorker([Batch("j", dict(items), 0.0)]), 0)
+        part = job.queue.take_all()
+        job.inflight += part.count
+        dispatcher.on_worker_exit(_DeadWorker([Batch("j", part, 0.0)]), 0)
     [(index, ok, payload)] = _out(job)  # it did not loop forever: input 0 failed
     record = wire.read_error(payload)
     assert (index, ok, record.type_name, record.node_id, record.worker_pid) == (0, False, "WorkerCrashed", "node-a",
                                                                                 4242)
-    assert [item[0] for item in job.queue] == [1]  # the other runs again
+    assert job.queue.index_list() == [1]  # the other runs again
 
 
 # --- the dispatcher as a state machine: events in, effects out, on a clock the test moves ---------
@@ -91,7 +92,7 @@ class RecordedEffects:
         self.log.append(("kill", worker.number, None))
 
     def runs(self) -> list[tuple[int, list[int]]]:
-        return [(n, [i for i, _ in m.items]) for kind, n, m in self.log if isinstance(m, wire.RunCalls)]
+        return [(n, m.part().index_list()) for kind, n, m in self.log if isinstance(m, wire.RunCalls)]
 
     def take(self) -> list:
         taken, self.log = self.log, []
@@ -133,7 +134,7 @@ class Machine:
         """The worker's first batch ends after `seconds`, every call ok."""
         batch = worker.batches[0]
         self.clock.now += seconds
-        results = [[index, True, b"r"] for index in batch.remaining]
+        results = [[index, True, b"r"] for index in batch.remaining_indices()]
         self.dispatcher.on_report(worker, wire.WorkerReport.of(batch.job_id, results, [], True))
 
 
@@ -142,8 +143,8 @@ def _out(job) -> list:
     return [item for part in job.out_results for item in part.items()]
 
 
-def _inputs(first: int, count: int) -> list:
-    return [[i, b"x"] for i in range(first, first + count)]
+def _inputs(first: int, count: int) -> PackedInputs:
+    return PackedInputs.of([[i, b"x"] for i in range(first, first + count)])
 
 
 def test_batches_start_at_one_call_and_grow_to_about_ten_milliseconds_of_calls():
@@ -226,7 +227,7 @@ def test_results_wait_for_the_sender_and_a_dead_workers_inputs_run_first():
     worker = m.workers[0]
     worker.alive = False
     m.dispatcher.on_worker_exit(worker, 1)  # died between calls: the input it held goes back first
-    assert [index for index, _ in job.queue][0] == second
+    assert job.queue.index_list()[0] == second
 
 
 def test_credit_asks_for_a_window_then_waits_for_a_quarter_of_it_to_drain():
@@ -235,10 +236,10 @@ def test_credit_asks_for_a_window_then_waits_for_a_quarter_of_it_to_drain():
     assert job.credit_due(workers=2) == 20
     assert job.credit_due(workers=2) == 0  # all asked for already
     job.credit_unused = 0
-    job.queue.extend(_inputs(0, 16))  # 4 missing: under a quarter of the window
+    job.queue.append(_inputs(0, 16))  # 4 missing: under a quarter of the window
     assert job.credit_due(workers=2) == 0
     job.queue.clear()
-    job.queue.extend(_inputs(0, 14))
+    job.queue.append(_inputs(0, 14))
     assert job.credit_due(workers=2) == 6
 
 
@@ -316,7 +317,7 @@ def test_batches_stay_whole_while_credit_brings_inputs_and_shrink_only_at_the_en
     # Near the end the job's size bounds what the credit can still bring: even shares again.
     job.done, job.inflight = 9_000, 600
     assert job.credit_unused > 400 and job.still_to_run() == 400
-    job.queue.extend(_inputs(9_600, 400))  # here they are: nothing more to come
+    job.queue.append(_inputs(9_600, 400))  # here they are: nothing more to come
     assert job.still_to_run() == 400
 
 
@@ -328,7 +329,7 @@ def test_a_calls_time_is_the_workers_own_measure_without_the_round_trip():
     m.dispatcher.add_inputs("j", _inputs(0, 5_000))
     [batch] = m.workers[0].batches
     m.clock.now += 0.002  # the report comes 2 ms after the dispatch; its one call took 10 µs
-    results = [[index, True, b"r"] for index in batch.remaining]
+    results = [[index, True, b"r"] for index in batch.remaining_indices()]
     m.dispatcher.on_report(m.workers[0], wire.WorkerReport.of("j", results, [], True, 0.00001))
     job = m.dispatcher.jobs["j"]
     assert abs(job.call_seconds - 0.00001) < 1e-9

@@ -14,6 +14,7 @@ SCRIPT = r"""
 import asyncio, os, pickle, signal, struct
 from burla import wire
 from burla.node.fork_server import NO_GPU, NO_GPUS, UNKNOWN_EXIT, ForkServer, start_fork_server
+from burla.packed_inputs import PackedInputs
 from burla.serialization import dumps_function
 
 def visible(x):
@@ -30,7 +31,8 @@ async def call(process, sock, shm):
     ready = await frame(reader)
     assert isinstance(ready, wire.WorkerReady) and ready.pid == process.pid
     assert struct.unpack_from("q", shm, 0)[0] == -1
-    for msg in (wire.LoadFunction("job", dumps_function(visible), b""), wire.RunCalls("job", [[3, pickle.dumps(5)]])):
+    run = wire.RunCalls.of("job", PackedInputs.of([[3, pickle.dumps(5)]]))
+    for msg in (wire.LoadFunction("job", dumps_function(visible), b""), run):
         data = msg.encode()
         writer.write(wire.FRAME_HEADER.pack(len(data)) + data)
     report = await frame(reader)

@@ -262,7 +262,7 @@ def test_a_node_whose_packed_results_are_not_what_they_claim_is_refused(tmp_path
                     replies.append(wire.decode(frame.data, wire.HEAD_TO_NODE))
                     if isinstance(replies[-1], wire.AssignJob):
                         await node.send_bytes(wire.Credit(spec.job_id, 2).encode())
-                    elif isinstance(replies[-1], wire.InputBatch):  # answer: 0 failed, 1 packed in its place
+                    elif isinstance(replies[-1], wire.NodeInputs):  # answer: 0 failed, 1 packed in its place
                         lying = wire.NodeResults(spec.job_id, wire.pack_indices([0]), wire.pack_indices([0]),
                                                  wire.pack_items([[1, False, b"e"]]), 0)
                         await node.send_bytes(lying.encode())

@@ -18,6 +18,7 @@ from burla.connection_guard import ConnectionGuard
 from burla.node.dispatcher import Dispatcher
 from burla.node.http import build_node_app
 from burla.node.steal import Donor, Thief
+from burla.packed_inputs import PackedInputs
 
 DONOR, THIEF = "node-donor", "node-thief"
 
@@ -48,7 +49,7 @@ def _dispatcher_with(job_id: str, count: int) -> Dispatcher:
     dispatcher = Dispatcher(lambda: [], lambda: None)  # no workers: inputs stay queued
     dispatcher.assign(wire.AssignJob(job_id, "f", b"fn", 4, None, None, b"", {}, 0))
     if count:
-        dispatcher.add_inputs(job_id, [[i, b"x"] for i in range(count)])
+        dispatcher.add_inputs(job_id, PackedInputs.of([[i, b"x"] for i in range(count)]))
     return dispatcher
 
 
@@ -95,11 +96,11 @@ async def test_a_thief_takes_half_the_donors_queue_reports_it_and_acknowledges(d
         await _steal(thief, hint)
     finally:
         await thief.close()
-    taken = [index for index, _ in mine.jobs["j"].queue]
+    taken = mine.jobs["j"].queue.index_list()
     # Its own window's worth (4 workers, call time unknown: 16), at most half the donor's queue,
     # from the donor's tail: the inputs that would have run there last.
     assert taken == list(range(84, 100))
-    assert [index for index, _ in node.donor._dispatcher.jobs["j"].queue] == list(range(84))
+    assert node.donor._dispatcher.jobs["j"].queue.index_list() == list(range(84))
     assert reports == [wire.Stolen("j", DONOR, taken)]
     transfer = node.donor.transfers[hint.transfer_id]
     assert transfer.acked and transfer.items == []  # acknowledged: nothing to give back

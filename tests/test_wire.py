@@ -9,6 +9,7 @@ import pytest
 
 from burla import wire
 from burla.errors import ProtocolError
+from burla.packed_inputs import PackedInputs
 
 SAMPLES: list[wire.Message] = [
     wire.OpenJob(
@@ -48,7 +49,8 @@ SAMPLES: list[wire.Message] = [
     wire.WorkerReady(123),
     wire.WorkerWaiting(True),
     wire.LoadFunction("j-1", b"fn", b""),
-    wire.RunCalls("j-1", [[0, b"a"]]),
+    wire.RunCalls.of("j-1", PackedInputs.of([[0, b"a"], [5, b"bc"]])),
+    wire.NodeInputs.of("j-1", PackedInputs.of([[2, b"xyz"], [3, b""]])),
     wire.UnloadFunction("j-1"),
     wire.WorkerReport.of("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
 ]
@@ -87,6 +89,12 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([39, "j", wire.pack_indices([0]), b"\x00", b"", 0]), "NodeResults.failed must be packed"),
         (msgpack.packb([39, "j", wire.pack_indices([0]), wire.pack_indices([0, 0]), b"", 0]), "more failed results"),
         (msgpack.packb([39, "j", [[0, True, b"r"]], 0]), "needs 5 fields"),
+        (msgpack.packb([44, "j", b"\x00\x00\x00", b"\x00\x00\x00", b""]), "a 4-byte index and a 4-byte size"),
+        (msgpack.packb([44, "j", wire.pack_indices([0, 1]), wire.pack_indices([1]), b"x"]), "a 4-byte index and"),
+        (msgpack.packb([44, "j", wire.pack_indices([0]), wire.pack_indices([2]), b"x"]), "not as long as its sizes"),
+        (msgpack.packb([32, "j", wire.pack_indices([0]), wire.pack_indices([1]), b"xy"]), "RunCalls.data is not as"),
+        (msgpack.packb([32, "j", wire.pack_indices([0] * (wire.BATCH_ITEMS + 1)),
+                        wire.pack_indices([0] * (wire.BATCH_ITEMS + 1)), b""]), "more than 4096 inputs"),
     ],
 )
 def test_malformed_frames_raise_protocol_error(data, words):

@@ -13,6 +13,7 @@ SCRIPT = r"""
 import asyncio, os, pickle, signal, struct
 from burla import wire
 from burla.node.worker_fork import can_fork, fork_workers
+from burla.packed_inputs import PackedInputs
 from burla.serialization import dumps_function
 
 def triple(x):
@@ -42,7 +43,7 @@ for worker in (first, second):
     assert struct.unpack_from("q", worker.shm, 0)[0] == -1
 
 send(second, wire.LoadFunction("job", dumps_function(triple), b""))
-send(second, wire.RunCalls("job", [[7, pickle.dumps(14)]]))
+send(second, wire.RunCalls.of("job", PackedInputs.of([[7, pickle.dumps(14)]])))
 report = receive(second)
 results = report.part().items()
 assert [(index, ok, pickle.loads(payload)) for index, ok, payload in results] == [(7, True, ("forked", 42))]

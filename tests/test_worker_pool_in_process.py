@@ -15,6 +15,7 @@ import psutil
 from burla import wire
 from burla.node.dispatcher import Dispatcher
 from burla.node.worker_pool import WorkerPool
+from burla.packed_inputs import PackedInputs
 from tests import functions
 from tests.in_process import until
 
@@ -46,7 +47,7 @@ class Node:
     def run(self, job_id: str, function: Callable, inputs: list) -> None:
         self.dispatcher.assign(wire.AssignJob(job_id, "f", cloudpickle.dumps(function), self.pool.size, None, None,
                                               b"", {}, 0))
-        self.dispatcher.add_inputs(job_id, [[i, pickle.dumps(x)] for i, x in enumerate(inputs)])
+        self.dispatcher.add_inputs(job_id, PackedInputs.of([[i, pickle.dumps(x)] for i, x in enumerate(inputs)]))
 
     def results(self, job_id: str) -> dict[int, object]:
         job = self.dispatcher.jobs[job_id]

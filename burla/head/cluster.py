@@ -36,6 +36,7 @@ from burla.head.scheduler import (
     initial_credit,
 )
 from burla.head.views import JobView, NodeView, job_view, node_view
+from burla.packed_inputs import PackedInputs
 from burla.states import EndKind, JobStatus
 
 log = logging.getLogger("burla.head")
@@ -72,11 +73,11 @@ class Cluster:
     def pump(self) -> None:
         self._send_pushes(self.scheduler.plan())
 
-    def _send_pushes(self, pushes: list[tuple[str, str, list]]) -> None:
-        for node_id, job_id, items in pushes:
+    def _send_pushes(self, pushes: list[tuple[str, str, PackedInputs]]) -> None:
+        for node_id, job_id, part in pushes:
             link = self.node_links.get(node_id)
             if link is not None:
-                link.send(wire.InputBatch(job_id, items))
+                link.send(wire.NodeInputs.of(job_id, part))
         for node_id, job_id, inputs in self.scheduler.take_withdrawn():  # after the inputs they go with
             link = self.node_links.get(node_id)
             if link is not None:

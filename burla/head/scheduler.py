@@ -25,6 +25,7 @@ from burla.head.records import (  # noqa: F401 - the records' module re-exported
     NodeRecord,
     initial_credit,
 )
+from burla.packed_inputs import PackedInputs
 from burla.states import EndKind, JobStatus, NodeStatus
 
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
@@ -35,22 +36,20 @@ _data_of = itemgetter(1)
 _ok_of = itemgetter(1)
 
 
-def _frames(indices: list[int], data: list[bytes]) -> list[list[tuple[int, bytes]]]:
-    """Inputs pushed to a node, in InputBatch frames of at most wire.BATCH_ITEMS inputs and
-    about MAX_PUSH_BYTES (a frame ends with the input that reaches it)."""
+def _frames(indices: list[int], data: list[bytes]) -> list[PackedInputs]:
+    """Inputs pushed to a node, packed in frames of at most wire.BATCH_ITEMS inputs and about
+    MAX_PUSH_BYTES (a frame ends with the input that reaches it)."""
     if len(indices) <= wire.BATCH_ITEMS and sum(map(len, data)) < MAX_PUSH_BYTES:
-        return [list(zip(indices, data))] if indices else []
-    frames: list[list[tuple[int, bytes]]] = []
-    batch: list[tuple[int, bytes]] = []
-    size = 0
-    for item in zip(indices, data):
-        batch.append(item)
-        size += len(item[1])
-        if size >= MAX_PUSH_BYTES or len(batch) >= wire.BATCH_ITEMS:
-            frames.append(batch)
-            batch, size = [], 0
-    if batch:
-        frames.append(batch)
+        return [PackedInputs.of_lists(indices, data)] if indices else []
+    frames: list[PackedInputs] = []
+    start = size = 0
+    for end, item in enumerate(data, 1):
+        size += len(item)
+        if size >= MAX_PUSH_BYTES or end - start >= wire.BATCH_ITEMS:
+            frames.append(PackedInputs.of_lists(indices[start:end], data[start:end]))
+            start, size = end, 0
+    if start < len(indices):
+        frames.append(PackedInputs.of_lists(indices[start:], data[start:]))
     return frames
 
 
@@ -330,14 +329,14 @@ class Scheduler:
         if assignment is not None:
             assignment.credit += inputs
 
-    def plan(self) -> list[tuple[str, str, list]]:
+    def plan(self) -> list[tuple[str, str, PackedInputs]]:
         """Move pending inputs onto nodes within their credit: [(node_id, job_id, items)].
 
         Pending inputs are spread over the nodes with credit, but each push is at least
         `_least_push` if the node's credit allows: thinner pushes cost a frame per node per
         upload batch and keep no more workers busy.
         """
-        pushes: list[tuple[str, str, list]] = []
+        pushes: list[tuple[str, str, PackedInputs]] = []
         for job in self.running.values():
             if not job.pending or job.waits_for_nodes:
                 continue
@@ -352,7 +351,7 @@ class Scheduler:
                 self._push(job, node_id, assignment, max(fair_share, _least_push(assignment)), pushes)
         return pushes
 
-    def plan_for(self, node_id: str, job_id: str) -> list[tuple[str, str, list]]:
+    def plan_for(self, node_id: str, job_id: str) -> list[tuple[str, str, PackedInputs]]:
         """After credit from one node, fill that node alone: its share of what is pending, at
         least its workers' worth (the same rule as `plan`, without going over every node)."""
         job = self.jobs.get(job_id)
@@ -361,7 +360,7 @@ class Scheduler:
         assignment = job.assignments.get(node_id)
         if assignment is None or assignment.credit <= 0:
             return []
-        pushes: list[tuple[str, str, list]] = []
+        pushes: list[tuple[str, str, PackedInputs]] = []
         even_share = math.ceil(len(job.pending) / len(job.assignments))
         self._push(job, node_id, assignment, max(even_share, _least_push(assignment)), pushes)
         return pushes

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -20,6 +19,7 @@ from typing import Protocol
 from burla import wire
 from burla.errors import BurlaError, OutOfMemory, WorkerCrashed
 from burla.node.worker_pool import Batch, WorkerHandle
+from burla.packed_inputs import InputRuns, PackedInputs
 from burla.serialization import ErrorOrigin, pack_error
 
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
@@ -46,7 +46,7 @@ class NodeJob:
     local_code: bytes = b""
     ready: bool = True  # False while the node installs packages the job needs
     failed_payload: bytes | None = None  # why every call of the job fails here (installation failed)
-    queue: deque = field(default_factory=deque)  # [index, pickled args]
+    queue: InputRuns = field(default_factory=InputRuns)  # as the head pushed them, packed
     workers: set[WorkerHandle] = field(default_factory=set)
     call_seconds: float | None = None  # EWMA of one call's duration
     mean_input_bytes: float = 0.0
@@ -73,10 +73,10 @@ class NodeJob:
             want = min(want, int(WINDOW_BYTES / self.mean_input_bytes))
         return max(running * 2, min(want, MAX_WINDOW))
 
-    def took_inputs(self, items: list) -> None:
+    def took_inputs(self, part: PackedInputs) -> None:
         """Inputs from the head: they fill granted credit, and their size bounds the window."""
-        self.credit_unused = max(0, self.credit_unused - len(items))
-        size = sum(len(b) for _, b in items) / max(1, len(items))
+        self.credit_unused = max(0, self.credit_unused - part.count)
+        size = len(part.data) / max(1, part.count)
         self.mean_input_bytes = size if not self.mean_input_bytes else 0.8 * self.mean_input_bytes + 0.2 * size
 
     def calls_done(self, count: int, seconds_per_call: float) -> None:
@@ -176,15 +176,15 @@ class Dispatcher:
         job.gpu = msg.func_gpu is not None
         return job
 
-    def add_inputs(self, job_id: str, items: list) -> bool:
+    def add_inputs(self, job_id: str, part: PackedInputs) -> bool:
         job = self.jobs.get(job_id)
         if job is None or job.cancelled:
             return False
-        job.took_inputs(items)
+        job.took_inputs(part)
         if job.failed_payload is not None:
-            self._fail_all(job, items)
+            self._fail_all(job, part.index_list())
             return True
-        job.queue.extend(items)
+        job.queue.append(part)
         self.pump()
         return True
 
@@ -226,13 +226,12 @@ class Dispatcher:
         if job is None:
             return
         job.failed_payload = payload
-        queued, job.queue = list(job.queue), deque()
-        self._fail_all(job, queued)
+        self._fail_all(job, job.queue.take_all().index_list())
 
-    def _fail_all(self, job: NodeJob, items: list) -> None:
-        failed = [[index, False, job.failed_payload] for index, _ in items]
+    def _fail_all(self, job: NodeJob, indices: list[int]) -> None:
+        failed = [[index, False, job.failed_payload] for index in indices]
         job.out_results.extend(map(wire.PackedResults.of, wire.item_frames(failed)))
-        job.done += len(items)
+        job.done += len(indices)
         self._on_outgoing()
 
     def _fail_one(self, job: NodeJob, index: int, error: BurlaError, worker: WorkerHandle) -> None:
@@ -269,28 +268,24 @@ class Dispatcher:
     def on_report(self, worker: WorkerHandle, report: wire.WorkerReport) -> None:
         job = self.jobs.get(report.job_id)
         now = self._clock()
-        indices = wire.unpack_indices(report.indices) if report.indices else None
-        if indices and worker.batches:
-            forget = worker.batches[0].remaining.pop
-            for index in indices:
-                forget(index, None)
-            n = len(indices)
+        if report.indices and worker.batches:
+            n = worker.batches[0].took_results(report.indices)
             # The worker's own measure if it sent one: ours adds the round trip, and the first
             # batch's the function's loading, which kept the first batches small for longer.
             elapsed = report.seconds if report.seconds > 0 else now - worker.last_progress_at
             worker.last_progress_at = now
-            if job is not None:
+            if job is not None and n:
                 job.calls_done(n, max(elapsed, 1e-7) / n)
         if job is not None and not job.cancelled:
             if report.outputs:
                 self._keep_outputs(job, report.outputs)
-            if indices:  # passed on as the worker packed them
+            if report.indices:  # passed on as the worker packed them
                 job.out_results.append(report.part())
             self._on_outgoing()
         if report.batch_done and worker.batches:
             batch = worker.batches.popleft()
             if job is not None:
-                job.inflight -= len(batch.remaining)  # only non-zero for a cancelled batch
+                job.inflight -= batch.left  # only non-zero for a cancelled batch
                 if not any(b.job_id == job.job_id for b in worker.batches):
                     job.workers.discard(worker)
             worker.last_progress_at = now
@@ -309,21 +304,21 @@ class Dispatcher:
         """Requeue what a dead worker held; the call it was running counts one crash (or, if
         the node stopped it for memory, fails with OutOfMemory or runs again with fewer workers)."""
         crashed_index = worker.current_index()
-        if crashed_index < 0 and worker.batches and worker.batches[0].remaining:
+        if crashed_index < 0 and worker.batches and worker.batches[0].left:
             # It died between calls (its own code failed): blame the call it was about to run, so
             # that a job that keeps breaking its workers ends in WorkerCrashed instead of looping.
-            crashed_index = next(iter(worker.batches[0].remaining))
+            crashed_index = worker.batches[0].next_index()
         kill = worker.killed_for
         for batch in reversed(worker.batches):
             job = self.jobs.get(batch.job_id)
             if job is None:
                 continue
             job.workers.discard(worker)
-            job.inflight -= len(batch.remaining)
+            job.inflight -= batch.left
             if job.cancelled:
                 continue
             requeue = []
-            for index, argument_bytes in batch.remaining.items():
+            for index, argument_bytes in batch.remaining_items():
                 if index == crashed_index and kill is not None:
                     if not kill.retry:
                         error: BurlaError = OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
@@ -336,8 +331,8 @@ class Dispatcher:
                         error = WorkerCrashed(index, exit_code, attempts)
                         self._fail_one(job, index, error, worker)
                         continue
-                requeue.append([index, argument_bytes])
-            job.queue.extendleft(reversed(requeue))
+                requeue.append((index, argument_bytes))
+            job.queue.prepend(PackedInputs.of(requeue))
         worker.batches.clear()
         self.pump()
 
@@ -390,9 +385,8 @@ class Dispatcher:
             # Finer shares than a millisecond of calls balance nothing and cost a frame each way.
             spread = max(math.ceil(job.still_to_run() / max(1, min(job.parallelism, n_workers))),
                          int(MIN_SHARE_S / call_s))
-        size = max(1, min(size, spread, len(job.queue)))
-        items = [job.queue.popleft() for _ in range(size)]
-        run = wire.RunCalls(job.job_id, items)
+        part = job.queue.take(max(1, min(size, spread)))
+        run = wire.RunCalls.of(job.job_id, part)
         if job.job_id not in worker.loaded_jobs:  # the function first, in the same write
             self._effects.send(worker, wire.LoadFunction(job.job_id, job.function_bytes, job.local_code), run)
             worker.loaded_jobs.add(job.job_id)
@@ -401,28 +395,27 @@ class Dispatcher:
         now = self._clock()
         if not worker.batches:
             worker.last_progress_at = now
-        worker.batches.append(Batch(job.job_id, dict(items), now))
+        worker.batches.append(Batch(job.job_id, part, now))
         job.workers.add(worker)
-        job.inflight += size
+        job.inflight += part.count
 
     # --- stealing ------------------------------------------------------------------------
 
     def take_surplus(self, job_id: str, max_items: int) -> list:
-        """Give away half of a job's queued inputs (from the tail, the last to run here)."""
+        """Give away half of a job's queued inputs (from the tail, the last to run here), as
+        [(input_index, pickled_args), ...]."""
         job = self.jobs.get(job_id)
         if job is None or job.cancelled or not job.queue:
             return []
         count = min(max_items, max(1, len(job.queue) // 2))
-        items = [job.queue.pop() for _ in range(count)]
-        items.reverse()
-        return items
+        return job.queue.take_last(count).items()
 
     def put_back(self, job_id: str, items: list) -> bool:
         """Inputs given to a thief that never acknowledged them run here after all."""
         job = self.jobs.get(job_id)
         if job is None or job.cancelled:
             return False
-        job.queue.extendleft(reversed(items))
+        job.queue.prepend(PackedInputs.of(items))
         self.pump()
         return True
 
@@ -430,7 +423,7 @@ class Dispatcher:
         job = self.jobs.get(job_id)
         if job is None or job.cancelled:
             return False
-        job.queue.extend(items)
+        job.queue.append(PackedInputs.of(items))
         self.pump()
         return True
 
@@ -456,13 +449,13 @@ class Dispatcher:
         for job in self.jobs.values():
             indices = by_job[job.job_id] = []
             if not job.cancelled:  # a cancelled one is listed empty, so that the head releases it
-                indices.extend(index for index, _ in job.queue)
+                indices.extend(job.queue.index_list())
                 for part in job.out_results:
                     indices.extend(wire.unpack_indices(part.indices))
         for worker in self._workers():
             for batch in worker.batches:
                 if batch.job_id in by_job and not self.jobs[batch.job_id].cancelled:
-                    by_job[batch.job_id].extend(batch.remaining)
+                    by_job[batch.job_id].extend(batch.remaining_indices())
         return [[job_id, wire.pack_indices(indices)] for job_id, indices in by_job.items()]
 
     def new_head_session(self) -> None:

@@ -298,8 +298,8 @@ class NodeService:
 
     def _handle(self, msg: wire.Message) -> None:
         d = self.dispatcher
-        if isinstance(msg, wire.InputBatch):
-            if d.add_inputs(msg.job_id, msg.items):
+        if isinstance(msg, wire.NodeInputs):
+            if d.add_inputs(msg.job_id, msg.part()):
                 self._set_status()
         elif isinstance(msg, wire.AssignJob):
             job = d.assign(msg)

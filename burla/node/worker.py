@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import count
 from typing import Any
 
 from burla import local_code, wire
@@ -30,6 +31,7 @@ from burla.config import ENV_NODE_ID, ENV_PARENT_JOB
 from burla.input_files import mapped_input
 from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
+from burla.packed_inputs import unpack_uints
 from burla.process_memory import freeze_inherited_objects
 from burla.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
@@ -117,7 +119,8 @@ class Worker:
             if msg is None:
                 return
             if isinstance(msg, wire.RunCalls):
-                self._run_batch(msg.job_id, msg.items)
+                part = msg.part()
+                self._run_batch(msg.job_id, unpack_uints(part.indices), part.arguments())
             elif isinstance(msg, wire.LoadFunction):
                 self._load(msg.job_id, msg.function_bytes, msg.local_code)
             elif isinstance(msg, wire.UnloadFunction):
@@ -157,7 +160,7 @@ class Worker:
         local_code.install(code, directory)
         self._code = (digest, directory)
 
-    def _run_batch(self, job_id: str, items: list) -> None:
+    def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list[bytes]) -> None:
         if job_id in self._cancelled_jobs:
             self._send(wire.WorkerReport(job_id, b"", b"", b"", [], True))
             return
@@ -174,7 +177,7 @@ class Worker:
         results: list[list] = []
         since = time.monotonic()  # when the calls of the last report began
         try:
-            results, since = self._run_calls(job_id, items, call, since)
+            results, since = self._run_calls(job_id, indices, arguments, call, since)
         except CallCancelled:  # the signal landed between calls
             self._cancel_requested = True
         finally:
@@ -185,8 +188,8 @@ class Worker:
             results = []
         self._flush(job_id, results, True, time.monotonic() - since)
 
-    def _run_calls(self, job_id: str, items: list, call: Callable[[bytes], bytes], started: float
-                   ) -> tuple[list[list], float]:
+    def _run_calls(self, job_id: str, indices: Sequence[int], arguments: list[bytes], call: Callable[[bytes], bytes],
+                   started: float) -> tuple[list[list], float]:
         """Run the batch's calls (from `started`) until done or cancelled; returns the results not
         yet sent and when their calls began. This loop runs once per call: what it does per item
         is kept to the bare minimum."""
@@ -195,8 +198,8 @@ class Worker:
         results: list[list] = []
         pending_bytes = 0
         last_flush = started
-        last = len(items) - 1
-        for position, (index, argument_bytes) in enumerate(items):
+        last = len(indices) - 1
+        for position, index, argument_bytes in zip(count(), indices, arguments):
             if self._cancel_requested:
                 break
             mark_running(shm, 0, index)

@@ -30,6 +30,7 @@ from burla.loop_supervisor import end_tasks
 from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 from burla.node.worker_fork import ForkedProcess, ForkedWorker
+from burla.packed_inputs import UINT_BYTES, PackedInputs, unpack_uints
 
 Process = asyncio.subprocess.Process | ForkedProcess | ServedProcess
 
@@ -40,9 +41,44 @@ CLOSE_WAIT_S = 5.0
 
 @dataclass
 class Batch:
+    """A worker's batch: its inputs from position `reported` on are still without a result."""
+
     job_id: str
-    remaining: dict[int, bytes]  # input index -> pickled arguments, until its result arrives
+    part: PackedInputs
     dispatched_at: float
+    reported: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.part.count - self.reported
+
+    def took_results(self, indices: bytes) -> int:
+        """These inputs' results are in (packed indices, as in a WorkerReport); returns how many.
+
+        A worker reports its batch's results in the batch's order, so they are the next ones here:
+        one comparison of bytes checks it. Were they not, the batch is cut down to the inputs still
+        without a result, one by one."""
+        size = UINT_BYTES
+        at = self.reported * size
+        if self.part.indices[at:at + len(indices)] == indices:
+            self.reported += len(indices) // size
+            return len(indices) // size
+        reported = set(unpack_uints(indices))
+        left = [item for item in self.remaining_items() if item[0] not in reported]
+        taken = self.left - len(left)
+        self.part, self.reported = PackedInputs.of(left), 0
+        return taken
+
+    def remaining_items(self) -> list[tuple[int, bytes]]:
+        return self.part.items()[self.reported:]
+
+    def remaining_indices(self) -> list[int]:
+        return self.part.index_list()[self.reported:]
+
+    def next_index(self) -> int:
+        """The input the worker runs next (or runs now); -1 if none is left."""
+        at = self.reported * UINT_BYTES
+        return unpack_uints(self.part.indices[at:at + UINT_BYTES])[0] if self.left else -1
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,198 @@
+"""Inputs packed for the hops where nobody reads them: from the head to a node, and from the
+node to a worker.
+
+A run of inputs is three byte strings: their indices (4 bytes each), the sizes of their pickled
+arguments (4 bytes each) and those arguments end to end. A node queues what the head pushes as
+it came and cuts its workers' batches out of it by slicing, where a list per input cost it a
+decode, a check, a queue operation and an encode per input (most of a node's work per no-op
+call). Only a worker takes the arguments apart, one slice per call.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
+from operator import itemgetter
+
+from burla.errors import ProtocolError
+
+_UINT = struct.Struct("<I")  # an input index (below MAX_INPUTS < 2**32), or a pickle's size (at most 200 MB)
+UINT_BYTES = _UINT.size
+_index_of = itemgetter(0)
+_data_of = itemgetter(1)
+
+
+def pack_uints(values: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(values)}I", *values)
+
+
+def unpack_uints(packed: bytes | memoryview) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(packed) // _UINT.size}I", packed)
+
+
+class PackedInputs:
+    """A run of inputs: `indices`, `sizes` and `data` as the module docstring says."""
+
+    __slots__ = ("indices", "sizes", "data")
+
+    def __init__(self, indices: bytes, sizes: bytes, data: bytes) -> None:
+        self.indices = indices
+        self.sizes = sizes
+        self.data = data
+
+    @classmethod
+    def of(cls, items: Sequence[Sequence]) -> PackedInputs:
+        """From [[input_index, pickled_args], ...]."""
+        return cls.of_lists(list(map(_index_of, items)), list(map(_data_of, items)))
+
+    @classmethod
+    def of_lists(cls, indices: Sequence[int], data: Sequence[bytes]) -> PackedInputs:
+        return cls(pack_uints(indices), pack_uints(list(map(len, data))), b"".join(data))
+
+    @property
+    def count(self) -> int:
+        return len(self.indices) // _UINT.size
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return iter(self.items())
+
+    def index_list(self) -> list[int]:
+        return list(unpack_uints(self.indices))
+
+    def arguments(self) -> list[bytes]:
+        """Each input's pickled arguments, in order (sliced at C speed)."""
+        ends = list(accumulate(unpack_uints(self.sizes)))
+        data = self.data
+        return list(map(data.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+
+    def items(self) -> list[tuple[int, bytes]]:
+        """[(input_index, pickled_args), ...]: for the rare paths (a lost worker, a steal)."""
+        return list(zip(unpack_uints(self.indices), self.arguments()))
+
+    def check(self, name: str, max_count: int) -> None:
+        """Raise ProtocolError unless the three parts agree (at most `max_count` inputs)."""
+        if len(self.indices) % _UINT.size or len(self.sizes) != len(self.indices):
+            raise ProtocolError(f"{name} must list a 4-byte index and a 4-byte size per input")
+        if self.count > max_count:
+            raise ProtocolError(f"{name} carries more than {max_count} inputs")
+        if sum(unpack_uints(self.sizes)) != len(self.data):
+            raise ProtocolError(f"{name}.data is not as long as its sizes add up to")
+
+
+class InputRuns:
+    """Packed runs of one job's inputs queued on a node, taken from the front in slices (a
+    worker's batch) or from the back (what a peer steals). Only a run's indices and sizes are
+    unpacked, once, when it is queued; its arguments stay as they came until a slice of them
+    goes to a worker."""
+
+    __slots__ = ("_runs", "_count")
+
+    def __init__(self) -> None:
+        self._runs: list[_Run] = []  # few: one per push from the head, in order
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, part: PackedInputs) -> None:
+        if part.count:
+            self._runs.append(_Run(part))
+            self._count += part.count
+
+    def prepend(self, part: PackedInputs) -> None:
+        """Inputs that go first (back from a lost worker or a thief that never took them)."""
+        if part.count:
+            self._runs.insert(0, _Run(part))
+            self._count += part.count
+
+    def take(self, count: int) -> PackedInputs:
+        """Up to `count` inputs from the front."""
+        parts = []
+        while count > 0 and self._runs:
+            run = self._runs[0]
+            part = run.take_front(count)
+            count -= part.count
+            self._count -= part.count
+            parts.append(part)
+            if not run.left:
+                del self._runs[0]
+        return join(parts)
+
+    def take_last(self, count: int) -> PackedInputs:
+        """Up to `count` inputs from the back, in their order."""
+        parts = []
+        while count > 0 and self._runs:
+            run = self._runs[-1]
+            part = run.take_back(count)
+            count -= part.count
+            self._count -= part.count
+            parts.append(part)
+            if not run.left:
+                self._runs.pop()
+        parts.reverse()
+        return join(parts)
+
+    def index_list(self) -> list[int]:
+        return [index for run in self._runs for index in run.indices[run.start:run.end]]
+
+    def take_all(self) -> PackedInputs:
+        return self.take(self._count)
+
+    def clear(self) -> None:
+        self._runs.clear()
+        self._count = 0
+
+
+class _Run:
+    __slots__ = ("part", "indices", "sizes", "start", "end", "data_start", "data_end")
+
+    def __init__(self, part: PackedInputs) -> None:
+        self.part = part
+        self.indices = unpack_uints(part.indices)
+        self.sizes = unpack_uints(part.sizes)
+        self.start, self.end = 0, len(self.indices)  # what is left: [start, end)
+        self.data_start, self.data_end = 0, len(part.data)
+
+    @property
+    def left(self) -> int:
+        return self.end - self.start
+
+    def take_front(self, count: int) -> PackedInputs:
+        start = self.start
+        if start == 0 and count >= self.end:  # the whole run, as it came: no copy
+            self.start = self.end
+            self.data_start = self.data_end
+            return self.part if self.end == len(self.indices) else self._slice(0, self.end, 0, self.data_end)
+        stop = min(self.end, start + count)
+        data_stop = self.data_start + sum(self.sizes[start:stop])
+        part = self._slice(start, stop, self.data_start, data_stop)
+        self.start, self.data_start = stop, data_stop
+        return part
+
+    def take_back(self, count: int) -> PackedInputs:
+        stop = self.end
+        start = max(self.start, stop - count)
+        data_start = self.data_end - sum(self.sizes[start:stop])
+        part = self._slice(start, stop, data_start, self.data_end)
+        self.end, self.data_end = start, data_start
+        return part
+
+    def _slice(self, start: int, stop: int, data_start: int, data_stop: int) -> PackedInputs:
+        size = _UINT.size
+        part = self.part
+        return PackedInputs(part.indices[start * size:stop * size], part.sizes[start * size:stop * size],
+                            part.data[data_start:data_stop])
+
+
+def join(parts: Sequence[PackedInputs]) -> PackedInputs:
+    if len(parts) == 1:
+        return parts[0]
+    return PackedInputs(b"".join(p.indices for p in parts), b"".join(p.sizes for p in parts),
+                        b"".join(p.data for p in parts))
+
+
+EMPTY = PackedInputs(b"", b"", b"")
