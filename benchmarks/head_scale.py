@@ -1,7 +1,7 @@
 """A real head with N simulated nodes: what the head costs per node and per call.
 
 The nodes speak the real node protocol over real WebSockets (RegisterNode, AssignJob, credit,
-NodeInputs, NodeResults, a NodeState push every second) from a few processes, so the simulator
+InputBatch, NodeResults, a NodeState push every second) from a few processes, so the simulator
 is not the bottleneck; their "workers" answer every input at once (or after --call-ms per call,
 `--slots` at a time), so the head (and the client feeding it) is all that is measured. They ask
 for credit with the real node's records and rule (`burla.node.dispatcher.NodeJob`): a window of
@@ -128,7 +128,7 @@ class _SimulatedSession:
         """Act on one frame from the head; False when it says to shut down."""
         from burla import wire
 
-        if isinstance(msg, wire.NodeInputs):
+        if isinstance(msg, wire.InputBatch):
             await self.on_inputs(msg)
         elif isinstance(msg, wire.AssignJob):
             # Its workers never grow past its slots (a real node's governor would not, for calls

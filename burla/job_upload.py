@@ -18,6 +18,7 @@ from burla import wire
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import InputTooBig, UnpicklableInput
 from burla.input_files import INPUT_FILE_MIN_BYTES, InputFiles
+from burla.packed_inputs import PackedInputs
 from burla.progress import Display
 from burla.serialization import PROTOCOL, dumps
 
@@ -31,6 +32,10 @@ KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say 
 _SCALARS = frozenset({int, float, bool, type(None), complex})  # pickle small, always
 
 Send = Callable[[wire.Message], Awaitable[None]]
+
+
+def _input_batch(job_id: str, indices: list[int], data: list[bytes]) -> wire.InputBatch:
+    return wire.InputBatch.of(job_id, PackedInputs.of_lists(indices, data))
 
 
 def _no_sizes(n_inputs: int) -> array:
@@ -163,7 +168,8 @@ class Uploader:
         """Pickle and send inputs from `start` while the window allows; a detaching client then
         waits until the head has saved them all."""
         job_id = self.job_id
-        batch: list = []
+        batch: list[bytes] = []  # the batch's pickled inputs, and their indices beside them
+        batch_indices: list[int] = []
         batch_bytes = 0
         inputs, received, sizes = self.inputs, self.received, self.sizes
         dumps, scalars = pickle.dumps, _SCALARS
@@ -192,28 +198,29 @@ class Uploader:
                     self._count_out(taken_inputs, taken_bytes, last)
                     taken_inputs = taken_bytes = 0
                     if batch:
-                        await send(wire.InputBatch(job_id, batch))
-                        batch, batch_bytes = [], 0
+                        await send(_input_batch(job_id, batch_indices, batch))
+                        batch, batch_indices, batch_bytes = [], [], 0
                     await self._room_for(size)
                     room_inputs, room_bytes = self._room()
                 taken_inputs += 1
                 taken_bytes += size
                 last = index
                 sizes[index] = size
-                batch.append([index, data])
+                batch.append(data)
+                batch_indices.append(index)
                 batch_bytes += len(data)
                 if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
                     self._count_out(taken_inputs, taken_bytes, last)
                     taken_inputs = taken_bytes = 0
-                    await send(wire.InputBatch(job_id, batch))
-                    batch, batch_bytes = [], 0
+                    await send(_input_batch(job_id, batch_indices, batch))
+                    batch, batch_indices, batch_bytes = [], [], 0
                     batch_items = min(UPLOAD_BATCH_ITEMS, batch_items * 2)
                     await asyncio.sleep(0)  # results that came back meanwhile are taken between batches
                     room_inputs, room_bytes = self._room()
             self._count_out(taken_inputs, taken_bytes, last)
             taken_inputs = taken_bytes = 0
             if batch:
-                await send(wire.InputBatch(job_id, batch))
+                await send(_input_batch(job_id, batch_indices, batch))
         finally:
             self._count_out(taken_inputs, taken_bytes, last)  # an input that can't be sent ends the upload
         if self.detaching:

@@ -12,7 +12,7 @@ checks every result it takes.
 Channels (the Channel objects at the end list exactly what each direction accepts):
   client <-> head   OpenJob, ResumeJob, JobAccepted, JobResumed, InputBatch, InputsKept,
                     ResultBatch, ResultAck, OutputBatch, Progress, CancelJob, JobEnded, ErrorReply
-  node   <-> head   RegisterNode, NodeRegistered, AssignJob, NodeInputs, Credit, NodeResults,
+  node   <-> head   RegisterNode, NodeRegistered, AssignJob, InputBatch, Credit, NodeResults,
                     OutputBatch, NodeState, Stolen, NodeLeaving, StealHint, CancelJob, ReleaseJob,
                     ShutdownNode, ErrorReply
   node   <-> node   StealRequest, StealGrant, StealAck
@@ -97,11 +97,23 @@ class ErrorReply(Message):
 
 @message(4)
 class InputBatch(Message):
+    """A job's inputs, packed (`PackedInputs`), from the client to the head and from the head to a
+    node: neither takes them apart into an object per input (a node's worker does)."""
+
     job_id: str
-    items: list  # [[input_index, pickled_args], ...]
+    indices: bytes
+    sizes: bytes
+    data: bytes
+
+    @classmethod
+    def of(cls, job_id: str, part: PackedInputs) -> InputBatch:
+        return cls(job_id, part.indices, part.sizes, part.data)
+
+    def part(self) -> PackedInputs:
+        return PackedInputs(self.indices, self.sizes, self.data)
 
     def validate(self) -> None:
-        _check_items("InputBatch", self.items, (int, bytes))
+        self.part().check("InputBatch", BATCH_ITEMS)
 
 
 @message(5)
@@ -601,27 +613,6 @@ class InputsPushed(Message):
     job_id: str
 
 
-@message(44)
-class NodeInputs(Message):
-    """Head to node: a job's inputs, packed (`PackedInputs`): the node queues them as they are and
-    cuts its workers' batches out of them, never taking them apart (a worker does)."""
-
-    job_id: str
-    indices: bytes
-    sizes: bytes
-    data: bytes
-
-    @classmethod
-    def of(cls, job_id: str, part: PackedInputs) -> NodeInputs:
-        return cls(job_id, part.indices, part.sizes, part.data)
-
-    def part(self) -> PackedInputs:
-        return PackedInputs(self.indices, self.sizes, self.data)
-
-    def validate(self) -> None:
-        self.part().check("NodeInputs", BATCH_ITEMS)
-
-
 @message(37)
 class ErrorRecord(Message):
     """A failed call's error, as a result payload. The head, CLI and dashboard read the typed
@@ -679,7 +670,7 @@ CLIENT_TO_HEAD = Channel("client to head", (OpenJob, ResumeJob, InputBatch, Resu
                          Limits(200_000, 100_000, 1 << 20, MAX_FRAME_BYTES, 600_000))
 NODE_TO_HEAD = Channel("node to head", (RegisterNode, Credit, NodeResults, OutputBatch, NodeState, Stolen, NodeLeaving),
                        Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
-HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, NodeInputs, CreditWithdrawn, InputsPushed,
+HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CreditWithdrawn, InputsPushed,
                                         CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint),
                        Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
 HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, ResultBatch, OutputBatch,

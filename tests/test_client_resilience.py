@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from burla import JobCanceled, JobNotFound, wire
+from burla.packed_inputs import PackedInputs
 from burla.serialization import dumps, dumps_function, loads
 from tests import functions
 from tests.conftest import REPO, own_head
@@ -174,10 +175,10 @@ def test_an_opening_on_a_connection_leaves_the_job_it_carried(quick_head):
             async with session.ws_connect(quick_head.url + "/v1/jobs/ws") as ws:
                 await ws.send_bytes(long_job.encode())
                 inputs = [[0, dumps((0, 60))], [1, dumps((1, 60))]]
-                await ws.send_bytes(wire.InputBatch(long_job.job_id, inputs).encode())
+                await ws.send_bytes(wire.InputBatch.of(long_job.job_id, PackedInputs.of(inputs)).encode())
                 assert isinstance(wire.decode((await ws.receive()).data), wire.JobAccepted)
                 await ws.send_bytes(short_job.encode())
-                await ws.send_bytes(wire.InputBatch(short_job.job_id, [[0, dumps(21)]]).encode())
+                await ws.send_bytes(wire.InputBatch.of(short_job.job_id, PackedInputs.of([[0, dumps(21)]])).encode())
                 while True:
                     msg = wire.decode((await asyncio.wait_for(ws.receive(), 60)).data)
                     if isinstance(msg, wire.ResultBatch) and msg.job_id == short_job.job_id:

@@ -14,6 +14,7 @@ from burla.head.cluster import Cluster
 from burla.head.history import KeptJob
 from burla.head.links import NodeLink
 from burla.head.scheduler import COMPLETED, RUNNING
+from burla.packed_inputs import PackedInputs
 from burla.states import EndKind
 from tests.test_scheduler import spec
 
@@ -76,13 +77,13 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
 def _pushed(link: NodeLink) -> list[int]:
     """Input indices the head has queued for this node's connection."""
     return [item[0] for frame in link._frames for msg in [wire.decode(frame, wire.HEAD_TO_NODE)]
-            if isinstance(msg, wire.NodeInputs) for item in msg.part().items()]
+            if isinstance(msg, wire.InputBatch) for item in msg.part().items()]
 
 
 def _open(cluster: Cluster, n: int) -> tuple:
     """Job "j" of `n` inputs, every one uploaded: (its record, its client link)."""
     job, link = cluster.open_job(spec(n=n, raise_errors=False))
-    cluster.add_inputs(job, [[i, f"x{i}".encode()] for i in range(n)])
+    cluster.add_inputs(job, PackedInputs.of([[i, f"x{i}".encode()] for i in range(n)]))
     return job, link
 
 
@@ -316,16 +317,16 @@ def test_nodes_hear_once_when_every_input_of_a_job_is_on_them():
     cluster = Cluster("0.1.0")
     links = [_register(cluster, "a", []), _register(cluster, "b", [])]
     job, _ = cluster.open_job(spec(n=2_000, raise_errors=False))
-    cluster.add_inputs(job, [[i, b"x"] for i in range(1_000)])
+    cluster.add_inputs(job, PackedInputs.of([[i, b"x"] for i in range(1_000)]))
     for node_id in ("a", "b"):
         cluster.on_node_message(node_id, wire.Credit("j", 5_000))
     assert not job.pending and not any(_node_told(link, wire.InputsPushed) for link in links)  # more to upload
-    cluster.add_inputs(job, [[i, b"x"] for i in range(1_000, 2_000)])
+    cluster.add_inputs(job, PackedInputs.of([[i, b"x"] for i in range(1_000, 2_000)]))
     assert not job.pending and job.all_pushed
     for link in links:
         assert _node_told(link, wire.InputsPushed) == [wire.InputsPushed("j")]
         kinds = [type(wire.decode(frame, wire.HEAD_TO_NODE)) for frame in link._frames]
-        assert kinds.index(wire.InputsPushed) > max(i for i, k in enumerate(kinds) if k is wire.NodeInputs)
+        assert kinds.index(wire.InputsPushed) > max(i for i, k in enumerate(kinds) if k is wire.InputBatch)
     # A node lost: its inputs go to the other one, which already knows there are no more.
     cluster.node_lost("b")
     assert len(_node_told(links[0], wire.InputsPushed)) == 1
@@ -341,7 +342,7 @@ def test_a_node_that_joins_after_every_input_was_pushed_hears_it_with_its_share(
     assert job.all_pushed and not _node_told(c, wire.InputsPushed)
     cluster.node_lost("b")  # its share, and its inputs, go to the node left out
     kinds = [type(wire.decode(frame, wire.HEAD_TO_NODE)) for frame in c._frames]
-    assert kinds[:2] == [wire.AssignJob, wire.InputsPushed] and wire.NodeInputs in kinds
+    assert kinds[:2] == [wire.AssignJob, wire.InputsPushed] and wire.InputBatch in kinds
 
 
 def test_a_job_on_one_node_costs_no_frame_to_say_so():

@@ -22,6 +22,7 @@ import pytest
 from burla import RemoteError, wire
 from burla._version import __version__
 from burla.build import build_hash
+from burla.packed_inputs import PackedInputs
 from tests import functions
 from tests.conftest import own_head
 from tests.fuzz.transport import _read_frame, ws_frame
@@ -254,7 +255,8 @@ def test_a_node_whose_packed_results_are_not_what_they_claim_is_refused(tmp_path
                 assert isinstance(replies[0], wire.NodeRegistered)
                 await client.send_bytes(spec.encode())
                 assert isinstance(wire.decode((await client.receive()).data), wire.JobAccepted)
-                await client.send_bytes(wire.InputBatch(spec.job_id, [[0, b"a"], [1, b"b"]]).encode())
+                inputs = wire.InputBatch.of(spec.job_id, PackedInputs.of([[0, b"a"], [1, b"b"]]))
+                await client.send_bytes(inputs.encode())
                 while True:
                     frame = await asyncio.wait_for(node.receive(), 60)
                     if frame.type != aiohttp.WSMsgType.BINARY:
@@ -262,7 +264,7 @@ def test_a_node_whose_packed_results_are_not_what_they_claim_is_refused(tmp_path
                     replies.append(wire.decode(frame.data, wire.HEAD_TO_NODE))
                     if isinstance(replies[-1], wire.AssignJob):
                         await node.send_bytes(wire.Credit(spec.job_id, 2).encode())
-                    elif isinstance(replies[-1], wire.NodeInputs):  # answer: 0 failed, 1 packed in its place
+                    elif isinstance(replies[-1], wire.InputBatch):  # answer: 0 failed, 1 packed in its place
                         lying = wire.NodeResults(spec.job_id, wire.pack_indices([0]), wire.pack_indices([0]),
                                                  wire.pack_items([[1, False, b"e"]]), 0)
                         await node.send_bytes(lying.encode())

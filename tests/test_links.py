@@ -13,6 +13,7 @@ from aiohttp import web
 from burla import wire
 from burla.head import links
 from burla.head.links import ClientLink, NodeLink
+from burla.packed_inputs import PackedInputs
 
 
 class OneSocket:
@@ -67,10 +68,10 @@ async def test_node_frames_written_directly_arrive_in_order_also_when_the_socket
             # Sizes that take each header form (1, 3 and 9 length bytes) and both write paths.
             sizes = [0, 100, 20_000, 70_000, 1_000_000] * 20  # 20 MB: more than the kernel buffers
             for number, size in enumerate(sizes):
-                link.send(wire.InputBatch("j", [[number, b"x" * size]]))
+                link.send(wire.InputBatch.of("j", PackedInputs.of([[number, b"x" * size]])))
             assert link._frames, "the socket never backed up: the writer task's path went untested"
             got = await _read(client, len(sizes))
-            assert [(m.items[0][0], len(m.items[0][1])) for m in got] == list(enumerate(sizes))
+            assert [(i, len(data)) for m in got for i, data in m.part().items()] == list(enumerate(sizes))
             link.send(wire.ReleaseJob("j"))  # and straight to the socket again once it drained
             assert not link._frames
             assert await _read(client, 1) == [wire.ReleaseJob("j")]

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from burla import DetachRequiresDeployedCluster, wire
+from burla.packed_inputs import PackedInputs
 from tests import functions
 from tests.conftest import own_head, run_client, start_head, wait_for_nodes
 from tests.helpers import PRELUDE, get_json, wait_until
@@ -120,8 +121,8 @@ def test_a_detaching_client_leaves_only_once_its_inputs_are_saved(tmp_path):
             async with session.ws_connect(head.url + "/v1/jobs/ws") as ws:
                 await ws.send_bytes(spec.encode())
                 assert isinstance(wire.decode((await ws.receive()).data), wire.JobAccepted)
-                await ws.send_bytes(wire.InputBatch(spec.job_id, items[:2]).encode())
-                await ws.send_bytes(wire.InputBatch(spec.job_id, items[2:]).encode())
+                await ws.send_bytes(wire.InputBatch.of(spec.job_id, PackedInputs.of(items[:2])).encode())
+                await ws.send_bytes(wire.InputBatch.of(spec.job_id, PackedInputs.of(items[2:])).encode())
                 while True:
                     msg = wire.decode((await asyncio.wait_for(ws.receive(), 60)).data)
                     if isinstance(msg, wire.InputsKept):

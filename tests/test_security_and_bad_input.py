@@ -15,6 +15,7 @@ import pytest
 from burla import wire
 from burla._version import __version__
 from burla.build import build_hash
+from burla.packed_inputs import PackedInputs
 from tests import functions
 from tests.conftest import wait_for_nodes
 
@@ -156,7 +157,7 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         ([b"\xc1garbage"], "ProtocolError", "msgpack"),
         ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
         ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 21 fields"),
-        ([wire.InputBatch("j", []).encode()], "ProtocolError", "not accepted on this channel"),
+        ([wire.InputBatch.of("j", PackedInputs.of([])).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),
         # Fails on the previous code (found by the fuzz test): a node's RAM over it overflowed.

@@ -33,7 +33,7 @@ class Head:
 
     async def send(self, msg: wire.Message) -> None:
         assert isinstance(msg, wire.InputBatch)
-        indices = [index for index, _ in msg.items]
+        indices = msg.part().index_list()
         self.sent += indices
         self.in_flight += indices
         # The window is never over its count, nor over its bytes but for a lone input.
@@ -115,7 +115,7 @@ async def test_a_detaching_client_sends_everything_whatever_the_window():
 
     async def send(msg: wire.Message) -> None:
         assert isinstance(msg, wire.InputBatch)
-        sent.extend(index for index, _ in msg.items)
+        sent.extend(msg.part().index_list())
         if len(sent) == 30:
             uploader.kept.set()  # the head says it saved them all
 

@@ -348,7 +348,7 @@ async def _client_frames(cluster: Cluster, ws: web.WebSocketResponse, job: JobRe
         try:
             msg = wire.decode(frame.data, wire.CLIENT_TO_HEAD)
             if isinstance(msg, wire.InputBatch):
-                cluster.add_inputs(job, msg.items)
+                cluster.add_inputs(job, msg.part())
             elif isinstance(msg, wire.ResultAck):
                 cluster.ack(job, msg.seq)
             elif isinstance(msg, wire.CancelJob):

@@ -77,7 +77,7 @@ class Cluster:
         for node_id, job_id, part in pushes:
             link = self.node_links.get(node_id)
             if link is not None:
-                link.send(wire.NodeInputs.of(job_id, part))
+                link.send(wire.InputBatch.of(job_id, part))
         for node_id, job_id, inputs in self.scheduler.take_withdrawn():  # after the inputs they go with
             link = self.node_links.get(node_id)
             if link is not None:
@@ -339,7 +339,7 @@ class Cluster:
         self.assign(job)
         if first_inputs:  # pushed before the bookkeeping below: the node can start at once
             try:
-                self.add_inputs(job, first_inputs)
+                self.add_inputs(job, PackedInputs.of(first_inputs))
             except BurlaError as e:
                 self.cancel(job.job_id, f"its first inputs were refused: {e}")
                 self.client_left(job, link)  # no client will attach to it
@@ -418,12 +418,13 @@ class Cluster:
         )
         return job, link, resumed
 
-    def add_inputs(self, job: JobRecord, items: list) -> None:
+    def add_inputs(self, job: JobRecord, part: PackedInputs) -> None:
         if job.status != RUNNING:
             return
-        self.scheduler.add_inputs(job, items)
-        if job.spec.detach:
-            self.record.keep_inputs(job.job_id, items)  # its client won't be there to send them again
+        indices, data = part.index_list(), part.arguments()
+        self.scheduler.add_input_lists(job, indices, data)
+        if job.spec.detach:  # its client won't be there to send them again
+            self.record.keep_inputs(job.job_id, list(zip(indices, data)))
             if job.received >= job.n_inputs:
                 self._confirm_inputs_kept(job)
         self.pump()

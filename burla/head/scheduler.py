@@ -274,17 +274,24 @@ class Scheduler:
     # --- inputs and results --------------------------------------------------------------
 
     def add_inputs(self, job: JobRecord, items: list) -> None:
+        """Queue these inputs, [[input_index, pickled_args], ...]."""
+        self.add_input_lists(job, list(map(_index_of, items)), list(map(_data_of, items)))
+
+    def add_input_lists(self, job: JobRecord, indices: list[int], data: list[bytes]) -> None:
+        """Queue these inputs, given as their indices and their pickled arguments (lists the queue keeps)."""
         if job.status != RUNNING:
             return  # uploads still on their way when the job ended
         n = job.n_inputs
         seen = job.seen
-        if job.node_held:
-            items = self._to_holders(job, items)
-        if job.lenient_uploads:  # taken up from history: its client may send again what was kept
-            items = [item for item in items if not (0 <= item[0] < n and seen[item[0]])]
-        if not items:
+        if job.node_held or job.lenient_uploads:
+            items = list(zip(indices, data))
+            if job.node_held:
+                items = self._to_holders(job, items)
+            if job.lenient_uploads:  # taken up from history: its client may send again what was kept
+                items = [item for item in items if not (0 <= item[0] < n and seen[item[0]])]
+            indices, data = list(map(_index_of, items)), list(map(_data_of, items))
+        if not indices:
             return
-        indices, data = list(map(_index_of, items)), list(map(_data_of, items))
         first, end = indices[0], indices[0] + len(indices)
         prefix = job.upload_prefix
         if 0 <= first and end <= n and indices[-1] == end - 1 and seen.find(1, first, end) < 0 \

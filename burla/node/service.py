@@ -298,7 +298,7 @@ class NodeService:
 
     def _handle(self, msg: wire.Message) -> None:
         d = self.dispatcher
-        if isinstance(msg, wire.NodeInputs):
+        if isinstance(msg, wire.InputBatch):
             if d.add_inputs(msg.job_id, msg.part()):
                 self._set_status()
         elif isinstance(msg, wire.AssignJob):

@@ -13,6 +13,7 @@ import sys
 from burla import wire
 from burla._version import __version__
 from burla.build import build_hash
+from burla.packed_inputs import PackedInputs
 from tests.fuzz.model import Context, Route, describe
 from tests.fuzz.transport import ws_frame
 from tests.fuzz.values import defuse, message, mutate, pack, random_text, slot
@@ -71,9 +72,13 @@ def _job_follow_up(rng: random.Random, ctx: Context, job_id: str, n_inputs: int)
     r = rng.random()
     if r < 0.5:
         count = rng.choice([1, 1, 2, n_inputs])
-        items = [[rng.choice([i, i, -1, n_inputs, 2**63 - 1]) if rng.random() < 0.1 else i,
+        items = [[rng.choice([i, i, n_inputs, 2**32 - 1]) if rng.random() < 0.1 else i,
                   rng.choice([pickle.dumps(-i), pickle.dumps(-i), b"garbage", b""])] for i in range(count)]
-        return message(wire.InputBatch, job_id=job_id, items=items)
+        part = PackedInputs.of(items)
+        if rng.random() < 0.1:  # parts that disagree: a size too many, or data longer than its sizes say
+            part = rng.choice([PackedInputs(part.indices, part.sizes + b"\x01\x00\x00\x00", part.data),
+                               PackedInputs(part.indices, part.sizes, part.data + b"x")])
+        return message(wire.InputBatch, job_id=job_id, indices=part.indices, sizes=part.sizes, data=part.data)
     if r < 0.7:
         return message(wire.ResultAck, job_id=job_id, seq=rng.choice([0, 1, 2, -1, 10**6, 2**63 - 1]))
     if r < 0.8:
