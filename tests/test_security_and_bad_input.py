@@ -180,17 +180,25 @@ async def test_job_channel_rejects_bad_openings(cluster, frames, kind, words):
     assert 400 <= error.status < 500
 
 
+def _packed(items: list) -> list:
+    part = PackedInputs.of(items)
+    return [part.indices, part.sizes, part.data]
+
+
 @pytest.mark.parametrize(
     "batch, words",
     [
-        ([[7, b"x"]], "outside 0..1"),
-        ([[0, b"x"], [0, b"x"]], "twice"),
-        ([[0, "not-bytes"]], "expected bytes"),
+        (_packed([[7, b"x"]]), "outside 0..1"),
+        (_packed([[0, b"x"], [0, b"x"]]), "twice"),
+        (_packed([[0, b"x"], [1, b"y"]])[:2] + [b"xyz"], "not as long as its sizes"),
+        (_packed([[0, b"x"]])[:1] + [b"", b""], "a 4-byte index and a 4-byte size"),
+        ([[[0, b"x"]]], "needs 4 fields"),
+        (_packed([[0, b"x"]])[:2] + ["not-bytes"], "InputBatch.data has the wrong type"),
     ],
 )
 async def test_job_channel_rejects_bad_inputs(cluster, batch, words):
     spec = open_job()
-    replies = await _exchange(cluster, "/v1/jobs/ws", [spec.encode(), msgpack.packb([4, spec.job_id, batch])])
+    replies = await _exchange(cluster, "/v1/jobs/ws", [spec.encode(), msgpack.packb([4, spec.job_id, *batch])])
     assert isinstance(replies[0], wire.JobAccepted)
     assert words in _error(replies).message
 
