@@ -11,6 +11,8 @@ call). Only a worker takes the arguments apart, one slice per call.
 from __future__ import annotations
 
 import struct
+import sys
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
 from operator import itemgetter
@@ -19,6 +21,9 @@ from burla.errors import ProtocolError
 
 _UINT = struct.Struct("<I")  # an input index (below MAX_INPUTS < 2**32), or a pickle's size (at most 200 MB)
 UINT_BYTES = _UINT.size
+# What a worker's batch carries at most (more only for a single larger input): a frame to a worker
+# has limits, and a worker holds its batch's arguments while it runs them.
+MAX_RUN_BYTES = 8 * 1024 * 1024
 _index_of = itemgetter(0)
 _data_of = itemgetter(1)
 
@@ -109,13 +114,17 @@ class InputRuns:
             self._runs.insert(0, _Run(part))
             self._count += part.count
 
-    def take(self, count: int) -> PackedInputs:
-        """Up to `count` inputs from the front."""
-        parts = []
+    def take(self, count: int, max_bytes: int = MAX_RUN_BYTES) -> PackedInputs:
+        """Up to `count` inputs from the front, no more of them than `max_bytes` of arguments hold
+        (but always one, however big)."""
+        parts: list[PackedInputs] = []
         while count > 0 and self._runs:
             run = self._runs[0]
-            part = run.take_front(count)
+            part = run.take_front(count, max_bytes, at_least_one=not parts)
+            if not part.count:
+                break  # the next input would not fit
             count -= part.count
+            max_bytes -= len(part.data)
             self._count -= part.count
             parts.append(part)
             if not run.left:
@@ -140,7 +149,7 @@ class InputRuns:
         return [index for run in self._runs for index in run.indices[run.start:run.end]]
 
     def take_all(self) -> PackedInputs:
-        return self.take(self._count)
+        return self.take(self._count, max_bytes=sys.maxsize)
 
     def clear(self) -> None:
         self._runs.clear()
@@ -148,29 +157,37 @@ class InputRuns:
 
 
 class _Run:
+    """One packed run and the part of it still queued: inputs [start, end), their arguments at
+    data [data_start, data_end). Once most of its bytes are taken, what is left is copied out,
+    so that a large input taken from it is not kept alive by the inputs still queued."""
+
     __slots__ = ("part", "indices", "sizes", "start", "end", "data_start", "data_end")
 
     def __init__(self, part: PackedInputs) -> None:
+        self._reset(part)
+
+    def _reset(self, part: PackedInputs) -> None:
         self.part = part
         self.indices = unpack_uints(part.indices)
         self.sizes = unpack_uints(part.sizes)
-        self.start, self.end = 0, len(self.indices)  # what is left: [start, end)
+        self.start, self.end = 0, len(self.indices)
         self.data_start, self.data_end = 0, len(part.data)
 
     @property
     def left(self) -> int:
         return self.end - self.start
 
-    def take_front(self, count: int) -> PackedInputs:
+    def take_front(self, count: int, max_bytes: int, at_least_one: bool) -> PackedInputs:
         start = self.start
-        if start == 0 and count >= self.end:  # the whole run, as it came: no copy
-            self.start = self.end
-            self.data_start = self.data_end
-            return self.part if self.end == len(self.indices) else self._slice(0, self.end, 0, self.data_end)
         stop = min(self.end, start + count)
-        data_stop = self.data_start + sum(self.sizes[start:stop])
-        part = self._slice(start, stop, self.data_start, data_stop)
-        self.start, self.data_start = stop, data_stop
+        size = sum(self.sizes[start:stop])
+        if size > max_bytes:  # as many as fit
+            ends = list(accumulate(self.sizes[start:stop]))
+            fit = max(bisect_right(ends, max_bytes), 1 if at_least_one else 0)
+            stop, size = start + fit, ends[fit - 1] if fit else 0
+        part = self._slice(start, stop, self.data_start, self.data_start + size)
+        self.start, self.data_start = stop, self.data_start + size
+        self._compact()
         return part
 
     def take_back(self, count: int) -> PackedInputs:
@@ -179,13 +196,20 @@ class _Run:
         data_start = self.data_end - sum(self.sizes[start:stop])
         part = self._slice(start, stop, data_start, self.data_end)
         self.end, self.data_end = start, data_start
+        self._compact()
         return part
 
     def _slice(self, start: int, stop: int, data_start: int, data_stop: int) -> PackedInputs:
-        size = _UINT.size
         part = self.part
+        if start == 0 and stop == len(self.indices):
+            return part  # the whole run, as it came: no copy
+        size = UINT_BYTES
         return PackedInputs(part.indices[start * size:stop * size], part.sizes[start * size:stop * size],
                             part.data[data_start:data_stop])
+
+    def _compact(self) -> None:
+        if self.left and (self.data_end - self.data_start) * 2 < len(self.part.data):
+            self._reset(self._slice(self.start, self.end, self.data_start, self.data_end))
 
 
 def join(parts: Sequence[PackedInputs]) -> PackedInputs:
@@ -194,5 +218,3 @@ def join(parts: Sequence[PackedInputs]) -> PackedInputs:
     return PackedInputs(b"".join(p.indices for p in parts), b"".join(p.sizes for p in parts),
                         b"".join(p.data for p in parts))
 
-
-EMPTY = PackedInputs(b"", b"", b"")

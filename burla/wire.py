@@ -505,6 +505,9 @@ class StealGrant(Message):
 
     def validate(self) -> None:
         _check_items("StealGrant", self.items, (int, bytes))
+        if self.items and not (0 <= min(item[0] for item in self.items)
+                               and max(item[0] for item in self.items) < MAX_INPUTS):
+            raise ProtocolError(f"StealGrant input indices must be in 0..{MAX_INPUTS - 1}")
 
 
 @message(42)

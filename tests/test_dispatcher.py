@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 
 from burla import wire
@@ -353,3 +354,58 @@ def test_once_every_input_is_pushed_unfilled_credit_no_longer_makes_batches_bigg
 
     assert last_batches(told=False)[:2] == [100, 20]  # more inputs are counted on
     assert max(last_batches(told=True)) <= 15  # even shares for the eight
+
+
+def test_a_workers_batch_stays_within_a_frames_bytes_and_a_large_input_goes_alone():
+    # Found by review: batches were cut by count alone, and 400 inputs of which two were 150 MB
+    # made one batch a worker could not read (its arguments over the worker channel's limits).
+    from burla.packed_inputs import MAX_RUN_BYTES
+
+    m = Machine(1)
+    m.assign("j")
+    job = m.dispatcher.jobs["j"]
+    job.call_seconds = 0.00001  # short calls: a batch of about 10 ms is a thousand of them
+    big = 20 * 1024 * 1024
+    sizes = [20_000] * 300 + [big] + [20_000] * 300 + [big, big] + [20_000] * 10
+    items = [[index, b"x" * size] for index, size in enumerate(sizes)]
+    m.dispatcher.add_inputs("j", PackedInputs.of(items))
+    while m.workers[0].batches:
+        m.finish(m.workers[0], 0.001)
+    runs = [msg for _, _, msg in m.effects.log if isinstance(msg, wire.RunCalls)]
+    assert all(wire.decode(run.encode(), wire.NODE_TO_WORKER) == run for run in runs)
+    sent = [run.part() for run in runs]
+    assert [index for part in sent for index in part.index_list()] == list(range(len(sizes)))
+    assert all(len(part.data) <= MAX_RUN_BYTES or part.count == 1 for part in sent)
+    assert [part.count for part in sent if len(part.data) >= big] == [1, 1, 1]
+    assert job.inflight == 0 and job.done == len(sizes)
+
+
+def test_inputs_are_counted_in_flight_until_their_results_and_a_dead_workers_rest_runs_again():
+    m = Machine(1)
+    m.assign("j")
+    job = m.dispatcher.jobs["j"]
+    job.call_seconds = 0.001
+    m.dispatcher.add_inputs("j", _inputs(0, 20))
+    worker = m.workers[0]
+    [batch, ahead] = worker.batches  # 10 ms of 1 ms calls, and as much again ahead (short calls)
+    assert job.inflight == batch.left + ahead.left == 20
+    first = batch.part.items()[:3]
+    m.dispatcher.on_report(worker, wire.WorkerReport.of("j", [[i, True, b"r"] for i, _ in first], [], False))
+    assert job.inflight == 17 and job.done == 3 and batch.left == 7
+    worker.alive = False
+    struct.pack_into("q", worker.shm, 0, -1)  # in no call: it died between calls
+    m.dispatcher.on_worker_exit(worker, -9)  # input 3, the next to run, counts a crash
+    assert job.inflight == 0 and job.crash_attempts == {3: 1}
+    assert job.queue.index_list() == list(range(3, 20))  # the batch's rest first, in order
+
+
+def test_an_installation_that_fails_fails_every_input_queued_and_to_come():
+    m = Machine(0)
+    m.assign("j")
+    job = m.dispatcher.jobs["j"]
+    job.ready = False
+    m.dispatcher.add_inputs("j", _inputs(0, 3))
+    m.dispatcher.install_failed("j", b"why")
+    m.dispatcher.add_inputs("j", _inputs(3, 2))
+    assert [(index, ok, payload) for index, ok, payload in _out(job)] == [(i, False, b"why") for i in range(5)]
+    assert len(job.queue) == 0 and job.done == 5

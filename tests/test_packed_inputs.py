@@ -73,3 +73,29 @@ def test_join_keeps_the_order():
     a, b = PackedInputs.of(_items(range(3))), PackedInputs.of(_items(range(3, 5)))
     assert join([a, b]).items() == _items(range(5))
     assert join([a]) is a
+
+
+def test_a_take_stops_before_the_input_that_would_pass_its_bytes_but_takes_one_however_big():
+    items = [(0, b"a" * 10), (1, b"b" * 10), (2, b"c" * 100), (3, b"d" * 5)]
+    runs = InputRuns()
+    runs.append(PackedInputs.of(items[:2]))
+    runs.append(PackedInputs.of(items[2:]))
+    assert runs.take(10, max_bytes=25).items() == items[:2]
+    assert runs.take(10, max_bytes=25).items() == [items[2]]  # alone, over the bytes
+    assert runs.take(10, max_bytes=25).items() == [items[3]]
+    runs.append(PackedInputs.of(items))
+    assert runs.take_all().items() == items  # everything, whatever it weighs
+
+
+def test_a_run_lets_go_of_its_bytes_once_most_of_them_are_taken():
+    # Found by review: a stolen or dispatched large input stayed alive in its run for as long as
+    # a small input of the same push was queued.
+    big = b"x" * 1_000_000
+    runs = InputRuns()
+    runs.append(PackedInputs.of([(0, b"a"), (1, b"b"), (2, big)]))
+    assert runs.take_last(1).data == big
+    [run] = runs._runs
+    assert len(run.part.data) == 2 and run.part.items() == [(0, b"a"), (1, b"b")]
+    alone = PackedInputs.of([(5, big)])
+    runs.append(alone)
+    assert runs.take_last(1) is alone  # a whole run goes as it came

@@ -440,3 +440,11 @@ def test_a_clients_machine_is_no_requirement_for_growth_or_errors():
     by_file = spec(client_host="laptop")
     assert ineligibility(elsewhere, by_file) is None
     assert not can_join(elsewhere, by_file) and can_join(_on("laptop", "a"), by_file)
+
+
+def test_a_large_input_is_pushed_in_a_frame_of_its_own():
+    from burla.head.scheduler import MAX_PUSH_BYTES, _frames
+
+    sizes = [10, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES, 10, MAX_PUSH_BYTES + 1, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES // 2]
+    frames = _frames(list(range(len(sizes))), [b"x" * size for size in sizes])
+    assert [part.index_list() for part in frames] == [[0, 1], [2], [3], [4], [5, 6]]

@@ -89,6 +89,8 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", wire.pack_indices([0, 1]), wire.pack_indices([1]), b"x"]), "a 4-byte index and"),
         (msgpack.packb([4, "j", wire.pack_indices([0]), wire.pack_indices([2]), b"x"]), "not as long as its sizes"),
         (msgpack.packb([32, "j", wire.pack_indices([0]), wire.pack_indices([1]), b"xy"]), "RunCalls.data is not as"),
+        (msgpack.packb([41, "j", "t", [[-1, b"x"]]]), "StealGrant input indices must be in"),
+        (msgpack.packb([41, "j", "t", [[0, b"x"], [wire.MAX_INPUTS, b"y"]]]), "StealGrant input indices must be in"),
         (msgpack.packb([32, "j", wire.pack_indices([0] * (wire.BATCH_ITEMS + 1)),
                         wire.pack_indices([0] * (wire.BATCH_ITEMS + 1)), b""]), "more than 4096 inputs"),
     ],

@@ -20,7 +20,7 @@ def triple(x):
     return (os.environ["MARK"], x * 3)
 
 assert can_fork()
-first, second = fork_workers(2, {**os.environ, "MARK": "forked"})
+first, second, third = fork_workers(3, {**os.environ, "MARK": "forked"})
 
 def send(worker, msg):
     data = msg.encode()
@@ -37,7 +37,7 @@ def receive(worker):
     (size,) = wire.FRAME_HEADER.unpack(exactly(wire.FRAME_HEADER.size))
     return wire.decode(exactly(size), wire.WORKER_TO_NODE)
 
-for worker in (first, second):
+for worker in (first, second, third):
     ready = receive(worker)
     assert isinstance(ready, wire.WorkerReady) and ready.pid == worker.process.pid != os.getpid()
     assert struct.unpack_from("q", worker.shm, 0)[0] == -1
@@ -48,7 +48,11 @@ report = receive(second)
 results = report.part().items()
 assert [(index, ok, pickle.loads(payload)) for index, ok, payload in results] == [(7, True, ("forked", 42))]
 
+# A frame the worker can't read (its sizes promise 5 bytes, 1 came): it says why and exits non-zero.
+send(third, wire.RunCalls("job", wire.pack_indices([0]), wire.pack_indices([5]), b"x"))
+
 async def main():
+    assert await asyncio.wait_for(third.process.wait(), 30) == 1
     first.node_end.close()  # EOF: the first exits although the second (forked after it) still runs
     assert await asyncio.wait_for(first.process.wait(), 30) == 0
     second.process.kill()
@@ -64,3 +68,4 @@ def test_forked_workers_run_calls_and_are_watched():
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+    assert "failed:" in done.stderr and "RunCalls.data is not as long as its sizes add up to" in done.stderr

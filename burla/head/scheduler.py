@@ -38,16 +38,21 @@ _ok_of = itemgetter(1)
 
 def _frames(indices: list[int], data: list[bytes]) -> list[PackedInputs]:
     """Inputs pushed to a node, packed in frames of at most wire.BATCH_ITEMS inputs and about
-    MAX_PUSH_BYTES (a frame ends with the input that reaches it)."""
+    MAX_PUSH_BYTES (a frame ends with the input that reaches it). An input of MAX_PUSH_BYTES or
+    more goes in a frame of its own: the node hands it to a worker, or a thief, as it came,
+    without copying it out of a frame that other inputs keep alive."""
     if len(indices) <= wire.BATCH_ITEMS and sum(map(len, data)) < MAX_PUSH_BYTES:
         return [PackedInputs.of_lists(indices, data)] if indices else []
     frames: list[PackedInputs] = []
     start = size = 0
-    for end, item in enumerate(data, 1):
+    for position, item in enumerate(data):
+        if len(item) >= MAX_PUSH_BYTES and position > start:
+            frames.append(PackedInputs.of_lists(indices[start:position], data[start:position]))
+            start, size = position, 0
         size += len(item)
-        if size >= MAX_PUSH_BYTES or end - start >= wire.BATCH_ITEMS:
-            frames.append(PackedInputs.of_lists(indices[start:end], data[start:end]))
-            start, size = end, 0
+        if size >= MAX_PUSH_BYTES or position + 1 - start >= wire.BATCH_ITEMS:
+            frames.append(PackedInputs.of_lists(indices[start:position + 1], data[start:position + 1]))
+            start, size = position + 1, 0
     if start < len(indices):
         frames.append(PackedInputs.of_lists(indices[start:], data[start:]))
     return frames

@@ -119,8 +119,9 @@ class Worker:
             if msg is None:
                 return
             if isinstance(msg, wire.RunCalls):
-                part = msg.part()
-                self._run_batch(msg.job_id, unpack_uints(part.indices), part.arguments())
+                job_id, indices, arguments = msg.job_id, unpack_uints(msg.indices), msg.part().arguments()
+                msg = None  # the batch's arguments, sliced apart now, are not kept twice while they run
+                self._run_batch(job_id, indices, arguments)
             elif isinstance(msg, wire.LoadFunction):
                 self._load(msg.job_id, msg.function_bytes, msg.local_code)
             elif isinstance(msg, wire.UnloadFunction):
@@ -291,14 +292,19 @@ def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
     """Run a worker on its socket to the node until the node closes it; never returns."""
     freeze_inherited_objects()  # what it was forked with, or imported: not the user's objects
     worker = Worker(sock, shm)
+    code = 0
     try:
         worker.serve()
     except (ConnectionError, BrokenPipeError):
         pass
+    except Exception as e:  # the worker's own failure (a frame it can't read): say so, and exit non-zero
+        text = "".join(traceback.format_exception(e))
+        os.write(worker.capture.diagnostics_fd, f"burla worker {os.getpid()} failed:\n{text}".encode(errors="replace"))
+        code = 1
     finally:
         # Exit without running atexit hooks or joining threads a user function left behind.
         sys.stdout.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 def main(argv: list[str]) -> None:
