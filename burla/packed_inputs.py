@@ -131,13 +131,16 @@ class InputRuns:
                 del self._runs[0]
         return join(parts)
 
-    def take_last(self, count: int) -> PackedInputs:
-        """Up to `count` inputs from the back, in their order."""
-        parts = []
+    def take_last(self, count: int, max_bytes: int = MAX_RUN_BYTES) -> PackedInputs:
+        """Up to `count` inputs from the back, in their order, within `max_bytes` as `take`."""
+        parts: list[PackedInputs] = []
         while count > 0 and self._runs:
             run = self._runs[-1]
-            part = run.take_back(count)
+            part = run.take_back(count, max_bytes, at_least_one=not parts)
+            if not part.count:
+                break
             count -= part.count
+            max_bytes -= len(part.data)
             self._count -= part.count
             parts.append(part)
             if not run.left:
@@ -190,10 +193,15 @@ class _Run:
         self._compact()
         return part
 
-    def take_back(self, count: int) -> PackedInputs:
+    def take_back(self, count: int, max_bytes: int, at_least_one: bool) -> PackedInputs:
         stop = self.end
         start = max(self.start, stop - count)
-        data_start = self.data_end - sum(self.sizes[start:stop])
+        size = sum(self.sizes[start:stop])
+        if size > max_bytes:  # as many as fit, counted from the back
+            ends = list(accumulate(reversed(self.sizes[start:stop])))
+            fit = max(bisect_right(ends, max_bytes), 1 if at_least_one else 0)
+            start, size = stop - fit, ends[fit - 1] if fit else 0
+        data_start = self.data_end - size
         part = self._slice(start, stop, data_start, self.data_end)
         self.end, self.data_end = start, data_start
         self._compact()

@@ -99,3 +99,16 @@ def test_a_run_lets_go_of_its_bytes_once_most_of_them_are_taken():
     alone = PackedInputs.of([(5, big)])
     runs.append(alone)
     assert runs.take_last(1) is alone  # a whole run goes as it came
+
+
+def test_a_steal_takes_from_the_back_within_the_bytes_but_one_however_big():
+    # Found by review: a thief's share had no byte bound, and a grant of several large inputs was
+    # more than the thief could read.
+    items = [(0, b"a" * 10), (1, b"b" * 100), (2, b"c" * 10), (3, b"d" * 5)]
+    runs = InputRuns()
+    runs.append(PackedInputs.of(items[:2]))
+    runs.append(PackedInputs.of(items[2:]))
+    assert runs.take_last(10, max_bytes=20).items() == items[2:]
+    assert runs.take_last(10, max_bytes=20).items() == [items[1]]  # alone, over the bytes
+    assert runs.take_last(10, max_bytes=20).items() == [items[0]]
+    assert len(runs) == 0

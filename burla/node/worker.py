@@ -9,6 +9,7 @@ if this process dies. Imports stay minimal: this process starts once per slot.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import mmap
@@ -298,9 +299,10 @@ def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
     except (ConnectionError, BrokenPipeError):
         pass
     except Exception as e:  # the worker's own failure (a frame it can't read): say so, and exit non-zero
-        text = "".join(traceback.format_exception(e))
-        os.write(worker.capture.diagnostics_fd, f"burla worker {os.getpid()} failed:\n{text}".encode(errors="replace"))
         code = 1
+        with contextlib.suppress(BaseException):  # nowhere to say it (the node's stderr is gone): just exit
+            text = f"burla worker {os.getpid()} failed:\n" + "".join(traceback.format_exception(e))
+            os.write(worker.capture.diagnostics_fd, text.encode(errors="replace"))
     finally:
         # Exit without running atexit hooks or joining threads a user function left behind.
         sys.stdout.flush()
