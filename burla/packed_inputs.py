@@ -1,11 +1,12 @@
-"""Inputs packed for the hops where nobody reads them: from the head to a node, and from the
-node to a worker.
+"""Inputs packed as they travel: from the client to the head, the head to a node, the node to
+a worker.
 
 A run of inputs is three byte strings: their indices (4 bytes each), the sizes of their pickled
-arguments (4 bytes each) and those arguments end to end. A node queues what the head pushes as
-it came and cuts its workers' batches out of it by slicing, where a list per input cost it a
-decode, a check, a queue operation and an encode per input (most of a node's work per no-op
-call). Only a worker takes the arguments apart, one slice per call.
+arguments (4 bytes each) and those arguments end to end. The head takes a run apart into lists
+at C speed; a node queues what the head pushes as it came and cuts its workers' batches out of
+it by slicing, where a list per input cost it a decode, a check, a queue operation and an encode
+per input (most of a node's work per no-op call). Only a worker takes the arguments apart, one
+slice per call.
 """
 
 from __future__ import annotations
