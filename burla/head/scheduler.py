@@ -342,7 +342,7 @@ class Scheduler:
             assignment.credit += inputs
 
     def plan(self) -> list[tuple[str, str, PackedInputs]]:
-        """Move pending inputs onto nodes within their credit: [(node_id, job_id, items)].
+        """Move pending inputs onto nodes within their credit: [(node_id, job_id, packed inputs)].
 
         Pending inputs are spread over the nodes with credit, but each push is at least
         `_least_push` if the node's credit allows: thinner pushes cost a frame per node per
