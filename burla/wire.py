@@ -28,7 +28,7 @@ from operator import itemgetter
 import msgpack
 
 from burla.errors import ProtocolError
-from burla.packed_inputs import PackedInputs
+from burla.packed_inputs import PackedInputs, pack_uints, unpack_uints
 from burla.states import NodeStatus
 from burla.wire_format import _REGISTRY as _REGISTRY  # every message class by tag
 from burla.wire_format import Channel as Channel
@@ -389,16 +389,16 @@ class RegisterNode(Message):
                 raise ProtocolError(f"RegisterNode.held indices must be packed {_INDEX.size}-byte integers")
 
 
-_INDEX = struct.Struct("<I")  # input indices are below MAX_INPUTS < 2**32
+_INDEX = struct.Struct("<I")  # input indices are below MAX_INPUTS < 2**32 (packed as PackedInputs' are)
 
 
 def pack_indices(indices: list[int]) -> bytes:
     """Input indices as compact bytes (4 per index) for frames that list many of them."""
-    return struct.pack(f"<{len(indices)}I", *indices)
+    return pack_uints(indices)
 
 
 def unpack_indices(packed: bytes) -> list[int]:
-    return list(struct.unpack(f"<{len(packed) // _INDEX.size}I", packed))
+    return list(unpack_uints(packed))
 
 
 @message(21)
