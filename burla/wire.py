@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from operator import itemgetter
+from typing import TypeVar
 
 import msgpack
 
@@ -95,25 +96,38 @@ class ErrorReply(Message):
     status: int  # the matching HTTP status, e.g. 400, 404, 409
 
 
-@message(4)
-class InputBatch(Message):
-    """A job's inputs, packed (`PackedInputs`), from the client to the head and from the head to a
-    node: neither takes them apart into an object per input (a node's worker does)."""
+_Carrier = TypeVar("_Carrier", bound="_CarriesInputs")
 
-    job_id: str
+
+class _CarriesInputs(Message):
+    """A message whose fields are a job id and a run of its inputs (`PackedInputs`' three parts)."""
+
+    __slots__ = ()
+    job_id: str  # declared again by each message: `message` makes fields of a class's own annotations
     indices: bytes
     sizes: bytes
     data: bytes
 
     @classmethod
-    def of(cls, job_id: str, part: PackedInputs) -> InputBatch:
-        return cls(job_id, part.indices, part.sizes, part.data)
+    def of(cls: type[_Carrier], job_id: str, part: PackedInputs) -> _Carrier:
+        return cls(job_id, part.indices, part.sizes, part.data)  # type: ignore[call-arg]
 
     def part(self) -> PackedInputs:
         return PackedInputs(self.indices, self.sizes, self.data)
 
     def validate(self) -> None:
-        self.part().check("InputBatch", BATCH_ITEMS)
+        self.part().check(type(self).__name__, BATCH_ITEMS)
+
+
+@message(4)
+class InputBatch(_CarriesInputs):
+    """A job's inputs, packed, from the client to the head and from the head to a node: neither
+    takes them apart into an object per input (a node's worker does)."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes
 
 
 @message(5)
@@ -533,23 +547,13 @@ class LoadFunction(Message):
 
 
 @message(32)
-class RunCalls(Message):
+class RunCalls(_CarriesInputs):
     """A worker's batch: a job's inputs, packed as the node cut them out of what the head pushed."""
 
     job_id: str
-    indices: bytes  # PackedInputs' three parts
+    indices: bytes
     sizes: bytes
     data: bytes
-
-    @classmethod
-    def of(cls, job_id: str, part: PackedInputs) -> RunCalls:
-        return cls(job_id, part.indices, part.sizes, part.data)
-
-    def part(self) -> PackedInputs:
-        return PackedInputs(self.indices, self.sizes, self.data)
-
-    def validate(self) -> None:
-        self.part().check("RunCalls", BATCH_ITEMS)
 
 
 @message(33)
