@@ -29,6 +29,14 @@ def sleep_10ms(x):
     return x
 
 
+def timed_sleep_10ms(x):
+    """time.sleep(0.01), returning how long it took: the time the call itself spent, beside the
+    wall time of the job (a sleep overshoots its 10 ms by a machine-dependent margin)."""
+    start = time.perf_counter()
+    time.sleep(0.01)
+    return time.perf_counter() - start
+
+
 def wait_1s(x):
     time.sleep(1.0)
     return x

@@ -1,12 +1,15 @@
 """Two local nodes of one worker each beside one node of two workers, on the same machine.
 
 Target: two nodes are never slower than one with the same workers (ratio two/one <= 1, give or
-take the run-to-run noise). Both clusters stay up and the workloads alternate between them, so
-that both see the same machine; each ratio is the median of the per-round ratios.
+take the run-to-run noise). Both clusters stay up and each workload runs on one, then on the
+other, the order swapping every round, so that both see the same machine; each ratio is the
+median of the per-round ratios. Beside the times, the CPU each cluster's processes spent per
+run (client, head, nodes, workers): where a second node's cost goes.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import statistics
@@ -16,13 +19,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 from _common import environment, noop, sleep_10ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.cluster_runner import LocalCluster  # noqa: E402
 
-ROUNDS = int(os.environ.get("ROUNDS", "5"))
+ROUNDS = int(os.environ.get("ROUNDS", "8"))
+ROLES = ("client", "head", "nodes", "workers")
 
 
 def size_of(data: bytes) -> int:
@@ -36,43 +41,86 @@ def workloads() -> dict[str, Callable[[], object]]:
     sleeps = list(range(200))
     blobs = [bytes([i]) * (10 * 2**20) for i in range(20)]
     return {
-        "noop_10000": lambda: remote_parallel_map(noop, noops, spinner=False),
+        "noop_10000_x3": lambda: [remote_parallel_map(noop, noops, spinner=False) for _ in range(3)],
         "sleep_10ms_200": lambda: remote_parallel_map(sleep_10ms, sleeps, spinner=False),
         "bytes_10mb_20": lambda: remote_parallel_map(size_of, blobs, spinner=False),
-        "single_call": lambda: [remote_parallel_map(noop, [1], spinner=False) for _ in range(20)],
+        "single_call_x20": lambda: [remote_parallel_map(noop, [1], spinner=False) for _ in range(20)],
     }
 
 
-def timed(cluster: LocalCluster, run: Callable[[], object]) -> float:
-    with environment(**cluster.env()):
-        start = time.perf_counter()
-        run()
-        return time.perf_counter() - start
+def processes(cluster: LocalCluster) -> dict[str, list[psutil.Process]]:
+    """The cluster's processes by role (a node's workers are its children; its fork server, if
+    any, counts with them: it forks replacements, and is idle otherwise)."""
+    assert cluster.head is not None
+    nodes = [psutil.Process(node.pid) for node in cluster.nodes.values()]
+    workers = [child for node in nodes for child in node.children(recursive=True)]
+    return {"client": [psutil.Process()], "head": [psutil.Process(cluster.head.pid)], "nodes": nodes,
+            "workers": workers}
+
+
+def cpu_s(group: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in group:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:  # a worker that retired meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
+class Run:
+    """One cluster's runs of each workload: wall seconds, and CPU seconds per role."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.seconds: dict[str, list[float]] = collections.defaultdict(list)
+        self.cpu: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+    def timed(self, name: str, run: Callable[[], object]) -> float:
+        group = processes(self.cluster)
+        before = {role: cpu_s(members) for role, members in group.items()}
+        with environment(**self.cluster.env()):
+            start = time.perf_counter()
+            run()
+            elapsed = time.perf_counter() - start
+        self.seconds[name].append(elapsed)
+        for role, members in group.items():
+            self.cpu[name][role] += cpu_s(members) - before[role]
+        return elapsed
+
+    def cpu_ms(self, name: str) -> dict[str, float]:
+        runs = len(self.seconds[name])
+        return {role: round(self.cpu[name][role] / runs * 1e3, 2) for role in ROLES}
 
 
 def main() -> None:
     runs = workloads()
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
-        with LocalCluster(Path(directory) / "one", nodes=1, workers=2) as one, \
-                LocalCluster(Path(directory) / "two", nodes=2, workers=1) as two:
-            for cluster in (one, two):  # workers up, function code warm
-                for run in runs.values():
-                    timed(cluster, run)
-            ratios: dict[str, list[float]] = {name: [] for name in runs}
-            seconds: dict[str, dict[str, list[float]]] = {name: {"one": [], "two": []} for name in runs}
-            for _ in range(ROUNDS):
+        with LocalCluster(Path(directory) / "one", nodes=1, workers=2) as one_cluster, \
+                LocalCluster(Path(directory) / "two", nodes=2, workers=1) as two_cluster:
+            for cluster in (one_cluster, two_cluster):  # workers up, function code warm
+                with environment(**cluster.env()):
+                    for run in runs.values():
+                        run()
+            one, two = Run(one_cluster), Run(two_cluster)
+            ratios: dict[str, list[float]] = collections.defaultdict(list)
+            for round_number in range(ROUNDS):
                 for name, run in runs.items():
-                    one_s, two_s = timed(one, run), timed(two, run)
-                    seconds[name]["one"].append(one_s)
-                    seconds[name]["two"].append(two_s)
+                    if round_number % 2:
+                        two_s, one_s = two.timed(name, run), one.timed(name, run)
+                    else:
+                        one_s, two_s = one.timed(name, run), two.timed(name, run)
                     ratios[name].append(two_s / one_s)
     print(json.dumps({
         "benchmark": "two_nodes",
         "cores": os.cpu_count(),
         "rounds": ROUNDS,
-        "one_node_s": {name: round(statistics.median(s["one"]), 4) for name, s in seconds.items()},
-        "two_nodes_s": {name: round(statistics.median(s["two"]), 4) for name, s in seconds.items()},
+        "one_node_s": {name: round(statistics.median(s), 4) for name, s in one.seconds.items()},
+        "two_nodes_s": {name: round(statistics.median(s), 4) for name, s in two.seconds.items()},
         "two_over_one": {name: round(statistics.median(r), 3) for name, r in ratios.items()},
+        "one_node_cpu_ms": {name: one.cpu_ms(name) for name in runs},
+        "two_nodes_cpu_ms": {name: two.cpu_ms(name) for name in runs},
         "target_two_over_one": 1.0,
     }))
 
