@@ -3,8 +3,9 @@
 Target: two nodes are never slower than one with the same workers (ratio two/one <= 1, give or
 take the run-to-run noise). Both clusters stay up and each workload runs on one, then on the
 other, the order swapping every round, so that both see the same machine; each ratio is the
-median of the per-round ratios. Beside the times, the CPU each cluster's processes spent per
-run (client, head, nodes, workers): where a second node's cost goes.
+median of the per-round ratios. Beside the median times, the mean CPU each cluster's
+processes spent per run (client, head, nodes, workers): where a second node's cost goes.
+ROUNDS (default 8) should be even, so that each cluster goes first as often.
 """
 
 from __future__ import annotations
@@ -49,24 +50,23 @@ def workloads() -> dict[str, Callable[[], object]]:
 
 
 def processes(cluster: LocalCluster) -> dict[str, list[psutil.Process]]:
-    """The cluster's processes by role (a node's workers are its children; its fork server, if
-    any, counts with them: it forks replacements, and is idle otherwise)."""
+    """The cluster's own processes by role (a node's workers are its children; its fork server,
+    if any, counts with them: it forks replacements, and is idle otherwise)."""
     assert cluster.head is not None
     nodes = [psutil.Process(node.pid) for node in cluster.nodes.values()]
     workers = [child for node in nodes for child in node.children(recursive=True)]
-    return {"client": [psutil.Process()], "head": [psutil.Process(cluster.head.pid)], "nodes": nodes,
-            "workers": workers}
+    return {"head": [psutil.Process(cluster.head.pid)], "nodes": nodes, "workers": workers}
 
 
-def cpu_s(group: list[psutil.Process]) -> float:
-    total = 0.0
+def cpu_by_pid(group: list[psutil.Process]) -> dict[int, float]:
+    seconds = {}
     for process in group:
         try:
             times = process.cpu_times()
         except psutil.NoSuchProcess:  # a worker that retired meanwhile
             continue
-        total += times.user + times.system
-    return total
+        seconds[process.pid] = times.user + times.system
+    return seconds
 
 
 class Run:
@@ -78,15 +78,20 @@ class Run:
         self.cpu: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
     def timed(self, name: str, run: Callable[[], object]) -> float:
-        group = processes(self.cluster)
-        before = {role: cpu_s(members) for role, members in group.items()}
+        before = {role: cpu_by_pid(members) for role, members in processes(self.cluster).items()}
+        client = psutil.Process()
         with environment(**self.cluster.env()):
+            client_before = sum(client.cpu_times()[:2])  # read last and first: listing costs the client CPU
             start = time.perf_counter()
             run()
             elapsed = time.perf_counter() - start
+            self.cpu[name]["client"] += sum(client.cpu_times()[:2]) - client_before
         self.seconds[name].append(elapsed)
-        for role, members in group.items():
-            self.cpu[name][role] += cpu_s(members) - before[role]
+        # Listed again: workers a node started during the run (calls that wait share CPUs) count
+        # whole; those that retired during it are missed.
+        for role, members in processes(self.cluster).items():
+            was = before[role]
+            self.cpu[name][role] += sum(seconds - was.get(pid, 0.0) for pid, seconds in cpu_by_pid(members).items())
         return elapsed
 
     def cpu_ms(self, name: str) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import zlib
 
 import pytest
@@ -164,6 +165,56 @@ def test_no_credit_is_held_back_while_inputs_wait():
             s.grant(node_id, "j", inputs)
             s.plan_for(node_id, "j")
     assert sorted(i for a in job.assignments.values() for i in a.inflight) == list(range(12))
+
+
+def test_a_plan_spreads_an_upload_without_withdrawing_credit():
+    # An upload batch spread over two nodes whose credit exceeds it: each takes its share and the
+    # rest of its credit stays for the next batch (nothing waits beside it). Withdrawing it would
+    # cost a CreditWithdrawn and a Credit per node and batch.
+    s = Scheduler()
+    s.add_node(node("a", slots=1))
+    s.add_node(node("b", slots=1))
+    job = s.admit(spec(n=12_000))
+    s.plan()
+    s.grant("a", "j", 5_000)
+    s.grant("b", "j", 5_000)
+    s.add_inputs(job, [[i, b"x"] for i in range(4_096)])
+    pushed = s.plan()
+    assert {node_id: len(items) for node_id, _, items in pushed} == {"a": 2_048, "b": 2_048}
+    assert s.take_withdrawn() == [] and not job.pending
+    assert job.assignments["a"].credit == job.assignments["b"].credit == 5_002 - 2_048
+    # More than both can take: each fills its credit, nothing is withdrawn, the rest waits for
+    # the nodes to ask.
+    s.add_inputs(job, [[i, b"x"] for i in range(4_096, 12_000)])
+    pushed = s.plan()
+    assert sum(len(items) for _, _, items in pushed) == 2 * (5_002 - 2_048)
+    assert s.take_withdrawn() == [] and len(job.pending) == 12_000 - 4_096 - 2 * (5_002 - 2_048)
+    assert job.assignments["a"].credit == job.assignments["b"].credit == 0
+
+
+def test_after_a_plan_no_credit_is_left_beside_waiting_inputs():
+    # Whatever the nodes granted and the upload holds: after a plan either nothing waits or
+    # every node's credit is spent (a plan withdraws nothing, so this is what keeps a job from
+    # waiting on credit its nodes count on).
+    rng = random.Random(11)
+    for _ in range(300):
+        s = Scheduler()
+        nodes = [f"n{i}" for i in range(rng.randint(1, 5))]
+        for node_id in nodes:
+            s.add_node(node(node_id, slots=rng.randint(1, 8)))
+        job = s.admit(spec(n=20_000))
+        s.plan()
+        for node_id in nodes:
+            if rng.random() < 0.8:
+                s.grant(node_id, "j", rng.choice([0, 1, rng.randint(1, 50), rng.randint(1, 9_000)]))
+        uploaded = rng.randint(1, 12_000)
+        s.add_inputs(job, [[i, b"x"] for i in range(uploaded)])
+        pushed = s.plan()
+        assert s.take_withdrawn() == []
+        assert not job.pending or all(a.credit == 0 for a in job.assignments.values())
+        sent = sorted(i for _, _, part in pushed for i, _ in part)
+        assert sent == sorted(i for a in job.assignments.values() for i in a.inflight)
+        assert len(sent) + len(job.pending) == uploaded
 
 
 def test_a_node_asking_for_many_inputs_gets_them_in_few_frames():

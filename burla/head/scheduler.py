@@ -346,7 +346,8 @@ class Scheduler:
 
         Pending inputs are spread over the nodes with credit, but each push is at least
         `_least_push` if the node's credit allows: thinner pushes cost a frame per node per
-        upload batch and keep no more workers busy.
+        upload batch and keep no more workers busy. A plan never keeps credit back beside waiting
+        inputs (see below), so it withdraws none: only `plan_for` does.
         """
         pushes: list[tuple[str, str, PackedInputs]] = []
         for job in self.running.values():
@@ -356,11 +357,15 @@ class Scheduler:
             takers = sorted(
                 ((node_id, a) for node_id, a in job.assignments.items() if a.credit > 0), key=lambda t: t[1].credit
             )
+            # A node that can't take its share is followed only by nodes with more credit, which take
+            # what it left: afterwards either nothing waits or every taker's credit is spent, so no
+            # credit sits here beside waiting inputs and none is withdrawn to be asked for again.
             for position, (node_id, assignment) in enumerate(takers):
                 if not job.pending:
                     break
                 fair_share = math.ceil(len(job.pending) / (len(takers) - position))
-                self._push(job, node_id, assignment, max(fair_share, _least_push(assignment)), pushes)
+                self._push(job, node_id, assignment, max(fair_share, _least_push(assignment)), pushes,
+                           withdraw=False)
         return pushes
 
     def plan_for(self, node_id: str, job_id: str) -> list[tuple[str, str, PackedInputs]]:
@@ -387,7 +392,8 @@ class Scheduler:
         jobs, self._all_pushed = self._all_pushed, []
         return jobs
 
-    def _push(self, job: JobRecord, node_id: str, assignment: Assignment, wanted: int, pushes: list) -> None:
+    def _push(self, job: JobRecord, node_id: str, assignment: Assignment, wanted: int, pushes: list,
+              withdraw: bool = True) -> None:
         count = min(assignment.credit, wanted, len(job.pending))
         indices, data = job.pending.take(count)
         assignment.inflight.update(zip(indices, data))
@@ -397,7 +403,7 @@ class Scheduler:
         if not job.pending and job.received >= job.n_inputs and not job.all_pushed:
             job.all_pushed = True
             self._all_pushed.append(job)
-        if job.pending and assignment.credit > 0:
+        if withdraw and job.pending and assignment.credit > 0:
             # Held back so the other nodes get their share: no credit may sit here while inputs wait
             # (the node would not ask again, counting on it, and nothing else would push them).
             self._withdrawn.append((node_id, job.job_id, assignment.credit))
