@@ -12,7 +12,7 @@ from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.eligibility import can_join, ineligibility
 from burla.head.held_inputs import adopt_held, mark_client_held
-from burla.head.scheduler import RUNNING, NodeRecord, Scheduler
+from burla.head.scheduler import RUNNING, JobRecord, NodeRecord, Scheduler
 
 
 def node(node_id="n1", slots=4, cpus=4, ram_gb=16.0, gpu=None, gpu_count=0, image=None, region="local", python="3.11"):
@@ -140,16 +140,22 @@ def test_plan_respects_credit_and_splits_fairly():
     assert sorted(everything) == list(range(10))
 
 
+def two_node_job(n: int) -> tuple[Scheduler, JobRecord]:
+    """A job of `n` inputs on nodes "a" and "b" of a slot each, planned once before any input."""
+    s = Scheduler()
+    s.add_node(node("a", slots=1))
+    s.add_node(node("b", slots=1))
+    job = s.admit(spec(n=n))
+    s.plan()
+    s.take_withdrawn()
+    return s, job
+
+
 def test_no_credit_is_held_back_while_inputs_wait():
     # Two nodes that granted more than is left: each credit takes only a share of what is
     # pending, and what it keeps back is withdrawn (the node asks again), never left sitting on
     # the head while inputs wait (the nodes would count on it and never ask: the job would hang).
-    s = Scheduler()
-    s.add_node(node("a", slots=1))
-    s.add_node(node("b", slots=1))
-    job = s.admit(spec(n=12))
-    s.plan()
-    s.take_withdrawn()
+    s, job = two_node_job(12)
     s.add_inputs(job, [[i, b"x"] for i in range(12)])
     s.grant("a", "j", 20)
     pushed = s.plan_for("a", "j")
@@ -171,11 +177,7 @@ def test_a_plan_spreads_an_upload_without_withdrawing_credit():
     # An upload batch spread over two nodes whose credit exceeds it: each takes its share and the
     # rest of its credit stays for the next batch (nothing waits beside it). Withdrawing it would
     # cost a CreditWithdrawn and a Credit per node and batch.
-    s = Scheduler()
-    s.add_node(node("a", slots=1))
-    s.add_node(node("b", slots=1))
-    job = s.admit(spec(n=12_000))
-    s.plan()
+    s, job = two_node_job(12_000)
     s.grant("a", "j", 5_000)
     s.grant("b", "j", 5_000)
     s.add_inputs(job, [[i, b"x"] for i in range(4_096)])
