@@ -194,6 +194,26 @@ def test_a_plan_spreads_an_upload_without_withdrawing_credit():
     assert job.assignments["a"].credit == job.assignments["b"].credit == 0
 
 
+def test_a_node_asking_takes_a_remainder_too_small_to_keep_for_the_others():
+    # Its share (900) is less than a quarter of its credit (1,000), and what that would leave for
+    # the other node (800) is less again: it takes all 1,800, where keeping 800 back would cost it
+    # a withdrawal and a credit message to take them a moment later.
+    s, job = two_node_job(3_000)
+    s.add_inputs(job, [[i, b"x"] for i in range(1_800)])
+    s.grant("a", "j", 3_998)  # 4,000 with its first window
+    pushed = s.plan_for("a", "j")
+    assert sum(len(items) for _, _, items in pushed) == 1_800 and not job.pending
+    assert s.take_withdrawn() == [] and job.assignments["a"].credit == 2_200
+    # A remainder worth a push (1,500 after its share of 3,000) stays for the other node, and the
+    # asker's credit beside it is withdrawn.
+    s, job = two_node_job(5_000)
+    s.add_inputs(job, [[i, b"x"] for i in range(3_000)])
+    s.grant("a", "j", 3_998)
+    pushed = s.plan_for("a", "j")
+    assert sum(len(items) for _, _, items in pushed) == 1_500 and len(job.pending) == 1_500
+    assert s.take_withdrawn() == [("a", "j", 2_500)]
+
+
 def test_after_a_plan_no_credit_is_left_beside_waiting_inputs():
     # Whatever the nodes granted and the upload holds: after a plan either nothing waits or
     # every node's credit is spent (a plan withdraws nothing, so this is what keeps a job from

@@ -370,7 +370,10 @@ class Scheduler:
 
     def plan_for(self, node_id: str, job_id: str) -> list[tuple[str, str, PackedInputs]]:
         """After credit from one node, fill that node alone: its share of what is pending, at
-        least its workers' worth (the same rule as `plan`, without going over every node)."""
+        least `_least_push` (the same rule as `plan`, without going over every node); and all of
+        it if it fits a frame and what would stay for the others is less than that least push:
+        kept back, it would mostly cost this node a withdrawal and a credit message to take it a
+        moment later."""
         job = self.jobs.get(job_id)
         if job is None or job.status != RUNNING or not job.pending or job.waits_for_nodes:
             return []
@@ -378,8 +381,11 @@ class Scheduler:
         if assignment is None or assignment.credit <= 0:
             return []
         pushes: list[tuple[str, str, PackedInputs]] = []
-        even_share = math.ceil(len(job.pending) / len(job.assignments))
-        self._push(job, node_id, assignment, max(even_share, _least_push(assignment)), pushes)
+        least = _least_push(assignment)
+        wanted = max(math.ceil(len(job.pending) / len(job.assignments)), least)
+        if len(job.pending) - wanted < least and len(job.pending) <= wire.BATCH_ITEMS:
+            wanted = len(job.pending)
+        self._push(job, node_id, assignment, wanted, pushes)
         return pushes
 
     def take_withdrawn(self) -> list[tuple[str, str, int]]:
