@@ -194,24 +194,48 @@ def test_a_plan_spreads_an_upload_without_withdrawing_credit():
     assert job.assignments["a"].credit == job.assignments["b"].credit == 0
 
 
+def uploaded_two_node_job(n: int, uploaded: int) -> tuple[Scheduler, JobRecord]:
+    """A two-node job with its first `uploaded` inputs planned: each node took its first window
+    (two inputs) and has no credit left; the rest wait for a node to ask."""
+    s, job = two_node_job(n)
+    s.add_inputs(job, [[i, b"x"] for i in range(uploaded)])
+    s.plan()
+    assert len(job.pending) == uploaded - 4 and s.take_withdrawn() == []
+    return s, job
+
+
+def pushed_count(pushed: list) -> int:
+    return sum(len(items) for _, _, items in pushed)
+
+
 def test_a_node_asking_takes_a_remainder_too_small_to_keep_for_the_others():
-    # Its share (900) is less than a quarter of its credit (1,000), and what that would leave for
-    # the other node (800) is less again: it takes all 1,800, where keeping 800 back would cost it
-    # a withdrawal and a credit message to take them a moment later.
-    s, job = two_node_job(3_000)
-    s.add_inputs(job, [[i, b"x"] for i in range(1_800)])
-    s.grant("a", "j", 3_998)  # 4,000 with its first window
-    pushed = s.plan_for("a", "j")
-    assert sum(len(items) for _, _, items in pushed) == 1_800 and not job.pending
-    assert s.take_withdrawn() == [] and job.assignments["a"].credit == 2_200
-    # A remainder worth a push (1,500 after its share of 3,000) stays for the other node, and the
-    # asker's credit beside it is withdrawn.
-    s, job = two_node_job(5_000)
-    s.add_inputs(job, [[i, b"x"] for i in range(3_000)])
-    s.grant("a", "j", 3_998)
-    pushed = s.plan_for("a", "j")
-    assert sum(len(items) for _, _, items in pushed) == 1_500 and len(job.pending) == 1_500
-    assert s.take_withdrawn() == [("a", "j", 2_500)]
+    # Its share of the 1,796 waiting (898) is less than a quarter of its credit (1,000), and what
+    # that would leave for the other node (796) is less again: it takes all of them, where keeping
+    # 796 back would cost it a withdrawal and a credit message to take them a moment later.
+    s, job = uploaded_two_node_job(3_000, 1_800)
+    s.grant("a", "j", 4_000)
+    assert pushed_count(s.plan_for("a", "j")) == 1_796 and not job.pending
+    assert s.take_withdrawn() == [] and job.assignments["a"].credit == 4_000 - 1_796
+
+
+def test_a_remainder_worth_a_push_stays_for_the_other_node():
+    # 1,498 left after its share of 2,996 is more than its least push: they stay, and the
+    # asker's credit beside them is withdrawn (it asks again if its window has room).
+    s, job = uploaded_two_node_job(5_000, 3_000)
+    s.grant("a", "j", 4_000)
+    assert pushed_count(s.plan_for("a", "j")) == 1_498 and len(job.pending) == 1_498
+    assert s.take_withdrawn() == [("a", "j", 4_000 - 1_498)]
+    # More than a frame's worth waiting: a push is one frame's worth, the rest stays, though less
+    # than that push.
+    s, job = uploaded_two_node_job(20_000, 8_000)
+    s.grant("a", "j", 80_000)
+    assert pushed_count(s.plan_for("a", "j")) == wire.BATCH_ITEMS and len(job.pending) == 7_996 - wire.BATCH_ITEMS
+    assert s.take_withdrawn() == [("a", "j", 80_000 - wire.BATCH_ITEMS)]
+    # Credit for less than its share: it is all spent, nothing is withdrawn.
+    s, job = uploaded_two_node_job(3_000, 1_800)
+    s.grant("a", "j", 500)
+    assert pushed_count(s.plan_for("a", "j")) == 500 and len(job.pending) == 1_296
+    assert s.take_withdrawn() == [] and job.assignments["a"].credit == 0
 
 
 def test_after_a_plan_no_credit_is_left_beside_waiting_inputs():

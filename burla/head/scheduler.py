@@ -370,10 +370,10 @@ class Scheduler:
 
     def plan_for(self, node_id: str, job_id: str) -> list[tuple[str, str, PackedInputs]]:
         """After credit from one node, fill that node alone: its share of what is pending, at
-        least `_least_push` (the same rule as `plan`, without going over every node); and all of
-        it if it fits a frame and what would stay for the others is less than that least push:
-        kept back, it would mostly cost this node a withdrawal and a credit message to take it a
-        moment later."""
+        least `_least_push` (the same rule as `plan`, without going over every node); and, within
+        its credit, all of it if that is at most wire.BATCH_ITEMS inputs and what would stay for
+        the others is less than that least push: kept back, it would mostly cost this node a
+        withdrawal and a credit message to take it a moment later."""
         job = self.jobs.get(job_id)
         if job is None or job.status != RUNNING or not job.pending or job.waits_for_nodes:
             return []
