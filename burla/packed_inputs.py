@@ -118,10 +118,18 @@ class InputRuns:
     def take(self, count: int, max_bytes: int = MAX_RUN_BYTES) -> PackedInputs:
         """Up to `count` inputs from the front, no more of them than `max_bytes` of arguments hold
         (but always one, however big)."""
+        return self._take(count, max_bytes, from_back=False)
+
+    def take_last(self, count: int, max_bytes: int = MAX_RUN_BYTES) -> PackedInputs:
+        """Up to `count` inputs from the back, in their order, within `max_bytes` as `take`."""
+        return self._take(count, max_bytes, from_back=True)
+
+    def _take(self, count: int, max_bytes: int, from_back: bool) -> PackedInputs:
+        end = -1 if from_back else 0
         parts: list[PackedInputs] = []
         while count > 0 and self._runs:
-            run = self._runs[0]
-            part = run.take_front(count, max_bytes, at_least_one=not parts)
+            run = self._runs[end]
+            part = run.take(count, max_bytes, at_least_one=not parts, from_back=from_back)
             if not part.count:
                 break  # the next input would not fit
             count -= part.count
@@ -129,24 +137,9 @@ class InputRuns:
             self._count -= part.count
             parts.append(part)
             if not run.left:
-                del self._runs[0]
-        return join(parts)
-
-    def take_last(self, count: int, max_bytes: int = MAX_RUN_BYTES) -> PackedInputs:
-        """Up to `count` inputs from the back, in their order, within `max_bytes` as `take`."""
-        parts: list[PackedInputs] = []
-        while count > 0 and self._runs:
-            run = self._runs[-1]
-            part = run.take_back(count, max_bytes, at_least_one=not parts)
-            if not part.count:
-                break
-            count -= part.count
-            max_bytes -= len(part.data)
-            self._count -= part.count
-            parts.append(part)
-            if not run.left:
-                self._runs.pop()
-        parts.reverse()
+                del self._runs[end]
+        if from_back:
+            parts.reverse()
         return join(parts)
 
     def index_list(self) -> list[int]:
@@ -181,30 +174,21 @@ class _Run:
     def left(self) -> int:
         return self.end - self.start
 
-    def take_front(self, count: int, max_bytes: int, at_least_one: bool) -> PackedInputs:
-        start = self.start
-        stop = min(self.end, start + count)
-        size = sum(self.sizes[start:stop])
-        if size > max_bytes:  # as many as fit
-            ends = list(accumulate(self.sizes[start:stop]))
-            fit = max(bisect_right(ends, max_bytes), 1 if at_least_one else 0)
-            stop, size = start + fit, ends[fit - 1] if fit else 0
-        part = self._slice(start, stop, self.data_start, self.data_start + size)
-        self.start, self.data_start = stop, self.data_start + size
-        self._compact()
-        return part
-
-    def take_back(self, count: int, max_bytes: int, at_least_one: bool) -> PackedInputs:
-        stop = self.end
-        start = max(self.start, stop - count)
-        size = sum(self.sizes[start:stop])
-        if size > max_bytes:  # as many as fit, counted from the back
-            ends = list(accumulate(reversed(self.sizes[start:stop])))
-            fit = max(bisect_right(ends, max_bytes), 1 if at_least_one else 0)
-            start, size = stop - fit, ends[fit - 1] if fit else 0
-        data_start = self.data_end - size
-        part = self._slice(start, stop, data_start, self.data_end)
-        self.end, self.data_end = start, data_start
+    def take(self, count: int, max_bytes: int, at_least_one: bool, from_back: bool) -> PackedInputs:
+        """Up to `count` inputs from the front (or the back) of what is left, as many as fit in
+        `max_bytes` of arguments (at least one if `at_least_one`)."""
+        if from_back:
+            first = max(self.start, self.end - count)
+            taken, size = _fitting(self.sizes[first:self.end][::-1], max_bytes, at_least_one)
+            start, data_start = self.end - taken, self.data_end - size
+            part = self._slice(start, self.end, data_start, self.data_end)
+            self.end, self.data_end = start, data_start
+        else:
+            last = min(self.end, self.start + count)
+            taken, size = _fitting(self.sizes[self.start:last], max_bytes, at_least_one)
+            stop, data_stop = self.start + taken, self.data_start + size
+            part = self._slice(self.start, stop, self.data_start, data_stop)
+            self.start, self.data_start = stop, data_stop
         self._compact()
         return part
 
@@ -219,6 +203,17 @@ class _Run:
     def _compact(self) -> None:
         if self.left and (self.data_end - self.data_start) * 2 < len(self.part.data):
             self._reset(self._slice(self.start, self.end, self.data_start, self.data_end))
+
+
+def _fitting(sizes: Sequence[int], max_bytes: int, at_least_one: bool) -> tuple[int, int]:
+    """How many of these arguments, taken in order, fit in `max_bytes` (at least one if
+    `at_least_one`), and their bytes together."""
+    size = sum(sizes)
+    if size <= max_bytes:
+        return len(sizes), size
+    ends = list(accumulate(sizes))
+    fit = max(bisect_right(ends, max_bytes), 1 if at_least_one else 0)
+    return fit, ends[fit - 1] if fit else 0
 
 
 def join(parts: Sequence[PackedInputs]) -> PackedInputs:
