@@ -60,9 +60,9 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
                          stopping: asyncio.Event) -> None:
     import aiohttp
 
-    from burla import wire
     from burla._version import __version__
-    from burla.build import build_hash
+    from burla.process.build import build_hash
+    from burla.protocol import wire
 
     python = ".".join(map(str, sys.version_info[:3]))
     register = wire.RegisterNode(node_id, "http://127.0.0.1:9", slots, slots, 64.0, None, 0, None, "local", python,
@@ -107,7 +107,7 @@ class _SimulatedSession:
         """Until the connection ends; True if the head told this node to shut down."""
         import aiohttp
 
-        from burla import wire
+        from burla.protocol import wire
 
         pusher = asyncio.create_task(_push_state(self.ws, node_id, self.slots, self.jobs))
         try:
@@ -126,7 +126,7 @@ class _SimulatedSession:
 
     async def on_message(self, msg) -> bool:
         """Act on one frame from the head; False when it says to shut down."""
-        from burla import wire
+        from burla.protocol import wire
 
         if isinstance(msg, wire.InputBatch):
             await self.on_inputs(msg)
@@ -163,7 +163,7 @@ class _SimulatedSession:
 
 
 async def _ask_credit(ws, job: NodeJob) -> None:
-    from burla import wire
+    from burla.protocol import wire
 
     due = job.credit_due(job.parallelism)
     if due:
@@ -171,7 +171,7 @@ async def _ask_credit(ws, job: NodeJob) -> None:
 
 
 async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts) -> None:
-    from burla import wire
+    from burla.protocol import wire
 
     results = [[index, True, data] for index, data in msg.part().items()]  # a no-op returns its input
     job.calls_done(len(results), seconds_per_call)
@@ -196,7 +196,7 @@ async def _answer_later(ws, msg, job: NodeJob, free_at: list[float], call_s: flo
 
 
 async def _push_state(ws, node_id: str, slots: int, jobs: dict[str, NodeJob]) -> None:
-    from burla import wire
+    from burla.protocol import wire
 
     await asyncio.sleep(random.random() * STATE_INTERVAL_S)  # nodes don't push in lockstep
     while True:

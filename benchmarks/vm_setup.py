@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import boto3  # noqa: E402
 import moto.server as moto_server  # noqa: E402
 
-from burla.build import build_wheel  # noqa: E402
+from burla.process.build import build_wheel  # noqa: E402
 from tests.conftest import start_head, wait_for_nodes  # noqa: E402
 from tests.vm_standin import MotoVmFarm  # noqa: E402
 from tests.wheelhouse import build_wheelhouse  # noqa: E402

@@ -34,7 +34,7 @@ from burla.errors import (
 )
 
 if TYPE_CHECKING:
-    from burla.client import Client, get_cluster_dashboard_url, get_results, remote_parallel_map
+    from burla.client.api import Client, get_cluster_dashboard_url, get_results, remote_parallel_map
 
 __all__ = [
     "__version__",
@@ -65,7 +65,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("remote_parallel_map", "get_cluster_dashboard_url", "get_results", "Client"):
-        from burla import client
+        from burla.client import api
 
-        return getattr(client, name)
+        return getattr(api, name)
     raise AttributeError(f"module 'burla' has no attribute {name!r}")

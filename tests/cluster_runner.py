@@ -67,7 +67,7 @@ class LocalCluster:
     def client(self, head_url: str | None = None):
         """A burla client for this cluster's head (or the head behind `head_url`, e.g. a proxy),
         whatever the environment says."""
-        from burla.client import Client
+        from burla.client.api import Client
         from burla.config import ClientSettings
 
         return Client(settings=ClientSettings(config_dir=self.config_dir, head_url=head_url or self.url,

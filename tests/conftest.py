@@ -14,7 +14,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from burla.client import Client
+from burla.client.api import Client
 from burla.config import (
     ENV_CLOUD,
     ENV_CONFIG_DIR,
@@ -276,7 +276,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def client_venv(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's virtual environment with only burla in it (installed from the running build and the
     wheelhouse, offline); returns its Python. Jobs from it carry a package set VMs can reproduce."""
-    from burla.build import build_wheel
+    from burla.process.build import build_wheel
 
     root = tmp_path_factory.mktemp("client-venv")
     subprocess.run([sys.executable, "-m", "venv", str(root / "env")], check=True)

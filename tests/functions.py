@@ -233,7 +233,7 @@ def fail_with_a_planted_pickle(marker):
 def input_files_seen(data, hold_s=0.0):
     """How a call sees its input: its size, this node's input-file directory, and the files the
     job's client keeps there for this job right now (None: the client keeps none here)."""
-    from burla.input_files import files_root
+    from burla.protocol.input_files import files_root
 
     time.sleep(hold_s)
     job_id = os.environ["BURLA_PARENT_JOB_ID"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from burla import Client
 from burla._version import __version__
 from burla.drivers.local import LocalDriver
-from burla.loop_supervisor import LoopSupervisor
+from burla.process.loop_supervisor import LoopSupervisor
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
@@ -46,13 +46,13 @@ async def in_process_cluster(tmp_path: Path, driver=None, node_deadline_s: float
     from aiohttp import web
 
     from burla.config import HeadSettings
-    from burla.connection_guard import GuardedSite
     from burla.head.app import create_head_app
     from burla.head.keys import GUARD
     from burla.head.server import bind, url_of
     from burla.node.main import node_settings
     from burla.node.service import NodeService
     from burla.node.worker_pool import WorkerPool
+    from burla.web.connection_guard import GuardedSite
 
     token = secrets.token_urlsafe(16)
     history_path = tmp_path / "history.db" if history else None

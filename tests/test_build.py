@@ -8,7 +8,7 @@ import sys
 import zipfile
 
 from burla._version import __version__
-from burla.build import build_hash, build_wheel, hash_files, package_files
+from burla.process.build import build_hash, build_wheel, hash_files, package_files
 
 
 def test_the_wheel_holds_every_package_file_and_is_made_once_per_content(tmp_path):

@@ -14,9 +14,10 @@ import urllib.request
 import aiohttp
 import pytest
 
-from burla import JobCanceled, JobNotFound, wire
-from burla.packed_inputs import PackedInputs
-from burla.serialization import dumps, dumps_function, loads
+from burla import JobCanceled, JobNotFound
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.serialization import dumps, dumps_function, loads
 from tests import functions
 from tests.conftest import REPO, own_head
 from tests.helpers import PRELUDE, get_json, wait_until
@@ -63,7 +64,7 @@ def test_a_job_canceled_while_it_connects_never_opens(cluster, monkeypatch):
         raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C")
 
     jobs_before = len(get_json(cluster, "/v1/cluster")["jobs"])
-    monkeypatch.setattr("burla.job_session._wait", ctrl_c_while_connecting)
+    monkeypatch.setattr("burla.client.session._wait", ctrl_c_while_connecting)
     proxy.hold()  # the head is slow to answer the connection
     try:
         with pytest.raises(JobCanceled):

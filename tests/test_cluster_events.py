@@ -8,14 +8,14 @@ import zlib
 
 import pytest
 
-from burla import wire
 from burla.errors import HeadUnreachable, ProtocolError
 from burla.head.cluster import Cluster
 from burla.head.history import KeptJob
 from burla.head.links import NodeLink
 from burla.head.scheduler import COMPLETED, RUNNING
-from burla.packed_inputs import PackedInputs
-from burla.states import EndKind
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.states import EndKind
 from tests.test_scheduler import spec
 
 
@@ -207,7 +207,7 @@ async def test_a_by_file_job_whose_machine_has_no_node_left_ends_though_other_ma
 async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_view():
     import io
 
-    from burla.progress import Display
+    from burla.client.progress import Display
 
     cluster = Cluster("0.1.0")
     cluster.expect_nodes(["a", "b"])

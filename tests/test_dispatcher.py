@@ -5,11 +5,11 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-from burla import wire
 from burla.node import dispatcher
 from burla.node.dispatcher import MAX_BATCH, Dispatcher, NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle
-from burla.packed_inputs import PackedInputs
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 
 
 def _dispatcher() -> Dispatcher:
@@ -359,7 +359,7 @@ def test_once_every_input_is_pushed_unfilled_credit_no_longer_makes_batches_bigg
 def test_a_workers_batch_stays_within_a_frames_bytes_and_a_large_input_goes_alone():
     # Found by review: batches were cut by count alone, and 400 inputs of which two were 150 MB
     # made one batch a worker could not read (its arguments over the worker channel's limits).
-    from burla.packed_inputs import MAX_RUN_BYTES
+    from burla.protocol.packed_inputs import MAX_RUN_BYTES
 
     m = Machine(1)
     m.assign("j")

@@ -213,9 +213,9 @@ def test_a_node_that_never_registers_is_deleted_with_its_console_kept(moto, tmp_
 
 
 def test_nodes_for_a_container_image_run_inside_it(monkeypatch):
-    from burla import supervisor
-    from burla.build import wheel_name
     from burla.drivers.bootstrap import PackageSource, install_script
+    from burla.process import supervisor
+    from burla.process.build import wheel_name
 
     script = install_script("3.11", PackageSource(), image="ghcr.io/acme/model:3")
     assert "as_root docker pull --quiet ghcr.io/acme/model:3" in script

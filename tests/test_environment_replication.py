@@ -181,7 +181,7 @@ def test_an_editable_project_travels_as_local_code_with_one_warning(tmp_path, wh
 
 
 def test_the_environment_is_read_again_after_an_installation(tmp_path, monkeypatch):
-    from burla.environment import environment_changed, installed_distributions
+    from burla.protocol.environment import environment_changed, installed_distributions
 
     monkeypatch.setattr(sys, "path", [str(tmp_path)])
     environment_changed()

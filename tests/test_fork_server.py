@@ -12,10 +12,10 @@ from tests.conftest import REPO
 # Run in a fresh process: the server is forked, and forking is only safe from a single thread.
 SCRIPT = r"""
 import asyncio, os, pickle, signal, struct
-from burla import wire
+from burla.protocol import wire
 from burla.node.fork_server import NO_GPU, NO_GPUS, UNKNOWN_EXIT, ForkServer, start_fork_server
-from burla.packed_inputs import PackedInputs
-from burla.serialization import dumps_function
+from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.serialization import dumps_function
 
 def visible(x):
     return (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ["MARK"], os.getppid(), x)

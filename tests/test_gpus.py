@@ -100,7 +100,7 @@ def _the_dashboard_charts_gpus(head, job_id: str) -> None:
         return
     from playwright.sync_api import sync_playwright
 
-    from burla.login_links import link_code
+    from burla.web.login_links import link_code
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])

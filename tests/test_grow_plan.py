@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from burla import wire
 from burla.errors import NoCompatibleNodes
 from burla.head.grow import plan_growth
+from burla.protocol import wire
 
 
 def spec(n=100, **kw):

@@ -19,10 +19,11 @@ import aiohttp
 import msgpack
 import pytest
 
-from burla import RemoteError, wire
+from burla import RemoteError
 from burla._version import __version__
-from burla.build import build_hash
-from burla.packed_inputs import PackedInputs
+from burla.process.build import build_hash
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
 from tests.conftest import own_head
 from tests.fuzz.transport import _read_frame, ws_frame
@@ -30,7 +31,7 @@ from tests.helpers import get_json, wait_until
 from tests.test_security_and_bad_input import _error, _exchange, open_job
 
 HEAD_PACKAGE = Path(__file__).resolve().parent.parent / "burla" / "head"
-PICKLE_MODULES = {"pickle", "cloudpickle", "dill", "marshal", "shelve", "joblib", "burla.serialization"}
+PICKLE_MODULES = {"pickle", "cloudpickle", "dill", "marshal", "shelve", "joblib", "burla.protocol.serialization"}
 LOADERS = {"loads", "load", "Unpickler"}
 
 
@@ -446,7 +447,7 @@ def test_half_sent_requests_and_slow_bodies_are_cut_off(tmp_path):
 
 
 def test_one_address_cannot_hold_more_than_its_share_of_strangers(tmp_path):
-    from burla.connection_guard import MAX_UNAUTHENTICATED_PER_ADDRESS as CAP
+    from burla.web.connection_guard import MAX_UNAUTHENTICATED_PER_ADDRESS as CAP
 
     with own_head(tmp_path) as head:
         parts = urllib.parse.urlsplit(head.url)

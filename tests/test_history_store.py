@@ -12,7 +12,7 @@ import pytest
 
 from burla.head.history import SCHEMA_VERSION, History
 from burla.head.history_writer import HistoryWriter
-from burla.head.views import JobView
+from burla.protocol.views import JobView
 
 
 def _view(job_id: str, started_at: float, status: str = "COMPLETED", reason: str = "", end_kind: str = "") -> JobView:

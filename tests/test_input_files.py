@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from burla.input_files import (
+from burla.protocol.input_files import (
     INPUT_FILE_MIN_BYTES,
     ORPHAN_UNLOCKED_S,
     REFERENCE_PREFIX,
@@ -17,7 +17,7 @@ from burla.input_files import (
     host_id,
     mapped_input,
 )
-from burla.serialization import dumps
+from burla.protocol.serialization import dumps
 from tests import functions
 from tests.cluster_runner import LocalCluster
 

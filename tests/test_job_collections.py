@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from burla.process_memory import GC_THRESHOLDS, JOB_COLLECTIONS, JobCollections
+from burla.process.memory import GC_THRESHOLDS, JOB_COLLECTIONS, JobCollections
 from tests import functions
 from tests.helpers import wait_until
 

@@ -10,26 +10,27 @@ from types import SimpleNamespace
 
 import cloudpickle
 
-from burla import job_runner, job_session, wire
+from burla.client import session
+from burla.client.local_cluster import ClusterHandle
+from burla.client.progress import Display
+from burla.client.runner import JobRunner
 from burla.errors import JobCanceled
 from burla.head.cluster import Cluster
 from burla.head.keys import OPEN_SOCKETS
-from burla.job_runner import JobRunner
-from burla.local_cluster import ClusterHandle
-from burla.progress import Display
-from burla.states import JobStatus
+from burla.protocol import wire
+from burla.protocol.states import JobStatus
 from tests import functions
 from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, until
 
 cloudpickle.register_pickle_by_value(functions)
 
-OPTIONS = job_session.JobOptions(func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=False,
+OPTIONS = session.JobOptions(func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=False,
                                  max_parallelism=None, detach=False, raise_errors=False, region=None, disk_gb=None,
                                  parent_job_id=None)
 
 
 def _runner(cluster: InProcessCluster, job_id: str, function, inputs: list) -> JobRunner:
-    spec = job_session.opening(job_id, function, function.__name__, len(inputs), OPTIONS)
+    spec = session.opening(job_id, function, function.__name__, len(inputs), OPTIONS)
     display = Display(len(inputs), show_progress=False, stdout=io.StringIO(), stderr=io.StringIO())
     runner = JobRunner(ClusterHandle(cluster.url, cluster.token), job_id, display, opening=spec, inputs=inputs)
     runner.start()
@@ -93,7 +94,7 @@ async def test_jobs_in_a_row_share_one_connection_to_the_head(tmp_path):
 async def test_result_batches_are_acknowledged_together_and_the_last_at_once(tmp_path, monkeypatch):
     # Fails on the previous code, which answered every batch with an acknowledgement of its own.
     # The clock stands still, so only the count of batches waiting (and the job's end) calls one.
-    monkeypatch.setattr(job_runner, "time", SimpleNamespace(monotonic=lambda: 1000.0))
+    monkeypatch.setattr(runner, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     acks: list[int] = []
     acknowledge = Cluster.ack
     monkeypatch.setattr(Cluster, "ack", lambda self, job, seq: (acks.append(seq), acknowledge(self, job, seq)))
@@ -106,7 +107,7 @@ async def test_result_batches_are_acknowledged_together_and_the_last_at_once(tmp
                     "the job to complete on the head")
     sent = runner._acked_seq  # the head numbers its batches from 1
     assert sent >= 20 and acks[-1] == sent
-    assert len(acks) <= sent // job_runner.ACK_AFTER_BATCHES + 2, (len(acks), sent)
+    assert len(acks) <= sent // runner.ACK_AFTER_BATCHES + 2, (len(acks), sent)
 
 
 async def test_a_node_takes_the_heads_word_that_every_input_is_pushed(tmp_path):

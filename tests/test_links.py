@@ -10,10 +10,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from burla import wire
 from burla.head import links
 from burla.head.links import ClientLink, NodeLink
-from burla.packed_inputs import PackedInputs
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 
 
 class OneSocket:

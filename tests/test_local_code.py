@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from burla.local_code import collect, install
+from burla.protocol.local_code import collect, install
 
 CLIENT = textwrap.dedent("""
     import sys

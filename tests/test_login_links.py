@@ -3,8 +3,8 @@ until it expires."""
 
 from __future__ import annotations
 
-from burla.auth import Sessions
-from burla.login_links import LINK_TTL_S, SESSION_TTL_S, SignedSessions, check_link_code, link_code
+from burla.web.auth import Sessions
+from burla.web.login_links import LINK_TTL_S, SESSION_TTL_S, SignedSessions, check_link_code, link_code
 
 
 def test_a_link_code_opens_only_its_path_until_it_expires():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from burla.client import Client
+from burla.client.api import Client
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, ClientSettings
 from tests import functions
 from tests.cluster_runner import LocalCluster

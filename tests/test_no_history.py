@@ -14,7 +14,7 @@ import pytest
 from burla.errors import JobFailed
 from burla.head.keys import SHUT_DOWN
 from burla.head.recorder import NoRecord
-from burla.states import JobStatus
+from burla.protocol.states import JobStatus
 from tests import functions
 from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, until
 

@@ -11,8 +11,9 @@ import aiohttp
 import psutil
 import pytest
 
-from burla import DetachRequiresDeployedCluster, wire
-from burla.packed_inputs import PackedInputs
+from burla import DetachRequiresDeployedCluster
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
 from tests.conftest import own_head, run_client, start_head, wait_for_nodes
 from tests.helpers import PRELUDE, get_json, wait_until
@@ -109,7 +110,7 @@ def test_idle_nodes_are_removed_and_come_back_for_the_next_job(tmp_path):
 def test_a_detaching_client_leaves_only_once_its_inputs_are_saved(tmp_path):
     # Fails on the previous code: the client left as soon as its last input was sent, before the
     # head had written it to history (a head crash in between lost it).
-    from burla.serialization import dumps, dumps_function
+    from burla.protocol.serialization import dumps, dumps_function
     from tests.test_security_and_bad_input import open_job
 
     n = 5

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from burla.node.worker_pool import Batch
-from burla.packed_inputs import InputRuns, PackedInputs, join
+from burla.protocol.packed_inputs import InputRuns, PackedInputs, join
 
 
 def _items(indices) -> list[tuple[int, bytes]]:

@@ -7,12 +7,12 @@ import zlib
 
 import pytest
 
-from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.eligibility import can_join, ineligibility
 from burla.head.held_inputs import adopt_held, mark_client_held
 from burla.head.scheduler import RUNNING, JobRecord, NodeRecord, Scheduler
+from burla.protocol import wire
 
 
 def node(node_id="n1", slots=4, cpus=4, ram_gb=16.0, gpu=None, gpu_count=0, image=None, region="local", python="3.11"):

@@ -12,10 +12,10 @@ import aiohttp
 import msgpack
 import pytest
 
-from burla import wire
 from burla._version import __version__
-from burla.build import build_hash
-from burla.packed_inputs import PackedInputs
+from burla.process.build import build_hash
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
 from tests.conftest import wait_for_nodes
 

@@ -8,7 +8,7 @@ import traceback
 import pytest
 
 from burla.errors import RemoteError, UnpicklableFunction
-from burla.serialization import dumps, dumps_function, loads, pack_error, unpack_error
+from burla.protocol.serialization import dumps, dumps_function, loads, pack_error, unpack_error
 
 
 def test_plain_values_round_trip():

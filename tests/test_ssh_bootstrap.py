@@ -211,8 +211,8 @@ def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, whe
 
 
 def test_the_bootstrap_installs_the_uploaded_build_never_burla_by_name():
-    from burla.build import build_hash, wheel_name
     from burla.drivers.bootstrap import PackageSource, install_script
+    from burla.process.build import build_hash, wheel_name
 
     script = install_script("3.12", PackageSource(index_url="https://mirror.example/simple"))
     assert f'"$B/build/{wheel_name()}"' in script and "--index-url https://mirror.example/simple" in script

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from burla import errors, wire
+from burla import errors
 from burla.errors import BurlaError, ProtocolError, error_from_wire
-from burla.states import EndKind, JobStatus, NodeStatus
+from burla.protocol import wire
+from burla.protocol.states import EndKind, JobStatus, NodeStatus
 
 
 @pytest.mark.parametrize("kind", [k for k in EndKind if k is not EndKind.NONE])
@@ -39,7 +40,7 @@ def test_a_node_state_with_an_unknown_status_is_refused():
 
 
 def test_a_history_row_reads_whatever_its_states_and_takes_its_options_from_its_arguments():
-    from burla.head.views import JobView
+    from burla.protocol.views import JobView
 
     row = {"job_id": "j", "parent_job_id": None, "function_name": "f", "status": "PAUSED", "reason": "",
            "n_inputs": 3, "n_done": 1, "n_failed": 0, "started_at": 1.0, "ended_at": None, "end_kind": "Newer",

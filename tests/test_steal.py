@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from burla import wire
+from burla.protocol import wire
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.helpers import get_json, wait_until

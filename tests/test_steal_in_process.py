@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from burla import grants, wire
-from burla.connection_guard import ConnectionGuard
 from burla.node.dispatcher import Dispatcher
 from burla.node.http import build_node_app
 from burla.node.steal import Donor, Thief
-from burla.packed_inputs import PackedInputs
+from burla.protocol import grants, wire
+from burla.protocol.packed_inputs import PackedInputs
+from burla.web.connection_guard import ConnectionGuard
 
 DONOR, THIEF = "node-donor", "node-thief"
 

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from burla.drivers.local import LocalDriver
-from burla.loop_supervisor import LoopSupervisor, run_every_step
+from burla.process.loop_supervisor import LoopSupervisor, run_every_step
 from tests.functions import double
 from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, supervisor_of, until
 

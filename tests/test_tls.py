@@ -53,7 +53,7 @@ def test_clients_without_the_certificate_are_refused_with_the_fix(tls_head, tmp_
     with pytest.raises(HeadUnreachable, match="does not trust.*BURLA_HEAD_CERT"):
         tls_head.client(head_cert=None).remote_parallel_map(functions.double, [1], spinner=False)
     # Another self-signed certificate (for the same names) is not this head's: refused too.
-    from burla.tls import make_self_signed
+    from burla.web.tls import make_self_signed
 
     other, _ = make_self_signed(["127.0.0.1", "localhost"], tmp_path / "other")
     for cert in (None, other):
@@ -133,7 +133,7 @@ def _authority_and_leaf(directory) -> tuple[str, str, str]:
 
 
 def test_a_pinned_certificate_is_the_only_one_trusted_not_the_systems_authorities(tmp_path):
-    from burla.tls import make_self_signed
+    from burla.web.tls import make_self_signed
 
     ca, leaf, leaf_key = _authority_and_leaf(tmp_path)
     head = start_head(tmp_path / "config", local_nodes=0, extra=["--tls-cert", leaf, "--tls-key", leaf_key])
@@ -154,7 +154,7 @@ def test_a_pinned_certificate_is_the_only_one_trusted_not_the_systems_authoritie
 
 TRUST_ON_FIRST_USE = """
 import asyncio, ssl, sys
-from burla.web_import import import_aiohttp
+from burla.web.aiohttp_import import import_aiohttp
 import_aiohttp()
 import aiohttp
 from aiohttp import web
@@ -186,7 +186,7 @@ def test_aiohttp_imported_by_heads_and_nodes_still_trusts_the_systems_authoritie
     # Heads and nodes import aiohttp with its default contexts reading the system's authorities
     # on first use instead of at import: a certificate those authorities sign must still pass,
     # and one they don't must still fail.
-    from burla.tls import make_self_signed
+    from burla.web.tls import make_self_signed
 
     trusted_cert, trusted_key = make_self_signed(["127.0.0.1"], tmp_path / "trusted")
     other_cert, _ = make_self_signed(["127.0.0.1"], tmp_path / "other")

@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-from burla import wire
+from burla.client.progress import Display
+from burla.client.upload import Uploader
 from burla.errors import UnpicklableInput
-from burla.job_upload import Uploader
-from burla.progress import Display
+from burla.protocol import wire
 
 
 def _uploader(inputs: list, detaching: bool = False) -> Uploader:
@@ -140,16 +140,16 @@ async def test_an_input_that_cant_be_pickled_stops_the_upload_with_a_clear_error
 
 
 def test_the_opening_carries_only_small_first_inputs(monkeypatch):
-    from burla import job_upload
-    from burla.job_upload import FIRST_BATCH_BYTES, FIRST_BATCH_ITEMS
+    from burla.client import upload
+    from burla.client.upload import FIRST_BATCH_BYTES, FIRST_BATCH_ITEMS
 
     small = _uploader(list(range(1000)))
     assert [index for index, _ in small.first_batch()] == list(range(FIRST_BATCH_ITEMS))
     # A large first input goes later, by itself (or by file): the opening stays small. It is
     # pickled once, not again by the upload.
     pickled = []
-    dumps = job_upload.dumps
-    monkeypatch.setattr(job_upload, "dumps", lambda value: pickled.append(value) or dumps(value))
+    dumps = upload.dumps
+    monkeypatch.setattr(upload, "dumps", lambda value: pickled.append(value) or dumps(value))
     large = _uploader([b"x" * (FIRST_BATCH_BYTES + 1), 1, 2])
     assert large.first_batch() == []
     assert pickle.loads(large.pickled_input(0)) == large.inputs[0]

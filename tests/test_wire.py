@@ -7,9 +7,9 @@ import tracemalloc
 import msgpack
 import pytest
 
-from burla import wire
 from burla.errors import ProtocolError
-from burla.packed_inputs import PackedInputs
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 
 SAMPLES: list[wire.Message] = [
     wire.OpenJob(

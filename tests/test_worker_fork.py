@@ -11,10 +11,10 @@ from tests.conftest import REPO
 # Run in a fresh process: forking is only safe from a single thread, and pytest runs several.
 SCRIPT = r"""
 import asyncio, os, pickle, signal, struct
-from burla import wire
+from burla.protocol import wire
 from burla.node.worker_fork import can_fork, fork_workers
-from burla.packed_inputs import PackedInputs
-from burla.serialization import dumps_function
+from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.serialization import dumps_function
 
 def triple(x):
     return (os.environ["MARK"], x * 3)

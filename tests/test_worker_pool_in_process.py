@@ -12,10 +12,10 @@ from collections.abc import Callable
 import cloudpickle
 import psutil
 
-from burla import wire
 from burla.node.dispatcher import Dispatcher
 from burla.node.worker_pool import WorkerPool
-from burla.packed_inputs import PackedInputs
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
 from tests.in_process import until
 

@@ -7,8 +7,8 @@ import time
 import click
 
 from burla.cli.common import CliError, JsonGroup, emit_line, fail, find_head_client, head_client, run
-from burla.head.views import JobView
-from burla.states import JobStatus
+from burla.protocol.states import JobStatus
+from burla.protocol.views import JobView
 
 
 @click.group(cls=JsonGroup)
@@ -42,7 +42,7 @@ def start(ctx: click.Context) -> None:
     def action() -> dict:
         client = find_head_client(ctx)
         if client is None:
-            from burla.client import get_cluster_dashboard_url
+            from burla.client.api import get_cluster_dashboard_url
 
             get_cluster_dashboard_url()  # a background head with its local node
             client = head_client(ctx)

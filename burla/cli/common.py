@@ -102,7 +102,7 @@ class HeadClient:
             self.url + path, data=data, method=method,
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
         )
-        from burla.tls import CERT_FIX, client_context, is_certificate_error
+        from burla.web.tls import CERT_FIX, client_context, is_certificate_error
 
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=client_context(self.cert)) as response:

@@ -28,8 +28,8 @@ def _deploy_command(cloud: str, what: str):
     @vm_setup_options
     def command(region: str | None, machine_type: str | None, disk_gb: int | None, port: int, wait_s: float,
                 node_index_url: str | None, node_wheelhouse: Path | None, ssh_address_map: Path | None) -> None:
-        from burla.deploy import DeployRequest, DeploySettings
         from burla.drivers.bootstrap import PackageSource
+        from burla.drivers.deploy import DeployRequest, DeploySettings
 
         request = DeployRequest(cloud, region, machine_type, disk_gb, port, wait_s)
         packages = PackageSource(node_index_url, str(node_wheelhouse) if node_wheelhouse else None)
@@ -40,7 +40,7 @@ def _deploy_command(cloud: str, what: str):
 
 
 def _deploy(request, settings):
-    from burla.deploy import deploy as deploy_head
+    from burla.drivers.deploy import deploy as deploy_head
 
     return deploy_head(request, config_dir(), dict(os.environ), settings)
 
@@ -69,7 +69,7 @@ _deploy_command("azure", "your Azure subscription")
 @deploy.command()
 def show() -> None:
     """The deployed head this machine uses, and whether it serves."""
-    from burla.deploy import show as show_deployment
+    from burla.drivers.deploy import show as show_deployment
 
     run("deploy show", lambda: _guarded(lambda: show_deployment(config_dir())))
 
@@ -77,6 +77,6 @@ def show() -> None:
 @deploy.command()
 def delete() -> None:
     """Delete the deployed head VM and its nodes; this machine goes back to local heads."""
-    from burla.deploy import delete as delete_deployment
+    from burla.drivers.deploy import delete as delete_deployment
 
     run("deploy delete", lambda: _guarded(lambda: delete_deployment(config_dir(), dict(os.environ))))

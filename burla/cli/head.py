@@ -62,7 +62,7 @@ def _tls_files(directory: Path, host: str, public_url: str | None, cert: Path | 
     if public_url is not None and not public_url.startswith(("http://", "https://")):
         raise click.UsageError(f"--url must start with http:// or https://, got {public_url!r}")
     from burla.errors import TlsSetupError
-    from burla.tls import make_self_signed, server_context
+    from burla.web.tls import make_self_signed, server_context
 
     if not self_signed:
         if cert is not None and key is not None:
@@ -211,6 +211,6 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
 def supervise(serve_args: tuple[str, ...]) -> None:
     """Run `burla head serve SERVE_ARGS`, starting it again whenever it exits (a deployed head on
     an image without systemd)."""
-    from burla.supervisor import supervise_head
+    from burla.process.supervisor import supervise_head
 
     sys.exit(supervise_head(tuple(serve_args)))

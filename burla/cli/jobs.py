@@ -18,8 +18,8 @@ from burla.cli.common import (
     head_client,
     run,
 )
-from burla.head.views import JobView
-from burla.states import JobStatus
+from burla.protocol.states import JobStatus
+from burla.protocol.views import JobView
 
 END_EXIT = {JobStatus.COMPLETED: 0, JobStatus.FAILED: EXIT_JOB_FAILED, JobStatus.CANCELED: EXIT_JOB_CANCELED}
 
@@ -128,7 +128,7 @@ def results(ctx: click.Context, job_id: str) -> None:
     """Collect a detached job's results (once; the head forgets them after)."""
 
     def action() -> dict:
-        from burla.client import Client
+        from burla.client.api import Client
         from burla.errors import BurlaError, JobNotFound
 
         head = head_client(ctx)

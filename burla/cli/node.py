@@ -85,6 +85,6 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, workers: i
 def supervise(orphan_timeout: float, image: str | None, gpus: bool, join_args: tuple[str, ...]) -> None:
     """Run `burla node join JOIN_ARGS` on a cloud VM: restart it when it crashes, power the VM off
     when the node is done (its head gone past the orphan timeout, refused, or stopped)."""
-    from burla.supervisor import SupervisorSettings, supervise_node
+    from burla.process.supervisor import SupervisorSettings, supervise_node
 
     sys.exit(supervise_node(SupervisorSettings(tuple(join_args), orphan_timeout, image, gpus)))

@@ -35,7 +35,7 @@ from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
-from burla.states import MachineState
+from burla.protocol.states import MachineState
 
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 DEFAULT_REGION = "eastus"

@@ -12,7 +12,7 @@ import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from burla.states import MachineState
+from burla.protocol.states import MachineState
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from burla.build import build_hash, wheel_name
+from burla.process.build import build_hash, wheel_name
 
 HOME_DIR = ".burla"  # relative to the SSH user's home directory (SFTP's starting directory)
 ENV_DIR = "env"

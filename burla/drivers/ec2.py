@@ -24,7 +24,7 @@ from burla.drivers.base import BootRequest, NodeHandle, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
-from burla.states import MachineState
+from burla.protocol.states import MachineState
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 DEFAULT_AMI_NAME = "al2023-ami-2023*-x86_64"

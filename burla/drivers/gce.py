@@ -32,7 +32,7 @@ from burla.drivers.catalog import gpu_model, lookup
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
-from burla.states import MachineState
+from burla.protocol.states import MachineState
 
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"

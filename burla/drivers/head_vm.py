@@ -1,6 +1,6 @@
 """The head VM `burla deploy` boots: what the cloud is given (no secret: the deploying machine's
 SSH key for the head's cluster, the machine's shape) and the command that starts the head on it
-once the deploying machine has set it up over SSH (`burla.deploy`).
+once the deploying machine has set it up over SSH (`burla.drivers.deploy`).
 
 The head listens on every interface; nodes reach it at its private address (read on the VM when
 the head starts), clients at its public one. Both pin its certificate, so the name in the URL

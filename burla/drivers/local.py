@@ -20,8 +20,8 @@ from typing import NoReturn
 
 from burla.config import ENV_TOKEN
 from burla.drivers.base import BootFailed, BootRequest, Driver, NodeHandle
-from burla.forking import flush_before_fork, start_child
-from burla.states import MachineState
+from burla.process.forking import flush_before_fork, start_child
+from burla.protocol.states import MachineState
 
 EXIT_POLL_S = 0.2
 STOP_GRACE_S = 3.0

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.build import build_hash, build_wheel
 from burla.drivers.base import BootRequest, Driver, NodeHandle, VmAddress
 from burla.drivers.bootstrap import (
     HEAD_CERT_FILE,
@@ -46,7 +45,8 @@ from burla.drivers.ssh_login import (
     write_private,
 )
 from burla.errors import BootstrapFailed
-from burla.loop_supervisor import end_tasks
+from burla.process.build import build_hash, build_wheel
+from burla.process.loop_supervisor import end_tasks
 
 log = logging.getLogger("burla.ssh")
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.build import build_hash, wheel_name
 from burla.config import TOKEN_FILE, write_private_file
 from burla.drivers.bootstrap import (
     BUILD_DIR,
@@ -32,6 +31,7 @@ from burla.drivers.bootstrap import (
     remote,
 )
 from burla.errors import BootstrapFailed
+from burla.process.build import build_hash, wheel_name
 
 CONNECT_TIMEOUT_S = 15.0
 RETRY_EVERY_S = 3.0

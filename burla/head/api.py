@@ -13,9 +13,9 @@ from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
 from burla.head.scheduler import RUNNING
 from burla.head.usage import MACHINE_STARTED, usage
-from burla.head.views import JobView
-from burla.states import JobStatus
-from burla.web_json import error_response, json_response, read_object
+from burla.protocol.states import JobStatus
+from burla.protocol.views import JobView
+from burla.web.json_io import error_response, json_response, read_object
 
 MAX_LIMIT = 1000
 JOB_STATUSES = tuple(JobStatus)

@@ -14,10 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from burla import input_files
-from burla.auth import Sessions, token_middleware
 from burla.config import HeadSettings
-from burla.connection_guard import ConnectionGuard
 from burla.drivers.base import Driver
 from burla.drivers.local import LocalDriver
 from burla.head.api import add_api_routes
@@ -29,8 +26,11 @@ from burla.head.history import History
 from burla.head.keys import CLUSTER, FLEET, GUARD, LOOP_MONITOR, OPEN_SOCKETS, SHUT_DOWN, STOP, SUPERVISOR
 from burla.head.loop_monitor import LoopMonitor
 from burla.head.recorder import Recorder
-from burla.loop_supervisor import LoopSupervisor, run_every_step
-from burla.web_json import json_errors, json_response, require_text_urls
+from burla.process.loop_supervisor import LoopSupervisor, run_every_step
+from burla.protocol import input_files
+from burla.web.auth import Sessions, token_middleware
+from burla.web.connection_guard import ConnectionGuard
+from burla.web.json_io import json_errors, json_response, require_text_urls
 
 log = logging.getLogger("burla.head")
 

@@ -14,15 +14,15 @@ import time
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from burla import grants, wire
 from burla.config import MAX_FUNCTION_BYTES, MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, OPEN_SOCKETS
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import JobRecord
-from burla.loop_supervisor import end_tasks
-from burla.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
+from burla.process.loop_supervisor import end_tasks
+from burla.protocol import grants, wire
+from burla.protocol.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
 
 log = logging.getLogger("burla.head")
 

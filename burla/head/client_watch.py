@@ -8,10 +8,10 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from burla import wire
 from burla.head.links import ClientLink
 from burla.head.scheduler import CANCELED, RUNNING, JobRecord
-from burla.states import EndKind
+from burla.protocol import wire
+from burla.protocol.states import EndKind
 
 if TYPE_CHECKING:
     from burla.head.cluster import Cluster

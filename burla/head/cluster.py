@@ -11,8 +11,6 @@ import logging
 import time
 from collections import OrderedDict
 
-from burla import wire
-from burla.build import build_hash
 from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
 from burla.head.client_watch import ClientWatch
 from burla.head.held_inputs import adopt_held, mark_client_held
@@ -35,9 +33,11 @@ from burla.head.scheduler import (
     Scheduler,
     initial_credit,
 )
-from burla.head.views import JobView, NodeView, job_view, node_view
-from burla.packed_inputs import PackedInputs
-from burla.states import EndKind, JobStatus
+from burla.process.build import build_hash
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.states import EndKind, JobStatus
+from burla.protocol.views import JobView, NodeView, job_view, node_view
 
 log = logging.getLogger("burla.head")
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from burla.auth import SESSION_COOKIE, Sessions, same_origin_path
 from burla.head.api import int_param, job_view_of, jobs_listing, metrics_of
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, HEAD_URL, SESSIONS
-from burla.login_links import LINK_PARAM, SESSION_TTL_S
-from burla.web_json import dumps, json_response
+from burla.web.auth import SESSION_COOKIE, Sessions, same_origin_path
+from burla.web.json_io import dumps, json_response
+from burla.web.login_links import LINK_PARAM, SESSION_TTL_S
 
 STATIC = Path(__file__).parent / "static"
 STREAM_EVERY_S = 0.5

@@ -3,10 +3,10 @@ none can, why: pure functions of a node's record and the job's."""
 
 from __future__ import annotations
 
-from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.drivers.catalog import gpu_model
 from burla.head.records import JobRecord, NodeRecord
+from burla.protocol import wire
 
 
 def _major_minor(version: str) -> str:

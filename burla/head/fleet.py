@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from burla import input_files, wire
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
 from burla.drivers.registry import BY_NAME
@@ -23,9 +22,10 @@ from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
 from burla.head.scheduler import RUNNING
 from burla.head.usage import MACHINE_STARTED, machine_detail
-from burla.loop_supervisor import end_tasks
-from burla.states import EndKind, JobStatus, MachineState
-from burla.validation import IMAGE, REGION, matches
+from burla.process.loop_supervisor import end_tasks
+from burla.protocol import input_files, wire
+from burla.protocol.states import EndKind, JobStatus, MachineState
+from burla.protocol.validation import IMAGE, REGION, matches
 
 log = logging.getLogger("burla.head")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from burla import wire
 from burla.drivers.catalog import CATALOGS, DEFAULT_MACHINE, MachineType, gpu_model, lookup
 from burla.errors import NoCompatibleNodes
+from burla.protocol import wire
 
 DEFAULT_MAX_GPUS = 8
 

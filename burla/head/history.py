@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
-from burla import wire
 from burla.config import private_dir, private_file
 from burla.errors import ProtocolError
 from burla.head.history_queries import HistoryQueries
@@ -32,10 +31,11 @@ from burla.head.history_schema import (
     SCHEMA_VERSION,
 )
 from burla.head.history_writer import HistoryWriter, Rows
-from burla.states import EndKind, JobStatus, parse_state
+from burla.protocol import wire
+from burla.protocol.states import EndKind, JobStatus, parse_state
 
 if TYPE_CHECKING:
-    from burla.head.views import JobView
+    from burla.protocol.views import JobView
 
 log = logging.getLogger("burla.head")
 

@@ -7,12 +7,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from burla.auth import Sessions
-from burla.connection_guard import ConnectionGuard
 from burla.head.cluster import Cluster
 from burla.head.fleet import Fleet
 from burla.head.loop_monitor import LoopMonitor
-from burla.loop_supervisor import LoopSupervisor
+from burla.process.loop_supervisor import LoopSupervisor
+from burla.web.auth import Sessions
+from burla.web.connection_guard import ConnectionGuard
 
 CLUSTER = web.AppKey("cluster", Cluster)
 FLEET = web.AppKey("fleet", Fleet)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import msgpack
 from aiohttp import web
 
-from burla import wire
+from burla.protocol import wire
 
 MAX_BATCH_BYTES = wire.RESULT_FRAME_BYTES  # results per frame to a client
 MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit

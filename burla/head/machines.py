@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from burla import wire
+from burla.protocol import wire
 
 
 class Machines(Protocol):

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from burla import grants, wire
+from burla.protocol import grants, wire
 
 if TYPE_CHECKING:
     from burla.head.cluster import Cluster

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from burla.head.views import JobView
+    from burla.protocol.views import JobView
 
 
 class Recorder(Protocol):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from burla import wire
 from burla.head.input_queue import InputQueue
-from burla.states import EndKind, JobStatus, NodeStatus
+from burla.protocol import wire
+from burla.protocol.states import EndKind, JobStatus, NodeStatus
 
 RUNNING = JobStatus.RUNNING
 COMPLETED = JobStatus.COMPLETED

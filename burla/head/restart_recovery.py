@@ -16,12 +16,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from burla import wire
 from burla.errors import BurlaError, ProtocolError
 from burla.head.history import KeptJob
 from burla.head.links import ClientLink
 from burla.head.records import JobRecord
-from burla.states import EndKind, JobStatus
+from burla.protocol import wire
+from burla.protocol.states import EndKind, JobStatus
 
 if TYPE_CHECKING:
     from burla.head.cluster import Cluster

@@ -12,7 +12,6 @@ from collections import deque
 from itertools import repeat
 from operator import itemgetter
 
-from burla import wire
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.eligibility import Given, can_join, explain, ineligibility, node_parallelism, share
 from burla.head.records import (  # noqa: F401 - the records' module re-exported: callers import them here
@@ -25,8 +24,9 @@ from burla.head.records import (  # noqa: F401 - the records' module re-exported
     NodeRecord,
     initial_credit,
 )
-from burla.packed_inputs import PackedInputs
-from burla.states import EndKind, JobStatus, NodeStatus
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.states import EndKind, JobStatus, NodeStatus
 
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
 MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger

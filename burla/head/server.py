@@ -20,9 +20,9 @@ import sys
 from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
 from burla.drivers.base import BootRequest
 from burla.drivers.local import LocalDriver, can_fork_nodes
-from burla.lifeline import wait_for_eof
-from burla.process_memory import freeze_startup_objects, release_large_blocks
-from burla.web_import import import_aiohttp
+from burla.process.lifeline import wait_for_eof
+from burla.process.memory import freeze_startup_objects, release_large_blocks
+from burla.web.aiohttp_import import import_aiohttp
 
 log = logging.getLogger("burla.head")
 
@@ -109,9 +109,9 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     import_aiohttp()
     from aiohttp import web
 
-    from burla.connection_guard import GuardedSite
     from burla.head.app import create_head_app
     from burla.head.keys import GUARD, SHUT_DOWN, STOP
+    from burla.web.connection_guard import GuardedSite
 
     app = create_head_app(settings, driver, url, booted)
     stop = app[STOP]
@@ -124,7 +124,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     try:
         ssl_context = None
         if settings.tls_cert is not None and settings.tls_key is not None:
-            from burla.tls import server_context
+            from burla.web.tls import server_context
 
             ssl_context = server_context(settings.tls_cert, settings.tls_key)
         site = GuardedSite(runner, app[GUARD], sock=sock, ssl_context=ssl_context)

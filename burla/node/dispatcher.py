@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from burla import wire
 from burla.errors import BurlaError, OutOfMemory, WorkerCrashed
 from burla.node.worker_pool import Batch, WorkerHandle
-from burla.packed_inputs import InputRuns, PackedInputs
-from burla.serialization import ErrorOrigin, pack_error
+from burla.protocol import wire
+from burla.protocol.packed_inputs import InputRuns, PackedInputs
+from burla.protocol.serialization import ErrorOrigin, pack_error
 
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
 MIN_SHARE_S = 0.001  # at a job's end, batches are cut to even shares, but not below this long

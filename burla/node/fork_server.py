@@ -28,8 +28,8 @@ import signal
 import socket
 import struct
 
-from burla.forking import flush_before_fork, start_child
 from burla.node.gpus import ENV_VISIBLE
+from burla.process.forking import flush_before_fork, start_child
 
 log = logging.getLogger("burla.node")
 

@@ -8,17 +8,17 @@ from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 
-from burla import wire
-from burla.auth import token_middleware
-from burla.connection_guard import ConnectionGuard
 from burla.errors import GrantRefused, ProtocolError
-from burla.web_json import error_response, json_errors, json_response, read_body, require_text_urls
+from burla.protocol import wire
+from burla.web.auth import token_middleware
+from burla.web.connection_guard import ConnectionGuard
+from burla.web.json_io import error_response, json_errors, json_response, read_body, require_text_urls
 
 if TYPE_CHECKING:
     from burla.node.service import NodeService
 
 MAX_BODY = 64 * 1024
-# Transfers between nodes carry the head's grant instead of the token (burla.grants).
+# Transfers between nodes carry the head's grant instead of the token (burla.protocol.grants).
 TRANSFER_PATH = re.compile(r"/v1/jobs/[^/]+/steal(?:/ack)?")
 SERVICE: web.AppKey[NodeService] = web.AppKey("service")
 M = TypeVar("M", bound=wire.Message)

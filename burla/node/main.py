@@ -20,8 +20,8 @@ from burla.node.fork_server import ForkServer, start_fork_server
 from burla.node.gpus import Gpus
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
-from burla.process_memory import freeze_inherited_objects, freeze_startup_objects, release_large_blocks
-from burla.web_import import import_aiohttp
+from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, release_large_blocks
+from burla.web.aiohttp_import import import_aiohttp
 
 
 def cpu_count() -> int:
@@ -43,8 +43,8 @@ def node_settings(head_url: str, token: str, *, workers: int | None = None, node
 
     import psutil
 
-    from burla import input_files
     from burla.node.gpus import detect as detect_gpus
+    from burla.protocol import input_files
 
     cpus = cpu_count()
     detected = detect_gpus() if gpu is None or not gpu_count else Gpus(gpu, gpu_count)

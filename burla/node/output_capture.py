@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from burla.wire import STDERR, STDOUT
+from burla.protocol.wire import STDERR, STDOUT
 
 _F_SETPIPE_SZ = 1031  # Linux; a larger pipe lets bursts pass without waking the watchdog
 _PIPE_BYTES = 1 << 20

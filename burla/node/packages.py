@@ -18,7 +18,7 @@ import shutil
 import sys
 from collections.abc import Callable
 
-from burla.environment import canonical, environment_changed, installed_distributions
+from burla.protocol.environment import canonical, environment_changed, installed_distributions
 
 log = logging.getLogger("burla.node")
 

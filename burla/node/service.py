@@ -19,14 +19,8 @@ import aiohttp
 import psutil
 from aiohttp import web
 
-from burla import wire
-from burla.build import build_hash
 from burla.config import NodeSettings
-from burla.connection_guard import ConnectionGuard, GuardedSite
-from burla.environment import installed_distributions
 from burla.errors import ProtocolError
-from burla.lifeline import wait_for_eof
-from burla.loop_supervisor import LoopSupervisor
 from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.governor import Governor
@@ -36,9 +30,15 @@ from burla.node.memory import MemoryGuard
 from burla.node.packages import Environment
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
-from burla.serialization import pack_error
-from burla.states import NodeStatus
-from burla.tls import node_server_context
+from burla.process.build import build_hash
+from burla.process.lifeline import wait_for_eof
+from burla.process.loop_supervisor import LoopSupervisor
+from burla.protocol import wire
+from burla.protocol.environment import installed_distributions
+from burla.protocol.serialization import pack_error
+from burla.protocol.states import NodeStatus
+from burla.web.connection_guard import ConnectionGuard, GuardedSite
+from burla.web.tls import node_server_context
 
 log = logging.getLogger("burla.node")
 
@@ -172,7 +172,7 @@ class NodeService:
     async def _head_session_loop(self) -> None:
         deadline = time.monotonic() + self.settings.register_deadline_s
         headers = {"Authorization": f"Bearer {self.settings.token}"}
-        from burla.tls import head_connector
+        from burla.web.tls import head_connector
 
         async with aiohttp.ClientSession(connector=head_connector(self.settings.head_cert)) as session:
             while True:

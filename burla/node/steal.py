@@ -2,7 +2,7 @@
 
 When the head has nothing left to push for a job, it hints an idle node at a peer that still
 holds queued inputs, with a transfer grant the head signed for that donor, thief, job and
-transfer (burla.grants). The thief asks that donor for half its surplus, presenting the grant
+transfer (burla.protocol.grants). The thief asks that donor for half its surplus, presenting the grant
 (the same transfer always gets the same inputs, so retries are safe), tells the head the inputs
 moved, then acknowledges the transfer with the same grant. A transfer the donor never sees
 acknowledged goes back into its own queue: at worst an input runs twice, and the head keeps
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from burla import grants, wire
 from burla.errors import GrantRefused, ProtocolError
-from burla.loop_supervisor import end_tasks
 from burla.node.dispatcher import Dispatcher
+from burla.process.loop_supervisor import end_tasks
+from burla.protocol import grants, wire
 
 log = logging.getLogger("burla.node")
 

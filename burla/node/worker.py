@@ -27,14 +27,13 @@ from collections.abc import Callable, Sequence
 from itertools import count
 from typing import Any
 
-from burla import local_code, wire
 from burla.config import ENV_NODE_ID, ENV_PARENT_JOB
-from burla.input_files import mapped_input
-from burla.node import worker_context
 from burla.node.output_capture import OutputCapture
-from burla.packed_inputs import unpack_uints
-from burla.process_memory import freeze_inherited_objects
-from burla.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
+from burla.process.memory import freeze_inherited_objects
+from burla.protocol import local_code, wire, worker_context
+from burla.protocol.input_files import mapped_input
+from burla.protocol.packed_inputs import unpack_uints
+from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
 _INDEX = struct.Struct("q")
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out

@@ -20,8 +20,8 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from burla.forking import flush_before_fork, start_child
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
+from burla.process.forking import flush_before_fork, start_child
 
 
 class ForkedProcess:

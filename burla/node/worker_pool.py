@@ -23,14 +23,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from burla import wire
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import ProtocolError
-from burla.loop_supervisor import end_tasks
 from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 from burla.node.worker_fork import ForkedProcess, ForkedWorker
-from burla.packed_inputs import UINT_BYTES, PackedInputs, unpack_uints
+from burla.process.loop_supervisor import end_tasks
+from burla.protocol import wire
+from burla.protocol.packed_inputs import UINT_BYTES, PackedInputs, unpack_uints
 
 Process = asyncio.subprocess.Process | ForkedProcess | ServedProcess
 

@@ -12,8 +12,8 @@ import re
 import urllib.parse
 from typing import Any
 
-from burla import wire
 from burla.head.fleet import ClusterSettings, SettingsError
+from burla.protocol import wire
 from tests.fuzz.model import Context, Route
 from tests.fuzz.values import MAX_STRING, UNICODE, message, mutate, random_text, wild_value
 

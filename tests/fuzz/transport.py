@@ -14,7 +14,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from burla import wire
+from burla.protocol import wire
 from tests.fuzz.model import PROTOCOL_VIOLATIONS, Finding, Outcome, Plan, describe
 
 TIMEOUT_S = 30.0  # per request or WebSocket session

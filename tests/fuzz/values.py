@@ -10,8 +10,8 @@ from typing import Any
 
 import msgpack
 
-from burla import wire
-from burla.validation import packages_problem
+from burla.protocol import wire
+from burla.protocol.validation import packages_problem
 
 MAX_STRING = 100 * 1024
 MAX_INPUTS_OF_A_FUZZ_JOB = 1000  # jobs the fuzzer opens stay small: the head keeps state per input

@@ -10,10 +10,10 @@ import pickle
 import random
 import sys
 
-from burla import wire
 from burla._version import __version__
-from burla.build import build_hash
-from burla.packed_inputs import PackedInputs
+from burla.process.build import build_hash
+from burla.protocol import wire
+from burla.protocol.packed_inputs import PackedInputs
 from tests.fuzz.model import Context, Route, describe
 from tests.fuzz.transport import ws_frame
 from tests.fuzz.values import defuse, message, mutate, pack, random_text, slot

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TextIO
 
-from burla.wire import STDERR
+from burla.protocol.wire import STDERR
 
 REDRAW_EVERY_S = 0.1
 

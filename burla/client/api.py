@@ -10,13 +10,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from burla.client.local_cluster import connect, running_local_head, start_head
 from burla.config import MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL, ClientSettings
 from burla.errors import InvalidArgument
-from burla.local_cluster import connect, running_local_head, start_head
-from burla.validation import GPU_CHOICES, IMAGE, REGION, matches
+from burla.protocol.validation import GPU_CHOICES, IMAGE, REGION, matches
 
 if TYPE_CHECKING:
-    from burla import wire
+    from burla.protocol import wire
 
 
 class Client:
@@ -83,21 +83,22 @@ class Client:
         def prepare() -> None:
             # While an embedded head starts: most of what a cold client does before a job is
             # importing and pickling, and the head's start is the longer wait.
-            from burla import environment, job_session
+            from burla.client import session
+            from burla.protocol import environment
 
             environment.prefetch()
-            options = job_session.JobOptions(
+            options = session.JobOptions(
                 func_cpu=cpu, func_ram=ram, func_gpu=func_gpu, image=image, grow=bool(grow),
                 max_parallelism=max_parallelism, detach=bool(detach), raise_errors=bool(raise_errors), region=region,
                 disk_gb=disk_gb, parent_job_id=settings.parent_job_id,
             )
-            opened.append(job_session.opening(_job_id(function_), function_, _name(function_), len(inputs), options))
+            opened.append(session.opening(_job_id(function_), function_, _name(function_), len(inputs), options))
 
         cluster = connect(settings, allow_embedded=not detach, meanwhile=prepare)
-        from burla import job_session
+        from burla.client import session
 
         try:
-            return job_session.run(cluster, opened[0], inputs, spinner, generator)
+            return session.run(cluster, opened[0], inputs, spinner, generator)
         except BaseException:
             cluster.close()
             raise
@@ -109,9 +110,9 @@ class Client:
             raise InvalidArgument(
                 f"job_id must be the string remote_parallel_map(detach=True) returned, got {job_id!r}")
         cluster = connect(self.settings, allow_embedded=False)
-        from burla import job_session
+        from burla.client import session
 
-        return job_session.collect(cluster, job_id, spinner, generator, raise_errors)
+        return session.collect(cluster, job_id, spinner, generator, raise_errors)
 
     def dashboard_url(self) -> str:
         """`burla.get_cluster_dashboard_url` for this client's cluster."""

@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from burla.validation import replicable_package
+from burla.protocol.validation import replicable_package
 
 # Never installed by a node: burla itself (the node runs its own), and packaging tools.
 NOT_REPLICATED = frozenset({"burla", "pip", "setuptools", "wheel", "uv"})

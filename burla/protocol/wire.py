@@ -29,14 +29,14 @@ from typing import TypeVar
 import msgpack
 
 from burla.errors import ProtocolError
-from burla.packed_inputs import PackedInputs, pack_uints, unpack_uints
-from burla.states import NodeStatus
-from burla.wire_format import _REGISTRY as _REGISTRY  # every message class by tag
-from burla.wire_format import Channel as Channel
-from burla.wire_format import Limits as Limits
-from burla.wire_format import Message as Message
-from burla.wire_format import _check_items, _ItemBudget, message
-from burla.wire_format import decode as decode
+from burla.protocol.framing import _REGISTRY as _REGISTRY  # every message class by tag
+from burla.protocol.framing import Channel as Channel
+from burla.protocol.framing import Limits as Limits
+from burla.protocol.framing import Message as Message
+from burla.protocol.framing import _check_items, _ItemBudget, message
+from burla.protocol.framing import decode as decode
+from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
+from burla.protocol.states import NodeStatus
 
 _NODE_STATUSES = tuple(NodeStatus)  # in their order: the refusal names them so
 
@@ -389,7 +389,7 @@ class RegisterNode(Message):
     region: str
     python_version: str
     version: str
-    build: str  # burla.build.build_hash(): the head refuses a node whose build differs from its own
+    build: str  # burla.process.build.build_hash(): the head refuses a node whose build differs from its own
     cert_sha256: bytes  # the node's TLS certificate digest, which thieves pin (b"": it serves http)
     # What the node kept running while it had no head (a restart, a cut): [[job_id, pack_indices(...)], ...]
     # for every input it holds queued, running or with a result not yet sent.
@@ -419,7 +419,7 @@ def unpack_indices(packed: bytes) -> list[int]:
 class NodeRegistered(Message):
     node_id: str
     head_version: str
-    grant_key: bytes  # the secret the head signs this node's transfer grants with (burla.grants)
+    grant_key: bytes  # the secret the head signs this node's transfer grants with (burla.protocol.grants)
 
 
 @message(22)

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from burla import wire
+from burla.client.progress import Display
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import InputTooBig, UnpicklableInput
-from burla.input_files import INPUT_FILE_MIN_BYTES, InputFiles
-from burla.packed_inputs import PackedInputs
-from burla.progress import Display
-from burla.serialization import PROTOCOL, dumps
+from burla.protocol import wire
+from burla.protocol.input_files import INPUT_FILE_MIN_BYTES, InputFiles
+from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.serialization import PROTOCOL, dumps
 
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = wire.BATCH_ITEMS

@@ -15,8 +15,9 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from burla import errors, wire
+from burla import errors
 from burla.errors import ProtocolError, RemoteError, UnpicklableFunction
+from burla.protocol import wire
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 _DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for functions pickled by value

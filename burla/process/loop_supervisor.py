@@ -6,7 +6,7 @@ process's life. Under a `LoopSupervisor` a crash is logged with its traceback, c
 loop starts again after a backoff that doubles on repeated crashes (a loop that keeps
 crashing at once must not spin) and starts over once it has run a while.
 
-(Processes are restarted by `burla.supervisor`; this module restarts loops inside one.)
+(Processes are restarted by `burla.process.supervisor`; this module restarts loops inside one.)
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("burla.supervisor")
+log = logging.getLogger("burla.process.supervisor")
 
 NODE_DONE_EXIT_CODES = frozenset({0, 2, 3, 6})
 HEAD_DONE_EXIT_CODES = frozenset({2})
@@ -49,8 +49,8 @@ def node_command(settings: SupervisorSettings) -> list[str]:
     # The node runs in the image's own Python with the head's build installed from the uploaded
     # wheel; ~/.burla is mounted at the same path so every file path stays valid.
     home = os.path.dirname(os.path.dirname(os.path.dirname(sys.executable)))  # ~/.burla/env/bin/python
-    from burla.build import wheel_name
     from burla.drivers.bootstrap import BUILD_DIR
+    from burla.process.build import wheel_name
 
     inner = (f"python3 -m pip install --quiet --disable-pip-version-check {shlex.quote(home)}/{BUILD_DIR}/"
              f"{wheel_name()} && exec python3 -m burla " + " ".join(shlex.quote(p) for p in join))

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from burla.states import EndKind, JobStatus, NodeStatus, parse_state
+from burla.protocol.states import EndKind, JobStatus, NodeStatus, parse_state
 
 if TYPE_CHECKING:  # the CLI reads views without importing the head
     from burla.head.scheduler import JobRecord, NodeRecord, Scheduler

@@ -1,6 +1,6 @@
 """How a wire message is framed and checked: the `Message` base and its `message` decorator,
 per-channel limits, and `decode`, which turns a frame into its typed message or raises
-`ProtocolError` naming what is wrong. The messages themselves are in `burla.wire`."""
+`ProtocolError` naming what is wrong. The messages themselves are in `burla.protocol.wire`."""
 
 from __future__ import annotations
 

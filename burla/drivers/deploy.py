@@ -80,8 +80,8 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
     deployment = Deployment(request.cloud, head.name, f"https://{address}:{request.port}", str(cert_path), token,
                             config.region)
     deployment.write(directory)  # from here on, `burla deploy delete` removes what was made
-    from burla.build import build_wheel
     from burla.drivers.ssh_login import SshLogin
+    from burla.process.build import build_wheel
 
     setup = HeadSetup(head, driver_name, SshLogin(driver.ssh_user, ssh_key, settings.ssh_address_map), address,
                       token, cert_path.read_text(), key_path.read_text(), build_wheel(directory / "builds"),
@@ -143,7 +143,7 @@ class HeadSetup:
         or public route needed), within `wait_s` seconds."""
         import tempfile
 
-        from burla.local_cluster import head_is_healthy
+        from burla.client.local_cluster import head_is_healthy
 
         listener = await connection.forward_local_port("127.0.0.1", 0, "127.0.0.1", self.head.port)
         with tempfile.NamedTemporaryFile("w", suffix=".pem") as cert:
@@ -163,7 +163,7 @@ class HeadSetup:
 
 
 def _fresh_certificate(directory: Path) -> tuple[Path, Path]:
-    from burla.tls import make_self_signed
+    from burla.web.tls import make_self_signed
 
     shutil.rmtree(directory, ignore_errors=True)  # a new head gets a new certificate
     return make_self_signed(["burla-head"], directory)
@@ -191,7 +191,7 @@ def _public(deployment: Deployment) -> dict[str, Any]:
 
 
 def show(directory: Path) -> dict[str, Any]:
-    from burla.local_cluster import head_is_healthy
+    from burla.client.local_cluster import head_is_healthy
 
     deployment = _required(directory)
     serving = head_is_healthy(deployment.head_url, timeout=5.0, cert=deployment.head_cert)

@@ -27,7 +27,7 @@ _ZIP_TIME = (2020, 1, 1, 0, 0, 0)
 
 
 def _package_root() -> Path:
-    return Path(__file__).resolve().parent
+    return Path(__file__).resolve().parent.parent  # burla/, from burla/process/
 
 
 def package_files(root: Path | None = None) -> list[tuple[str, Path]]:

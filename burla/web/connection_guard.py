@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from burla.web_json import READ_TIMEOUT
+from burla.web.json_io import READ_TIMEOUT
 
 log = logging.getLogger("burla.connections")
 HEADER_TIMEOUT_S = 30.0

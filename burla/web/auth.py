@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from burla.login_links import SignedSessions, check_link_code
-from burla.web_json import error_response
+from burla.web.json_io import error_response
+from burla.web.login_links import SignedSessions, check_link_code
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
@@ -32,7 +32,7 @@ _UNSAFE_IN_REDIRECT = frozenset(chr(c) for c in range(0x21)) | {"\x7f", "\\"}
 class Sessions:
     """Browser sign-ins: one-time codes minted on request (`burla dashboard`, five minutes),
     links a client signed with the token (a job's printed link), and the sessions both open.
-    Sessions are signed cookie values (burla.login_links), valid across head restarts."""
+    Sessions are signed cookie values (burla.web.login_links), valid across head restarts."""
 
     def __init__(self, token: str) -> None:
         self._token = token

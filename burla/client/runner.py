@@ -17,9 +17,10 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from burla import wire
-from burla.client_loop import ClientLoop, client_loop
-from burla.environment import missing_package_note
+from burla.client.local_cluster import ClusterHandle
+from burla.client.loop import ClientLoop, client_loop
+from burla.client.progress import Display
+from burla.client.upload import Uploader
 from burla.errors import (
     HeadUnreachable,
     JobCanceled,
@@ -31,14 +32,13 @@ from burla.errors import (
     Unauthorized,
     error_from_wire,
 )
-from burla.input_files import files_root
-from burla.job_upload import Uploader
-from burla.local_cluster import ClusterHandle
-from burla.login_links import LINK_PARAM, link_code
-from burla.process_memory import JOB_COLLECTIONS
-from burla.progress import Display
-from burla.serialization import loads, unpack_error
-from burla.states import EndKind, JobStatus
+from burla.process.memory import JOB_COLLECTIONS
+from burla.protocol import wire
+from burla.protocol.environment import missing_package_note
+from burla.protocol.input_files import files_root
+from burla.protocol.serialization import loads, unpack_error
+from burla.protocol.states import EndKind, JobStatus
+from burla.web.login_links import LINK_PARAM, link_code
 
 RECONNECT_FOR_S = 60.0  # after a cut, keep trying to resume the job this long
 RECONNECT_DELAY_S = 0.2
@@ -302,7 +302,7 @@ class JobRunner:
                 ) from None
             raise _ConnectionLost(f"HTTP {e.status}") from None
         except aiohttp.ClientConnectorCertificateError as e:
-            from burla.tls import CERT_FIX
+            from burla.web.tls import CERT_FIX
 
             raise HeadUnreachable(f"{self.cluster.url} presented a certificate this client does not trust "
                                   f"({e.certificate_error}); {CERT_FIX}.") from None

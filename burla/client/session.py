@@ -2,7 +2,7 @@
 function, its local code and packages), the runner that keeps the job's connection, and the
 results handed to the caller.
 
-`burla.client` imports this while an embedded head starts (or right away with a running
+`burla.client.api` imports this while an embedded head starts (or right away with a running
 head), not before: these imports are a third of a cold client's work before it can start
 the head, and the head's start is the longest part of a cold job.
 """
@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from burla import input_files, local_code, wire
 from burla._version import __version__
+from burla.client.local_cluster import ClusterHandle
+from burla.client.progress import Display
+from burla.client.runner import ALL_IN, JobRunner, Outcome
 from burla.config import MAX_FUNCTION_BYTES
-from burla.environment import client_packages, not_replicated_warning
 from burla.errors import FunctionTooBig, JobCanceled
-from burla.job_runner import ALL_IN, JobRunner, Outcome
-from burla.local_cluster import ClusterHandle
-from burla.node.worker_context import waiting_on_children
-from burla.progress import Display
-from burla.serialization import dumps_function
+from burla.protocol import input_files, local_code, wire
+from burla.protocol.environment import client_packages, not_replicated_warning
+from burla.protocol.serialization import dumps_function
+from burla.protocol.worker_context import waiting_on_children
 
 _ok_of = itemgetter(1)
 

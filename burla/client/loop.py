@@ -18,7 +18,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from burla.job_connections import JobConnections
+from burla.client.connections import JobConnections
 
 EXIT_GRACE_S = 2.0  # at interpreter exit: how long closing connections may take
 
@@ -53,7 +53,7 @@ class ClientLoop:
         if session is None or session.closed:
             import aiohttp
 
-            from burla.tls import head_connector
+            from burla.web.tls import head_connector
 
             session = self._sessions[cert] = aiohttp.ClientSession(connector=head_connector(cert))
         return session

@@ -76,7 +76,7 @@ def head_is_healthy(url: str, timeout: float = 1.0, cert: str | None = None) -> 
     host = parsed.hostname or "127.0.0.1"
     try:
         if parsed.scheme == "https":
-            from burla.tls import client_context
+            from burla.web.tls import client_context
 
             connection: http.client.HTTPConnection = http.client.HTTPSConnection(
                 host, parsed.port, timeout=timeout, context=client_context(cert))
@@ -125,7 +125,7 @@ def connect(settings: ClientSettings, allow_embedded: bool = True,
     head starts, not before: on two cores, work that competes with the head's start delays it."""
 
     def prepare() -> None:
-        from burla.client_loop import client_loop  # here: asyncio's import would delay a cold head's start
+        from burla.client.loop import client_loop  # here: asyncio's import would delay a cold head's start
 
         client_loop().prepare(settings.head_cert)
         meanwhile()
