@@ -94,7 +94,7 @@ async def test_jobs_in_a_row_share_one_connection_to_the_head(tmp_path):
 async def test_result_batches_are_acknowledged_together_and_the_last_at_once(tmp_path, monkeypatch):
     # Fails on the previous code, which answered every batch with an acknowledgement of its own.
     # The clock stands still, so only the count of batches waiting (and the job's end) calls one.
-    monkeypatch.setattr(runner, "time", SimpleNamespace(monotonic=lambda: 1000.0))
+    monkeypatch.setattr("burla.client.runner.time", SimpleNamespace(monotonic=lambda: 1000.0))
     acks: list[int] = []
     acknowledge = Cluster.ack
     monkeypatch.setattr(Cluster, "ack", lambda self, job, seq: (acks.append(seq), acknowledge(self, job, seq)))
