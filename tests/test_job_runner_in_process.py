@@ -13,6 +13,7 @@ import cloudpickle
 from burla.client import session
 from burla.client.local_cluster import ClusterHandle
 from burla.client.progress import Display
+from burla.client import runner as runner_module
 from burla.client.runner import JobRunner
 from burla.errors import JobCanceled
 from burla.head.cluster import Cluster
@@ -107,7 +108,7 @@ async def test_result_batches_are_acknowledged_together_and_the_last_at_once(tmp
                     "the job to complete on the head")
     sent = runner._acked_seq  # the head numbers its batches from 1
     assert sent >= 20 and acks[-1] == sent
-    assert len(acks) <= sent // runner.ACK_AFTER_BATCHES + 2, (len(acks), sent)
+    assert len(acks) <= sent // runner_module.ACK_AFTER_BATCHES + 2, (len(acks), sent)
 
 
 async def test_a_node_takes_the_heads_word_that_every_input_is_pushed(tmp_path):
