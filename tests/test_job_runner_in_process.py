@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import cloudpickle
 
+from burla.client import runner as runner_module
 from burla.client import session
 from burla.client.local_cluster import ClusterHandle
 from burla.client.progress import Display
-from burla.client import runner as runner_module
 from burla.client.runner import JobRunner
 from burla.errors import JobCanceled
 from burla.head.cluster import Cluster

@@ -61,7 +61,7 @@ def test_round_trip(msg):
 
 
 def test_every_registered_message_has_a_sample():
-    assert {type(m) for m in SAMPLES} == set(wire._REGISTRY.values())
+    assert {type(m) for m in SAMPLES} == set(wire.REGISTRY.values())
 
 
 @pytest.mark.parametrize(

@@ -6,21 +6,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from burla.head.links import ClientLink
-from burla.head.scheduler import CANCELED, RUNNING, JobRecord
+from burla.head.recorder import Recorder
+from burla.head.records import CANCELED, RUNNING, JobRecord
+from burla.head.scheduler import Scheduler
 from burla.protocol import wire
-from burla.protocol.states import EndKind
+from burla.protocol.states import EndKind, JobStatus
+from burla.protocol.views import JobView
 
-if TYPE_CHECKING:
-    from burla.head.cluster import Cluster
+
+class WatchedJobs(Protocol):
+    """What the client watch uses of the cluster (head/cluster.py's `Cluster`)."""
+
+    client_links: dict[str, ClientLink]
+    scheduler: Scheduler
+    record: Recorder
+
+    def end_job(self, job: JobRecord, status: JobStatus, kind: EndKind, reason: str,
+                tell_client: bool = True) -> None: ...
+
+    def job_view(self, job: JobRecord) -> JobView: ...
+
+    def waiting_for_nodes(self, job: JobRecord) -> int: ...
 
 PROGRESS_INTERVAL_S = 0.25
 
 
 class ClientWatch:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: WatchedJobs) -> None:
         self._cluster = cluster
 
     async def client_reap_loop(self, deadline_s: float) -> None:

@@ -33,11 +33,12 @@ from burla.head.scheduler import (
     Scheduler,
     initial_credit,
 )
+from burla.head.view_builders import job_view, node_view
 from burla.process.build import build_hash
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus
-from burla.protocol.views import JobView, NodeView, job_view, node_view
+from burla.protocol.views import JobView, NodeView
 
 log = logging.getLogger("burla.head")
 
@@ -540,7 +541,7 @@ class Cluster:
         return len(self.booting_ids) if job.status == RUNNING and not job.assignments else 0
 
     def job_view(self, job: JobRecord) -> JobView:
-        return job_view(job, self.scheduler, self.job_times.get(job.job_id, (None, None)), len(self.booting_ids))
+        return job_view(job, self.scheduler.nodes, self.job_times.get(job.job_id, (None, None)), len(self.booting_ids))
 
     def node_view(self, node: NodeRecord) -> NodeView:
         return node_view(node)

@@ -9,12 +9,26 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from burla.head.links import NodeLink
+from burla.head.machines import Machines
+from burla.head.recorder import Recorder
+from burla.head.scheduler import Scheduler
 from burla.protocol import grants, wire
 
-if TYPE_CHECKING:
-    from burla.head.cluster import Cluster
+
+class WatchedNodes(Protocol):
+    """What the node watch uses of the cluster (head/cluster.py's `Cluster`)."""
+
+    node_links: dict[str, NodeLink]
+    scheduler: Scheduler
+    record: Recorder
+    machines: Machines
+
+    def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None: ...
+
+    def check_waiting(self, now: float, deadline_s: float) -> None: ...
 
 log = logging.getLogger("burla.head")
 
@@ -25,7 +39,7 @@ NODE_SAMPLES_PER_S = 100  # node states kept in history per second, across all n
 
 
 class NodeWatch:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: WatchedNodes) -> None:
         self._cluster = cluster
         self.last_heard: dict[str, float] = {}  # node id -> monotonic time of its last frame
         self.idle_since: dict[str, float] = {}  # node id -> since when it has had no running job

@@ -43,11 +43,13 @@ class NodeRecord:
 
     @classmethod
     def from_register(cls, msg: wire.RegisterNode, grant_key: bytes = b"") -> NodeRecord:
-        return cls(
-            msg.node_id, msg.url, msg.slots, msg.cpus, msg.ram_gb, msg.gpu, msg.gpu_count, msg.image,
-            msg.region, msg.python_version, msg.version, workers_alive=0, cert_sha256=msg.cert_sha256,
-            grant_key=grant_key, host_id=msg.host_id,
-        )
+        """What the node said of itself, field by field under the same names, and the key the
+        head signs its transfer grants with."""
+        return cls(**{name: getattr(msg, name) for name in _REGISTERED_FIELDS}, grant_key=grant_key)
+
+
+# A node's record carries every field of its registration but those only checked when it registers.
+_REGISTERED_FIELDS = tuple(name for name in wire.RegisterNode.FIELDS if name not in ("build", "held"))
 
 
 def initial_credit(slots: int) -> int:

@@ -14,17 +14,35 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from burla.errors import BurlaError, ProtocolError
+from burla.head.client_watch import ClientWatch
 from burla.head.history import KeptJob
-from burla.head.links import ClientLink
+from burla.head.links import ClientLink, NodeLink
+from burla.head.machines import Machines
 from burla.head.records import JobRecord
+from burla.head.scheduler import Scheduler
 from burla.protocol import wire
 from burla.protocol.states import EndKind, JobStatus
 
-if TYPE_CHECKING:
-    from burla.head.cluster import Cluster
+
+class RecoveringCluster(Protocol):
+    """What taking up kept jobs uses of the cluster (head/cluster.py's `Cluster`)."""
+
+    scheduler: Scheduler
+    machines: Machines
+    clients: ClientWatch
+    node_links: dict[str, NodeLink]
+    client_links: dict[str, ClientLink]
+    job_times: dict[str, tuple[float, float | None]]
+
+    def assign(self, job: JobRecord) -> None: ...
+
+    def pump(self) -> None: ...
+
+    def end_job(self, job: JobRecord, status: JobStatus, kind: EndKind, reason: str,
+                tell_client: bool = True) -> None: ...
 
 log = logging.getLogger("burla.head")
 
@@ -39,7 +57,7 @@ RESTORE_SETTLE_S = 10.0
 
 
 class RestartRecovery:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: RecoveringCluster) -> None:
         self._cluster = cluster
         self.done = asyncio.Event()  # set once jobs kept in history are taken up (resumes wait for it)
         self._restored_at: dict[str, float] = {}  # jobs taken up after a restart, until nodes join them

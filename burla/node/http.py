@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 
+from burla.config import NodeSettings
 from burla.errors import GrantRefused, ProtocolError
+from burla.node.steal import Donor, Thief
 from burla.protocol import wire
 from burla.web.auth import token_middleware
 from burla.web.connection_guard import ConnectionGuard
 from burla.web.json_io import error_response, json_errors, json_response, read_body, require_text_urls
 
-if TYPE_CHECKING:
-    from burla.node.service import NodeService
-
 MAX_BODY = 64 * 1024
 # Transfers between nodes carry the head's grant instead of the token (burla.protocol.grants).
 TRANSFER_PATH = re.compile(r"/v1/jobs/[^/]+/steal(?:/ack)?")
-SERVICE: web.AppKey[NodeService] = web.AppKey("service")
+
+
+class ServedNode(Protocol):
+    """What the routes use of the node (node/service.py's `NodeService`)."""
+
+    settings: NodeSettings
+    donor: Donor
+    thief: Thief
+
+    def state(self) -> wire.NodeState: ...
+
+
+SERVICE: web.AppKey[ServedNode] = web.AppKey("service")
 M = TypeVar("M", bound=wire.Message)
 
 
-def build_node_app(service: NodeService, guard: ConnectionGuard) -> web.Application:
+def build_node_app(service: ServedNode, guard: ConnectionGuard) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY, middlewares=[
         guard.middleware, json_errors(MAX_BODY), require_text_urls,
         token_middleware(service.settings.token, on_authenticated=guard.authenticated,

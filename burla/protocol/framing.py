@@ -72,18 +72,18 @@ class Message:
 
     __slots__ = ()
     TAG: ClassVar[int]
-    _fields: ClassVar[tuple[str, ...]]
+    FIELDS: ClassVar[tuple[str, ...]]
     _checkers: ClassVar[tuple[_Checker, ...]]
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.TAG, *(getattr(self, f) for f in self._fields)], use_bin_type=True)
+        return msgpack.packb([self.TAG, *(getattr(self, f) for f in self.FIELDS)], use_bin_type=True)
 
     def validate(self) -> None:
         """Deeper checks of list items; called after the field types passed."""
 
     def replace(self, **changes: Any) -> Any:
         """A copy with some fields changed (messages are never changed in place)."""
-        values = {name: getattr(self, name) for name in self._fields}
+        values = {name: getattr(self, name) for name in self.FIELDS}
         unknown = set(changes) - set(values)
         if unknown:
             raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)[0]!r}")
@@ -91,7 +91,7 @@ class Message:
         return type(self)(**values)
 
 
-_REGISTRY: dict[int, type[Message]] = {}
+REGISTRY: dict[int, type[Message]] = {}
 M = TypeVar("M", bound=Message)
 
 
@@ -125,11 +125,11 @@ def message(tag: int) -> Callable[[type[M]], type[M]]:
         body.update(_methods(cls.__name__, fields, defaults), __slots__=fields, __hash__=None)
         cls = cast("type[M]", type(cls.__name__, cls.__bases__, body))
         cls.TAG = tag
-        cls._fields = fields
+        cls.FIELDS = fields
         cls._checkers = tuple(_checker_for(annotations[f]) for f in fields)
-        if tag in _REGISTRY:
+        if tag in REGISTRY:
             raise RuntimeError(f"duplicate wire tag {tag}")
-        _REGISTRY[tag] = cls
+        REGISTRY[tag] = cls
         return cls
 
     return register
@@ -157,7 +157,7 @@ class Channel:
         self.limits = limits
 
 
-class _ItemBudget:
+class ItemBudget:
     """msgpack hooks that count the items of every array and map as the frame is decoded."""
 
     __slots__ = ("left", "limit")
@@ -187,7 +187,7 @@ def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[M
     limits = allowed.limits if isinstance(allowed, Channel) else DEFAULT_LIMITS
     hooks = {}
     if len(data) > limits.max_items:  # every item takes a byte: smaller frames can't exceed the budget
-        budget = _ItemBudget(limits.max_items)
+        budget = ItemBudget(limits.max_items)
         hooks = {"list_hook": budget.array, "object_hook": budget.map}
     try:
         frame = msgpack.unpackb(
@@ -200,15 +200,15 @@ def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[M
                             f"({type(e).__name__}: {e})") from None
     if type(frame) is not list or not frame or type(frame[0]) is not int:
         raise ProtocolError("frame must be a msgpack array [tag, fields...]")
-    cls = _REGISTRY.get(frame[0])
+    cls = REGISTRY.get(frame[0])
     if cls is None:
         raise ProtocolError(f"unknown message tag {frame[0]}")
     if allowed is not None and cls not in (allowed.messages if isinstance(allowed, Channel) else allowed):
         raise ProtocolError(f"{cls.__name__} is not accepted on this channel")
     values = frame[1:]
-    if len(values) != len(cls._fields):
-        raise ProtocolError(f"{cls.__name__} needs {len(cls._fields)} fields, got {len(values)}")
-    for name, check, value in zip(cls._fields, cls._checkers, values):
+    if len(values) != len(cls.FIELDS):
+        raise ProtocolError(f"{cls.__name__} needs {len(cls.FIELDS)} fields, got {len(values)}")
+    for name, check, value in zip(cls.FIELDS, cls._checkers, values):
         if not check(value):
             raise ProtocolError(f"{cls.__name__}.{name} has the wrong type ({type(value).__name__})")
     msg = cls(*values)
@@ -240,7 +240,7 @@ def _items_match(items: list, shape: tuple[type, ...]) -> bool:
     return False
 
 
-def _check_items(name: str, items: list, shape: tuple[type, ...]) -> None:
+def check_items(name: str, items: list, shape: tuple[type, ...]) -> None:
     """Every item is a list of exactly these types (bool is not int here: types match exactly).
     The common shapes are checked without an inner loop: this runs for every input and result."""
     if _items_match(items, shape):

@@ -1,6 +1,6 @@
 """What the API, the dashboard and the CLI show of a job and of a node: typed views.
 
-The head builds them from its live records (`job_view`, `node_view`) or from a job's row in
+The head builds them from its live records (`burla/head/view_builders.py`) or from a job's row in
 history (`JobView.from_history`); the API sends `to_json()`, and the CLI reads answers back
 with `from_json`, so every field has one name and one type wherever it is shown.
 """
@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from burla.protocol.states import EndKind, JobStatus, NodeStatus, parse_state
-
-if TYPE_CHECKING:  # the CLI reads views without importing the head
-    from burla.head.scheduler import JobRecord, NodeRecord, Scheduler
 
 
 @dataclass(frozen=True)
@@ -95,41 +92,15 @@ class NodeView:
     jobs: list[str]  # the jobs it runs calls of
 
     def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _NODE_FIELDS}
+        return {name: getattr(self, name) for name in NODE_FIELDS}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeView:
-        values = {key: value for key, value in data.items() if key in _NODE_FIELDS}
+        values = {key: value for key, value in data.items() if key in NODE_FIELDS}
         values["status"] = parse_state(NodeStatus, values.get("status"), NodeStatus.READY)
         return cls(**values)
 
 
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(JobView))
 _JOB_OPTIONAL = frozenset({"n_uploaded", "stolen", "arguments"})
-_NODE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeView))
-
-
-def job_view(job: JobRecord, scheduler: Scheduler, times: tuple[float | None, float | None],
-             booting: int) -> JobView:
-    """A job the head holds. `times`: when it started and ended; `booting`: the nodes a driver is
-    starting (a running job with no node waits for them)."""
-    spec = job.spec
-    running = job.status == JobStatus.RUNNING
-    return JobView(
-        job_id=job.job_id, function_name=spec.function_name, status=job.status, reason=job.reason,
-        end_kind=job.end_kind, n_inputs=job.n_inputs, n_done=job.n_done, n_failed=job.n_failed,
-        parent_job_id=spec.parent_job_id, started_at=times[0], ended_at=times[1], n_uploaded=job.received,
-        stolen=job.stolen, running=job.running(scheduler.nodes) if running else 0, nodes=sorted(job.assignments),
-        waiting_for_booting_nodes=booting if running and not job.assignments else 0,
-        max_parallelism=spec.max_parallelism, detach=spec.detach,
-    )
-
-
-def node_view(node: NodeRecord) -> NodeView:
-    return NodeView(
-        node_id=node.node_id, url=node.url, status=node.status, slots=node.slots, cpus=node.cpus,
-        ram_gb=node.ram_gb, gpu=node.gpu, gpu_count=node.gpu_count, image=node.image, region=node.region,
-        python_version=node.python_version, workers_alive=node.workers_alive, cpu_percent=node.cpu_percent,
-        mem_percent=node.mem_percent, net_sent_bps=node.net_sent_bps, net_recv_bps=node.net_recv_bps,
-        gpu_percent=node.gpu_percent, gpu_mem_percent=node.gpu_mem_percent, jobs=sorted(node.running_by_job),
-    )
+NODE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeView))

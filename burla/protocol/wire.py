@@ -29,11 +29,11 @@ from typing import TypeVar
 import msgpack
 
 from burla.errors import ProtocolError
-from burla.protocol.framing import _REGISTRY as _REGISTRY  # every message class by tag
+from burla.protocol.framing import REGISTRY as REGISTRY  # every message class by tag (the wire's API)
 from burla.protocol.framing import Channel as Channel
+from burla.protocol.framing import ItemBudget, check_items, message
 from burla.protocol.framing import Limits as Limits
 from burla.protocol.framing import Message as Message
-from burla.protocol.framing import _check_items, _ItemBudget, message
 from burla.protocol.framing import decode as decode
 from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
 from burla.protocol.states import NodeStatus
@@ -76,7 +76,7 @@ class OpenJob(Message):
 
     def validate(self) -> None:
         if self.first_inputs:
-            _check_items("OpenJob.first_inputs", self.first_inputs, (int, bytes))
+            check_items("OpenJob.first_inputs", self.first_inputs, (int, bytes))
 
 
 @message(2)
@@ -145,7 +145,7 @@ class ResultBatch(Message):
     items: list  # [[input_index, ok, payload], ...]
 
     def validate(self) -> None:
-        _check_items("ResultBatch", self.items, (int, bool, bytes))
+        check_items("ResultBatch", self.items, (int, bool, bytes))
 
 
 _index_of = itemgetter(0)
@@ -198,14 +198,14 @@ class PackedResults:
         count = len(indices)
         # Limits as tight as the results allow (an array per result, of three scalars; no str, map
         # or ext), so that a frame that is not what it claims can't make this head balloon.
-        budget = _ItemBudget(4 * count)
+        budget = ItemBudget(4 * count)
         try:
             items = msgpack.unpackb(_array_header(count) + self.packed, raw=False, use_list=True,
                                     max_array_len=max(count, 3), max_map_len=0, max_str_len=0, max_ext_len=0,
                                     max_bin_len=len(self.packed), list_hook=budget.array)
         except Exception as e:  # msgpack raises several unrelated types on garbage
             raise ProtocolError(f"{name}.packed is not {count} packed results ({type(e).__name__}: {e})") from None
-        _check_items(name, items, (int, bool, bytes))
+        check_items(name, items, (int, bool, bytes))
         if list(map(_index_of, items)) != indices:
             raise ProtocolError(f"{name}.packed holds other results than its indices name")
         if [item[0] for item in items if not item[1]] != unpack_indices(self.failed):
@@ -315,7 +315,7 @@ class OutputBatch(Message):
     items: list  # [[input_index, stream, text], ...]
 
     def validate(self) -> None:
-        _check_items("OutputBatch", self.items, (int, int, str))
+        check_items("OutputBatch", self.items, (int, int, str))
         # Bounded like what history stores of them (-1: the node's own, such as installing).
         if self.items and not (-1 <= min(item[0] for item in self.items)
                                and max(item[0] for item in self.items) < MAX_INPUTS
@@ -397,7 +397,7 @@ class RegisterNode(Message):
     host_id: str = ""  # input_files.host_id(): nodes with the client's host id can open its input files
 
     def validate(self) -> None:
-        _check_items("RegisterNode.held", self.held, (str, bytes))
+        check_items("RegisterNode.held", self.held, (str, bytes))
         for _, packed in self.held:
             if len(packed) % _INDEX.size:
                 raise ProtocolError(f"RegisterNode.held indices must be packed {_INDEX.size}-byte integers")
@@ -458,7 +458,7 @@ class NodeState(Message):
     def validate(self) -> None:
         if self.status not in _NODE_STATUSES:
             raise ProtocolError(f"NodeState.status must be one of {', '.join(_NODE_STATUSES)}")
-        _check_items("NodeState.jobs", self.jobs, (str, int, int, int))
+        check_items("NodeState.jobs", self.jobs, (str, int, int, int))
         # Counts, summed over its jobs (at most 200,000 in a frame) and stored: bounded so that no
         # sum leaves 64 bits, and far above any job's size (calls run again count twice).
         counts = [count for _, running, queued, done in self.jobs for count in (running, queued, done)]
@@ -518,7 +518,7 @@ class StealGrant(Message):
     items: list  # [[input_index, pickled_args], ...]; empty if nothing to give
 
     def validate(self) -> None:
-        _check_items("StealGrant", self.items, (int, bytes))
+        check_items("StealGrant", self.items, (int, bytes))
         if self.items and not (0 <= min(item[0] for item in self.items)
                                and max(item[0] for item in self.items) < MAX_INPUTS):
             raise ProtocolError(f"StealGrant input indices must be in 0..{MAX_INPUTS - 1}")
@@ -584,7 +584,7 @@ class WorkerReport(Message):
 
     def validate(self) -> None:
         _check_packed("WorkerReport", self.indices, self.failed)
-        _check_items("WorkerReport.outputs", self.outputs, (int, int, str))
+        check_items("WorkerReport.outputs", self.outputs, (int, int, str))
 
 
 @message(35)

@@ -74,7 +74,7 @@ def message(cls: type[wire.Message], **values: Any) -> list:
     """A message as the list its frame holds, `[TAG, field...]`: the values given, and for any
     other field (the protocol grows) the empty value of its type."""
     fields = []
-    for name in cls._fields:
+    for name in cls.FIELDS:
         if name in values:
             fields.append(values[name])
             continue
@@ -96,7 +96,7 @@ def _wrong_length(rng: random.Random, msg: list) -> bytes:
 
 
 def _wrong_tag(rng: random.Random, msg: list) -> bytes:
-    msg[0] = rng.choice([0, -1, 19, 43, 99, 2**32, 2**64 - 1, "1", 1.0, None, *wire._REGISTRY])
+    msg[0] = rng.choice([0, -1, 19, 43, 99, 2**32, 2**64 - 1, "1", 1.0, None, *wire.REGISTRY])
     return pack(defuse(msg))
 
 
@@ -167,7 +167,7 @@ def defuse(msg: list) -> list:
     would install, no job of millions of inputs, no node URL beyond loopback."""
     if not msg:
         return msg
-    if msg[0] == wire.OpenJob.TAG and len(msg) == len(wire.OpenJob._fields) + 1:
+    if msg[0] == wire.OpenJob.TAG and len(msg) == len(wire.OpenJob.FIELDS) + 1:
         packages = msg[slot(wire.OpenJob, "packages")]
         if isinstance(packages, dict) and packages and packages_problem(packages) is None:
             msg[slot(wire.OpenJob, "packages")] = {}
@@ -182,4 +182,4 @@ def defuse(msg: list) -> list:
 
 def slot(cls: type[wire.Message], name: str) -> int:
     """Where a field sits in a message's frame list (after the tag)."""
-    return cls._fields.index(name) + 1
+    return cls.FIELDS.index(name) + 1
