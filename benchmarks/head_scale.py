@@ -62,7 +62,7 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
 
     from burla._version import __version__
     from burla.process.build import build_hash
-    from burla.protocol import wire
+    from burla.protocol import limits, wire
 
     python = ".".join(map(str, sys.version_info[:3]))
     register = wire.RegisterNode(node_id, "http://127.0.0.1:9", slots, slots, 64.0, None, 0, None, "local", python,
@@ -71,7 +71,7 @@ async def simulated_node(session, head: str, token: str, node_id: str, slots: in
     while not stopping.is_set():
         try:
             async with session.ws_connect(f"{head}/v1/nodes/ws", headers={"Authorization": f"Bearer {token}"},
-                                          max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None) as ws:
+                                          max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=None) as ws:
                 await ws.send_bytes(register)
                 reply = wire.decode((await ws.receive()).data, wire.HEAD_TO_NODE)
                 if not isinstance(reply, wire.NodeRegistered):
@@ -171,13 +171,13 @@ async def _ask_credit(ws, job: NodeJob) -> None:
 
 
 async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts) -> None:
-    from burla.protocol import wire
+    from burla.protocol import packed_results, wire
 
     results = [[index, True, data] for index, data in msg.part().items()]  # a no-op returns its input
     job.calls_done(len(results), seconds_per_call)
     counts.results += len(results)
     # The credit the freed slots allow rides along, by the real node's rule.
-    frame = wire.NodeResults.of(msg.job_id, wire.PackedResults.of(results), job.credit_due(job.parallelism))
+    frame = wire.NodeResults.of(msg.job_id, packed_results.PackedResults.of(results), job.credit_due(job.parallelism))
     await ws.send_bytes(frame.encode())
 
 

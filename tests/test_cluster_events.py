@@ -15,6 +15,7 @@ from burla.head.links import NodeLink
 from burla.head.scheduler import COMPLETED, RUNNING
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_results import PackedResults, pack_indices, pack_items
 from burla.protocol.states import EndKind
 from tests.test_scheduler import spec
 
@@ -34,7 +35,7 @@ class RecordingSocket:
 
 def _results(items: list) -> wire.NodeResults:
     """A node's frame of these results ([[index, ok, payload], ...]) for job "j"."""
-    return wire.NodeResults.of("j", wire.PackedResults.of(items), 0)
+    return wire.NodeResults.of("j", PackedResults.of(items), 0)
 
 
 def _register(cluster: Cluster, node_id: str, held: list) -> NodeLink:
@@ -50,7 +51,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     cluster = Cluster("0.1.0")
     opening = spec(n=4, raise_errors=False)
     cluster.recovery.restore_jobs([KeptJob(opening.encode(), None, RUNNING, "", "", [], [])])
-    _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
+    _register(cluster, "a", [["j", pack_indices([0, 1, 2, 3])]])
     job = cluster.scheduler.jobs["j"]
     # The node finished 0, 1 and 2 while the head was away; the client already got 0 and 1.
     cluster.on_node_message("a", _results([[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]]))
@@ -103,7 +104,7 @@ async def test_a_node_back_before_its_old_connection_ended_keeps_its_job_and_its
     assert sorted(_pushed(first)) == [0, 1, 2, 3]
     # It reconnects holding 0 and 1 (2 and 3 were lost on the old connection) before the head saw
     # the old one end: the job goes on, and only 2 and 3 are sent again.
-    second = _register(cluster, "a", [["j", wire.pack_indices([0, 1])]])
+    second = _register(cluster, "a", [["j", pack_indices([0, 1])]])
     job = cluster.scheduler.jobs["j"]
     assert job.status == RUNNING
     assert sorted(_pushed(second)) == [2, 3]
@@ -117,7 +118,7 @@ async def test_what_a_reconnecting_node_holds_is_not_pushed_to_another_node():
     _open(cluster, 4)
     other = _register(cluster, "b", [])
     assert sorted(_pushed(first)) == [0, 1, 2, 3] and _pushed(other) == []
-    _register(cluster, "a", [["j", wire.pack_indices([0, 1, 2, 3])]])
+    _register(cluster, "a", [["j", pack_indices([0, 1, 2, 3])]])
     assert _pushed(other) == []
 
 
@@ -261,7 +262,7 @@ async def test_packed_results_that_are_not_what_their_indices_name_change_nothin
     job, link = _open(cluster, 3)
     cluster.on_node_message("a", _results([[0, True, b"r0"]]))
     # Input 0 again (so not passed on packed), packed as if it were input 2.
-    lying = wire.NodeResults("j", wire.pack_indices([0]), b"", wire.pack_items([[2, True, b"r2"]]), 0)
+    lying = wire.NodeResults("j", pack_indices([0]), b"", pack_items([[2, True, b"r2"]]), 0)
     with pytest.raises(ProtocolError, match="other results than its indices name"):
         cluster.on_node_message("a", lying)
     assert _held_results(link) == [[0, True, b"r0"]] and job.n_done == 1

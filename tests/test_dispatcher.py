@@ -8,8 +8,9 @@ from collections import deque
 from burla.node import dispatcher
 from burla.node.dispatcher import MAX_BATCH, Dispatcher, NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle
-from burla.protocol import wire
+from burla.protocol import limits, wire, worker_wire
 from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_results import unpack_indices
 
 
 def _dispatcher() -> Dispatcher:
@@ -27,7 +28,7 @@ def test_held_lists_queued_inputs_and_cancelled_jobs_empty():
     dispatcher.add_inputs("kept", PackedInputs.of([[0, b"a"], [1, b"b"]]))
     dispatcher.add_inputs("cancelled", PackedInputs.of([[0, b"a"]]))
     dispatcher.cancel("cancelled")
-    held = {job_id: wire.unpack_indices(packed) for job_id, packed in dispatcher.held()}
+    held = {job_id: unpack_indices(packed) for job_id, packed in dispatcher.held()}
     # A cancelled job the head has not released yet is listed with nothing: the head then releases it.
     assert held == {"kept": [0, 1], "cancelled": []}
     dispatcher.release("cancelled")
@@ -93,7 +94,7 @@ class RecordedEffects:
         self.log.append(("kill", worker.number, None))
 
     def runs(self) -> list[tuple[int, list[int]]]:
-        return [(n, m.part().index_list()) for kind, n, m in self.log if isinstance(m, wire.RunCalls)]
+        return [(n, m.part().index_list()) for kind, n, m in self.log if isinstance(m, worker_wire.RunCalls)]
 
     def take(self) -> list:
         taken, self.log = self.log, []
@@ -136,7 +137,7 @@ class Machine:
         batch = worker.batches[0]
         self.clock.now += seconds
         results = [[index, True, b"r"] for index in batch.remaining_indices()]
-        self.dispatcher.on_report(worker, wire.WorkerReport.of(batch.job_id, results, [], True))
+        self.dispatcher.on_report(worker, worker_wire.WorkerReport.of(batch.job_id, results, [], True))
 
 
 def _out(job) -> list:
@@ -153,12 +154,12 @@ def test_batches_start_at_one_call_and_grow_to_about_ten_milliseconds_of_calls()
     m.assign("j")
     m.dispatcher.add_inputs("j", _inputs(0, 5000))
     assert m.effects.runs() == [(0, [0]), (1, [1])]  # call time unknown: one call each
-    assert [k for k, _, msg in m.effects.log if isinstance(msg, wire.LoadFunction)] == ["send", "send"]
+    assert [k for k, _, msg in m.effects.log if isinstance(msg, worker_wire.LoadFunction)] == ["send", "send"]
     m.effects.take()
     m.finish(m.workers[0], 0.001)  # 1 ms a call: batches of ~10 ms are 10 calls
     [(worker, items)] = [r for r in m.effects.runs() if r[0] == 0][:1]
     assert worker == 0 and 5 <= len(items) <= 10
-    assert not [m for _, _, m in m.effects.log if isinstance(m, wire.LoadFunction)]  # loaded once per worker
+    assert not [m for _, _, m in m.effects.log if isinstance(m, worker_wire.LoadFunction)]  # loaded once per worker
 
 
 def test_short_calls_get_a_second_batch_ahead_and_long_ones_do_not():
@@ -188,10 +189,10 @@ def test_a_worker_that_frees_up_goes_to_the_next_job_in_turn():
     m.assign("b")
     m.dispatcher.add_inputs("a", _inputs(0, 10))  # both workers take the only job with inputs
     m.dispatcher.add_inputs("b", _inputs(0, 10))
-    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, wire.RunCalls)] == ["a", "a"]
+    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, worker_wire.RunCalls)] == ["a", "a"]
     m.finish(m.workers[0], 0.5)
     m.finish(m.workers[1], 0.5)
-    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, wire.RunCalls)] == ["b", "a"]
+    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, worker_wire.RunCalls)] == ["b", "a"]
 
 
 def test_a_gpu_job_runs_only_on_workers_that_have_a_gpu():
@@ -207,13 +208,14 @@ def test_cancelling_interrupts_only_that_jobs_workers_and_release_unloads_it():
     m.assign("b", parallelism=1)
     m.dispatcher.add_inputs("a", _inputs(0, 10))
     m.dispatcher.add_inputs("b", _inputs(0, 10))
-    running_a = next(n for _, n, msg in m.effects.log if isinstance(msg, wire.RunCalls) and msg.job_id == "a")
+    running_a = next(n for _, n, msg in m.effects.log if isinstance(msg, worker_wire.RunCalls) and msg.job_id == "a")
     m.effects.take()
     m.dispatcher.cancel("a")
     assert m.effects.take() == [("interrupt", running_a, None)]
     assert not m.dispatcher.jobs["a"].queue
     m.dispatcher.release("a")
-    assert [(kind, n, msg) for kind, n, msg in m.effects.take()] == [("send", running_a, wire.UnloadFunction("a"))]
+    unload = worker_wire.UnloadFunction("a")
+    assert [(kind, n, msg) for kind, n, msg in m.effects.take()] == [("send", running_a, unload)]
     assert "a" not in m.dispatcher.jobs
 
 
@@ -248,10 +250,10 @@ def test_a_worker_gets_a_jobs_function_and_its_first_calls_in_one_write():
     m = Machine(1)
     m.assign("j")
     m.dispatcher.add_inputs("j", _inputs(0, 1))
-    assert m.effects.writes == [(0, [wire.LoadFunction, wire.RunCalls])]
+    assert m.effects.writes == [(0, [worker_wire.LoadFunction, worker_wire.RunCalls])]
     m.finish(m.workers[0], 0.001)
     m.dispatcher.add_inputs("j", _inputs(1, 1))
-    assert m.effects.writes[-1] == (0, [wire.RunCalls])  # loaded already
+    assert m.effects.writes[-1] == (0, [worker_wire.RunCalls])  # loaded already
 
 
 def test_credit_never_exceeds_the_jobs_size():
@@ -287,7 +289,7 @@ def test_results_taken_for_a_session_that_ended_mid_send_go_first_on_the_next():
 
 def test_a_workers_batch_is_never_more_than_a_frame_of_results():
     # A worker's report holds at most one batch's results; a node refuses one of more than this.
-    assert MAX_BATCH <= wire.BATCH_ITEMS
+    assert MAX_BATCH <= limits.BATCH_ITEMS
 
 
 def test_a_calls_time_is_averaged_over_calls_not_reports():
@@ -331,7 +333,7 @@ def test_a_calls_time_is_the_workers_own_measure_without_the_round_trip():
     [batch] = m.workers[0].batches
     m.clock.now += 0.002  # the report comes 2 ms after the dispatch; its one call took 10 µs
     results = [[index, True, b"r"] for index in batch.remaining_indices()]
-    m.dispatcher.on_report(m.workers[0], wire.WorkerReport.of("j", results, [], True, 0.00001))
+    m.dispatcher.on_report(m.workers[0], worker_wire.WorkerReport.of("j", results, [], True, 0.00001))
     job = m.dispatcher.jobs["j"]
     assert abs(job.call_seconds - 0.00001) < 1e-9
     # The next batch is about 10 ms of calls at once (on the node's own measure, 2 ms a call: 5).
@@ -371,8 +373,8 @@ def test_a_workers_batch_stays_within_a_frames_bytes_and_a_large_input_goes_alon
     m.dispatcher.add_inputs("j", PackedInputs.of(items))
     while m.workers[0].batches:
         m.finish(m.workers[0], 0.001)
-    runs = [msg for _, _, msg in m.effects.log if isinstance(msg, wire.RunCalls)]
-    assert all(wire.decode(run.encode(), wire.NODE_TO_WORKER) == run for run in runs)
+    runs = [msg for _, _, msg in m.effects.log if isinstance(msg, worker_wire.RunCalls)]
+    assert all(wire.decode(run.encode(), worker_wire.NODE_TO_WORKER) == run for run in runs)
     sent = [run.part() for run in runs]
     assert [index for part in sent for index in part.index_list()] == list(range(len(sizes)))
     assert all(len(part.data) <= MAX_RUN_BYTES or part.count == 1 for part in sent)
@@ -390,7 +392,7 @@ def test_inputs_are_counted_in_flight_until_their_results_and_a_dead_workers_res
     [batch, ahead] = worker.batches  # 10 ms of 1 ms calls, and as much again ahead (short calls)
     assert job.inflight == batch.left + ahead.left == 20
     first = batch.part.items()[:3]
-    m.dispatcher.on_report(worker, wire.WorkerReport.of("j", [[i, True, b"r"] for i, _ in first], [], False))
+    m.dispatcher.on_report(worker, worker_wire.WorkerReport.of("j", [[i, True, b"r"] for i, _ in first], [], False))
     assert job.inflight == 17 and job.done == 3 and batch.left == 7
     worker.alive = False
     struct.pack_into("q", worker.shm, 0, -1)  # in no call: it died between calls

@@ -13,6 +13,7 @@ from tests.conftest import REPO
 SCRIPT = r"""
 import asyncio, os, pickle, signal, struct
 from burla.protocol import wire
+from burla.protocol import worker_wire
 from burla.node.fork_server import NO_GPU, NO_GPUS, UNKNOWN_EXIT, ForkServer, start_fork_server
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import dumps_function
@@ -23,18 +24,18 @@ def visible(x):
 server_pid, control = start_fork_server({**os.environ, "MARK": "served"})
 
 async def frame(reader):
-    (size,) = wire.FRAME_HEADER.unpack(await reader.readexactly(wire.FRAME_HEADER.size))
-    return wire.decode(await reader.readexactly(size), wire.WORKER_TO_NODE)
+    (size,) = worker_wire.FRAME_HEADER.unpack(await reader.readexactly(worker_wire.FRAME_HEADER.size))
+    return wire.decode(await reader.readexactly(size), worker_wire.WORKER_TO_NODE)
 
 async def call(process, sock, shm):
     reader, writer = await asyncio.open_connection(sock=sock)
     ready = await frame(reader)
-    assert isinstance(ready, wire.WorkerReady) and ready.pid == process.pid
+    assert isinstance(ready, worker_wire.WorkerReady) and ready.pid == process.pid
     assert struct.unpack_from("q", shm, 0)[0] == -1
-    run = wire.RunCalls.of("job", PackedInputs.of([[3, pickle.dumps(5)]]))
-    for msg in (wire.LoadFunction("job", dumps_function(visible), b""), run):
+    run = worker_wire.RunCalls.of("job", PackedInputs.of([[3, pickle.dumps(5)]]))
+    for msg in (worker_wire.LoadFunction("job", dumps_function(visible), b""), run):
         data = msg.encode()
-        writer.write(wire.FRAME_HEADER.pack(len(data)) + data)
+        writer.write(worker_wire.FRAME_HEADER.pack(len(data)) + data)
     report = await frame(reader)
     return writer, [pickle.loads(payload) for _, _, payload in report.part().items()]
 

@@ -24,6 +24,7 @@ from burla._version import __version__
 from burla.process.build import build_hash
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_results import pack_indices, pack_items
 from tests import functions
 from tests.conftest import own_head
 from tests.fuzz.transport import _read_frame, ws_frame
@@ -266,8 +267,8 @@ def test_a_node_whose_packed_results_are_not_what_they_claim_is_refused(tmp_path
                     if isinstance(replies[-1], wire.AssignJob):
                         await node.send_bytes(wire.Credit(spec.job_id, 2).encode())
                     elif isinstance(replies[-1], wire.InputBatch):  # answer: 0 failed, 1 packed in its place
-                        lying = wire.NodeResults(spec.job_id, wire.pack_indices([0]), wire.pack_indices([0]),
-                                                 wire.pack_items([[1, False, b"e"]]), 0)
+                        lying = wire.NodeResults(spec.job_id, pack_indices([0]), pack_indices([0]),
+                                                 pack_items([[1, False, b"e"]]), 0)
                         await node.send_bytes(lying.encode())
 
     with own_head(tmp_path, local_nodes=0) as head:
@@ -279,7 +280,7 @@ async def test_a_node_back_with_work_of_a_job_the_head_does_not_run_is_told_to_d
     # A node that kept running through a head restart may hold jobs that ended meanwhile (or that
     # a head without history forgot): the head stops them there.
     register = wire.RegisterNode("holder-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
-                                 __version__, build_hash(), b"", [["gone-job", wire.pack_indices([3, 4])]])
+                                 __version__, build_hash(), b"", [["gone-job", pack_indices([3, 4])]])
     async with aiohttp.ClientSession(headers=cluster.headers()) as session:
         async with session.ws_connect(cluster.url + "/v1/nodes/ws") as ws:
             await ws.send_bytes(register.encode())

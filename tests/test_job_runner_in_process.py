@@ -18,7 +18,7 @@ from burla.client.runner import JobRunner
 from burla.errors import JobCanceled
 from burla.head.cluster import Cluster
 from burla.head.keys import OPEN_SOCKETS
-from burla.protocol import wire
+from burla.protocol import limits, wire
 from burla.protocol.states import JobStatus
 from tests import functions
 from tests.in_process import InProcessCluster, cluster_of, in_process_cluster, until
@@ -99,7 +99,7 @@ async def test_result_batches_are_acknowledged_together_and_the_last_at_once(tmp
     acks: list[int] = []
     acknowledge = Cluster.ack
     monkeypatch.setattr(Cluster, "ack", lambda self, job, seq: (acks.append(seq), acknowledge(self, job, seq)))
-    n = 20 * wire.BATCH_ITEMS  # at least 20 batches of results
+    n = 20 * limits.BATCH_ITEMS  # at least 20 batches of results
     async with in_process_cluster(tmp_path) as cluster:
         runner = _runner(cluster, "acks-1", functions.double, list(range(n)))
         batches = await asyncio.to_thread(_drain, runner)

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from burla.head import links
 from burla.head.links import ClientLink, NodeLink
-from burla.protocol import wire
+from burla.protocol import limits, wire
 from burla.protocol.packed_inputs import PackedInputs
 
 
@@ -25,7 +25,7 @@ class OneSocket:
         self.url = ""
 
     async def _handler(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES)
+        ws = web.WebSocketResponse(max_msg_size=limits.MAX_FRAME_BYTES)
         await ws.prepare(request)
         self.ready.set_result((ws, request.transport))
         async for _ in ws:  # until the client closes (its close is answered here)
@@ -61,7 +61,7 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, count: int) -> list[wire.Me
 async def test_node_frames_written_directly_arrive_in_order_also_when_the_socket_backs_up(monkeypatch):
     monkeypatch.setattr(links, "DIRECT_WRITE_LIMIT", 64 * 1024)  # back up after a few frames
     async with OneSocket() as server, aiohttp.ClientSession() as session:
-        async with session.ws_connect(server.url, max_msg_size=wire.MAX_FRAME_BYTES) as client:
+        async with session.ws_connect(server.url, max_msg_size=limits.MAX_FRAME_BYTES) as client:
             ws, transport = await server.ready
             link = NodeLink("n", ws, transport)
             writer = asyncio.create_task(link.run())
@@ -85,20 +85,20 @@ async def test_node_frames_written_directly_arrive_in_order_also_when_the_socket
 async def test_a_client_gets_results_in_bounded_frames_and_the_unacknowledged_ones_again():
     async with OneSocket() as server, aiohttp.ClientSession() as session:
         link = ClientLink("j")
-        total = 3 * wire.BATCH_ITEMS + 5
+        total = 3 * limits.BATCH_ITEMS + 5
         for start in range(0, total, 1000):  # as node frames deliver them
             link.deliver([], [[i, True, i.to_bytes(4, "big")] for i in range(start, min(total, start + 1000))])
-        async with session.ws_connect(server.url, max_msg_size=wire.MAX_FRAME_BYTES) as client:
+        async with session.ws_connect(server.url, max_msg_size=limits.MAX_FRAME_BYTES) as client:
             ws, _ = await server.ready
             link.attach(ws)
             batches = await _read(client, 4)
-            # Whole deliveries per frame, up to wire.BATCH_ITEMS (a node's frame is never bigger).
+            # Whole deliveries per frame, up to limits.BATCH_ITEMS (a node's frame is never bigger).
             assert [len(b.items) for b in batches] == [4000, 4000, 4000, total - 12_000]
             assert [item[0] for b in batches for item in b.items] == list(range(total))
             assert link.ack(batches[1].seq) == 8000 and link.unacked_results() == total - link.acked
             await link.detach(ws, 0.0)
         server.ready = asyncio.get_running_loop().create_future()
-        async with session.ws_connect(server.url, max_msg_size=wire.MAX_FRAME_BYTES) as client:
+        async with session.ws_connect(server.url, max_msg_size=limits.MAX_FRAME_BYTES) as client:
             ws, _ = await server.ready
             link.attach(ws)  # a resuming client: the two batches it did not acknowledge, as they were
             again = await _read(client, 2)

@@ -12,7 +12,8 @@ from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.eligibility import can_join, ineligibility
 from burla.head.held_inputs import adopt_held, mark_client_held
 from burla.head.scheduler import RUNNING, JobRecord, NodeRecord, Scheduler
-from burla.protocol import wire
+from burla.protocol import limits, wire
+from burla.protocol.packed_results import pack_indices, unpack_indices
 
 
 def node(node_id="n1", slots=4, cpus=4, ram_gb=16.0, gpu=None, gpu_count=0, image=None, region="local", python="3.11"):
@@ -229,8 +230,8 @@ def test_a_remainder_worth_a_push_stays_for_the_other_node():
     # than that push.
     s, job = uploaded_two_node_job(20_000, 8_000)
     s.grant("a", "j", 80_000)
-    assert pushed_count(s.plan_for("a", "j")) == wire.BATCH_ITEMS and len(job.pending) == 7_996 - wire.BATCH_ITEMS
-    assert s.take_withdrawn() == [("a", "j", 80_000 - wire.BATCH_ITEMS)]
+    assert pushed_count(s.plan_for("a", "j")) == limits.BATCH_ITEMS and len(job.pending) == 7_996 - limits.BATCH_ITEMS
+    assert s.take_withdrawn() == [("a", "j", 80_000 - limits.BATCH_ITEMS)]
     # Credit for less than its share: it is all spent, nothing is withdrawn.
     s, job = uploaded_two_node_job(3_000, 1_800)
     s.grant("a", "j", 500)
@@ -280,10 +281,10 @@ def test_a_node_asking_for_many_inputs_gets_them_in_few_frames():
     s.add_inputs(job, [[i, b"x"] for i in range(50, 8_050)])  # a fair share is 2,000 of these
     s.grant("b", "j", 80_000)
     pushed = s.plan_for("b", "j")
-    assert [len(items) for _, _, items in pushed] == [wire.BATCH_ITEMS]
+    assert [len(items) for _, _, items in pushed] == [limits.BATCH_ITEMS]
     s.grant("c", "j", 3_000)  # a quarter of its credit is less than its share: the share goes
     pushed = s.plan_for("c", "j")
-    assert [len(items) for _, _, items in pushed] == [-(-(8_000 - wire.BATCH_ITEMS) // 4)]
+    assert [len(items) for _, _, items in pushed] == [-(-(8_000 - limits.BATCH_ITEMS) // 4)]
 
 
 def test_results_are_kept_once_per_index():
@@ -501,7 +502,7 @@ def test_register_node_held_indices_must_be_packed():
     bad = wire.RegisterNode("n", "u", 1, 1, 1.0, None, 0, None, "r", "3.11", "0", "b", b"", [["j", b"\x00\x01\x02"]])
     with pytest.raises(ProtocolError, match="packed"):
         wire.decode(bad.encode(), wire.NODE_OPENING)
-    assert wire.unpack_indices(wire.pack_indices([0, 5, 2**32 - 1])) == [0, 5, 2**32 - 1]
+    assert unpack_indices(pack_indices([0, 5, 2**32 - 1])) == [0, 5, 2**32 - 1]
 
 
 def _on(host, node_id, **kw):

@@ -8,8 +8,16 @@ import msgpack
 import pytest
 
 from burla.errors import ProtocolError
-from burla.protocol import wire
+from burla.protocol import limits, wire, worker_wire
 from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_results import (
+    PackedResults,
+    item_frames,
+    pack_indices,
+    pack_items,
+    packed_frames,
+    unpack_indices,
+)
 
 SAMPLES: list[wire.Message] = [
     wire.OpenJob(
@@ -22,7 +30,7 @@ SAMPLES: list[wire.Message] = [
     wire.CreditWithdrawn("j-1", 40),
     wire.InputsPushed("j-1"),
     wire.ResultBatch("j-1", 7, [[0, True, b"r"], [1, False, b"e"]]),
-    wire.NodeResults.of("j-1", wire.PackedResults.of([[0, True, b"r"], [1, False, b"e"]]), 12),
+    wire.NodeResults.of("j-1", PackedResults.of([[0, True, b"r"], [1, False, b"e"]]), 12),
     wire.ResultAck("j-1", 7),
     wire.OutputBatch("j-1", [[0, wire.STDOUT, "hi\n"]]),
     wire.Progress("j-1", 1, 0, 2, 3),
@@ -31,7 +39,7 @@ SAMPLES: list[wire.Message] = [
     wire.ResumeJob("j-1", 4, b"x\x9c\x03\x00\x00\x00\x00\x01"),
     wire.JobResumed("j-1", 100, 100, 10, 1024),
     wire.RegisterNode("n", "http://127.0.0.1:1", 2, 2, 3.5, None, 0, None, "local", "3.11", "0.1.0", "0.1.0+abc", b"",
-                      [["j", wire.pack_indices([0, 7])]], "host-id"),
+                      [["j", pack_indices([0, 7])]], "host-id"),
     wire.InputsKept("j-1", 12),
     wire.NodeRegistered("n", "0.1.0", b"k" * 32),
     wire.AssignJob("j-1", "f", b"fn", 2, 0.5, None, b"zip", {}, 4),
@@ -45,13 +53,13 @@ SAMPLES: list[wire.Message] = [
     wire.StealRequest("j-1", "t-1", "n1", 8, 1.8e9, b"g" * 32),
     wire.StealGrant("j-1", "t-1", [[3, b"a"]]),
     wire.StealAck("j-1", "t-1", b"g" * 32),
-    wire.WorkerReady(123),
-    wire.WorkerWaiting(True),
-    wire.LoadFunction("j-1", b"fn", b""),
-    wire.RunCalls.of("j-1", PackedInputs.of([[0, b"a"], [5, b"bc"]])),
+    worker_wire.WorkerReady(123),
+    worker_wire.WorkerWaiting(True),
+    worker_wire.LoadFunction("j-1", b"fn", b""),
+    worker_wire.RunCalls.of("j-1", PackedInputs.of([[0, b"a"], [5, b"bc"]])),
     wire.InputBatch.of("j-1", PackedInputs.of([[2, b"xyz"], [3, b""]])),
-    wire.UnloadFunction("j-1"),
-    wire.WorkerReport.of("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
+    worker_wire.UnloadFunction("j-1"),
+    worker_wire.WorkerReport.of("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
 ]
 
 
@@ -79,20 +87,20 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", [[0]], b"", b""]), "InputBatch.indices has the wrong type"),
         (msgpack.packb([4, "j", b"", b"", "x"]), "InputBatch.data has the wrong type"),
         (wire.InputBatch.of("j", PackedInputs.of([[0, b"x"]])).encode()[:-2], "not valid msgpack"),
-        (msgpack.packb([39, "j", wire.pack_indices([0]), b"", wire.pack_items([[0, True, b"r"]]), -1]),
+        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), -1]),
          "credit must not be negative"),
         (msgpack.packb([39, "j", b"\x00\x00\x00", b"", b"", 0]), "NodeResults.indices must be packed"),
-        (msgpack.packb([39, "j", wire.pack_indices([0]), b"\x00", b"", 0]), "NodeResults.failed must be packed"),
-        (msgpack.packb([39, "j", wire.pack_indices([0]), wire.pack_indices([0, 0]), b"", 0]), "more failed results"),
+        (msgpack.packb([39, "j", pack_indices([0]), b"\x00", b"", 0]), "NodeResults.failed must be packed"),
+        (msgpack.packb([39, "j", pack_indices([0]), pack_indices([0, 0]), b"", 0]), "more failed results"),
         (msgpack.packb([39, "j", [[0, True, b"r"]], 0]), "needs 5 fields"),
         (msgpack.packb([4, "j", b"\x00\x00\x00", b"\x00\x00\x00", b""]), "a 4-byte index and a 4-byte size"),
-        (msgpack.packb([4, "j", wire.pack_indices([0, 1]), wire.pack_indices([1]), b"x"]), "a 4-byte index and"),
-        (msgpack.packb([4, "j", wire.pack_indices([0]), wire.pack_indices([2]), b"x"]), "not as long as its sizes"),
-        (msgpack.packb([32, "j", wire.pack_indices([0]), wire.pack_indices([1]), b"xy"]), "RunCalls.data is not as"),
+        (msgpack.packb([4, "j", pack_indices([0, 1]), pack_indices([1]), b"x"]), "a 4-byte index and"),
+        (msgpack.packb([4, "j", pack_indices([0]), pack_indices([2]), b"x"]), "not as long as its sizes"),
+        (msgpack.packb([32, "j", pack_indices([0]), pack_indices([1]), b"xy"]), "RunCalls.data is not as"),
         (msgpack.packb([41, "j", "t", [[-1, b"x"]]]), "StealGrant input indices must be in"),
-        (msgpack.packb([41, "j", "t", [[0, b"x"], [wire.MAX_INPUTS, b"y"]]]), "StealGrant input indices must be in"),
-        (msgpack.packb([32, "j", wire.pack_indices([0] * (wire.BATCH_ITEMS + 1)),
-                        wire.pack_indices([0] * (wire.BATCH_ITEMS + 1)), b""]), "more than 4096 inputs"),
+        (msgpack.packb([41, "j", "t", [[0, b"x"], [limits.MAX_INPUTS, b"y"]]]), "StealGrant input indices must be in"),
+        (msgpack.packb([32, "j", pack_indices([0] * (limits.BATCH_ITEMS + 1)),
+                        pack_indices([0] * (limits.BATCH_ITEMS + 1)), b""]), "more than 4096 inputs"),
     ],
 )
 def test_malformed_frames_raise_protocol_error(data, words):
@@ -101,7 +109,7 @@ def test_malformed_frames_raise_protocol_error(data, words):
 
 
 def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
-    return wire.NodeResults("j", wire.pack_indices(indices), wire.pack_indices(failed), wire.pack_items(items), 0)
+    return wire.NodeResults("j", pack_indices(indices), pack_indices(failed), pack_items(items), 0)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +117,7 @@ def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
     [
         (_node_results([0, 1], [], [[0, True, b"r"]]), "not 2 packed results"),
         (_node_results([0], [], [[0, True, b"r"], [1, True, b"r"]]), "not 1 packed results"),
-        (wire.NodeResults("j", wire.pack_indices([0]), b"", b"\xc1", 0), "not 1 packed results"),
+        (wire.NodeResults("j", pack_indices([0]), b"", b"\xc1", 0), "not 1 packed results"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, True]]), "NodeResults items must be arrays of 3"),
         (_node_results([0, 1], [], [[0, True, b"r"], {1: 0, b"r": 0}]), "not 2 packed results.*max_map_len"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, True, "r"]]), "not 2 packed results.*max_str_len"),
@@ -131,7 +139,7 @@ def test_packed_results_are_checked_where_they_are_decoded(part, words):
 def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_do():
     # One result "holding" an array of 20M nils: the array limit refuses it as it is read.
     nested = b"\x93\x00\xc3\xdd" + (20_000_000).to_bytes(4, "big") + b"\xc0" * 20_000_000
-    part = wire.NodeResults("j", wire.pack_indices([0]), b"", nested, 0)
+    part = wire.NodeResults("j", pack_indices([0]), b"", nested, 0)
     with pytest.raises(ProtocolError, match="not 1 packed results"):
         wire.decode(part.encode(), wire.NODE_TO_HEAD).part().items("NodeResults")
     # Arrays of three arrays, twelve deep (531,441 arrays in 800 KB), each within the array limit:
@@ -139,7 +147,7 @@ def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_d
     bomb = b"\xc0"
     for _ in range(12):
         bomb = b"\x93" + bomb * 3
-    part = wire.NodeResults("j", wire.pack_indices([0]), b"", b"\x93\x00\xc3" + bomb, 0).part()
+    part = wire.NodeResults("j", pack_indices([0]), b"", b"\x93\x00\xc3" + bomb, 0).part()
     tracemalloc.start()
     try:
         with pytest.raises(ProtocolError, match="not 1 packed results"):
@@ -148,48 +156,48 @@ def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_d
     finally:
         tracemalloc.stop()
     # More results than a frame carries, whatever they are.
-    many = wire.pack_indices(list(range(wire.BATCH_ITEMS + 1)))
-    with pytest.raises(ProtocolError, match=f"more than {wire.BATCH_ITEMS} results"):
+    many = pack_indices(list(range(limits.BATCH_ITEMS + 1)))
+    with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
         wire.decode(msgpack.packb([39, "j", many, b"", b"", 0]), wire.NODE_TO_HEAD)
-    with pytest.raises(ProtocolError, match=f"more than {wire.BATCH_ITEMS} results"):
-        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0]), wire.WORKER_TO_NODE)
+    with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
+        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0]), worker_wire.WORKER_TO_NODE)
 
 
 def test_packed_results_list_their_indices_and_failures_and_join():
     items = [[5, True, b"r"], [2, False, b"e"], [9, True, b""]]
-    part = wire.decode(wire.NodeResults.of("j", wire.PackedResults.of(items), 4).encode(), wire.NODE_TO_HEAD).part()
-    assert wire.unpack_indices(part.indices) == [5, 2, 9] and part.count == 3
-    assert wire.unpack_indices(part.failed) == [2]
+    part = wire.decode(wire.NodeResults.of("j", PackedResults.of(items), 4).encode(), wire.NODE_TO_HEAD).part()
+    assert unpack_indices(part.indices) == [5, 2, 9] and part.count == 3
+    assert unpack_indices(part.failed) == [2]
     assert part.items() == items
-    assert wire.PackedResults.of([]).items() == [] and wire.PackedResults.of([]).count == 0
-    more = wire.PackedResults.of([[7, False, b"f"]])
-    assert wire.PackedResults.join([part, more]).items() == items + [[7, False, b"f"]]
-    assert wire.unpack_indices(wire.PackedResults.join([part, more]).failed) == [2, 7]
+    assert PackedResults.of([]).items() == [] and PackedResults.of([]).count == 0
+    more = PackedResults.of([[7, False, b"f"]])
+    assert PackedResults.join([part, more]).items() == items + [[7, False, b"f"]]
+    assert unpack_indices(PackedResults.join([part, more]).failed) == [2, 7]
 
 
 def test_results_are_framed_by_count_and_bytes():
-    big = b"x" * (wire.RESULT_FRAME_BYTES // 2 + 1)
+    big = b"x" * (limits.RESULT_FRAME_BYTES // 2 + 1)
     items = [[i, True, big] for i in range(3)]
-    assert [len(frame) for frame in wire.item_frames(items)] == [1, 1, 1]
-    alone = [[0, True, b"x" * (wire.RESULT_FRAME_BYTES + 1)]]
-    assert wire.item_frames(alone) == [alone]  # one larger result goes alone
-    many = [[i, True, b""] for i in range(wire.BATCH_ITEMS * 2 + 1)]
-    assert [len(frame) for frame in wire.item_frames(many)] == [wire.BATCH_ITEMS, wire.BATCH_ITEMS, 1]
-    assert wire.item_frames([]) == []
+    assert [len(frame) for frame in item_frames(items)] == [1, 1, 1]
+    alone = [[0, True, b"x" * (limits.RESULT_FRAME_BYTES + 1)]]
+    assert item_frames(alone) == [alone]  # one larger result goes alone
+    many = [[i, True, b""] for i in range(limits.BATCH_ITEMS * 2 + 1)]
+    assert [len(frame) for frame in item_frames(many)] == [limits.BATCH_ITEMS, limits.BATCH_ITEMS, 1]
+    assert item_frames([]) == []
     # Packed parts are joined up to a frame's worth, never split.
-    parts = [wire.PackedResults.of(frame) for frame in wire.item_frames(many)] * 2
-    assert [f.count for f in wire.packed_frames(parts)] == [4096, 4096, 1, 4096, 4096, 1]
-    assert [f.count for f in wire.packed_frames([wire.PackedResults.of(items[:1])] * 3)] == [1, 1, 1]
-    small = [wire.PackedResults.of([[i, True, b"r"]]) for i in range(5)]
-    [joined] = wire.packed_frames(small)
+    parts = [PackedResults.of(frame) for frame in item_frames(many)] * 2
+    assert [f.count for f in packed_frames(parts)] == [4096, 4096, 1, 4096, 4096, 1]
+    assert [f.count for f in packed_frames([PackedResults.of(items[:1])] * 3)] == [1, 1, 1]
+    small = [PackedResults.of([[i, True, b"r"]]) for i in range(5)]
+    [joined] = packed_frames(small)
     assert [item[0] for item in joined.items()] == [0, 1, 2, 3, 4]
 
 
 def test_a_worker_report_is_checked_like_a_nodes_results():
     with pytest.raises(ProtocolError, match="WorkerReport.indices must be packed"):
-        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True, 0.0]), wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True, 0.0]), worker_wire.WORKER_TO_NODE)
     with pytest.raises(ProtocolError, match="more failed results"):
-        wire.decode(msgpack.packb([34, "j", b"", wire.pack_indices([1]), b"", [], True, 0.0]), wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", b"", pack_indices([1]), b"", [], True, 0.0]), worker_wire.WORKER_TO_NODE)
 
 
 def test_results_from_a_node_are_node_results():
@@ -197,7 +205,7 @@ def test_results_from_a_node_are_node_results():
     batch = wire.ResultBatch("j", 0, [[0, True, b"r"]])
     with pytest.raises(ProtocolError, match="not accepted on this channel"):
         wire.decode(batch.encode(), wire.NODE_TO_HEAD)
-    results = wire.NodeResults.of("j", wire.PackedResults.of([[0, True, b"r"]]), 3)
+    results = wire.NodeResults.of("j", PackedResults.of([[0, True, b"r"]]), 3)
     assert wire.decode(results.encode(), wire.NODE_TO_HEAD).credit == 3
 
 
@@ -211,7 +219,7 @@ def test_channels_refuse_messages_of_other_channels():
 def test_results_packed_in_parts_make_the_frame_a_result_batch_would(count):
     items = [[i, i % 3 != 0, bytes(i % 50)] for i in range(count)]
     cut = count // 3
-    parts = [wire.pack_items(items[:cut]), wire.pack_items(items[cut:])]
+    parts = [pack_items(items[:cut]), pack_items(items[cut:])]
     frame = wire.result_batch_frame("job-7", 9, count, parts)
     assert frame == wire.ResultBatch("job-7", 9, items).encode()
     assert wire.decode(frame, wire.HEAD_TO_CLIENT).items == items
@@ -225,7 +233,7 @@ def test_output_indices_and_streams_are_bounded():
         with pytest.raises(ProtocolError, match=words):
             wire.decode(msgpack.packb([wire.OutputBatch.TAG, "j", items]), wire.NODE_TO_HEAD)
     with pytest.raises(ProtocolError, match="input index"):
-        wire.decode(wire.OutputBatch("j", [[wire.MAX_INPUTS, wire.STDOUT, "x"]]).encode(), wire.NODE_TO_HEAD)
+        wire.decode(wire.OutputBatch("j", [[limits.MAX_INPUTS, wire.STDOUT, "x"]]).encode(), wire.NODE_TO_HEAD)
     ok = wire.OutputBatch("j", [[-1, wire.STDERR, "installing"], [7, wire.STDOUT, "hi"]])
     assert wire.decode(ok.encode(), wire.NODE_TO_HEAD) == ok
 
@@ -234,7 +242,7 @@ def test_a_nodes_counts_are_bounded_far_above_any_job():
     def state(count: int) -> bytes:
         return wire.NodeState("n", "RUNNING", 1, [["j", 1, 0, count]], 1.0, 1.0, 0.0, 0.0).encode()
 
-    assert wire.decode(state(2 * wire.MAX_INPUTS), wire.NODE_TO_HEAD).jobs[0][3] == 2 * wire.MAX_INPUTS
+    assert wire.decode(state(2 * limits.MAX_INPUTS), wire.NODE_TO_HEAD).jobs[0][3] == 2 * limits.MAX_INPUTS
     assert wire.decode(state(2**40), wire.NODE_TO_HEAD).jobs[0][3] == 2**40
     with pytest.raises(ProtocolError, match="counts must be from 0"):
         wire.decode(state(2**40 + 1), wire.NODE_TO_HEAD)

@@ -12,6 +12,9 @@ from tests.conftest import REPO
 SCRIPT = r"""
 import asyncio, os, pickle, signal, struct
 from burla.protocol import wire
+from burla.protocol import worker_wire
+from burla.protocol.packed_results import pack_indices
+from burla.protocol.packed_results import pack_indices
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import dumps_function
@@ -24,7 +27,7 @@ first, second, third = fork_workers(3, {**os.environ, "MARK": "forked"})
 
 def send(worker, msg):
     data = msg.encode()
-    worker.node_end.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
+    worker.node_end.sendall(worker_wire.FRAME_HEADER.pack(len(data)) + data)
 
 def receive(worker):
     def exactly(n):
@@ -34,22 +37,22 @@ def receive(worker):
             assert chunk, "the worker closed its socket"
             data += chunk
         return data
-    (size,) = wire.FRAME_HEADER.unpack(exactly(wire.FRAME_HEADER.size))
-    return wire.decode(exactly(size), wire.WORKER_TO_NODE)
+    (size,) = worker_wire.FRAME_HEADER.unpack(exactly(worker_wire.FRAME_HEADER.size))
+    return wire.decode(exactly(size), worker_wire.WORKER_TO_NODE)
 
 for worker in (first, second, third):
     ready = receive(worker)
-    assert isinstance(ready, wire.WorkerReady) and ready.pid == worker.process.pid != os.getpid()
+    assert isinstance(ready, worker_wire.WorkerReady) and ready.pid == worker.process.pid != os.getpid()
     assert struct.unpack_from("q", worker.shm, 0)[0] == -1
 
-send(second, wire.LoadFunction("job", dumps_function(triple), b""))
-send(second, wire.RunCalls.of("job", PackedInputs.of([[7, pickle.dumps(14)]])))
+send(second, worker_wire.LoadFunction("job", dumps_function(triple), b""))
+send(second, worker_wire.RunCalls.of("job", PackedInputs.of([[7, pickle.dumps(14)]])))
 report = receive(second)
 results = report.part().items()
 assert [(index, ok, pickle.loads(payload)) for index, ok, payload in results] == [(7, True, ("forked", 42))]
 
 # A frame the worker can't read (its sizes promise 5 bytes, 1 came): it says why and exits non-zero.
-send(third, wire.RunCalls("job", wire.pack_indices([0]), wire.pack_indices([5]), b"x"))
+send(third, worker_wire.RunCalls("job", pack_indices([0]), pack_indices([5]), b"x"))
 
 async def main():
     assert await asyncio.wait_for(third.process.wait(), 30) == 1

@@ -33,7 +33,7 @@ from burla.errors import (
     error_from_wire,
 )
 from burla.process.memory import JOB_COLLECTIONS
-from burla.protocol import wire
+from burla.protocol import limits, wire
 from burla.protocol.environment import missing_package_note
 from burla.protocol.input_files import files_root
 from burla.protocol.serialization import loads, unpack_error
@@ -291,7 +291,7 @@ class JobRunner:
         headers = {"Authorization": f"Bearer {self.cluster.token}"}
         try:
             return await session.ws_connect(
-                f"{self.cluster.url}/v1/jobs/ws", headers=headers, max_msg_size=wire.MAX_FRAME_BYTES,
+                f"{self.cluster.url}/v1/jobs/ws", headers=headers, max_msg_size=limits.MAX_FRAME_BYTES,
                 heartbeat=HEARTBEAT_S,
             )
         except aiohttp.WSServerHandshakeError as e:

@@ -17,13 +17,13 @@ from typing import Any
 from burla.client.progress import Display
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import InputTooBig, UnpicklableInput
-from burla.protocol import wire
+from burla.protocol import limits, wire
 from burla.protocol.input_files import INPUT_FILE_MIN_BYTES, InputFiles
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import PROTOCOL, dumps
 
 UPLOAD_BATCH_BYTES = 1024 * 1024
-UPLOAD_BATCH_ITEMS = wire.BATCH_ITEMS
+UPLOAD_BATCH_ITEMS = limits.BATCH_ITEMS
 FIRST_UPLOAD_BATCH_ITEMS = 256  # the upload loop's first batch after the opening; each next one doubles
 FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answer (well inside any window)
 FIRST_BATCH_BYTES = 256 * 1024

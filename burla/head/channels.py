@@ -21,7 +21,7 @@ from burla.head.keys import CLUSTER, OPEN_SOCKETS
 from burla.head.links import ClientLink, NodeLink
 from burla.head.scheduler import JobRecord
 from burla.process.loop_supervisor import end_tasks
-from burla.protocol import grants, wire
+from burla.protocol import grants, limits, wire
 from burla.protocol.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
 
 log = logging.getLogger("burla.head")
@@ -130,7 +130,7 @@ class TakeTurns:
 
 async def node_channel(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
-    ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=None)
+    ws = web.WebSocketResponse(max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=None)
     await _upgrade(ws, request)
     first = await _first_frame(ws, wire.NODE_OPENING)
     if first is None:
@@ -231,8 +231,8 @@ def _validate_open(spec: wire.OpenJob) -> None:
 
 
 def _check_sizes(spec: wire.OpenJob) -> None:
-    if not 1 <= spec.n_inputs <= wire.MAX_INPUTS:
-        raise ProtocolError(f"n_inputs must be between 1 and {wire.MAX_INPUTS:,}")
+    if not 1 <= spec.n_inputs <= limits.MAX_INPUTS:
+        raise ProtocolError(f"n_inputs must be between 1 and {limits.MAX_INPUTS:,}")
     indices = [index for index, _ in spec.first_inputs]
     in_order = len(indices) <= spec.n_inputs and indices == list(range(len(indices)))  # the common case
     if not in_order and (not all(0 <= index < spec.n_inputs for index in indices)
@@ -275,7 +275,7 @@ async def job_channel(request: web.Request) -> web.WebSocketResponse:
     """One client connection, carrying one job at a time: a client keeps its connection for its
     next job, and that job's opening ends its part in the one before (as a close would)."""
     cluster: Cluster = request.app[CLUSTER]
-    ws = web.WebSocketResponse(max_msg_size=wire.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
+    ws = web.WebSocketResponse(max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
     await _upgrade(ws, request)
     # Handed over in a list the job's code empties: an opening may carry the first inputs, which
     # must not stay referenced here for as long as the job runs.

@@ -35,7 +35,7 @@ from burla.head.scheduler import (
 )
 from burla.head.view_builders import job_view, node_view
 from burla.process.build import build_hash
-from burla.protocol import wire
+from burla.protocol import packed_results, wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus
 from burla.protocol.views import JobView, NodeView
@@ -132,7 +132,7 @@ class Cluster:
                 link.send(wire.CancelJob(job_id, "the head does not run this job (any more)"))
                 link.send(wire.ReleaseJob(job_id))
                 continue
-            adopt_held(job, msg.node_id, wire.unpack_indices(packed))
+            adopt_held(job, msg.node_id, packed_results.unpack_indices(packed))
         if msg.held:
             log.info("node %s came back holding inputs of %d job(s)", msg.node_id, len(msg.held))
         self.recovery.node_back(msg.node_id)
@@ -257,7 +257,7 @@ class Cluster:
     def _pass_on(self, node_id: str, job: JobRecord, msg: wire.NodeResults) -> bool:
         """The common case: results that all succeeded, each the first for its input, go to the
         client as the node packed them. False (nothing changed) when they need a closer look."""
-        indices = wire.unpack_indices(msg.indices)
+        indices = packed_results.unpack_indices(msg.indices)
         if not self.scheduler.record_successes(node_id, job, indices):
             return False
         link = self.client_links.get(job.job_id)

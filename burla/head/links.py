@@ -17,9 +17,9 @@ from collections.abc import Callable
 import msgpack
 from aiohttp import web
 
-from burla.protocol import wire
+from burla.protocol import limits, packed_results, wire
 
-MAX_BATCH_BYTES = wire.RESULT_FRAME_BYTES  # results per frame to a client
+MAX_BATCH_BYTES = limits.RESULT_FRAME_BYTES  # results per frame to a client
 MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit
 WRITER_SLICE_S = 0.002  # a client's writer lets other connections run after this long
 # Bytes a node's socket may hold unsent before its frames wait for the writer task instead (which
@@ -157,7 +157,7 @@ class ClientLink:
     sent again to a client that resumes, and output always goes out before the results it
     belongs with.
 
-    Results are kept packed (wire.pack_items) from the moment they arrive, and sent batches as
+    Results are kept packed (packed_results.pack_items) from the moment they arrive, and sent batches as
     their frames: bytes, which the cyclic GC does not walk (an object per result was walked
     once at least, and many times when a slow client let them pile up)."""
 
@@ -202,9 +202,9 @@ class ClientLink:
         self._wake.set()
 
     def _queue_results(self, results: list) -> None:
-        """Pack results in parts that fit a batch (wire.item_frames)."""
-        for frame in wire.item_frames(results):
-            self.results.append((len(frame), wire.pack_items(frame)))
+        """Pack results in parts that fit a batch (packed_results.item_frames)."""
+        for frame in packed_results.item_frames(results):
+            self.results.append((len(frame), packed_results.pack_items(frame)))
         self.queued_results += len(results)
 
     def send(self, msg: wire.Message) -> None:
@@ -263,12 +263,12 @@ class ClientLink:
             self._writer = None
 
     def _take_batch(self) -> tuple[int, list[bytes]]:
-        """Packed parts of the next batch: wire.BATCH_ITEMS results at most, and MAX_BATCH_BYTES
+        """Packed parts of the next batch: limits.BATCH_ITEMS results at most, and MAX_BATCH_BYTES
         unless a single part is bigger."""
         results = self.results
         count, packed = results.popleft()
         parts, size = [packed], len(packed)
-        while results and count + results[0][0] <= wire.BATCH_ITEMS and size + len(results[0][1]) <= MAX_BATCH_BYTES:
+        while results and count + results[0][0] <= limits.BATCH_ITEMS and size + len(results[0][1]) <= MAX_BATCH_BYTES:
             more, packed = results.popleft()
             count += more
             size += len(packed)

@@ -24,7 +24,7 @@ from burla.head.records import (  # noqa: F401 - the records' module re-exported
     NodeRecord,
     initial_credit,
 )
-from burla.protocol import wire
+from burla.protocol import limits, wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus, NodeStatus
 
@@ -37,11 +37,11 @@ _ok_of = itemgetter(1)
 
 
 def _frames(indices: list[int], data: list[bytes]) -> list[PackedInputs]:
-    """Inputs pushed to a node, packed in frames of at most wire.BATCH_ITEMS inputs and about
+    """Inputs pushed to a node, packed in frames of at most limits.BATCH_ITEMS inputs and about
     MAX_PUSH_BYTES (a frame ends with the input that reaches it). An input of MAX_PUSH_BYTES or
     more goes in a frame of its own: the node hands it to a worker, or a thief, as it came,
     without copying it out of a frame that other inputs keep alive."""
-    if len(indices) <= wire.BATCH_ITEMS and sum(map(len, data)) < MAX_PUSH_BYTES:
+    if len(indices) <= limits.BATCH_ITEMS and sum(map(len, data)) < MAX_PUSH_BYTES:
         return [PackedInputs.of_lists(indices, data)] if indices else []
     frames: list[PackedInputs] = []
     start = size = 0
@@ -50,7 +50,7 @@ def _frames(indices: list[int], data: list[bytes]) -> list[PackedInputs]:
             frames.append(PackedInputs.of_lists(indices[start:position], data[start:position]))
             start, size = position, 0
         size += len(item)
-        if size >= MAX_PUSH_BYTES or position + 1 - start >= wire.BATCH_ITEMS:
+        if size >= MAX_PUSH_BYTES or position + 1 - start >= limits.BATCH_ITEMS:
             frames.append(PackedInputs.of_lists(indices[start:position + 1], data[start:position + 1]))
             start, size = position + 1, 0
     if start < len(indices):
@@ -64,7 +64,7 @@ def _least_push(assignment: Assignment) -> int:
     at least a quarter of that (burla.node.dispatcher.NodeJob.credit_due), so a large credit means
     short calls: there, pushes of a few inputs each would cost a frame per handful of calls on
     both sides."""
-    return max(assignment.slots, min(assignment.credit // 4, wire.BATCH_ITEMS))
+    return max(assignment.slots, min(assignment.credit // 4, limits.BATCH_ITEMS))
 
 
 class Scheduler:
@@ -371,7 +371,7 @@ class Scheduler:
     def plan_for(self, node_id: str, job_id: str) -> list[tuple[str, str, PackedInputs]]:
         """After credit from one node, fill that node alone: its share of what is pending, at
         least `_least_push` (the same rule as `plan`, without going over every node); and, within
-        its credit, all of it if that is at most wire.BATCH_ITEMS inputs and what would stay for
+        its credit, all of it if that is at most limits.BATCH_ITEMS inputs and what would stay for
         the others is less than that least push: kept back, it would mostly cost this node a
         withdrawal and a credit message to take it a moment later."""
         job = self.jobs.get(job_id)
@@ -383,7 +383,7 @@ class Scheduler:
         pushes: list[tuple[str, str, PackedInputs]] = []
         least = _least_push(assignment)
         wanted = max(math.ceil(len(job.pending) / len(job.assignments)), least)
-        if len(job.pending) - wanted < least and len(job.pending) <= wire.BATCH_ITEMS:
+        if len(job.pending) - wanted < least and len(job.pending) <= limits.BATCH_ITEMS:
             wanted = len(job.pending)
         self._push(job, node_id, assignment, wanted, pushes)
         return pushes

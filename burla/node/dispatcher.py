@@ -18,7 +18,7 @@ from typing import Protocol
 
 from burla.errors import BurlaError, OutOfMemory, WorkerCrashed
 from burla.node.worker_pool import Batch, WorkerHandle
-from burla.protocol import wire
+from burla.protocol import packed_results, wire, worker_wire
 from burla.protocol.packed_inputs import InputRuns, PackedInputs
 from burla.protocol.serialization import ErrorOrigin, pack_error
 
@@ -28,7 +28,7 @@ TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
 PREFETCH_BELOW_S = 0.05  # give workers a second batch only when calls are this short
 # Per call reported, how much of the previous estimate of a call's time is kept (EWMA).
 CALL_TIME_KEPT = 0.7
-MAX_BATCH = 1024  # at most wire.BATCH_ITEMS: a worker's report holds up to a batch's results
+MAX_BATCH = 1024  # at most limits.BATCH_ITEMS: a worker's report holds up to a batch's results
 MAX_WINDOW = 20_000
 WINDOW_BYTES = 64 * 1024 * 1024
 MAX_CRASH_ATTEMPTS = 2  # a call whose worker dies runs once more, then fails
@@ -58,7 +58,7 @@ class NodeJob:
     inflight: int = 0
     crash_attempts: dict[int, int] = field(default_factory=dict)
     cancelled: bool = False
-    out_results: list[wire.PackedResults] = field(default_factory=list)  # results not yet sent, as packed
+    out_results: list[packed_results.PackedResults] = field(default_factory=list)  # results not yet sent, as packed
     out_outputs: list = field(default_factory=list)
     dropped_outputs: int = 0  # chunks over MAX_HELD_OUTPUTS since the last send
 
@@ -230,13 +230,13 @@ class Dispatcher:
 
     def _fail_all(self, job: NodeJob, indices: list[int]) -> None:
         failed = [[index, False, job.failed_payload] for index in indices]
-        job.out_results.extend(map(wire.PackedResults.of, wire.item_frames(failed)))
+        job.out_results.extend(map(packed_results.PackedResults.of, packed_results.item_frames(failed)))
         job.done += len(indices)
         self._on_outgoing()
 
     def _fail_one(self, job: NodeJob, index: int, error: BurlaError, worker: WorkerHandle) -> None:
         payload = pack_error(error, origin=self.origin(worker.pid))
-        job.out_results.append(wire.PackedResults.of([[index, False, payload]]))
+        job.out_results.append(packed_results.PackedResults.of([[index, False, payload]]))
         job.done += 1
         self._on_outgoing()
 
@@ -259,13 +259,13 @@ class Dispatcher:
         for worker in self._workers():
             if job_id in worker.loaded_jobs and worker.alive:
                 worker.loaded_jobs.discard(job_id)
-                self._effects.send(worker, wire.UnloadFunction(job_id))
+                self._effects.send(worker, worker_wire.UnloadFunction(job_id))
 
     # --- credit --------------------------------------------------------------------------
 
     # --- from workers --------------------------------------------------------------------
 
-    def on_report(self, worker: WorkerHandle, report: wire.WorkerReport) -> None:
+    def on_report(self, worker: WorkerHandle, report: worker_wire.WorkerReport) -> None:
         job = self.jobs.get(report.job_id)
         now = self._clock()
         if report.indices and worker.batches:
@@ -386,9 +386,9 @@ class Dispatcher:
             spread = max(math.ceil(job.still_to_run() / max(1, min(job.parallelism, n_workers))),
                          int(MIN_SHARE_S / call_s))
         part = job.queue.take(max(1, min(size, spread)))
-        run = wire.RunCalls.of(job.job_id, part)
+        run = worker_wire.RunCalls.of(job.job_id, part)
         if job.job_id not in worker.loaded_jobs:  # the function first, in the same write
-            self._effects.send(worker, wire.LoadFunction(job.job_id, job.function_bytes, job.local_code), run)
+            self._effects.send(worker, worker_wire.LoadFunction(job.job_id, job.function_bytes, job.local_code), run)
             worker.loaded_jobs.add(job.job_id)
         else:
             self._effects.send(worker, run)
@@ -444,19 +444,19 @@ class Dispatcher:
 
     def held(self) -> list[list]:
         """Every input this node holds per job, queued, running or with a result not yet sent:
-        [[job_id, wire.pack_indices(...)], ...], for a head this node registers with again."""
+        [[job_id, packed_results.pack_indices(...)], ...], for a head this node registers with again."""
         by_job: dict[str, list[int]] = {}
         for job in self.jobs.values():
             indices = by_job[job.job_id] = []
             if not job.cancelled:  # a cancelled one is listed empty, so that the head releases it
                 indices.extend(job.queue.index_list())
                 for part in job.out_results:
-                    indices.extend(wire.unpack_indices(part.indices))
+                    indices.extend(packed_results.unpack_indices(part.indices))
         for worker in self._workers():
             for batch in worker.batches:
                 if batch.job_id in by_job and not self.jobs[batch.job_id].cancelled:
                     by_job[batch.job_id].extend(batch.remaining_indices())
-        return [[job_id, wire.pack_indices(indices)] for job_id, indices in by_job.items()]
+        return [[job_id, packed_results.pack_indices(indices)] for job_id, indices in by_job.items()]
 
     def new_head_session(self) -> None:
         """A new connection to the head: credit granted on the old one is void there, and so is
@@ -465,7 +465,7 @@ class Dispatcher:
             job.credit_unused = 0
             job.all_pushed = False
 
-    def take_outgoing(self) -> list[tuple[str, list, list[wire.PackedResults]]]:
+    def take_outgoing(self) -> list[tuple[str, list, list[packed_results.PackedResults]]]:
         out = []
         for job in self.jobs.values():
             if job.dropped_outputs:
@@ -477,7 +477,7 @@ class Dispatcher:
                 job.out_outputs, job.out_results = [], []
         return out
 
-    def give_back(self, taken: list[tuple[str, list, list[wire.PackedResults]]]) -> None:
+    def give_back(self, taken: list[tuple[str, list, list[packed_results.PackedResults]]]) -> None:
         """Results and output `take_outgoing` gave that may not have been sent (the session ended
         mid-send): they go first on the next send. The head keeps only a result's first copy."""
         for job_id, outputs, results in taken:

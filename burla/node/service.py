@@ -33,7 +33,7 @@ from burla.node.worker_pool import WorkerPool
 from burla.process.build import build_hash
 from burla.process.lifeline import wait_for_eof
 from burla.process.loop_supervisor import LoopSupervisor
-from burla.protocol import wire
+from burla.protocol import limits, packed_results, wire, worker_wire
 from burla.protocol.environment import installed_distributions
 from burla.protocol.serialization import pack_error
 from burla.protocol.states import NodeStatus
@@ -180,7 +180,7 @@ class NodeService:
                     async with session.ws_connect(
                         f"{self._head_url()}/v1/nodes/ws",
                         headers=headers,
-                        max_msg_size=wire.MAX_FRAME_BYTES,
+                        max_msg_size=limits.MAX_FRAME_BYTES,
                         heartbeat=None,
                         autoping=True,
                     ) as ws:
@@ -391,12 +391,12 @@ class NodeService:
             self._set_status()
 
     async def _send_results(self, ws: aiohttp.ClientWebSocketResponse, job_id: str, outputs: list,
-                            results: list[wire.PackedResults]) -> None:
+                            results: list[packed_results.PackedResults]) -> None:
         if outputs:
             await ws.send_bytes(wire.OutputBatch(job_id, outputs).encode())
-        # A frame is one step of the head's loop: results go in frames of wire.BATCH_ITEMS, and of
-        # wire.RESULT_FRAME_BYTES, which the head can pass on to a client as they are.
-        frames = wire.packed_frames(results)
+        # A frame is one step of the head's loop: results go in frames of limits.BATCH_ITEMS, and of
+        # limits.RESULT_FRAME_BYTES, which the head can pass on to a client as they are.
+        frames = packed_results.packed_frames(results)
         for frame in frames[:-1]:
             await ws.send_bytes(wire.NodeResults.of(job_id, frame, 0).encode())
         if frames:
@@ -462,7 +462,7 @@ class NodeService:
 
     # --- worker callbacks ----------------------------------------------------------------
 
-    def _on_worker_report(self, worker, report: wire.WorkerReport) -> None:
+    def _on_worker_report(self, worker, report: worker_wire.WorkerReport) -> None:
         self.dispatcher.on_report(worker, report)
 
     def _on_worker_exit(self, worker, exit_code: int | None) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from burla.config import ENV_NODE_ID, ENV_PARENT_JOB
 from burla.node.output_capture import OutputCapture
 from burla.process.memory import freeze_inherited_objects
-from burla.protocol import local_code, wire, worker_context
+from burla.protocol import local_code, wire, worker_context, worker_wire
 from burla.protocol.input_files import mapped_input
 from burla.protocol.packed_inputs import unpack_uints
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
@@ -81,21 +81,21 @@ class Worker:
     def _send(self, msg: wire.Message) -> None:
         data = msg.encode()
         with self.capture.send_lock:
-            self._sock.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
+            self._sock.sendall(worker_wire.FRAME_HEADER.pack(len(data)) + data)
 
     def _send_live_output(self, job_id: str, items: list) -> None:
-        data = wire.WorkerReport(job_id, b"", b"", b"", items, False).encode()
-        self._sock.sendall(wire.FRAME_HEADER.pack(len(data)) + data)
+        data = worker_wire.WorkerReport(job_id, b"", b"", b"", items, False).encode()
+        self._sock.sendall(worker_wire.FRAME_HEADER.pack(len(data)) + data)
 
     def _recv(self) -> wire.Message | None:
-        header = self._reader.read(wire.FRAME_HEADER.size)
-        if len(header) < wire.FRAME_HEADER.size:
+        header = self._reader.read(worker_wire.FRAME_HEADER.size)
+        if len(header) < worker_wire.FRAME_HEADER.size:
             return None
-        (size,) = wire.FRAME_HEADER.unpack(header)
+        (size,) = worker_wire.FRAME_HEADER.unpack(header)
         data = self._reader.read(size)
         if len(data) < size:
             return None
-        return wire.decode(data, wire.NODE_TO_WORKER)
+        return wire.decode(data, worker_wire.NODE_TO_WORKER)
 
     # --- cancellation --------------------------------------------------------------------
 
@@ -112,19 +112,19 @@ class Worker:
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal goes to the client
         self.capture.install()
-        worker_context.set_notifier(lambda waiting: self._send(wire.WorkerWaiting(waiting)))
-        self._send(wire.WorkerReady(os.getpid()))
+        worker_context.set_notifier(lambda waiting: self._send(worker_wire.WorkerWaiting(waiting)))
+        self._send(worker_wire.WorkerReady(os.getpid()))
         while True:
             msg = self._recv()
             if msg is None:
                 return
-            if isinstance(msg, wire.RunCalls):
+            if isinstance(msg, worker_wire.RunCalls):
                 job_id, indices, arguments = msg.job_id, unpack_uints(msg.indices), msg.part().arguments()
                 msg = None  # the batch's arguments, sliced apart now, are not kept twice while they run
                 self._run_batch(job_id, indices, arguments)
-            elif isinstance(msg, wire.LoadFunction):
+            elif isinstance(msg, worker_wire.LoadFunction):
                 self._load(msg.job_id, msg.function_bytes, msg.local_code)
-            elif isinstance(msg, wire.UnloadFunction):
+            elif isinstance(msg, worker_wire.UnloadFunction):
                 self._functions.pop(msg.job_id, None)
                 self._cancelled_jobs.discard(msg.job_id)
 
@@ -163,7 +163,7 @@ class Worker:
 
     def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list[bytes]) -> None:
         if job_id in self._cancelled_jobs:
-            self._send(wire.WorkerReport(job_id, b"", b"", b"", [], True))
+            self._send(worker_wire.WorkerReport(job_id, b"", b"", b"", [], True))
             return
         function = self._functions.get(job_id)
         if isinstance(function, _LoadFailure) or function is None:
@@ -285,7 +285,7 @@ class Worker:
             outputs = self.capture.take()
             if results or outputs or batch_done:
                 # Packed here: the node, and the head, pass them on as they are.
-                self._send(wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds))
+                self._send(worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds))
 
 
 def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:

@@ -29,7 +29,7 @@ from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
 from burla.node.worker_fork import ForkedProcess, ForkedWorker
 from burla.process.loop_supervisor import end_tasks
-from burla.protocol import wire
+from burla.protocol import limits, wire, worker_wire
 from burla.protocol.packed_inputs import UINT_BYTES, PackedInputs, unpack_uints
 
 Process = asyncio.subprocess.Process | ForkedProcess | ServedProcess
@@ -116,7 +116,7 @@ class WorkerHandle:
         frames: list[bytes] = []
         for msg in msgs:
             data = msg.encode()
-            frames += (wire.FRAME_HEADER.pack(len(data)), data)
+            frames += (worker_wire.FRAME_HEADER.pack(len(data)), data)
         self.writer.write(b"".join(frames))
 
     def current_index(self) -> int:
@@ -138,7 +138,7 @@ class WorkerHandle:
             pass
 
 
-ReportHandler = Callable[[WorkerHandle, wire.WorkerReport], None]
+ReportHandler = Callable[[WorkerHandle, worker_wire.WorkerReport], None]
 ExitHandler = Callable[[WorkerHandle, int | None], None]
 ReadyHandler = Callable[[WorkerHandle], None]
 
@@ -241,7 +241,7 @@ class WorkerPool:
 
     async def _handle(self, number: int, process: Process, node_end: socket.socket, shm: mmap.mmap) -> WorkerHandle:
         self._processes.add(process)
-        reader, writer = await asyncio.open_connection(sock=node_end, limit=wire.MAX_FRAME_BYTES)
+        reader, writer = await asyncio.open_connection(sock=node_end, limit=limits.MAX_FRAME_BYTES)
         handle = WorkerHandle(number, process, writer, reader, shm)
         if self._bound:
             self._start_reading(handle)
@@ -252,15 +252,15 @@ class WorkerPool:
             handle.reader_task = asyncio.create_task(self._read(handle), name=f"worker-{handle.number}-reader")
 
     def _on_message(self, handle: WorkerHandle, msg: wire.Message) -> None:
-        if isinstance(msg, wire.WorkerReport):
+        if isinstance(msg, worker_wire.WorkerReport):
             self._on_report(handle, msg)
             if msg.batch_done:
                 self.rebalance()
-        elif isinstance(msg, wire.WorkerWaiting):
+        elif isinstance(msg, worker_wire.WorkerWaiting):
             handle.waiting = msg.waiting
             self.rebalance()
             self._on_ready(handle)
-        elif isinstance(msg, wire.WorkerReady):
+        elif isinstance(msg, worker_wire.WorkerReady):
             handle.last_progress_at = time.monotonic()
             handle.ready.set()
             self._on_ready(handle)
@@ -268,9 +268,9 @@ class WorkerPool:
     async def _read(self, handle: WorkerHandle) -> None:
         try:
             while True:
-                header = await handle.reader.readexactly(wire.FRAME_HEADER.size)
-                (size,) = wire.FRAME_HEADER.unpack(header)
-                self._on_message(handle, wire.decode(await handle.reader.readexactly(size), wire.WORKER_TO_NODE))
+                header = await handle.reader.readexactly(worker_wire.FRAME_HEADER.size)
+                (size,) = worker_wire.FRAME_HEADER.unpack(header)
+                self._on_message(handle, wire.decode(await handle.reader.readexactly(size), worker_wire.WORKER_TO_NODE))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except ProtocolError as e:  # a worker that speaks garbage is broken: replace it

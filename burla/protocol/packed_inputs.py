@@ -17,8 +17,11 @@ from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
 from operator import itemgetter
+from typing import TypeVar
 
 from burla.errors import ProtocolError
+from burla.protocol.framing import Message
+from burla.protocol.limits import BATCH_ITEMS
 
 _UINT = struct.Struct("<I")  # an input index (below MAX_INPUTS < 2**32), or a pickle's size (at most 200 MB)
 UINT_BYTES = _UINT.size
@@ -222,3 +225,25 @@ def join(parts: Sequence[PackedInputs]) -> PackedInputs:
     return PackedInputs(b"".join(p.indices for p in parts), b"".join(p.sizes for p in parts),
                         b"".join(p.data for p in parts))
 
+
+_Carrier = TypeVar("_Carrier", bound="CarriesInputs")
+
+
+class CarriesInputs(Message):
+    """A message whose fields are a job id and a run of its inputs (`PackedInputs`' three parts)."""
+
+    __slots__ = ()
+    job_id: str  # declared again by each message: `message` makes fields of a class's own annotations
+    indices: bytes
+    sizes: bytes
+    data: bytes
+
+    @classmethod
+    def of(cls: type[_Carrier], job_id: str, part: PackedInputs) -> _Carrier:
+        return cls(job_id, part.indices, part.sizes, part.data)  # type: ignore[call-arg]
+
+    def part(self) -> PackedInputs:
+        return PackedInputs(self.indices, self.sizes, self.data)
+
+    def validate(self) -> None:
+        self.part().check(type(self).__name__, BATCH_ITEMS)

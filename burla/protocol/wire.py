@@ -3,7 +3,7 @@
 A frame is the msgpack array `[TAG, field1, field2, ...]`. Decoding checks the tag, the field
 count and every field's type, and raises `ProtocolError` with a message naming what was wrong;
 nothing malformed reaches the code past this module. User objects travel inside as opaque
-cloudpickle bytes. Results travel packed (`PackedResults`): a head passes them on to its client
+cloudpickle bytes. Results travel packed (`packed_results.PackedResults`): a head passes them on to its client
 without decoding them, trusting the indices and failures a node lists beside them as it trusts
 its payloads (a node is an authenticated member running the head's exact build, and a worker
 makes all three from one list); where a head decodes them, it checks they match, and the client
@@ -16,26 +16,36 @@ Channels (the Channel objects at the end list exactly what each direction accept
                     OutputBatch, NodeState, Stolen, NodeLeaving, StealHint, CancelJob, ReleaseJob,
                     ShutdownNode, ErrorReply
   node   <-> node   StealRequest, StealGrant, StealAck
-  worker <-> node   WorkerReady, LoadFunction, RunCalls, UnloadFunction, WorkerReport, WorkerWaiting
+  worker <-> node   in `worker_wire`
+
+Frame sizes are bounded by `burla.protocol.limits`; runs of inputs and results travel packed
+(`packed_inputs`, `packed_results`).
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
-from operator import itemgetter
-from typing import TypeVar
 
 import msgpack
 
 from burla.errors import ProtocolError
 from burla.protocol.framing import REGISTRY as REGISTRY  # every message class by tag (the wire's API)
 from burla.protocol.framing import Channel as Channel
-from burla.protocol.framing import ItemBudget, check_items, message
 from burla.protocol.framing import Limits as Limits
 from burla.protocol.framing import Message as Message
+from burla.protocol.framing import check_items, message
 from burla.protocol.framing import decode as decode
-from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
+from burla.protocol.limits import (
+    CLIENT_FRAME_RESULTS,
+    MAX_COUNT,
+    MAX_FRAME_BYTES,
+    MAX_INPUTS,
+    NODE_LINK,
+    NODE_REPORTS,
+    TEXT_BYTES,
+)
+from burla.protocol.packed_inputs import CarriesInputs
+from burla.protocol.packed_results import INDEX, PackedResults, array_header, check_packed
 from burla.protocol.states import NodeStatus
 
 _NODE_STATUSES = tuple(NodeStatus)  # in their order: the refusal names them so
@@ -96,31 +106,8 @@ class ErrorReply(Message):
     status: int  # the matching HTTP status, e.g. 400, 404, 409
 
 
-_Carrier = TypeVar("_Carrier", bound="_CarriesInputs")
-
-
-class _CarriesInputs(Message):
-    """A message whose fields are a job id and a run of its inputs (`PackedInputs`' three parts)."""
-
-    __slots__ = ()
-    job_id: str  # declared again by each message: `message` makes fields of a class's own annotations
-    indices: bytes
-    sizes: bytes
-    data: bytes
-
-    @classmethod
-    def of(cls: type[_Carrier], job_id: str, part: PackedInputs) -> _Carrier:
-        return cls(job_id, part.indices, part.sizes, part.data)  # type: ignore[call-arg]
-
-    def part(self) -> PackedInputs:
-        return PackedInputs(self.indices, self.sizes, self.data)
-
-    def validate(self) -> None:
-        self.part().check(type(self).__name__, BATCH_ITEMS)
-
-
 @message(4)
-class InputBatch(_CarriesInputs):
+class InputBatch(CarriesInputs):
     """A job's inputs, packed, from the client to the head and from the head to a node: neither
     takes them apart into an object per input (a node's worker does)."""
 
@@ -148,133 +135,13 @@ class ResultBatch(Message):
         check_items("ResultBatch", self.items, (int, bool, bytes))
 
 
-_index_of = itemgetter(0)
-_ok_of = itemgetter(1)
-_payload_of = itemgetter(2)
-
-
-def pack_items(items: Sequence) -> bytes:
-    """Items packed as they follow their array's header inside a frame. A head keeps the results
-    it relays in this form until they go out in a ResultBatch (`result_batch_frame`): bytes, where
-    a tuple per result would have been walked by the cyclic GC."""
-    packed = msgpack.packb(items, use_bin_type=True)
-    return packed[_array_header_bytes(len(items)):]
-
-
-class PackedResults:
-    """Results packed as a head sends them to its client (`pack_items`), beside their input indices
-    and the indices of those that failed (`pack_indices`; usually empty). Workers pack their
-    results so; nodes and the head pass them on without decoding each (a head decodes them only
-    to sort out repeats and failures, and checks them then: `items`)."""
-
-    __slots__ = ("indices", "failed", "packed")
-
-    def __init__(self, indices: bytes, failed: bytes, packed: bytes) -> None:
-        self.indices = indices
-        self.failed = failed
-        self.packed = packed
-
-    @classmethod
-    def of(cls, items: Sequence) -> PackedResults:
-        """These results ([[input_index, ok, payload], ...]) packed."""
-        failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
-        return cls(pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items))
-
-    @classmethod
-    def join(cls, parts: Sequence[PackedResults]) -> PackedResults:
-        if len(parts) == 1:
-            return parts[0]
-        return cls(b"".join(p.indices for p in parts), b"".join(p.failed for p in parts),
-                   b"".join(p.packed for p in parts))
-
-    @property
-    def count(self) -> int:
-        return len(self.indices) // _INDEX.size
-
-    def items(self, name: str = "results") -> list:
-        """The results, decoded and checked against the indices and failures they are listed with
-        (`name` is the message's, for the error)."""
-        indices = unpack_indices(self.indices)
-        count = len(indices)
-        # Limits as tight as the results allow (an array per result, of three scalars; no str, map
-        # or ext), so that a frame that is not what it claims can't make this head balloon.
-        budget = ItemBudget(4 * count)
-        try:
-            items = msgpack.unpackb(_array_header(count) + self.packed, raw=False, use_list=True,
-                                    max_array_len=max(count, 3), max_map_len=0, max_str_len=0, max_ext_len=0,
-                                    max_bin_len=len(self.packed), list_hook=budget.array)
-        except Exception as e:  # msgpack raises several unrelated types on garbage
-            raise ProtocolError(f"{name}.packed is not {count} packed results ({type(e).__name__}: {e})") from None
-        check_items(name, items, (int, bool, bytes))
-        if list(map(_index_of, items)) != indices:
-            raise ProtocolError(f"{name}.packed holds other results than its indices name")
-        if [item[0] for item in items if not item[1]] != unpack_indices(self.failed):
-            raise ProtocolError(f"{name}.failed does not name the failed results it holds")
-        return items
-
-
-def _check_packed(name: str, indices: bytes, failed: bytes) -> None:
-    for field, value in (("indices", indices), ("failed", failed)):
-        if len(value) % _INDEX.size:
-            raise ProtocolError(f"{name}.{field} must be packed {_INDEX.size}-byte integers")
-    if len(indices) > BATCH_ITEMS * _INDEX.size:  # what one frame takes in one step of the head's loop
-        raise ProtocolError(f"{name} carries more than {BATCH_ITEMS} results")
-    if len(failed) > len(indices):
-        raise ProtocolError(f"{name} lists more failed results than results")
-
-
-def item_frames(items: Sequence) -> list[Sequence]:
-    """Results in frames of at most BATCH_ITEMS and RESULT_FRAME_BYTES of payloads, unless one
-    result is bigger."""
-    if len(items) <= BATCH_ITEMS and sum(map(len, map(_payload_of, items))) <= RESULT_FRAME_BYTES:
-        return [items] if items else []  # the common case: one frame
-    frames, start, size = [], 0, 0
-    for end, item in enumerate(items):
-        size += len(item[2])
-        if end > start and (end - start >= BATCH_ITEMS or size > RESULT_FRAME_BYTES):
-            frames.append(items[start:end])
-            start, size = end, len(item[2])
-    frames.append(items[start:])
-    return frames
-
-
-def packed_frames(parts: Sequence[PackedResults]) -> list[PackedResults]:
-    """Packed results joined into frames of at most BATCH_ITEMS and about RESULT_FRAME_BYTES (a part
-    is never split: workers and nodes pack at most that many): a node's frames, which a head can
-    pass on to its client as they are."""
-    frames: list[PackedResults] = []
-    group: list[PackedResults] = []
-    count = size = 0
-    for part in parts:
-        if group and (count + part.count > BATCH_ITEMS or size + len(part.packed) > RESULT_FRAME_BYTES):
-            frames.append(PackedResults.join(group))
-            group, count, size = [], 0, 0
-        group.append(part)
-        count += part.count
-        size += len(part.packed)
-    if group:
-        frames.append(PackedResults.join(group))
-    return frames
-
-
 def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[bytes]) -> bytes:
     """The frame ResultBatch(job_id, seq, items).encode() would make, for `count` items packed in
     `parts` by pack_items."""
     head = msgpack.packb([ResultBatch.TAG, job_id, seq], use_bin_type=True)
     # [TAG, job_id, seq] is a 3-array (header 0x93); the frame is a 4-array (0x94) with items last.
-    return b"\x94" + head[1:] + _array_header(count) + b"".join(parts)
+    return b"\x94" + head[1:] + array_header(count) + b"".join(parts)
 
-
-def _array_header_bytes(length: int) -> int:
-    return 1 if length < 16 else 3 if length < 65536 else 5
-
-
-def _array_header(length: int) -> bytes:
-    if length < 16:
-        return bytes((0x90 | length,))
-    if length < 65536:
-        return struct.pack("!BH", 0xDC, length)
-    return struct.pack("!BI", 0xDD, length)
 
 
 @message(39)
@@ -298,7 +165,7 @@ class NodeResults(Message):
         return PackedResults(self.indices, self.failed, self.packed)
 
     def validate(self) -> None:
-        _check_packed("NodeResults", self.indices, self.failed)
+        check_packed("NodeResults", self.indices, self.failed)
         if self.credit < 0:
             raise ProtocolError("NodeResults.credit must not be negative")
 
@@ -399,20 +266,8 @@ class RegisterNode(Message):
     def validate(self) -> None:
         check_items("RegisterNode.held", self.held, (str, bytes))
         for _, packed in self.held:
-            if len(packed) % _INDEX.size:
-                raise ProtocolError(f"RegisterNode.held indices must be packed {_INDEX.size}-byte integers")
-
-
-_INDEX = struct.Struct("<I")  # input indices are below MAX_INPUTS < 2**32 (packed as PackedInputs' are)
-
-
-def pack_indices(indices: list[int]) -> bytes:
-    """Input indices as compact bytes (4 per index) for frames that list many of them."""
-    return pack_uints(indices)
-
-
-def unpack_indices(packed: bytes) -> list[int]:
-    return list(unpack_uints(packed))
+            if len(packed) % INDEX.size:
+                raise ProtocolError(f"RegisterNode.held indices must be packed {INDEX.size}-byte integers")
 
 
 @message(21)
@@ -462,8 +317,8 @@ class NodeState(Message):
         # Counts, summed over its jobs (at most 200,000 in a frame) and stored: bounded so that no
         # sum leaves 64 bits, and far above any job's size (calls run again count twice).
         counts = [count for _, running, queued, done in self.jobs for count in (running, queued, done)]
-        if not 0 <= self.workers_alive <= _MAX_COUNT or not all(0 <= count <= _MAX_COUNT for count in counts):
-            raise ProtocolError(f"NodeState counts must be from 0 to {_MAX_COUNT:,}")
+        if not 0 <= self.workers_alive <= MAX_COUNT or not all(0 <= count <= MAX_COUNT for count in counts):
+            raise ProtocolError(f"NodeState counts must be from 0 to {MAX_COUNT:,}")
 
 
 @message(25)
@@ -531,69 +386,6 @@ class StealAck(Message):
     grant: bytes  # the grant the transfer was opened with
 
 
-# --- worker <-> node (a private socketpair, length-prefixed frames) ------------------------
-
-
-@message(30)
-class WorkerReady(Message):
-    pid: int
-
-
-@message(31)
-class LoadFunction(Message):
-    job_id: str
-    function_bytes: bytes
-    local_code: bytes
-
-
-@message(32)
-class RunCalls(_CarriesInputs):
-    """A worker's batch: a job's inputs, packed as the node cut them out of what the head pushed."""
-
-    job_id: str
-    indices: bytes
-    sizes: bytes
-    data: bytes
-
-
-@message(33)
-class UnloadFunction(Message):
-    job_id: str
-
-
-@message(34)
-class WorkerReport(Message):
-    job_id: str
-    indices: bytes  # the results, as PackedResults' three parts (the node passes them on)
-    failed: bytes
-    packed: bytes
-    outputs: list  # [[input_index, stream, text], ...] of the same job
-    batch_done: bool  # the last report of a RunCalls batch
-    # How long the worker spent on these results' calls (0: not measured). What a call takes,
-    # without the node's round trip and the function's loading, sizes the node's next batches.
-    seconds: float = 0.0
-
-    @classmethod
-    def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool, seconds: float = 0.0) -> WorkerReport:
-        """The report of these results ([[input_index, ok, payload], ...]), packed."""
-        part = PackedResults.of(items)
-        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds)
-
-    def part(self) -> PackedResults:
-        return PackedResults(self.indices, self.failed, self.packed)
-
-    def validate(self) -> None:
-        _check_packed("WorkerReport", self.indices, self.failed)
-        check_items("WorkerReport.outputs", self.outputs, (int, int, str))
-
-
-@message(35)
-class WorkerWaiting(Message):
-    """The running call is waiting on a nested job (True) or computing again (False)."""
-
-    waiting: bool
-
-
 @message(36)
 class NodeLeaving(Message):
     """Node to head: this node is stopping (signal, lost lifeline); requeue its inputs now and
@@ -653,46 +445,20 @@ def read_error(payload: bytes) -> ErrorRecord:
     return record
 
 
-# The most inputs or results one frame carries between client, head and nodes in the usual
-# course (fewer when they are large). A frame is one step of the head's event loop, which every
-# other connection waits for: this bounds that step to a few milliseconds.
-BATCH_ITEMS = 4096
-
-# The most bytes of results one frame carries from a node, and from the head to a client (more
-# only for a single larger result).
-RESULT_FRAME_BYTES = 8 * 1024 * 1024
-
-# The largest frame: one 200 MB input or 100 MB function plus its envelope.
-MAX_FRAME_BYTES = 216 * 1024 * 1024
-
-# The most inputs one job may have; the head keeps a little state per input.
-MAX_INPUTS = 100_000_000
 # A call's output text per chunk, and the longest traceback or message worth carrying.
-_TEXT = 64 * 1024 * 1024
-_CALLS = 2_000_000  # the most results one frame to a client carries (8 MB of tiny results)
-_PER_NODE = 200_000  # the most inputs, results or output chunks a node exchanges in one frame
-_MAX_COUNT = 2**40  # a count a node reports (NodeState)
-
 CLIENT_TO_HEAD = Channel("client to head", (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob),
                          Limits(200_000, 100_000, 1 << 20, MAX_FRAME_BYTES, 600_000))
 NODE_TO_HEAD = Channel("node to head", (RegisterNode, Credit, NodeResults, OutputBatch, NodeState, Stolen, NodeLeaving),
-                       Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
+                       NODE_REPORTS)
 HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CreditWithdrawn, InputsPushed,
                                         CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint),
-                       Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
+                       NODE_LINK)
 HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, ResultBatch, OutputBatch,
                                             Progress, JobEnded, InputsKept),
-                         Limits(_CALLS, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _CALLS))
-WORKER_TO_NODE = Channel("worker to node", (WorkerReady, WorkerReport, WorkerWaiting),
-                         Limits(_PER_NODE, 10_000, _TEXT, MAX_FRAME_BYTES, 4 * _PER_NODE))
-NODE_TO_WORKER = Channel("node to worker", (LoadFunction, RunCalls, UnloadFunction),
-                         Limits(_PER_NODE, 100_000, 1 << 20, MAX_FRAME_BYTES, 4 * _PER_NODE))
+                         Limits(CLIENT_FRAME_RESULTS, 10_000, TEXT_BYTES, MAX_FRAME_BYTES, 4 * CLIENT_FRAME_RESULTS))
 # The first frame of each link, with the limits of the link it opens.
 JOB_OPENING = Channel("job opening", (OpenJob, ResumeJob), CLIENT_TO_HEAD.limits)
 NODE_OPENING = Channel("node registration", (RegisterNode,), NODE_TO_HEAD.limits)
 # Transfers between nodes: small requests, grants as big as the inputs they carry.
-NODE_TO_NODE = Channel("node to node", (StealRequest, StealGrant, StealAck), NODE_TO_WORKER.limits)
-ERROR_RECORD = Channel("error record", (ErrorRecord,), Limits(10_000, 10_000, _TEXT, MAX_FRAME_BYTES, 1_000_000))
-
-# Length prefix for frames on the worker socket.
-FRAME_HEADER = struct.Struct("!I")
+NODE_TO_NODE = Channel("node to node", (StealRequest, StealGrant, StealAck), NODE_LINK)
+ERROR_RECORD = Channel("error record", (ErrorRecord,), Limits(10_000, 10_000, TEXT_BYTES, MAX_FRAME_BYTES, 1_000_000))

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 
-from burla.protocol import wire
+from burla.protocol import limits, wire
 from burla.protocol.validation import packages_problem
 
 MAX_STRING = 100 * 1024
@@ -18,7 +18,7 @@ MAX_INPUTS_OF_A_FUZZ_JOB = 1000  # jobs the fuzzer opens stay small: the head ke
 
 UNICODE = ["jöb", "☃", "日本語", "🙂", "\u202eevil", "a\u200bb", "Ω≈ç√", "\x00", "tab\there", "new\nline", "ﬁ", "İ"]
 SURROGATES = ["\ud800", "\udfff", "a\ud800b", "\udc80\udc80"]
-WILD_INTS = [0, 1, -1, 2, 3, 7, 2**31, -(2**31), 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1, wire.MAX_INPUTS + 1]
+WILD_INTS = [0, 1, -1, 2, 3, 7, 2**31, -(2**31), 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1, limits.MAX_INPUTS + 1]
 WILD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 1e308, 5e-324, 0.5, -1.5]
 
 
@@ -172,7 +172,7 @@ def defuse(msg: list) -> list:
         if isinstance(packages, dict) and packages and packages_problem(packages) is None:
             msg[slot(wire.OpenJob, "packages")] = {}
         n_inputs = msg[slot(wire.OpenJob, "n_inputs")]
-        if type(n_inputs) is int and MAX_INPUTS_OF_A_FUZZ_JOB < n_inputs <= wire.MAX_INPUTS:
+        if type(n_inputs) is int and MAX_INPUTS_OF_A_FUZZ_JOB < n_inputs <= limits.MAX_INPUTS:
             msg[slot(wire.OpenJob, "n_inputs")] = MAX_INPUTS_OF_A_FUZZ_JOB
     url = slot(wire.RegisterNode, "url")
     if msg[0] == wire.RegisterNode.TAG and len(msg) > url and isinstance(msg[url], str) and "://" in msg[url]:

@@ -14,6 +14,7 @@ from burla._version import __version__
 from burla.process.build import build_hash
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_results import pack_indices
 from tests.fuzz.model import Context, Route, describe
 from tests.fuzz.transport import ws_frame
 from tests.fuzz.values import defuse, message, mutate, pack, random_text, slot
@@ -131,7 +132,7 @@ def _held(rng: random.Random) -> list:
     """What a node says it kept running while it had no head: usually nothing."""
     if rng.random() < 0.7:
         return []
-    return [[f"fuzz-held-{rng.getrandbits(16):04x}", wire.pack_indices([rng.randrange(1000) for _ in range(3)])]]
+    return [[f"fuzz-held-{rng.getrandbits(16):04x}", pack_indices([rng.randrange(1000) for _ in range(3)])]]
 
 
 def ws_frames(rng: random.Random, ctx: Context, route: Route, authorized: bool) -> list[tuple[bytes, bool, str]]:

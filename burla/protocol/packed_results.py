@@ -1,0 +1,148 @@
+"""Results packed as the head sends them to a client: a worker packs its results once, and its
+node and the head pass them on as bytes (`PackedResults`), beside their input indices and the
+indices of those that failed; frames of them are bounded by `limits`."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from operator import itemgetter
+
+import msgpack
+
+from burla.errors import ProtocolError
+from burla.protocol.framing import ItemBudget, check_items
+from burla.protocol.limits import BATCH_ITEMS, RESULT_FRAME_BYTES
+from burla.protocol.packed_inputs import pack_uints, unpack_uints
+
+INDEX = struct.Struct("<I")  # input indices are below MAX_INPUTS < 2**32 (packed as PackedInputs' are)
+
+
+def pack_indices(indices: list[int]) -> bytes:
+    """Input indices as compact bytes (4 per index) for frames that list many of them."""
+    return pack_uints(indices)
+
+
+def unpack_indices(packed: bytes) -> list[int]:
+    return list(unpack_uints(packed))
+
+
+_index_of = itemgetter(0)
+_ok_of = itemgetter(1)
+_payload_of = itemgetter(2)
+
+
+def pack_items(items: Sequence) -> bytes:
+    """Items packed as they follow their array's header inside a frame. A head keeps the results
+    it relays in this form until they go out in a ResultBatch (`result_batch_frame`): bytes, where
+    a tuple per result would have been walked by the cyclic GC."""
+    packed = msgpack.packb(items, use_bin_type=True)
+    return packed[array_header_bytes(len(items)):]
+
+
+class PackedResults:
+    """Results packed as a head sends them to its client (`pack_items`), beside their input indices
+    and the indices of those that failed (`pack_indices`; usually empty). Workers pack their
+    results so; nodes and the head pass them on without decoding each (a head decodes them only
+    to sort out repeats and failures, and checks them then: `items`)."""
+
+    __slots__ = ("indices", "failed", "packed")
+
+    def __init__(self, indices: bytes, failed: bytes, packed: bytes) -> None:
+        self.indices = indices
+        self.failed = failed
+        self.packed = packed
+
+    @classmethod
+    def of(cls, items: Sequence) -> PackedResults:
+        """These results ([[input_index, ok, payload], ...]) packed."""
+        failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
+        return cls(pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items))
+
+    @classmethod
+    def join(cls, parts: Sequence[PackedResults]) -> PackedResults:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(b"".join(p.indices for p in parts), b"".join(p.failed for p in parts),
+                   b"".join(p.packed for p in parts))
+
+    @property
+    def count(self) -> int:
+        return len(self.indices) // INDEX.size
+
+    def items(self, name: str = "results") -> list:
+        """The results, decoded and checked against the indices and failures they are listed with
+        (`name` is the message's, for the error)."""
+        indices = unpack_indices(self.indices)
+        count = len(indices)
+        # Limits as tight as the results allow (an array per result, of three scalars; no str, map
+        # or ext), so that a frame that is not what it claims can't make this head balloon.
+        budget = ItemBudget(4 * count)
+        try:
+            items = msgpack.unpackb(array_header(count) + self.packed, raw=False, use_list=True,
+                                    max_array_len=max(count, 3), max_map_len=0, max_str_len=0, max_ext_len=0,
+                                    max_bin_len=len(self.packed), list_hook=budget.array)
+        except Exception as e:  # msgpack raises several unrelated types on garbage
+            raise ProtocolError(f"{name}.packed is not {count} packed results ({type(e).__name__}: {e})") from None
+        check_items(name, items, (int, bool, bytes))
+        if list(map(_index_of, items)) != indices:
+            raise ProtocolError(f"{name}.packed holds other results than its indices name")
+        if [item[0] for item in items if not item[1]] != unpack_indices(self.failed):
+            raise ProtocolError(f"{name}.failed does not name the failed results it holds")
+        return items
+
+
+def check_packed(name: str, indices: bytes, failed: bytes) -> None:
+    for field, value in (("indices", indices), ("failed", failed)):
+        if len(value) % INDEX.size:
+            raise ProtocolError(f"{name}.{field} must be packed {INDEX.size}-byte integers")
+    if len(indices) > BATCH_ITEMS * INDEX.size:  # what one frame takes in one step of the head's loop
+        raise ProtocolError(f"{name} carries more than {BATCH_ITEMS} results")
+    if len(failed) > len(indices):
+        raise ProtocolError(f"{name} lists more failed results than results")
+
+
+def item_frames(items: Sequence) -> list[Sequence]:
+    """Results in frames of at most BATCH_ITEMS and RESULT_FRAME_BYTES of payloads, unless one
+    result is bigger."""
+    if len(items) <= BATCH_ITEMS and sum(map(len, map(_payload_of, items))) <= RESULT_FRAME_BYTES:
+        return [items] if items else []  # the common case: one frame
+    frames, start, size = [], 0, 0
+    for end, item in enumerate(items):
+        size += len(item[2])
+        if end > start and (end - start >= BATCH_ITEMS or size > RESULT_FRAME_BYTES):
+            frames.append(items[start:end])
+            start, size = end, len(item[2])
+    frames.append(items[start:])
+    return frames
+
+
+def packed_frames(parts: Sequence[PackedResults]) -> list[PackedResults]:
+    """Packed results joined into frames of at most BATCH_ITEMS and about RESULT_FRAME_BYTES (a part
+    is never split: workers and nodes pack at most that many): a node's frames, which a head can
+    pass on to its client as they are."""
+    frames: list[PackedResults] = []
+    group: list[PackedResults] = []
+    count = size = 0
+    for part in parts:
+        if group and (count + part.count > BATCH_ITEMS or size + len(part.packed) > RESULT_FRAME_BYTES):
+            frames.append(PackedResults.join(group))
+            group, count, size = [], 0, 0
+        group.append(part)
+        count += part.count
+        size += len(part.packed)
+    if group:
+        frames.append(PackedResults.join(group))
+    return frames
+
+
+def array_header_bytes(length: int) -> int:
+    return 1 if length < 16 else 3 if length < 65536 else 5
+
+
+def array_header(length: int) -> bytes:
+    if length < 16:
+        return bytes((0x90 | length,))
+    if length < 65536:
+        return struct.pack("!BH", 0xDC, length)
+    return struct.pack("!BI", 0xDD, length)

@@ -1,0 +1,80 @@
+"""The messages between a node and its workers: a private socketpair of length-prefixed frames."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from burla.protocol.framing import Channel, Message, check_items, message
+from burla.protocol.limits import NODE_LINK, NODE_REPORTS
+from burla.protocol.packed_inputs import CarriesInputs
+from burla.protocol.packed_results import PackedResults, check_packed
+
+
+@message(30)
+class WorkerReady(Message):
+    pid: int
+
+
+@message(31)
+class LoadFunction(Message):
+    job_id: str
+    function_bytes: bytes
+    local_code: bytes
+
+
+@message(32)
+class RunCalls(CarriesInputs):
+    """A worker's batch: a job's inputs, packed as the node cut them out of what the head pushed."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes
+
+
+@message(33)
+class UnloadFunction(Message):
+    job_id: str
+
+
+@message(34)
+class WorkerReport(Message):
+    job_id: str
+    indices: bytes  # the results, as PackedResults' three parts (the node passes them on)
+    failed: bytes
+    packed: bytes
+    outputs: list  # [[input_index, stream, text], ...] of the same job
+    batch_done: bool  # the last report of a RunCalls batch
+    # How long the worker spent on these results' calls (0: not measured). What a call takes,
+    # without the node's round trip and the function's loading, sizes the node's next batches.
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool, seconds: float = 0.0) -> WorkerReport:
+        """The report of these results ([[input_index, ok, payload], ...]), packed."""
+        part = PackedResults.of(items)
+        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds)
+
+    def part(self) -> PackedResults:
+        return PackedResults(self.indices, self.failed, self.packed)
+
+    def validate(self) -> None:
+        check_packed("WorkerReport", self.indices, self.failed)
+        check_items("WorkerReport.outputs", self.outputs, (int, int, str))
+
+
+@message(35)
+class WorkerWaiting(Message):
+    """The running call is waiting on a nested job (True) or computing again (False)."""
+
+    waiting: bool
+
+
+WORKER_TO_NODE = Channel("worker to node", (WorkerReady, WorkerReport, WorkerWaiting),
+                         NODE_REPORTS)
+NODE_TO_WORKER = Channel("node to worker", (LoadFunction, RunCalls, UnloadFunction),
+                         NODE_LINK)
+
+# Length prefix for frames on the worker socket.
+FRAME_HEADER = struct.Struct("!I")
