@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from burla.client.local_cluster import connect, running_local_head, start_head
-from burla.config import MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL, ClientSettings
+from burla.config import ClientSettings
 from burla.errors import InvalidArgument
-from burla.protocol.validation import GPU_CHOICES, IMAGE, REGION, matches
+from burla.protocol.job_options import JobOptions
 
 if TYPE_CHECKING:
     from burla.protocol import wire
@@ -66,12 +65,11 @@ class Client:
         disk_gb: int | None = None,
     ) -> list[Any] | Iterator[Any] | str | None:
         """`burla.remote_parallel_map` on this client's cluster."""
-        cpu = _resources("func_cpu", func_cpu, integer=True)
-        ram = _resources("func_ram", func_ram, integer=False)
-        if ram is not None and not MIN_RAM_GB_PER_CALL <= ram <= MAX_RAM_GB_PER_CALL:
-            raise InvalidArgument(f"func_ram must be \"dynamic\" or a number of GB from {MIN_RAM_GB_PER_CALL:g} to "
-                                  f"{MAX_RAM_GB_PER_CALL:g}, got {func_ram!r}")
-        _check_options(function_, func_gpu, image, region, disk_gb, max_parallelism)
+        if not callable(function_):
+            raise InvalidArgument(f"function_ must be callable, got {type(function_).__name__}")
+        options = JobOptions.checked(
+            func_cpu=func_cpu, func_ram=func_ram, func_gpu=func_gpu, image=image, grow=grow,
+            max_parallelism=max_parallelism, detach=detach, raise_errors=raise_errors, region=region, disk_gb=disk_gb)
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
             raise InvalidArgument(f"inputs must be a list (or other iterable) of inputs, got {type(inputs).__name__}")
         inputs = inputs if isinstance(inputs, list) else list(inputs)
@@ -87,12 +85,8 @@ class Client:
             from burla.protocol import environment
 
             environment.prefetch()
-            options = session.JobOptions(
-                func_cpu=cpu, func_ram=ram, func_gpu=func_gpu, image=image, grow=bool(grow),
-                max_parallelism=max_parallelism, detach=bool(detach), raise_errors=bool(raise_errors), region=region,
-                disk_gb=disk_gb, parent_job_id=settings.parent_job_id,
-            )
-            opened.append(session.opening(_job_id(function_), function_, _name(function_), len(inputs), options))
+            opened.append(session.opening(_job_id(function_), function_, _name(function_), len(inputs),
+                                          dataclasses.replace(options, parent_job_id=settings.parent_job_id)))
 
         cluster = connect(settings, allow_embedded=not detach, meanwhile=prepare)
         from burla.client import session
@@ -183,33 +177,6 @@ def get_cluster_dashboard_url() -> str:
 
 
 # --- argument checks ---------------------------------------------------------------------
-
-
-def _resources(name: str, value: Any, integer: bool) -> Any:
-    if value == "dynamic" or value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        kind = "a positive integer" if integer else "a positive number"
-        raise InvalidArgument(f"{name} must be \"dynamic\" or {kind}, got {value!r}")
-    if not value > 0 or value == math.inf:  # NaN too
-        raise InvalidArgument(f"{name} must be a positive, finite number, got {value!r}")
-    return int(value) if integer else float(value)
-
-
-def _check_options(function_: Any, func_gpu: Any, image: Any, region: Any, disk_gb: Any, max_parallelism: Any) -> None:
-    if not callable(function_):
-        raise InvalidArgument(f"function_ must be callable, got {type(function_).__name__}")
-    if func_gpu is not None and (not isinstance(func_gpu, str) or func_gpu.upper() not in GPU_CHOICES):
-        raise InvalidArgument(f"func_gpu must be one of {', '.join(GPU_CHOICES)} or None, got {func_gpu!r}")
-    if image is not None and not matches(IMAGE, image):
-        raise InvalidArgument(f"image must be a container image reference such as python:3.12-slim or "
-                              f"ghcr.io/org/app:1.2 (letters, digits and ._/:@+-, not starting with -), got {image!r}")
-    if region is not None and not matches(REGION, region):
-        raise InvalidArgument(f"region must be a cloud region name such as us-east-1, us-central1 or eastus, "
-                              f"got {region!r}")
-    for name, value in (("disk_gb", disk_gb), ("max_parallelism", max_parallelism)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InvalidArgument(f"{name} must be a positive integer or None, got {value!r}")
 
 
 def _name(function_: Any) -> str:

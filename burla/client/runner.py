@@ -20,6 +20,7 @@ from typing import Any
 from burla.client.local_cluster import ClusterHandle
 from burla.client.loop import ClientLoop, client_loop
 from burla.client.progress import Display
+from burla.client.results import ALL_IN, AllIn, Outcome, take_results
 from burla.client.upload import Uploader
 from burla.errors import (
     HeadUnreachable,
@@ -28,15 +29,12 @@ from burla.errors import (
     JobNotFound,
     NodeDisconnected,
     ProtocolError,
-    RemoteError,
     Unauthorized,
     error_from_wire,
 )
 from burla.process.memory import JOB_COLLECTIONS
 from burla.protocol import limits, wire
-from burla.protocol.environment import missing_package_note
 from burla.protocol.input_files import files_root
-from burla.protocol.serialization import loads, unpack_error
 from burla.protocol.states import EndKind, JobStatus
 from burla.web.login_links import LINK_PARAM, link_code
 
@@ -52,15 +50,7 @@ ACK_AFTER_BYTES = 4 * 2**20
 ACK_AFTER_S = 0.05
 
 
-# (input index, ok, the result or the exception the call raised). A plain tuple: a million are
-# made per million-input job, and a NamedTuple's constructor costs ten times as much.
-Outcome = tuple[int, bool, Any]
-
-
 _END = object()
-# With a results list: every value is in it (failures came before). Told apart by identity from
-# the empty list a wait that timed out returns.
-ALL_IN: list[Outcome] = []
 
 
 class _ConnectionLost(Exception):
@@ -429,7 +419,8 @@ class JobRunner:
 
     async def _on_results(self, ws, msg: wire.ResultBatch) -> bool:
         """Hand a batch of results over, then acknowledge it; True once every result is in."""
-        taken, outcomes, failed = self._take_results(msg.items)
+        taken, outcomes, failed = take_results(msg.items, self._received, self.results,
+                                               self.opening.packages if self.opening else {})
         # Hand the results over before acknowledging them: once acked, the head forgets them.
         self.display.count_results(len(taken), failed)
         self.upload.results_in(taken)
@@ -463,55 +454,9 @@ class JobRunner:
             raise JobCanceled(f"job {self.job_id} canceled: {self._cancel_reason}")
         raise error_from_wire(msg.kind, f"job {self.job_id} ended {msg.status}: {msg.reason}")
 
-    def _take_results(self, items: list) -> tuple[list[int], list[Outcome], int]:
-        """The results not taken before (the head may resend): their indices, the outcomes for the
-        caller's thread (each one, or with `results` only the failures: values go into the list),
-        and how many failed."""
-        received, n_inputs, results = self._received, self.n_inputs, self.results
-        taken: list[int] = []
-        outcomes: list[Outcome] = []
-        failed = 0
-        for index, ok, payload in items:  # once per result: kept to the bare minimum
-            if 0 <= index < n_inputs and not received[index]:
-                taken.append(index)
-                if ok:
-                    try:
-                        value = loads(payload)
-                    except Exception as e:
-                        error = self._unpickling_error(index, e)
-                    else:
-                        received[index] = 1
-                        if results is None:
-                            outcomes.append((index, True, value))
-                        else:
-                            results[index] = value
-                        continue
-                else:
-                    error = self._call_error(index, payload)
-                received[index] = 2
-                failed += 1
-                if results is not None:
-                    results[index] = error
-                outcomes.append((index, False, error))
-        return taken, outcomes, failed
-
-    def _call_error(self, index: int, payload: bytes) -> BaseException:
-        error = unpack_error(payload, index)
-        if isinstance(error, ImportError) and error.name:
-            note = missing_package_note(error.name, self.opening.packages if self.opening else {})
-            if note is not None:
-                error.add_note(note)
-        return error
-
-    @staticmethod
-    def _unpickling_error(index: int, e: Exception) -> BaseException:
-        error = RemoteError(type(e).__name__, f"the result of input {index} can't be unpickled here: {e}")
-        error.burla_input_index = index  # type: ignore[attr-defined]
-        return error
-
     # --- for the user's thread -----------------------------------------------------------
 
-    def next_outcomes(self, timeout: float = 0.25) -> list[Outcome] | None:
+    def next_outcomes(self, timeout: float = 0.25) -> list[Outcome] | AllIn | None:
         """The next batch of outcomes; [] on timeout; ALL_IN (with `results`) once every value is
         in the list; None once the job thread has ended."""
         try:

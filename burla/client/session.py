@@ -11,39 +11,23 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 from burla._version import __version__
 from burla.client.local_cluster import ClusterHandle
 from burla.client.progress import Display
-from burla.client.runner import ALL_IN, JobRunner, Outcome
+from burla.client.results import AllIn, Outcome
+from burla.client.runner import JobRunner
 from burla.config import MAX_FUNCTION_BYTES
 from burla.errors import FunctionTooBig, JobCanceled
 from burla.protocol import input_files, local_code, wire
 from burla.protocol.environment import client_packages, not_replicated_warning
+from burla.protocol.job_options import JobOptions
 from burla.protocol.serialization import dumps_function
 from burla.protocol.worker_context import waiting_on_children
 
 _ok_of = itemgetter(1)
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """remote_parallel_map's options, checked."""
-
-    func_cpu: int | None
-    func_ram: float | None
-    func_gpu: str | None
-    image: str | None
-    grow: bool
-    max_parallelism: int | None
-    detach: bool
-    raise_errors: bool
-    region: str | None
-    disk_gb: int | None
-    parent_job_id: str | None
 
 
 def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int, options: JobOptions) -> wire.OpenJob:
@@ -60,17 +44,7 @@ def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int
         function_name=name,
         function_bytes=function_bytes,
         n_inputs=n_inputs,
-        func_cpu=options.func_cpu,
-        func_ram=options.func_ram,
-        func_gpu=options.func_gpu,
-        image=options.image,
-        grow=options.grow,
-        max_parallelism=options.max_parallelism,
-        detach=options.detach,
-        raise_errors=options.raise_errors,
-        region=options.region,
-        disk_gb=options.disk_gb,
-        parent_job_id=options.parent_job_id,
+        **options.fields(),
         client_version=__version__,
         python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
         local_code=local_code.collect(function_),
@@ -156,7 +130,7 @@ def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> G
             batch = runner.next_outcomes()
             if batch is None:
                 break
-            if batch is ALL_IN:  # the failures, if any, came before
+            if isinstance(batch, AllIn):  # the failures, if any, came before
                 received = runner.n_inputs
                 continue
             if not batch:

@@ -372,15 +372,16 @@ class Cluster:
     @staticmethod
     def _assign_message(spec: wire.OpenJob, assignment: Assignment) -> wire.AssignJob:
         return wire.AssignJob(
-            spec.job_id, spec.function_name, spec.function_bytes, assignment.parallelism, spec.func_ram,
-            spec.func_cpu, spec.local_code, spec.packages, initial_credit(assignment.slots), spec.func_gpu,
-            spec.n_inputs,
+            job_id=spec.job_id, function_name=spec.function_name, function_bytes=spec.function_bytes,
+            parallelism=assignment.parallelism, func_ram=spec.func_ram, func_cpu=spec.func_cpu,
+            local_code=spec.local_code, packages=spec.packages, credit=initial_credit(assignment.slots),
+            func_gpu=spec.func_gpu, n_inputs=spec.n_inputs,
         )
 
     def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
         slots = sum(a.slots for a in job.assignments.values())
-        return wire.JobAccepted(job.job_id, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES, len(job.assignments), slots,
-                                bool(job.spec.client_host))
+        return wire.JobAccepted(job_id=job.job_id, window_inputs=CLIENT_WINDOW_INPUTS, window_bytes=CLIENT_WINDOW_BYTES,
+                                n_nodes=len(job.assignments), n_slots=slots, inputs_by_file=bool(job.spec.client_host))
 
     def resume_job(self, msg: wire.ResumeJob) -> tuple[JobRecord, ClientLink, wire.JobResumed]:
         """A client comes back (after a network cut, or to collect a detached job's results)."""
@@ -414,9 +415,8 @@ class Cluster:
             self._confirm_inputs_kept(job)
         if job.status != RUNNING:  # it ended while the client was away: say so after the results
             link.send(wire.JobEnded(job.job_id, job.status, job.end_kind, job.reason))
-        resumed = wire.JobResumed(
-            job.job_id, job.n_inputs, job.upload_prefix, CLIENT_WINDOW_INPUTS, CLIENT_WINDOW_BYTES
-        )
+        resumed = wire.JobResumed(job_id=job.job_id, n_inputs=job.n_inputs, inputs_received=job.upload_prefix,
+                                  window_inputs=CLIENT_WINDOW_INPUTS, window_bytes=CLIENT_WINDOW_BYTES)
         return job, link, resumed
 
     def add_inputs(self, job: JobRecord, part: PackedInputs) -> None:

@@ -143,4 +143,6 @@ class NodeWatch:
             transfer_id = grants.new_transfer_id(thief_id)
             expires_at = time.time() + grants.GRANT_TTL_S
             grant = grants.sign(donor.grant_key, job_id, donor_id, thief_id, transfer_id, expires_at)
-            thief.send(wire.StealHint(job_id, donor_id, donor.url, donor.cert_sha256, transfer_id, expires_at, grant))
+            thief.send(wire.StealHint(job_id=job_id, donor_id=donor_id, donor_url=donor.url,
+                                      donor_cert_sha256=donor.cert_sha256, transfer_id=transfer_id,
+                                      expires_at=expires_at, grant=grant))

@@ -58,7 +58,7 @@ class CpuGuard:
         busy = []
         for worker in self._pool.workers:
             job = self._dispatcher.jobs.get(worker.batch_job() or "")
-            if not worker.alive or job is None or job.cpus_per_call is not None or worker.waiting:
+            if not worker.alive or job is None or job.func_cpu is not None or worker.waiting:
                 continue
             busy.append(worker.pid)
         current = {pid: stats for pid in busy if (stats := _thread_stats(pid)) is not None}

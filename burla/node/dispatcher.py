@@ -41,8 +41,8 @@ class NodeJob:
     job_id: str
     function_bytes: bytes
     parallelism: int
-    ram_gb_per_call: float | None = None
-    cpus_per_call: int | None = None
+    func_ram: float | None = None
+    func_cpu: int | None = None
     local_code: bytes = b""
     ready: bool = True  # False while the node installs packages the job needs
     failed_payload: bytes | None = None  # why every call of the job fails here (installation failed)
@@ -163,10 +163,8 @@ class Dispatcher:
     def assign(self, msg: wire.AssignJob) -> NodeJob:
         job = self.jobs.get(msg.job_id)
         if job is None:
-            job = NodeJob(
-                msg.job_id, msg.function_bytes, max(1, msg.parallelism), msg.ram_gb_per_call, msg.cpus_per_call,
-                msg.local_code,
-            )
+            job = NodeJob(job_id=msg.job_id, function_bytes=msg.function_bytes, parallelism=max(1, msg.parallelism),
+                          func_ram=msg.func_ram, func_cpu=msg.func_cpu, local_code=msg.local_code)
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)
@@ -204,10 +202,10 @@ class Dispatcher:
     # --- package installation before a job runs ------------------------------------------
 
     def install_output(self, job_id: str, text: str) -> None:
-        """Installation progress, shown to the client like output (input index -1)."""
+        """Installation progress, shown to the client like output (of no call)."""
         job = self.jobs.get(job_id)
         if job is not None and not job.cancelled:
-            job.out_outputs.append([-1, 2, text])
+            job.out_outputs.append([wire.NOT_A_CALL, wire.STDERR, text])
             self._on_outgoing()
 
     def install_done(self, job_id: str) -> None:
@@ -435,7 +433,7 @@ class Dispatcher:
         queue here is only a window (more arrives as credit allows), so it doesn't bound this."""
         more = 0
         for job in self.jobs.values():
-            if job.queue and job.ready and not job.cancelled and job.cpus_per_call is None and not job.gpu:
+            if job.queue and job.ready and not job.cancelled and job.func_cpu is None and not job.gpu:
                 more += max(0, job.parallelism - len(job.workers))
         return more
 
@@ -469,8 +467,9 @@ class Dispatcher:
         out = []
         for job in self.jobs.values():
             if job.dropped_outputs:
-                job.out_outputs.append([-1, wire.STDERR, f"burla: {job.dropped_outputs} chunks of output were dropped "
-                                                         "on this node while the head was unreachable\n"])
+                note = (f"burla: {job.dropped_outputs} chunks of output were dropped on this node while the head "
+                        "was unreachable\n")
+                job.out_outputs.append([wire.NOT_A_CALL, wire.STDERR, note])
                 job.dropped_outputs = 0
             if job.out_results or job.out_outputs:
                 out.append((job.job_id, job.out_outputs, job.out_results))

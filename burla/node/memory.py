@@ -55,10 +55,10 @@ class MemoryGuard:
                 continue
         for rss, worker in usage:
             job = self._dispatcher.jobs.get(worker.batch_job() or "")
-            if job is not None and job.ram_gb_per_call is not None and rss > job.ram_gb_per_call * GB:
+            if job is not None and job.func_ram is not None and rss > job.func_ram * GB:
                 log.warning("worker %d uses %.2f GB, over func_ram=%g GB; stopping it", worker.number, rss / GB,
-                            job.ram_gb_per_call)
-                self._kill(worker, MemoryKill(rss / GB, job.ram_gb_per_call, per_call=True, retry=False))
+                            job.func_ram)
+                self._kill(worker, MemoryKill(rss / GB, job.func_ram, per_call=True, retry=False))
                 return
         total = sum(rss for rss, _ in usage)
         self._workers_bytes, self._workers_counted = total, len(usage)

@@ -84,7 +84,7 @@ class Worker:
             self._sock.sendall(worker_wire.FRAME_HEADER.pack(len(data)) + data)
 
     def _send_live_output(self, job_id: str, items: list) -> None:
-        data = worker_wire.WorkerReport(job_id, b"", b"", b"", items, False).encode()
+        data = worker_wire.WorkerReport.of(job_id, [], outputs=items, batch_done=False).encode()
         self._sock.sendall(worker_wire.FRAME_HEADER.pack(len(data)) + data)
 
     def _recv(self) -> wire.Message | None:
@@ -163,7 +163,7 @@ class Worker:
 
     def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list[bytes]) -> None:
         if job_id in self._cancelled_jobs:
-            self._send(worker_wire.WorkerReport(job_id, b"", b"", b"", [], True))
+            self._send(worker_wire.WorkerReport.of(job_id, [], outputs=[], batch_done=True))
             return
         function = self._functions.get(job_id)
         if isinstance(function, _LoadFailure) or function is None:

@@ -35,6 +35,7 @@ from burla.protocol.framing import Limits as Limits
 from burla.protocol.framing import Message as Message
 from burla.protocol.framing import check_items, message
 from burla.protocol.framing import decode as decode
+from burla.protocol.job_options import OPTION_FIELDS, JobOptions
 from burla.protocol.limits import (
     CLIENT_FRAME_RESULTS,
     MAX_COUNT,
@@ -50,8 +51,11 @@ from burla.protocol.states import NodeStatus
 
 _NODE_STATUSES = tuple(NodeStatus)  # in their order: the refusal names them so
 
+# An output chunk is [input_index, stream, text]: the stream is one of these, and the index is
+# NOT_A_CALL for what the node itself says of a job (package installs, dropped output).
 STDOUT = 1
 STDERR = 2
+NOT_A_CALL = -1
 
 # --- client <-> head -----------------------------------------------------------------------
 
@@ -62,8 +66,9 @@ class OpenJob(Message):
     function_name: str
     function_bytes: bytes
     n_inputs: int
-    func_cpu: int | None  # None: dynamic
-    func_ram: float | None  # GB per call; None: dynamic
+    # The job's options: JobOptions' fields, by name and type (burla/protocol/job_options.py).
+    func_cpu: int | None
+    func_ram: float | None
     func_gpu: str | None
     image: str | None
     grow: bool
@@ -83,6 +88,10 @@ class OpenJob(Message):
     # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
     # one frame. The head takes them as an InputBatch right after admitting the job.
     first_inputs: list = []  # (shared: messages are never changed in place)
+
+    @property
+    def options(self) -> JobOptions:
+        return JobOptions(**{name: getattr(self, name) for name in OPTION_FIELDS})
 
     def validate(self) -> None:
         if self.first_inputs:
@@ -283,8 +292,9 @@ class AssignJob(Message):
     function_name: str
     function_bytes: bytes
     parallelism: int
-    ram_gb_per_call: float | None  # enforced per call when set
-    cpus_per_call: int | None  # None: dynamic (the node may lower parallelism for CPU)
+    # The job's options that shape its calls on a node, as JobOptions names them.
+    func_ram: float | None  # enforced per call when set
+    func_cpu: int | None  # None: dynamic (the node may lower parallelism for CPU)
     local_code: bytes
     packages: dict  # what the node installs before running the job, if it lacks them
     credit: int  # inputs the head may push before the node asks (a node's first window, no round trip)

@@ -1,0 +1,82 @@
+"""Taking a job's results on the client: each input's first result only, unpickled, into the
+caller's list (values in input order) or as outcomes for the caller's thread."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from burla.errors import RemoteError
+from burla.protocol.environment import missing_package_note
+from burla.protocol.serialization import loads, unpack_error
+
+# (input index, ok, the result or the exception the call raised). A plain tuple: a million are
+# made per million-input job, and a NamedTuple's constructor costs ten times as much.
+Outcome = tuple[int, bool, Any]
+
+# What the client holds of each input, one byte per input (sent to a restarted head, compressed,
+# as what it already has: anything but NOT_TAKEN counts as taken).
+NOT_TAKEN: Final = 0
+TAKEN_VALUE: Final = 1
+TAKEN_FAILURE: Final = 2
+
+
+class AllIn:
+    """Handed to the caller's thread once every value is in its results list (failures, if any,
+    came before as outcomes)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ALL_IN"
+
+
+ALL_IN: Final = AllIn()
+
+
+def take_results(items: list, received: bytearray, results: list[Any] | None,
+                 packages: dict[str, str]) -> tuple[list[int], list[Outcome], int]:
+    """The results not taken before (the head may resend): their indices, the outcomes for the
+    caller's thread (each one, or with `results` only the failures: values go into the list),
+    and how many failed. `packages` (the client's) explains a failure to import on a node."""
+    n_inputs = len(received)
+    taken: list[int] = []
+    outcomes: list[Outcome] = []
+    failed = 0
+    for index, ok, payload in items:  # once per result: kept to the bare minimum
+        if 0 <= index < n_inputs and not received[index]:
+            taken.append(index)
+            if ok:
+                try:
+                    value = loads(payload)
+                except Exception as e:
+                    error = _unpickling_error(index, e)
+                else:
+                    received[index] = TAKEN_VALUE
+                    if results is None:
+                        outcomes.append((index, True, value))
+                    else:
+                        results[index] = value
+                    continue
+            else:
+                error = _call_error(index, payload, packages)
+            received[index] = TAKEN_FAILURE
+            failed += 1
+            if results is not None:
+                results[index] = error
+            outcomes.append((index, False, error))
+    return taken, outcomes, failed
+
+
+def _call_error(index: int, payload: bytes, packages: dict[str, str]) -> BaseException:
+    error = unpack_error(payload, index)
+    if isinstance(error, ImportError) and error.name:
+        note = missing_package_note(error.name, packages)
+        if note is not None:
+            error.add_note(note)
+    return error
+
+
+def _unpickling_error(index: int, e: Exception) -> BaseException:
+    error = RemoteError(type(e).__name__, f"the result of input {index} can't be unpickled here: {e}")
+    error.burla_input_index = index  # type: ignore[attr-defined]
+    return error
