@@ -12,7 +12,7 @@ from burla.errors import HeadUnreachable, ProtocolError
 from burla.head.cluster import Cluster
 from burla.head.history import KeptJob
 from burla.head.links import NodeLink
-from burla.head.scheduler import COMPLETED, RUNNING
+from burla.head.records import COMPLETED, RUNNING
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import PackedResults, pack_indices, pack_items

@@ -11,7 +11,9 @@ from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.eligibility import can_join, ineligibility
 from burla.head.held_inputs import adopt_held, mark_client_held
-from burla.head.scheduler import RUNNING, JobRecord, NodeRecord, Scheduler
+from burla.head.records import RUNNING, JobRecord, NodeRecord
+from burla.head.scheduler import Scheduler
+from burla.head.steals import record_steal
 from burla.protocol import limits, wire
 from burla.protocol.packed_results import pack_indices, unpack_indices
 
@@ -410,7 +412,7 @@ def test_an_ended_job_keeps_its_counts_but_not_its_per_input_state():
     # What was still on its way changes nothing now.
     s.add_inputs(job, [[5, b"late"]])
     assert s.record_results("n1", job, [[1, True, b"late"]]) == []
-    s.record_steal("n1", job, "n2", [3])
+    record_steal("n1", job, "n2", [3])
     assert not job.pending and job.n_done == 1
 
 
@@ -481,7 +483,7 @@ def test_results_before_the_client_is_back_are_merged_with_what_it_holds():
 def test_a_held_input_stolen_before_its_bytes_arrive_follows_the_thief():
     s, job = _restored()
     adopt_held(job, "a", [0, 1])
-    s.record_steal("b", job, "a", [1])
+    record_steal("b", job, "a", [1])
     mark_client_held(job, zlib.compress(bytes(6)))
     s.add_inputs(job, _inputs([0, 1]))
     assert job.assignments["a"].inflight == {0: b"x0"} and job.assignments["b"].inflight == {1: b"x1"}
@@ -541,8 +543,8 @@ def test_a_clients_machine_is_no_requirement_for_growth_or_errors():
 
 
 def test_a_large_input_is_pushed_in_a_frame_of_its_own():
-    from burla.head.scheduler import MAX_PUSH_BYTES, _frames
+    from burla.head.pushes import MAX_PUSH_BYTES, frames
 
     sizes = [10, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES, 10, MAX_PUSH_BYTES + 1, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES // 2]
-    frames = _frames(list(range(len(sizes))), [b"x" * size for size in sizes])
+    frames = frames(list(range(len(sizes))), [b"x" * size for size in sizes])
     assert [part.index_list() for part in frames] == [[0, 1], [2], [3], [4], [5, 6]]

@@ -11,8 +11,9 @@ from aiohttp import web
 from burla.errors import SettingsError
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
-from burla.head.scheduler import RUNNING
+from burla.head.records import RUNNING
 from burla.head.usage import MACHINE_STARTED, usage
+from burla.head.view_builders import node_view
 from burla.protocol.states import JobStatus
 from burla.protocol.views import JobView
 from burla.web.json_io import error_response, json_response, read_object
@@ -48,7 +49,7 @@ async def cluster_state(request: web.Request) -> web.Response:
         {
             "version": cluster.version,
             "booting": s.booting,
-            "nodes": [cluster.node_view(n).to_json() for n in s.nodes.values()],
+            "nodes": [node_view(n).to_json() for n in s.nodes.values()],
             "jobs": [cluster.job_view(j).to_json() for j in reversed(list(s.jobs.values()))],
             "loops": request.app[SUPERVISOR].view(),  # the head's background loops, with their restarts
         }
@@ -269,7 +270,7 @@ async def get_node(request: web.Request) -> web.Response:
     events = await cluster.history.node_events_of(node_id, 20) if cluster.history else []
     if node is None and not events:
         raise web.HTTPNotFound(text=f"no node {node_id!r} on this head or in its history; `GET /v1/cluster` lists them")
-    view = cluster.node_view(node).to_json() if node is not None else {"node_id": node_id, "status": "GONE"}
+    view = node_view(node).to_json() if node is not None else {"node_id": node_id, "status": "GONE"}
     return json_response({**view, "recent_events": events})
 
 

@@ -19,7 +19,8 @@ from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, OPEN_SOCKETS
 from burla.head.links import ClientLink, NodeLink
-from burla.head.scheduler import JobRecord
+from burla.head.messages import accepted_message
+from burla.head.records import JobRecord
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import grants, limits, wire
 from burla.protocol.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
@@ -323,7 +324,7 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             if problem is not None:
                 raise VersionMismatch(problem)
             job, link = cluster.open_job(first)  # and queues the inputs it carries
-            return job, link, cluster.accepted_message(job)
+            return job, link, accepted_message(job)
         assert isinstance(first, wire.ResumeJob)
         # Right after a restart, the jobs kept in history are being taken up: wait for that;
         # if it takes too long, close without an answer so that the client tries again.

@@ -11,9 +11,10 @@ import logging
 import time
 from collections import OrderedDict
 
-from burla.errors import BurlaError, HeadUnreachable, JobNotFound, NodeDisconnected, ProtocolError
+from burla.errors import BurlaError, HeadUnreachable, JobNotFound, ProtocolError
+from burla.head import messages
 from burla.head.client_watch import ClientWatch
-from burla.head.held_inputs import adopt_held, mark_client_held
+from burla.head.held_inputs import mark_client_held, take_up_held
 from burla.head.history import History
 from burla.head.history_queries import HEAD_STOPPED
 from burla.head.idle_collector import IdleCollector
@@ -21,29 +22,19 @@ from burla.head.links import ClientLink, NodeLink, WriteTurns
 from burla.head.machines import Machines, NoMachines
 from burla.head.node_watch import NodeWatch
 from burla.head.recorder import NoRecord, Recorder
+from burla.head.records import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord
 from burla.head.restart_recovery import REJOIN_GRACE_S, RestartRecovery
-from burla.head.scheduler import (
-    CANCELED,
-    COMPLETED,
-    FAILED,
-    RUNNING,
-    Assignment,
-    JobRecord,
-    NodeRecord,
-    Scheduler,
-    initial_credit,
-)
-from burla.head.view_builders import job_view, node_view
+from burla.head.scheduler import Scheduler
+from burla.head.steals import record_steal
+from burla.head.view_builders import job_view
 from burla.process.build import build_hash
 from burla.protocol import packed_results, wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus
-from burla.protocol.views import JobView, NodeView
+from burla.protocol.views import JobView
 
 log = logging.getLogger("burla.head")
 
-CLIENT_WINDOW_INPUTS = 200_000
-CLIENT_WINDOW_BYTES = 256 * 1024 * 1024
 FINISHED_JOBS_KEPT = 1000
 SHUTDOWN_NOTICE_S = 1.0
 
@@ -126,13 +117,9 @@ class Cluster:
     def _adopt_held(self, msg: wire.RegisterNode, link: NodeLink) -> None:
         """What a node kept running while it had no head: inputs of jobs this head runs stay on it
         (their results follow); jobs this head does not run (ended, or unknown) stop there."""
-        for job_id, packed in msg.held:
-            job = self.scheduler.jobs.get(job_id)
-            if job is None or job.status != RUNNING or msg.node_id not in job.assignments:
-                link.send(wire.CancelJob(job_id, "the head does not run this job (any more)"))
-                link.send(wire.ReleaseJob(job_id))
-                continue
-            adopt_held(job, msg.node_id, packed_results.unpack_indices(packed))
+        for job_id in take_up_held(self.scheduler.jobs, msg.node_id, msg.held):
+            link.send(wire.CancelJob(job_id, "the head does not run this job (any more)"))
+            link.send(wire.ReleaseJob(job_id))
         if msg.held:
             log.info("node %s came back holding inputs of %d job(s)", msg.node_id, len(msg.held))
         self.recovery.node_back(msg.node_id)
@@ -145,18 +132,14 @@ class Cluster:
         self.watch.forget(node_id)
         for job, given_up in self.scheduler.remove_node(node_id):
             if given_up:
-                self._accept_results(None, job, [[i, False, self._node_loss_error(i, job)] for i in given_up])
+                self._accept_results(None, job, [[i, False, messages.node_loss_error(i, job)] for i in given_up])
             if replace:  # its share goes to nodes the job left out (it wants no more slots than inputs)
                 for joined_id, _ in self.scheduler.top_up(job):
                     link = self.node_links.get(joined_id)
                     if link is not None:
                         self._send_assignment(link, job, joined_id)
             if job.status == RUNNING and not job.assignments and self.scheduler.booting == 0:
-                self.end_job(
-                    job, FAILED, EndKind.NODE_DISCONNECTED,
-                    f"Every node running this job was lost (last: {node_id}) and no node can replace "
-                    f"it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.",
-                )
+                self.end_job(job, FAILED, EndKind.NODE_DISCONNECTED, messages.nodes_lost_reason(job, node_id))
         log.info("node %s left", node_id)
         self.record.node_event(node_id, "left")
         self._end_unrunnable()
@@ -205,9 +188,8 @@ class Cluster:
         if self.scheduler.booting == 0 and not self.scheduler.nodes:
             for job in list(self.scheduler.jobs.values()):
                 if job.status == RUNNING and not job.assignments and was_running:
-                    self.end_job(job, FAILED, EndKind.NODE_DISCONNECTED,
-                                 f"Every node running this job was lost (last: {node_id}, {why}) and no node can "
-                                 f"replace it; {job.n_inputs - job.n_done} of {job.n_inputs} inputs have no result.")
+                    reason = messages.nodes_lost_reason(job, f"{node_id}, {why}")
+                    self.end_job(job, FAILED, EndKind.NODE_DISCONNECTED, reason)
                 elif job.status == RUNNING and not job.assignments:
                     self.end_job(job, FAILED, EndKind.NO_NODES,
                                  f"No node is left for this job: {node_id} {what}: {why}")
@@ -239,7 +221,7 @@ class Cluster:
         elif isinstance(msg, wire.Stolen):
             job = self.scheduler.jobs.get(msg.job_id)
             if job is not None:
-                self.scheduler.record_steal(node_id, job, msg.donor_id, msg.indices)
+                record_steal(node_id, job, msg.donor_id, msg.indices)
             self.watch.stolen(node_id, msg.job_id)
         elif isinstance(msg, wire.NodeLeaving):
             self._on_leaving(node_id, msg)
@@ -291,15 +273,6 @@ class Cluster:
         if link is not None:
             link.close()
         self.machines.remove_machine(node_id, msg.reason)
-
-    @staticmethod
-    def _node_loss_error(index: int, job: JobRecord) -> bytes:
-        error = NodeDisconnected(
-            f"input {index} was on {job.node_losses.get(index, 0)} nodes that died or went silent while "
-            "running it; it is not retried again. If the call itself brings its machine down (memory, "
-            "disk), give it more with func_ram or bigger machines."
-        )
-        return wire.describe_error(error)
 
     def _accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None:
         if job.status != RUNNING:
@@ -360,28 +333,14 @@ class Cluster:
                 key = (assignment.parallelism, assignment.slots)
                 frame = frames.get(key)
                 if frame is None:
-                    frame = frames[key] = self._assign_message(job.spec, assignment).encode()
+                    frame = frames[key] = messages.assign_message(job.spec, assignment).encode()
                 link.send_frame(frame)
 
     def _send_assignment(self, link: NodeLink, job: JobRecord, node_id: str) -> None:
         """A running job's share for a node that joins it."""
-        link.send(self._assign_message(job.spec, job.assignments[node_id]))
+        link.send(messages.assign_message(job.spec, job.assignments[node_id]))
         if job.all_pushed:  # its credit brings no more inputs than the others' does
             link.send(wire.InputsPushed(job.job_id))
-
-    @staticmethod
-    def _assign_message(spec: wire.OpenJob, assignment: Assignment) -> wire.AssignJob:
-        return wire.AssignJob(
-            job_id=spec.job_id, function_name=spec.function_name, function_bytes=spec.function_bytes,
-            parallelism=assignment.parallelism, func_ram=spec.func_ram, func_cpu=spec.func_cpu,
-            local_code=spec.local_code, packages=spec.packages, credit=initial_credit(assignment.slots),
-            func_gpu=spec.func_gpu, n_inputs=spec.n_inputs,
-        )
-
-    def accepted_message(self, job: JobRecord) -> wire.JobAccepted:
-        slots = sum(a.slots for a in job.assignments.values())
-        return wire.JobAccepted(job_id=job.job_id, window_inputs=CLIENT_WINDOW_INPUTS, window_bytes=CLIENT_WINDOW_BYTES,
-                                n_nodes=len(job.assignments), n_slots=slots, inputs_by_file=bool(job.spec.client_host))
 
     def resume_job(self, msg: wire.ResumeJob) -> tuple[JobRecord, ClientLink, wire.JobResumed]:
         """A client comes back (after a network cut, or to collect a detached job's results)."""
@@ -415,9 +374,7 @@ class Cluster:
             self._confirm_inputs_kept(job)
         if job.status != RUNNING:  # it ended while the client was away: say so after the results
             link.send(wire.JobEnded(job.job_id, job.status, job.end_kind, job.reason))
-        resumed = wire.JobResumed(job_id=job.job_id, n_inputs=job.n_inputs, inputs_received=job.upload_prefix,
-                                  window_inputs=CLIENT_WINDOW_INPUTS, window_bytes=CLIENT_WINDOW_BYTES)
-        return job, link, resumed
+        return job, link, messages.resumed_message(job)
 
     def add_inputs(self, job: JobRecord, part: PackedInputs) -> None:
         if job.status != RUNNING:
@@ -516,9 +473,7 @@ class Cluster:
             if job.status != RUNNING:
                 continue
             if self.history is None:
-                self.end_job(job, FAILED, EndKind.JOB_FAILED,
-                             "the head stopped (a restart or shutdown) while the job ran; a head keeps running jobs "
-                             "across restarts only with history")
+                self.end_job(job, FAILED, EndKind.JOB_FAILED, messages.HEAD_STOPPED_WITHOUT_HISTORY)
         deadline = time.monotonic() + SHUTDOWN_NOTICE_S
         while any(link.pending_frames() for link in self.client_links.values() if link.attached):
             if time.monotonic() > deadline:
@@ -542,6 +497,3 @@ class Cluster:
 
     def job_view(self, job: JobRecord) -> JobView:
         return job_view(job, self.scheduler.nodes, self.job_times.get(job.job_id, (None, None)), len(self.booting_ids))
-
-    def node_view(self, node: NodeRecord) -> NodeView:
-        return node_view(node)

@@ -16,6 +16,7 @@ from aiohttp import web
 from burla.head.api import int_param, job_view_of, jobs_listing, metrics_of
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, HEAD_URL, SESSIONS
+from burla.head.view_builders import node_view
 from burla.web.auth import SESSION_COOKIE, Sessions, same_origin_path
 from burla.web.json_io import dumps, json_response
 from burla.web.login_links import LINK_PARAM, SESSION_TTL_S
@@ -114,7 +115,7 @@ async def _cluster_snapshot(cluster: Cluster, request: web.Request) -> dict:
     return {
         "version": cluster.version,
         "booting": s.booting,
-        "nodes": [cluster.node_view(n).to_json() for n in s.nodes.values()],
+        "nodes": [node_view(n).to_json() for n in s.nodes.values()],
         "jobs": await jobs_listing(cluster, None, 10),
     }
 

@@ -20,7 +20,7 @@ from burla.head.cluster import Cluster
 from burla.head.eligibility import ineligibility, node_parallelism
 from burla.head.grow import plan_growth, slots_of
 from burla.head.history import History
-from burla.head.scheduler import RUNNING
+from burla.head.records import RUNNING
 from burla.head.usage import MACHINE_STARTED, machine_detail
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import input_files, wire

@@ -6,7 +6,8 @@ from __future__ import annotations
 import zlib
 
 from burla.errors import ProtocolError
-from burla.head.records import JobRecord
+from burla.head.records import RUNNING, JobRecord
+from burla.protocol.packed_results import unpack_indices
 
 _ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1
 
@@ -19,6 +20,20 @@ def _nonzero(flags: bytearray) -> list[int]:
         found.append(index)
         index = flags.find(1, index + 1)
     return found
+
+
+def take_up_held(jobs: dict[str, JobRecord], node_id: str, held: list) -> list[str]:
+    """What a node registering again kept running while it had no head (`RegisterNode.held`):
+    inputs of jobs this head runs with that node stay on it (`adopt_held`); returns the ids of the
+    other jobs (ended, or unknown here), which the node must stop."""
+    foreign = []
+    for job_id, packed in held:
+        job = jobs.get(job_id)
+        if job is None or job.status != RUNNING or node_id not in job.assignments:
+            foreign.append(job_id)
+        else:
+            adopt_held(job, node_id, unpack_indices(packed))
+    return foreign
 
 
 def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:

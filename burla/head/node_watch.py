@@ -15,6 +15,7 @@ from burla.head.links import NodeLink
 from burla.head.machines import Machines
 from burla.head.recorder import Recorder
 from burla.head.scheduler import Scheduler
+from burla.head.steals import steal_plan
 from burla.protocol import grants, wire
 
 
@@ -132,7 +133,7 @@ class NodeWatch:
 
     def hint_thieves(self, now: float) -> None:
         cluster = self._cluster
-        for thief_id, job_id, donor_id in cluster.scheduler.steal_plan():
+        for thief_id, job_id, donor_id in steal_plan(cluster.scheduler.running, cluster.scheduler.nodes):
             if now - self._hinted.get((thief_id, job_id), 0.0) < STEAL_HINT_COOLDOWN_S:
                 continue
             thief = cluster.node_links.get(thief_id)

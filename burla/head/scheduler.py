@@ -14,57 +14,17 @@ from operator import itemgetter
 
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
 from burla.head.eligibility import Given, can_join, explain, ineligibility, node_parallelism, share
-from burla.head.records import (  # noqa: F401 - the records' module re-exported: callers import them here
-    CANCELED,
-    COMPLETED,
-    FAILED,
-    RUNNING,
-    Assignment,
-    JobRecord,
-    NodeRecord,
-    initial_credit,
-)
+from burla.head.pushes import frames, least_push
+from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord
 from burla.protocol import limits, wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus, NodeStatus
 
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
-MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger
 
 _index_of = itemgetter(0)
 _data_of = itemgetter(1)
 _ok_of = itemgetter(1)
-
-
-def _frames(indices: list[int], data: list[bytes]) -> list[PackedInputs]:
-    """Inputs pushed to a node, packed in frames of at most limits.BATCH_ITEMS inputs and about
-    MAX_PUSH_BYTES (a frame ends with the input that reaches it). An input of MAX_PUSH_BYTES or
-    more goes in a frame of its own: the node hands it to a worker, or a thief, as it came,
-    without copying it out of a frame that other inputs keep alive."""
-    if len(indices) <= limits.BATCH_ITEMS and sum(map(len, data)) < MAX_PUSH_BYTES:
-        return [PackedInputs.of_lists(indices, data)] if indices else []
-    frames: list[PackedInputs] = []
-    start = size = 0
-    for position, item in enumerate(data):
-        if len(item) >= MAX_PUSH_BYTES and position > start:
-            frames.append(PackedInputs.of_lists(indices[start:position], data[start:position]))
-            start, size = position, 0
-        size += len(item)
-        if size >= MAX_PUSH_BYTES or position + 1 - start >= limits.BATCH_ITEMS:
-            frames.append(PackedInputs.of_lists(indices[start:position + 1], data[start:position + 1]))
-            start, size = position + 1, 0
-    if start < len(indices):
-        frames.append(PackedInputs.of_lists(indices[start:], data[start:]))
-    return frames
-
-
-def _least_push(assignment: Assignment) -> int:
-    """The fewest inputs worth a push to a node: its workers' worth, or a quarter of its credit if
-    that is more (up to a frame's worth). A node asks for about 0.1 s of calls ahead, in chunks of
-    at least a quarter of that (burla.node.dispatcher.NodeJob.credit_due), so a large credit means
-    short calls: there, pushes of a few inputs each would cost a frame per handful of calls on
-    both sides."""
-    return max(assignment.slots, min(assignment.credit // 4, limits.BATCH_ITEMS))
 
 
 class Scheduler:
@@ -364,7 +324,7 @@ class Scheduler:
                 if not job.pending:
                     break
                 fair_share = math.ceil(len(job.pending) / (len(takers) - position))
-                self._push(job, node_id, assignment, max(fair_share, _least_push(assignment)), pushes,
+                self._push(job, node_id, assignment, max(fair_share, least_push(assignment)), pushes,
                            withdraw=False)
         return pushes
 
@@ -381,7 +341,7 @@ class Scheduler:
         if assignment is None or assignment.credit <= 0:
             return []
         pushes: list[tuple[str, str, PackedInputs]] = []
-        least = _least_push(assignment)
+        least = least_push(assignment)
         wanted = max(math.ceil(len(job.pending) / len(job.assignments)), least)
         if len(job.pending) - wanted < least and len(job.pending) <= limits.BATCH_ITEMS:
             wanted = len(job.pending)
@@ -403,7 +363,7 @@ class Scheduler:
         count = min(assignment.credit, wanted, len(job.pending))
         indices, data = job.pending.take(count)
         assignment.inflight.update(zip(indices, data))
-        for batch in _frames(indices, data):
+        for batch in frames(indices, data):
             pushes.append((node_id, job.job_id, batch))
         assignment.credit -= count
         if not job.pending and job.received >= job.n_inputs and not job.all_pushed:
@@ -476,47 +436,6 @@ class Scheduler:
         deque(map(assignment.inflight.pop, indices, repeat(None)), maxlen=0)
         job.n_done += len(indices)
         return True
-
-    def steal_plan(self) -> list[tuple[str, str, str]]:
-        """Idle nodes to hint at a peer with queued inputs: [(thief_id, job_id, donor_id)].
-
-        Only for jobs whose queue on the head is empty (else the head just pushes more).
-        """
-        hints = []
-        for job in self.running.values():
-            if job.pending or len(job.assignments) < 2:
-                continue
-            queued = {n: self.nodes[n].queued_by_job.get(job.job_id, 0) for n in job.assignments if n in self.nodes}
-            donors = sorted((q, n) for n, q in queued.items() if q >= 1)
-            if not donors:
-                continue
-            for node_id, assignment in job.assignments.items():
-                node = self.nodes.get(node_id)
-                if node is None or queued.get(node_id, 0) > 0:
-                    continue
-                if node.running_by_job.get(job.job_id, 0) >= assignment.parallelism:
-                    continue
-                donor_id = donors[-1][1]
-                if donor_id != node_id:
-                    hints.append((node_id, job.job_id, donor_id))
-        return hints
-
-    def record_steal(self, thief_id: str, job: JobRecord, donor_id: str, indices: list[int]) -> None:
-        """Inputs moved between nodes: if the thief dies, they must be requeued from it."""
-        donor = job.assignments.get(donor_id)
-        thief = job.assignments.get(thief_id)
-        if thief is None or job.status != RUNNING:
-            return
-        for index in indices:
-            if not 0 <= index < job.n_inputs or job.done[index]:
-                continue
-            if index in job.node_held:  # its bytes are still to come from the client: they go to the thief
-                job.node_held[index] = thief_id
-                continue
-            data = donor.inflight.pop(index, None) if donor is not None else None
-            if data is not None:
-                thief.inflight[index] = data
-                job.stolen += 1
 
     def finish(self, job: JobRecord, status: JobStatus, reason: str = "") -> list[str]:
         """End a job; returns the nodes that should release it."""
