@@ -18,7 +18,7 @@ from burla.config import HeadSettings
 from burla.drivers.base import Driver
 from burla.drivers.local import LocalDriver
 from burla.head.api import add_api_routes
-from burla.head.channels import close_open_sockets, job_channel, node_channel
+from burla.head.sockets import close_open_sockets, job_socket, node_socket
 from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import ClusterSettings, Fleet
@@ -90,8 +90,8 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, head_url: str, guard: 
     app[OPEN_SOCKETS] = set()
     app.on_shutdown.append(close_open_sockets)
     app.router.add_get("/health", health)
-    app.router.add_get("/v1/jobs/ws", job_channel)
-    app.router.add_get("/v1/nodes/ws", node_channel)
+    app.router.add_get("/v1/jobs/ws", job_socket)
+    app.router.add_get("/v1/nodes/ws", node_socket)
     app.router.add_post("/v1/shutdown", shutdown)
     add_api_routes(app)
     add_dashboard_routes(app, sessions, head_url)

@@ -1,6 +1,6 @@
 """The head's event handlers: they feed the scheduler and carry out what it decides.
 
-Channels (head/channels.py) call these synchronously as frames arrive; the only I/O here is
+The WebSocket handlers (head/sockets.py) call these synchronously as frames arrive; the only I/O here is
 queuing frames on links, so a handler never waits on a slow peer.
 """
 
@@ -299,7 +299,7 @@ class Cluster:
 
     def open_job(self, spec: wire.OpenJob) -> tuple[JobRecord, ClientLink]:
         """Admit the job, assign it, and queue (and push) the inputs its opening carries; those
-        were checked with the opening (channels._validate_open)."""
+        were checked with the opening (sockets._validate_open)."""
         if self.stopping:  # its nodes' connections are going: nothing would run it
             raise HeadUnreachable("the head is stopping (a restart or shutdown); run the job again once it is back")
         first_inputs = spec.first_inputs

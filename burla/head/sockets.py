@@ -129,7 +129,7 @@ class TakeTurns:
             self._since = time.monotonic()
 
 
-async def node_channel(request: web.Request) -> web.WebSocketResponse:
+async def node_socket(request: web.Request) -> web.WebSocketResponse:
     cluster: Cluster = request.app[CLUSTER]
     ws = web.WebSocketResponse(max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=None)
     await _upgrade(ws, request)
@@ -272,7 +272,7 @@ def _check_names(spec: wire.OpenJob) -> None:
             raise ProtocolError(f"{name} is over {MAX_NAME_CHARS} characters")
 
 
-async def job_channel(request: web.Request) -> web.WebSocketResponse:
+async def job_socket(request: web.Request) -> web.WebSocketResponse:
     """One client connection, carrying one job at a time: a client keeps its connection for its
     next job, and that job's opening ends its part in the one before (as a close would)."""
     cluster: Cluster = request.app[CLUSTER]
