@@ -1,3 +1,5 @@
+"""`python -m burla`: the `burla` command."""
+
 from burla.cli import main
 
 main()

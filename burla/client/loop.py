@@ -4,7 +4,7 @@ A job used to start a thread, an event loop and an HTTP session of its own: abou
 warm single-call job. The loop thread starts with the first job and stays (a daemon); sessions
 are kept per pinned certificate. A forked child starts its own loop. At exit, what is still
 running there (connections closing after their job returned) gets a moment to finish, and
-the job connections kept for the next job (`job_connections`) are closed.
+the job connections kept for the next job (`connections.py`) are closed.
 """
 
 from __future__ import annotations

@@ -15,11 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from burla.process.build import build_hash, wheel_name
+from burla.process.build import BUILD_DIR, build_hash, wheel_name
 
 HOME_DIR = ".burla"  # relative to the SSH user's home directory (SFTP's starting directory)
 ENV_DIR = "env"
-BUILD_DIR = "build"
 WHEELHOUSE_DIR = "wheelhouse"
 CONFIG_DIR = "config"  # BURLA_CONFIG_DIR on the VM: holds cluster_token (0600)
 HEAD_CERT_FILE = "head-cert.pem"

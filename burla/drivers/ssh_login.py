@@ -20,7 +20,6 @@ from typing import Any
 
 from burla.config import TOKEN_FILE, write_private_file
 from burla.drivers.bootstrap import (
-    BUILD_DIR,
     CONFIG_DIR,
     HEAD_CERT_FILE,
     HOME_DIR,
@@ -31,7 +30,7 @@ from burla.drivers.bootstrap import (
     remote,
 )
 from burla.errors import BootstrapFailed
-from burla.process.build import build_hash, wheel_name
+from burla.process.build import BUILD_DIR, build_hash, wheel_name
 
 CONNECT_TIMEOUT_S = 15.0
 RETRY_EVERY_S = 3.0

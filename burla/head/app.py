@@ -18,7 +18,6 @@ from burla.config import HeadSettings
 from burla.drivers.base import Driver
 from burla.drivers.local import LocalDriver
 from burla.head.api import add_api_routes
-from burla.head.sockets import close_open_sockets, job_socket, node_socket
 from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import ClusterSettings, Fleet
@@ -26,6 +25,7 @@ from burla.head.history import History
 from burla.head.keys import CLUSTER, FLEET, GUARD, LOOP_MONITOR, OPEN_SOCKETS, SHUT_DOWN, STOP, SUPERVISOR
 from burla.head.loop_monitor import LoopMonitor
 from burla.head.recorder import Recorder
+from burla.head.sockets import close_open_sockets, job_socket, node_socket
 from burla.process.loop_supervisor import LoopSupervisor, run_every_step
 from burla.protocol import input_files
 from burla.web.auth import Sessions, token_middleware

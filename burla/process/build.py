@@ -22,6 +22,7 @@ from burla.errors import BuildUnavailable
 PACKAGE = "burla"
 _SKIPPED_DIRS = {"__pycache__"}
 _SKIPPED_SUFFIXES = (".pyc", ".pyo")
+BUILD_DIR = "build"  # where a VM keeps the wheels of this build, under its burla home (~/.burla)
 # A fixed timestamp, so the same files always make the same wheel bytes.
 _ZIP_TIME = (2020, 1, 1, 0, 0, 0)
 

@@ -49,8 +49,7 @@ def node_command(settings: SupervisorSettings) -> list[str]:
     # The node runs in the image's own Python with the head's build installed from the uploaded
     # wheel; ~/.burla is mounted at the same path so every file path stays valid.
     home = os.path.dirname(os.path.dirname(os.path.dirname(sys.executable)))  # ~/.burla/env/bin/python
-    from burla.drivers.bootstrap import BUILD_DIR
-    from burla.process.build import wheel_name
+    from burla.process.build import BUILD_DIR, wheel_name
 
     inner = (f"python3 -m pip install --quiet --disable-pip-version-check {shlex.quote(home)}/{BUILD_DIR}/"
              f"{wheel_name()} && exec python3 -m burla " + " ".join(shlex.quote(p) for p in join))
