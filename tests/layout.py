@@ -17,7 +17,10 @@ END = "<!-- layout ends -->"
 
 def modules() -> list[Path]:
     """Every module of the package, a folder's `__init__.py` first."""
-    return sorted(PACKAGE.rglob("*.py"), key=lambda p: (p.parent.relative_to(PACKAGE).parts, p.name != "__init__.py", p.name))
+    def place(path: Path) -> tuple:
+        return path.parent.relative_to(PACKAGE).parts, path.name != "__init__.py", path.name
+
+    return sorted(PACKAGE.rglob("*.py"), key=place)
 
 
 def summary(path: Path) -> str:
