@@ -158,8 +158,15 @@ def test_a_jobs_options_keep_their_names_from_the_user_to_the_node():
 def test_a_nodes_fields_keep_their_names_from_registration_to_view():
     from burla.head.records import NodeRecord
     from burla.protocol import wire
-    from burla.protocol.views import NODE_FIELDS
+    from burla.protocol.views import DESCRIPTION_FIELDS, NODE_FIELDS, USAGE_FIELDS, NodeDescription, NodeUsage, NodeView
 
+    # The description and usage are declared once; the record and the view are made of both.
+    assert issubclass(NodeRecord, NodeDescription) and issubclass(NodeRecord, NodeUsage)
+    assert issubclass(NodeView, NodeDescription) and issubclass(NodeView, NodeUsage)
+    assert set(NODE_FIELDS) == {*DESCRIPTION_FIELDS, *USAGE_FIELDS, "jobs"}
+    # The wire carries them under the same names and types.
+    described = {f.name: f.type for f in dataclasses.fields(NodeDescription)}
+    assert {name: wire.RegisterNode.__annotations__[name] for name in DESCRIPTION_FIELDS} == described
+    assert set(USAGE_FIELDS) - {"status"} <= set(wire.NodeState.FIELDS)
     record = {f.name for f in dataclasses.fields(NodeRecord)}
     assert set(wire.RegisterNode.FIELDS) - {"build", "held"} <= record
-    assert set(NODE_FIELDS) - {"jobs"} <= record

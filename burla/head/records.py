@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from burla.head.input_queue import InputQueue
 from burla.protocol import wire
-from burla.protocol.states import EndKind, JobStatus, NodeStatus
+from burla.protocol.states import EndKind, JobStatus
+from burla.protocol.views import NodeDescription, NodeUsage
 
 RUNNING = JobStatus.RUNNING
 COMPLETED = JobStatus.COMPLETED
@@ -15,26 +16,11 @@ CANCELED = JobStatus.CANCELED
 
 
 @dataclass
-class NodeRecord:
-    node_id: str
-    url: str
-    slots: int
-    cpus: int
-    ram_gb: float
-    gpu: str | None
-    gpu_count: int
-    image: str | None
-    region: str
-    python_version: str
-    version: str
-    status: NodeStatus = NodeStatus.READY
-    workers_alive: int = 0
-    cpu_percent: float = 0.0
-    mem_percent: float = 0.0
-    net_sent_bps: float = 0.0
-    net_recv_bps: float = 0.0
-    gpu_percent: float = 0.0
-    gpu_mem_percent: float = 0.0
+class NodeRecord(NodeUsage, NodeDescription):
+    """A registered node as the head keeps it: what it said of itself, how busy it last was, and
+    what only the head needs."""
+
+    version: str = ""
     running_by_job: dict[str, int] = field(default_factory=dict)
     queued_by_job: dict[str, int] = field(default_factory=dict)
     cert_sha256: bytes = b""  # its TLS certificate's digest, which thieves pin

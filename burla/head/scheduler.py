@@ -19,7 +19,10 @@ from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord
 from burla.protocol import limits, wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus, NodeStatus
+from burla.protocol.views import USAGE_FIELDS
 
+# What a node's state push reports of its usage, copied by name (status is parsed).
+_REPORTED_USAGE = tuple(name for name in USAGE_FIELDS if name != "status")
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
 
 _index_of = itemgetter(0)
@@ -117,13 +120,8 @@ class Scheduler:
         if node is None:
             return
         node.status = NodeStatus(msg.status)  # checked when the frame was decoded
-        node.workers_alive = msg.workers_alive
-        node.cpu_percent = msg.cpu_percent
-        node.mem_percent = msg.mem_percent
-        node.net_sent_bps = msg.net_sent_bps
-        node.net_recv_bps = msg.net_recv_bps
-        node.gpu_percent = msg.gpu_percent
-        node.gpu_mem_percent = msg.gpu_mem_percent
+        for name in _REPORTED_USAGE:
+            setattr(node, name, getattr(msg, name))
         node.running_by_job = {job_id: running for job_id, running, _queued, _done in msg.jobs}
         node.queued_by_job = {job_id: queued for job_id, _running, queued, _done in msg.jobs}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from burla.head.records import JobRecord, NodeRecord
 from burla.protocol.states import JobStatus
-from burla.protocol.views import NODE_FIELDS, JobView, NodeView
+from burla.protocol.views import DESCRIPTION_FIELDS, USAGE_FIELDS, JobView, NodeView
 
 
 def job_view(job: JobRecord, nodes: dict[str, NodeRecord], times: tuple[float | None, float | None],
@@ -24,8 +24,8 @@ def job_view(job: JobRecord, nodes: dict[str, NodeRecord], times: tuple[float | 
 
 
 def node_view(node: NodeRecord) -> NodeView:
-    """A node the head holds: every field the view shares with the record, by name, and its jobs."""
-    return NodeView(**{name: getattr(node, name) for name in _SHARED_NODE_FIELDS}, jobs=sorted(node.running_by_job))
+    """A node the head holds: its description and usage, field by field, and its jobs."""
+    return NodeView(**{name: getattr(node, name) for name in _SHOWN}, jobs=sorted(node.running_by_job))
 
 
-_SHARED_NODE_FIELDS = tuple(name for name in NODE_FIELDS if name != "jobs")
+_SHOWN = DESCRIPTION_FIELDS + USAGE_FIELDS

@@ -69,11 +69,12 @@ class JobView:
         return dataclasses.replace(live, arguments=self.arguments)
 
 
-@dataclass(frozen=True)
-class NodeView:
+@dataclass
+class NodeDescription:
+    """What a node says of itself when it registers: `RegisterNode`'s fields of these names."""
+
     node_id: str
     url: str
-    status: NodeStatus
     slots: int
     cpus: int
     ram_gb: float
@@ -82,14 +83,31 @@ class NodeView:
     image: str | None
     region: str
     python_version: str
-    workers_alive: int
-    cpu_percent: float
-    mem_percent: float
-    net_sent_bps: float
-    net_recv_bps: float
-    gpu_percent: float
-    gpu_mem_percent: float
-    jobs: list[str]  # the jobs it runs calls of
+
+
+@dataclass
+class NodeUsage:
+    """How busy a node is, as its last state push said: `NodeState`'s fields of these names."""
+
+    status: NodeStatus = NodeStatus.READY
+    workers_alive: int = 0
+    cpu_percent: float = 0.0
+    mem_percent: float = 0.0
+    net_sent_bps: float = 0.0
+    net_recv_bps: float = 0.0
+    gpu_percent: float = 0.0
+    gpu_mem_percent: float = 0.0
+
+
+DESCRIPTION_FIELDS = tuple(f.name for f in dataclasses.fields(NodeDescription))
+USAGE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeUsage))
+
+
+@dataclass
+class NodeView(NodeUsage, NodeDescription):
+    """A node as the API, the dashboard and the CLI show it: its description, its usage, its jobs."""
+
+    jobs: list[str] = field(default_factory=list)  # the jobs it runs calls of
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in NODE_FIELDS}
