@@ -88,7 +88,7 @@ class Client:
             opened.append(session.opening(_job_id(function_), function_, _name(function_), len(inputs),
                                           dataclasses.replace(options, parent_job_id=settings.parent_job_id)))
 
-        cluster = connect(settings, allow_embedded=not detach, meanwhile=prepare)
+        cluster = connect(settings, allow_embedded=not options.detach, meanwhile=prepare)
         from burla.client import session
 
         try:
