@@ -131,6 +131,16 @@ class CloudSetupError(ClusterError):
     """The cloud account can't be used as configured; the message names the command that fixes it."""
 
 
+class CloudRefused(ClusterError):
+    """The cloud refused a request (a quota, a shortage of capacity, a setting it does not take):
+    the message is the cloud's own, prefixed with what was asked. `booted` lists the machines of
+    the same request that the cloud did start (they are billed, so the head keeps track of them)."""
+
+    def __init__(self, message: str, booted: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.booted = booted or []
+
+
 class TlsSetupError(ClusterError):
     """The head's certificate or key can't be used; the message says what to fix."""
 

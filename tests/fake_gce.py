@@ -20,6 +20,44 @@ ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us
 BOOT_LOG = "Booting Linux on physical CPU 0x0\ngoogle_metadata_script_runner: startup-script: python3 -m venv\n"
 
 
+# Boot disk types per machine series, as Compute Engine enforces them (cloud.google.com/compute/
+# docs/disks "Disk types", its "Machine series support" table, and each series' page under
+# compute/docs/general-purpose-machines): the fourth-generation series (N4, N4A, N4D, C4, C4A, C4D)
+# and X4 boot from Hyperdisk Balanced only; E2, N1, N2, N2D, T2D and A2 from Persistent Disk only. The
+# refusal is the API's own wording: "[pd-balanced, n4-standard-4] features are not compatible for
+# creating instance."
+DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "pd-extreme", "hyperdisk-balanced", "hyperdisk-extreme",
+              "hyperdisk-throughput")
+HYPERDISK_ONLY_SERIES = ("n4", "n4a", "n4d", "c4", "c4a", "c4d", "x4")
+PERSISTENT_DISK_ONLY_SERIES = ("e2", "n1", "n2", "n2d", "t2d", "a2")
+
+
+# The machine series this stand-in's zones offer; another name is not found, as in a zone that
+# does not have it (the API's 404 for machineTypes/NAME).
+MACHINE_SERIES = ("e2", "n1", "n2", "n2d", "t2d", "n4", "c4", "c3", "a2", "a3", "g2")
+# A new project's regional CPU quota ("CPUS"; cloud.google.com/compute/resource-usage, "CPU
+# quota"): vCPUs of the project's VMs in one region. Past it, insert answers 403 quotaExceeded with
+# the API's wording.
+DEFAULT_CPUS_QUOTA = 24
+
+
+def vcpus_of(machine_type: str) -> int:
+    """vCPUs of a predefined machine type by its name (n4-standard-8: 8; a2-highgpu-1g: 12 per GPU)."""
+    last = machine_type.rsplit("-", 1)[-1]
+    if last.endswith("g") and last[:-1].isdigit():
+        return 12 * int(last[:-1])
+    return int(last) if last.isdigit() else 2
+
+
+def boot_disk_fits(machine_type: str, disk_type: str) -> bool:
+    series = machine_type.split("-", 1)[0]
+    if series in HYPERDISK_ONLY_SERIES:
+        return disk_type == "hyperdisk-balanced"
+    if series in PERSISTENT_DISK_ONLY_SERIES:
+        return disk_type.startswith("pd-")
+    return True
+
+
 def _error(status: int, reason: str, message: str) -> web.Response:
     return json_response({"error": {"code": status, "message": message,
                                     "errors": [{"message": message, "domain": "global", "reason": reason}]}}, status)
@@ -35,6 +73,7 @@ class FakeGce(FakeCloudApi):
         self.tokens_issued: list[str] = []
         self.token_assertions: list[dict] = []
         self.refuse_tokens = False
+        self.cpus_quota = DEFAULT_CPUS_QUOTA  # per region
         self._ids = itertools.count(4_861_000_000_000_000_001)
         super().__init__()
 
@@ -69,8 +108,8 @@ class FakeGce(FakeCloudApi):
         app.router.add_get(p + "/regions/{region}", self.region)
         app.router.add_get(p + "/zones", self.zones)
         app.router.add_get(p + "/zones/{zone}", self.zone)
-        app.router.add_get(p + "/zones/{zone}/machineTypes/{name}", self.zonal("machine_type"))
-        app.router.add_get(p + "/zones/{zone}/diskTypes/{name}", self.zonal("disk_type"))
+        app.router.add_get(p + "/zones/{zone}/machineTypes/{name}", self.machine_type)
+        app.router.add_get(p + "/zones/{zone}/diskTypes/{name}", self.disk_type)
         app.router.add_get(p + "/zones/{zone}/acceleratorTypes/{name}", self.zonal("accelerator_type"))
         app.router.add_get(p + "/global/networks/{name}", self.network)
         app.router.add_get(p + "/global/images/family/{family}", self.image_family)
@@ -109,6 +148,20 @@ class FakeGce(FakeCloudApi):
             m = request.match_info
             return json_response(self.fixture(fixture, project=m["project"], zone=m["zone"], name=m["name"]))
         return handler
+
+    async def machine_type(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        if m["name"].split("-", 1)[0] not in MACHINE_SERIES:
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/zones/{m['zone']}/machineTypes/"
+                                           f"{m['name']}' was not found")
+        return json_response(self.fixture("machine_type", project=m["project"], zone=m["zone"], name=m["name"]))
+
+    async def disk_type(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        if m["name"] not in DISK_TYPES:
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/zones/{m['zone']}/diskTypes/"
+                                           f"{m['name']}' was not found")
+        return json_response(self.fixture("disk_type", project=m["project"], zone=m["zone"], name=m["name"]))
 
     async def network(self, request: web.Request) -> web.Response:
         m = request.match_info
@@ -166,6 +219,17 @@ class FakeGce(FakeCloudApi):
             return _error(409, "alreadyExists", f"The resource 'projects/{key[0]}/zones/{key[1]}/instances/"
                                                 f"{key[2]}' already exists")
         boot = body["disks"][0]["initializeParams"]
+        machine_type = body["machineType"].rsplit("/", 1)[-1]
+        disk_type = boot.get("diskType", "pd-standard").rsplit("/", 1)[-1]  # the API's default boot disk
+        if not boot_disk_fits(machine_type, disk_type):
+            return _error(400, "badRequest", f"[{disk_type}, {machine_type}] features are not compatible for "
+                                             "creating instance.")
+        region = self._region_of(m["zone"])
+        used = sum(vcpus_of(i["machineType"].rsplit("/", 1)[-1]) for (project, zone, _), i in self.instances.items()
+                   if project == m["project"] and self._region_of(zone) == region)
+        if used + vcpus_of(machine_type) > self.cpus_quota:
+            return _error(403, "quotaExceeded", f"Quota 'CPUS' exceeded.  Limit: {self.cpus_quota:.1f} in region "
+                                                f"{region}.")
         instance = self.fixture(
             "instance", project=m["project"], zone=m["zone"], region=self._region_of(m["zone"]), name=body["name"],
             instance_id=str(next(self._ids)), machine_type=body["machineType"].rsplit("/", 1)[-1], status="RUNNING",

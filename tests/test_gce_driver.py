@@ -135,6 +135,79 @@ def test_an_unknown_gpu_is_refused_before_any_instance_is_created(gce):
     assert not gce.instances
 
 
+def test_boot_disks_fit_their_machine_series(gce):
+    # N4 boots from Hyperdisk Balanced only, N1 from Persistent Disk only: a boot of either works.
+    driver = _driver()
+
+    async def scenario():
+        for machine_type in ("n4-standard-4", "n1-standard-4", None):  # None: the default machine type
+            await driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok", machine_type=machine_type,
+                                          ssh_public_key=CLUSTER_KEY))
+        await driver.close()
+
+    asyncio.run(scenario())
+    disks = [r.body["disks"][0]["initializeParams"]["diskType"].rsplit("/", 1)[-1]
+             for r in gce.logged("POST", "/instances")]
+    assert disks == ["hyperdisk-balanced", "pd-balanced", "hyperdisk-balanced"]
+    assert len(gce.instances) == 3
+
+
+def test_the_stand_in_refuses_what_compute_engine_refuses(gce):
+    # The rules the driver must meet, on the stand-in itself: a boot disk its series does not take,
+    # a machine type the zone lacks, and the region's CPU quota, each in the API's own words.
+    import urllib.error
+    import urllib.request
+
+    def insert(name: str, machine_type: str, disk_type: str) -> tuple[int, str]:
+        zone = f"{gce.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a"
+        body = {"name": name, "machineType": f"{zone}/machineTypes/{machine_type}",
+                "disks": [{"boot": True, "initializeParams": {"diskType": f"{zone}/diskTypes/{disk_type}",
+                                                              "sourceImage": "debian-12"}}]}
+        request = urllib.request.Request(f"{zone}/instances", json.dumps(body).encode(), method="POST",
+                                         headers={"Authorization": f"Bearer {gce.tokens_issued[-1]}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request) as answer:
+                return answer.status, ""
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())["error"]["message"]
+
+    asyncio.run(_driver().list_nodes())  # a token, as the driver gets one
+    assert insert("a", "n4-standard-4", "pd-balanced") == (
+        400, "[pd-balanced, n4-standard-4] features are not compatible for creating instance.")
+    assert insert("b", "n2-standard-4", "hyperdisk-balanced")[0] == 400
+    assert insert("c", "n4-standard-16", "hyperdisk-balanced") == (200, "")
+    assert insert("d", "n4-standard-16", "hyperdisk-balanced") == (
+        403, "Quota 'CPUS' exceeded.  Limit: 24.0 in region us-central1.")
+    assert [name for (_, _, name) in gce.instances] == ["c"]
+
+
+def test_a_refused_boot_names_the_clouds_reason_and_keeps_what_did_start(gce):
+    from burla.errors import CloudRefused
+
+    driver = _driver()
+
+    async def boot(request: BootRequest):
+        try:
+            return await driver.boot(request)
+        finally:
+            await driver.close()
+
+    with pytest.raises(CloudRefused, match="machineTypes/zz9-standard-4' was not found") as unknown:
+        asyncio.run(boot(BootRequest(1, "http://10.0.0.2:5001", "tok", machine_type="zz9-standard-4")))
+    assert unknown.value.booted == [] and not gce.instances
+    # Three 8-vCPU machines against the region's 24 CPUs, less the 8 of one already there: two start.
+    driver = _driver()
+    asyncio.run(boot(BootRequest(1, "http://10.0.0.2:5001", "tok", machine_type="n4-standard-8")))
+    driver = _driver()
+    with pytest.raises(CloudRefused, match=r"1 of 3 machine\(s\) of type n4-standard-8 could not start: .*"
+                                           r"Quota 'CPUS' exceeded.  Limit: 24.0 in region us-central1") as quota:
+        asyncio.run(boot(BootRequest(3, "http://10.0.0.2:5001", "tok", machine_type="n4-standard-8")))
+    assert len(quota.value.booted) == 2 and all(any(name == n for (_, _, name) in gce.instances)
+                                                for n in quota.value.booted)
+    assert len(gce.instances) == 3
+
+
 def test_project_and_zone_come_from_the_active_gcloud_configuration(monkeypatch, tmp_path):
     from burla.drivers.gce import GceConfig, GoogleToken
 
@@ -220,6 +293,25 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         # Idle past the timeout: the head deletes the instance through the driver.
         wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
         assert gce.logged("DELETE")[0].path.endswith(f"/zones/us-central1-a/instances/{node_id}")
+    finally:
+        head.stop()
+
+
+def test_cluster_start_past_the_quota_says_so_and_keeps_the_machines_that_started(gce, farm, tmp_path,
+                                                                                   wheelhouse):
+    gce.cpus_quota = 8
+    head = _cloud_head(tmp_path, farm, wheelhouse)
+    try:
+        _burla(head, "settings", "update", "--quantity", "3", "--machine-type", "n4-standard-4")
+        done = subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], capture_output=True, text=True,
+                              cwd=REPO, timeout=120, env=dict(os.environ, **head.env()))
+        assert done.returncode == 9, done.stdout + done.stderr  # EXIT_CLOUD, not a head error
+        error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+        assert error["code"] == "cloud_refused"
+        assert "Quota 'CPUS' exceeded.  Limit: 8.0 in region us-central1" in error["message"]
+        started = error["message"].split("Started anyway: ")[1].rstrip(".").split(", ")
+        assert len(started) == 2 and {name for (_, _, name) in gce.instances} == set(started)
+        wait_for_nodes(head, 2, timeout=240)  # the two that started join and are the cluster's
     finally:
         head.stop()
 

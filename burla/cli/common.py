@@ -138,6 +138,9 @@ def _http_error(error: Any, url: str) -> CliError:
                         EXIT_NOT_FOUND)
     if error.code == 409:
         return CliError("conflict", message, "check its current state with `burla jobs show`", EXIT_CONFLICT)
+    if error.code == 502:  # the head is fine; the cloud behind it refused
+        return CliError("cloud_refused", message, "fix what the cloud's message names (a machine type, a quota, "
+                        "a zone or region: `burla settings update`), then run the command again", EXIT_CLOUD)
     if 400 <= error.code < 500:
         return CliError("bad_request", message, "fix the value the message names", EXIT_USAGE)
     return CliError("head_error", f"the head answered HTTP {error.code}: {message}", "see the head's log",

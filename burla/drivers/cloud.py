@@ -18,10 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from burla.drivers.base import BootRequest, Driver, VmAddress
+from burla.errors import BurlaError, CloudRefused
 
 if TYPE_CHECKING:
     from burla.drivers.head_vm import HeadMachine
 
+CLOUD_LIBRARIES = ("libcloud", "botocore")  # what the drivers call the clouds through
 CLUSTER_TAG = "burla-cluster"
 NODE_TAG = "burla-node-id"
 POOL_THREADS = 8
@@ -48,8 +50,17 @@ class ThreadedCloudDriver(Driver):
         return driver
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(libcloud driver, *args)` in the pool; what the cloud's API refuses is a CloudRefused
+        carrying the cloud's own message."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(self._driver(), *args))
+        try:
+            return await loop.run_in_executor(self._pool, lambda: fn(self._driver(), *args))
+        except BurlaError:
+            raise
+        except Exception as e:
+            if not type(e).__module__.startswith(CLOUD_LIBRARIES):
+                raise
+            raise CloudRefused(f"{self.name}: {cloud_message(e)}") from e
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -57,9 +68,21 @@ class ThreadedCloudDriver(Driver):
     # --- nodes: each call runs in the pool ---------------------------------------------------
 
     async def boot(self, request: BootRequest) -> list[str]:
+        """Start the request's machines; if any fails, a CloudRefused naming the ones that did start
+        (they bill from now: the caller keeps track of them)."""
         node_ids = request.ids("burla-node")
-        await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids))
-        return node_ids
+        results = await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids),
+                                       return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if not failures:
+            return node_ids
+        booted = [node_id for node_id, r in zip(node_ids, results, strict=True) if not isinstance(r, BaseException)]
+        first = failures[0]
+        if not isinstance(first, Exception) or (not booted and isinstance(first, BurlaError)
+                                                and not isinstance(first, CloudRefused)):
+            raise first  # a cancellation, or burla's own refusal before the cloud was asked, as it came
+        what = f"{len(failures)} of {len(node_ids)} machine(s) of type {request.machine_type or 'the default'}"
+        raise CloudRefused(f"{what} could not start: {first}", booted) from first
 
     async def delete(self, node_id: str) -> bool:
         return await self._call(self._delete, node_id)
@@ -105,3 +128,14 @@ class ThreadedCloudDriver(Driver):
 
     @abc.abstractmethod
     def _delete_head(self, driver: Any, name: str) -> bool: ...
+
+
+def cloud_message(error: BaseException) -> str:
+    """The cloud's own sentence in a libcloud or botocore error (libcloud's str() is a repr)."""
+    value = getattr(error, "value", None)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("message"), str):
+        return value["message"]
+    message = getattr(error, "message", None)
+    return message if isinstance(message, str) and message else str(error)

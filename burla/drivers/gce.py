@@ -37,7 +37,10 @@ from burla.protocol.states import MachineState
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_IMAGE = "debian-cloud/debian-12"  # PROJECT/FAMILY
-DEFAULT_DISK_TYPE = "pd-balanced"
+# Boot disks per machine series (cloud.google.com/compute/docs/disks, "Machine series support"):
+# the fourth-generation series and X4 boot from Hyperdisk only; every other series burla boots
+# (E2, N1, N2, N2D, C3, A2, A3...) takes a balanced Persistent Disk.
+HYPERDISK_SERIES = frozenset({"n4", "n4a", "n4d", "c4", "c4a", "c4d", "x4"})
 NETWORK_TAG = "burla-node"
 SSH_USER = "burla"  # created by the guest agent from the ssh-keys metadata
 HEAD_NETWORK_TAG = "burla-head"  # the firewall rule opening the head's port targets this tag
@@ -164,6 +167,12 @@ class GoogleToken:
             return self._credentials.token
 
 
+def boot_disk_type(machine_type: str) -> str:
+    """The boot disk a machine type accepts: Hyperdisk Balanced for the series that take only
+    Hyperdisk, else a balanced Persistent Disk (the series without Hyperdisk refuse it)."""
+    return "hyperdisk-balanced" if machine_type.split("-", 1)[0] in HYPERDISK_SERIES else "pd-balanced"
+
+
 def _ssh_metadata(public_key: str) -> dict[str, str]:
     """The key for user burla, and OS Login off for this VM (where a project turns it on, the guest
     agent ignores ssh-keys metadata; an organisation policy that enforces it still wins)."""
@@ -262,7 +271,7 @@ class GceDriver(ThreadedCloudDriver):
             "ex_tags": [NETWORK_TAG],
             "ex_metadata": _ssh_metadata(request.ssh_public_key) if request.ssh_public_key else {},
             "ex_labels": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
-            "ex_disk_type": DEFAULT_DISK_TYPE,
+            "ex_disk_type": boot_disk_type(machine_type),
             "ex_disk_size": request.disk_gb,
         }
         if request.spot:
@@ -337,12 +346,13 @@ class GceDriver(ThreadedCloudDriver):
                 description="burla head: https for clients and nodes")
         except ResourceExistsError:
             pass  # made by an earlier deployment
+        machine_type = head.machine_type or DEFAULT_HEAD_MACHINE_TYPE
         driver.create_node(
-            head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, self._image(driver),
+            head.name, machine_type, self._image(driver),
             location=self._zone(driver, head.region), ex_network=self.config.network, ex_tags=[HEAD_NETWORK_TAG],
             ex_metadata=_ssh_metadata(head.ssh_public_key),  # set up over SSH by `burla deploy`
-            ex_labels={CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"}, ex_disk_type=DEFAULT_DISK_TYPE,
-            ex_disk_size=head.disk_gb,
+            ex_labels={CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
+            ex_disk_type=boot_disk_type(machine_type), ex_disk_size=head.disk_gb,
             # The head boots and deletes nodes as the project's default service account.
             ex_service_accounts=[{"email": "default", "scopes": list(SCOPES)}],
         )

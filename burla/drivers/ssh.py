@@ -44,7 +44,7 @@ from burla.drivers.ssh_login import (
     upload_setup,
     write_private,
 )
-from burla.errors import BootstrapFailed
+from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.build import build_hash, build_wheel
 from burla.process.loop_supervisor import end_tasks
 
@@ -295,14 +295,21 @@ class SshBootstrapDriver(Driver):
         request = dataclasses.replace(request, ssh_public_key=self.public_key)
         node_ids = request.ids("burla-node")
         request = dataclasses.replace(request, node_ids=tuple(node_ids))
-        booted = await self.inner.boot(request)
-        for node_id in booted:
+        try:
+            booted = await self.inner.boot(request)
+        except CloudRefused as e:
+            self._set_up(request, e.booted)  # the machines that did start still become nodes
+            raise
+        self._set_up(request, booted)
+        return booted
+
+    def _set_up(self, request: BootRequest, node_ids: list[str]) -> None:
+        for node_id in node_ids:
             session = VmSession(self, request, node_id)
             self._sessions[node_id] = session
             task = asyncio.create_task(session.run(), name=f"ssh-{node_id}")
             self._tasks[node_id] = task
             task.add_done_callback(functools.partial(self._session_ended, node_id))
-        return booted
 
     def _session_ended(self, node_id: str, task: asyncio.Task) -> None:
         if self._tasks.get(node_id) is task:

@@ -8,7 +8,7 @@ import time
 
 from aiohttp import web
 
-from burla.errors import SettingsError
+from burla.errors import CloudRefused, SettingsError
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
 from burla.head.records import RUNNING
@@ -172,7 +172,10 @@ async def update_settings(request: web.Request) -> web.Response:
 
 
 async def cluster_start(request: web.Request) -> web.Response:
-    return json_response(await request.app[FLEET].start())
+    try:
+        return json_response(await request.app[FLEET].start())
+    except CloudRefused as e:
+        return _refused(e)
 
 
 async def cluster_stop(request: web.Request) -> web.Response:
@@ -182,8 +185,17 @@ async def cluster_stop(request: web.Request) -> web.Response:
 async def cluster_restart(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
     stopped = await fleet.stop()
-    started = await fleet.start()
+    try:
+        started = await fleet.start()
+    except CloudRefused as e:
+        return _refused(e)
     return json_response({**stopped, **started})
+
+
+def _refused(error: CloudRefused) -> web.Response:
+    """502: the head is fine, the cloud behind it said no (its sentence, and what did start)."""
+    started = f" Started anyway: {', '.join(error.booted)}." if error.booted else ""
+    return error_response(502, "CloudRefused", f"{error}{started}")
 
 
 async def metrics_of(cluster: Cluster, view: JobView) -> dict:

@@ -15,7 +15,7 @@ from typing import Any
 from burla.drivers.base import BootRequest, Driver
 from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
 from burla.drivers.registry import BY_NAME
-from burla.errors import SettingsError
+from burla.errors import CloudRefused, SettingsError
 from burla.head.cluster import Cluster
 from burla.head.eligibility import ineligibility, node_parallelism
 from burla.head.grow import plan_growth, slots_of
@@ -188,8 +188,10 @@ class Fleet:
         try:
             await self._boot_machines(request)
         except Exception as e:  # the job learns why if no node can run it
+            started = e.booted if isinstance(e, CloudRefused) else []
             for node_id in request.node_ids:
-                self.cluster.node_boot_failed(node_id, f"{type(e).__name__}: {e}")
+                if node_id not in started:
+                    self.cluster.node_boot_failed(node_id, f"{type(e).__name__}: {e}")
         for node_id in request.node_ids:
             self._booting_slots.pop(node_id, None)
 
@@ -252,16 +254,22 @@ class Fleet:
         self._boots_settled.clear()
         try:
             booted = await self.driver.boot(request)
+        except CloudRefused as e:
+            self._started(request, e.booted)  # the rest of the request failed, these bill
+            raise
         finally:
             self._boots_in_flight -= 1
             if not self._boots_in_flight:
                 self._boots_settled.set()
+        self._started(request, booted)
+        return booted
+
+    def _started(self, request: BootRequest, node_ids: list[str]) -> None:
         cloud = self.cloud or "local"  # billed from now (burla usage)
         machine_type = request.machine_type or (DEFAULT_MACHINE.get(cloud, "") if self.cloud else "")
         detail = machine_detail(cloud, machine_type, request.region or "", request.spot)
-        for node_id in booted:
+        for node_id in node_ids:
             self.cluster.record.node_event(node_id, MACHINE_STARTED, detail)
-        return booted
 
     async def sweep_leftovers(self) -> None:
         """At start: VMs of this cluster that an earlier head left (kept with --keep-nodes, or powered
@@ -319,11 +327,18 @@ class Fleet:
         self.stopped = False
         have = len(self.cluster.scheduler.nodes) + len(self.cluster.booting_ids)
         missing = max(0, self.settings.quantity - have)
-        booted = await self._boot_machines(self._request(missing)) if missing else []
+        try:
+            booted = await self._boot_machines(self._request(missing)) if missing else []
+        except CloudRefused as e:
+            self._expect_started(e.booted)
+            raise
+        self._expect_started(booted)
+        return {"booted": booted, "already_running": have, "quantity": self.settings.quantity}
+
+    def _expect_started(self, booted: list[str]) -> None:
         self.cluster.expect_nodes(booted, self._host_id_of_booted())
         for node_id in booted:
             self.cluster.record.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")
-        return {"booted": booted, "already_running": have, "quantity": self.settings.quantity}
 
     async def stop(self) -> dict[str, Any]:
         self.stopped = True
