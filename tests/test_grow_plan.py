@@ -24,7 +24,9 @@ def names(machines):
 def test_largest_machines_first_then_the_smallest_that_covers_the_rest():
     plan = plan_growth(spec(200), 0, 0, {}, "aws", "m7i.2xlarge", 2560, {})
     assert names(plan) == ["m7i.48xlarge", "m7i.2xlarge"]  # 192 + 8 = 200
-    assert names(plan_growth(spec(203), 0, 0, {}, "aws", None, 2560, {})) == ["m7i.48xlarge", "m7i.4xlarge"]
+    # 11 left after 192: an 8 and then a 4 (204 in all), not a 16 (208).
+    assert names(plan_growth(spec(203), 0, 0, {}, "aws", None, 2560, {})) == ["m7i.48xlarge", "m7i.2xlarge",
+                                                                             "m7i.xlarge"]
     assert names(plan_growth(spec(3), 0, 0, {}, "aws", None, 2560, {})) == ["m7i.xlarge"]
 
 
@@ -35,7 +37,8 @@ def test_existing_slots_and_the_vcpu_cap_count():
 
 
 def test_cpu_per_call_and_max_parallelism():
-    assert names(plan_growth(spec(10, func_cpu=4), 0, 0, {}, "gcp", None, 2560, {})) == ["n4-standard-48"]
+    assert names(plan_growth(spec(10, func_cpu=4), 0, 0, {}, "gcp", None, 2560, {})) == ["n4-standard-32",
+                                                                                         "n4-standard-8"]
     assert names(plan_growth(spec(100, max_parallelism=8), 0, 0, {}, "gcp", None, 2560, {})) == ["n4-standard-8"]
 
 
@@ -46,3 +49,22 @@ def test_gpus_by_model_within_their_cap():
         plan_growth(spec(1, func_gpu="B200"), 0, 0, {}, "azure", None, 2560, {})
     [t4] = plan_growth(spec(1, func_gpu="T4"), 0, 0, {}, "azure", None, 2560, {})
     assert (t4.name, t4.gpu_count) == ("Standard_NC4as_T4_v3", 1)
+
+
+def test_what_boots_is_sized_to_the_job_not_to_the_largest_machine():
+    # 100 one-CPU calls: 100 vCPUs (before: one 192-vCPU m7i.48xlarge).
+    plan = plan_growth(spec(100), 0, 0, {}, "aws", None, 2560, {})
+    assert names(plan) == ["m7i.16xlarge", "m7i.8xlarge", "m7i.xlarge"] and sum(m.vcpus for m in plan) == 100
+    for cloud in ("aws", "gcp", "azure"):
+        for n in (1, 3, 7, 50, 100, 333, 1000):
+            booted = sum(m.vcpus for m in plan_growth(spec(n), 0, 0, {}, cloud, None, 100_000, {}))
+            smallest = min(m.vcpus for m in plan_growth(spec(1), 0, 0, {}, cloud, None, 100_000, {}))
+            assert n <= booted < n + smallest, (cloud, n, booted)
+
+
+def test_azure_sizes_of_one_family_are_packed_together():
+    # Standard_D8as_v5's family is Standard_Das_v5 (D2 to D96), not D8 alone: 100 calls boot two
+    # VMs (before: thirteen D8s; 10,000 calls booted 320).
+    assert names(plan_growth(spec(100), 0, 0, {}, "azure", None, 2560, {})) == ["Standard_D96as_v5",
+                                                                               "Standard_D4as_v5"]
+    assert len(plan_growth(spec(10_000), 0, 0, {}, "azure", None, 100_000, {})) == 105  # 104 x D96 + a D16

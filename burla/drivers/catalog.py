@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -16,7 +17,13 @@ class MachineType:
 
     @property
     def family(self) -> str:
-        return self.name.split(".")[0] if "." in self.name else self.name.rsplit("-", 1)[0]
+        """The sizes of one kind: m7i.2xlarge -> m7i, n4-standard-4 -> n4-standard, and Azure's
+        Standard_D8as_v5 -> Standard_Das_v5 (its size is the number inside the name)."""
+        if "." in self.name:
+            return self.name.split(".")[0]
+        if self.name.startswith("Standard_"):
+            return re.sub(r"^(Standard_[A-Z]+)\d+", r"\1", self.name)
+        return self.name.rsplit("-", 1)[0]
 
 
 def _family(prefix: str, sizes: dict[str, int], gb_per_vcpu: float, usd_per_vcpu_hour: float,

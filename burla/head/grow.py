@@ -42,16 +42,23 @@ def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus:
 
 
 def _pack(choices: list[MachineType], need: int, units) -> list[MachineType]:
-    """The largest machine while the need exceeds it, then the smallest one that covers the rest."""
+    """Machines for `need` units, sized to it: the largest that fits in what is still needed, until
+    one machine covers the rest with less to spare than the smallest size (so what boots exceeds
+    the need by less than one smallest machine: 100 one-CPU calls boot 100 vCPUs, not 192)."""
+    sizes = sorted((m for m in choices if units(m) > 0), key=units)
+    if not sizes:
+        return []
+    smallest = units(sizes[0])
     picks: list[MachineType] = []
-    largest = max(choices, key=units)
-    if units(largest) <= 0:
-        return picks
-    while need > units(largest):
-        picks.append(largest)
-        need -= units(largest)
-    if need > 0:
-        picks.append(min((m for m in choices if units(m) >= need), key=units))
+    while need > 0:
+        covering = next((m for m in sizes if units(m) >= need), None)
+        if covering is not None and units(covering) - need < smallest:
+            picks.append(covering)
+            break
+        fitting = [m for m in sizes if units(m) <= need]
+        pick = fitting[-1] if fitting else sizes[0]
+        picks.append(pick)
+        need -= units(pick)
     return picks
 
 
