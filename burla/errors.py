@@ -136,9 +136,13 @@ class CloudRefused(ClusterError):
     the message is the cloud's own, prefixed with what was asked. `booted` lists the machines of
     the same request that the cloud did start (they are billed, so the head keeps track of them)."""
 
-    def __init__(self, message: str, booted: list[str] | None = None) -> None:
+    QUOTA = "quota"  # the account's limit: a smaller machine, or another region, may still start
+    CAPACITY = "capacity"  # the zone has none of this machine right now: another zone or size may
+
+    def __init__(self, message: str, booted: list[str] | None = None, kind: str | None = None) -> None:
         super().__init__(message)
         self.booted = booted or []
+        self.kind = kind  # QUOTA, CAPACITY, or None for any other refusal
 
 
 class TlsSetupError(ClusterError):

@@ -241,9 +241,20 @@ def own_head(tmp_path: Path, local_nodes: int = 1, **start: object) -> Iterator[
 
 
 @pytest.fixture
-def moto(monkeypatch):
-    """A moto EC2 + IAM server on 127.0.0.1 that the EC2 driver reaches through AWS's endpoint
-    variables; yields a boto3 EC2 client for it."""
+def ec2_rules(monkeypatch):
+    """What EC2 refuses (architectures, vCPU quotas, capacity per zone), taught to the moto server
+    of `moto`; tests change its limits as they need (`tests.fake_ec2`)."""
+    from tests.fake_ec2 import Ec2Rules
+
+    rules = Ec2Rules()
+    rules.install(monkeypatch)
+    return rules
+
+
+@pytest.fixture
+def moto(monkeypatch, ec2_rules):
+    """A moto EC2 + IAM + Service Quotas server on 127.0.0.1 that refuses what EC2 refuses
+    (`ec2_rules`), reached through AWS's endpoint variables; yields a boto3 EC2 client for it."""
     import boto3
     import moto.server as moto_server
 
@@ -254,6 +265,7 @@ def moto(monkeypatch):
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10).close()
+    ec2_rules.publish_images()
     for key, value in {"AWS_ENDPOINT_URL_EC2": endpoint, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)

@@ -27,6 +27,8 @@ from typing import Any
 
 import asyncssh
 
+from tests.fake_ec2 import login_user_of
+
 SHIMS = {
     # Cloud images let the login user run root commands through passwordless sudo.
     "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nexec "$@"\n',
@@ -55,8 +57,10 @@ class LoopThread:
 
 
 class StandinVm:
-    def __init__(self, root: Path, authorized_key: str, name: str, environment: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, authorized_key: str, name: str, environment: dict[str, str] | None = None,
+                 login_user: str | None = None) -> None:
         self.root = root
+        self.login_user = login_user  # the only user the image created (None: any name logs in)
         self.extra_environment = environment or {}  # what the VM's own identity provides (a role's credentials)
         self.name = name
         self.home = root / "home"
@@ -67,6 +71,8 @@ class StandinVm:
             (self.shims / shim).write_text(text)
             (self.shims / shim).chmod(0o755)
         self.authorized_key = authorized_key
+        self.public_key = asyncssh.import_public_key(authorized_key)
+        self.refused_users: list[str] = []
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self.connections: set[asyncssh.SSHServerConnection] = set()
         self.logins: list[str] = []  # user names that logged in
@@ -93,6 +99,16 @@ class StandinVm:
                 vm.logins.append(username)
                 return True
 
+            def public_key_auth_supported(self) -> bool:
+                return True
+
+            def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+                # sshd: a user the image does not have is refused whatever key it offers.
+                if vm.login_user is not None and username != vm.login_user:
+                    vm.refused_users.append(username)
+                    return False
+                return key.public_data == vm.public_key.public_data
+
             def server_requested(self, listen_host: str, listen_port: int) -> bool:
                 return listen_host in ("127.0.0.1", "localhost")  # remote forwards on the VM's loopback
 
@@ -101,7 +117,6 @@ class StandinVm:
 
         self._server = await asyncssh.create_server(
             Server, "127.0.0.1", 0, server_host_keys=[self.host_key],
-            authorized_client_keys=asyncssh.import_authorized_keys(self.authorized_key + "\n"),
             process_factory=self._run, sftp_factory=lambda channel: asyncssh.SFTPServer(channel, chroot=self.home),
             encoding=None, allow_scp=False,
         )
@@ -171,6 +186,7 @@ class VmRecord:
     gone: bool  # terminated, stopped or deleted
     addresses: tuple[str, ...]
     authorized_key: str  # the public key the cloud authorised on the VM ("" if none)
+    login_user: str | None = None  # the user the VM's image accepts (None: any)
 
 
 class VmFarm:
@@ -241,7 +257,8 @@ class VmFarm:
         key = record.authorized_key
         if not self.authorize or not key:
             key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
-        vm = StandinVm(self.root / record.instance_id, key, record.instance_id, self.vm_environment)
+        vm = StandinVm(self.root / record.instance_id, key, record.instance_id, self.vm_environment,
+                       record.login_user)
         port = self._loop.run(vm.start())
         if not self.answer:
             self._loop.run(vm.stop())
@@ -288,15 +305,16 @@ class MotoVmFarm(VmFarm):
         records = []
         for instance in (i for r in reservations["Reservations"] for i in r["Instances"]):
             state = instance["State"]["Name"]
-            key = ""
+            key, user = "", None
             if state == "running" and instance["InstanceId"] not in self.vms and instance.get("KeyName"):
                 pairs = self.ec2.describe_key_pairs(KeyNames=[instance["KeyName"]], IncludePublicKey=True)
                 key = pairs["KeyPairs"][0]["PublicKey"]
+                user = login_user_of(self.ec2, instance["ImageId"])
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
             records.append(VmRecord(
                 instance["InstanceId"], tags.get("burla-node-id") or tags.get("Name", ""), state == "running",
                 state in ("shutting-down", "terminated", "stopping", "stopped"),
-                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key))
+                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -320,12 +338,13 @@ class GceVmFarm(VmFarm):
         records = []
         for instance in list(self.fake.instances.values()):
             items = {i["key"]: i["value"] for i in instance.get("metadata", {}).get("items", [])}
-            key = items.get("ssh-keys", "").split(":", 1)[-1]
+            # `user:key`: the guest agent creates that user for the key (the only one it accepts)
+            user, _, key = items.get("ssh-keys", "").partition(":")
             interface = instance["networkInterfaces"][0]
             addresses = (interface.get("networkIP"), *(a.get("natIP") for a in interface.get("accessConfigs", [])))
             records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id") or instance["name"],
                                     instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
-                                    addresses, key))
+                                    addresses, key, user or None))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -355,7 +374,8 @@ class AzureVmFarm(VmFarm):
             records.append(VmRecord(machine["properties"]["vmId"], machine.get("tags", {}).get("burla-node-id") or name,
                                     machine["properties"]["vmId"] not in self.stopped,
                                     machine["properties"]["vmId"] in self.stopped, addresses,
-                                    keys[0]["keyData"] if keys else ""))
+                                    keys[0]["keyData"] if keys else "",
+                                    machine["properties"]["osProfile"].get("adminUsername")))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:

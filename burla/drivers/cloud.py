@@ -43,6 +43,10 @@ class ThreadedCloudDriver(Driver):
     def _new_libcloud_driver(self) -> Any:
         """A libcloud driver for the calling thread (runs in the pool)."""
 
+    def login_user(self, node_id: str) -> str:
+        """The user this node's VM accepts logins for (its image's)."""
+        return self.ssh_user
+
     def _driver(self) -> Any:
         driver = getattr(self._local, "driver", None)
         if driver is None:
@@ -60,7 +64,7 @@ class ThreadedCloudDriver(Driver):
         except Exception as e:
             if not type(e).__module__.startswith(CLOUD_LIBRARIES):
                 raise
-            raise CloudRefused(f"{self.name}: {cloud_message(e)}") from e
+            raise CloudRefused(f"{self.name}: {cloud_message(e)}", kind=refusal_kind(e)) from e
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -82,7 +86,8 @@ class ThreadedCloudDriver(Driver):
                                                 and not isinstance(first, CloudRefused)):
             raise first  # a cancellation, or burla's own refusal before the cloud was asked, as it came
         what = f"{len(failures)} of {len(node_ids)} machine(s) of type {request.machine_type or 'the default'}"
-        raise CloudRefused(f"{what} could not start: {first}", booted) from first
+        kind = first.kind if isinstance(first, CloudRefused) else None
+        raise CloudRefused(f"{what} could not start: {first}", booted, kind) from first
 
     async def delete(self, node_id: str) -> bool:
         return await self._call(self._delete, node_id)
@@ -128,6 +133,27 @@ class ThreadedCloudDriver(Driver):
 
     @abc.abstractmethod
     def _delete_head(self, driver: Any, name: str) -> bool: ...
+
+
+# How each cloud says "over your quota" and "none left in this zone" (error codes, and the words
+# of those that come without one). EC2: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html
+# Compute Engine: https://cloud.google.com/compute/docs/troubleshooting/troubleshooting-resource-availability
+# Azure: https://learn.microsoft.com/azure/virtual-machines/allocation-failure
+QUOTA_SIGNS = ("VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded", "QUOTA_EXCEEDED",
+               "quotaExceeded", "QuotaExceeded", "exceeding approved")
+CAPACITY_SIGNS = ("InsufficientInstanceCapacity", "InsufficientCapacity", "ZONE_RESOURCE_POOL_EXHAUSTED",
+                  "does not have enough resources available", "AllocationFailed", "SkuNotAvailable",
+                  "is not supported in your requested Availability Zone")
+
+
+def refusal_kind(error: BaseException) -> str | None:
+    """CloudRefused.QUOTA, CloudRefused.CAPACITY, or None, from a cloud library's error."""
+    words = f"{getattr(error, 'code', '')} {cloud_message(error)}"
+    if any(sign in words for sign in QUOTA_SIGNS):
+        return CloudRefused.QUOTA
+    if any(sign in words for sign in CAPACITY_SIGNS):
+        return CloudRefused.CAPACITY
+    return None
 
 
 def cloud_message(error: BaseException) -> str:

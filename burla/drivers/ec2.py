@@ -21,17 +21,26 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, cloud_message, refusal_kind
+from burla.drivers.ec2_images import (
+    DEFAULT_FAMILY,
+    FAMILIES,
+    GPU_FAMILY,
+    LOGIN_USER_BY_OWNER,
+    InstanceType,
+    architecture_of,
+    image_by_id,
+    instance_type,
+    newest_image,
+    zones_offering,
+)
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
-from burla.errors import CloudSetupError
+from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
-DEFAULT_AMI_NAME = "al2023-ami-2023*-x86_64"
-FALLBACK_AMI_NAME = "amzn2-ami-hvm-*"
 HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
 NODE_GROUP_NAME = "burla-nodes"  # port 22 from anywhere (key-only logins), any port between nodes
-DEFAULT_SSH_USER = "ec2-user"  # Amazon Linux's login user
 HEAD_ROLE_ACTIONS = [
     "ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
     "ec2:DescribeSubnets", "ec2:CreateTags", "ec2:GetConsoleOutput", "iam:CreateServiceLinkedRole",
@@ -48,23 +57,27 @@ class Ec2Config:
     endpoint: str | None = None  # AWS_ENDPOINT_URL_EC2 or AWS_ENDPOINT_URL
     iam_endpoint: str | None = None  # AWS_ENDPOINT_URL_IAM or AWS_ENDPOINT_URL (for `burla deploy`)
     profile: str | None = None
-    ami: str | None = None  # an AMI id; default: the newest Amazon Linux image
+    ami: str | None = None  # an AMI id (BURLA_AWS_AMI); default: the image family's newest
+    image_family: str = DEFAULT_FAMILY  # BURLA_AWS_IMAGE_FAMILY: one of ec2_images.FAMILIES
     subnet_id: str | None = None
     security_group_ids: tuple[str, ...] = ()
     cluster_id: str = "default"
-    ssh_user: str = DEFAULT_SSH_USER  # the login user of the image (BURLA_AWS_SSH_USER)
+    ssh_user: str | None = None  # BURLA_AWS_SSH_USER; default: the image publisher's login user
 
     @classmethod
     def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> Ec2Config:
         endpoint = environ.get("AWS_ENDPOINT_URL_EC2") or environ.get("AWS_ENDPOINT_URL") or None
         groups = tuple(g for g in environ.get("BURLA_AWS_SECURITY_GROUP_IDS", "").split(",") if g)
+        family = environ.get("BURLA_AWS_IMAGE_FAMILY") or DEFAULT_FAMILY
+        if family not in FAMILIES:
+            raise CloudSetupError(f"BURLA_AWS_IMAGE_FAMILY={family!r} is not one of {', '.join(FAMILIES)}.")
         return cls(
             region=region or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             endpoint=endpoint, profile=environ.get("AWS_PROFILE") or None,
             iam_endpoint=environ.get("AWS_ENDPOINT_URL_IAM") or environ.get("AWS_ENDPOINT_URL") or None,
-            ami=environ.get("BURLA_AWS_AMI") or None,
+            ami=environ.get("BURLA_AWS_AMI") or None, image_family=family,
             subnet_id=environ.get("BURLA_AWS_SUBNET_ID") or None, security_group_ids=groups, cluster_id=cluster_id,
-            ssh_user=environ.get("BURLA_AWS_SSH_USER") or DEFAULT_SSH_USER,
+            ssh_user=environ.get("BURLA_AWS_SSH_USER") or None,
         )
 
     def head_environment(self) -> dict[str, str]:
@@ -72,7 +85,8 @@ class Ec2Config:
         settings = {"AWS_DEFAULT_REGION": self.region, "BURLA_AWS_AMI": self.ami or "",
                     "BURLA_AWS_SUBNET_ID": self.subnet_id or "",
                     "BURLA_AWS_SECURITY_GROUP_IDS": ",".join(self.security_group_ids),
-                    "BURLA_AWS_SSH_USER": self.ssh_user if self.ssh_user != DEFAULT_SSH_USER else "",
+                    "BURLA_AWS_SSH_USER": self.ssh_user or "",
+                    "BURLA_AWS_IMAGE_FAMILY": self.image_family if self.image_family != DEFAULT_FAMILY else "",
                     # AWS-compatible endpoints the deploying machine uses, the head uses too.
                     "AWS_ENDPOINT_URL_EC2": self.endpoint or "", "AWS_ENDPOINT_URL_IAM": self.iam_endpoint or ""}
         return {k: v for k, v in settings.items() if v}
@@ -132,7 +146,8 @@ class Ec2Driver(ThreadedCloudDriver):
     def __init__(self, config: Ec2Config, credentials: Callable[[Ec2Config], tuple[str, str, str | None]]
                  = resolve_credentials) -> None:
         self.config = config
-        self.ssh_user = config.ssh_user
+        self.ssh_user = config.ssh_user or FAMILIES[config.image_family].login_user
+        self._login_users: dict[str, str] = {}  # node id -> its image's login user
         self._credentials = credentials
         super().__init__()
 
@@ -148,23 +163,24 @@ class Ec2Driver(ThreadedCloudDriver):
 
     # --- the driver interface --------------------------------------------------------------
 
-    def _image(self, driver):
+    def _image(self, driver, machine: InstanceType, gpu: bool) -> tuple[Any, str]:
+        """The image to boot `machine` from, and the user its VMs accept logins for."""
         if self.config.ami:
-            images = driver.list_images(ex_image_ids=[self.config.ami])
-        else:
-            images = driver.list_images(ex_filters={"name": DEFAULT_AMI_NAME}) or driver.list_images(
-                ex_filters={"name": FALLBACK_AMI_NAME})
-        if not images:
-            raise CloudSetupError(
-                f"No machine image found in {self.config.region}. Set BURLA_AWS_AMI to an AMI id with Python 3.11+."
-            )
-        return sorted(images, key=lambda image: image.extra.get("creation_date") or "")[-1]
+            image = image_by_id(driver, self.config.ami, machine, self.config.region)
+            return image, self.config.ssh_user or LOGIN_USER_BY_OWNER.get(image.extra.get("owner_id"), "ec2-user")
+        family = FAMILIES[GPU_FAMILY if gpu else self.config.image_family]
+        image = newest_image(driver, family, architecture_of(machine), self.config.region)
+        return image, self.config.ssh_user or family.login_user
+
+    def login_user(self, node_id: str) -> str:
+        return self._login_users.get(node_id) or self.ssh_user
 
     def _boot_one(self, driver, request: BootRequest, node_id: str) -> str:
         from libcloud.compute.base import NodeSize
 
-        machine_type = request.machine_type or DEFAULT_MACHINE_TYPE
-        size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
+        machine = instance_type(driver, self.config.region, request.machine_type or DEFAULT_MACHINE_TYPE)
+        size = NodeSize(machine.name, machine.name, 0, 0, 0, 0, driver)
+        image, self._login_users[node_id] = self._image(driver, machine, gpu=request.gpu_count > 0)
         tags = {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id}
         kwargs: dict[str, Any] = {
             "ex_metadata": tags,
@@ -175,14 +191,36 @@ class Ec2Driver(ThreadedCloudDriver):
             kwargs["ex_keyname"] = self._key_pair(driver, request.ssh_public_key)
         if request.disk_gb:
             kwargs["ex_blockdevicemappings"] = [
-                {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": request.disk_gb, "VolumeType": "gp3",
-                                                    "DeleteOnTermination": "true"}}
+                {"DeviceName": image.extra.get("root_device_name") or "/dev/xvda",
+                 "Ebs": {"VolumeSize": request.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": "true"}}
             ]
-        # A public address: the head reaches the VM over SSH, and the VM reaches the package index.
         groups = [self._node_security_group(driver), *self.config.security_group_ids]
-        kwargs.update(self._placement(driver, groups, public_ip=True))
-        driver.create_node(name=node_id, size=size, image=self._image(driver), **kwargs)
-        return node_id
+        refused: list[str] = []
+        for subnet in self._subnets_offering(driver, machine.name):
+            # A public address: the head reaches the VM over SSH, and the VM reaches the package index.
+            try:
+                driver.create_node(name=node_id, size=size, image=image, ex_subnet=subnet,
+                                   ex_security_group_ids=groups, ex_assign_public_ip=True, **kwargs)
+                return node_id
+            except Exception as e:
+                if refusal_kind(e) != CloudRefused.CAPACITY:
+                    raise
+                refused.append(f"{subnet.extra.get('zone')}: {cloud_message(e)}")
+        raise CloudRefused(f"no zone of {self.config.region} had capacity for {machine.name}: "
+                           + "; ".join(refused), kind=CloudRefused.CAPACITY)
+
+    def _subnets_offering(self, driver, machine_type: str) -> list:
+        """Where the VM may go: the configured subnet, else the region's default subnets in the zones
+        that offer the machine type (tried in turn when a zone has no capacity)."""
+        if self.config.subnet_id:
+            return driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])
+        zones = set(zones_offering(driver, machine_type))
+        defaults = [s for s in driver.ex_list_subnets(filters={"default-for-az": "true"})
+                    if s.extra.get("zone") in zones]
+        if not defaults:
+            raise CloudSetupError(f"{machine_type} is not offered in a zone of {self.config.region} with a default "
+                                  "subnet; pick another machine type or region, or set BURLA_AWS_SUBNET_ID.")
+        return sorted(defaults, key=lambda s: s.extra.get("zone") or "")
 
     def _key_pair(self, driver, public_key: str) -> str:
         """The SSH key as an EC2 key pair (imported once per region). The name carries the key's
@@ -243,25 +281,6 @@ class Ec2Driver(ThreadedCloudDriver):
             if node.extra.get("tags", {}).get(NODE_TAG) == node_id and str(node.state).lower() == "running":
                 return VmAddress(next(iter(node.public_ips), None), next(iter(node.private_ips), None))
         return None
-
-    def _placement(self, driver, group_ids: list[str], public_ip: bool) -> dict[str, Any]:
-        """Subnet and security groups (EC2 takes group ids only with a subnet: the default one if none is set)."""
-        if not group_ids and not self.config.subnet_id:
-            return {}
-        if self.config.subnet_id:
-            subnet = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0]
-        else:
-            defaults = driver.ex_list_subnets(filters={"default-for-az": "true"})
-            if not defaults:
-                raise CloudSetupError(f"No default subnet in {self.config.region}; set BURLA_AWS_SUBNET_ID to a "
-                                      "subnet id.")
-            subnet = sorted(defaults, key=lambda s: s.extra.get("zone") or "")[0]
-        kwargs: dict[str, Any] = {"ex_subnet": subnet}
-        if group_ids:
-            kwargs["ex_security_group_ids"] = group_ids
-        if public_ip:
-            kwargs["ex_assign_public_ip"] = True
-        return kwargs
 
     def _cluster_nodes(self, driver) -> list:
         filters = {f"tag:{CLUSTER_TAG}": self.config.cluster_id,
@@ -355,14 +374,16 @@ class Ec2Driver(ThreadedCloudDriver):
             "ex_keyname": self._key_pair(driver, head.ssh_public_key),  # set up over SSH by `burla deploy`
         }
         group_ids = [self._head_security_group(driver, head.port), *self.config.security_group_ids]
-        kwargs.update(self._placement(driver, group_ids, public_ip=True))
+        kwargs.update(ex_subnet=self._subnets_offering(driver, machine_type)[0], ex_security_group_ids=group_ids,
+                      ex_assign_public_ip=True)
         if head.disk_gb:
             kwargs["ex_blockdevicemappings"] = [{"DeviceName": "/dev/xvda", "Ebs": {
                 "VolumeSize": head.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": "true"}}]
         size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
+        image, _ = self._image(driver, instance_type(driver, self.config.region, machine_type), gpu=False)
         for attempt in range(12):  # a new instance profile takes a few seconds to be usable
             try:
-                driver.create_node(name=head.name, size=size, image=self._image(driver), **kwargs)
+                driver.create_node(name=head.name, size=size, image=image, **kwargs)
                 return
             except Exception as e:  # noqa: BLE001 - libcloud's error for this is untyped
                 if "Invalid IAM Instance Profile" not in str(e) or attempt == 11:

@@ -92,6 +92,8 @@ class VmSession:
         self.remote_port = 0  # the tunnel's port on the VM (kept across reconnections)
         self._connection: Any = None
         self._address: VmAddress | None = None
+        # Logged in as the user of the VM's own image (images of different publishers differ).
+        self.login = dataclasses.replace(owner.login, user=owner.inner.login_user(node_id))
 
     def note(self, text: str) -> None:
         self.transcript.append(f"[{time.strftime('%H:%M:%S')}] {text}")
@@ -139,7 +141,7 @@ class VmSession:
         return address.private or address.public or ""
 
     async def _connect_until(self, address: str, deadline: float) -> Any:
-        connection = await self.owner.login.connect_until(address, deadline, self.owner.host_keys.get(self.node_id),
+        connection = await self.login.connect_until(address, deadline, self.owner.host_keys.get(self.node_id),
                                                           self.note)
         self._record_host_key(connection)
         return connection
@@ -248,14 +250,14 @@ class VmSession:
             self.owner.event(self.node_id, "ssh", "the connection dropped; reconnecting")
             while True:
                 try:
-                    self._connection = await self.owner.login.connect(address, self.owner.host_keys.get(self.node_id))
+                    self._connection = await self.login.connect(address, self.owner.host_keys.get(self.node_id))
                     self._record_host_key(self._connection)
                     await self._forward()
                     await self._start_node()  # starts the supervisor again only if it is gone
                     break
                 except Exception as e:  # noqa: BLE001 - keep trying: the head reaps a node silent too long
                     await self._close_connection()
-                    self.note(f"reconnect failed: {explain(e, address, self.owner.login.user)}")
+                    self.note(f"reconnect failed: {explain(e, address, self.login.user)}")
                     await asyncio.sleep(RETRY_EVERY_S)
             self.owner.event(self.node_id, "ssh", f"reconnected; tunnel on port {self.remote_port}")
 

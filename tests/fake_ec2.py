@@ -1,0 +1,159 @@
+"""What EC2 refuses, taught to moto (which accepts any launch): the tests' moto server runs in this
+process, so these rules patch its backend and every request the head sends meets them.
+
+- An image's architecture must match the instance type's (RunInstances answers
+  InvalidParameterValue). https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-launch-parameters.html
+- On-demand vCPUs are capped per instance bucket (VcpuLimitExceeded); Service Quotas reports the cap.
+  https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html
+- A zone can be out of a machine type (InsufficientInstanceCapacity).
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/troubleshooting-launch.html#troubleshooting-launch-capacity
+- Images are published by accounts: Amazon's (owner alias "amazon"), Debian's, Canonical's, and
+  anyone's (a public image of another account with an Amazon-like name, as in the "whoAMI" attack).
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/finding-an-ami.html
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCOUNT = "123456789012"  # moto's default account: the user's
+REGION = "us-east-1"
+DEBIAN = "136693071363"
+CANONICAL = "099720109477"
+DLAMI_OWNER = "898082745236"  # Amazon's Deep Learning AMI account (owner alias "amazon")
+STRANGER = "666666666666"  # another account, publishing public images
+
+# The buckets of the on-demand vCPU quotas (letters a type's name starts with), from the quota page.
+BUCKETS = {
+    "L-1216C47A": ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "acdhimrtz"),
+    "L-DB2E81BA": ("Running On-Demand G and VT instances", "g"),
+    "L-417A185B": ("Running On-Demand P instances", "p"),
+}
+
+
+def bucket_of(instance_type: str) -> str | None:
+    letters = re.match(r"[a-z]+", instance_type).group(0)
+    if letters == "vt":
+        return "L-DB2E81BA"
+    return next((code for code, (_, first) in BUCKETS.items() if letters[0] in first and len(letters) <= 2), None)
+
+
+@dataclass
+class Ec2Rules:
+    """The account's limits and the region's shortages; tests change them as they need."""
+
+    vcpu_quotas: dict[str, int] = field(default_factory=lambda: {"L-1216C47A": 32, "L-DB2E81BA": 8,
+                                                                 "L-417A185B": 0})
+    exhausted: set[tuple[str, str]] = field(default_factory=set)  # (instance type, zone) with no capacity
+    refused: list[str] = field(default_factory=list)  # what was refused, in order (code: message)
+
+    def install(self, monkeypatch: Any) -> None:
+        from moto.ec2.models.instances import InstanceBackend
+        from moto.servicequotas.models import ServiceQuotasBackend
+
+        rules = self
+        run_instances = InstanceBackend.run_instances
+        get_service_quota = ServiceQuotasBackend.get_service_quota
+
+        def checked_run_instances(backend: Any, image_id: str, count: int, *args: Any, **kwargs: Any) -> Any:
+            rules.check_launch(backend, image_id, count, kwargs)
+            return run_instances(backend, image_id, count, *args, **kwargs)
+
+        def ec2_quotas(backend: Any, service_code: str, quota_code: str) -> dict[str, Any]:
+            if service_code == "ec2" and quota_code in rules.vcpu_quotas:
+                return {"ServiceCode": "ec2", "QuotaCode": quota_code, "QuotaName": BUCKETS[quota_code][0],
+                        "Value": float(rules.vcpu_quotas[quota_code]), "Unit": "None", "Adjustable": True,
+                        "GlobalQuota": False}
+            return get_service_quota(backend, service_code, quota_code)
+
+        monkeypatch.setattr(InstanceBackend, "run_instances", checked_run_instances)
+        monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", ec2_quotas)
+
+    def check_launch(self, backend: Any, image_id: str, count: int, kwargs: dict[str, Any]) -> None:
+        from moto.ec2.exceptions import EC2ClientError
+        from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+        instance_type = kwargs.get("instance_type") or "m1.small"
+        described = INSTANCE_TYPES.get(instance_type)
+        if described is None:
+            self._refuse(EC2ClientError, "InvalidParameterValue",
+                         f"Invalid value '{instance_type}' for InstanceType.")
+        image = backend.amis.get(image_id)
+        type_architectures = described["ProcessorInfo"]["SupportedArchitectures"]
+        if image is not None and image.architecture not in type_architectures:
+            self._refuse(EC2ClientError, "InvalidParameterValue",
+                         f"The architecture '{type_architectures[0]}' of the specified instance type does not match "
+                         f"the architecture '{image.architecture}' of the specified AMI. Specify an instance type and "
+                         "an AMI that have matching architectures, and try again. You can use 'describe-instance-"
+                         "types' or 'describe-images' to discover the architecture of the instance type or AMI.")
+        zone = kwargs.get("placement")
+        subnet_id = kwargs.get("subnet_id") or next(
+            (nic.get("SubnetId") for nic in kwargs.get("nics") or [] if nic.get("SubnetId")), None)
+        if subnet_id:
+            zone = backend.get_subnet(subnet_id).availability_zone
+        if (instance_type, zone) in self.exhausted:
+            others = sorted(z.name for z in backend.describe_availability_zones()
+                            if (instance_type, z.name) not in self.exhausted and z.name != zone)
+            self._refuse(EC2ClientError, "InsufficientInstanceCapacity",
+                         f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you "
+                         f"requested ({zone}). Our system will be working on provisioning additional capacity. You "
+                         "can currently get " f"{instance_type} capacity by not specifying an Availability Zone in "
+                         f"your request or choosing {', '.join(others)}.")
+        bucket = bucket_of(instance_type)
+        if bucket is not None and not kwargs.get("instance_market_options"):
+            limit = self.vcpu_quotas.get(bucket, 0)
+            wanted = described["VCpuInfo"]["DefaultVCpus"] * count
+            if self.vcpus_running(backend, bucket) + wanted > limit:
+                self._refuse(EC2ClientError, "VcpuLimitExceeded",
+                             f"You have requested more vCPU capacity than your current vCPU limit of {limit} allows "
+                             "for the instance bucket that the specified instance type belongs to. Please visit "
+                             "http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.")
+
+    def vcpus_running(self, backend: Any, bucket: str) -> int:
+        from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+        return sum(INSTANCE_TYPES[i.instance_type]["VCpuInfo"]["DefaultVCpus"]
+                   for reservation in backend.reservations.values() for i in reservation.instances
+                   if i.state in ("pending", "running") and bucket_of(i.instance_type) == bucket
+                   and not i.lifecycle == "spot")
+
+    def _refuse(self, error: type, code: str, message: str) -> None:
+        self.refused.append(f"{code}: {message}")
+        raise error(code, message)
+
+    def publish_images(self) -> None:
+        """Images real regions hold and moto's list lacks: Debian's, Canonical's, Amazon's GPU
+        images, and a stranger's public look-alike of Amazon Linux that is newer than Amazon's."""
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.amis import Ami
+
+        backend = ec2_backends[ACCOUNT][REGION]
+        newest = datetime.datetime(2099, 1, 1, tzinfo=datetime.UTC)
+        released = datetime.datetime(2026, 11, 1, tzinfo=datetime.UTC)
+        images = [
+            ("ami-0debian12amd64", DEBIAN, None, "x86_64", "debian-12-amd64-20261101-2000", released),
+            ("ami-0debian12arm64", DEBIAN, None, "arm64", "debian-12-arm64-20261101-2000", released),
+            ("ami-0ubuntu2404amd64", CANONICAL, None, "x86_64",
+             "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261101", released),
+            ("ami-0dlamibasex86", DLAMI_OWNER, "amazon", "x86_64",
+             "Deep Learning Base OSS Nvidia Driver GPU AMI (Amazon Linux 2023) 20261101", released),
+            ("ami-0whoami00000000", STRANGER, None, "x86_64", "al2023-ami-2023.99.20991231.0-kernel-6.1-x86_64",
+             newest),
+        ]
+        for ami_id, owner, alias, architecture, name, created in images:
+            backend.amis[ami_id] = Ami(backend, ami_id, name=name, owner_id=owner, owner_alias=alias, public=True,
+                                       architecture=architecture, virtualization_type="hvm", hypervisor="xen",
+                                       root_device_type="ebs", root_device_name="/dev/xvda", creation_date=created,
+                                       region_name=REGION)
+
+
+LOGIN_USERS = {DEBIAN: "admin", CANONICAL: "ubuntu"}  # every other publisher here: ec2-user
+
+
+def login_user_of(ec2: Any, image_id: str) -> str:
+    """The user an image's cloud-init creates (what a stand-in VM of that image accepts)."""
+    images = ec2.describe_images(ImageIds=[image_id])["Images"]
+    return LOGIN_USERS.get(images[0]["OwnerId"], "ec2-user") if images else "ec2-user"

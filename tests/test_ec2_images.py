@@ -1,0 +1,120 @@
+"""What an EC2 node boots from, against moto taught EC2's refusals (`tests.fake_ec2`): images from
+their publishers only, per architecture, GPU machines on the NVIDIA-driver image, the next zone
+when one has no capacity, and the account's vCPU quota as EC2 enforces it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from tests.fake_ec2 import CANONICAL, DEBIAN, DLAMI_OWNER, STRANGER
+
+
+def _driver(**config):
+    from burla.drivers.ec2 import Ec2Config, Ec2Driver
+
+    base = Ec2Config.from_environment(dict(os.environ), None, "images")
+    return Ec2Driver(Ec2Config(**{**base.__dict__, **config}))
+
+
+def _boot(driver, machine_type: str, gpu_count: int = 0) -> list[str]:
+    from burla.drivers.base import BootRequest
+
+    async def boot() -> list[str]:
+        try:
+            return await driver.boot(BootRequest(1, "http://127.0.0.1:1", "t", machine_type=machine_type,
+                                                 gpu_count=gpu_count))
+        finally:
+            await driver.close()
+
+    return asyncio.run(boot())
+
+
+def _launched(ec2) -> list[dict]:
+    reservations = ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["burla-node-id"]}])["Reservations"]
+    instances = [i for r in reservations for i in r["Instances"]]
+    for instance in instances:
+        instance["Image"] = ec2.describe_images(ImageIds=[instance["ImageId"]])["Images"][0]
+    return instances
+
+
+def test_the_image_comes_from_its_publisher_not_from_a_newer_look_alike(moto):
+    # A stranger's public image matches the Amazon Linux name and is newer: it must not be picked.
+    stranger = moto.describe_images(Owners=[STRANGER])["Images"]
+    assert stranger and stranger[0]["Name"].startswith("al2023-ami-2023")
+    driver = _driver()
+    node_id = _boot(driver, "t3.micro")[0]
+    [instance] = _launched(moto)
+    assert instance["Image"]["ImageOwnerAlias"] == "amazon" and instance["Image"]["OwnerId"] != STRANGER
+    assert instance["Image"]["Name"].startswith("al2023-ami-2023") and instance["Image"]["Architecture"] == "x86_64"
+    assert driver.login_user(node_id) == "ec2-user"
+
+
+def test_graviton_machines_boot_arm64_images(moto):
+    _boot(_driver(), "m7g.large")
+    [instance] = _launched(moto)
+    assert instance["InstanceType"] == "m7g.large"
+    assert instance["Image"]["Architecture"] == "arm64" and instance["Image"]["ImageOwnerAlias"] == "amazon"
+
+
+def test_gpu_machines_boot_the_image_with_the_nvidia_driver(moto):
+    _boot(_driver(), "g4dn.xlarge", gpu_count=1)
+    [instance] = _launched(moto)
+    assert instance["Image"]["OwnerId"] == DLAMI_OWNER
+    assert instance["Image"]["Name"].startswith("Deep Learning Base OSS Nvidia Driver GPU AMI")
+
+
+@pytest.mark.parametrize(("family", "owner", "user"), [("debian-12", DEBIAN, "admin"),
+                                                       ("ubuntu-24.04", CANONICAL, "ubuntu")])
+def test_other_image_families_come_from_their_publishers_with_their_login_user(moto, family, owner, user):
+    driver = _driver(image_family=family)
+    node_id = _boot(driver, "m7i.large")[0]
+    [instance] = _launched(moto)
+    assert instance["Image"]["OwnerId"] == owner
+    assert driver.login_user(node_id) == user
+
+
+def test_an_ami_of_another_architecture_is_refused_before_launching(moto):
+    from burla.errors import CloudSetupError
+
+    arm = moto.describe_images(Owners=[DEBIAN], Filters=[{"Name": "architecture", "Values": ["arm64"]}])["Images"][0]
+    with pytest.raises(CloudSetupError, match=r"is arm64, but m7i.large runs x86_64"):
+        _boot(_driver(ami=arm["ImageId"]), "m7i.large")
+    assert _launched(moto) == []
+
+
+def test_an_unknown_machine_type_is_refused_with_its_name(moto):
+    from burla.errors import CloudRefused, CloudSetupError
+
+    with pytest.raises((CloudSetupError, CloudRefused), match="m7i.huge"):
+        _boot(_driver(), "m7i.huge")
+
+
+def test_a_zone_without_capacity_is_passed_over_for_the_next(moto, ec2_rules):
+    zones = sorted(z["ZoneName"] for z in moto.describe_availability_zones()["AvailabilityZones"])
+    ec2_rules.exhausted |= {("m7i.large", zones[0]), ("m7i.large", zones[1])}
+    _boot(_driver(), "m7i.large")
+    [instance] = _launched(moto)
+    assert instance["Placement"]["AvailabilityZone"] not in zones[:2]
+    assert [r.split(":")[0] for r in ec2_rules.refused] == ["InsufficientInstanceCapacity"] * 2
+
+
+def test_no_zone_with_capacity_is_a_capacity_refusal(moto, ec2_rules):
+    from burla.errors import CloudRefused
+
+    zones = [z["ZoneName"] for z in moto.describe_availability_zones()["AvailabilityZones"]]
+    ec2_rules.exhausted |= {("m7i.large", zone) for zone in zones}
+    with pytest.raises(CloudRefused, match="capacity for m7i.large") as refused:
+        _boot(_driver(), "m7i.large")
+    assert refused.value.kind == CloudRefused.CAPACITY
+
+
+def test_the_vcpu_quota_is_a_quota_refusal_in_ec2s_words(moto, ec2_rules):
+    from burla.errors import CloudRefused
+
+    ec2_rules.vcpu_quotas["L-1216C47A"] = 4
+    with pytest.raises(CloudRefused, match="current vCPU limit of 4") as refused:
+        _boot(_driver(), "m7i.2xlarge")
+    assert refused.value.kind == CloudRefused.QUOTA and _launched(moto) == []
