@@ -118,3 +118,61 @@ def test_the_vcpu_quota_is_a_quota_refusal_in_ec2s_words(moto, ec2_rules):
     with pytest.raises(CloudRefused, match="current vCPU limit of 4") as refused:
         _boot(_driver(), "m7i.2xlarge")
     assert refused.value.kind == CloudRefused.QUOTA and _launched(moto) == []
+
+
+def _grow_job(client_venv, head, tmp_path, n: int):
+    from tests.helpers import start_client
+
+    return start_client(client_venv, head, f"""
+        import json
+        from burla import remote_parallel_map
+        print(json.dumps(remote_parallel_map(abs, [-i for i in range({n})], grow=True, spinner=False)))
+    """, tmp_path)
+
+
+def _ec2_head(moto, tmp_path, wheelhouse):
+    from tests.conftest import start_head
+    from tests.vm_standin import MotoVmFarm
+
+    farm = MotoVmFarm(moto, tmp_path / "vms")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "ec2", "--inactivity-timeout", "3", "--node-wheelhouse", str(wheelhouse),
+        "--ssh-address-map", str(farm.map_path)])
+    return farm, head
+
+
+def test_grow_plans_within_the_vcpu_quota_and_says_what_limited_it(moto, ec2_rules, tmp_path, wheelhouse,
+                                                                   client_venv):
+    ec2_rules.vcpu_quotas["L-1216C47A"] = 8  # 20 calls would want m7i.4xlarge + m7i.xlarge (20 vCPUs)
+    farm, head = _ec2_head(moto, tmp_path, wheelhouse)
+    try:
+        job = _grow_job(client_venv, head, tmp_path, 20)
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+        assert out.strip() == str(list(range(20)))
+        assert sorted(i["InstanceType"] for i in _launched(moto)) == ["m7i.xlarge", "m7i.xlarge"]
+        assert ec2_rules.refused == []  # planned within the quota: nothing was refused
+        assert "growing for this job was limited (20 vCPUs planned)" in err
+        assert "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances' is 8 vCPUs" in err
+        assert "--quota-code L-1216C47A" in err
+    finally:
+        head.stop()
+        farm.close()
+
+
+def test_a_machine_no_zone_has_is_replaced_by_the_next_size_down(moto, ec2_rules, tmp_path, wheelhouse,
+                                                                 client_venv):
+    zones = [z["ZoneName"] for z in moto.describe_availability_zones()["AvailabilityZones"]]
+    ec2_rules.exhausted |= {("m7i.xlarge", zone) for zone in zones}
+    farm, head = _ec2_head(moto, tmp_path, wheelhouse)
+    try:
+        job = _grow_job(client_venv, head, tmp_path, 3)  # would be one m7i.xlarge
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+        assert out.strip() == "[0, 1, 2]"
+        assert [i["InstanceType"] for i in _launched(moto)] == ["m7i.large"]
+        assert "InsufficientInstanceCapacity" in ec2_rules.refused[0]
+        assert "growing for this job was limited" in err and "capacity for m7i.xlarge" in err
+    finally:
+        head.stop()
+        farm.close()

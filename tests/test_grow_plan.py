@@ -68,3 +68,26 @@ def test_azure_sizes_of_one_family_are_packed_together():
     assert names(plan_growth(spec(100), 0, 0, {}, "azure", None, 2560, {})) == ["Standard_D96as_v5",
                                                                                "Standard_D4as_v5"]
     assert len(plan_growth(spec(10_000), 0, 0, {}, "azure", None, 100_000, {})) == 105  # 104 x D96 + a D16
+
+
+def test_a_plan_is_cut_to_the_quota_with_smaller_sizes_making_up_what_they_can():
+    from burla.drivers.catalog import lookup
+    from burla.head.grow import growth_sizes, within_room
+
+    sizes, units = growth_sizes(spec(20), "aws", None)
+    plan = plan_growth(spec(20), 0, 0, {}, "aws", None, 2560, {})
+    assert [m.name for m in plan] == ["m7i.4xlarge", "m7i.xlarge"]
+    assert [m.name for m in within_room(plan, sizes, units, 8)] == ["m7i.xlarge", "m7i.xlarge"]
+    assert [m.name for m in within_room(plan, sizes, units, 20)] == ["m7i.4xlarge", "m7i.xlarge"]
+    assert within_room(plan, sizes, units, 1) == []  # not even the smallest size fits
+    assert [m.name for m in within_room([lookup("aws", "m7i.48xlarge")], sizes, units, 100)] == [
+        "m7i.16xlarge", "m7i.8xlarge", "m7i.xlarge"]  # 100 vCPUs: all the quota leaves
+
+
+def test_the_next_size_down_follows_a_refusal():
+    from burla.drivers.catalog import lookup
+    from burla.head.grow import growth_sizes, smaller_size
+
+    sizes, units = growth_sizes(spec(4), "aws", None)
+    assert smaller_size(sizes, lookup("aws", "m7i.xlarge"), units).name == "m7i.large"
+    assert smaller_size(sizes, lookup("aws", "m7i.large"), units) is None

@@ -55,6 +55,24 @@ class VmAddress:
     private: str | None
 
 
+@dataclass(frozen=True)
+class QuotaRoom:
+    """A cloud quota on vCPUs and how much of it is in use (a region's, for one kind of machine)."""
+
+    name: str  # as the cloud names it
+    limit: int
+    used: int
+    how_to_raise: str  # a sentence: where, or which command
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.used)
+
+    def sentence(self) -> str:
+        return (f"the quota {self.name!r} is {self.limit} vCPUs, {self.used} of them in use; to raise it, "
+                f"{self.how_to_raise}")
+
+
 BootFailed = Callable[[str, str], None]  # (node_id, why)
 
 
@@ -82,6 +100,11 @@ class Driver(abc.ABC):
     async def boot_log(self, node_id: str) -> str:
         """What the machine printed while booting (its console), for history; "" if unknown."""
         return ""
+
+    async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
+        """The vCPU quota this machine type counts against and its use; None when there is none
+        or it can't be read (then the cloud's refusal at boot says it)."""
+        return None
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -14,13 +14,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from burla.drivers.base import BootRequest, NodeHandle, VmAddress
+from burla.drivers.base import BootRequest, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, cloud_message, refusal_kind
 from burla.drivers.ec2_images import (
     DEFAULT_FAMILY,
@@ -34,9 +35,12 @@ from burla.drivers.ec2_images import (
     newest_image,
     zones_offering,
 )
+from burla.drivers.ec2_quotas import quota_room
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
+
+log = logging.getLogger("burla.ec2")
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
@@ -45,7 +49,8 @@ HEAD_ROLE_ACTIONS = [
     "ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
     "ec2:DescribeSubnets", "ec2:CreateTags", "ec2:GetConsoleOutput", "iam:CreateServiceLinkedRole",
     "ec2:DescribeKeyPairs", "ec2:ImportKeyPair", "ec2:DescribeSecurityGroups", "ec2:CreateSecurityGroup",
-    "ec2:AuthorizeSecurityGroupIngress",
+    "ec2:AuthorizeSecurityGroupIngress", "ec2:DescribeInstanceTypes", "ec2:DescribeInstanceTypeOfferings",
+    "servicequotas:GetServiceQuota",
 ]
 _EC2_NAMESPACE = re.compile(r'\s?xmlns="http://ec2\.amazonaws\.com/doc/[^"]*"')
 
@@ -56,6 +61,7 @@ class Ec2Config:
     region: str
     endpoint: str | None = None  # AWS_ENDPOINT_URL_EC2 or AWS_ENDPOINT_URL
     iam_endpoint: str | None = None  # AWS_ENDPOINT_URL_IAM or AWS_ENDPOINT_URL (for `burla deploy`)
+    quotas_endpoint: str | None = None  # AWS_ENDPOINT_URL_SERVICE_QUOTAS or AWS_ENDPOINT_URL
     profile: str | None = None
     ami: str | None = None  # an AMI id (BURLA_AWS_AMI); default: the image family's newest
     image_family: str = DEFAULT_FAMILY  # BURLA_AWS_IMAGE_FAMILY: one of ec2_images.FAMILIES
@@ -75,6 +81,7 @@ class Ec2Config:
             region=region or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             endpoint=endpoint, profile=environ.get("AWS_PROFILE") or None,
             iam_endpoint=environ.get("AWS_ENDPOINT_URL_IAM") or environ.get("AWS_ENDPOINT_URL") or None,
+            quotas_endpoint=environ.get("AWS_ENDPOINT_URL_SERVICE_QUOTAS") or environ.get("AWS_ENDPOINT_URL") or None,
             ami=environ.get("BURLA_AWS_AMI") or None, image_family=family,
             subnet_id=environ.get("BURLA_AWS_SUBNET_ID") or None, security_group_ids=groups, cluster_id=cluster_id,
             ssh_user=environ.get("BURLA_AWS_SSH_USER") or None,
@@ -88,7 +95,8 @@ class Ec2Config:
                     "BURLA_AWS_SSH_USER": self.ssh_user or "",
                     "BURLA_AWS_IMAGE_FAMILY": self.image_family if self.image_family != DEFAULT_FAMILY else "",
                     # AWS-compatible endpoints the deploying machine uses, the head uses too.
-                    "AWS_ENDPOINT_URL_EC2": self.endpoint or "", "AWS_ENDPOINT_URL_IAM": self.iam_endpoint or ""}
+                    "AWS_ENDPOINT_URL_EC2": self.endpoint or "", "AWS_ENDPOINT_URL_IAM": self.iam_endpoint or "",
+                    "AWS_ENDPOINT_URL_SERVICE_QUOTAS": self.quotas_endpoint or ""}
         return {k: v for k, v in settings.items() if v}
 
 
@@ -208,6 +216,22 @@ class Ec2Driver(ThreadedCloudDriver):
                 refused.append(f"{subnet.extra.get('zone')}: {cloud_message(e)}")
         raise CloudRefused(f"no zone of {self.config.region} had capacity for {machine.name}: "
                            + "; ".join(refused), kind=CloudRefused.CAPACITY)
+
+    async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
+        try:
+            return await self._call(self._quota_room, machine_type, spot)
+        except CloudRefused as e:  # e.g. no servicequotas:GetServiceQuota: the boot's refusal will say it
+            log.warning("could not read the EC2 vCPU quota for %s: %s", machine_type, e)
+            return None
+
+    def _quota_room(self, driver, machine_type: str, spot: bool) -> QuotaRoom | None:
+        import botocore.session
+
+        key, secret, token = self._credentials(self.config)
+        quotas = botocore.session.Session(profile=self.config.profile).create_client(
+            "service-quotas", region_name=self.config.region, endpoint_url=self.config.quotas_endpoint,
+            aws_access_key_id=key, aws_secret_access_key=secret, aws_session_token=token)
+        return quota_room(driver, quotas, self.config.region, machine_type, spot)
 
     def _subnets_offering(self, driver, machine_type: str) -> list:
         """Where the VM may go: the configured subnet, else the region's default subnets in the zones

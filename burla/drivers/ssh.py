@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.drivers.base import BootRequest, Driver, NodeHandle, VmAddress
+from burla.drivers.base import BootRequest, Driver, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import (
     HEAD_CERT_FILE,
     HEAD_URL_FILE,
@@ -334,6 +334,9 @@ class SshBootstrapDriver(Driver):
 
     async def list_nodes(self) -> list[NodeHandle]:
         return await self.inner.list_nodes()
+
+    async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
+        return await self.inner.quota_room(machine_type, spot)
 
     async def _end_session(self, node_id: str, forget: bool = True) -> None:
         session = self._sessions.pop(node_id, None)

@@ -212,7 +212,7 @@ class Cluster:
         if isinstance(msg, wire.NodeResults):
             self._on_results(node_id, msg)
         elif isinstance(msg, wire.OutputBatch):
-            self._on_output(msg)
+            self.output(msg)
         elif isinstance(msg, wire.Credit):
             self.scheduler.grant(node_id, msg.job_id, msg.inputs)
             self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))  # only this node can take more
@@ -247,7 +247,7 @@ class Cluster:
             link.deliver_packed(len(indices), msg.packed)
         return True
 
-    def _on_output(self, msg: wire.OutputBatch) -> None:
+    def output(self, msg: wire.OutputBatch) -> None:  # a node's, or the head's own word to the job
         job = self.scheduler.jobs.get(msg.job_id)
         if job is None or job.status != RUNNING:
             return

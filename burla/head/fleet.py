@@ -18,7 +18,7 @@ from burla.drivers.registry import BY_NAME
 from burla.errors import CloudRefused, SettingsError
 from burla.head.cluster import Cluster
 from burla.head.eligibility import ineligibility, node_parallelism
-from burla.head.grow import plan_growth, slots_of
+from burla.head.grow import Units, growth_sizes, plan_growth, slots_of, smaller_size, within_room
 from burla.head.history import History
 from burla.head.records import RUNNING
 from burla.head.usage import MACHINE_STARTED, machine_detail
@@ -165,35 +165,90 @@ class Fleet:
         s = self.settings
         machines = plan_growth(spec, have_slots, have_vcpus, have_gpus, self.cloud or "aws", s.machine_type,
                                s.max_vcpus, s.max_gpus)
-        for machine in machines:
-            request = BootRequest(
-                1, self.head_url, self.token, s.workers_per_node, machine.name, spec.region or s.region,
-                spec.disk_gb or s.disk_gb, spec.image or s.image, s.spot, machine.gpu, machine.gpu_count,
-                python_version=".".join(spec.python_version.split(".")[:2]), head_cert=self.head_cert,
-            )
-            node_ids = request.ids("burla-node")
-            request = dataclasses.replace(request, node_ids=tuple(node_ids))
-            self.cluster.expect_nodes(node_ids)
-            for node_id in node_ids:
-                self.grown.add(node_id)
-                self._booting_slots[node_id] = slots_of(machine, spec)
-                self._booting_machines[node_id] = machine
-            task = asyncio.create_task(self._boot(request), name="grow")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        if machines:
-            log.info("growing for job %s: %s", spec.job_id, ", ".join(m.name for m in machines))
+        if not machines:
+            return
+        log.info("growing for job %s: %s", spec.job_id, ", ".join(m.name for m in machines))
+        planned = [(self._expect_grown(machine, spec), machine) for machine in machines]
+        task = asyncio.create_task(self._boot_growth(spec, planned), name="grow")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _boot(self, request: BootRequest) -> None:
-        try:
-            await self._boot_machines(request)
-        except Exception as e:  # the job learns why if no node can run it
-            started = e.booted if isinstance(e, CloudRefused) else []
-            for node_id in request.node_ids:
-                if node_id not in started:
-                    self.cluster.node_boot_failed(node_id, f"{type(e).__name__}: {e}")
-        for node_id in request.node_ids:
-            self._booting_slots.pop(node_id, None)
+    def _expect_grown(self, machine: MachineType, spec: wire.OpenJob) -> str:
+        """A node id for a machine grow will boot; the job counts on its slots from now."""
+        [node_id] = BootRequest(1, self.head_url, self.token).ids("burla-node")
+        self.cluster.expect_nodes([node_id])
+        self.grown.add(node_id)
+        self._booting_slots[node_id] = slots_of(machine, spec)
+        self._booting_machines[node_id] = machine
+        return node_id
+
+    def _grow_request(self, spec: wire.OpenJob, machine: MachineType, node_id: str) -> BootRequest:
+        s = self.settings
+        return BootRequest(
+            1, self.head_url, self.token, s.workers_per_node, machine.name, spec.region or s.region,
+            spec.disk_gb or s.disk_gb, spec.image or s.image, s.spot, machine.gpu, machine.gpu_count,
+            node_ids=(node_id,), python_version=".".join(spec.python_version.split(".")[:2]),
+            head_cert=self.head_cert)
+
+    async def _boot_growth(self, spec: wire.OpenJob, planned: list[tuple[str, MachineType]]) -> None:
+        """Boot a grow plan within the account's quota, falling back to smaller machines when the
+        cloud refuses one; the job is told what limited it."""
+        sizes, units = growth_sizes(spec, self.cloud or "aws", self.settings.machine_type)
+        asked = sum(units(machine) for _, machine in planned)
+        limits: list[str] = []
+        room = await self.driver.quota_room(planned[0][1].name, self.settings.spot)
+        if room is not None:
+            fitted = within_room([m for _, m in planned], sizes, units, room.free)
+            if fitted != [m for _, m in planned]:
+                limits.append(room.sentence())
+                replanned = [(self._expect_grown(machine, spec), machine) for machine in fitted]
+                for node_id, _ in planned:
+                    self._not_booted(node_id, f"not booted: {room.sentence()}")
+                planned = replanned
+        refusals = await asyncio.gather(*(self._boot_grown(spec, node_id, machine, sizes, units)
+                                          for node_id, machine in planned))
+        limits += [refusal for refusal in refusals if refusal]
+        if limits:
+            what = "GPUs" if spec.func_gpu is not None else "vCPUs"
+            notice = (f"[burla] growing for this job was limited ({asked} {what} planned): "
+                      + "; ".join(dict.fromkeys(limits)) + "\n")
+            log.warning("job %s: %s", spec.job_id, notice.strip())
+            self.cluster.output(wire.OutputBatch(spec.job_id, [[wire.NOT_A_CALL, wire.STDERR, notice]]))
+
+    async def _boot_grown(self, spec: wire.OpenJob, node_id: str, machine: MachineType, sizes: list[MachineType],
+                          units: Units) -> str | None:
+        """Boot one grown machine; on a quota or capacity refusal the next size down, and so on.
+        Returns what limited it, if anything did."""
+        limit = None
+        while True:
+            try:
+                await self._boot_machines(self._grow_request(spec, machine, node_id))
+                self._booting_slots.pop(node_id, None)
+                return limit
+            except CloudRefused as e:
+                self._booting_slots.pop(node_id, None)
+                if e.booted:
+                    return limit
+                limit = str(e)
+                if e.kind == CloudRefused.QUOTA:
+                    room = await self.driver.quota_room(machine.name, self.settings.spot)
+                    limit = room.sentence() if room is not None else limit
+                smaller = smaller_size(sizes, machine, units) if e.kind is not None else None
+                if smaller is None:
+                    self._not_booted(node_id, f"CloudRefused: {limit}")
+                    return limit
+                replacement = self._expect_grown(smaller, spec)
+                self._not_booted(node_id, f"{e}; trying {smaller.name} instead")
+                node_id, machine = replacement, smaller
+            except Exception as e:  # the job learns why if no node can run it
+                self._not_booted(node_id, f"{type(e).__name__}: {e}")
+                return None
+
+    def _not_booted(self, node_id: str, why: str) -> None:
+        self._booting_slots.pop(node_id, None)
+        self._booting_machines.pop(node_id, None)
+        self.grown.discard(node_id)
+        self.cluster.node_boot_failed(node_id, why)
 
     async def boot_watch_loop(self, deadline_s: float) -> None:
         """Delete machines that never became ready, keeping what their console printed, and VMs an

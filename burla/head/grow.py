@@ -4,6 +4,7 @@ largest first, within the cluster's caps (max vCPUs, max GPUs per model). Pure: 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from burla.drivers.catalog import CATALOGS, DEFAULT_MACHINE, MachineType, gpu_model, lookup
 from burla.errors import NoCompatibleNodes
@@ -12,13 +13,11 @@ from burla.protocol import wire
 DEFAULT_MAX_GPUS = 8
 
 
-def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus: dict[str, int], cloud: str,
-                machine_type: str | None, max_vcpus: int, max_gpus: dict[str, int]) -> list[MachineType]:
-    """The machines to boot so the job can run `min(n_inputs, max_parallelism)` calls at once."""
-    want = spec.n_inputs if spec.max_parallelism is None else min(spec.n_inputs, spec.max_parallelism)
-    missing = want - have_slots
-    if missing <= 0:
-        return []
+Units = Callable[[MachineType], int]  # what a plan counts on a machine: GPUs, or vCPUs
+
+
+def growth_sizes(spec: wire.OpenJob, cloud: str, machine_type: str | None) -> tuple[list[MachineType], Units]:
+    """The machines a job's growth picks from, and what it counts on them."""
     catalog = CATALOGS[cloud]
     if spec.func_gpu is not None:
         model = gpu_model(spec.func_gpu)
@@ -26,8 +25,7 @@ def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus:
         if not choices:
             raise NoCompatibleNodes(f"{cloud} has no machine with a {spec.func_gpu} GPU; pick one of "
                                     f"{', '.join(sorted({m.gpu for m in catalog if m.gpu}))}.")
-        budget = max_gpus.get(model, max_gpus.get(spec.func_gpu.upper(), DEFAULT_MAX_GPUS)) - have_gpus.get(model, 0)
-        return _pack(choices, min(missing, budget), lambda m: m.gpu_count)
+        return choices, _gpus
     cpus_per_call = spec.func_cpu or 1
     chosen = lookup(cloud, machine_type or DEFAULT_MACHINE[cloud]) or lookup(cloud, DEFAULT_MACHINE[cloud])
     assert chosen is not None, f"{cloud}'s default machine type is missing from its catalog"
@@ -38,10 +36,64 @@ def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus:
     if not choices:
         raise NoCompatibleNodes(f"no {family} machine on {cloud} fits one call (func_cpu={spec.func_cpu}, "
                                 f"func_ram={spec.func_ram}); lower them or pick another machine type.")
-    return _pack(choices, min(missing * cpus_per_call, max_vcpus - have_vcpus), lambda m: m.vcpus)
+    return choices, _vcpus
 
 
-def _pack(choices: list[MachineType], need: int, units) -> list[MachineType]:
+def _gpus(machine: MachineType) -> int:
+    return machine.gpu_count
+
+
+def _vcpus(machine: MachineType) -> int:
+    return machine.vcpus
+
+
+def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus: dict[str, int], cloud: str,
+                machine_type: str | None, max_vcpus: int, max_gpus: dict[str, int]) -> list[MachineType]:
+    """The machines to boot so the job can run `min(n_inputs, max_parallelism)` calls at once."""
+    want = spec.n_inputs if spec.max_parallelism is None else min(spec.n_inputs, spec.max_parallelism)
+    missing = want - have_slots
+    if missing <= 0:
+        return []
+    choices, units = growth_sizes(spec, cloud, machine_type)
+    if spec.func_gpu is not None:
+        model = gpu_model(spec.func_gpu)
+        budget = max_gpus.get(model, max_gpus.get(spec.func_gpu.upper(), DEFAULT_MAX_GPUS)) - have_gpus.get(model, 0)
+        return _pack(choices, min(missing, budget), units)
+    return _pack(choices, min(missing * (spec.func_cpu or 1), max_vcpus - have_vcpus), units)
+
+
+def within_room(plan: list[MachineType], sizes: list[MachineType], units: Units, room_vcpus: int) -> list[MachineType]:
+    """The plan cut to a quota's free vCPUs: planned machines are kept while they fit, and what the
+    others would have brought is made up with the sizes that still fit (the smallest that covers
+    it, else the largest that fits), until nothing more fits."""
+    kept: list[MachineType] = []
+    free = room_vcpus
+    short = 0
+    for machine in plan:
+        if machine.vcpus <= free:
+            kept.append(machine)
+            free -= machine.vcpus
+        else:
+            short += units(machine)
+    while short > 0:
+        fitting = [m for m in sizes if m.vcpus <= free and units(m) > 0]
+        if not fitting:
+            break
+        covering = [m for m in fitting if units(m) >= short]
+        pick = min(covering, key=units) if covering else max(fitting, key=units)
+        kept.append(pick)
+        free -= pick.vcpus
+        short -= units(pick)
+    return kept
+
+
+def smaller_size(sizes: list[MachineType], machine: MachineType, units: Units) -> MachineType | None:
+    """The next size down from `machine` (what to try when the cloud refuses it)."""
+    smaller = [m for m in sizes if 0 < units(m) < units(machine)]
+    return max(smaller, key=units) if smaller else None
+
+
+def _pack(choices: list[MachineType], need: int, units: Units) -> list[MachineType]:
     """Machines for `need` units, sized to it: the largest that fits in what is still needed, until
     one machine covers the rest with less to spare than the smallest size (so what boots exceeds
     the need by less than one smallest machine: 100 one-CPU calls boot 100 vCPUs, not 192)."""
