@@ -56,6 +56,13 @@ def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(m
         assert tags["burla-cluster"] and tags["burla-node-id"].startswith("burla-node-")
         wait_for_nodes(head, 1, timeout=240)
         assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == tags["burla-node-id"]
+        # Amazon Linux 2023: ec2-user, and its Python 3.9 is not the client's, so uv made the node's.
+        from tests.test_ec2_images import _bootstrap_ran_as_on
+        from tests.vm_standin import AL2023
+
+        vm = farm.vm(tags["burla-node-id"])
+        assert vm.image == AL2023 and set(vm.logins) == {"ec2-user"}
+        _bootstrap_ran_as_on(vm, AL2023)
         assert run_client_in(client_venv, head, _join_script(), tmp_path) == [[1, 2, 3]]
         # Idle past the timeout: the head terminates the VM through the driver.
         wait_until(lambda: not _instances(moto, "running") and not _instances(moto, "pending"), timeout=60,

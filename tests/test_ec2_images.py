@@ -176,3 +176,47 @@ def test_a_machine_no_zone_has_is_replaced_by_the_next_size_down(moto, ec2_rules
     finally:
         head.stop()
         farm.close()
+
+
+def _bootstrap_ran_as_on(vm, image) -> None:
+    """What the image made the bootstrap do: its package manager's venv package, uv when its
+    Python is not the client's, and a node environment of the client's Python either way."""
+    import subprocess
+    import sys
+
+    log = (vm.root / "package-log").read_text() if (vm.root / "package-log").exists() else ""
+    assert ("installed python3-venv" in log) == (image.venv_package == "python3-venv")
+    assert (vm.home / ".burla" / "uv-env").exists() == (vm.python != sys.executable)
+    version = subprocess.run([str(vm.home / ".burla" / "env" / "bin" / "python"), "-c",
+                              "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
+    assert version.stdout.strip() == "%d.%d" % sys.version_info[:2]
+
+
+@pytest.mark.parametrize("family", ["debian-12", "ubuntu-24.04"])
+def test_debian_and_ubuntu_images_become_nodes(moto, tmp_path, wheelhouse, client_venv, monkeypatch, family):
+    import subprocess
+    import sys
+
+    from tests.conftest import wait_for_nodes
+    from tests.helpers import client_env, run_client_in
+    from tests.vm_standin import DEBIAN_12, UBUNTU_2404
+
+    monkeypatch.setenv("BURLA_AWS_IMAGE_FAMILY", family)
+    farm, head = _ec2_head(moto, tmp_path, wheelhouse)
+    try:
+        env = client_env(head)
+        subprocess.run([sys.executable, "-m", "burla", "settings", "update", "--quantity", "1", "--machine-type",
+                        "m7i.large"], check=True, env=env, capture_output=True)
+        started = subprocess.run([sys.executable, "-m", "burla", "cluster", "start"], env=env, capture_output=True,
+                                 text=True)
+        assert started.returncode == 0, started.stdout + started.stderr
+        [node] = wait_for_nodes(head, 1, timeout=240)
+        vm = farm.vm(node["node_id"])
+        assert vm.image == {"debian-12": DEBIAN_12, "ubuntu-24.04": UBUNTU_2404}[family]
+        assert set(vm.logins) == {vm.login_user} and vm.refused_users == []
+        _bootstrap_ran_as_on(vm, vm.image)
+        script = "import json\nfrom burla import remote_parallel_map\nprint(json.dumps(remote_parallel_map(abs, [-4])))"
+        assert run_client_in(client_venv, head, script, tmp_path) == [[4]]
+    finally:
+        head.stop()
+        farm.close()

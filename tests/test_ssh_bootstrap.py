@@ -217,7 +217,9 @@ def test_the_bootstrap_installs_the_uploaded_build_never_burla_by_name():
     script = install_script("3.12", PackageSource(index_url="https://mirror.example/simple"))
     assert f'"$B/build/{wheel_name()}"' in script and "--index-url https://mirror.example/simple" in script
     assert "burla==" not in script and "pip install burla" not in script
-    assert "uv-env/bin/uv venv --quiet --seed --python 3.12 env" in script  # the client's Python, fetched if missing
+    assert "uv-env/bin/uv venv --quiet --python 3.12 env" in script  # the client's Python, fetched if missing
+    assert ("uv-env/bin/uv pip install --quiet --python env/bin/python --index-url https://mirror.example/simple pip"
+            in script)
     assert f"echo {build_hash()} > installed-build" in script
     offline = install_script(None, PackageSource(wheelhouse="/wheels"))
     assert '--no-index --find-links $B/wheelhouse' in offline

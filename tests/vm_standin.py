@@ -27,7 +27,7 @@ from typing import Any
 
 import asyncssh
 
-from tests.fake_ec2 import login_user_of
+from tests.fake_ec2 import CANONICAL, DEBIAN, login_user_of
 
 SHIMS = {
     # Cloud images let the login user run root commands through passwordless sudo.
@@ -37,6 +37,51 @@ SHIMS = {
     # The VM's network is this machine's loopback: its private address is 127.0.0.1.
     "hostname": '#!/bin/sh\nif [ "$1" = "-I" ]; then echo 127.0.0.1; else exec /bin/hostname "$@"; fi\n',
 }
+
+
+@dataclass(frozen=True)
+class StandinImage:
+    """What a stock cloud image offers the bootstrap, as far as it matters to it."""
+
+    name: str
+    python_minor: str | None  # the minor version its python3 is (None: the tests' own interpreter's)
+    venv_package: str | None  # what the package manager must install before `python3 -m venv` works
+    package_manager: str  # "apt-get" or "dnf"
+
+
+# Amazon Linux 2023 ships Python 3.9 with venv, and dnf.
+#   https://docs.aws.amazon.com/linux/al2023/ug/python.html
+# Debian 12 ships Python 3.11; venv's ensurepip is in the python3-venv package, not installed.
+#   https://packages.debian.org/bookworm/python3-venv
+# Ubuntu 24.04 ships Python 3.12, without python3-venv likewise.
+#   https://packages.ubuntu.com/noble/python3-venv
+AL2023 = StandinImage("al2023", "3.9", None, "dnf")
+DEBIAN_12 = StandinImage("debian-12", "3.11", "python3-venv", "apt-get")
+UBUNTU_2404 = StandinImage("ubuntu-24.04", "3.12", "python3-venv", "apt-get")
+
+_NO_ENSUREPIP = "raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n"
+_DEBIAN_VENV_ERROR = ("The virtual environment was not created successfully because ensurepip is not\n"
+                      "available.  On Debian/Ubuntu systems, you need to install the python3-venv\n"
+                      "package using the following command.\n\n    apt install python3-venv\n")
+
+
+def find_python(minor: str) -> str | None:
+    """An interpreter of this minor version on this machine (PATH, then pyenv's versions), if any."""
+    import glob
+    import shutil
+    import subprocess
+
+    if f"{sys.version_info[0]}.{sys.version_info[1]}" == minor:
+        return sys.executable
+    found = shutil.which(f"python{minor}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip()
+        for candidate in sorted(glob.glob(f"{root}/versions/{minor}.*/bin/python{minor}"), reverse=True):
+            return candidate
+    return None
 
 
 class LoopThread:
@@ -58,8 +103,9 @@ class LoopThread:
 
 class StandinVm:
     def __init__(self, root: Path, authorized_key: str, name: str, environment: dict[str, str] | None = None,
-                 login_user: str | None = None) -> None:
+                 login_user: str | None = None, image: StandinImage | None = None) -> None:
         self.root = root
+        self.image = image  # None: python3 is the tests' own interpreter, with venv
         self.login_user = login_user  # the only user the image created (None: any name logs in)
         self.extra_environment = environment or {}  # what the VM's own identity provides (a role's credentials)
         self.name = name
@@ -67,7 +113,14 @@ class StandinVm:
         self.shims = root / "shims"
         self.home.mkdir(parents=True, exist_ok=True)
         self.shims.mkdir(parents=True, exist_ok=True)
-        for shim, text in SHIMS.items():
+        self.installed = root / "installed"  # what the VM's package manager installed, one file each
+        self.installed.mkdir(exist_ok=True)
+        self.python = sys.executable
+        self.uv_pythons: Path | None = None
+        shims = dict(SHIMS)
+        if image is not None:
+            shims.update(self._image_shims(image))
+        for shim, text in shims.items():
             (self.shims / shim).write_text(text)
             (self.shims / shim).chmod(0o755)
         self.authorized_key = authorized_key
@@ -79,6 +132,43 @@ class StandinVm:
         self.commands: list[str] = []
         self.port = 0
         self._server: asyncssh.SSHAcceptor | None = None
+
+    def _image_shims(self, image: StandinImage) -> dict[str, str]:
+        """The image's python3 (its own minor version where this machine has one, without ensurepip
+        until its venv package is installed) and its package manager, which installs as root only."""
+        self.python = find_python(image.python_minor or "") or sys.executable
+        guard = ""
+        if image.venv_package:
+            blocked = self.root / "without-ensurepip"
+            (blocked / "ensurepip").mkdir(parents=True, exist_ok=True)
+            (blocked / "ensurepip" / "__init__.py").write_text(_NO_ENSUREPIP)
+            marker = self.installed / image.venv_package
+            guard = (f'if [ ! -e "{marker}" ]; then\n'
+                     f'  case " $* " in *" -m venv "*) printf %s "{_DEBIAN_VENV_ERROR}"; exit 1;; esac\n'
+                     f'  export PYTHONPATH="{blocked}"\n'
+                     "fi\n")
+        manager = (
+            "#!/bin/sh\n"
+            f'[ "$STANDIN_ROOT" = 1 ] || {{ echo "{image.package_manager}: permission denied (are you root?)" >&2; '
+            "exit 100; }\n"
+            'case "$*" in *install*) ;; *) exit 0;; esac\n'
+            'skip=0; for word in "$@"; do [ $skip = 1 ] && { skip=0; continue; }; case "$word" in -o) skip=1;; '
+            '-*|install) ;; *) '
+            f'echo "installed $word" >> "{self.root}/package-log"; touch "{self.installed}/$word";; esac; done\n')
+        if find_python(image.python_minor or "") is not None and self.python != sys.executable:
+            # uv fetches a Python of the client's version on a real VM; here (no network) it finds
+            # one where it looks, on PATH, as if fetched already.
+            self.uv_pythons = self.root / "uv-pythons"
+            self.uv_pythons.mkdir(exist_ok=True)
+            minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
+            link = self.uv_pythons / f"python{minor}"
+            if not link.exists():
+                link.symlink_to(sys.executable)
+        return {"python3": f"#!/bin/sh\n{guard}exec {self.python} \"$@\"\n", image.package_manager: manager,
+                "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nSTANDIN_ROOT=1 exec "$@"\n',
+                # The image's login user is not root (the tests may run as root): root is what sudo gives.
+                "id": '#!/bin/sh\nif [ "$1" = -u ] && [ "$STANDIN_ROOT" != 1 ]; then echo 1000; else exec /usr/bin/id "$@"; '
+                      'fi\n'}
 
     @property
     def powered_off(self) -> bool:
@@ -124,8 +214,11 @@ class StandinVm:
         return self.port
 
     def environment(self) -> dict[str, str]:
-        path = os.pathsep.join([str(self.shims), str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin",
-                                "/bin", "/usr/sbin", "/sbin"])
+        # An image's VM sees its own python3 only (and uv's Python); otherwise the tests' interpreter's.
+        own = [str(self.uv_pythons)] if self.uv_pythons else []
+        if self.image is None:
+            own = [str(Path(sys.executable).parent)]
+        path = os.pathsep.join([str(self.shims), *own, "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"])
         # No package index: what the VM installs must come from what its head uploads.
         return {"HOME": str(self.home), "PATH": path, "LANG": "C.UTF-8", "PIP_NO_INDEX": "1",
                 "USER": self.logins[-1] if self.logins else "root", **self.extra_environment}
@@ -187,6 +280,7 @@ class VmRecord:
     addresses: tuple[str, ...]
     authorized_key: str  # the public key the cloud authorised on the VM ("" if none)
     login_user: str | None = None  # the user the VM's image accepts (None: any)
+    image: StandinImage | None = None  # what its image offers the bootstrap (None: the tests' Python)
 
 
 class VmFarm:
@@ -258,7 +352,7 @@ class VmFarm:
         if not self.authorize or not key:
             key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
         vm = StandinVm(self.root / record.instance_id, key, record.instance_id, self.vm_environment,
-                       record.login_user)
+                       record.login_user, record.image)
         port = self._loop.run(vm.start())
         if not self.answer:
             self._loop.run(vm.stop())
@@ -305,16 +399,18 @@ class MotoVmFarm(VmFarm):
         records = []
         for instance in (i for r in reservations["Reservations"] for i in r["Instances"]):
             state = instance["State"]["Name"]
-            key, user = "", None
+            key, user, image = "", None, None
             if state == "running" and instance["InstanceId"] not in self.vms and instance.get("KeyName"):
                 pairs = self.ec2.describe_key_pairs(KeyNames=[instance["KeyName"]], IncludePublicKey=True)
                 key = pairs["KeyPairs"][0]["PublicKey"]
                 user = login_user_of(self.ec2, instance["ImageId"])
+                owner = (self.ec2.describe_images(ImageIds=[instance["ImageId"]])["Images"] or [{}])[0].get("OwnerId")
+                image = {DEBIAN: DEBIAN_12, CANONICAL: UBUNTU_2404}.get(owner or "", AL2023)
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
             records.append(VmRecord(
                 instance["InstanceId"], tags.get("burla-node-id") or tags.get("Name", ""), state == "running",
                 state in ("shutting-down", "terminated", "stopping", "stopped"),
-                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user))
+                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user, image))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -342,9 +438,11 @@ class GceVmFarm(VmFarm):
             user, _, key = items.get("ssh-keys", "").partition(":")
             interface = instance["networkInterfaces"][0]
             addresses = (interface.get("networkIP"), *(a.get("natIP") for a in interface.get("accessConfigs", [])))
+            source = instance.get("sourceImage", "")
+            image = UBUNTU_2404 if "ubuntu" in source else DEBIAN_12 if "debian-12" in source else None
             records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id") or instance["name"],
                                     instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
-                                    addresses, key, user or None))
+                                    addresses, key, user or None, image))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -366,6 +464,7 @@ class AzureVmFarm(VmFarm):
         records = []
         for (subscription, group, name), machine in list(self.fake.machines.items()):
             keys = machine["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"]
+            reference = machine["properties"].get("storageProfile", {}).get("imageReference", {})
             public = self.fake.public_ips.get((subscription, group, f"{name}-ip"), {})
             nic = self.fake.network_interfaces.get((subscription, group, f"{name}-nic"), {})
             addresses = (public.get("properties", {}).get("ipAddress"),
@@ -375,11 +474,15 @@ class AzureVmFarm(VmFarm):
                                     machine["properties"]["vmId"] not in self.stopped,
                                     machine["properties"]["vmId"] in self.stopped, addresses,
                                     keys[0]["keyData"] if keys else "",
-                                    machine["properties"]["osProfile"].get("adminUsername")))
+                                    machine["properties"]["osProfile"].get("adminUsername"),
+                                    _AZURE_IMAGES.get(reference.get("publisher", ""))))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
         self.stopped.add(record.instance_id)
+
+
+_AZURE_IMAGES = {"Canonical": UBUNTU_2404, "Debian": DEBIAN_12}  # by imageReference publisher
 
 
 async def _call(function):

@@ -44,14 +44,28 @@ def _repack(distribution: importlib.metadata.Distribution, target: Path) -> Path
     compressed = "-".join(".".join(dict.fromkeys(part[i] for part in parts)) for i in range(3))
     wheel = target / f"{name}-{distribution.version}-{compressed}.whl"
     records = []
+    entry_scripts = {e.name for e in distribution.entry_points if e.group in ("console_scripts", "gui_scripts")}
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
         for file in distribution.files or []:
             path = str(file)
-            if path.startswith("..") or "__pycache__" in path or path.endswith((".pyc", "/RECORD", "/INSTALLER",
-                                                                                "/direct_url.json", "/REQUESTED")):
+            if path.startswith(".."):
+                # Installed scripts: the installer writes entry points again, but other programs
+                # (uv's binary) travel in the wheel's data directory.
+                script = path.rsplit("/", 1)[-1]
+                if "/bin/" not in f"/{path}" or script in entry_scripts:
+                    continue
+                data = Path(distribution.locate_file(file)).read_bytes()
+                path = f"{name}-{distribution.version}.data/scripts/{script}"
+            elif "__pycache__" in path or path.endswith((".pyc", "/RECORD", "/INSTALLER", "/direct_url.json",
+                                                          "/REQUESTED")):
                 continue
-            data = Path(distribution.locate_file(file)).read_bytes()
-            archive.writestr(path, data)
+            else:
+                data = Path(distribution.locate_file(file)).read_bytes()
+            entry = zipfile.ZipInfo(path)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            # Modes travel with the files: pip makes a script executable only if its entry says so.
+            entry.external_attr = (Path(distribution.locate_file(file)).stat().st_mode & 0xFFFF) << 16
+            archive.writestr(entry, data)
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             records.append(f"{path},sha256={digest},{len(data)}")
         records.append(f"{dist_info}/RECORD,,")
@@ -61,9 +75,16 @@ def _repack(distribution: importlib.metadata.Distribution, target: Path) -> Path
 
 def build_wheelhouse(target: Path) -> Path:
     """Wheels of burla's runtime dependencies with every cloud extra (a deployed head installs
-    one), not burla itself: the head ships its own build."""
+    one), and the VM tools uv and pip; not burla itself: the head ships its own build."""
     target.mkdir(parents=True, exist_ok=True)
     for distribution in _dependencies("burla", frozenset({"aws", "gcp", "azure"})):
         if distribution.metadata["Name"].lower() != "burla":
             _repack(distribution, target)
+    # What a VM whose Python is not the client's needs: uv, which makes a venv of the client's
+    # version, and pip to seed it with.
+    for tool in VM_TOOLS:
+        _repack(importlib.metadata.distribution(tool), target)
     return target
+
+
+VM_TOOLS = ("uv", "pip")
