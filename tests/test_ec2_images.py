@@ -189,7 +189,7 @@ def _bootstrap_ran_as_on(vm, image) -> None:
     assert (vm.home / ".burla" / "uv-env").exists() == (vm.python != sys.executable)
     version = subprocess.run([str(vm.home / ".burla" / "env" / "bin" / "python"), "-c",
                               "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
-    assert version.stdout.strip() == "%d.%d" % sys.version_info[:2]
+    assert version.stdout.strip() == f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 @pytest.mark.parametrize("family", ["debian-12", "ubuntu-24.04"])

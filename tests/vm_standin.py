@@ -167,8 +167,8 @@ class StandinVm:
         return {"python3": f"#!/bin/sh\n{guard}exec {self.python} \"$@\"\n", image.package_manager: manager,
                 "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nSTANDIN_ROOT=1 exec "$@"\n',
                 # The image's login user is not root (the tests may run as root): root is what sudo gives.
-                "id": '#!/bin/sh\nif [ "$1" = -u ] && [ "$STANDIN_ROOT" != 1 ]; then echo 1000; else exec /usr/bin/id "$@"; '
-                      'fi\n'}
+                "id": '#!/bin/sh\nif [ "$1" = -u ] && [ "$STANDIN_ROOT" != 1 ]; then echo 1000; '
+                      'else exec /usr/bin/id "$@"; fi\n'}
 
     @property
     def powered_off(self) -> bool:
