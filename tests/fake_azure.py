@@ -28,6 +28,7 @@ class FakeAzure(FakeCloudApi):
         self.networks: dict[tuple[str, str, str], dict] = {}
         self.machines: dict[tuple[str, str, str], dict] = {}
         self.custom_data: dict[str, str] = {}  # VM name -> base64 custom data (never returned by GET)
+        self.power_states: dict[tuple[str, str, str], str] = {}  # VM -> "running", "stopped", "deallocated"
         self.security_groups: dict[str, dict] = {}
         self.role_assignments: dict[str, dict] = {}
         self.public_ips: dict[tuple[str, str, str], dict] = {}
@@ -78,6 +79,8 @@ class FakeAzure(FakeCloudApi):
         app.router.add_put(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}", self.put_machine)
         app.router.add_get(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}", self.get_machine)
         app.router.add_delete(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}", self.delete_machine)
+        app.router.add_get(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}/instanceView",
+                           self.instance_view)
         app.router.add_post(GROUP + "/providers/Microsoft.Compute/virtualMachines/{name}/retrieveBootDiagnosticsData",
                             self.boot_diagnostics)
         app.router.add_get("/blobs/{blob}", self.blob)
@@ -164,6 +167,7 @@ class FakeAzure(FakeCloudApi):
             location=body["location"], subnet=subnet, private_address=f"10.42.0.{len(self.network_interfaces) + 4}")
         self.custom_data[m["name"]] = properties["osProfile"].get("customData", "")
         self.machines[(m["subscription"], m["group"], m["name"])] = machine
+        self.power_states[(m["subscription"], m["group"], m["name"])] = "running"
         return json_response(machine, 201)
 
     async def get_machine(self, request: web.Request) -> web.Response:
@@ -191,6 +195,19 @@ class FakeAzure(FakeCloudApi):
         self.public_ips.pop((m["subscription"], m["group"], f"{m['name']}-ip"), None)  # deleteOption: Delete
         self.network_interfaces.pop((m["subscription"], m["group"], f"{m['name']}-nic"), None)
         return web.Response(status=202, headers={"Location": f"{self.url}/operations/{uuid.uuid4()}"})
+
+    async def instance_view(self, request: web.Request) -> web.Response:
+        """The VM's power state: "running", or "stopped" after a guest shutdown, which leaves it
+        allocated and billed (only a deallocation through the API frees it).
+        https://learn.microsoft.com/azure/virtual-machines/states-billing"""
+        m = request.match_info
+        key = (m["subscription"], m["group"], m["name"])
+        if key not in self.machines:
+            return self._error(404, "ResourceNotFound", f"The Resource '{m['name']}' was not found.")
+        power = self.power_states.get(key, "running")
+        return json_response({"statuses": [
+            {"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded"},
+            {"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"}]})
 
     async def boot_diagnostics(self, request: web.Request) -> web.Response:
         m = request.match_info

@@ -235,3 +235,28 @@ def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure
     finally:
         head.stop()
         farm.close()
+
+
+def test_a_vm_that_powered_itself_off_is_still_allocated_and_the_next_head_deletes_it(azure, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    farm = AzureVmFarm(azure, tmp_path / "vms", answer=False)  # nothing sets it up
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "azure", "--region", "westus3", "--boot-deadline", "3", "--ssh-address-map", str(farm.map_path)])
+    try:
+        _burla(head, "settings", "update", "--quantity", "1")
+        [node_id] = _burla(head, "cluster", "start")["booted"]
+        assert "burla-dead-man --on-active=6s" in _custom_data(azure, node_id)
+        head.process.kill()  # gone before it could set the VM up or delete it
+        head.process.wait(30)
+        # The VM's own timer shuts its guest down: Azure keeps it allocated (billed), "stopped".
+        wait_until(lambda: farm.powered_off, timeout=90, what="the VM powered itself off")
+        assert list(azure.power_states.values()) == ["stopped"] and azure.machines
+        # The next head reads the power state and deletes it at once, not after its boot deadline.
+        head = start_head(tmp_path / "config", local_nodes=0, extra=[
+            "--driver", "azure", "--region", "westus3", "--boot-deadline", "600",
+            "--ssh-address-map", str(farm.map_path)])
+        wait_until(lambda: not azure.machines, timeout=60, what="the stopped VM deleted")
+        assert azure.logged("DELETE")[0].path.endswith(f"/virtualMachines/{node_id}")
+    finally:
+        head.stop()
+        farm.close()

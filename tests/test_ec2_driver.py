@@ -63,6 +63,7 @@ def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(m
         vm = farm.vm(tags["burla-node-id"])
         assert vm.image == AL2023 and set(vm.logins) == {"ec2-user"}
         _bootstrap_ran_as_on(vm, AL2023)
+        assert (vm.units / "burla-dead-man.stopped").exists()  # set up: its power-off timer was stopped
         assert run_client_in(client_venv, head, _join_script(), tmp_path) == [[1, 2, 3]]
         # Idle past the timeout: the head terminates the VM through the driver.
         wait_until(lambda: not _instances(moto, "running") and not _instances(moto, "pending"), timeout=60,

@@ -277,9 +277,11 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         assert insert.body["machineType"].endswith("/machineTypes/n4-standard-4")
         assert insert.body["scheduling"]["provisioningModel"] == "SPOT"
         assert insert.body["disks"][0]["initializeParams"]["diskSizeGb"] == 40
-        metadata, oslogin = insert.body["metadata"]["items"]
+        metadata, oslogin, startup = insert.body["metadata"]["items"]
         assert metadata["key"] == "ssh-keys" and metadata["value"].startswith("burla:ssh-ed25519 ")
         assert oslogin == {"key": "enable-oslogin", "value": "FALSE"}
+        # The power-off timer a VM runs at boot: two boot deadlines (900 s each by default).
+        assert startup["key"] == "startup-script" and "--on-active=1800s" in startup["value"]
         assert head.token not in json.dumps(insert.body)
         node_id = insert.body["labels"]["burla-node-id"]
         wait_for_nodes(head, 1, timeout=240)

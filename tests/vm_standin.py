@@ -13,6 +13,7 @@ inside (`shutdown -h now`, as the node supervisor does) gets what that cloud doe
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -30,8 +31,10 @@ import asyncssh
 from tests.fake_ec2 import CANONICAL, DEBIAN, login_user_of
 
 SHIMS = {
-    # Cloud images let the login user run root commands through passwordless sudo.
-    "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nexec "$@"\n',
+    # Cloud images let the login user run root commands through passwordless sudo...
+    "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nSTANDIN_ROOT=1 exec "$@"\n',
+    # ...and that user is not root (even when the tests run as root): root is what sudo gives.
+    "id": '#!/bin/sh\nif [ "$1" = -u ] && [ "$STANDIN_ROOT" != 1 ]; then echo 1000; else exec /usr/bin/id "$@"; fi\n',
     # Powering off: recorded; the farm turns it into what the cloud does on shutdown.
     "shutdown": '#!/bin/sh\necho "$@" >> "$HOME/../powered-off"\n',
     # The VM's network is this machine's loopback: its private address is 127.0.0.1.
@@ -117,7 +120,9 @@ class StandinVm:
         self.installed.mkdir(exist_ok=True)
         self.python = sys.executable
         self.uv_pythons: Path | None = None
-        shims = dict(SHIMS)
+        self.units = root / "units"  # systemd's transient units: NAME.pid while pending, NAME.stopped
+        self.units.mkdir(exist_ok=True)
+        shims = {**SHIMS, **self._systemd_shims()}
         if image is not None:
             shims.update(self._image_shims(image))
         for shim, text in shims.items():
@@ -132,6 +137,28 @@ class StandinVm:
         self.commands: list[str] = []
         self.port = 0
         self._server: asyncssh.SSHAcceptor | None = None
+
+    def _systemd_shims(self) -> dict[str, str]:
+        """`systemd-run --unit=U --on-active=Ns CMD` runs CMD after N s unless `systemctl stop
+        U.timer` came first; both as root only, as on the images."""
+        root_only = '[ "$STANDIN_ROOT" = 1 ] || { echo "Failed: Access denied" >&2; exit 4; }\n'
+        run = ("#!/bin/sh\n" + root_only + "unit=run; delay=0\n"
+               'while [ $# -gt 0 ]; do case "$1" in --unit=*) unit="${1#--unit=}";; '
+               '--on-active=*) delay="${1#--on-active=}"; delay="${delay%s}";; -*) ;; *) break;; esac; shift; done\n'
+               'program=$(basename "$1"); shift\n'
+               f'( sleep "$delay"; [ -e "{self.units}/$unit.stopped" ] || "$program" "$@" ) '
+               '>/dev/null 2>&1 </dev/null &\n'
+               f'echo $! > "{self.units}/$unit.pid"\n')
+        control = ("#!/bin/sh\n" + root_only +
+                   f'if [ "$1" = stop ]; then touch "{self.units}/${{2%.timer}}.stopped"; fi\n')
+        return {"systemd-run": run, "systemctl": control}
+
+    async def run_user_data(self, script: str) -> None:
+        """What cloud-init (or the guest agent) does at first boot: run the user data as root."""
+        child = await asyncio.create_subprocess_exec(
+            "/bin/bash", "-c", script, cwd="/", env={**self.environment(), "STANDIN_ROOT": "1"},
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        await child.wait()
 
     def _image_shims(self, image: StandinImage) -> dict[str, str]:
         """The image's python3 (its own minor version where this machine has one, without ensurepip
@@ -164,11 +191,7 @@ class StandinVm:
             link = self.uv_pythons / f"python{minor}"
             if not link.exists():
                 link.symlink_to(sys.executable)
-        return {"python3": f"#!/bin/sh\n{guard}exec {self.python} \"$@\"\n", image.package_manager: manager,
-                "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nSTANDIN_ROOT=1 exec "$@"\n',
-                # The image's login user is not root (the tests may run as root): root is what sudo gives.
-                "id": '#!/bin/sh\nif [ "$1" = -u ] && [ "$STANDIN_ROOT" != 1 ]; then echo 1000; '
-                      'else exec /usr/bin/id "$@"; fi\n'}
+        return {"python3": f"#!/bin/sh\n{guard}exec {self.python} \"$@\"\n", image.package_manager: manager}
 
     @property
     def powered_off(self) -> bool:
@@ -257,7 +280,7 @@ class StandinVm:
 
     def kill_processes(self) -> None:
         """Everything the VM runs dies with it (each supervisor's session and its children)."""
-        for pid_file in (self.home / ".burla").glob("*.pid"):
+        for pid_file in [*(self.home / ".burla").glob("*.pid"), *self.units.glob("*.pid")]:
             with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
                 os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
 
@@ -281,6 +304,7 @@ class VmRecord:
     authorized_key: str  # the public key the cloud authorised on the VM ("" if none)
     login_user: str | None = None  # the user the VM's image accepts (None: any)
     image: StandinImage | None = None  # what its image offers the bootstrap (None: the tests' Python)
+    user_data: str = ""  # the script the VM runs as root at first boot
 
 
 class VmFarm:
@@ -354,6 +378,8 @@ class VmFarm:
         vm = StandinVm(self.root / record.instance_id, key, record.instance_id, self.vm_environment,
                        record.login_user, record.image)
         port = self._loop.run(vm.start())
+        if record.user_data:
+            self._loop.run(vm.run_user_data(record.user_data))
         if not self.answer:
             self._loop.run(vm.stop())
             port = _closed_port()
@@ -399,18 +425,20 @@ class MotoVmFarm(VmFarm):
         records = []
         for instance in (i for r in reservations["Reservations"] for i in r["Instances"]):
             state = instance["State"]["Name"]
-            key, user, image = "", None, None
+            key, user, image, user_data = "", None, None, ""
             if state == "running" and instance["InstanceId"] not in self.vms and instance.get("KeyName"):
                 pairs = self.ec2.describe_key_pairs(KeyNames=[instance["KeyName"]], IncludePublicKey=True)
                 key = pairs["KeyPairs"][0]["PublicKey"]
                 user = login_user_of(self.ec2, instance["ImageId"])
                 owner = (self.ec2.describe_images(ImageIds=[instance["ImageId"]])["Images"] or [{}])[0].get("OwnerId")
                 image = {DEBIAN: DEBIAN_12, CANONICAL: UBUNTU_2404}.get(owner or "", AL2023)
+                given = self.ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+                user_data = base64.b64decode(given.get("UserData", {}).get("Value") or "").decode()
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
             records.append(VmRecord(
                 instance["InstanceId"], tags.get("burla-node-id") or tags.get("Name", ""), state == "running",
                 state in ("shutting-down", "terminated", "stopping", "stopped"),
-                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user, image))
+                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user, image, user_data))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -442,7 +470,7 @@ class GceVmFarm(VmFarm):
             image = UBUNTU_2404 if "ubuntu" in source else DEBIAN_12 if "debian-12" in source else None
             records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id") or instance["name"],
                                     instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
-                                    addresses, key, user or None, image))
+                                    addresses, key, user or None, image, items.get("startup-script", "")))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -457,7 +485,6 @@ class AzureVmFarm(VmFarm):
 
     def __init__(self, fake: Any, root: Path, **options: Any) -> None:
         self.fake = fake
-        self.stopped: set[str] = set()
         super().__init__(root, **options)
 
     def _records(self) -> list[VmRecord]:
@@ -471,15 +498,18 @@ class AzureVmFarm(VmFarm):
                          nic.get("properties", {}).get("ipConfigurations", [{}])[0].get("properties", {}).get(
                              "privateIPAddress"))
             records.append(VmRecord(machine["properties"]["vmId"], machine.get("tags", {}).get("burla-node-id") or name,
-                                    machine["properties"]["vmId"] not in self.stopped,
-                                    machine["properties"]["vmId"] in self.stopped, addresses,
+                                    self.fake.power_states.get((subscription, group, name)) == "running",
+                                    self.fake.power_states.get((subscription, group, name)) != "running", addresses,
                                     keys[0]["keyData"] if keys else "",
                                     machine["properties"]["osProfile"].get("adminUsername"),
-                                    _AZURE_IMAGES.get(reference.get("publisher", ""))))
+                                    _AZURE_IMAGES.get(reference.get("publisher", "")),
+                                    base64.b64decode(self.fake.custom_data.get(name) or "").decode()))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
-        self.stopped.add(record.instance_id)
+        for key, machine in list(self.fake.machines.items()):
+            if machine["properties"]["vmId"] == record.instance_id:
+                self.fake.power_states[key] = "stopped"  # still allocated: billed until deleted
 
 
 _AZURE_IMAGES = {"Canonical": UBUNTU_2404, "Debian": DEBIAN_12}  # by imageReference publisher

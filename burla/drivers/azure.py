@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
+from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudSetupError
@@ -326,7 +327,8 @@ class AzureDriver(ThreadedCloudDriver):
         subnet = self._ensure_network(driver, region)
         path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
         body = self._vm_body(node_id, request.machine_type or DEFAULT_MACHINE_TYPE, request.disk_gb, request.spot,
-                             None, region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
+                             dead_man_script(request.power_off_after_s) if request.power_off_after_s else None,
+                             region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
                              security_group=self._node_security_group(driver, region),
                              ssh_key=request.ssh_public_key)
         self._put(driver, path, VM_API, body)
@@ -376,10 +378,22 @@ class AzureDriver(ThreadedCloudDriver):
         return [n for n in nodes if (n.extra.get("tags") or {}).get(CLUSTER_TAG) == self.config.cluster_id]
 
     async def list_nodes(self) -> list[NodeHandle]:
-        nodes = await self._call(self._cluster_nodes)
-        return [NodeHandle(n.extra["tags"].get(NODE_TAG, n.name), self.name,
-                           _STATES.get(str(n.state), MachineState.BOOTING), n.id)
-                for n in nodes if n.extra["tags"].get(ROLE_TAG) != "head"]
+        return await self._call(self._node_handles)
+
+    def _node_handles(self, driver) -> list[NodeHandle]:
+        return [NodeHandle(n.extra["tags"].get(NODE_TAG, n.name), self.name, self._machine_state(driver, n), n.id)
+                for n in self._cluster_nodes(driver) if n.extra["tags"].get(ROLE_TAG) != "head"]
+
+    def _machine_state(self, driver, node) -> MachineState:
+        """From the VM's power state: a VM its guest shut down is "stopped" but still allocated, and
+        billed as if running, so it reads as STOPPED here (and is deleted by a sweep), like a
+        deallocated one. https://learn.microsoft.com/azure/virtual-machines/states-billing"""
+        view = driver.connection.request(f"{node.id}/instanceView", params={"api-version": VM_API}).object
+        power = next((s["code"].split("/", 1)[1] for s in view.get("statuses", [])
+                      if s.get("code", "").startswith("PowerState/")), None)
+        if power is None:
+            return _STATES.get(str(node.state), MachineState.BOOTING)
+        return _POWER_STATES.get(power, MachineState.BOOTING)
 
     def _find(self, driver, node_id: str) -> list:
         return [n for n in self._cluster_nodes(driver) if n.extra["tags"].get(NODE_TAG) == node_id]
@@ -467,6 +481,9 @@ class AzureDriver(ThreadedCloudDriver):
             driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
         return bool(heads)
 
+_POWER_STATES = {"running": MachineState.RUNNING, "starting": MachineState.BOOTING, "stopping": MachineState.STOPPED,
+                 "stopped": MachineState.STOPPED, "deallocating": MachineState.STOPPED,
+                 "deallocated": MachineState.STOPPED}
 _STATES = {"running": MachineState.RUNNING, "pending": MachineState.BOOTING, "updating": MachineState.BOOTING,
            "terminated": MachineState.STOPPED, "error": MachineState.STOPPED, "unknown": MachineState.BOOTING}
 

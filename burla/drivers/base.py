@@ -32,6 +32,7 @@ class BootRequest:
     python_version: str | None = None  # major.minor for the nodes' Python (None: the head's)
     head_cert: str | None = None  # PEM of the head's own certificate, which nodes pin (https heads)
     ssh_public_key: str | None = None  # the cluster's key (OpenSSH form), authorised through the cloud
+    power_off_after_s: float | None = None  # a VM not set up by then powers itself off (its user data)
 
     def ids(self, prefix: str) -> list[str]:
         import secrets

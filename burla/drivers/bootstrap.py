@@ -29,6 +29,24 @@ SUPERVISOR_PID_FILE = "supervisor.pid"
 INSTALLED_MARKER = "installed-build"
 
 
+DEAD_MAN_UNIT = "burla-dead-man"  # the systemd timer that powers a VM off unless a head sets it up
+# Stops that timer; the bootstrap and every node start run it (a VM set up again after a reboot too).
+CANCEL_DEAD_MAN = (f'{{ if [ "$(id -u)" = 0 ]; then systemctl stop {DEAD_MAN_UNIT}.timer; '
+                   f'else sudo -n systemctl stop {DEAD_MAN_UNIT}.timer; fi; }} 2>/dev/null || true')
+
+
+def dead_man_script(seconds: float) -> str:
+    """The user data every node VM boots with (run as root by cloud-init or the guest agent): a
+    timer that powers the VM off `seconds` after boot unless a head's bootstrap stops it, so a VM
+    nobody sets up (its head died, its SSH never answered) does not stay billed. No secret in it."""
+    return "\n".join([
+        "#!/bin/sh",
+        f"# burla: this VM powers itself off {seconds:g} s after boot unless its head sets it up",
+        f"systemd-run --unit={DEAD_MAN_UNIT} --on-active={max(1, int(seconds))}s /usr/sbin/shutdown -h now",
+        "",
+    ])
+
+
 def this_python() -> str:
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -85,6 +103,7 @@ def install_script(python_version: str | None, source: PackageSource, extra: str
         "set -euo pipefail",
         f'B="$HOME/{HOME_DIR}"',
         'cd "$B"',
+        CANCEL_DEAD_MAN,
         f'if [ "$(cat {INSTALLED_MARKER} 2>/dev/null)" = {shlex.quote(build_hash())} ]; then exit 0; fi',
         'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
         # A Python with venv: the image's, or one uv fetches when its major.minor differs.
@@ -136,6 +155,7 @@ def supervise_command(join_args: list[str], orphan_timeout_s: float, image: str 
     return "\n".join([
         f'B="$HOME/{HOME_DIR}"',
         'cd "$B"',
+        CANCEL_DEAD_MAN,
         f'if [ -f {SUPERVISOR_PID_FILE} ] && kill -0 "$(cat {SUPERVISOR_PID_FILE})" 2>/dev/null; then',
         "  echo already running; exit 0",
         "fi",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, NodeHandle, QuotaRoom, VmAddress
+from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, cloud_message, refusal_kind
 from burla.drivers.ec2_images import (
     DEFAULT_FAMILY,
@@ -197,6 +198,8 @@ class Ec2Driver(ThreadedCloudDriver):
         }
         if request.ssh_public_key:
             kwargs["ex_keyname"] = self._key_pair(driver, request.ssh_public_key)
+        if request.power_off_after_s:
+            kwargs["ex_userdata"] = dead_man_script(request.power_off_after_s)
         if request.disk_gb:
             kwargs["ex_blockdevicemappings"] = [
                 {"DeviceName": image.extra.get("root_device_name") or "/dev/xvda",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, NodeHandle, VmAddress
+from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.catalog import gpu_model, lookup
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
@@ -269,7 +270,9 @@ class GceDriver(ThreadedCloudDriver):
             "location": zone,
             "ex_network": self.config.network,
             "ex_tags": [NETWORK_TAG],
-            "ex_metadata": _ssh_metadata(request.ssh_public_key) if request.ssh_public_key else {},
+            "ex_metadata": {**(_ssh_metadata(request.ssh_public_key) if request.ssh_public_key else {}),
+                            **({"startup-script": dead_man_script(request.power_off_after_s)}
+                               if request.power_off_after_s else {})},
             "ex_labels": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
             "ex_disk_type": boot_disk_type(machine_type),
             "ex_disk_size": request.disk_gb,

@@ -51,6 +51,7 @@ from burla.process.loop_supervisor import end_tasks
 log = logging.getLogger("burla.ssh")
 
 ADDRESS_POLL_S = 2.0
+DEAD_MAN_DEADLINES = 2  # a VM's power-off timer, in boot deadlines
 TRANSCRIPT_LIMIT = 20_000
 
 NodeEvent = Callable[[str, str, str], None]  # (node_id, kind, detail)
@@ -294,7 +295,10 @@ class SshBootstrapDriver(Driver):
             self.on_event(node_id, kind, detail)
 
     async def boot(self, request: BootRequest) -> list[str]:
-        request = dataclasses.replace(request, ssh_public_key=self.public_key)
+        # A VM this head can't set up (it died, SSH never answered) powers itself off well after the
+        # deadline at which a living head would have deleted it.
+        request = dataclasses.replace(request, ssh_public_key=self.public_key,
+                                      power_off_after_s=DEAD_MAN_DEADLINES * self.settings.boot_deadline_s)
         node_ids = request.ids("burla-node")
         request = dataclasses.replace(request, node_ids=tuple(node_ids))
         try:
