@@ -150,6 +150,15 @@ class Ec2Rules:
                                        region_name=REGION)
 
 
+def machine_gpus(instance_type: str) -> tuple[str, ...]:
+    """The instance type's GPUs as nvidia-smi names them ("Tesla T4", "NVIDIA A100-SXM4-40GB")."""
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+    gpus = INSTANCE_TYPES.get(instance_type, {}).get("GpuInfo", {}).get("Gpus", [])
+    return tuple(("Tesla T4" if gpu["Name"] == "T4" else f"NVIDIA {gpu['Name']}") for gpu in gpus
+                 for _ in range(gpu["Count"]))
+
+
 LOGIN_USERS = {DEBIAN: "admin", CANONICAL: "ubuntu"}  # every other publisher here: ec2-user
 
 

@@ -220,3 +220,50 @@ def test_debian_and_ubuntu_images_become_nodes(moto, tmp_path, wheelhouse, clien
     finally:
         head.stop()
         farm.close()
+
+
+def _gpu_job(client_venv, head, tmp_path):
+    from tests.helpers import start_client
+
+    return start_client(client_venv, head, """
+        import json, os
+        from burla import remote_parallel_map
+        seen = remote_parallel_map(lambda x: os.environ.get("CUDA_VISIBLE_DEVICES"), [0], func_gpu="T4", grow=True,
+                                   spinner=False)
+        print(json.dumps(seen))
+    """, tmp_path)
+
+
+def test_a_gpu_machine_joins_with_the_gpus_its_images_driver_lists(moto, tmp_path, wheelhouse, client_venv):
+    farm, head = _ec2_head(moto, tmp_path, wheelhouse)
+    try:
+        job = _gpu_job(client_venv, head, tmp_path)
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+        assert out.strip() == '["0"]'  # the node offered the GPU nvidia-smi listed; the call had it to itself
+        [instance] = _launched(moto)
+        assert instance["InstanceType"] == "g4dn.xlarge" and instance["Image"]["OwnerId"] == DLAMI_OWNER
+    finally:
+        head.stop()
+        farm.close()
+
+
+def test_a_gpu_machine_whose_image_lacks_the_driver_is_deleted_at_once(moto, tmp_path, wheelhouse, client_venv,
+                                                                       monkeypatch):
+    plain = moto.describe_images(Owners=["amazon"], Filters=[
+        {"Name": "name", "Values": ["al2023-ami-2023.*-x86_64"]}])["Images"][0]
+    monkeypatch.setenv("BURLA_AWS_AMI", plain["ImageId"])  # a stock image: no NVIDIA driver
+    farm, head = _ec2_head(moto, tmp_path, wheelhouse)
+    try:
+        job = _gpu_job(client_venv, head, tmp_path)
+        out, err = job.communicate(timeout=300)
+        assert job.returncode != 0 and "NoNodes" in err
+        assert "booted as g4dn.xlarge with 1 T4 GPU(s), but nvidia-smi on it lists 0" in err
+        from tests.helpers import wait_until
+
+        [instance] = _launched(moto)
+        wait_until(lambda: _launched(moto)[0]["State"]["Name"] == "terminated", timeout=60, what="the GPU VM deleted")
+        assert instance["InstanceType"] == "g4dn.xlarge"
+    finally:
+        head.stop()
+        farm.close()

@@ -28,7 +28,7 @@ from typing import Any
 
 import asyncssh
 
-from tests.fake_ec2 import CANONICAL, DEBIAN, login_user_of
+from tests.fake_ec2 import CANONICAL, DEBIAN, DLAMI_OWNER, login_user_of, machine_gpus
 
 SHIMS = {
     # Cloud images let the login user run root commands through passwordless sudo...
@@ -50,6 +50,7 @@ class StandinImage:
     python_minor: str | None  # the minor version its python3 is (None: the tests' own interpreter's)
     venv_package: str | None  # what the package manager must install before `python3 -m venv` works
     package_manager: str  # "apt-get" or "dnf"
+    gpu_driver: bool = False  # has the NVIDIA driver: nvidia-smi lists the machine's GPUs
 
 
 # Amazon Linux 2023 ships Python 3.9 with venv, and dnf.
@@ -61,6 +62,9 @@ class StandinImage:
 AL2023 = StandinImage("al2023", "3.9", None, "dnf")
 DEBIAN_12 = StandinImage("debian-12", "3.11", "python3-venv", "apt-get")
 UBUNTU_2404 = StandinImage("ubuntu-24.04", "3.12", "python3-venv", "apt-get")
+# AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Amazon Linux 2023): AL2023 with the driver.
+#   https://docs.aws.amazon.com/dlami/latest/devguide/aws-deep-learning-base-gpu-ami-amazon-linux-2023.html
+DLAMI_BASE = StandinImage("dlami-base-al2023", "3.9", None, "dnf", gpu_driver=True)
 
 _NO_ENSUREPIP = "raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n"
 _DEBIAN_VENV_ERROR = ("The virtual environment was not created successfully because ensurepip is not\n"
@@ -106,8 +110,9 @@ class LoopThread:
 
 class StandinVm:
     def __init__(self, root: Path, authorized_key: str, name: str, environment: dict[str, str] | None = None,
-                 login_user: str | None = None, image: StandinImage | None = None) -> None:
+                 login_user: str | None = None, image: StandinImage | None = None, gpus: tuple[str, ...] = ()) -> None:
         self.root = root
+        self.gpus = gpus  # the machine's GPUs (what nvidia-smi names them), seen only with the driver
         self.image = image  # None: python3 is the tests' own interpreter, with venv
         self.login_user = login_user  # the only user the image created (None: any name logs in)
         self.extra_environment = environment or {}  # what the VM's own identity provides (a role's credentials)
@@ -191,7 +196,13 @@ class StandinVm:
             link = self.uv_pythons / f"python{minor}"
             if not link.exists():
                 link.symlink_to(sys.executable)
-        return {"python3": f"#!/bin/sh\n{guard}exec {self.python} \"$@\"\n", image.package_manager: manager}
+        shims = {"python3": f"#!/bin/sh\n{guard}exec {self.python} \"$@\"\n", image.package_manager: manager}
+        if image.gpu_driver and self.gpus:
+            names = "".join(f"{name}\\n" for name in self.gpus)
+            usage = "0, 0, 15360\\n" * len(self.gpus)
+            shims["nvidia-smi"] = (f'#!/bin/sh\ncase "$*" in *--query-gpu=name*) printf "{names}";; '
+                                   f'*--query-gpu=*) printf "{usage}";; *) echo "NVIDIA-SMI 550";; esac\n')
+        return shims
 
     @property
     def powered_off(self) -> bool:
@@ -305,6 +316,7 @@ class VmRecord:
     login_user: str | None = None  # the user the VM's image accepts (None: any)
     image: StandinImage | None = None  # what its image offers the bootstrap (None: the tests' Python)
     user_data: str = ""  # the script the VM runs as root at first boot
+    gpus: tuple[str, ...] = ()  # the machine type's GPUs, as nvidia-smi would name them
 
 
 class VmFarm:
@@ -376,7 +388,7 @@ class VmFarm:
         if not self.authorize or not key:
             key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
         vm = StandinVm(self.root / record.instance_id, key, record.instance_id, self.vm_environment,
-                       record.login_user, record.image)
+                       record.login_user, record.image, record.gpus)
         port = self._loop.run(vm.start())
         if record.user_data:
             self._loop.run(vm.run_user_data(record.user_data))
@@ -425,20 +437,22 @@ class MotoVmFarm(VmFarm):
         records = []
         for instance in (i for r in reservations["Reservations"] for i in r["Instances"]):
             state = instance["State"]["Name"]
-            key, user, image, user_data = "", None, None, ""
+            key, user, image, user_data, gpus = "", None, None, "", ()
             if state == "running" and instance["InstanceId"] not in self.vms and instance.get("KeyName"):
                 pairs = self.ec2.describe_key_pairs(KeyNames=[instance["KeyName"]], IncludePublicKey=True)
                 key = pairs["KeyPairs"][0]["PublicKey"]
                 user = login_user_of(self.ec2, instance["ImageId"])
                 owner = (self.ec2.describe_images(ImageIds=[instance["ImageId"]])["Images"] or [{}])[0].get("OwnerId")
-                image = {DEBIAN: DEBIAN_12, CANONICAL: UBUNTU_2404}.get(owner or "", AL2023)
+                image = {DEBIAN: DEBIAN_12, CANONICAL: UBUNTU_2404, DLAMI_OWNER: DLAMI_BASE}.get(owner or "", AL2023)
+                gpus = machine_gpus(instance["InstanceType"])
                 given = self.ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
                 user_data = base64.b64decode(given.get("UserData", {}).get("Value") or "").decode()
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
             records.append(VmRecord(
                 instance["InstanceId"], tags.get("burla-node-id") or tags.get("Name", ""), state == "running",
                 state in ("shutting-down", "terminated", "stopping", "stopped"),
-                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user, image, user_data))
+                (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user, image, user_data,
+                gpus))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:

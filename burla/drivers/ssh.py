@@ -213,8 +213,8 @@ class VmSession:
             args += ["--advertise-host", private]
         if request.workers is not None:
             args += ["--workers", str(request.workers)]
-        if request.gpu is not None:
-            args += ["--gpu", request.gpu, "--gpu-count", str(request.gpu_count)]
+        # GPUs are not passed: the node offers what nvidia-smi lists, which the head checks
+        # against the machine type (an image without the NVIDIA driver lists none).
         if request.image is not None:
             args += ["--image", request.image]
         if request.region is not None:

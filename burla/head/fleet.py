@@ -182,6 +182,14 @@ class Fleet:
         self._booting_machines[node_id] = machine
         return node_id
 
+    def registration_problem(self, msg: wire.RegisterNode) -> str | None:
+        machine = self._booting_machines.get(msg.node_id)
+        if machine is None or msg.gpu_count >= machine.gpu_count:
+            return None
+        return (f"{msg.node_id} was booted as {machine.name} with {machine.gpu_count} {machine.gpu} GPU(s), but "
+                f"nvidia-smi on it lists {msg.gpu_count}: its image lacks the NVIDIA driver (or the GPUs failed); "
+                "its VM is deleted")
+
     def _grow_request(self, spec: wire.OpenJob, machine: MachineType, node_id: str) -> BootRequest:
         s = self.settings
         return BootRequest(

@@ -16,6 +16,9 @@ class Machines(Protocol):
     def remove_machine(self, node_id: str, why: str) -> None:
         """A node that left or went silent: its machine goes (cloud nodes)."""
 
+    def registration_problem(self, msg: wire.RegisterNode) -> str | None:
+        """Why a node this head booted can't join as it registers (it lacks its machine's GPUs)."""
+
 
 class NoMachines:
     """Before the fleet is made (and in a cluster without one): nothing to boot or remove."""
@@ -25,3 +28,6 @@ class NoMachines:
 
     def remove_machine(self, node_id: str, why: str) -> None:
         pass
+
+    def registration_problem(self, msg: wire.RegisterNode) -> str | None:
+        return None

@@ -191,7 +191,7 @@ def _registration_problem(first: wire.RegisterNode, cluster: Cluster) -> str | N
                    f"from 0 to {MAX_NODE_SLOTS}")
     if problem is None and len(first.cert_sha256) not in (0, 32):
         problem = "RegisterNode.cert_sha256 must be empty or a 32-byte SHA-256 digest"
-    return problem
+    return problem or cluster.machines.registration_problem(first)
 
 
 async def _node_frames(cluster: Cluster, ws: web.WebSocketResponse, node_id: str, link: NodeLink) -> None:
