@@ -207,7 +207,7 @@ def test_the_gce_head_vm_gets_its_port_opened_the_ssh_key_and_the_default_servic
 
     address, nodes, deleted = asyncio.run(scenario())
     [firewall] = gce.logged("POST", "/global/firewalls")
-    assert firewall.body["allowed"] == [{"IPProtocol": "tcp", "ports": ["5001"]}]
+    assert firewall.body["allowed"] == [{"IPProtocol": "tcp", "ports": ["5001", "22"]}]  # https, and SSH to set it up
     assert (firewall.body["sourceRanges"], firewall.body["targetTags"]) == (["0.0.0.0/0"], ["burla-head"])
     [insert] = gce.logged("POST", "/instances")
     assert insert.body["tags"]["items"] == ["burla-head"]

@@ -286,6 +286,11 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         node_id = insert.body["labels"]["burla-node-id"]
         wait_for_nodes(head, 1, timeout=240)
         assert farm.vm(node_id).logins[0] == "burla"  # the user the ssh-keys metadata names
+        # The project has no default-allow-ssh rule (the stand-in's firewall lets nothing in
+        # unless a rule does): the driver made the nodes' own.
+        rules = {f.body["name"]: f.body for f in gce.logged("POST", "/global/firewalls")}
+        assert rules["burla-nodes-ssh-default"]["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+        assert rules["burla-nodes-internal-default"]["sourceTags"] == ["burla-node"]
         assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == node_id
         assert run_client_in(client_venv, head, """
             import json

@@ -317,6 +317,7 @@ class VmRecord:
     image: StandinImage | None = None  # what its image offers the bootstrap (None: the tests' Python)
     user_data: str = ""  # the script the VM runs as root at first boot
     gpus: tuple[str, ...] = ()  # the machine type's GPUs, as nvidia-smi would name them
+    ssh_allowed: bool = True  # the cloud's firewall lets this machine reach its port 22
 
 
 class VmFarm:
@@ -392,7 +393,7 @@ class VmFarm:
         port = self._loop.run(vm.start())
         if record.user_data:
             self._loop.run(vm.run_user_data(record.user_data))
-        if not self.answer:
+        if not self.answer or not record.ssh_allowed:
             self._loop.run(vm.stop())
             port = _closed_port()
         with self._lock:
@@ -481,10 +482,15 @@ class GceVmFarm(VmFarm):
             interface = instance["networkInterfaces"][0]
             addresses = (interface.get("networkIP"), *(a.get("natIP") for a in interface.get("accessConfigs", [])))
             source = instance.get("sourceImage", "")
+            # VPC firewall rules: ingress is denied unless a rule allows it (tcp:22 from anywhere,
+            # to the instance's network tags or to every instance). https://cloud.google.com/firewall/docs/firewalls
+            tags = set(instance.get("tags", {}).get("items", []))
+            ssh_allowed = any(_opens_ssh(rule, tags) for rule in list(self.fake.firewalls.values()))
             image = UBUNTU_2404 if "ubuntu" in source else DEBIAN_12 if "debian-12" in source else None
             records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id") or instance["name"],
                                     instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
-                                    addresses, key, user or None, image, items.get("startup-script", "")))
+                                    addresses, key, user or None, image, items.get("startup-script", ""),
+                                    ssh_allowed=ssh_allowed))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -524,6 +530,14 @@ class AzureVmFarm(VmFarm):
         for key, machine in list(self.fake.machines.items()):
             if machine["properties"]["vmId"] == record.instance_id:
                 self.fake.power_states[key] = "stopped"  # still allocated: billed until deleted
+
+
+def _opens_ssh(rule: dict, tags: set[str]) -> bool:
+    targets = set(rule.get("targetTags", []))
+    opens = any(a.get("IPProtocol") in ("tcp", "all") and (not a.get("ports") or any(
+        port == "22" or ("-" in port and int(port.split("-")[0]) <= 22 <= int(port.split("-")[1]))
+        for port in a["ports"])) for a in rule.get("allowed", []))
+    return opens and "0.0.0.0/0" in rule.get("sourceRanges", []) and (not targets or bool(targets & tags))
 
 
 _AZURE_IMAGES = {"Canonical": UBUNTU_2404, "Debian": DEBIAN_12}  # by imageReference publisher

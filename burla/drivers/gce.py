@@ -227,6 +227,7 @@ class GceDriver(ThreadedCloudDriver):
         self.config = config
         self._token = token or GoogleToken()
         self._zones_of_region: dict[str, str] = {}
+        self._firewalls_made: set[str] = set()  # networks whose node rules exist
         super().__init__()
 
     def _new_libcloud_driver(self) -> Any:
@@ -288,8 +289,33 @@ class GceDriver(ThreadedCloudDriver):
                     raise CloudSetupError(f"GCP has no accelerator for GPU {request.gpu!r}; known: "
                                           f"{', '.join(sorted(ACCELERATORS))}.")
                 kwargs.update(ex_accelerator_type=accelerator, ex_accelerator_count=max(1, request.gpu_count))
+        self._node_firewall(driver)
         driver.create_node(node_id, machine_type, self._image(driver), **kwargs)
         return node_id
+
+    def _node_firewall(self, driver) -> None:
+        """Rules for the nodes' network tag, made once per project and network: SSH from anywhere
+        (logins take the cluster's key only) and any TCP port between nodes (steals). A project need
+        not have the default network's `default-allow-ssh`: it can be deleted, and custom networks
+        start without it. https://cloud.google.com/firewall/docs/firewalls#more_rules_default_vpc"""
+        from libcloud.common.google import ResourceExistsError
+
+        if self.config.network in self._firewalls_made:
+            return
+        rules = [
+            (f"burla-nodes-ssh-{self.config.network}", {"source_ranges": ["0.0.0.0/0"]}, ["22"],
+             "burla nodes: SSH from their head"),
+            (f"burla-nodes-internal-{self.config.network}", {"source_tags": [NETWORK_TAG]}, ["0-65535"],
+             "burla nodes: any port between nodes"),
+        ]
+        for name, sources, ports, description in rules:
+            try:
+                driver.ex_create_firewall(name, allowed=[{"IPProtocol": "tcp", "ports": ports}],
+                                          network=self.config.network, target_tags=[NETWORK_TAG],
+                                          description=description, **sources)
+            except ResourceExistsError:
+                pass
+        self._firewalls_made.add(self.config.network)
 
     def _cluster_instances(self, driver) -> list[dict[str, Any]]:
         """This cluster's instances in every zone: one aggregated request with a label filter."""
@@ -344,9 +370,9 @@ class GceDriver(ThreadedCloudDriver):
 
         try:
             driver.ex_create_firewall(
-                f"burla-head-{head.port}", allowed=[{"IPProtocol": "tcp", "ports": [str(head.port)]}],
+                f"burla-head-{head.port}", allowed=[{"IPProtocol": "tcp", "ports": [str(head.port), "22"]}],
                 network=self.config.network, source_ranges=["0.0.0.0/0"], target_tags=[HEAD_NETWORK_TAG],
-                description="burla head: https for clients and nodes")
+                description="burla head: https for clients and nodes, SSH for `burla deploy`")
         except ResourceExistsError:
             pass  # made by an earlier deployment
         machine_type = head.machine_type or DEFAULT_HEAD_MACHINE_TYPE
