@@ -73,6 +73,7 @@ class FakeAzure(FakeCloudApi):
         app.middlewares.append(self._authorize)
         app.router.add_post("/{tenant}/oauth2/v2.0/token", self.token)
         app.router.add_put(GROUP, self.put_group)
+        app.router.add_get(GROUP, self.get_group)
         app.router.add_put(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.put_network)
         app.router.add_get(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.get_network)
         app.router.add_get(GROUP + "/providers/Microsoft.Compute/virtualMachines", self.list_machines)
@@ -98,6 +99,13 @@ class FakeAzure(FakeCloudApi):
         self.groups[key] = self.fixture("resource_group", subscription=m["subscription"], group=m["group"],
                                         location=body.get("location", ""), tags=body.get("tags", {}))
         return json_response(self.groups[key], 201 if created else 200)
+
+    async def get_group(self, request: web.Request) -> web.Response:
+        missing = self._group_or_404(request)
+        if missing is not None:
+            return missing
+        m = request.match_info
+        return json_response(self.groups[(m["subscription"], m["group"])])
 
     def _group_or_404(self, request: web.Request) -> web.Response | None:
         m = request.match_info

@@ -49,6 +49,7 @@ class Ec2Rules:
                                                                  "L-417A185B": 0})
     exhausted: set[tuple[str, str]] = field(default_factory=set)  # (instance type, zone) with no capacity
     refused: list[str] = field(default_factory=list)  # what was refused, in order (code: message)
+    denied: set[str] = field(default_factory=set)  # IAM actions the caller's policies don't allow
 
     def install(self, monkeypatch: Any) -> None:
         from moto.ec2.models.instances import InstanceBackend
@@ -69,8 +70,34 @@ class Ec2Rules:
                         "GlobalQuota": False}
             return get_service_quota(backend, service_code, quota_code)
 
+        def quotas_if_allowed(backend: Any, service_code: str, quota_code: str) -> dict[str, Any]:
+            from moto.core.exceptions import ServiceException
+
+            if "servicequotas:GetServiceQuota" in rules.denied:
+                raise ServiceException("AccessDeniedException", _not_authorized("servicequotas:GetServiceQuota"))
+            return ec2_quotas(backend, service_code, quota_code)
+
         monkeypatch.setattr(InstanceBackend, "run_instances", checked_run_instances)
-        monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", ec2_quotas)
+        monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", quotas_if_allowed)
+        self._deny_actions(monkeypatch)
+
+    def _deny_actions(self, monkeypatch: Any) -> None:
+        """IAM: a call whose action no policy allows is refused, dry run or not (a dry run answers
+        UnauthorizedOperation instead of DryRunOperation)."""
+        from moto.ec2.exceptions import EC2ClientError
+        from moto.ec2.responses.instances import InstanceResponse
+
+        rules = self
+        for method, action in (("run_instances", "ec2:RunInstances"),
+                               ("terminate_instances", "ec2:TerminateInstances")):
+            original = getattr(InstanceResponse, method)
+
+            def guarded(response: Any, _original: Any = original, _action: str = action) -> Any:
+                if _action in rules.denied:
+                    raise EC2ClientError("UnauthorizedOperation", _not_authorized(_action))
+                return _original(response)
+
+            monkeypatch.setattr(InstanceResponse, method, guarded)
 
     def check_launch(self, backend: Any, image_id: str, count: int, kwargs: dict[str, Any]) -> None:
         from moto.ec2.exceptions import EC2ClientError
@@ -148,6 +175,11 @@ class Ec2Rules:
                                        architecture=architecture, virtualization_type="hvm", hypervisor="xen",
                                        root_device_type="ebs", root_device_name="/dev/xvda", creation_date=created,
                                        region_name=REGION)
+
+
+def _not_authorized(action: str) -> str:
+    return (f"You are not authorized to perform this operation. User: arn:aws:iam::{ACCOUNT}:user/moto is not "
+            f"authorized to perform: {action} because no identity-based policy allows the {action} action.")
 
 
 def machine_gpus(instance_type: str) -> tuple[str, ...]:

@@ -129,8 +129,13 @@ class FakeGce(FakeCloudApi):
         return zone.rsplit("-", 1)[0]
 
     async def region(self, request: web.Request) -> web.Response:
+        """The region with its CPUS quota: the limit the inserts enforce, and what they used."""
         m = request.match_info
-        return json_response(self.fixture("region", project=m["project"], region=m["region"]))
+        region = self.fixture("region", project=m["project"], region=m["region"])
+        used = sum(vcpus_of(i["machineType"].rsplit("/", 1)[-1]) for (project, zone, _), i in self.instances.items()
+                   if project == m["project"] and self._region_of(zone) == m["region"])
+        region["quotas"] = [{"metric": "CPUS", "limit": float(self.cpus_quota), "usage": float(used)}]
+        return json_response(region)
 
     async def zones(self, request: web.Request) -> web.Response:
         project = request.match_info["project"]

@@ -260,3 +260,20 @@ def test_a_vm_that_powered_itself_off_is_still_allocated_and_the_next_head_delet
     finally:
         head.stop()
         farm.close()
+
+
+def test_cloud_check_reads_the_subscription_and_says_what_azure_checks_at_boot(azure, tmp_path, monkeypatch):
+    monkeypatch.setenv("BURLA_CONFIG_DIR", str(tmp_path / "config"))
+    done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}
+    assert checks["credentials"]["status"] == "ok" and SUBSCRIPTION in checks["credentials"]["detail"]
+    assert checks["image"]["detail"] == "Canonical:ubuntu-24_04-lts:server:latest"
+    assert checks["vCPU quota"]["status"] == "warn"  # Azure's usage API is not read ahead
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", "wrong")
+    done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 9
+    [credentials] = json.loads(done.stdout)["data"]["checks"]
+    assert credentials["status"] == "fail"

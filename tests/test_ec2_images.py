@@ -267,3 +267,18 @@ def test_a_gpu_machine_whose_image_lacks_the_driver_is_deleted_at_once(moto, tmp
     finally:
         head.stop()
         farm.close()
+
+
+def test_grow_fails_fast_naming_a_missing_permission_and_its_fix(moto, ec2_rules, tmp_path, wheelhouse, client_venv):
+    ec2_rules.denied |= {"ec2:RunInstances"}
+    farm, head = _ec2_head(moto, tmp_path, wheelhouse)
+    try:
+        job = _grow_job(client_venv, head, tmp_path, 3)
+        out, err = job.communicate(timeout=120)
+        assert job.returncode != 0 and "NoNodes" in err
+        assert "burla cloud check failed: permissions: missing ec2:RunInstances" in err
+        assert "fix: allow these actions in the IAM policy" in err
+        assert _launched(moto) == []
+    finally:
+        head.stop()
+        farm.close()

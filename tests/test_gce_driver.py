@@ -352,3 +352,24 @@ def test_a_silent_node_has_its_instance_deleted_once_declared_dead(gce, farm, tm
         assert gce.logged("DELETE")[0].path.endswith(f"/instances/{node_id}")
     finally:
         head.stop()
+
+
+def _cloud_check(*args: str) -> tuple[int, dict[str, dict]]:
+    done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "gcp", "--json", *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    return done.returncode, {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}
+
+
+def test_cloud_check_reads_the_project_the_machine_type_image_quota_and_firewall(gce, tmp_path, monkeypatch):
+    monkeypatch.setenv("BURLA_CONFIG_DIR", str(tmp_path / "config"))
+    code, checks = _cloud_check()
+    assert code == 0 and [c["status"] for c in checks.values()] == ["ok"] * 5
+    assert checks["credentials"]["detail"].startswith(f"project {PROJECT}")
+    assert "hyperdisk-balanced" in checks["machine type"]["detail"]  # the default n4's boot disk
+    assert checks["vCPU quota"]["detail"] == "CPUS in us-central1: 24 vCPUs, 0 in use"
+    assert "the first boot makes firewall rule burla-nodes-ssh-default" in checks["ssh path"]["detail"]
+    gce.cpus_quota = 2
+    code, checks = _cloud_check("--machine-type", "n2-standard-8")
+    assert code == 9 and checks["vCPU quota"]["status"] == "fail" and "Quotas" in checks["vCPU quota"]["fix"]
+    code, checks = _cloud_check("--machine-type", "zz9-standard-4")
+    assert code == 9 and checks["machine type"]["status"] == "fail"

@@ -18,6 +18,7 @@ from burla.config import ENV_HEAD_URL, ENV_TOKEN
 # every cold start and need none of the management commands' imports.
 _COMMANDS = {
     "auth": "burla.cli.account",
+    "cloud": "burla.cli.cloud",
     "cluster": "burla.cli.cluster",
     "config": "burla.cli.account",
     "dashboard": "burla.cli.account",

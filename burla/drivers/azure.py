@@ -1,16 +1,16 @@
 """The Azure driver: nodes are VMs in the user's Azure subscription, through apache-libcloud's
 Resource Manager connection.
 
-- Credentials: a service principal from `AZURE_CLIENT_ID` / `AZURE_CLIENT_SECRET` /
-  `AZURE_TENANT_ID` (the names Azure's SDKs use), else the Azure CLI's login (`az account
-  get-access-token`). libcloud's own login (AAD v1, secret only) is bypassed. `AZURE_AUTHORITY_HOST`
+- Credentials (`burla.drivers.azure_auth`): a service principal from `AZURE_CLIENT_ID` /
+  `AZURE_CLIENT_SECRET` / `AZURE_TENANT_ID` (the names Azure's SDKs use), else the Azure CLI's
+  login (`az account get-access-token`). libcloud's own login (AAD v1, secret only) is bypassed. `AZURE_AUTHORITY_HOST`
   is honoured, as in Azure's SDKs.
 - The subscription comes from `AZURE_SUBSCRIPTION_ID`, else the Azure CLI's default one.
 - libcloud's VM calls use an old API version without Spot or custom data that works on Python 3
   (apache/libcloud#1893), so burla sends its own PUT through libcloud's connection: NIC, public IP
   and OS disk are created inline and deleted with the VM. Listing and deletion use libcloud's calls.
-- Node VMs carry no custom data: `linuxConfiguration.ssh` authorises the cluster's SSH key for
-  user `burla`, the network security group `burla-nodes-<region>` opens port 22 (the virtual
+- Node VMs carry only the power-off timer as custom data (no secret): `linuxConfiguration.ssh`
+  authorises the cluster's SSH key for user `burla`, the network security group `burla-nodes-<region>` opens port 22 (the virtual
   network's own traffic is allowed by Azure's default rules), and the head sets them up over SSH
   (`burla.drivers.ssh`).
 """
@@ -18,10 +18,7 @@ Resource Manager connection.
 from __future__ import annotations
 
 import base64
-import configparser
 import json
-import shutil
-import subprocess
 import threading
 import time
 import urllib.error
@@ -31,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from burla.drivers.base import BootRequest, NodeHandle, VmAddress
+from burla.drivers.azure_auth import AzureToken, cli_default, cli_default_subscription
+from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
@@ -52,8 +50,6 @@ IMDS = "http://169.254.169.254"
 ROLE_API = "2022-04-01"
 CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"  # built-in role id, the same in every tenant
 DEFAULT_HEAD_MACHINE_TYPE = "Standard_D2as_v5"
-_SP_FIX = ("Check AZURE_CLIENT_ID, AZURE_CLIENT_SECRET and AZURE_TENANT_ID, or create a new secret with "
-           "`az ad sp credential reset --id $AZURE_CLIENT_ID`.")
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,7 @@ class AzureConfig:
     @classmethod
     def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> AzureConfig:
         directory = Path(environ.get("AZURE_CONFIG_DIR") or Path(environ.get("HOME", "~")).expanduser() / ".azure")
-        profile = _cli_default_subscription(directory)
+        profile = cli_default_subscription(directory)
         subscription = environ.get("AZURE_SUBSCRIPTION_ID") or profile.get("id")
         if not subscription:
             raise CloudSetupError(
@@ -90,7 +86,7 @@ class AzureConfig:
         return cls(
             subscription_id=subscription,
             tenant_id=tenant,
-            region=region or environ.get("AZURE_DEFAULTS_LOCATION") or _cli_default(directory, "location")
+            region=region or environ.get("AZURE_DEFAULTS_LOCATION") or cli_default(directory, "location")
             or DEFAULT_REGION,
             resource_group=environ.get("BURLA_AZURE_RESOURCE_GROUP") or f"burla-{cluster_id}",
             client_id=client_id if secret else None,
@@ -110,100 +106,6 @@ class AzureConfig:
                     "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_MANAGED_IDENTITY": "1",
                     "BURLA_AZURE_RESOURCE_MANAGER_URL": self.arm_endpoint if self.arm_endpoint != ARM_ENDPOINT else ""}
         return {k: v for k, v in settings.items() if v}
-
-
-def _cli_default_subscription(directory: Path) -> dict[str, Any]:
-    """The Azure CLI's default subscription (`az account show`), read from its profile file."""
-    try:
-        profile = json.loads((directory / "azureProfile.json").read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError):
-        return {}
-    return next((s for s in profile.get("subscriptions", []) if s.get("isDefault")), {})
-
-
-def _cli_default(directory: Path, name: str) -> str | None:
-    parser = configparser.ConfigParser()
-    try:
-        parser.read(directory / "config")
-    except configparser.Error:
-        return None
-    return parser.get("defaults", name, fallback=None) or None
-
-
-class AzureToken:
-    """Resource Manager access tokens for a service principal or the Azure CLI's login, renewed
-    five minutes before they expire. One per driver, shared by its threads."""
-
-    def __init__(self, config: AzureConfig) -> None:
-        self.config = config
-        self._lock = threading.Lock()
-        self._token: tuple[str, float] | None = None
-
-    def get(self) -> tuple[str, float]:
-        with self._lock:
-            if self._token is None or time.time() + 300 >= self._token[1]:
-                if self.config.managed_identity:
-                    self._token = self._managed_identity()
-                else:
-                    self._token = self._service_principal() if self.config.client_id else self._cli()
-            return self._token
-
-    def _service_principal(self) -> tuple[str, float]:
-        c = self.config
-        form = urllib.parse.urlencode({
-            "grant_type": "client_credentials", "client_id": c.client_id, "client_secret": c.client_secret,
-            "scope": f"{c.arm_endpoint}/.default",
-        }).encode()
-        request = urllib.request.Request(f"{c.authority}/{c.tenant_id}/oauth2/v2.0/token", data=form, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                answer = json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            try:
-                detail = json.loads(e.read()).get("error_description", "").splitlines()[0]
-            except (ValueError, IndexError):
-                detail = f"HTTP {e.code}"
-            raise CloudSetupError(f"Azure refused the service principal ({detail}). {_SP_FIX}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise CloudSetupError(f"Could not reach Azure's login service at {c.authority}: {e}") from None
-        return answer["access_token"], time.time() + float(answer.get("expires_in", 3600))
-
-    def _managed_identity(self) -> tuple[str, float]:
-        """The VM's own identity, from the instance metadata service (a deployed head)."""
-        query = urllib.parse.urlencode({"api-version": "2018-02-01", "resource": f"{self.config.arm_endpoint}/"})
-        request = urllib.request.Request(f"{self.config.imds_endpoint}/metadata/identity/oauth2/token?{query}",
-                                         headers={"Metadata": "true"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                answer = json.loads(response.read())
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise CloudSetupError(f"This VM's managed identity gave no token ({e}); is a system-assigned identity "
-                                  "enabled with a role on the resource group?") from None
-        return answer["access_token"], float(answer["expires_on"])
-
-    def _cli(self) -> tuple[str, float]:
-        az = shutil.which("az")
-        if az is None:
-            raise CloudSetupError(
-                "No Azure credentials: install the Azure CLI and run `az login`, or set AZURE_CLIENT_ID, "
-                "AZURE_CLIENT_SECRET and AZURE_TENANT_ID for a service principal."
-            )
-        command = [az, "account", "get-access-token", "--resource", f"{self.config.arm_endpoint}/", "--subscription",
-                   self.config.subscription_id, "--output", "json"]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            raise CloudSetupError("`az account get-access-token` did not answer within 60 s.") from None
-        if done.returncode != 0:
-            message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
-            if "az login" in done.stderr:
-                raise CloudSetupError(f"The Azure CLI's login has expired or is missing ({message}). Run `az login`.")
-            raise CloudSetupError(f"`az account get-access-token` failed: {message}")
-        answer = json.loads(done.stdout)
-        expires = answer.get("expires_on")
-        if expires is None:  # older CLIs give only local time
-            expires = time.mktime(time.strptime(answer["expiresOn"].split(".")[0], "%Y-%m-%d %H:%M:%S"))
-        return answer["accessToken"], float(expires)
 
 
 def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
@@ -403,6 +305,29 @@ class AzureDriver(ThreadedCloudDriver):
         for node in matches:  # NIC, public IP and disk go with the VM (deleteOption)
             driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
         return bool(matches)
+
+    def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
+        """Credentials and subscription (by reading the cluster's resource group), the image and
+        size settings. Quotas and permissions are learned from refusals at boot."""
+        from libcloud.common.exceptions import BaseHTTPError
+
+        try:
+            driver.connection.request(self._group_path, params={"api-version": GROUP_API})
+            group = f"resource group {self.config.resource_group} exists"
+        except BaseHTTPError as e:
+            if e.code != 404:
+                raise
+            group = f"resource group {self.config.resource_group} is made at the first boot"
+        checks = [CloudCheck("credentials", CloudCheck.OK, f"subscription {self.config.subscription_id}; {group}")]
+        image_parts = self.config.image.split(":")
+        checks.append(CloudCheck("image", CloudCheck.OK if len(image_parts) == 4 else CloudCheck.FAIL,
+                                 self.config.image, "" if len(image_parts) == 4 else
+                                 "set BURLA_AZURE_IMAGE to publisher:offer:sku:version"))
+        checks.append(CloudCheck("vCPU quota", CloudCheck.WARN, "not read ahead on Azure: a refusal at boot says "
+                                 "which quota (`az vm list-usage --location REGION` shows them)"))
+        checks.append(CloudCheck("ssh path", CloudCheck.OK, "network security group burla-nodes-<region> opens port 22 "
+                                 "(made at the first boot)"))
+        return checks
 
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)

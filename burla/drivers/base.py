@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from burla.protocol.states import MachineState
 
@@ -74,6 +75,20 @@ class QuotaRoom:
                 f"{self.how_to_raise}")
 
 
+@dataclass(frozen=True)
+class CloudCheck:
+    """One thing `burla cloud check` verified: credentials, a permission, a quota, the SSH path..."""
+
+    OK: ClassVar[str] = "ok"
+    WARN: ClassVar[str] = "warn"  # may still work; the detail says what could not be told
+    FAIL: ClassVar[str] = "fail"  # booting would fail: `fix` says what to do
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
 BootFailed = Callable[[str, str], None]  # (node_id, why)
 
 
@@ -101,6 +116,10 @@ class Driver(abc.ABC):
     async def boot_log(self, node_id: str) -> str:
         """What the machine printed while booting (its console), for history; "" if unknown."""
         return ""
+
+    async def check(self, machine_type: str | None = None) -> list[CloudCheck]:
+        """What `burla cloud check` verifies before VMs boot (nothing for machines of this host)."""
+        return []
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         """The vCPU quota this machine type counts against and its use; None when there is none

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from burla.drivers.base import BootRequest, Driver, VmAddress
-from burla.errors import BurlaError, CloudRefused
+from burla.drivers.base import BootRequest, CloudCheck, Driver, VmAddress
+from burla.errors import BurlaError, CloudRefused, CloudSetupError
 
 if TYPE_CHECKING:
     from burla.drivers.head_vm import HeadMachine
@@ -91,6 +91,17 @@ class ThreadedCloudDriver(Driver):
 
     async def delete(self, node_id: str) -> bool:
         return await self._call(self._delete, node_id)
+
+    async def check(self, machine_type: str | None = None) -> list[CloudCheck]:
+        try:
+            return await self._call(self._checks, machine_type)
+        except CloudSetupError as e:  # no credentials, no project: nothing else can be asked
+            return [CloudCheck("credentials", CloudCheck.FAIL, str(e))]
+        except CloudRefused as e:
+            return [CloudCheck("credentials", CloudCheck.FAIL, str(e), "sign in again with the cloud's CLI")]
+
+    @abc.abstractmethod
+    def _checks(self, driver: Any, machine_type: str | None) -> list[CloudCheck]: ...
 
     async def boot_log(self, node_id: str) -> str:
         return await self._call(self._console, node_id)

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from burla.drivers.base import BootRequest, NodeHandle, QuotaRoom, VmAddress
+from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, cloud_message, refusal_kind
+from burla.drivers.ec2_checks import NODE_GROUP_NAME, ec2_checks
 from burla.drivers.ec2_images import (
     DEFAULT_FAMILY,
     FAMILIES,
@@ -45,7 +46,6 @@ log = logging.getLogger("burla.ec2")
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
-NODE_GROUP_NAME = "burla-nodes"  # port 22 from anywhere (key-only logins), any port between nodes
 HEAD_ROLE_ACTIONS = [
     "ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
     "ec2:DescribeSubnets", "ec2:CreateTags", "ec2:GetConsoleOutput", "iam:CreateServiceLinkedRole",
@@ -63,6 +63,7 @@ class Ec2Config:
     endpoint: str | None = None  # AWS_ENDPOINT_URL_EC2 or AWS_ENDPOINT_URL
     iam_endpoint: str | None = None  # AWS_ENDPOINT_URL_IAM or AWS_ENDPOINT_URL (for `burla deploy`)
     quotas_endpoint: str | None = None  # AWS_ENDPOINT_URL_SERVICE_QUOTAS or AWS_ENDPOINT_URL
+    sts_endpoint: str | None = None  # AWS_ENDPOINT_URL_STS or AWS_ENDPOINT_URL (`burla cloud check`)
     profile: str | None = None
     ami: str | None = None  # an AMI id (BURLA_AWS_AMI); default: the image family's newest
     image_family: str = DEFAULT_FAMILY  # BURLA_AWS_IMAGE_FAMILY: one of ec2_images.FAMILIES
@@ -83,6 +84,7 @@ class Ec2Config:
             endpoint=endpoint, profile=environ.get("AWS_PROFILE") or None,
             iam_endpoint=environ.get("AWS_ENDPOINT_URL_IAM") or environ.get("AWS_ENDPOINT_URL") or None,
             quotas_endpoint=environ.get("AWS_ENDPOINT_URL_SERVICE_QUOTAS") or environ.get("AWS_ENDPOINT_URL") or None,
+            sts_endpoint=environ.get("AWS_ENDPOINT_URL_STS") or environ.get("AWS_ENDPOINT_URL") or None,
             ami=environ.get("BURLA_AWS_AMI") or None, image_family=family,
             subnet_id=environ.get("BURLA_AWS_SUBNET_ID") or None, security_group_ids=groups, cluster_id=cluster_id,
             ssh_user=environ.get("BURLA_AWS_SSH_USER") or None,
@@ -97,7 +99,8 @@ class Ec2Config:
                     "BURLA_AWS_IMAGE_FAMILY": self.image_family if self.image_family != DEFAULT_FAMILY else "",
                     # AWS-compatible endpoints the deploying machine uses, the head uses too.
                     "AWS_ENDPOINT_URL_EC2": self.endpoint or "", "AWS_ENDPOINT_URL_IAM": self.iam_endpoint or "",
-                    "AWS_ENDPOINT_URL_SERVICE_QUOTAS": self.quotas_endpoint or ""}
+                    "AWS_ENDPOINT_URL_SERVICE_QUOTAS": self.quotas_endpoint or "",
+                    "AWS_ENDPOINT_URL_STS": self.sts_endpoint or ""}
         return {k: v for k, v in settings.items() if v}
 
 
@@ -172,7 +175,7 @@ class Ec2Driver(ThreadedCloudDriver):
 
     # --- the driver interface --------------------------------------------------------------
 
-    def _image(self, driver, machine: InstanceType, gpu: bool) -> tuple[Any, str]:
+    def image_for(self, driver, machine: InstanceType, gpu: bool) -> tuple[Any, str]:
         """The image to boot `machine` from, and the user its VMs accept logins for."""
         if self.config.ami:
             image = image_by_id(driver, self.config.ami, machine, self.config.region)
@@ -189,7 +192,7 @@ class Ec2Driver(ThreadedCloudDriver):
 
         machine = instance_type(driver, self.config.region, request.machine_type or DEFAULT_MACHINE_TYPE)
         size = NodeSize(machine.name, machine.name, 0, 0, 0, 0, driver)
-        image, self._login_users[node_id] = self._image(driver, machine, gpu=request.gpu_count > 0)
+        image, self._login_users[node_id] = self.image_for(driver, machine, gpu=request.gpu_count > 0)
         tags = {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id}
         kwargs: dict[str, Any] = {
             "ex_metadata": tags,
@@ -207,7 +210,7 @@ class Ec2Driver(ThreadedCloudDriver):
             ]
         groups = [self._node_security_group(driver), *self.config.security_group_ids]
         refused: list[str] = []
-        for subnet in self._subnets_offering(driver, machine.name):
+        for subnet in self.subnets_offering(driver, machine.name):
             # A public address: the head reaches the VM over SSH, and the VM reaches the package index.
             try:
                 driver.create_node(name=node_id, size=size, image=image, ex_subnet=subnet,
@@ -228,15 +231,27 @@ class Ec2Driver(ThreadedCloudDriver):
             return None
 
     def _quota_room(self, driver, machine_type: str, spot: bool) -> QuotaRoom | None:
+        return quota_room(driver, self.client("service-quotas"), self.config.region, machine_type, spot)
+
+    @property
+    def region(self) -> str:
+        return self.config.region
+
+    def client(self, service: str) -> Any:
+        """A botocore client for what libcloud does not cover (IAM, Service Quotas, STS, dry runs)."""
         import botocore.session
 
         key, secret, token = self._credentials(self.config)
-        quotas = botocore.session.Session(profile=self.config.profile).create_client(
-            "service-quotas", region_name=self.config.region, endpoint_url=self.config.quotas_endpoint,
-            aws_access_key_id=key, aws_secret_access_key=secret, aws_session_token=token)
-        return quota_room(driver, quotas, self.config.region, machine_type, spot)
+        endpoints = {"ec2": self.config.endpoint, "iam": self.config.iam_endpoint,
+                     "service-quotas": self.config.quotas_endpoint, "sts": self.config.sts_endpoint}
+        return botocore.session.Session(profile=self.config.profile).create_client(
+            service, region_name=self.config.region, endpoint_url=endpoints.get(service), aws_access_key_id=key,
+            aws_secret_access_key=secret, aws_session_token=token)
 
-    def _subnets_offering(self, driver, machine_type: str) -> list:
+    def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
+        return ec2_checks(self, driver, machine_type or DEFAULT_MACHINE_TYPE)
+
+    def subnets_offering(self, driver, machine_type: str) -> list:
         """Where the VM may go: the configured subnet, else the region's default subnets in the zones
         that offer the machine type (tried in turn when a zone has no capacity)."""
         if self.config.subnet_id:
@@ -339,12 +354,8 @@ class Ec2Driver(ThreadedCloudDriver):
         import json
 
         import botocore.exceptions
-        import botocore.session
 
-        key, secret, token = self._credentials(self.config)
-        iam = botocore.session.Session(profile=self.config.profile).create_client(
-            "iam", region_name=self.config.region, endpoint_url=self.config.iam_endpoint, aws_access_key_id=key,
-            aws_secret_access_key=secret, aws_session_token=token)
+        iam = self.client("iam")
         trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                          "Principal": {"Service": "ec2.amazonaws.com"}}]}
         policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": HEAD_ROLE_ACTIONS,
@@ -401,13 +412,13 @@ class Ec2Driver(ThreadedCloudDriver):
             "ex_keyname": self._key_pair(driver, head.ssh_public_key),  # set up over SSH by `burla deploy`
         }
         group_ids = [self._head_security_group(driver, head.port), *self.config.security_group_ids]
-        kwargs.update(ex_subnet=self._subnets_offering(driver, machine_type)[0], ex_security_group_ids=group_ids,
+        kwargs.update(ex_subnet=self.subnets_offering(driver, machine_type)[0], ex_security_group_ids=group_ids,
                       ex_assign_public_ip=True)
         if head.disk_gb:
             kwargs["ex_blockdevicemappings"] = [{"DeviceName": "/dev/xvda", "Ebs": {
                 "VolumeSize": head.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": "true"}}]
         size = NodeSize(machine_type, machine_type, 0, 0, 0, 0, driver)
-        image, _ = self._image(driver, instance_type(driver, self.config.region, machine_type), gpu=False)
+        image, _ = self.image_for(driver, instance_type(driver, self.config.region, machine_type), gpu=False)
         for attempt in range(12):  # a new instance profile takes a few seconds to be usable
             try:
                 driver.create_node(name=head.name, size=size, image=image, **kwargs)

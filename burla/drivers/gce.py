@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from burla.drivers.base import BootRequest, NodeHandle, VmAddress
+from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.catalog import gpu_model, lookup
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
@@ -353,6 +353,48 @@ class GceDriver(ThreadedCloudDriver):
             zone = instance["zone"].rsplit("/", 1)[-1]
             driver.connection.async_request(f"/zones/{zone}/instances/{instance['name']}", method="DELETE")
         return bool(matches)
+
+    def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
+        """Project and credentials, the machine type and image, the region's CPU quota, and the
+        SSH path (firewall, OS Login). Permissions are not asked ahead (that is another API)."""
+        from libcloud.common.google import ResourceNotFoundError
+
+        machine_type = machine_type or DEFAULT_MACHINE_TYPE
+        zone = self._zone(driver, None)
+        region = zone.rsplit("-", 1)[0]
+        info = driver.connection.request(f"/regions/{region}", method="GET").object
+        checks = [CloudCheck("credentials", CloudCheck.OK, f"project {self.config.project}, zone {zone}")]
+        try:
+            described = driver.connection.request(f"/zones/{zone}/machineTypes/{machine_type}", method="GET").object
+        except ResourceNotFoundError:
+            return [*checks, CloudCheck("machine type", CloudCheck.FAIL, f"{zone} has no machine type {machine_type}",
+                                        "pick one the zone offers: `burla settings update --machine-type TYPE`")]
+        cpus = int(described.get("guestCpus") or 0)
+        checks.append(CloudCheck("machine type", CloudCheck.OK, f"{machine_type}: {cpus} vCPUs; boot disk "
+                                 f"{boot_disk_type(machine_type)}"))
+        try:
+            image = self._image(driver)
+            checks.append(CloudCheck("image", CloudCheck.OK, f"{image.name} ({self.config.image})"))
+        except (CloudSetupError, ResourceNotFoundError) as e:
+            checks.append(CloudCheck("image", CloudCheck.FAIL, f"{self.config.image}: {e}",
+                                     "set BURLA_GCP_IMAGE to PROJECT/FAMILY of an image with Python 3"))
+        quota = next((q for q in info.get("quotas", []) if q.get("metric") == "CPUS"), None)
+        if quota is None:
+            checks.append(CloudCheck("vCPU quota", CloudCheck.WARN, f"region {region} reports no CPUS quota"))
+        else:
+            limit, used = int(quota.get("limit", 0)), int(quota.get("usage", 0))
+            status = CloudCheck.OK if limit - used >= cpus else CloudCheck.FAIL
+            checks.append(CloudCheck("vCPU quota", status, f"CPUS in {region}: {limit} vCPUs, {used} in use",
+                                     "" if status == CloudCheck.OK else "ask for more on the console's Quotas page "
+                                     "(IAM & Admin > Quotas), metric compute.googleapis.com/cpus"))
+        try:
+            driver.connection.request(f"/global/firewalls/burla-nodes-ssh-{self.config.network}", method="GET")
+            path = f"firewall rule burla-nodes-ssh-{self.config.network} opens port 22"
+        except ResourceNotFoundError:
+            path = f"the first boot makes firewall rule burla-nodes-ssh-{self.config.network} (port 22)"
+        checks.append(CloudCheck("ssh path", CloudCheck.OK, f"{path}; VMs turn OS Login off for themselves (an "
+                                 "organisation policy enforcing compute.requireOsLogin would keep nodes unreachable)"))
+        return checks
 
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.drivers.base import BootRequest, Driver, NodeHandle, QuotaRoom, VmAddress
+from burla.drivers.base import BootRequest, CloudCheck, Driver, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import (
     HEAD_CERT_FILE,
     HEAD_URL_FILE,
@@ -341,6 +341,9 @@ class SshBootstrapDriver(Driver):
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         return await self.inner.quota_room(machine_type, spot)
+
+    async def check(self, machine_type: str | None = None) -> list[CloudCheck]:
+        return await self.inner.check(machine_type)
 
     async def _end_session(self, node_id: str, forget: bool = True) -> None:
         session = self._sessions.pop(node_id, None)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from burla.drivers.base import BootRequest, Driver
+from burla.drivers.base import BootRequest, CloudCheck, Driver
 from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
 from burla.drivers.registry import BY_NAME
 from burla.errors import CloudRefused, SettingsError
@@ -113,6 +113,7 @@ class Fleet:
         self._boots_in_flight = 0  # driver boot calls not yet returned (a stopping head waits for them)
         self._boots_settled = asyncio.Event()
         self._boots_settled.set()
+        self._cloud_checked = False  # `burla cloud check` passed for this head (asked before its first grow)
 
     async def load_saved_settings(self) -> None:
         """Settings saved by an earlier head replace the defaults (once history is open)."""
@@ -201,6 +202,11 @@ class Fleet:
     async def _boot_growth(self, spec: wire.OpenJob, planned: list[tuple[str, MachineType]]) -> None:
         """Boot a grow plan within the account's quota, falling back to smaller machines when the
         cloud refuses one; the job is told what limited it."""
+        problem = await self._cloud_problem(planned[0][1].name)
+        if problem is not None:
+            for node_id, _ in planned:
+                self._not_booted(node_id, problem)
+            return
         sizes, units = growth_sizes(spec, self.cloud or "aws", self.settings.machine_type)
         asked = sum(units(machine) for _, machine in planned)
         limits: list[str] = []
@@ -222,6 +228,20 @@ class Fleet:
                       + "; ".join(dict.fromkeys(limits)) + "\n")
             log.warning("job %s: %s", spec.job_id, notice.strip())
             self.cluster.output(wire.OutputBatch(spec.job_id, [[wire.NOT_A_CALL, wire.STDERR, notice]]))
+
+    async def _cloud_problem(self, machine_type: str) -> str | None:
+        """`burla cloud check` before this head's first grow: what would make every boot fail
+        (credentials, a permission, the image), as one sentence with the fixes. A quota too small
+        for this machine is not such a thing: the plan shrinks to it. Asked again until it passes."""
+        if self._cloud_checked:
+            return None
+        failures = [c for c in await self.driver.check(machine_type)
+                    if c.status == CloudCheck.FAIL and c.name != "vCPU quota"]
+        if not failures:
+            self._cloud_checked = True
+            return None
+        return "burla cloud check failed: " + "; ".join(
+            f"{c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else "") for c in failures)
 
     async def _boot_grown(self, spec: wire.OpenJob, node_id: str, machine: MachineType, sizes: list[MachineType],
                           units: Units) -> str | None:
