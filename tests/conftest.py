@@ -296,3 +296,16 @@ def client_venv(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
                     "--find-links", str(wheelhouse), str(build_wheel(root / "build"))], check=True)
     return python
+
+
+@pytest.fixture(scope="session")
+def aws_client_venv(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's environment with `burla[aws]`: its embedded heads can boot EC2 VMs."""
+    from burla.process.build import build_wheel
+
+    root = tmp_path_factory.mktemp("aws-client-venv")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "env")], check=True)
+    python = root / "env" / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
+                    "--find-links", str(wheelhouse), f"{build_wheel(root / 'build')}[aws]"], check=True)
+    return python

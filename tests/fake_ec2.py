@@ -50,6 +50,7 @@ class Ec2Rules:
     exhausted: set[tuple[str, str]] = field(default_factory=set)  # (instance type, zone) with no capacity
     refused: list[str] = field(default_factory=list)  # what was refused, in order (code: message)
     denied: set[str] = field(default_factory=set)  # IAM actions the caller's policies don't allow
+    slow_cluster_listing_s: float = 0.0  # DescribeInstances by cluster tag takes this long (a slow API)
 
     def install(self, monkeypatch: Any) -> None:
         from moto.ec2.models.instances import InstanceBackend
@@ -98,6 +99,16 @@ class Ec2Rules:
                 return _original(response)
 
             monkeypatch.setattr(InstanceResponse, method, guarded)
+        describe = InstanceResponse.describe_instances
+
+        def slow_describe(response: Any) -> Any:
+            import time
+
+            if rules.slow_cluster_listing_s and "tag:burla-cluster" in str(response.querystring):
+                time.sleep(rules.slow_cluster_listing_s)
+            return describe(response)
+
+        monkeypatch.setattr(InstanceResponse, "describe_instances", slow_describe)
 
     def check_launch(self, backend: Any, image_id: str, count: int, kwargs: dict[str, Any]) -> None:
         from moto.ec2.exceptions import EC2ClientError

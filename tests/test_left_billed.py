@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import start_head
 from tests.helpers import wait_until
 from tests.vm_standin import MotoVmFarm
@@ -42,4 +44,39 @@ def test_a_vm_whose_head_died_before_setting_it_up_powers_itself_off(moto, tmp_p
         assert farm.powered_off == [instance["InstanceId"]]
     finally:
         head.stop()
+        farm.close()
+
+
+@pytest.mark.timeout(420)
+def test_a_scripts_embedded_head_deletes_its_vms_after_the_script_ends_however_long_it_takes(
+        moto, ec2_rules, tmp_path, wheelhouse, aws_client_venv, monkeypatch):
+    """Listing and deleting take 6 s per cluster listing here: more than the client used to wait
+    for its embedded head before killing it."""
+    import json
+    import textwrap
+
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"cloud": "aws"}))
+    farm = MotoVmFarm(moto, tmp_path / "vms")
+    monkeypatch.setenv("BURLA_NODE_WHEELHOUSE", str(wheelhouse))
+    monkeypatch.setenv("BURLA_SSH_ADDRESS_MAP", str(farm.map_path))
+    ec2_rules.slow_cluster_listing_s = 6.0
+
+    env = {k: v for k, v in os.environ.items() if k not in ("BURLA_CLUSTER_DASHBOARD_URL", "BURLA_CLUSTER_TOKEN")}
+    env["BURLA_CONFIG_DIR"] = str(config)  # no head runs: the script starts its own, booting on AWS
+    script = textwrap.dedent("""
+        import json
+        from burla import remote_parallel_map
+        print(json.dumps(remote_parallel_map(abs, [-5], grow=True, spinner=False)))
+    """)
+    try:
+        done = subprocess.run([str(aws_client_venv), "-c", script], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "[5]"
+        # The script has exited; its head goes on deleting the VM it booted, then exits.
+        wait_until(lambda: _instances(moto, "terminated"), timeout=120, what="the VM deleted after the script")
+        assert not _instances(moto, "running")
+    finally:
         farm.close()

@@ -39,17 +39,25 @@ class ClusterHandle:
 
 
 class EmbeddedHead:
-    """A head this client started; it stops when `stop()` closes its lifeline (or we exit)."""
+    """A head this client started; it stops when `stop()` closes its lifeline (or we exit).
 
-    def __init__(self, process: subprocess.Popen, lifeline_fd: int | None, log_path: Path) -> None:
+    A head that booted cloud VMs deletes them as it stops, which can take minutes: it runs in a
+    session of its own and is left to finish (it exits by itself), never killed at the client's
+    exit, so the script's end does not leave VMs billed."""
+
+    def __init__(self, process: subprocess.Popen, lifeline_fd: int | None, log_path: Path,
+                 outlives_client: bool = False) -> None:
         self.process = process
         self._lifeline_fd = lifeline_fd
         self.log_path = log_path
+        self.outlives_client = outlives_client
 
     def stop(self) -> None:
         if self._lifeline_fd is not None:
             os.close(self._lifeline_fd)
             self._lifeline_fd = None
+            if self.outlives_client:
+                return
             # Reap it at exit rather than now: the caller has its results already.
             if not _stopping_heads:
                 atexit.register(_reap_stopping_heads)
@@ -183,7 +191,7 @@ def start_head(settings: ClientSettings, token: str, embedded: bool,
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
             command, env=env, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=log_file, start_new_session=not embedded,
+            stderr=log_file, start_new_session=not embedded or settings.cloud is not None,
         )
     for fd in pass_fds:
         os.close(fd)
@@ -199,7 +207,7 @@ def start_head(settings: ClientSettings, token: str, embedded: bool,
         os.close(ready_read)
     handle = ClusterHandle(url, token)
     if embedded:
-        handle.embedded = EmbeddedHead(process, lifeline_write, log_path)
+        handle.embedded = EmbeddedHead(process, lifeline_write, log_path, outlives_client=settings.cloud is not None)
     return handle
 
 

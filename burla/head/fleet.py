@@ -31,7 +31,7 @@ log = logging.getLogger("burla.head")
 
 GROWN_IDLE_S = 60.0
 CLOUD_IDLE_S = 600.0  # cloud nodes from `cluster start` go after this idle time unless configured
-DELETE_ON_STOP_S = 120.0  # how long a stopping head spends deleting its VMs
+DELETE_ON_STOP_S = 900.0  # how long a stopping head spends deleting its VMs (Azure's deletes take minutes)
 
 
 @dataclass(frozen=True)
