@@ -51,6 +51,7 @@ class Ec2Rules:
     refused: list[str] = field(default_factory=list)  # what was refused, in order (code: message)
     denied: set[str] = field(default_factory=set)  # IAM actions the caller's policies don't allow
     slow_cluster_listing_s: float = 0.0  # DescribeInstances by cluster tag takes this long (a slow API)
+    expired_keys: set[str] = field(default_factory=set)  # access keys whose session has expired
 
     def install(self, monkeypatch: Any) -> None:
         from moto.ec2.models.instances import InstanceBackend
@@ -104,6 +105,11 @@ class Ec2Rules:
         def slow_describe(response: Any) -> Any:
             import time
 
+            from moto.ec2.exceptions import EC2ClientError
+
+            signed = re.search(r"Credential=([A-Z0-9]+)/", response.headers.get("Authorization", ""))
+            if signed and signed.group(1) in rules.expired_keys:
+                raise EC2ClientError("ExpiredToken", "The security token included in the request is expired")
             if rules.slow_cluster_listing_s and "tag:burla-cluster" in str(response.querystring):
                 time.sleep(rules.slow_cluster_listing_s)
             return describe(response)

@@ -260,3 +260,30 @@ def test_an_expired_sso_session_names_the_login_command(monkeypatch, tmp_path):
                     "expiresAt": "2020-01-01T00:00:00Z"}))
     with pytest.raises(CloudSetupError, match=r"SSO session has expired. Run `aws sso login --profile dev`"):
         resolve_credentials(Ec2Config(region="us-east-1", profile="dev"))
+
+
+def test_renewed_credentials_are_used_and_expired_ones_name_the_login(moto, ec2_rules):
+    import asyncio
+
+    from burla.drivers.ec2 import Ec2Config, Ec2Driver
+    from burla.errors import CloudSetupError
+
+    issued = [("AKIAFIRST", "s1", "t1")]  # what the credential chain gives now (it renews itself)
+    driver = Ec2Driver(Ec2Config.from_environment(dict(os.environ), None, "renew"), credentials=lambda _: issued[-1])
+
+    async def scenario():
+        try:
+            first = await driver._call(lambda d: d.key)
+            issued.append(("AKIASECOND", "s2", "t2"))  # renewed, as an SSO or role session is
+            second = await driver._call(lambda d: d.key)
+            await driver.list_nodes()
+            ec2_rules.expired_keys.add("AKIASECOND")  # expired, and the chain could not renew it
+            with pytest.raises(CloudSetupError, match=r"expired .*Run `aws sso login`"):
+                await driver.list_nodes()
+            issued.append(("AKIATHIRD", "s3", "t3"))  # the user ran `aws sso login`: no restart needed
+            return first, second, await driver.list_nodes()
+        finally:
+            await driver.close()
+
+    first, second, listed = asyncio.run(scenario())
+    assert (first, second, listed) == ("AKIAFIRST", "AKIASECOND", [])

@@ -10,9 +10,9 @@ Resource Manager connection.
   (apache/libcloud#1893), so burla sends its own PUT through libcloud's connection: NIC, public IP
   and OS disk are created inline and deleted with the VM. Listing and deletion use libcloud's calls.
 - Node VMs carry only the power-off timer as custom data (no secret): `linuxConfiguration.ssh`
-  authorises the cluster's SSH key for user `burla`, the network security group `burla-nodes-<region>` opens port 22 (the virtual
-  network's own traffic is allowed by Azure's default rules), and the head sets them up over SSH
-  (`burla.drivers.ssh`).
+  authorises the cluster's SSH key for user `burla`, the network security group
+  `burla-nodes-<region>` opens port 22 (the virtual network's own traffic is allowed by Azure's
+  default rules), and the head sets them up over SSH (`burla.drivers.ssh`).
 """
 
 from __future__ import annotations

@@ -64,7 +64,14 @@ class ThreadedCloudDriver(Driver):
         except Exception as e:
             if not type(e).__module__.startswith(CLOUD_LIBRARIES):
                 raise
+            problem = self._setup_problem(cloud_message(e))
+            if problem is not None:
+                raise CloudSetupError(problem) from e
             raise CloudRefused(f"{self.name}: {cloud_message(e)}", kind=refusal_kind(e)) from e
+
+    def _setup_problem(self, message: str) -> str | None:
+        """A cloud error that is the user's setup (expired credentials), as a sentence with its fix."""
+        return None
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
 
 log = logging.getLogger("burla.ec2")
+# What EC2 answers signed with credentials that have expired.
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html
+EXPIRED_CODES = ("ExpiredToken", "RequestExpired", "ExpiredTokenException")
 
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
 HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
@@ -104,15 +108,27 @@ class Ec2Config:
         return {k: v for k, v in settings.items() if v}
 
 
+_chains: dict[str | None, Any] = {}  # profile -> botocore's credentials, refreshable ones renewing themselves
+_chains_lock = threading.Lock()
+
+
+def login_command(config: Ec2Config) -> str:
+    return f"aws sso login --profile {config.profile}" if config.profile else "aws sso login"
+
+
 def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
-    """(access key, secret key, session token) from botocore's credential chain."""
+    """(access key, secret key, session token) from botocore's credential chain, as of now: the
+    chain is kept per profile, so temporary credentials (SSO, assumed roles, instance roles)
+    renew themselves as they near expiry, and a head that lives for days keeps working."""
     import botocore.exceptions
     import botocore.session
 
-    session = botocore.session.Session(profile=config.profile)
-    login = f"aws sso login --profile {config.profile}" if config.profile else "aws sso login"
+    login = login_command(config)
     try:
-        credentials = session.get_credentials()
+        with _chains_lock:
+            credentials = _chains.get(config.profile)
+            if credentials is None:
+                credentials = botocore.session.Session(profile=config.profile).get_credentials()
     except botocore.exceptions.ProfileNotFound as e:
         raise CloudSetupError(f"{e}. List profiles with `aws configure list-profiles`, or unset AWS_PROFILE.") from None
     except botocore.exceptions.SSOTokenLoadError:
@@ -124,8 +140,12 @@ def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
         )
     try:
         frozen = credentials.get_frozen_credentials()
-    except (botocore.exceptions.SSOTokenLoadError, botocore.exceptions.UnauthorizedSSOTokenError):
-        raise CloudSetupError(f"The AWS SSO session has expired. Run `{login}` and try again.") from None
+    except (botocore.exceptions.SSOTokenLoadError, botocore.exceptions.UnauthorizedSSOTokenError,
+            botocore.exceptions.TokenRetrievalError, botocore.exceptions.CredentialRetrievalError):
+        raise CloudSetupError(f"The AWS session has expired and could not be renewed. Run `{login}` and try "
+                              "again.") from None
+    with _chains_lock:
+        _chains[config.profile] = credentials  # kept only once it has given credentials
     return frozen.access_key, frozen.secret_key, frozen.token
 
 
@@ -163,8 +183,23 @@ class Ec2Driver(ThreadedCloudDriver):
         self._credentials = credentials
         super().__init__()
 
-    def _new_libcloud_driver(self) -> Any:
-        key, secret, token = self._credentials(self.config)
+    def _driver(self) -> Any:
+        """The thread's libcloud driver, made again when the credentials have been renewed."""
+        current = self._credentials(self.config)
+        driver = getattr(self._local, "driver", None)
+        if driver is None or getattr(self._local, "credentials", None) != current:
+            driver = self._local.driver = self._new_libcloud_driver(current)
+            self._local.credentials = current
+        return driver
+
+    def _setup_problem(self, message: str) -> str | None:
+        if any(code in message for code in EXPIRED_CODES):
+            return (f"The AWS credentials have expired ({message}). Run `{login_command(self.config)}` (or renew "
+                    "the keys in your environment); the head picks the new ones up by itself.")
+        return None
+
+    def _new_libcloud_driver(self, credentials: tuple[str, str, str | None] | None = None) -> Any:
+        key, secret, token = credentials or self._credentials(self.config)
         kwargs: dict[str, Any] = {"region": self.config.region, "signature_version": "4", "token": token,
                                   "timeout": 60}
         if self.config.endpoint:
