@@ -373,3 +373,25 @@ def test_cloud_check_reads_the_project_the_machine_type_image_quota_and_firewall
     assert code == 9 and checks["vCPU quota"]["status"] == "fail" and "Quotas" in checks["vCPU quota"]["fix"]
     code, checks = _cloud_check("--machine-type", "zz9-standard-4")
     assert code == 9 and checks["machine type"]["status"] == "fail"
+
+
+def test_grow_reads_the_regions_cpu_quota_and_boots_within_it(gce, farm, tmp_path, wheelhouse, client_venv):
+    from tests.helpers import start_client
+
+    gce.cpus_quota = 8  # 20 calls would want n4-standard-16 + n4-standard-4
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--inactivity-timeout", "3")
+    try:
+        job = start_client(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            print(json.dumps(remote_parallel_map(abs, [-i for i in range(20)], grow=True, spinner=False)))
+        """, tmp_path)
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+        assert out.strip() == str(list(range(20)))
+        inserts = [r.body["machineType"].rsplit("/", 1)[-1] for r in gce.logged("POST", "/instances")]
+        assert inserts == ["n4-standard-4", "n4-standard-4"]  # nothing was refused: planned within the quota
+        assert "growing for this job was limited (20 vCPUs planned)" in err
+        assert "'CPUS in us-central1' is 8 vCPUs" in err and "compute.googleapis.com/cpus" in err
+    finally:
+        head.stop()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import logging
 import os
 import threading
 import urllib.parse
@@ -27,14 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, VmAddress
+from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.catalog import gpu_model, lookup
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
-from burla.errors import CloudSetupError
+from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
 
+log = logging.getLogger("burla.gce")
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_IMAGE = "debian-cloud/debian-12"  # PROJECT/FAMILY
@@ -354,6 +356,26 @@ class GceDriver(ThreadedCloudDriver):
             driver.connection.async_request(f"/zones/{zone}/instances/{instance['name']}", method="DELETE")
         return bool(matches)
 
+    async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
+        """The region's CPUS quota and its use, as the region reports them (Spot VMs count against
+        it too unless a PREEMPTIBLE_CPUS quota is set; that one is not read).
+        https://cloud.google.com/compute/resource-usage#cpu_quota"""
+        try:
+            return await self._call(self._quota_room)
+        except CloudRefused as e:
+            log.warning("could not read the region's CPUS quota: %s", e)
+            return None
+
+    def _quota_room(self, driver) -> QuotaRoom | None:
+        region = self._zone(driver, None).rsplit("-", 1)[0]
+        info = driver.connection.request(f"/regions/{region}", method="GET").object
+        quota = next((q for q in info.get("quotas", []) if q.get("metric") == "CPUS"), None)
+        if quota is None:
+            return None
+        return QuotaRoom(name=f"CPUS in {region}", limit=int(quota.get("limit", 0)), used=int(quota.get("usage", 0)),
+                         how_to_raise="ask for more on the console's Quotas page (IAM & Admin > Quotas), metric "
+                                      f"compute.googleapis.com/cpus, region {region}")
+
     def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
         """Project and credentials, the machine type and image, the region's CPU quota, and the
         SSH path (firewall, OS Login). Permissions are not asked ahead (that is another API)."""
@@ -362,7 +384,6 @@ class GceDriver(ThreadedCloudDriver):
         machine_type = machine_type or DEFAULT_MACHINE_TYPE
         zone = self._zone(driver, None)
         region = zone.rsplit("-", 1)[0]
-        info = driver.connection.request(f"/regions/{region}", method="GET").object
         checks = [CloudCheck("credentials", CloudCheck.OK, f"project {self.config.project}, zone {zone}")]
         try:
             described = driver.connection.request(f"/zones/{zone}/machineTypes/{machine_type}", method="GET").object
@@ -378,15 +399,13 @@ class GceDriver(ThreadedCloudDriver):
         except (CloudSetupError, ResourceNotFoundError) as e:
             checks.append(CloudCheck("image", CloudCheck.FAIL, f"{self.config.image}: {e}",
                                      "set BURLA_GCP_IMAGE to PROJECT/FAMILY of an image with Python 3"))
-        quota = next((q for q in info.get("quotas", []) if q.get("metric") == "CPUS"), None)
-        if quota is None:
+        room = self._quota_room(driver)
+        if room is None:
             checks.append(CloudCheck("vCPU quota", CloudCheck.WARN, f"region {region} reports no CPUS quota"))
         else:
-            limit, used = int(quota.get("limit", 0)), int(quota.get("usage", 0))
-            status = CloudCheck.OK if limit - used >= cpus else CloudCheck.FAIL
-            checks.append(CloudCheck("vCPU quota", status, f"CPUS in {region}: {limit} vCPUs, {used} in use",
-                                     "" if status == CloudCheck.OK else "ask for more on the console's Quotas page "
-                                     "(IAM & Admin > Quotas), metric compute.googleapis.com/cpus"))
+            status = CloudCheck.OK if room.free >= cpus else CloudCheck.FAIL
+            checks.append(CloudCheck("vCPU quota", status, f"{room.name}: {room.limit} vCPUs, {room.used} in use",
+                                     "" if status == CloudCheck.OK else room.how_to_raise))
         try:
             driver.connection.request(f"/global/firewalls/burla-nodes-ssh-{self.config.network}", method="GET")
             path = f"firewall rule burla-nodes-ssh-{self.config.network} opens port 22"
