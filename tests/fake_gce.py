@@ -74,6 +74,7 @@ class FakeGce(FakeCloudApi):
         self.token_assertions: list[dict] = []
         self.refuse_tokens = False
         self.cpus_quota = DEFAULT_CPUS_QUOTA  # per region
+        self.exhausted: set[tuple[str, str]] = set()  # (machine type, zone) the zone has no capacity for
         self._ids = itertools.count(4_861_000_000_000_000_001)
         super().__init__()
 
@@ -235,6 +236,15 @@ class FakeGce(FakeCloudApi):
         if used + vcpus_of(machine_type) > self.cpus_quota:
             return _error(403, "quotaExceeded", f"Quota 'CPUS' exceeded.  Limit: {self.cpus_quota:.1f} in region "
                                                 f"{region}.")
+        if (machine_type, m["zone"]) in self.exhausted:
+            # Accepted, then the operation ends in error: a zone out of a resource is told
+            # asynchronously. https://cloud.google.com/compute/docs/troubleshooting/troubleshooting-resource-availability
+            op = self._operation(m["project"], m["zone"], body["name"], "insert", "0")
+            op["error"] = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": (
+                f"The zone 'projects/{m['project']}/zones/{m['zone']}' does not have enough resources available to "
+                "fulfill the request.  Try a different zone, or try again later.")}]}
+            op.update(httpErrorStatusCode=503, httpErrorMessage="SERVICE UNAVAILABLE")
+            return json_response(op)
         instance = self.fixture(
             "instance", project=m["project"], zone=m["zone"], region=self._region_of(m["zone"]), name=body["name"],
             instance_id=str(next(self._ids)), machine_type=body["machineType"].rsplit("/", 1)[-1], status="RUNNING",

@@ -395,3 +395,23 @@ def test_grow_reads_the_regions_cpu_quota_and_boots_within_it(gce, farm, tmp_pat
         assert "'CPUS in us-central1' is 8 vCPUs" in err and "compute.googleapis.com/cpus" in err
     finally:
         head.stop()
+
+
+def test_a_zone_out_of_capacity_is_passed_over_for_the_regions_next(gce):
+    from burla.errors import CloudRefused
+
+    async def boot(machine_type: str):
+        driver = _driver()
+        try:
+            return await driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok", machine_type=machine_type))
+        finally:
+            await driver.close()
+
+    gce.exhausted.add(("n4-standard-8", "us-central1-a"))  # the configured zone
+    asyncio.run(boot("n4-standard-8"))
+    assert [zone for (_, zone, _) in gce.instances] == ["us-central1-b"]
+    gce.exhausted |= {("n4-standard-2", zone) for zone in ("us-central1-a", "us-central1-b", "us-central1-c",
+                                                             "us-central1-d")}
+    with pytest.raises(CloudRefused, match="no zone had capacity for n4-standard-2: us-central1-a: The zone") as none:
+        asyncio.run(boot("n4-standard-2"))
+    assert none.value.kind == CloudRefused.CAPACITY and len(gce.instances) == 1
