@@ -138,6 +138,19 @@ def test_grow_boots_what_a_job_lacks_then_removes_it_when_idle(moto, tmp_path, w
         wait_until(lambda: _instances(moto), what="grown instance")
         [instance] = _instances(moto)
         assert instance["InstanceType"] == "m7i.xlarge"  # 3 calls: the smallest machine with 3+ vCPUs
+        # The dashboard's cluster state shows the VM's stage as it boots, in order, until it joins.
+        import time
+
+        seen: list[str] = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            state = get_json(head, "/v1/cluster")
+            seen += [s for s in state["booting_stages"].values() if not seen or seen[-1] != s]
+            if state["nodes"]:
+                break
+            time.sleep(0.1)
+        order = ["requested", "running", "ssh", "installing", "starting"]
+        assert "installing" in seen and seen == sorted(seen, key=order.index), seen
         assert finish_client(job, timeout=240) == [[0, 1, 2]]
         wait_until(lambda: _instances(moto, "terminated"), timeout=60, what="grown instance terminated")
     finally:

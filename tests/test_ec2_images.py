@@ -282,3 +282,22 @@ def test_grow_fails_fast_naming_a_missing_permission_and_its_fix(moto, ec2_rules
     finally:
         head.stop()
         farm.close()
+
+
+def test_a_failed_boot_names_its_stage(moto, tmp_path, wheelhouse, client_venv, monkeypatch):
+    from tests.conftest import start_head
+    from tests.vm_standin import MotoVmFarm
+
+    monkeypatch.setenv("BURLA_AWS_IMAGE_FAMILY", "debian-12")  # needs python3-venv installed as root
+    farm = MotoVmFarm(moto, tmp_path / "vms", vm_environment={"STANDIN_NO_SUDO": "1"})
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "ec2", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(farm.map_path)])
+    try:
+        job = _grow_job(client_venv, head, tmp_path, 1)
+        out, err = job.communicate(timeout=240)
+        assert job.returncode != 0 and "NoNodes" in err
+        assert "failed at stage installing: the bootstrap exited with 1" in err
+        assert "sudo: a password is required" in err
+    finally:
+        head.stop()
+        farm.close()

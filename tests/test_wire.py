@@ -34,6 +34,7 @@ SAMPLES: list[wire.Message] = [
     wire.ResultAck("j-1", 7),
     wire.OutputBatch("j-1", [[0, wire.STDOUT, "hi\n"]]),
     wire.Progress("j-1", 1, 0, 2, 3),
+    wire.Progress("j-1", 0, 0, 0, 5, 3, {"installing": 2, "ssh": 1}),
     wire.CancelJob("j-1", "why"),
     wire.JobEnded("j-1", "FAILED", "NodeDisconnected", "lost"),
     wire.ResumeJob("j-1", 4, b"x\x9c\x03\x00\x00\x00\x00\x01"),
@@ -246,3 +247,14 @@ def test_a_nodes_counts_are_bounded_far_above_any_job():
     assert wire.decode(state(2**40), wire.NODE_TO_HEAD).jobs[0][3] == 2**40
     with pytest.raises(ProtocolError, match="counts must be from 0"):
         wire.decode(state(2**40 + 1), wire.NODE_TO_HEAD)
+
+
+def test_boot_stages_in_progress_are_bounded_and_shown_furthest_first():
+    from burla.client.progress import booting_stages
+
+    with pytest.raises(ProtocolError, match="Progress.stages"):
+        wire.decode(wire.Progress("j", 0, 0, 0, 0, 1, {"installing": -1}).encode(), wire.HEAD_TO_CLIENT)
+    with pytest.raises(ProtocolError, match="Progress.stages"):
+        wire.decode(wire.Progress("j", 0, 0, 0, 0, 1, {"x" * 21: 1}).encode(), wire.HEAD_TO_CLIENT)
+    assert booting_stages({"ssh": 1, "installing": 2, "requested": 3}) == " (2 installing, 1 ssh, 3 requested)"
+    assert booting_stages({}) == ""

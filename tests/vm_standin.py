@@ -32,7 +32,9 @@ from tests.fake_ec2 import CANONICAL, DEBIAN, DLAMI_OWNER, login_user_of, machin
 
 SHIMS = {
     # Cloud images let the login user run root commands through passwordless sudo...
-    "sudo": '#!/bin/sh\n[ "$1" = "-n" ] && shift\nSTANDIN_ROOT=1 exec "$@"\n',
+    # (STANDIN_NO_SUDO: an image whose login user has no such right, as sudo -n answers then.)
+    "sudo": '#!/bin/sh\n[ -n "$STANDIN_NO_SUDO" ] && { echo "sudo: a password is required" >&2; exit 1; }\n'
+            '[ "$1" = "-n" ] && shift\nSTANDIN_ROOT=1 exec "$@"\n',
     # ...and that user is not root (even when the tests run as root): root is what sudo gives.
     "id": '#!/bin/sh\nif [ "$1" = -u ] && [ "$STANDIN_ROOT" != 1 ]; then echo 1000; else exec /usr/bin/id "$@"; fi\n',
     # Powering off: recorded; the farm turns it into what the cloud does on shutdown.

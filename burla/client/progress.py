@@ -10,7 +10,15 @@ import sys
 import time
 from typing import TextIO
 
+from burla.protocol.states import BootStage
 from burla.protocol.wire import STDERR
+
+
+def booting_stages(stages: dict[str, int]) -> str:
+    """How many booting machines are at each stage, furthest first: " (2 installing, 1 ssh)"."""
+    order = [str(stage) for stage in BootStage]
+    known = sorted((stage for stage in stages if stage in order), key=order.index, reverse=True)
+    return f" ({', '.join(f'{stages[stage]} {stage}' for stage in known)})" if known else ""
 
 REDRAW_EVERY_S = 0.1
 
@@ -30,6 +38,7 @@ class Display:
         self.failed = 0
         self.running = 0
         self.booting = 0  # nodes still booting that the job waits for
+        self.stages: dict[str, int] = {}  # of those, how many are at each boot stage
 
     def announce(self, text: str) -> None:
         """A line for the person running the job (its dashboard page), on stderr."""
@@ -49,9 +58,11 @@ class Display:
         self._err.flush()
         self._draw(force=True)
 
-    def progress(self, done: int, failed: int, running: int, booting: int = 0) -> None:
+    def progress(self, done: int, failed: int, running: int, booting: int = 0,
+                 stages: dict[str, int] | None = None) -> None:
         self.done, self.failed, self.running = max(self.done, done), max(self.failed, failed), running
         self.booting = booting
+        self.stages = stages or {}
         self._draw()
 
     def count_results(self, count: int, failed: int) -> None:
@@ -85,7 +96,8 @@ class Display:
         if self.failed:
             parts.append(f"{self.failed} failed")
         if self.booting and not self.running:
-            parts.append(f"waiting for {self.booting} booting node{'s' if self.booting > 1 else ''}")
+            parts.append(f"waiting for {self.booting} booting node{'s' if self.booting > 1 else ''}"
+                         + booting_stages(self.stages))
         else:
             parts.append(f"{self.running} running")
         parts.append(f"{rate:,.1f}/s")

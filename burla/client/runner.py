@@ -410,7 +410,7 @@ class JobRunner:
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):
-                display.progress(msg.done, msg.failed, msg.running, msg.booting)
+                display.progress(msg.done, msg.failed, msg.running, msg.booting, msg.stages)
             elif isinstance(msg, wire.JobEnded):
                 self._on_end(msg)
                 return

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from burla.protocol.states import MachineState
+from burla.protocol.states import BootStage, MachineState
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,10 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     async def delete(self, node_id: str) -> bool:
         """Stop one machine; returns False if this driver has no such machine."""
+
+    def boot_stage(self, node_id: str) -> BootStage:
+        """How far a booting machine has come (drivers that set machines up say more)."""
+        return BootStage.REQUESTED
 
     def boot_problem(self, node_id: str) -> str | None:
         """Why a booting machine is not (yet) a node, when the driver knows; None otherwise."""

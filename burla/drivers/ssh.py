@@ -47,6 +47,7 @@ from burla.drivers.ssh_login import (
 from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.build import build_hash, build_wheel
 from burla.process.loop_supervisor import end_tasks
+from burla.protocol.states import BootStage
 
 log = logging.getLogger("burla.ssh")
 
@@ -88,7 +89,8 @@ class VmSession:
         self.request = request
         self.node_id = node_id
         self.problem: str | None = None  # why it could not be set up, once that is known
-        self.stage = "waiting for the VM's address"  # how far setting it up got
+        self.stage = "waiting for the VM's address"  # how far setting it up got, in words
+        self.phase = BootStage.REQUESTED  # and as a stage
         self.transcript: list[str] = []
         self.remote_port = 0  # the tunnel's port on the VM (kept across reconnections)
         self._connection: Any = None
@@ -108,7 +110,7 @@ class VmSession:
         try:
             await self._bootstrap(deadline)
         except BootstrapFailed as e:
-            self.problem = str(e)
+            self.problem = f"failed at stage {self.phase}: {e}"
             self.note(f"gave up: {e}")
             self.owner.event(self.node_id, "bootstrap failed", "\n".join(self.transcript))
             if self.owner.on_boot_failed is not None:
@@ -130,6 +132,7 @@ class VmSession:
                 address = None
                 self.note(f"address lookup failed: {type(e).__name__}: {e}")
             if address is not None and (address.public or address.private):
+                self.phase = BootStage.RUNNING
                 return address
             if time.monotonic() > deadline:
                 raise BootstrapFailed("the VM never got a network address before the boot deadline")
@@ -159,9 +162,9 @@ class VmSession:
         self._address = await self._wait_for_address(deadline)
         address = self._dial_address(self._address)
         self.note(f"address: public {self._address.public}, private {self._address.private}")
-        self.stage = f"connecting to {address} over SSH"
+        self.stage, self.phase = f"connecting to {address} over SSH", BootStage.SSH
         self._connection = await self._connect_until(address, deadline)
-        self.stage = "uploading the build and running the bootstrap"
+        self.stage, self.phase = "uploading the build and running the bootstrap", BootStage.INSTALLING
         await self._upload()
         script = await self._connection.run(f"bash {remote(SCRIPT_FILE)}",
                                             timeout=max(30.0, deadline - time.monotonic()))
@@ -173,6 +176,7 @@ class VmSession:
             await self._forward()
         await self._start_node()
         self.stage = "the node was started over SSH but has not registered (see node.log in ~/.burla on the VM)"
+        self.phase = BootStage.STARTING
 
     async def _upload(self) -> None:
         settings = self.owner.settings
@@ -326,6 +330,10 @@ class SshBootstrapDriver(Driver):
             session = self._sessions.get(node_id)
             if session is not None and session.problem is None:
                 session.problem = f"setting the VM up crashed: {type(error).__name__}: {error}"
+
+    def boot_stage(self, node_id: str) -> BootStage:
+        session = self._sessions.get(node_id)
+        return session.phase if session is not None else BootStage.REQUESTED
 
     def boot_problem(self, node_id: str) -> str | None:
         session = self._sessions.get(node_id)

@@ -49,6 +49,7 @@ async def cluster_state(request: web.Request) -> web.Response:
         {
             "version": cluster.version,
             "booting": s.booting,
+            "booting_stages": {n: cluster.machines.boot_stage(n) for n in sorted(cluster.booting_ids)},
             "nodes": [node_view(n).to_json() for n in s.nodes.values()],
             "jobs": [cluster.job_view(j).to_json() for j in reversed(list(s.jobs.values()))],
             "loops": request.app[SUPERVISOR].view(),  # the head's background loops, with their restarts

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from typing import Protocol
 
 from burla.head.links import ClientLink
+from burla.head.machines import Machines
 from burla.head.recorder import Recorder
 from burla.head.records import CANCELED, RUNNING, JobRecord
 from burla.head.scheduler import Scheduler
@@ -30,6 +32,12 @@ class WatchedJobs(Protocol):
     def job_view(self, job: JobRecord) -> JobView: ...
 
     def waiting_for_nodes(self, job: JobRecord) -> int: ...
+
+    @property
+    def booting_ids(self) -> set[str]: ...
+
+    @property
+    def machines(self) -> Machines: ...
 
 PROGRESS_INTERVAL_S = 0.25
 
@@ -67,10 +75,12 @@ class ClientWatch:
         cluster = self._cluster
         running = job.running(cluster.scheduler.nodes) if job.status == RUNNING else 0
         queued = max(0, job.received - job.n_done - running)
-        snapshot = (job.n_done, job.n_failed, running, queued, cluster.waiting_for_nodes(job))
+        booting = cluster.waiting_for_nodes(job)
+        stages = Counter(cluster.machines.boot_stage(n) for n in cluster.booting_ids) if booting else Counter()
+        snapshot = (job.n_done, job.n_failed, running, queued, booting, tuple(sorted(stages.items())))
         if force or snapshot != link.last_progress:
             link.last_progress = snapshot
-            link.send(wire.Progress(job.job_id, *snapshot))
+            link.send(wire.Progress(job.job_id, *snapshot[:5], stages={str(k): v for k, v in stages.items()}))
 
     def record_job(self, job: JobRecord) -> None:
         cluster = self._cluster

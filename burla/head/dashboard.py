@@ -115,6 +115,7 @@ async def _cluster_snapshot(cluster: Cluster, request: web.Request) -> dict:
     return {
         "version": cluster.version,
         "booting": s.booting,
+        "booting_stages": {n: cluster.machines.boot_stage(n) for n in sorted(cluster.booting_ids)},
         "nodes": [node_view(n).to_json() for n in s.nodes.values()],
         "jobs": await jobs_listing(cluster, None, 10),
     }

@@ -24,7 +24,7 @@ from burla.head.records import RUNNING
 from burla.head.usage import MACHINE_STARTED, machine_detail
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import input_files, wire
-from burla.protocol.states import EndKind, JobStatus, MachineState
+from burla.protocol.states import BootStage, EndKind, JobStatus, MachineState
 from burla.protocol.validation import IMAGE, REGION, matches
 
 log = logging.getLogger("burla.head")
@@ -182,6 +182,9 @@ class Fleet:
         self._booting_slots[node_id] = slots_of(machine, spec)
         self._booting_machines[node_id] = machine
         return node_id
+
+    def boot_stage(self, node_id: str) -> BootStage:
+        return self.driver.boot_stage(node_id)
 
     def registration_problem(self, msg: wire.RegisterNode) -> str | None:
         machine = self._booting_machines.get(msg.node_id)

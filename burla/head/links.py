@@ -176,7 +176,7 @@ class ClientLink:
         self._resend: list[int] = []
         self.acked = 0
         self.dropped_output = 0
-        self.last_progress: tuple[int, int, int, int, int] | None = None
+        self.last_progress: tuple | None = None  # the last Progress sent (done, failed, ..., stages)
         self.detached_since: float | None = None  # monotonic time the client left
         self.patience_s: float | None = None  # how long to wait for it to come back (None: the head's default)
         self._writer: asyncio.Task | None = None

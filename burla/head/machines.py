@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from burla.protocol import wire
+from burla.protocol.states import BootStage
 
 
 class Machines(Protocol):
@@ -19,6 +20,9 @@ class Machines(Protocol):
     def registration_problem(self, msg: wire.RegisterNode) -> str | None:
         """Why a node this head booted can't join as it registers (it lacks its machine's GPUs)."""
 
+    def boot_stage(self, node_id: str) -> BootStage:
+        """How far a booting machine has come."""
+
 
 class NoMachines:
     """Before the fleet is made (and in a cluster without one): nothing to boot or remove."""
@@ -31,3 +35,6 @@ class NoMachines:
 
     def registration_problem(self, msg: wire.RegisterNode) -> str | None:
         return None
+
+    def boot_stage(self, node_id: str) -> BootStage:
+        return BootStage.REQUESTED

@@ -35,6 +35,16 @@ class MachineState(StrEnum):
     STOPPED = "STOPPED"
 
 
+class BootStage(StrEnum):
+    """How far a booting machine has come, in order; a machine that registers has joined."""
+
+    REQUESTED = "requested"  # the cloud accepted the boot
+    RUNNING = "running"  # the VM has a network address
+    SSH = "ssh"  # the head is logging in
+    INSTALLING = "installing"  # the build is uploaded and the bootstrap runs
+    STARTING = "starting"  # the node is started and has not registered yet
+
+
 class EndKind(StrEnum):
     """Why a job ended that did not complete: the name of the `burla.errors` class a client raises
     for it (tests check each names one). COMPLETED jobs end with NONE."""

@@ -208,6 +208,12 @@ class Progress(Message):
     running: int
     queued: int
     booting: int = 0  # nodes still booting that the job waits for (it has none yet)
+    stages: dict = {}  # of those: {boot stage: how many}  # noqa: RUF012 - never mutated
+
+    def validate(self) -> None:
+        if any(type(k) is not str or len(k) > 20 or type(v) is not int or not 0 <= v <= MAX_INPUTS
+               for k, v in self.stages.items()) or len(self.stages) > 10:
+            raise ProtocolError("Progress.stages must map at most 10 stage names to counts")
 
 
 @message(10)

@@ -7,6 +7,15 @@ for (const link of document.querySelectorAll("[data-nav]")) {
   if (link.dataset.nav === page || (page === "job" && link.dataset.nav === "jobs")) link.classList.add("active");
 }
 
+// "(1 installing, 2 ssh)": booting machines per stage, furthest first (BootStage's order).
+const BOOT_STAGES = ["requested", "running", "ssh", "installing", "starting"];
+function bootStages(byNode) {
+  const counts = {};
+  for (const stage of Object.values(byNode)) counts[stage] = (counts[stage] || 0) + 1;
+  const parts = BOOT_STAGES.slice().reverse().filter(s => counts[s]).map(s => `${counts[s]} ${s}`);
+  return parts.length ? ` (${parts.join(", ")})` : "";
+}
+
 function h(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
@@ -108,7 +117,7 @@ function clusterPage() {
       h("h1", {}, "Cluster"),
       h("div", {class: "card"},
         h("div", {}, `head version ${state.version} · ${state.nodes.length} node(s)`,
-          state.booting ? ` · ${state.booting} booting` : ""),
+          state.booting ? ` · ${state.booting} booting` + bootStages(state.booting_stages || {}) : ""),
         h("div", {style: "margin-top:8px;display:flex;gap:8px;align-items:center"},
           act("/v1/cluster/start", "Start"), act("/v1/cluster/stop", "Stop"), message)),
       h("table", {id: "nodes-table"},
