@@ -75,6 +75,7 @@ class FakeGce(FakeCloudApi):
         self.refuse_tokens = False
         self.cpus_quota = DEFAULT_CPUS_QUOTA  # per region
         self.exhausted: set[tuple[str, str]] = set()  # (machine type, zone) the zone has no capacity for
+        self.project_metadata: dict[str, str] = {}  # e.g. {"enable-oslogin": "TRUE"}, as an organisation sets
         self._ids = itertools.count(4_861_000_000_000_000_001)
         super().__init__()
 

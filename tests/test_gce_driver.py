@@ -267,6 +267,7 @@ def farm(gce, tmp_path):
 
 def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(gce, farm, tmp_path, wheelhouse,
                                                                                client_venv):
+    gce.project_metadata["enable-oslogin"] = "TRUE"  # the project turns OS Login on; burla's VMs turn it off
     head = _cloud_head(tmp_path, farm, wheelhouse, "--inactivity-timeout", "3")
     try:
         _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "n4-standard-4", "--spot",
@@ -415,3 +416,18 @@ def test_a_zone_out_of_capacity_is_passed_over_for_the_regions_next(gce):
     with pytest.raises(CloudRefused, match="no zone had capacity for n4-standard-2: us-central1-a: The zone") as none:
         asyncio.run(boot("n4-standard-2"))
     assert none.value.kind == CloudRefused.CAPACITY and len(gce.instances) == 1
+
+
+def test_with_os_login_on_for_a_vm_its_ssh_keys_metadata_is_ignored(gce, farm):
+    # The stand-in's rule itself: a VM without enable-oslogin=FALSE of its own, in a project with
+    # OS Login on, authorises no ssh-keys key (so the head's login would be refused).
+    gce.project_metadata["enable-oslogin"] = "TRUE"
+    gce.instances[(PROJECT, "us-central1-a", "plain")] = {
+        "id": "1", "name": "plain", "status": "RUNNING", "labels": {},
+        "metadata": {"items": [{"key": "ssh-keys", "value": "burla:ssh-ed25519 AAAA burla"}]},
+        "networkInterfaces": [{"networkIP": "10.0.0.9", "accessConfigs": []}]}
+    [record] = farm._records()
+    assert (record.login_user, record.authorized_key) == (None, "")
+    gce.project_metadata["enable-oslogin"] = "FALSE"
+    [record] = farm._records()
+    assert (record.login_user, record.authorized_key) == ("burla", "ssh-ed25519 AAAA burla")

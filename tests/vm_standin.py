@@ -479,8 +479,13 @@ class GceVmFarm(VmFarm):
         records = []
         for instance in list(self.fake.instances.values()):
             items = {i["key"]: i["value"] for i in instance.get("metadata", {}).get("items", [])}
-            # `user:key`: the guest agent creates that user for the key (the only one it accepts)
+            # `user:key`: the guest agent creates that user for the key (the only one it accepts),
+            # unless OS Login is on for the VM (instance metadata overrides the project's), which makes
+            # it ignore ssh-keys. https://cloud.google.com/compute/docs/oslogin/set-up-oslogin
             user, _, key = items.get("ssh-keys", "").partition(":")
+            oslogin = items.get("enable-oslogin", self.fake.project_metadata.get("enable-oslogin", "FALSE"))
+            if oslogin.upper() == "TRUE":
+                user, key = "", ""
             interface = instance["networkInterfaces"][0]
             addresses = (interface.get("networkIP"), *(a.get("natIP") for a in interface.get("accessConfigs", [])))
             source = instance.get("sourceImage", "")
