@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 import uuid
 
@@ -15,6 +16,18 @@ from aiohttp import web
 from tests.fake_cloud_api import JSON_BODY, FakeCloudApi, json_response
 
 GROUP = "/subscriptions/{subscription}/resourceGroups/{group}"
+
+
+def size_vcpus(size: str) -> int:
+    """Standard_D8as_v5 -> 8: the number in an Azure size's name."""
+    return int(re.search(r"\d+", size.split("_")[1]).group(0))
+
+
+def size_family(size: str) -> str:
+    """Standard_D8as_v5 -> standardDASv5Family: the quota an Azure size counts against."""
+    _, name, *rest = size.split("_")
+    letters = re.sub(r"\d+", "", name).upper()
+    return f"standard{letters}{''.join(rest)}Family"
 BOOT_LOG = "[    0.000000] Linux version 6.8.0-1017-azure\ncloud-init[812]: python3 -m venv /opt/burla-bootstrap\n"
 
 
@@ -29,6 +42,10 @@ class FakeAzure(FakeCloudApi):
         self.machines: dict[tuple[str, str, str], dict] = {}
         self.custom_data: dict[str, str] = {}  # VM name -> base64 custom data (never returned by GET)
         self.power_states: dict[tuple[str, str, str], str] = {}  # VM -> "running", "stopped", "deallocated"
+        # vCPU quotas per region: "cores" (Total Regional vCPUs) and per size family, e.g.
+        # {"standardDASv5Family": 10}. https://learn.microsoft.com/azure/quotas/regional-quota-requests
+        self.quotas: dict[str, int] = {"cores": 350, "lowPriorityCores": 100}
+        self.unavailable: set[tuple[str, str]] = set()  # (VM size, location) the region can't give now
         self.security_groups: dict[str, dict] = {}
         self.role_assignments: dict[str, dict] = {}
         self.public_ips: dict[tuple[str, str, str], dict] = {}
@@ -73,6 +90,8 @@ class FakeAzure(FakeCloudApi):
         app.middlewares.append(self._authorize)
         app.router.add_post("/{tenant}/oauth2/v2.0/token", self.token)
         app.router.add_put(GROUP, self.put_group)
+        app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Compute/locations/{location}/usages",
+                           self.usages)
         app.router.add_get(GROUP, self.get_group)
         app.router.add_put(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.put_network)
         app.router.add_get(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.get_network)
@@ -149,6 +168,14 @@ class FakeAzure(FakeCloudApi):
         if (m["subscription"], m["group"], vnet_name) not in self.networks:
             return self._error(404, "InvalidResourceReference", f"Resource {subnet} referenced by resource "
                                                                 f"{request.path} was not found.")
+        size, location = properties["hardwareProfile"]["vmSize"], body["location"]
+        if (size, location) in self.unavailable:
+            return self._error(409, "SkuNotAvailable", f"The requested VM size {size} is currently not available in "
+                               f"location '{location}'. Please try another size or deploy to a different location "
+                               "or different zone. See https://aka.ms/azureskunotavailable for details.")
+        over = self._over_quota(m["subscription"], location, size, properties.get("priority") == "Spot")
+        if over is not None:
+            return self._error(409, "OperationNotAllowed", over)
         linux = dict(properties["osProfile"]["linuxConfiguration"])
         machine = self.fixture(
             "virtual_machine", subscription=m["subscription"], group=m["group"], name=m["name"],
@@ -203,6 +230,38 @@ class FakeAzure(FakeCloudApi):
         self.public_ips.pop((m["subscription"], m["group"], f"{m['name']}-ip"), None)  # deleteOption: Delete
         self.network_interfaces.pop((m["subscription"], m["group"], f"{m['name']}-nic"), None)
         return web.Response(status=202, headers={"Location": f"{self.url}/operations/{uuid.uuid4()}"})
+
+    def _usage(self, subscription: str, location: str) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for (sub, _, _), machine in self.machines.items():
+            if sub != subscription or machine["location"] != location:
+                continue
+            size = machine["properties"]["hardwareProfile"]["vmSize"]
+            spot = machine["properties"].get("priority") == "Spot"
+            for name in ("lowPriorityCores",) if spot else ("cores", size_family(size)):
+                used[name] = used.get(name, 0) + size_vcpus(size)
+        return used
+
+    def _over_quota(self, subscription: str, location: str, size: str, spot: bool) -> str | None:
+        """The refusal of a VM past a vCPU quota, in Azure's words (a 409 OperationNotAllowed)."""
+        used = self._usage(subscription, location)
+        for name in ("lowPriorityCores",) if spot else ("cores", size_family(size)):
+            limit = self.quotas.get(name)
+            if limit is not None and used.get(name, 0) + size_vcpus(size) > limit:
+                label = "Total Regional" if name == "cores" else name
+                return (f"Operation could not be completed as it results in exceeding approved {label} Cores quota. "
+                        f"Additional details - Deployment Model: Resource Manager, Location: {location}, Current "
+                        f"Limit: {limit}, Current Usage: {used.get(name, 0)}, Additional Required: "
+                        f"{size_vcpus(size)}, (Minimum) New Limit Required: {used.get(name, 0) + size_vcpus(size)}. "
+                        "Submit a request for Quota increase at https://aka.ms/ProdCoreReqV2")
+        return None
+
+    async def usages(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        used = self._usage(m["subscription"], m["location"])
+        return json_response({"value": [
+            {"name": {"value": name, "localizedValue": name}, "currentValue": used.get(name, 0), "limit": limit,
+             "unit": "Count"} for name, limit in self.quotas.items()]})
 
     async def instance_view(self, request: web.Request) -> web.Response:
         """The VM's power state: "running", or "stopped" after a guest shutdown, which leaves it

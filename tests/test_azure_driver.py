@@ -270,10 +270,63 @@ def test_cloud_check_reads_the_subscription_and_says_what_azure_checks_at_boot(a
     checks = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}
     assert checks["credentials"]["status"] == "ok" and SUBSCRIPTION in checks["credentials"]["detail"]
     assert checks["image"]["detail"] == "Canonical:ubuntu-24_04-lts:server:latest"
-    assert checks["vCPU quota"]["status"] == "warn"  # Azure's usage API is not read ahead
+    assert checks["vCPU quota"]["status"] == "ok" and checks["vCPU quota"]["detail"].startswith("cores in eastus")
+    azure.quotas["standardDASv5Family"] = 4  # the default Standard_D8as_v5 needs 8
+    done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 9
+    quota = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}["vCPU quota"]
+    assert quota["status"] == "fail" and "standardDASv5Family in eastus: 4 vCPUs" in quota["detail"]
     monkeypatch.setenv("AZURE_CLIENT_SECRET", "wrong")
     done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 9
     [credentials] = json.loads(done.stdout)["data"]["checks"]
     assert credentials["status"] == "fail"
+
+
+def test_azure_refusals_are_told_apart_and_grow_plans_within_the_family_quota(azure, tmp_path, monkeypatch,
+                                                                             wheelhouse, client_venv):
+    from burla.errors import CloudRefused
+    from tests.helpers import start_client
+
+    async def boot(size: str):
+        driver = _driver("westus3")
+        try:
+            return await driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok", machine_type=size,
+                                                 ssh_public_key=CLUSTER_KEY))
+        finally:
+            await driver.close()
+
+    azure.unavailable.add(("Standard_D8as_v5", "westus3"))
+    with pytest.raises(CloudRefused, match="Standard_D8as_v5 is currently not available") as unavailable:
+        asyncio.run(boot("Standard_D8as_v5"))
+    assert unavailable.value.kind == CloudRefused.CAPACITY
+    azure.quotas["standardDASv5Family"] = 8
+    asyncio.run(boot("Standard_D4as_v5"))
+    with pytest.raises(CloudRefused, match="exceeding approved standardDASv5Family Cores quota") as quota:
+        asyncio.run(boot("Standard_D8as_v5".replace("8", "16")))
+    assert quota.value.kind == CloudRefused.QUOTA
+    azure.machines.clear()
+    azure.unavailable.clear()
+    # A grow of 20 calls would want D16as + D4as; the family's 8 vCPUs take two D4as.
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    farm = AzureVmFarm(azure, tmp_path / "vms")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "azure", "--inactivity-timeout", "3", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
+        "--ssh-address-map", str(farm.map_path)])
+    try:
+        job = start_client(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            print(json.dumps(remote_parallel_map(abs, [-i for i in range(20)], grow=True, spinner=False)))
+        """, tmp_path)
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+        assert out.strip() == str(list(range(20)))
+        sizes = [r.body["properties"]["hardwareProfile"]["vmSize"] for r in azure.logged("PUT", "/virtualMachines/")]
+        assert sizes[-2:] == ["Standard_D4as_v5", "Standard_D4as_v5"]
+        assert "'standardDASv5Family in westus3' is 8 vCPUs" in err
+    finally:
+        head.stop()
+        farm.close()

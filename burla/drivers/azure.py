@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import re
 import threading
 import time
 import urllib.error
@@ -29,13 +31,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from burla.drivers.azure_auth import AzureToken, cli_default, cli_default_subscription
-from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, VmAddress
+from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
-from burla.errors import CloudSetupError
+from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
 
+log = logging.getLogger("burla.azure")
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 DEFAULT_REGION = "eastus"
 DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # publisher:offer:sku:version
@@ -106,6 +109,18 @@ class AzureConfig:
                     "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_MANAGED_IDENTITY": "1",
                     "BURLA_AZURE_RESOURCE_MANAGER_URL": self.arm_endpoint if self.arm_endpoint != ARM_ENDPOINT else ""}
         return {k: v for k, v in settings.items() if v}
+
+
+def size_vcpus(size: str) -> int:
+    """Standard_D8as_v5 -> 8: the vCPUs in an Azure size's name."""
+    digits = re.search(r"\d+", size.split("_")[1]) if "_" in size else None
+    return int(digits.group(0)) if digits else 0
+
+
+def size_family(size: str) -> str:
+    """Standard_D8as_v5 -> standardDASv5Family: the quota name of a size's family (the usage API's)."""
+    _, name, *rest = size.split("_") if size.count("_") >= 1 else ("", size)
+    return f"standard{re.sub(r'[0-9]+', '', name).upper()}{''.join(rest)}Family"
 
 
 def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
@@ -306,6 +321,29 @@ class AzureDriver(ThreadedCloudDriver):
             driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
         return bool(matches)
 
+    async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
+        try:
+            return await self._call(self._quota_room, machine_type, spot)
+        except CloudRefused as e:
+            log.warning("could not read Azure's vCPU quotas: %s", e)
+            return None
+
+    def _quota_room(self, driver, size: str, spot: bool) -> QuotaRoom | None:
+        """The tighter of the region's vCPU quotas the size counts against: Total Regional vCPUs
+        and its family's (Spot: the low-priority one), from the usage API.
+        https://learn.microsoft.com/rest/api/compute/usage/list"""
+        region = self.config.region
+        path = f"/subscriptions/{self.config.subscription_id}/providers/Microsoft.Compute/locations/{region}/usages"
+        usages = {u["name"]["value"]: u for u in driver.connection.request(
+            path, params={"api-version": VM_API}).object.get("value", [])}
+        names = ["lowPriorityCores"] if spot else ["cores", size_family(size)]
+        rooms = [QuotaRoom(name=f"{usages[n]['name'].get('localizedValue') or n} in {region}",
+                           limit=int(usages[n]["limit"]), used=int(usages[n]["currentValue"]),
+                           how_to_raise=f"ask for more on the portal's Quotas page (Compute, {region}); "
+                                        f"`az vm list-usage --location {region}` shows them")
+                 for n in names if n in usages]
+        return min(rooms, key=lambda room: room.free) if rooms else None
+
     def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
         """Credentials and subscription (by reading the cluster's resource group), the image and
         size settings. Quotas and permissions are learned from refusals at boot."""
@@ -323,8 +361,15 @@ class AzureDriver(ThreadedCloudDriver):
         checks.append(CloudCheck("image", CloudCheck.OK if len(image_parts) == 4 else CloudCheck.FAIL,
                                  self.config.image, "" if len(image_parts) == 4 else
                                  "set BURLA_AZURE_IMAGE to publisher:offer:sku:version"))
-        checks.append(CloudCheck("vCPU quota", CloudCheck.WARN, "not read ahead on Azure: a refusal at boot says "
-                                 "which quota (`az vm list-usage --location REGION` shows them)"))
+        size = machine_type or DEFAULT_MACHINE_TYPE
+        room = self._quota_room(driver, size, spot=False)
+        if room is None:
+            checks.append(CloudCheck("vCPU quota", CloudCheck.WARN, f"no vCPU quota reported for {size}"))
+        else:
+            fits = room.free >= size_vcpus(size)
+            checks.append(CloudCheck("vCPU quota", CloudCheck.OK if fits else CloudCheck.FAIL,
+                                     f"{room.name}: {room.limit} vCPUs, {room.used} in use",
+                                     "" if fits else room.how_to_raise))
         checks.append(CloudCheck("ssh path", CloudCheck.OK, "network security group burla-nodes-<region> opens port 22 "
                                  "(made at the first boot)"))
         return checks
