@@ -164,6 +164,21 @@ CAPACITY_SIGNS = ("InsufficientInstanceCapacity", "InsufficientCapacity", "ZONE_
                   "is not supported in your requested Availability Zone")
 
 
+def first_with_capacity(places: list[Any], attempt: Callable[[Any], Any], name: Callable[[Any], str],
+                        what: str) -> Any:
+    """`attempt(place)` for each place (zone, subnet) in turn until one has capacity for `what`;
+    when none has, a capacity refusal that says what each answered."""
+    refused = []
+    for place in places:
+        try:
+            return attempt(place)
+        except Exception as e:
+            if refusal_kind(e) != CloudRefused.CAPACITY:
+                raise
+            refused.append(f"{name(place)}: {cloud_message(e)}")
+    raise CloudRefused(f"no zone had capacity for {what}: " + "; ".join(refused), kind=CloudRefused.CAPACITY)
+
+
 def refusal_kind(error: BaseException) -> str | None:
     """CloudRefused.QUOTA, CloudRefused.CAPACITY, or None, from a cloud library's error."""
     words = f"{getattr(error, 'code', '')} {cloud_message(error)}"

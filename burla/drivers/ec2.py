@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, cloud_message, refusal_kind
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
 from burla.drivers.ec2_checks import NODE_GROUP_NAME, ec2_checks
 from burla.drivers.ec2_images import (
     DEFAULT_FAMILY,
@@ -244,19 +244,16 @@ class Ec2Driver(ThreadedCloudDriver):
                  "Ebs": {"VolumeSize": request.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": "true"}}
             ]
         groups = [self._node_security_group(driver), *self.config.security_group_ids]
-        refused: list[str] = []
-        for subnet in self.subnets_offering(driver, machine.name):
+
+        def launch(subnet: Any) -> str:
             # A public address: the head reaches the VM over SSH, and the VM reaches the package index.
-            try:
-                driver.create_node(name=node_id, size=size, image=image, ex_subnet=subnet,
-                                   ex_security_group_ids=groups, ex_assign_public_ip=True, **kwargs)
-                return node_id
-            except Exception as e:
-                if refusal_kind(e) != CloudRefused.CAPACITY:
-                    raise
-                refused.append(f"{subnet.extra.get('zone')}: {cloud_message(e)}")
-        raise CloudRefused(f"no zone of {self.config.region} had capacity for {machine.name}: "
-                           + "; ".join(refused), kind=CloudRefused.CAPACITY)
+            driver.create_node(name=node_id, size=size, image=image, ex_subnet=subnet, ex_security_group_ids=groups,
+                               ex_assign_public_ip=True, **kwargs)
+            return node_id
+
+        return first_with_capacity(self.subnets_offering(driver, machine.name), launch,
+                                   lambda subnet: subnet.extra.get("zone") or subnet.id,
+                                   f"{machine.name} in {self.config.region}")
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         try:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.catalog import gpu_model, lookup
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, cloud_message, refusal_kind
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
@@ -269,16 +269,9 @@ class GceDriver(ThreadedCloudDriver):
     def _boot_one(self, driver, request: BootRequest, node_id: str) -> str:
         """Insert the VM in the chosen zone, or, when a zone has no capacity for it, in the
         region's next zone (Compute Engine says so with ZONE_RESOURCE_POOL_EXHAUSTED)."""
-        refused = []
-        for zone in self._zones_to_try(driver, request.region):
-            try:
-                return self._insert(driver, request, node_id, zone)
-            except Exception as e:
-                if refusal_kind(e) != CloudRefused.CAPACITY:
-                    raise
-                refused.append(f"{zone}: {cloud_message(e)}")
-        raise CloudRefused(f"no zone had capacity for {request.machine_type or DEFAULT_MACHINE_TYPE}: "
-                           + "; ".join(refused), kind=CloudRefused.CAPACITY)
+        return first_with_capacity(self._zones_to_try(driver, request.region),
+                                   lambda zone: self._insert(driver, request, node_id, zone), str,
+                                   request.machine_type or DEFAULT_MACHINE_TYPE)
 
     def _zones_to_try(self, driver, region: str | None) -> list[str]:
         first = self._zone(driver, region)
