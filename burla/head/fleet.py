@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from burla.drivers.base import BootRequest, CloudCheck, Driver
+from burla.drivers.base import BootRequest, CloudCheck, Driver, QuotaRoom
 from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
 from burla.drivers.registry import BY_NAME
 from burla.errors import CloudRefused, SettingsError
@@ -213,7 +213,7 @@ class Fleet:
         sizes, units = growth_sizes(spec, self.cloud or "aws", self.settings.machine_type)
         asked = sum(units(machine) for _, machine in planned)
         limits: list[str] = []
-        room = await self.driver.quota_room(planned[0][1].name, self.settings.spot)
+        room = await self._quota_room(planned[0][1].name)
         if room is not None:
             fitted = within_room([m for _, m in planned], sizes, units, room.free)
             if fitted != [m for _, m in planned]:
@@ -232,14 +232,26 @@ class Fleet:
             log.warning("job %s: %s", spec.job_id, notice.strip())
             self.cluster.output(wire.OutputBatch(spec.job_id, [[wire.NOT_A_CALL, wire.STDERR, notice]]))
 
+    async def _quota_room(self, machine_type: str) -> QuotaRoom | None:
+        """The quota the machine counts against, if it can be read (else the boots' refusals tell)."""
+        try:
+            return await self.driver.quota_room(machine_type, self.settings.spot)
+        except Exception as e:  # e.g. credentials that expired since the cloud check
+            log.warning("could not read the vCPU quota for %s: %s", machine_type, e)
+            return None
+
     async def _cloud_problem(self, machine_type: str) -> str | None:
         """`burla cloud check` before this head's first grow: what would make every boot fail
         (credentials, a permission, the image), as one sentence with the fixes. A quota too small
         for this machine is not such a thing: the plan shrinks to it. Asked again until it passes."""
         if self._cloud_checked:
             return None
-        failures = [c for c in await self.driver.check(machine_type)
-                    if c.status == CloudCheck.FAIL and c.name != "vCPU quota"]
+        try:
+            checks = await self.driver.check(machine_type)
+        except Exception as e:  # the check is a courtesy: the boots themselves still say what fails
+            log.warning("the cloud check could not run: %s", e)
+            return None
+        failures = [c for c in checks if c.status == CloudCheck.FAIL and c.name != "vCPU quota"]
         if not failures:
             self._cloud_checked = True
             return None
@@ -262,7 +274,7 @@ class Fleet:
                     return limit
                 limit = str(e)
                 if e.kind == CloudRefused.QUOTA:
-                    room = await self.driver.quota_room(machine.name, self.settings.spot)
+                    room = await self._quota_room(machine.name)
                     limit = room.sentence() if room is not None else limit
                 smaller = smaller_size(sizes, machine, units) if e.kind is not None else None
                 if smaller is None:
