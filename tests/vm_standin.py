@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -142,6 +143,7 @@ class StandinVm:
         self.connections: set[asyncssh.SSHServerConnection] = set()
         self.logins: list[str] = []  # user names that logged in
         self.commands: list[str] = []
+        self.children: set[subprocess.Popen] = set()  # commands running now
         self.port = 0
         self._server: asyncssh.SSHAcceptor | None = None
 
@@ -262,10 +264,17 @@ class StandinVm:
     async def _run(self, process: asyncssh.SSHServerProcess) -> None:
         command = process.command or "true"
         self.commands.append(command)
-        child = await asyncio.create_subprocess_exec(
-            "/bin/bash", "-c", command, cwd=self.home, env=self.environment(), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await child.communicate()
+        # A plain process waited on in a thread, not an asyncio subprocess: a session cut while its
+        # command runs (the VM deleted mid-bootstrap) leaves no pipe transport behind, and the
+        # command itself (its own process group) dies with the VM.
+        child = subprocess.Popen(["/bin/bash", "-c", command], cwd=self.home, env=self.environment(),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+        self.children.add(child)
+        try:
+            out, err = await asyncio.get_running_loop().run_in_executor(None, child.communicate)
+        finally:
+            self.children.discard(child)
         process.stdout.write(out)
         process.stderr.write(err)
         process.exit(child.returncode or 0)
@@ -296,6 +305,9 @@ class StandinVm:
         for pid_file in [*(self.home / ".burla").glob("*.pid"), *self.units.glob("*.pid")]:
             with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
                 os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
+        for child in list(self.children):  # commands still running over SSH
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
 
     async def stop(self) -> None:
         self.drop_connections()

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import urllib.parse
@@ -108,7 +109,8 @@ class Ec2Config:
         return {k: v for k, v in settings.items() if v}
 
 
-_chains: dict[str | None, Any] = {}  # profile -> botocore's credentials, refreshable ones renewing themselves
+# (profile, the AWS_* environment and HOME) -> botocore's credentials, refreshable ones renewing themselves
+_chains: dict[tuple, Any] = {}
 _chains_lock = threading.Lock()
 
 
@@ -124,9 +126,11 @@ def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
     import botocore.session
 
     login = login_command(config)
+    key = (config.profile, os.environ.get("HOME"),
+           *sorted((name, value) for name, value in os.environ.items() if name.startswith("AWS_")))
     try:
         with _chains_lock:
-            credentials = _chains.get(config.profile)
+            credentials = _chains.get(key)
             if credentials is None:
                 credentials = botocore.session.Session(profile=config.profile).get_credentials()
     except botocore.exceptions.ProfileNotFound as e:
@@ -140,12 +144,13 @@ def resolve_credentials(config: Ec2Config) -> tuple[str, str, str | None]:
         )
     try:
         frozen = credentials.get_frozen_credentials()
-    except (botocore.exceptions.SSOTokenLoadError, botocore.exceptions.UnauthorizedSSOTokenError,
-            botocore.exceptions.TokenRetrievalError, botocore.exceptions.CredentialRetrievalError):
-        raise CloudSetupError(f"The AWS session has expired and could not be renewed. Run `{login}` and try "
+    except (botocore.exceptions.SSOTokenLoadError, botocore.exceptions.UnauthorizedSSOTokenError):
+        raise CloudSetupError(f"The AWS SSO session has expired. Run `{login}` and try again.") from None
+    except (botocore.exceptions.TokenRetrievalError, botocore.exceptions.CredentialRetrievalError) as e:
+        raise CloudSetupError(f"The AWS credentials could not be renewed ({e}). Run `{login}` and try "
                               "again.") from None
     with _chains_lock:
-        _chains[config.profile] = credentials  # kept only once it has given credentials
+        _chains[key] = credentials  # kept only once it has given credentials
     return frozen.access_key, frozen.secret_key, frozen.token
 
 
