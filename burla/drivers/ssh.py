@@ -146,7 +146,7 @@ class VmSession:
 
     async def _connect_until(self, address: str, deadline: float) -> Any:
         connection = await self.login.connect_until(address, deadline, self.owner.host_keys.get(self.node_id),
-                                                          self.note)
+                                                    self.note)
         self._record_host_key(connection)
         return connection
 
