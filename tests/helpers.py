@@ -48,6 +48,15 @@ def start_client(python, head, script: str, cwd) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def start_grow_job(python, head, cwd, n: int) -> subprocess.Popen:
+    """A client job of `n` calls with grow=True: it prints its results as one JSON line."""
+    return start_client(python, head, f"""
+        import json
+        from burla import remote_parallel_map
+        print(json.dumps(remote_parallel_map(abs, [-i for i in range({n})], grow=True, spinner=False)))
+    """, cwd)
+
+
 def finish_client(client: subprocess.Popen, timeout: float = 200) -> list:
     """The JSON lines a client script printed, once it exits successfully."""
     out, err = client.communicate(timeout=timeout)

@@ -288,7 +288,7 @@ def test_cloud_check_reads_the_subscription_and_says_what_azure_checks_at_boot(a
 def test_azure_refusals_are_told_apart_and_grow_plans_within_the_family_quota(azure, tmp_path, monkeypatch,
                                                                              wheelhouse, client_venv):
     from burla.errors import CloudRefused
-    from tests.helpers import start_client
+    from tests.helpers import start_grow_job
 
     async def boot(size: str):
         driver = _driver("westus3")
@@ -316,11 +316,7 @@ def test_azure_refusals_are_told_apart_and_grow_plans_within_the_family_quota(az
         "--driver", "azure", "--inactivity-timeout", "3", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
         "--ssh-address-map", str(farm.map_path)])
     try:
-        job = start_client(client_venv, head, """
-            import json
-            from burla import remote_parallel_map
-            print(json.dumps(remote_parallel_map(abs, [-i for i in range(20)], grow=True, spinner=False)))
-        """, tmp_path)
+        job = start_grow_job(client_venv, head, tmp_path, 20)
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == str(list(range(20)))

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from tests.fake_ec2 import CANONICAL, DEBIAN, DLAMI_OWNER, STRANGER
+from tests.helpers import start_grow_job
 
 
 def _driver(**config):
@@ -120,16 +121,6 @@ def test_the_vcpu_quota_is_a_quota_refusal_in_ec2s_words(moto, ec2_rules):
     assert refused.value.kind == CloudRefused.QUOTA and _launched(moto) == []
 
 
-def _grow_job(client_venv, head, tmp_path, n: int):
-    from tests.helpers import start_client
-
-    return start_client(client_venv, head, f"""
-        import json
-        from burla import remote_parallel_map
-        print(json.dumps(remote_parallel_map(abs, [-i for i in range({n})], grow=True, spinner=False)))
-    """, tmp_path)
-
-
 def _ec2_head(moto, tmp_path, wheelhouse):
     from tests.conftest import start_head
     from tests.vm_standin import MotoVmFarm
@@ -146,7 +137,7 @@ def test_grow_plans_within_the_vcpu_quota_and_says_what_limited_it(moto, ec2_rul
     ec2_rules.vcpu_quotas["L-1216C47A"] = 8  # 20 calls would want m7i.4xlarge + m7i.xlarge (20 vCPUs)
     farm, head = _ec2_head(moto, tmp_path, wheelhouse)
     try:
-        job = _grow_job(client_venv, head, tmp_path, 20)
+        job = start_grow_job(client_venv, head, tmp_path, 20)
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == str(list(range(20)))
@@ -166,7 +157,7 @@ def test_a_machine_no_zone_has_is_replaced_by_the_next_size_down(moto, ec2_rules
     ec2_rules.exhausted |= {("m7i.xlarge", zone) for zone in zones}
     farm, head = _ec2_head(moto, tmp_path, wheelhouse)
     try:
-        job = _grow_job(client_venv, head, tmp_path, 3)  # would be one m7i.xlarge
+        job = start_grow_job(client_venv, head, tmp_path, 3)  # would be one m7i.xlarge
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == "[0, 1, 2]"
@@ -273,7 +264,7 @@ def test_grow_fails_fast_naming_a_missing_permission_and_its_fix(moto, ec2_rules
     ec2_rules.denied |= {"ec2:RunInstances"}
     farm, head = _ec2_head(moto, tmp_path, wheelhouse)
     try:
-        job = _grow_job(client_venv, head, tmp_path, 3)
+        job = start_grow_job(client_venv, head, tmp_path, 3)
         out, err = job.communicate(timeout=120)
         assert job.returncode != 0 and "NoNodes" in err
         assert "burla cloud check failed: permissions: missing ec2:RunInstances" in err
@@ -293,7 +284,7 @@ def test_a_failed_boot_names_its_stage(moto, tmp_path, wheelhouse, client_venv, 
     head = start_head(tmp_path / "config", local_nodes=0, extra=[
         "--driver", "ec2", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(farm.map_path)])
     try:
-        job = _grow_job(client_venv, head, tmp_path, 1)
+        job = start_grow_job(client_venv, head, tmp_path, 1)
         out, err = job.communicate(timeout=240)
         assert job.returncode != 0 and "NoNodes" in err
         assert "failed at stage installing: the bootstrap exited with 1" in err

@@ -377,16 +377,12 @@ def test_cloud_check_reads_the_project_the_machine_type_image_quota_and_firewall
 
 
 def test_grow_reads_the_regions_cpu_quota_and_boots_within_it(gce, farm, tmp_path, wheelhouse, client_venv):
-    from tests.helpers import start_client
+    from tests.helpers import start_grow_job
 
     gce.cpus_quota = 8  # 20 calls would want n4-standard-16 + n4-standard-4
     head = _cloud_head(tmp_path, farm, wheelhouse, "--inactivity-timeout", "3")
     try:
-        job = start_client(client_venv, head, """
-            import json
-            from burla import remote_parallel_map
-            print(json.dumps(remote_parallel_map(abs, [-i for i in range(20)], grow=True, spinner=False)))
-        """, tmp_path)
+        job = start_grow_job(client_venv, head, tmp_path, 20)
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == str(list(range(20)))
