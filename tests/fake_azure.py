@@ -28,6 +28,35 @@ def size_family(size: str) -> str:
     _, name, *rest = size.split("_")
     letters = re.sub(r"\d+", "", name).upper()
     return f"standard{letters}{''.join(rest)}Family"
+
+
+# The VM sizes this stand-in's regions list in Resource SKUs, with the capabilities the API states
+# for them (learn.microsoft.com/rest/api/compute/resource-skus/list; sizes from
+# learn.microsoft.com/azure/virtual-machines/sizes/): vCPUs, memory in GB, GPUs, architecture.
+def _sku(size: str, vcpus: int, memory_gb: float, gpus: int = 0, arch: str = "x64") -> tuple[str, dict[str, str]]:
+    return size, {"vCPUs": str(vcpus), "MemoryGB": str(memory_gb), "GPUs": str(gpus), "CpuArchitectureType": arch}
+
+
+VM_SIZES: dict[str, dict[str, str]] = dict([
+    *(_sku(f"Standard_D{n}as_v5", n, 4 * n) for n in (2, 4, 8, 16, 32, 48, 64, 96)),
+    *(_sku(f"Standard_D{n}ps_v5", n, 4 * n, arch="Arm64") for n in (2, 4, 8, 16, 32, 48, 64)),
+    _sku("Standard_NC4as_T4_v3", 4, 28, 1), _sku("Standard_NC8as_T4_v3", 8, 56, 1),
+    _sku("Standard_NC16as_T4_v3", 16, 110, 1), _sku("Standard_NC64as_T4_v3", 64, 440, 4),
+    _sku("Standard_NC24ads_A100_v4", 24, 220, 1), _sku("Standard_NC48ads_A100_v4", 48, 440, 2),
+    _sku("Standard_NC96ads_A100_v4", 96, 880, 4), _sku("Standard_ND96asr_v4", 96, 900, 8),
+    _sku("Standard_ND96isr_H100_v5", 96, 1900, 8),
+])
+GPU_NAMES = (("_T4_", "Tesla T4"), ("ads_A100_v4", "NVIDIA A100 80GB PCIe"), ("ND96asr_v4", "NVIDIA A100-SXM4-40GB"),
+             ("_H100_", "NVIDIA H100 80GB HBM3"))
+
+
+def gpus_of_size(size: str) -> tuple[str, ...]:
+    """A size's GPUs as nvidia-smi names them."""
+    count = int(VM_SIZES.get(size, {}).get("GPUs", "0"))
+    name = next((named for part, named in GPU_NAMES if part in size), "NVIDIA GPU")
+    return (name,) * count
+
+
 BOOT_LOG = "[    0.000000] Linux version 6.8.0-1017-azure\ncloud-init[812]: python3 -m venv /opt/burla-bootstrap\n"
 
 
@@ -46,6 +75,11 @@ class FakeAzure(FakeCloudApi):
         # {"standardDASv5Family": 10}. https://learn.microsoft.com/azure/quotas/regional-quota-requests
         self.quotas: dict[str, int] = {"cores": 350, "lowPriorityCores": 100}
         self.unavailable: set[tuple[str, str]] = set()  # (VM size, location) the region can't give now
+        # (VM size, location) this subscription may not create: Resource SKUs lists them with a
+        # NotAvailableForSubscription restriction, and creating one fails with SkuNotAvailable.
+        self.not_for_subscription: set[tuple[str, str]] = set()
+        self.sku_listings: list[str] = []  # locations whose SKUs were listed
+        self.sku_page_size = 1000
         self.security_groups: dict[str, dict] = {}
         self.role_assignments: dict[str, dict] = {}
         self.public_ips: dict[tuple[str, str, str], dict] = {}
@@ -92,6 +126,7 @@ class FakeAzure(FakeCloudApi):
         app.router.add_put(GROUP, self.put_group)
         app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Compute/locations/{location}/usages",
                            self.usages)
+        app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Compute/skus", self.skus)
         app.router.add_get(GROUP, self.get_group)
         app.router.add_put(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.put_network)
         app.router.add_get(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.get_network)
@@ -169,7 +204,10 @@ class FakeAzure(FakeCloudApi):
             return self._error(404, "InvalidResourceReference", f"Resource {subnet} referenced by resource "
                                                                 f"{request.path} was not found.")
         size, location = properties["hardwareProfile"]["vmSize"], body["location"]
-        if (size, location) in self.unavailable:
+        if size not in VM_SIZES:
+            return self._error(400, "InvalidParameter", f"The value {size} provided for the VM size is not valid. "
+                               "The valid sizes in the current region are listed by `az vm list-sizes`.")
+        if (size, location) in self.unavailable | self.not_for_subscription:
             return self._error(409, "SkuNotAvailable", f"The requested VM size {size} is currently not available in "
                                f"location '{location}'. Please try another size or deploy to a different location "
                                "or different zone. See https://aka.ms/azureskunotavailable for details.")
@@ -255,6 +293,32 @@ class FakeAzure(FakeCloudApi):
                         f"{size_vcpus(size)}, (Minimum) New Limit Required: {used.get(name, 0) + size_vcpus(size)}. "
                         "Submit a request for Quota increase at https://aka.ms/ProdCoreReqV2")
         return None
+
+    async def skus(self, request: web.Request) -> web.Response:
+        """Resource SKUs for `$filter=location eq 'X'`, in pages joined by a nextLink."""
+        match = re.fullmatch(r"location eq '([\w-]+)'", request.query.get("$filter", ""))
+        if match is None:
+            return self._error(400, "InvalidFilter", "Only a filter on location is supported here.")
+        location = match.group(1)
+        self.sku_listings.append(location)
+        start = int(request.query.get("$skiptoken") or 0)
+        names = list(VM_SIZES)[start:start + self.sku_page_size]
+        value = [{
+            "resourceType": "virtualMachines", "name": size, "tier": "Standard", "size": size.split("_", 1)[1],
+            "family": size_family(size), "locations": [location],
+            "locationInfo": [{"location": location, "zones": ["1", "2", "3"]}],
+            "capabilities": [{"name": k, "value": v} for k, v in VM_SIZES[size].items()],
+            "restrictions": [{"type": "Location", "values": [location], "reasonCode": "NotAvailableForSubscription",
+                              "restrictionInfo": {"locations": [location]}}]
+            if (size, location) in self.not_for_subscription else [],
+        } for size in names]
+        if start == 0:  # the list holds other resource types too (disks, availability sets)
+            value.insert(0, {"resourceType": "disks", "name": "Premium_LRS", "locations": [location],
+                             "capabilities": [], "restrictions": []})
+        page: dict = {"value": value}
+        if start + self.sku_page_size < len(VM_SIZES):
+            page["nextLink"] = str(request.url.update_query({"$skiptoken": str(start + self.sku_page_size)}))
+        return json_response(page)
 
     async def usages(self, request: web.Request) -> web.Response:
         m = request.match_info

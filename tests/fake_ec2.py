@@ -7,6 +7,9 @@ process, so these rules patch its backend and every request the head sends meets
   https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html
 - A zone can be out of a machine type (InsufficientInstanceCapacity).
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/troubleshooting-launch.html#troubleshooting-launch-capacity
+- DescribeInstanceTypes lists the types of the caller's region, at most MaxResults (5 to 100) per
+  page with a NextToken for the rest (moto answers all at once); `withdrawn` types are ones the
+  region does not offer. https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypes.html
 - Images are published by accounts: Amazon's (owner alias "amazon"), Debian's, Canonical's, and
   anyone's (a public image of another account with an Amazon-like name, as in the "whoAMI" attack).
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/finding-an-ami.html
@@ -52,6 +55,8 @@ class Ec2Rules:
     denied: set[str] = field(default_factory=set)  # IAM actions the caller's policies don't allow
     slow_cluster_listing_s: float = 0.0  # DescribeInstances by cluster tag takes this long (a slow API)
     expired_keys: set[str] = field(default_factory=set)  # access keys whose session has expired
+    withdrawn: set[str] = field(default_factory=set)  # instance types the region does not offer
+    type_pages: list[int] = field(default_factory=list)  # DescribeInstanceTypes pages served (their sizes)
 
     def install(self, monkeypatch: Any) -> None:
         from moto.ec2.models.instances import InstanceBackend
@@ -115,6 +120,34 @@ class Ec2Rules:
             return describe(response)
 
         monkeypatch.setattr(InstanceResponse, "describe_instances", slow_describe)
+        self._page_instance_types(monkeypatch)
+
+    def _page_instance_types(self, monkeypatch: Any) -> None:
+        from moto.core.responses import ActionResult
+        from moto.ec2.exceptions import EC2ClientError
+        from moto.ec2.responses.instances import InstanceResponse
+
+        rules = self
+
+        def paged(response: Any) -> Any:
+            named = response._get_param("InstanceTypes", [])
+            listed = [t for t in response.ec2_backend.describe_instance_types(
+                named, response._filters_from_querystring()) if t.get("InstanceType") not in rules.withdrawn]
+            if named:  # asked by name: one page, as EC2 answers
+                rules.type_pages.append(len(listed))
+                return ActionResult({"InstanceTypes": listed})
+            size = int(response._get_param("MaxResults") or 100)
+            if not 5 <= size <= 100:
+                raise EC2ClientError("InvalidParameterValue", f"Invalid value '{size}' for MaxResults: 5 to 100.")
+            start = int(response._get_param("NextToken") or 0)
+            page = listed[start:start + size]
+            rules.type_pages.append(len(page))
+            result: dict[str, Any] = {"InstanceTypes": page}
+            if start + size < len(listed):
+                result["NextToken"] = str(start + size)
+            return ActionResult(result)
+
+        monkeypatch.setattr(InstanceResponse, "describe_instance_types", paged)
 
     def check_launch(self, backend: Any, image_id: str, count: int, kwargs: dict[str, Any]) -> None:
         from moto.ec2.exceptions import EC2ClientError

@@ -32,9 +32,46 @@ HYPERDISK_ONLY_SERIES = ("n4", "n4a", "n4d", "c4", "c4a", "c4d", "x4")
 PERSISTENT_DISK_ONLY_SERIES = ("e2", "n1", "n2", "n2d", "t2d", "a2")
 
 
-# The machine series this stand-in's zones offer; another name is not found, as in a zone that
-# does not have it (the API's 404 for machineTypes/NAME).
-MACHINE_SERIES = ("e2", "n1", "n2", "n2d", "t2d", "n4", "c4", "c3", "a2", "a3", "g2")
+# The predefined machine types this stand-in's zones offer, as machineTypes.get/list describe them
+# (cloud.google.com/compute/docs/general-purpose-machines, .../compute-optimized-machines and
+# .../accelerator-optimized-machines): vCPUs, memory and the GPUs built into A2, A3 and G2 types.
+# A name not listed is not found, as in a zone that does not have it (the API's 404 for
+# machineTypes/NAME). Accelerator-optimised series are offered only in some zones
+# (cloud.google.com/compute/docs/gpus/gpu-regions-zones): SERIES_ZONES says which.
+def _sizes(series: str, kind: str, sizes: tuple[int, ...], gb_per_vcpu: float, arch: str = "X86_64"
+           ) -> dict[str, dict]:
+    return {f"{series}-{kind}-{n}": {"guestCpus": n, "memoryMb": int(n * gb_per_vcpu * 1024), "architecture": arch}
+            for n in sizes}
+
+
+def _gpu_sizes(series: str, kind: str, accelerator: str, per_gpu_vcpus: int, per_gpu_gb: int) -> dict[str, dict]:
+    return {f"{series}-{kind}-{n}g": {"guestCpus": per_gpu_vcpus * n, "memoryMb": per_gpu_gb * n * 1024,
+                                      "architecture": "X86_64",
+                                      "accelerators": [{"guestAcceleratorType": accelerator,
+                                                        "guestAcceleratorCount": n}]}
+            for n in (1, 2, 4, 8)}
+
+
+MACHINE_TYPES: dict[str, dict] = {
+    **_sizes("e2", "standard", (2, 4, 8, 16, 32), 4), **_sizes("n1", "standard", (1, 2, 4, 8, 16, 32, 64, 96), 3.75),
+    **_sizes("n2", "standard", (2, 4, 8, 16, 32, 48, 64, 80, 96, 128), 4),
+    **_sizes("n4", "standard", (2, 4, 8, 16, 32, 48, 64, 80), 4),
+    **_sizes("c4", "standard", (2, 4, 8, 16, 32, 48, 96, 144, 192), 3.75),
+    **_sizes("c4a", "standard", (1, 2, 4, 8, 16, 32, 48, 64, 72), 4, arch="ARM64"),
+    **_gpu_sizes("a2", "highgpu", "nvidia-tesla-a100", 12, 85),
+    **_gpu_sizes("a2", "ultragpu", "nvidia-a100-80gb", 12, 170),
+    "a3-highgpu-8g": {"guestCpus": 208, "memoryMb": 1872 * 1024, "architecture": "X86_64",
+                      "accelerators": [{"guestAcceleratorType": "nvidia-h100-80gb", "guestAcceleratorCount": 8}]},
+    **{f"g2-standard-{n}": {"guestCpus": n, "memoryMb": 4 * n * 1024, "architecture": "X86_64",
+                            "accelerators": [{"guestAcceleratorType": "nvidia-l4", "guestAcceleratorCount": gpus}]}
+       for n, gpus in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))},
+}
+SERIES_ZONES = {"a2": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b",
+                       "europe-west4-a", "europe-west4-b"),
+                "a3": ("us-central1-a", "us-central1-c", "europe-west4-b"),
+                "g2": ("us-central1-a", "us-central1-b", "us-central1-c", "us-east1-b", "us-east1-c",
+                       "europe-west4-a"),
+                "c4a": ("us-central1-a", "us-central1-b", "us-central1-c", "europe-west4-a", "europe-west4-b")}
 # A new project's regional CPU quota ("CPUS"; cloud.google.com/compute/resource-usage, "CPU
 # quota"): vCPUs of the project's VMs in one region. Past it, insert answers 403 quotaExceeded with
 # the API's wording.
@@ -42,11 +79,7 @@ DEFAULT_CPUS_QUOTA = 24
 
 
 def vcpus_of(machine_type: str) -> int:
-    """vCPUs of a predefined machine type by its name (n4-standard-8: 8; a2-highgpu-1g: 12 per GPU)."""
-    last = machine_type.rsplit("-", 1)[-1]
-    if last.endswith("g") and last[:-1].isdigit():
-        return 12 * int(last[:-1])
-    return int(last) if last.isdigit() else 2
+    return MACHINE_TYPES[machine_type]["guestCpus"]
 
 
 def boot_disk_fits(machine_type: str, disk_type: str) -> bool:
@@ -76,6 +109,9 @@ class FakeGce(FakeCloudApi):
         self.cpus_quota = DEFAULT_CPUS_QUOTA  # per region
         self.exhausted: set[tuple[str, str]] = set()  # (machine type, zone) the zone has no capacity for
         self.project_metadata: dict[str, str] = {}  # e.g. {"enable-oslogin": "TRUE"}, as an organisation sets
+        self.withdrawn: set[tuple[str, str]] = set()  # (machine type, zone) a zone does not offer
+        self.machine_listings: list[str] = []  # zones whose machineTypes were listed
+        self.page_size = 500
         self._ids = itertools.count(4_861_000_000_000_000_001)
         super().__init__()
 
@@ -110,6 +146,7 @@ class FakeGce(FakeCloudApi):
         app.router.add_get(p + "/regions/{region}", self.region)
         app.router.add_get(p + "/zones", self.zones)
         app.router.add_get(p + "/zones/{zone}", self.zone)
+        app.router.add_get(p + "/zones/{zone}/machineTypes", self.machine_types)
         app.router.add_get(p + "/zones/{zone}/machineTypes/{name}", self.machine_type)
         app.router.add_get(p + "/zones/{zone}/diskTypes/{name}", self.disk_type)
         app.router.add_get(p + "/zones/{zone}/acceleratorTypes/{name}", self.zonal("accelerator_type"))
@@ -156,12 +193,33 @@ class FakeGce(FakeCloudApi):
             return json_response(self.fixture(fixture, project=m["project"], zone=m["zone"], name=m["name"]))
         return handler
 
+    def _offered(self, zone: str, name: str) -> bool:
+        series = name.split("-", 1)[0]
+        return (name in MACHINE_TYPES and zone in SERIES_ZONES.get(series, (zone,))
+                and (name, zone) not in self.withdrawn)
+
+    def _machine_type(self, project: str, zone: str, name: str) -> dict:
+        return {**self.fixture("machine_type", project=project, zone=zone, name=name), **MACHINE_TYPES[name]}
+
     async def machine_type(self, request: web.Request) -> web.Response:
         m = request.match_info
-        if m["name"].split("-", 1)[0] not in MACHINE_SERIES:
+        if not self._offered(m["zone"], m["name"]):
             return _error(404, "notFound", f"The resource 'projects/{m['project']}/zones/{m['zone']}/machineTypes/"
                                            f"{m['name']}' was not found")
-        return json_response(self.fixture("machine_type", project=m["project"], zone=m["zone"], name=m["name"]))
+        return json_response(self._machine_type(m["project"], m["zone"], m["name"]))
+
+    async def machine_types(self, request: web.Request) -> web.Response:
+        """machineTypes.list: pages of at most maxResults (500, the API's largest) with a nextPageToken."""
+        m = request.match_info
+        self.machine_listings.append(m["zone"])
+        names = [name for name in MACHINE_TYPES if self._offered(m["zone"], name)]
+        size = min(int(request.query.get("maxResults", "500")), 500, self.page_size)
+        start = int(request.query.get("pageToken") or 0)
+        page: dict = {"kind": "compute#machineTypeList",
+                      "items": [self._machine_type(m["project"], m["zone"], n) for n in names[start:start + size]]}
+        if start + size < len(names):
+            page["nextPageToken"] = str(start + size)
+        return json_response(page)
 
     async def disk_type(self, request: web.Request) -> web.Response:
         m = request.match_info
@@ -174,9 +232,21 @@ class FakeGce(FakeCloudApi):
         m = request.match_info
         return json_response(self.fixture("network", project=m["project"], name=m["name"]))
 
+    def gpus_of(self, instance: dict) -> tuple[str, ...]:
+        """The GPUs a VM has, as nvidia-smi names them: its machine type's own, or those attached."""
+        machine = MACHINE_TYPES.get(instance["machineType"].rsplit("/", 1)[-1], {})
+        attached = [{"guestAcceleratorType": a["acceleratorType"].rsplit("/", 1)[-1],
+                     "guestAcceleratorCount": a.get("acceleratorCount", 1)}
+                    for a in instance.get("guestAccelerators", [])]
+        names = {"nvidia-tesla-t4": "Tesla T4", "nvidia-l4": "NVIDIA L4", "nvidia-tesla-a100": "NVIDIA A100-SXM4-40GB",
+                 "nvidia-a100-80gb": "NVIDIA A100-SXM4-80GB", "nvidia-h100-80gb": "NVIDIA H100 80GB HBM3"}
+        return tuple(names.get(a["guestAcceleratorType"], a["guestAcceleratorType"])
+                     for a in machine.get("accelerators", []) + attached for _ in range(a["guestAcceleratorCount"]))
+
     async def image_family(self, request: web.Request) -> web.Response:
         m = request.match_info
-        if m["family"] not in ("debian-12", "ubuntu-2204-lts"):
+        dlvm = m["project"] == "deeplearning-platform-release" and m["family"] == "common-cu128-ubuntu-2204-nvidia-570"
+        if m["family"] not in ("debian-12", "ubuntu-2204-lts") and not dlvm:
             return _error(404, "notFound", f"The resource 'projects/{m['project']}/global/images/family/"
                                            f"{m['family']}' was not found")
         return json_response(self.fixture("image", image_project=m["project"], family=m["family"]))
@@ -228,6 +298,10 @@ class FakeGce(FakeCloudApi):
         boot = body["disks"][0]["initializeParams"]
         machine_type = body["machineType"].rsplit("/", 1)[-1]
         disk_type = boot.get("diskType", "pd-standard").rsplit("/", 1)[-1]  # the API's default boot disk
+        if not self._offered(m["zone"], machine_type):
+            return _error(400, "invalid", f"Invalid value for field 'resource.machineType': 'zones/{m['zone']}/"
+                                          f"machineTypes/{machine_type}'. Machine type with name '{machine_type}' "
+                                          f"does not exist in zone '{m['zone']}'.")
         if not boot_disk_fits(machine_type, disk_type):
             return _error(400, "badRequest", f"[{disk_type}, {machine_type}] features are not compatible for "
                                              "creating instance.")

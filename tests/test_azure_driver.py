@@ -326,3 +326,71 @@ def test_azure_refusals_are_told_apart_and_grow_plans_within_the_family_quota(az
     finally:
         head.stop()
         farm.close()
+
+
+def test_sizes_come_from_resource_skus_without_those_the_subscription_may_not_use(azure, tmp_path):
+    from burla.drivers.machine_catalog import FROM_CLOUD, region_catalog
+    from burla.errors import CloudRefused
+
+    async def read():
+        driver = _driver("westus3")
+        try:
+            return await region_catalog(driver, "azure", tmp_path)
+        finally:
+            await driver.close()
+
+    azure.sku_page_size = 5  # pages joined by nextLink
+    azure.not_for_subscription.add(("Standard_D96as_v5", "westus3"))
+    catalog = asyncio.run(read())
+    assert catalog.source == FROM_CLOUD and catalog.region == "westus3"
+    assert azure.sku_listings == ["westus3"] * len(azure.logged("GET", "/skus")) and len(azure.sku_listings) > 1
+    by_name = {m.name: m for m in catalog.machines}
+    assert "Standard_D96as_v5" not in by_name and "Premium_LRS" not in by_name  # restricted; not a VM size
+    d8 = by_name["Standard_D8as_v5"]
+    assert (d8.vcpus, d8.memory_gb, d8.gpu, d8.arch) == (8, 32.0, None, "x86_64")
+    assert d8.usd_per_hour == pytest.approx(8 * 0.043)  # libcloud has no v5 prices: the offline estimate
+    assert by_name["Standard_D8ps_v5"].arch == "arm64"
+    gpus = {name: (m.gpu, m.gpu_count) for name, m in by_name.items() if m.gpu}
+    assert gpus["Standard_NC64as_T4_v3"] == ("T4", 4) and gpus["Standard_NC24ads_A100_v4"] == ("A100_80G", 1)
+    assert gpus["Standard_ND96asr_v4"] == ("A100_40G", 8) and gpus["Standard_ND96isr_H100_v5"] == ("H100_80G", 8)
+
+    async def boot_restricted():
+        driver = _driver("westus3")
+        try:
+            return await driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok", machine_type="Standard_D96as_v5",
+                                                 ssh_public_key=CLUSTER_KEY))
+        finally:
+            await driver.close()
+
+    with pytest.raises(CloudRefused, match="Standard_D96as_v5 is currently not available"):
+        asyncio.run(boot_restricted())  # what the listing left out, the API refuses too
+
+
+def test_a_gpu_job_boots_a_size_of_the_listed_model_on_the_image_with_the_nvidia_driver(azure, tmp_path, monkeypatch,
+                                                                                       wheelhouse, client_venv):
+    from tests.helpers import start_client
+
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    farm = AzureVmFarm(azure, tmp_path / "vms")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "azure", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
+        "--ssh-address-map", str(farm.map_path)])
+    try:
+        job = start_client(client_venv, head, """
+            import json, os
+            from burla import remote_parallel_map
+            seen = remote_parallel_map(lambda x: os.environ.get("CUDA_VISIBLE_DEVICES"), [0], func_gpu="T4",
+                                       grow=True, spinner=False)
+            print(json.dumps(seen))
+        """, tmp_path)
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+        assert out.strip() == '["0"]'  # the node offered the GPU nvidia-smi listed; the call had it to itself
+        [created] = azure.logged("PUT", "/virtualMachines/")
+        properties = created.body["properties"]
+        assert properties["hardwareProfile"]["vmSize"] == "Standard_NC4as_T4_v3"  # the smallest T4 size listed
+        assert properties["storageProfile"]["imageReference"]["publisher"] == "microsoft-dsvm"
+        assert azure.sku_listings == ["westus3"]
+    finally:
+        head.stop()
+        farm.close()

@@ -390,6 +390,33 @@ def test_grow_reads_the_regions_cpu_quota_and_boots_within_it(gce, farm, tmp_pat
         assert inserts == ["n4-standard-4", "n4-standard-4"]  # nothing was refused: planned within the quota
         assert "growing for this job was limited (20 vCPUs planned)" in err
         assert "'CPUS in us-central1' is 8 vCPUs" in err and "compute.googleapis.com/cpus" in err
+        assert set(gce.machine_listings) == {"us-central1-a", "us-central1-b", "us-central1-c", "us-central1-d"}
+    finally:
+        head.stop()
+
+
+def test_a_gpu_job_boots_a_deep_learning_vm_whose_driver_lists_its_gpus(gce, farm, tmp_path, wheelhouse,
+                                                                         client_venv):
+    from tests.helpers import start_client
+
+    head = _cloud_head(tmp_path, farm, wheelhouse)
+    try:
+        job = start_client(client_venv, head, """
+            import json, os
+            from burla import remote_parallel_map
+            seen = remote_parallel_map(lambda x: os.environ.get("CUDA_VISIBLE_DEVICES"), [0], func_gpu="A100",
+                                       grow=True, spinner=False)
+            print(json.dumps(seen))
+        """, tmp_path)
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err
+        assert out.strip() == '["0"]'  # the node offered the GPU nvidia-smi listed; the call had it to itself
+        [insert] = gce.logged("POST", "/instances")
+        assert insert.body["machineType"].endswith("/machineTypes/a2-highgpu-1g")  # A100 40 GB built in
+        assert "guestAccelerators" not in insert.body
+        assert "/deeplearning-platform-release/" in insert.body["disks"][0]["initializeParams"]["sourceImage"]
+        items = {i["key"]: i["value"] for i in insert.body["metadata"]["items"]}
+        assert items["install-nvidia-driver"] == "True"
     finally:
         head.stop()
 
@@ -427,3 +454,37 @@ def test_with_os_login_on_for_a_vm_its_ssh_keys_metadata_is_ignored(gce, farm):
     gce.project_metadata["enable-oslogin"] = "FALSE"
     [record] = farm._records()
     assert (record.login_user, record.authorized_key) == ("burla", "ssh-ed25519 AAAA burla")
+
+
+def test_machine_types_are_listed_for_each_zone_of_the_region_page_by_page(gce, tmp_path):
+    from burla.drivers.machine_catalog import FROM_CLOUD, region_catalog
+
+    def catalog(region: str):
+        async def read():
+            driver = _driver(region=region)
+            try:
+                return await region_catalog(driver, "gcp", tmp_path / region)
+            finally:
+                await driver.close()
+        return asyncio.run(read())
+
+    gce.page_size = 7  # the API's pages are 500 long; zones list more machine types than that
+    gce.withdrawn |= {("n4-standard-80", zone) for zone in ("us-central1-a", "us-central1-b", "us-central1-c",
+                                                            "us-central1-d")}
+    central = catalog("us-central1")
+    assert central.source == FROM_CLOUD and central.region == "us-central1"
+    assert sorted(set(gce.machine_listings)) == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-d"]
+    assert len(gce.logged("GET", "/machineTypes")) > 4 * 7  # more than one page per zone
+    by_name = {m.name: m for m in central.machines}
+    assert "n4-standard-80" not in by_name  # no zone of the region offers it
+    n4 = by_name["n4-standard-8"]
+    assert (n4.vcpus, n4.memory_gb, n4.gpu, n4.arch) == (8, 32.0, None, "x86_64")
+    assert n4.usd_per_hour == pytest.approx(8 * 0.0474)  # libcloud has no N4 rates: the offline estimate
+    assert by_name["n2-standard-8"].usd_per_hour == pytest.approx(8 * 0.031611 + 32 * 0.004237, abs=1e-4)  # libcloud's
+    assert (by_name["a2-highgpu-2g"].gpu, by_name["a2-highgpu-2g"].gpu_count, by_name["a2-highgpu-2g"].vcpus) == (
+        "A100_40G", 2, 24)
+    assert by_name["a2-ultragpu-1g"].gpu == "A100_80G" and by_name["a3-highgpu-8g"].gpu == "H100_80G"
+    assert (by_name["g2-standard-24"].gpu, by_name["g2-standard-24"].gpu_count) == ("L4", 2)
+    assert by_name["c4a-standard-8"].arch == "arm64"
+    east = {m.name for m in catalog("us-east1").machines}
+    assert "a2-highgpu-1g" in east and "a3-highgpu-8g" not in east  # A3 is not offered in us-east1's zones

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from burla.node.gpus import Gpus, detect, model_name
+from burla.drivers.catalog import model_of_reported
+from burla.node.gpus import Gpus, detect
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.helpers import get_json, wait_until
@@ -37,9 +38,13 @@ def _fake_nvidia_smi(directory, names: list[str], exit_code: int = 0):
     ("NVIDIA A100-SXM4-40GB", "A100_40G"), ("NVIDIA A100-SXM4-80GB", "A100_80G"),
     ("NVIDIA H100 80GB HBM3", "H100_80G"), ("Tesla T4", "T4"), ("NVIDIA L4", "L4"),
     ("NVIDIA GeForce RTX 4090", "GEFORCE_RTX_4090"),
+    # as the clouds' machine lists name them: EC2 (name and memory), GCE accelerator types
+    ("A100 40GB", "A100_40G"), ("A100 80GB", "A100_80G"), ("T4 16GB", "T4"), ("A10G 24GB", "A10G"),
+    ("nvidia-tesla-a100", "A100_40G"), ("nvidia-a100-80gb", "A100_80G"), ("nvidia-h100-80gb", "H100_80G"),
+    ("nvidia-l4", "L4"), ("nvidia-tesla-t4", "T4"),
 ])
 def test_reported_names_become_catalog_models(reported, model):
-    assert model_name(reported) == model
+    assert model_of_reported(reported) == model
 
 
 def test_detection_reads_nvidia_smi_and_tolerates_its_absence_or_failure(tmp_path, monkeypatch):

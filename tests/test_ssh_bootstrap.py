@@ -273,7 +273,7 @@ def test_missing_permission_to_import_the_key_names_it():
         asyncio.run(driver.close())
 
 
-def test_cloud_nodes_from_cluster_start_go_after_ten_idle_minutes_unless_configured():
+def test_cloud_nodes_from_cluster_start_go_after_ten_idle_minutes_unless_configured(tmp_path):
     from burla.drivers.local import LocalDriver
     from burla.head.cluster import Cluster
     from burla.head.fleet import CLOUD_IDLE_S, GROWN_IDLE_S, ClusterSettings, Fleet
@@ -281,10 +281,10 @@ def test_cloud_nodes_from_cluster_start_go_after_ten_idle_minutes_unless_configu
     class CloudLike(LocalDriver):
         name = "ec2"
 
-    fleet = Fleet(Cluster("0"), CloudLike(), None, "http://127.0.0.1:1", "t", ClusterSettings())
+    fleet = Fleet(Cluster("0"), CloudLike(), None, "http://127.0.0.1:1", "t", ClusterSettings(), tmp_path)
     fleet.grown.add("grown")
     assert (fleet.idle_timeout("started"), fleet.idle_timeout("grown")) == (CLOUD_IDLE_S, GROWN_IDLE_S) == (600, 60)
     fleet.settings = ClusterSettings(inactivity_timeout_s=30)
     assert (fleet.idle_timeout("started"), fleet.idle_timeout("grown")) == (30, 30)
-    local = Fleet(Cluster("0"), LocalDriver(), None, "http://127.0.0.1:1", "t", ClusterSettings())
+    local = Fleet(Cluster("0"), LocalDriver(), None, "http://127.0.0.1:1", "t", ClusterSettings(), tmp_path)
     assert local.idle_timeout("started") is None  # local nodes stay unless told otherwise

@@ -29,6 +29,7 @@ from typing import Any
 
 import asyncssh
 
+from tests.fake_azure import gpus_of_size
 from tests.fake_ec2 import CANONICAL, DEBIAN, DLAMI_OWNER, login_user_of, machine_gpus
 
 SHIMS = {
@@ -68,6 +69,12 @@ UBUNTU_2404 = StandinImage("ubuntu-24.04", "3.12", "python3-venv", "apt-get")
 # AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Amazon Linux 2023): AL2023 with the driver.
 #   https://docs.aws.amazon.com/dlami/latest/devguide/aws-deep-learning-base-gpu-ami-amazon-linux-2023.html
 DLAMI_BASE = StandinImage("dlami-base-al2023", "3.9", None, "dnf", gpu_driver=True)
+# Google's Deep Learning VM image (Ubuntu 22.04, Python 3.10) with the NVIDIA driver installed.
+#   https://cloud.google.com/deep-learning-vm/docs/images
+GCE_DLVM = StandinImage("gce-dlvm-ubuntu-2204", "3.10", "python3-venv", "apt-get", gpu_driver=True)
+# Microsoft's Ubuntu-HPC 22.04 image for Azure GPU sizes, with the NVIDIA driver and CUDA.
+#   https://learn.microsoft.com/azure/virtual-machines/configure
+AZURE_UBUNTU_HPC = StandinImage("azure-ubuntu-hpc-2204", "3.10", "python3-venv", "apt-get", gpu_driver=True)
 
 _NO_ENSUREPIP = "raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n"
 _DEBIAN_VENV_ERROR = ("The virtual environment was not created successfully because ensurepip is not\n"
@@ -505,11 +512,12 @@ class GceVmFarm(VmFarm):
             # to the instance's network tags or to every instance). https://cloud.google.com/firewall/docs/firewalls
             tags = set(instance.get("tags", {}).get("items", []))
             ssh_allowed = any(_opens_ssh(rule, tags) for rule in list(self.fake.firewalls.values()))
-            image = UBUNTU_2404 if "ubuntu" in source else DEBIAN_12 if "debian-12" in source else None
+            image = (GCE_DLVM if "/deeplearning-platform-release/" in source else UBUNTU_2404 if "ubuntu" in source
+                     else DEBIAN_12 if "debian-12" in source else None)
             records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id") or instance["name"],
                                     instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
                                     addresses, key, user or None, image, items.get("startup-script", ""),
-                                    ssh_allowed=ssh_allowed))
+                                    gpus=self.fake.gpus_of(instance), ssh_allowed=ssh_allowed))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -542,7 +550,8 @@ class AzureVmFarm(VmFarm):
                                     keys[0]["keyData"] if keys else "",
                                     machine["properties"]["osProfile"].get("adminUsername"),
                                     _AZURE_IMAGES.get(reference.get("publisher", "")),
-                                    base64.b64decode(self.fake.custom_data.get(name) or "").decode()))
+                                    base64.b64decode(self.fake.custom_data.get(name) or "").decode(),
+                                    gpus=gpus_of_size(machine["properties"]["hardwareProfile"]["vmSize"])))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -559,7 +568,7 @@ def _opens_ssh(rule: dict, tags: set[str]) -> bool:
     return opens and "0.0.0.0/0" in rule.get("sourceRanges", []) and (not targets or bool(targets & tags))
 
 
-_AZURE_IMAGES = {"Canonical": UBUNTU_2404, "Debian": DEBIAN_12}  # by imageReference publisher
+_AZURE_IMAGES = {"Canonical": UBUNTU_2404, "Debian": DEBIAN_12, "microsoft-dsvm": AZURE_UBUNTU_HPC}  # by publisher
 
 
 async def _call(function):

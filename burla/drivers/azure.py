@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from burla.drivers.azure_auth import AzureToken, cli_default, cli_default_subscription
+from burla.drivers.azure_machines import list_machines
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
+from burla.drivers.catalog import MachineType
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
@@ -42,6 +44,9 @@ log = logging.getLogger("burla.azure")
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 DEFAULT_REGION = "eastus"
 DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # publisher:offer:sku:version
+# GPU sizes boot Microsoft's Ubuntu-HPC image, which carries the NVIDIA driver and CUDA
+# (learn.microsoft.com/azure/virtual-machines/configure, "Ubuntu-HPC"); stock Ubuntu has no driver.
+GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 ARM_ENDPOINT = "https://management.azure.com"
 AUTHORITY = "https://login.microsoftonline.com"
 VM_API = "2024-07-01"
@@ -67,6 +72,7 @@ class AzureConfig:
     arm_endpoint: str = ARM_ENDPOINT
     authority: str = AUTHORITY
     image: str = DEFAULT_IMAGE
+    gpu_image: str = GPU_IMAGE  # publisher:offer:sku:version, for GPU sizes
     cluster_id: str = "default"
     managed_identity: bool = False  # a deployed head: tokens from the VM's own identity
     imds_endpoint: str = IMDS
@@ -97,6 +103,7 @@ class AzureConfig:
             arm_endpoint=(environ.get("BURLA_AZURE_RESOURCE_MANAGER_URL") or ARM_ENDPOINT).rstrip("/"),
             authority=(environ.get("AZURE_AUTHORITY_HOST") or AUTHORITY).rstrip("/"),
             image=environ.get("BURLA_AZURE_IMAGE") or DEFAULT_IMAGE,
+            gpu_image=environ.get("BURLA_AZURE_GPU_IMAGE") or GPU_IMAGE,
             cluster_id=cluster_id,
             managed_identity=environ.get("BURLA_AZURE_MANAGED_IDENTITY") == "1",
             imds_endpoint=(environ.get("AZURE_POD_IDENTITY_AUTHORITY_HOST") or IMDS).rstrip("/"),
@@ -106,7 +113,8 @@ class AzureConfig:
         """What a deployed head needs to boot nodes like this (its credentials: the VM's managed identity)."""
         settings = {"AZURE_SUBSCRIPTION_ID": self.subscription_id, "AZURE_TENANT_ID": self.tenant_id or "",
                     "BURLA_AZURE_RESOURCE_GROUP": self.resource_group, "AZURE_DEFAULTS_LOCATION": self.region,
-                    "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_MANAGED_IDENTITY": "1",
+                    "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_GPU_IMAGE": self.gpu_image,
+                    "BURLA_AZURE_MANAGED_IDENTITY": "1",
                     "BURLA_AZURE_RESOURCE_MANAGER_URL": self.arm_endpoint if self.arm_endpoint != ARM_ENDPOINT else ""}
         return {k: v for k, v in settings.items() if v}
 
@@ -201,8 +209,9 @@ class AzureDriver(ThreadedCloudDriver):
         return subnet
 
     def _vm_body(self, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,
-                 subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None) -> dict[str, Any]:
-        publisher, offer, sku, version = self.config.image.split(":")
+                 subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None,
+                 gpu: bool = False) -> dict[str, Any]:
+        publisher, offer, sku, version = (self.config.gpu_image if gpu else self.config.image).split(":")
         if ssh_key is None:
             raise CloudSetupError("Azure Linux VMs need an SSH key; burla authorises the cluster's key on every VM")
         os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
@@ -247,7 +256,7 @@ class AzureDriver(ThreadedCloudDriver):
                              dead_man_script(request.power_off_after_s) if request.power_off_after_s else None,
                              region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
                              security_group=self._node_security_group(driver, region),
-                             ssh_key=request.ssh_public_key)
+                             ssh_key=request.ssh_public_key, gpu=request.gpu is not None)
         self._put(driver, path, VM_API, body)
         return node_id
 
@@ -320,6 +329,13 @@ class AzureDriver(ThreadedCloudDriver):
         for node in matches:  # NIC, public IP and disk go with the VM (deleteOption)
             driver.destroy_node(node, ex_destroy_nic=False, ex_destroy_vhd=False, ex_destroy_os_disk=False)
         return bool(matches)
+
+    @property
+    def region(self) -> str:
+        return self.config.region
+
+    async def machine_types(self) -> list[MachineType]:
+        return await self._call(list_machines, self.config.subscription_id, self.config.region)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from burla.drivers.catalog import MachineType
 from burla.protocol.states import BootStage, MachineState
 
 
@@ -123,6 +124,16 @@ class Driver(abc.ABC):
 
     async def check(self, machine_type: str | None = None) -> list[CloudCheck]:
         """What `burla cloud check` verifies before VMs boot (nothing for machines of this host)."""
+        return []
+
+    @property
+    def region(self) -> str:
+        """The region this driver boots in ("" for machines of this host)."""
+        return ""
+
+    async def machine_types(self) -> list[MachineType]:
+        """Every machine type the region offers this account, as the cloud's API lists them
+        (uncached: `burla.drivers.machine_catalog` keeps them); none for machines of this host."""
         return []
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:

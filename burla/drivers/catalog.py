@@ -1,4 +1,10 @@
-"""Machine catalogs per cloud (vCPUs, memory, GPUs): slot counts for nodes, and what grow boots."""
+"""What a machine type is (vCPUs, memory, GPUs, architecture, price), GPU model names, and the
+small offline table grow falls back on when a cloud's own list of machine types can't be read.
+
+The machines grow picks from come from each cloud's API (`burla.drivers.machine_catalog`); the
+OFFLINE tables below are only a fallback (and a price estimate where the cloud's list carries
+none): hand-written, approximate, and marked as such wherever they are used.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ class MachineType:
     memory_gb: float
     gpu: str | None = None
     gpu_count: int = 0
-    usd_per_hour: float = 0.0  # on-demand list price, approximate (us-east-1, us-central1, eastus)
+    usd_per_hour: float | None = None  # on-demand list price in the catalog's region; None: unknown
+    arch: str = "x86_64"  # or arm64
 
     @property
     def family(self) -> str:
@@ -31,6 +38,8 @@ def _family(prefix: str, sizes: dict[str, int], gb_per_vcpu: float, usd_per_vcpu
     return [MachineType(f"{prefix}{sep}{size}", vcpus, vcpus * gb_per_vcpu, usd_per_hour=vcpus * usd_per_vcpu_hour)
             for size, vcpus in sizes.items()]
 
+
+# --- the offline fallback: approximate on-demand prices in us-east-1, us-central1, eastus --------
 
 AWS = [
     *_family("m7i", {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "16xlarge": 64,
@@ -61,7 +70,7 @@ AZURE = [
     MachineType("Standard_ND96isr_H100_v5", 96, 1900, "H100_80G", 8, 98.32),
 ]
 
-CATALOGS = {"aws": AWS, "gcp": GCP, "azure": AZURE}
+OFFLINE = {"aws": AWS, "gcp": GCP, "azure": AZURE}
 DEFAULT_MACHINE = {"aws": "m7i.2xlarge", "gcp": "n4-standard-4", "azure": "Standard_D8as_v5"}
 GPU_ALIASES = {"A100": "A100_40G", "H100": "H100_80G"}
 
@@ -71,5 +80,20 @@ def gpu_model(name: str) -> str:
     return GPU_ALIASES.get(upper, upper)
 
 
-def lookup(cloud: str, name: str) -> MachineType | None:
-    return next((m for m in CATALOGS.get(cloud, []) if m.name == name), None)
+def model_of_reported(reported: str) -> str:
+    """A catalog model name for a GPU as a cloud or nvidia-smi names it ('NVIDIA A100-SXM4-80GB',
+    'A100 40GB', 'nvidia-tesla-t4') -> A100_80G, A100_40G, T4."""
+    upper = reported.upper()
+    for model in ("H100", "H200", "A100", "L40S", "L4", "A10G", "A10", "T4", "V100"):
+        if re.search(rf"\b{model}\b|{model}[-_ ]", upper) or upper.endswith(model):
+            memory = re.search(r"(\d+)\s*GB", upper)
+            if model in ("A100", "H100"):
+                return f"{model}_{memory.group(1) if memory else ('80' if model == 'H100' else '40')}G"
+            return model
+    cleaned = re.sub(r"^NVIDIA[\s-]+|^TESLA[\s-]+", "", upper)
+    return re.sub(r"[^A-Z0-9]+", "_", cleaned).strip("_") or "UNKNOWN"
+
+
+def offline_lookup(cloud: str, name: str) -> MachineType | None:
+    """A machine type from the offline fallback table (approximate; see the module's docstring)."""
+    return next((m for m in OFFLINE.get(cloud, []) if m.name == name), None)

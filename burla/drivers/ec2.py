@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
+from burla.drivers.catalog import MachineType
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
 from burla.drivers.ec2_checks import NODE_GROUP_NAME, ec2_checks
 from burla.drivers.ec2_images import (
@@ -39,6 +40,7 @@ from burla.drivers.ec2_images import (
     newest_image,
     zones_offering,
 )
+from burla.drivers.ec2_machines import list_machines
 from burla.drivers.ec2_quotas import quota_room
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
@@ -259,6 +261,9 @@ class Ec2Driver(ThreadedCloudDriver):
         return first_with_capacity(self.subnets_offering(driver, machine.name), launch,
                                    lambda subnet: subnet.extra.get("zone") or subnet.id,
                                    f"{machine.name} in {self.config.region}")
+
+    async def machine_types(self) -> list[MachineType]:
+        return await self._call(list_machines, self.config.region)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         try:

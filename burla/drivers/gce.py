@@ -30,8 +30,9 @@ from typing import Any, ClassVar
 
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
-from burla.drivers.catalog import gpu_model, lookup
+from burla.drivers.catalog import MachineType, gpu_model
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
+from burla.drivers.gce_machines import list_machines
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
@@ -40,6 +41,10 @@ log = logging.getLogger("burla.gce")
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_IMAGE = "debian-cloud/debian-12"  # PROJECT/FAMILY
+# GPU machines boot a Deep Learning VM image, which carries the NVIDIA driver; the
+# `install-nvidia-driver` metadata item has such images install it at first boot where they
+# don't yet (cloud.google.com/deep-learning-vm/docs/images, .../cli and "NVIDIA driver").
+GPU_IMAGE = "deeplearning-platform-release/common-cu128-ubuntu-2204-nvidia-570"
 # Boot disks per machine series (cloud.google.com/compute/docs/disks, "Machine series support"):
 # the fourth-generation series and X4 boot from Hyperdisk only; every other series burla boots
 # (E2, N1, N2, N2D, C3, A2, A3...) takes a balanced Persistent Disk.
@@ -66,6 +71,7 @@ class GceConfig:
     region: str | None = None  # gcloud's compute/region, or --region
     endpoint: str | None = None  # CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE
     image: str = DEFAULT_IMAGE  # PROJECT/FAMILY, or an image selfLink
+    gpu_image: str = GPU_IMAGE  # the same, for machines with GPUs
     network: str = "default"
     cluster_id: str = "default"
 
@@ -85,6 +91,7 @@ class GceConfig:
             region=region or environ.get("CLOUDSDK_COMPUTE_REGION") or gcloud.get(("compute", "region")) or None,
             endpoint=environ.get("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE") or None,
             image=environ.get("BURLA_GCP_IMAGE") or DEFAULT_IMAGE,
+            gpu_image=environ.get("BURLA_GCP_GPU_IMAGE") or GPU_IMAGE,
             network=environ.get("BURLA_GCP_NETWORK") or "default",
             cluster_id=cluster_id,
         )
@@ -93,6 +100,7 @@ class GceConfig:
         """What a deployed head needs to boot nodes like this (its credentials: the VM's service account)."""
         settings = {"GOOGLE_CLOUD_PROJECT": self.project, "CLOUDSDK_COMPUTE_ZONE": self.zone or "",
                     "CLOUDSDK_COMPUTE_REGION": self.region or "", "BURLA_GCP_IMAGE": self.image,
+                    "BURLA_GCP_GPU_IMAGE": self.gpu_image,
                     "BURLA_GCP_NETWORK": self.network, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": self.endpoint or ""}
         return {k: v for k, v in settings.items() if v}
 
@@ -254,14 +262,17 @@ class GceDriver(ThreadedCloudDriver):
             self._zones_of_region[region] = zones[0]
         return self._zones_of_region[region]
 
-    def _image(self, driver):
-        if self.config.image.startswith("https://"):
-            return driver.ex_get_image_from_family(self.config.image)
-        project, _, family = self.config.image.partition("/")
+    def _image(self, driver, gpu: bool = False):
+        named = self.config.gpu_image if gpu else self.config.image
+        if named.startswith("https://"):
+            return driver.ex_get_image_from_family(named)
+        project, _, family = named.partition("/")
         image = driver.ex_get_image_from_family(family, ex_project_list=[project], ex_standard_projects=False)
         if image is None:
-            raise CloudSetupError(f"No image in family {family!r} of project {project!r}; set BURLA_GCP_IMAGE to "
-                                  "PROJECT/FAMILY of an image with Python 3.")
+            variable = "BURLA_GCP_GPU_IMAGE" if gpu else "BURLA_GCP_IMAGE"
+            needs = "Python 3 and the NVIDIA driver" if gpu else "Python 3"
+            raise CloudSetupError(f"No image in family {family!r} of project {project!r}; set {variable} to "
+                                  f"PROJECT/FAMILY of an image with {needs}.")
         return image
 
     # --- the driver interface --------------------------------------------------------------
@@ -294,17 +305,18 @@ class GceDriver(ThreadedCloudDriver):
         }
         if request.spot:
             kwargs["ex_preemptible"] = True
-        built_in = lookup("gcp", machine_type)
         if request.gpu is not None:
             kwargs["ex_on_host_maintenance"] = "TERMINATE"  # GPU VMs can't live-migrate
-            if built_in is None or built_in.gpu is None:
+            kwargs["ex_metadata"]["install-nvidia-driver"] = "True"
+            listed = driver.connection.request(f"/zones/{zone}/machineTypes/{machine_type}", method="GET").object
+            if not listed.get("accelerators"):  # A2, A3, G2 have theirs built in; others get them attached
                 accelerator = ACCELERATORS.get(gpu_model(request.gpu))
                 if accelerator is None:
                     raise CloudSetupError(f"GCP has no accelerator for GPU {request.gpu!r}; known: "
                                           f"{', '.join(sorted(ACCELERATORS))}.")
                 kwargs.update(ex_accelerator_type=accelerator, ex_accelerator_count=max(1, request.gpu_count))
         self._node_firewall(driver)
-        driver.create_node(node_id, machine_type, self._image(driver), **kwargs)
+        driver.create_node(node_id, machine_type, self._image(driver, gpu=request.gpu is not None), **kwargs)
         return node_id
 
     def _node_firewall(self, driver) -> None:
@@ -367,6 +379,14 @@ class GceDriver(ThreadedCloudDriver):
             zone = instance["zone"].rsplit("/", 1)[-1]
             driver.connection.async_request(f"/zones/{zone}/instances/{instance['name']}", method="DELETE")
         return bool(matches)
+
+    @property
+    def region(self) -> str:
+        zone = self.config.zone or DEFAULT_ZONE
+        return self.config.region or zone.rsplit("-", 1)[0]
+
+    async def machine_types(self) -> list[MachineType]:
+        return await self._call(lambda driver: list_machines(driver, self.region, self._zones_to_try(driver, None)))
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         """The region's CPUS quota and its use, as the region reports them (Spot VMs count against

@@ -33,6 +33,7 @@ from burla.drivers.bootstrap import (
     remote,
     supervise_command,
 )
+from burla.drivers.catalog import MachineType
 from burla.drivers.ssh_login import (
     RETRY_EVERY_S,
     HostKeys,
@@ -349,6 +350,13 @@ class SshBootstrapDriver(Driver):
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         return await self.inner.quota_room(machine_type, spot)
+
+    @property
+    def region(self) -> str:
+        return self.inner.region
+
+    async def machine_types(self) -> list[MachineType]:
+        return await self.inner.machine_types()
 
     async def check(self, machine_type: str | None = None) -> list[CloudCheck]:
         return await self.inner.check(machine_type)

@@ -60,7 +60,7 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
         quantity=settings.local_nodes, workers_per_node=settings.local_node_workers,
         inactivity_timeout_s=settings.inactivity_timeout_s,
     )
-    fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults, head_cert)
+    fleet = Fleet(cluster, fleet_driver, history, url, settings.token, defaults, settings.config_dir, head_cert)
     if fleet_driver is not driver:  # a cloud VM that can't be set up is deleted at once
         fleet_driver.on_boot_failed = fleet.setup_failed
     cluster.use_machines(fleet)
@@ -150,7 +150,10 @@ class _Lifecycle:
             if history is not None:
                 await history.open()
                 await fleet.load_saved_settings()  # before jobs are taken up: they may boot machines
-                cluster.recovery.restore_jobs(await history.kept_jobs(), await history.nodes_connected_at_stop())
+                kept = await history.kept_jobs()
+                if kept:
+                    await fleet.catalog.ready()  # what they grow from
+                cluster.recovery.restore_jobs(kept, await history.nodes_connected_at_stop())
         except Exception:  # noqa: BLE001 - the head serves on without the jobs it kept
             log.exception("history could not be opened; jobs kept in it are not taken up")
         finally:

@@ -10,12 +10,14 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from burla.drivers.base import BootRequest, CloudCheck, Driver, QuotaRoom
 from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
 from burla.drivers.registry import BY_NAME
 from burla.errors import CloudRefused, SettingsError
+from burla.head.catalogs import HeadCatalog
 from burla.head.cluster import Cluster
 from burla.head.eligibility import ineligibility, node_parallelism
 from burla.head.grow import Units, growth_sizes, plan_growth, slots_of, smaller_size, within_room
@@ -96,9 +98,10 @@ def _check_int(values: dict, name: str, low: int, high: int, optional: bool = Fa
 
 class Fleet:
     def __init__(self, cluster: Cluster, driver: Driver, history: History | None, head_url: str, token: str,
-                 settings: ClusterSettings, head_cert: str | None = None) -> None:
+                 settings: ClusterSettings, config_dir: Path, head_cert: str | None = None) -> None:
         self.cluster = cluster
         self.driver = driver
+        self.catalog = HeadCatalog(driver, self.cloud, config_dir)  # the machine types grow picks from
         self.history = history
         self.head_url = head_url
         self.token = token
@@ -134,6 +137,11 @@ class Fleet:
         entry = BY_NAME.get(self.driver.name)
         return entry.cloud if entry is not None else None
 
+    async def ready_for(self, spec: wire.OpenJob) -> None:
+        """Before a job that grows is admitted: the region's machine list is read (or was)."""
+        if spec.grow and self.cloud is not None:
+            await self.catalog.ready()
+
     def prepare_job(self, spec: wire.OpenJob) -> None:
         """Before a job is admitted: grow for it, or start local nodes idleness removed."""
         if spec.grow and self.cloud is not None:
@@ -164,7 +172,7 @@ class Fleet:
             if node.gpu:
                 have_gpus[gpu_model(node.gpu)] = have_gpus.get(gpu_model(node.gpu), 0) + node.gpu_count
         s = self.settings
-        machines = plan_growth(spec, have_slots, have_vcpus, have_gpus, self.cloud or "aws", s.machine_type,
+        machines = plan_growth(spec, have_slots, have_vcpus, have_gpus, self.catalog.current(), s.machine_type,
                                s.max_vcpus, s.max_gpus)
         if not machines:
             return
@@ -210,7 +218,7 @@ class Fleet:
             for node_id, _ in planned:
                 self._not_booted(node_id, problem)
             return
-        sizes, units = growth_sizes(spec, self.cloud or "aws", self.settings.machine_type)
+        sizes, units = growth_sizes(spec, self.catalog.current(), self.settings.machine_type)
         asked = sum(units(machine) for _, machine in planned)
         limits: list[str] = []
         room = await self._quota_room(planned[0][1].name)
@@ -365,7 +373,9 @@ class Fleet:
     def _started(self, request: BootRequest, node_ids: list[str]) -> None:
         cloud = self.cloud or "local"  # billed from now (burla usage)
         machine_type = request.machine_type or (DEFAULT_MACHINE.get(cloud, "") if self.cloud else "")
-        detail = machine_detail(cloud, machine_type, request.region or "", request.spot)
+        listed = self.catalog.current().lookup(machine_type) if self.cloud else None
+        detail = machine_detail(cloud, machine_type, request.region or self.driver.region, request.spot,
+                                listed.usd_per_hour if listed is not None else None)
         for node_id in node_ids:
             self.cluster.record.node_event(node_id, MACHINE_STARTED, detail)
 

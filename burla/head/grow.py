@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from burla.drivers.catalog import CATALOGS, DEFAULT_MACHINE, MachineType, gpu_model, lookup
+from burla.drivers.catalog import DEFAULT_MACHINE, MachineType, gpu_model
+from burla.drivers.machine_catalog import RegionCatalog
 from burla.errors import NoCompatibleNodes
 from burla.protocol import wire
 
@@ -16,21 +17,29 @@ DEFAULT_MAX_GPUS = 8
 Units = Callable[[MachineType], int]  # what a plan counts on a machine: GPUs, or vCPUs
 
 
-def growth_sizes(spec: wire.OpenJob, cloud: str, machine_type: str | None) -> tuple[list[MachineType], Units]:
-    """The machines a job's growth picks from, and what it counts on them."""
-    catalog = CATALOGS[cloud]
+def growth_sizes(spec: wire.OpenJob, catalog: RegionCatalog, machine_type: str | None
+                 ) -> tuple[list[MachineType], Units]:
+    """The machines a job's growth picks from (the region's, as its cloud lists them), and what
+    it counts on them."""
+    cloud, where = catalog.cloud, catalog.region or "its default region"
     if spec.func_gpu is not None:
         model = gpu_model(spec.func_gpu)
-        choices = [m for m in catalog if m.gpu == model]
+        choices = [m for m in catalog.machines if m.gpu == model]
         if not choices:
-            raise NoCompatibleNodes(f"{cloud} has no machine with a {spec.func_gpu} GPU; pick one of "
-                                    f"{', '.join(sorted({m.gpu for m in catalog if m.gpu}))}.")
+            offered = sorted({m.gpu for m in catalog.machines if m.gpu and m.gpu != "UNKNOWN"})
+            raise NoCompatibleNodes(f"{cloud} offers no machine with a {spec.func_gpu} GPU in {where}; pick one of "
+                                    f"{', '.join(offered) or '(none offered there)'}, or another region "
+                                    "(`burla cloud machines --gpu` lists them).")
         return choices, _gpus
     cpus_per_call = spec.func_cpu or 1
-    chosen = lookup(cloud, machine_type or DEFAULT_MACHINE[cloud]) or lookup(cloud, DEFAULT_MACHINE[cloud])
-    assert chosen is not None, f"{cloud}'s default machine type is missing from its catalog"
+    name = machine_type or DEFAULT_MACHINE[cloud]
+    chosen = catalog.lookup(name)
+    if chosen is None:
+        raise NoCompatibleNodes(f"{cloud} does not offer {name} in {where} (per {catalog.describe()}); pick a "
+                                "machine type `burla cloud machines` lists (`burla settings update "
+                                "--machine-type`).")
     family = chosen.family
-    choices = [m for m in catalog if m.family == family and not m.gpu and m.vcpus >= cpus_per_call]
+    choices = [m for m in catalog.machines if m.family == family and not m.gpu and m.vcpus >= cpus_per_call]
     if spec.func_ram is not None:
         choices = [m for m in choices if m.memory_gb >= spec.func_ram]
     if not choices:
@@ -47,14 +56,15 @@ def _vcpus(machine: MachineType) -> int:
     return machine.vcpus
 
 
-def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus: dict[str, int], cloud: str,
-                machine_type: str | None, max_vcpus: int, max_gpus: dict[str, int]) -> list[MachineType]:
+def plan_growth(spec: wire.OpenJob, have_slots: int, have_vcpus: int, have_gpus: dict[str, int],
+                catalog: RegionCatalog, machine_type: str | None, max_vcpus: int, max_gpus: dict[str, int]
+                ) -> list[MachineType]:
     """The machines to boot so the job can run `min(n_inputs, max_parallelism)` calls at once."""
     want = spec.n_inputs if spec.max_parallelism is None else min(spec.n_inputs, spec.max_parallelism)
     missing = want - have_slots
     if missing <= 0:
         return []
-    choices, units = growth_sizes(spec, cloud, machine_type)
+    choices, units = growth_sizes(spec, catalog, machine_type)
     if spec.func_gpu is not None:
         model = gpu_model(spec.func_gpu)
         budget = max_gpus.get(model, max_gpus.get(spec.func_gpu.upper(), DEFAULT_MAX_GPUS)) - have_gpus.get(model, 0)
@@ -97,7 +107,7 @@ def _pack(choices: list[MachineType], need: int, units: Units) -> list[MachineTy
     """Machines for `need` units, sized to it: the largest that fits in what is still needed, until
     one machine covers the rest with less to spare than the smallest size (so what boots exceeds
     the need by less than one smallest machine: 100 one-CPU calls boot 100 vCPUs, not 192)."""
-    sizes = sorted((m for m in choices if units(m) > 0), key=units)
+    sizes = sorted((m for m in choices if units(m) > 0), key=lambda m: (units(m), m.vcpus, m.memory_gb))
     if not sizes:
         return []
     smallest = units(sizes[0])
@@ -108,7 +118,7 @@ def _pack(choices: list[MachineType], need: int, units: Units) -> list[MachineTy
             picks.append(covering)
             break
         fitting = [m for m in sizes if units(m) <= need]
-        pick = fitting[-1] if fitting else sizes[0]
+        pick = max(fitting, key=lambda m: (units(m), -m.vcpus)) if fitting else sizes[0]  # GPUs: fewest vCPUs
         picks.append(pick)
         need -= units(pick)
     return picks

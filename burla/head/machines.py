@@ -11,6 +11,9 @@ from burla.protocol.states import BootStage
 class Machines(Protocol):
     """What the cluster asks of whoever keeps its machines (the head's fleet)."""
 
+    async def ready_for(self, spec: wire.OpenJob) -> None:
+        """Before a job is admitted: what planning its machines needs is read (the cloud's list)."""
+
     def prepare_job(self, spec: wire.OpenJob) -> None:
         """Boot what a new job needs (grow, or restart local nodes removed for idleness)."""
 
@@ -26,6 +29,9 @@ class Machines(Protocol):
 
 class NoMachines:
     """Before the fleet is made (and in a cluster without one): nothing to boot or remove."""
+
+    async def ready_for(self, spec: wire.OpenJob) -> None:
+        pass
 
     def prepare_job(self, spec: wire.OpenJob) -> None:
         pass

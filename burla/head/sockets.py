@@ -323,6 +323,7 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             problem = _check_version(first.client_version, cluster.version)
             if problem is not None:
                 raise VersionMismatch(problem)
+            await cluster.machines.ready_for(first)  # e.g. the cloud's machine list, for grow
             job, link = cluster.open_job(first)  # and queues the inputs it carries
             return job, link, accepted_message(job)
         assert isinstance(first, wire.ResumeJob)

@@ -2,8 +2,9 @@
 
 A machine starts with a MACHINE_STARTED node event (its cloud, type, region, whether spot) and
 ends at its deletion; a node on the head's own machine ends when its process leaves, or with
-the head. Costs are the catalog's on-demand list prices (burla.drivers.catalog), an estimate:
-spot machines cost less, and prices differ by region.
+the head. Costs are on-demand list prices, an estimate: the price the region's machine list gave
+when the machine started (burla.drivers.machine_catalog), else burla's offline table; spot
+machines cost less.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from burla.drivers.catalog import lookup
+from burla.drivers.catalog import offline_lookup
 from burla.head.history_queries import HEAD_STOPPED
 
 MACHINE_STARTED = "machine started"  # a node event; its detail is JSON (see machine_detail)
@@ -20,8 +21,10 @@ _ENDS = {"deleted", "removed"}  # a cloud machine is billed until it is deleted 
 _LOCAL_ENDS = {"deleted", "left", "removed", "declared dead", HEAD_STOPPED}  # a local node's process ended
 
 
-def machine_detail(cloud: str, machine_type: str, region: str, spot: bool) -> str:
-    return json.dumps({"cloud": cloud, "machine_type": machine_type, "region": region, "spot": spot})
+def machine_detail(cloud: str, machine_type: str, region: str, spot: bool, usd_per_hour: float | None = None) -> str:
+    """What a MACHINE_STARTED event records; the price is the cloud's list price when it started."""
+    return json.dumps({"cloud": cloud, "machine_type": machine_type, "region": region, "spot": spot,
+                       "usd_per_hour": usd_per_hour})
 
 
 def usage(events: list[dict[str, Any]], since: float, now: float | None = None) -> dict[str, Any]:
@@ -54,8 +57,10 @@ def usage(events: list[dict[str, Any]], since: float, now: float | None = None) 
         cloud, machine_type = str(detail.get("cloud", "")), str(detail.get("machine_type", ""))
         group = groups.setdefault((cloud, machine_type), {
             "cloud": cloud, "machine_type": machine_type or None, "machines": 0, "still_running": 0,
-            "spot_machines": 0, "node_hours": 0.0, "usd_per_hour": _price(cloud, machine_type),
+            "spot_machines": 0, "node_hours": 0.0, "usd_per_hour": None,
         })
+        if group["usd_per_hour"] is None:
+            group["usd_per_hour"] = _price(cloud, machine_type, detail.get("usd_per_hour"))
         group["machines"] += 1
         group["still_running"] += running
         group["spot_machines"] += bool(detail.get("spot"))
@@ -76,8 +81,11 @@ def usage(events: list[dict[str, Any]], since: float, now: float | None = None) 
     }
 
 
-def _price(cloud: str, machine_type: str) -> float | None:
+def _price(cloud: str, machine_type: str, listed: object) -> float | None:
+    """The price recorded when the machine started (its cloud's list), else the offline table's."""
     if cloud == "local":
         return 0.0
-    found = lookup(cloud, machine_type) if machine_type else None
+    if isinstance(listed, (int, float)) and not isinstance(listed, bool) and listed > 0:
+        return float(listed)
+    found = offline_lookup(cloud, machine_type) if machine_type else None
     return found.usd_per_hour if found is not None and found.usd_per_hour else None

@@ -9,10 +9,11 @@ its own.
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+
+from burla.drivers.catalog import model_of_reported
 
 QUERY_TIMEOUT_S = 10.0
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -36,20 +37,7 @@ def detect() -> Gpus:
     names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
     if not names:
         return Gpus(None, 0)
-    return Gpus(model_name(names[0]), len(names))
-
-
-def model_name(reported: str) -> str:
-    """A catalog model name for what nvidia-smi reports ('NVIDIA A100-SXM4-80GB' -> A100_80G)."""
-    upper = reported.upper()
-    for model in ("H100", "A100", "L40S", "L4", "A10G", "T4", "V100"):
-        if re.search(rf"\b{model}\b|{model}[-_ ]", upper) or upper.endswith(model):
-            memory = re.search(r"(\d+)\s*GB", upper)
-            if model in ("A100", "H100"):
-                return f"{model}_{memory.group(1) if memory else ('80' if model == 'H100' else '40')}G"
-            return model
-    cleaned = re.sub(r"^NVIDIA\s+|^TESLA\s+", "", upper)
-    return re.sub(r"[^A-Z0-9]+", "_", cleaned).strip("_") or "UNKNOWN"
+    return Gpus(model_of_reported(names[0]), len(names))
 
 
 def visible_to(worker_slot: int, gpus: Gpus) -> str:
