@@ -80,6 +80,12 @@ class FakeAzure(FakeCloudApi):
         self.not_for_subscription: set[tuple[str, str]] = set()
         self.sku_listings: list[str] = []  # locations whose SKUs were listed
         self.sku_page_size = 1000
+        # The caller's effective permissions (one entry per role it holds), as the permissions API
+        # lists them; by default Contributor's: everything but granting access.
+        # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/privileged#contributor
+        self.permissions: list[dict] = [{"actions": ["*"], "notActions": [
+            "Microsoft.Authorization/*/Delete", "Microsoft.Authorization/*/Write",
+            "Microsoft.Authorization/elevateAccess/Action"], "dataActions": [], "notDataActions": []}]
         self.security_groups: dict[str, dict] = {}
         self.role_assignments: dict[str, dict] = {}
         self.public_ips: dict[tuple[str, str, str], dict] = {}
@@ -127,6 +133,9 @@ class FakeAzure(FakeCloudApi):
         app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Compute/locations/{location}/usages",
                            self.usages)
         app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Compute/skus", self.skus)
+        app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Authorization/permissions",
+                           self.list_permissions)
+        app.router.add_get(GROUP + "/providers/Microsoft.Authorization/permissions", self.list_permissions)
         app.router.add_get(GROUP, self.get_group)
         app.router.add_put(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.put_network)
         app.router.add_get(GROUP + "/providers/Microsoft.Network/virtualNetworks/{name}", self.get_network)
@@ -293,6 +302,13 @@ class FakeAzure(FakeCloudApi):
                         f"{size_vcpus(size)}, (Minimum) New Limit Required: {used.get(name, 0) + size_vcpus(size)}. "
                         "Submit a request for Quota increase at https://aka.ms/ProdCoreReqV2")
         return None
+
+    async def list_permissions(self, request: web.Request) -> web.Response:
+        if "group" in request.match_info:
+            missing = self._group_or_404(request)
+            if missing is not None:
+                return missing
+        return json_response({"value": self.permissions})
 
     async def skus(self, request: web.Request) -> web.Response:
         """Resource SKUs for `$filter=location eq 'X'`, in pages joined by a nextLink."""

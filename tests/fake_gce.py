@@ -112,6 +112,7 @@ class FakeGce(FakeCloudApi):
         self.withdrawn: set[tuple[str, str]] = set()  # (machine type, zone) a zone does not offer
         self.machine_listings: list[str] = []  # zones whose machineTypes were listed
         self.page_size = 500
+        self.denied_permissions: set[str] = set()  # IAM permissions the caller lacks in the project
         self._ids = itertools.count(4_861_000_000_000_000_001)
         super().__init__()
 
@@ -133,7 +134,7 @@ class FakeGce(FakeCloudApi):
 
     @web.middleware
     async def _authorize(self, request: web.Request, handler) -> web.StreamResponse:
-        if request.path.startswith("/compute/"):
+        if request.path.startswith(("/compute/", "/v1/projects/")):
             bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
             if bearer not in self.tokens_issued:
                 return _error(401, "authError", "Request had invalid authentication credentials.")
@@ -159,6 +160,7 @@ class FakeGce(FakeCloudApi):
         app.router.add_get(p + "/zones/{zone}/disks/{name}", self.disk)
         app.router.add_get(p + "/zones/{zone}/operations/{op}", self.operation)
         app.router.add_get(p + "/aggregated/instances", self.aggregated_instances)
+        app.router.add_post("/v1/projects/{target}", self.test_iam_permissions)
         app.router.add_post(p + "/global/firewalls", self.insert_firewall)
         app.router.add_get(p + "/global/firewalls/{name}", self.get_firewall)
         app.router.add_get(p + "/global/operations/{op}", self.operation)
@@ -231,6 +233,16 @@ class FakeGce(FakeCloudApi):
     async def network(self, request: web.Request) -> web.Response:
         m = request.match_info
         return json_response(self.fixture("network", project=m["project"], name=m["name"]))
+
+    async def test_iam_permissions(self, request: web.Request) -> web.Response:
+        """Cloud Resource Manager's projects.testIamPermissions: the asked permissions the caller
+        holds (all but `denied_permissions`); an empty answer is `{}`, as the API gives it."""
+        project, _, method = request.match_info["target"].partition(":")
+        if method != "testIamPermissions":
+            return _error(404, "notFound", f"no method {method!r}")
+        asked = request[JSON_BODY].get("permissions", [])
+        held = [permission for permission in asked if permission not in self.denied_permissions]
+        return json_response({"permissions": held} if held else {})
 
     def gpus_of(self, instance: dict) -> tuple[str, ...]:
         """The GPUs a VM has, as nvidia-smi names them: its machine type's own, or those attached."""

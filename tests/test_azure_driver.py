@@ -271,6 +271,25 @@ def test_cloud_check_reads_the_subscription_and_says_what_azure_checks_at_boot(a
     assert checks["credentials"]["status"] == "ok" and SUBSCRIPTION in checks["credentials"]["detail"]
     assert checks["image"]["detail"] == "Canonical:ubuntu-24_04-lts:server:latest"
     assert checks["vCPU quota"]["status"] == "ok" and checks["vCPU quota"]["detail"].startswith("cores in eastus")
+    assert checks["permissions"] == {"name": "permissions", "status": "ok", "fix": "",
+                                     "detail": "every action booting needs is allowed on the subscription"}
+    # A Reader (every */read action, nothing else) can't make the group, the network or the VMs.
+    azure.permissions = [{"actions": ["*/read"], "notActions": []}]
+    done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 9
+    permissions = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}["permissions"]
+    assert permissions["status"] == "fail" and "Contributor" in permissions["fix"]
+    assert permissions["detail"].startswith("the account may not Microsoft.Resources/subscriptions/resourceGroups/"
+                                            "write, Microsoft.Compute/virtualMachines/write")
+    assert "virtualMachines/read" not in permissions["detail"]
+    # Virtual Machine Contributor and Network Contributor on the existing group (no group writes needed).
+    azure.groups[(SUBSCRIPTION, "burla-check")] = {}  # the group `cloud check` reads
+    azure.permissions = [{"actions": ["Microsoft.Compute/virtualMachines/*", "Microsoft.Network/*"], "notActions": []}]
+    done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    permissions = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}["permissions"]
+    assert permissions["status"] == "ok" and permissions["detail"].endswith("on the resource group"), permissions
     azure.quotas["standardDASv5Family"] = 4  # the default Standard_D8as_v5 needs 8
     done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -62,6 +62,7 @@ def gce(monkeypatch, tmp_path):
     key_file.write_text(json.dumps(_service_account_key(fake.url + "/token")))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
     monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE", fake.url + "/compute/v1/")
+    monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER", fake.url + "/")
     try:
         yield fake
     finally:
@@ -209,7 +210,7 @@ def test_a_refused_boot_names_the_clouds_reason_and_keeps_what_did_start(gce):
 
 
 def test_project_and_zone_come_from_the_active_gcloud_configuration(monkeypatch, tmp_path):
-    from burla.drivers.gce import GceConfig, GoogleToken
+    from burla.drivers.gce_config import GceConfig, GoogleToken
 
     _clean_google_environment(monkeypatch, tmp_path)
     _gcloud_config(tmp_path / "gcloud", project="from-gcloud", zone="europe-west4-b")
@@ -225,7 +226,7 @@ def test_project_and_zone_come_from_the_active_gcloud_configuration(monkeypatch,
 
 
 def test_an_unset_project_or_missing_credentials_name_the_gcloud_fix(monkeypatch, tmp_path):
-    from burla.drivers.gce import GceConfig, GoogleToken
+    from burla.drivers.gce_config import GceConfig, GoogleToken
     from burla.errors import CloudSetupError
 
     _clean_google_environment(monkeypatch, tmp_path)
@@ -364,8 +365,9 @@ def _cloud_check(*args: str) -> tuple[int, dict[str, dict]]:
 def test_cloud_check_reads_the_project_the_machine_type_image_quota_and_firewall(gce, tmp_path, monkeypatch):
     monkeypatch.setenv("BURLA_CONFIG_DIR", str(tmp_path / "config"))
     code, checks = _cloud_check()
-    assert code == 0 and [c["status"] for c in checks.values()] == ["ok"] * 5
+    assert code == 0 and [c["status"] for c in checks.values()] == ["ok"] * 6
     assert checks["credentials"]["detail"].startswith(f"project {PROJECT}")
+    assert checks["permissions"]["detail"] == "all 17 permissions booting needs are held"
     assert "hyperdisk-balanced" in checks["machine type"]["detail"]  # the default n4's boot disk
     assert checks["vCPU quota"]["detail"] == "CPUS in us-central1: 24 vCPUs, 0 in use"
     assert "the first boot makes firewall rule burla-nodes-ssh-default" in checks["ssh path"]["detail"]
@@ -374,6 +376,11 @@ def test_cloud_check_reads_the_project_the_machine_type_image_quota_and_firewall
     assert code == 9 and checks["vCPU quota"]["status"] == "fail" and "Quotas" in checks["vCPU quota"]["fix"]
     code, checks = _cloud_check("--machine-type", "zz9-standard-4")
     assert code == 9 and checks["machine type"]["status"] == "fail"
+    gce.denied_permissions |= {"compute.firewalls.create", "compute.instances.create"}  # e.g. a viewer's role
+    code, checks = _cloud_check()
+    assert code == 9 and checks["permissions"]["status"] == "fail"
+    assert checks["permissions"]["detail"] == "the account lacks compute.instances.create, compute.firewalls.create"
+    assert "roles/compute.instanceAdmin.v1" in checks["permissions"]["fix"]
 
 
 def test_grow_reads_the_regions_cpu_quota_and_boots_within_it(gce, farm, tmp_path, wheelhouse, client_venv):

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from burla.drivers.azure_auth import AzureToken, cli_default, cli_default_subscription
 from burla.drivers.azure_machines import list_machines
+from burla.drivers.azure_permissions import FIX, PERMISSIONS_API, missing_actions
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.catalog import MachineType
@@ -361,18 +362,30 @@ class AzureDriver(ThreadedCloudDriver):
         return min(rooms, key=lambda room: room.free) if rooms else None
 
     def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
-        """Credentials and subscription (by reading the cluster's resource group), the image and
-        size settings. Quotas and permissions are learned from refusals at boot."""
+        """Credentials and subscription (by reading the cluster's resource group), the actions
+        booting needs (the permissions API), the image, the size's vCPU quota."""
         from libcloud.common.exceptions import BaseHTTPError
 
         try:
             driver.connection.request(self._group_path, params={"api-version": GROUP_API})
-            group = f"resource group {self.config.resource_group} exists"
+            group, scope = f"resource group {self.config.resource_group} exists", self._group_path
         except BaseHTTPError as e:
             if e.code != 404:
                 raise
             group = f"resource group {self.config.resource_group} is made at the first boot"
+            scope = f"/subscriptions/{self.config.subscription_id}"
         checks = [CloudCheck("credentials", CloudCheck.OK, f"subscription {self.config.subscription_id}; {group}")]
+        try:
+            entries = driver.connection.request(f"{scope}/providers/Microsoft.Authorization/permissions",
+                                                params={"api-version": PERMISSIONS_API}).object.get("value", [])
+            missing = missing_actions(entries, group_exists=scope == self._group_path)
+            checks.append(CloudCheck("permissions", CloudCheck.FAIL, "the account may not " + ", ".join(missing), FIX)
+                          if missing else CloudCheck("permissions", CloudCheck.OK, "every action booting needs is "
+                                                     "allowed on the " + ("resource group" if scope == self._group_path
+                                                                          else "subscription")))
+        except BaseHTTPError as e:
+            checks.append(CloudCheck("permissions", CloudCheck.WARN, f"could not read permissions: {e}",
+                                     "allow Microsoft.Authorization/permissions/read to have them checked ahead"))
         image_parts = self.config.image.split(":")
         checks.append(CloudCheck("image", CloudCheck.OK if len(image_parts) == 4 else CloudCheck.FAIL,
                                  self.config.image, "" if len(image_parts) == 4 else

@@ -18,21 +18,18 @@
 
 from __future__ import annotations
 
-import configparser
-import json
 import logging
-import os
-import threading
+import urllib.error
 import urllib.parse
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.catalog import MachineType, gpu_model
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
+from burla.drivers.gce_config import SCOPES, GceConfig, GoogleToken
 from burla.drivers.gce_machines import list_machines
+from burla.drivers.gce_permissions import REQUIRED, ROLES_FIX, missing_permissions
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
@@ -40,11 +37,6 @@ from burla.protocol.states import MachineState
 log = logging.getLogger("burla.gce")
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 DEFAULT_ZONE = "us-central1-a"
-DEFAULT_IMAGE = "debian-cloud/debian-12"  # PROJECT/FAMILY
-# GPU machines boot a Deep Learning VM image, which carries the NVIDIA driver; the
-# `install-nvidia-driver` metadata item has such images install it at first boot where they
-# don't yet (cloud.google.com/deep-learning-vm/docs/images, .../cli and "NVIDIA driver").
-GPU_IMAGE = "deeplearning-platform-release/common-cu128-ubuntu-2204-nvidia-570"
 # Boot disks per machine series (cloud.google.com/compute/docs/disks, "Machine series support"):
 # the fourth-generation series and X4 boot from Hyperdisk only; every other series burla boots
 # (E2, N1, N2, N2D, C3, A2, A3...) takes a balanced Persistent Disk.
@@ -53,131 +45,11 @@ NETWORK_TAG = "burla-node"
 SSH_USER = "burla"  # created by the guest agent from the ssh-keys metadata
 HEAD_NETWORK_TAG = "burla-head"  # the firewall rule opening the head's port targets this tag
 DEFAULT_HEAD_MACHINE_TYPE = "n4-standard-2"
-SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # GPU models (catalog names) to the accelerator types attached to general-purpose machines.
 ACCELERATORS = {
     "T4": "nvidia-tesla-t4", "L4": "nvidia-l4", "V100": "nvidia-tesla-v100", "P100": "nvidia-tesla-p100",
     "A100_40G": "nvidia-tesla-a100", "A100_80G": "nvidia-a100-80gb", "H100_80G": "nvidia-h100-80gb",
 }
-_LOGIN_FIX = "Run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a " \
-             "service-account key file."
-
-
-@dataclass(frozen=True)
-class GceConfig:
-    driver_name: ClassVar[str] = "gce"  # its entry in burla.drivers.registry
-    project: str
-    zone: str | None = None  # gcloud's compute/zone; None: the first zone of the region
-    region: str | None = None  # gcloud's compute/region, or --region
-    endpoint: str | None = None  # CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE
-    image: str = DEFAULT_IMAGE  # PROJECT/FAMILY, or an image selfLink
-    gpu_image: str = GPU_IMAGE  # the same, for machines with GPUs
-    network: str = "default"
-    cluster_id: str = "default"
-
-    @classmethod
-    def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> GceConfig:
-        gcloud = _gcloud_properties(environ)
-        project = (environ.get("GOOGLE_CLOUD_PROJECT") or environ.get("CLOUDSDK_CORE_PROJECT")
-                   or gcloud.get(("core", "project")) or _credentials_project(environ))
-        if not project:
-            raise CloudSetupError(
-                "No Google Cloud project is set. Run `gcloud config set project PROJECT_ID` (or set "
-                "GOOGLE_CLOUD_PROJECT)."
-            )
-        return cls(
-            project=project,
-            zone=environ.get("CLOUDSDK_COMPUTE_ZONE") or gcloud.get(("compute", "zone")) or None,
-            region=region or environ.get("CLOUDSDK_COMPUTE_REGION") or gcloud.get(("compute", "region")) or None,
-            endpoint=environ.get("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE") or None,
-            image=environ.get("BURLA_GCP_IMAGE") or DEFAULT_IMAGE,
-            gpu_image=environ.get("BURLA_GCP_GPU_IMAGE") or GPU_IMAGE,
-            network=environ.get("BURLA_GCP_NETWORK") or "default",
-            cluster_id=cluster_id,
-        )
-
-    def head_environment(self) -> dict[str, str]:
-        """What a deployed head needs to boot nodes like this (its credentials: the VM's service account)."""
-        settings = {"GOOGLE_CLOUD_PROJECT": self.project, "CLOUDSDK_COMPUTE_ZONE": self.zone or "",
-                    "CLOUDSDK_COMPUTE_REGION": self.region or "", "BURLA_GCP_IMAGE": self.image,
-                    "BURLA_GCP_GPU_IMAGE": self.gpu_image,
-                    "BURLA_GCP_NETWORK": self.network, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": self.endpoint or ""}
-        return {k: v for k, v in settings.items() if v}
-
-
-def _gcloud_properties(environ: dict[str, str]) -> dict[tuple[str, str], str]:
-    """Properties of gcloud's active configuration (read from its files; gcloud need not be installed)."""
-    directory = Path(environ.get("CLOUDSDK_CONFIG") or Path(environ.get("HOME", "~")).expanduser() / ".config/gcloud")
-    name = environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME")
-    if not name:
-        try:
-            name = (directory / "active_config").read_text().strip() or "default"
-        except OSError:
-            name = "default"
-    parser = configparser.ConfigParser()
-    try:
-        parser.read(directory / "configurations" / f"config_{name}")
-    except configparser.Error:
-        return {}
-    return {(section, key): value for section in parser.sections() for key, value in parser[section].items()}
-
-
-def _credentials_project(environ: dict[str, str]) -> str | None:
-    """The project a service-account key (or ADC file) names, if any."""
-    candidates = [environ.get("GOOGLE_APPLICATION_CREDENTIALS")]
-    directory = environ.get("CLOUDSDK_CONFIG") or str(Path(environ.get("HOME", "~")).expanduser() / ".config/gcloud")
-    candidates.append(os.path.join(directory, "application_default_credentials.json"))
-    for path in candidates:
-        if not path:
-            continue
-        try:
-            info = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            continue
-        project = info.get("project_id") or info.get("quota_project_id")
-        if project:
-            return str(project)
-    return None
-
-
-class GoogleToken:
-    """Access tokens from application default credentials, refreshed before they expire. One per
-    driver, shared by its threads (google-auth credentials are refreshed under a lock)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._credentials: Any = None
-
-    def _load(self) -> Any:
-        try:
-            import google.auth
-            from google.auth.exceptions import DefaultCredentialsError
-        except ImportError:
-            raise CloudSetupError("The GCP driver needs google-auth: pip install 'burla[gcp]'.") from None
-        try:
-            credentials, _ = google.auth.default(scopes=list(SCOPES))
-        except DefaultCredentialsError:
-            raise CloudSetupError(f"No Google Cloud credentials found. {_LOGIN_FIX}") from None
-        return credentials
-
-    @property
-    def access_token(self) -> str:
-        from google.auth.exceptions import RefreshError, TransportError
-        from google.auth.transport.requests import Request
-
-        with self._lock:
-            if self._credentials is None:
-                self._credentials = self._load()
-            if not self._credentials.valid:
-                try:
-                    self._credentials.refresh(Request())
-                except RefreshError as e:
-                    raise CloudSetupError(f"Google Cloud credentials were refused ({e}). {_LOGIN_FIX}") from None
-                except TransportError as e:
-                    raise CloudSetupError(f"Could not reach Google's token service: {e}") from None
-            return self._credentials.token
-
-
 def boot_disk_type(machine_type: str) -> str:
     """The boot disk a machine type accepts: Hyperdisk Balanced for the series that take only
     Hyperdisk, else a balanced Persistent Disk (the series without Hyperdisk refuse it)."""
@@ -409,14 +281,15 @@ class GceDriver(ThreadedCloudDriver):
                                       f"compute.googleapis.com/cpus, region {region}")
 
     def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
-        """Project and credentials, the machine type and image, the region's CPU quota, and the
-        SSH path (firewall, OS Login). Permissions are not asked ahead (that is another API)."""
+        """Project and credentials, the permissions booting needs (Cloud Resource Manager), the
+        machine type and image, the region's CPU quota, and the SSH path (firewall, OS Login)."""
         from libcloud.common.google import ResourceNotFoundError
 
         machine_type = machine_type or DEFAULT_MACHINE_TYPE
         zone = self._zone(driver, None)
         region = zone.rsplit("-", 1)[0]
-        checks = [CloudCheck("credentials", CloudCheck.OK, f"project {self.config.project}, zone {zone}")]
+        checks = [CloudCheck("credentials", CloudCheck.OK, f"project {self.config.project}, zone {zone}"),
+                  self._permissions_check()]
         try:
             described = driver.connection.request(f"/zones/{zone}/machineTypes/{machine_type}", method="GET").object
         except ResourceNotFoundError:
@@ -446,6 +319,21 @@ class GceDriver(ThreadedCloudDriver):
         checks.append(CloudCheck("ssh path", CloudCheck.OK, f"{path}; VMs turn OS Login off for themselves (an "
                                  "organisation policy enforcing compute.requireOsLogin would keep nodes unreachable)"))
         return checks
+
+    def _permissions_check(self) -> CloudCheck:
+        try:
+            missing = missing_permissions(self.config.project, self._token.access_token,
+                                          self.config.resource_manager_endpoint)
+        except urllib.error.HTTPError as e:
+            said = e.read().decode(errors="replace")[:300]
+            return CloudCheck("permissions", CloudCheck.WARN, f"Cloud Resource Manager answered {e.code}: {said}",
+                              "enable the Cloud Resource Manager API (cloudresourcemanager.googleapis.com) in the "
+                              "project, or allow resourcemanager.projects.get, to have permissions checked ahead")
+        except (OSError, ValueError) as e:
+            return CloudCheck("permissions", CloudCheck.WARN, f"could not ask Cloud Resource Manager: {e}")
+        if missing:
+            return CloudCheck("permissions", CloudCheck.FAIL, "the account lacks " + ", ".join(missing), ROLES_FIX)
+        return CloudCheck("permissions", CloudCheck.OK, f"all {len(REQUIRED)} permissions booting needs are held")
 
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)
