@@ -91,7 +91,7 @@ def _no_aws_environment(monkeypatch, home) -> None:
 
 
 def test_credentials_come_from_the_shared_files(monkeypatch, tmp_path):
-    from burla.drivers.ec2 import Ec2Config, resolve_credentials
+    from burla.drivers.ec2_config import Ec2Config, resolve_credentials
 
     _no_aws_environment(monkeypatch, tmp_path)
     (tmp_path / ".aws").mkdir()
@@ -103,7 +103,7 @@ def test_credentials_come_from_the_shared_files(monkeypatch, tmp_path):
 
 
 def test_missing_credentials_name_the_fix(monkeypatch, tmp_path):
-    from burla.drivers.ec2 import Ec2Config, resolve_credentials
+    from burla.drivers.ec2_config import Ec2Config, resolve_credentials
     from burla.errors import CloudSetupError
 
     _no_aws_environment(monkeypatch, tmp_path)
@@ -114,7 +114,7 @@ def test_missing_credentials_name_the_fix(monkeypatch, tmp_path):
 
 
 def test_endpoint_variables_are_honoured():
-    from burla.drivers.ec2 import Ec2Config
+    from burla.drivers.ec2_config import Ec2Config
 
     config = Ec2Config.from_environment({"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_REGION": "eu-west-1"},
                                         None, "c1")
@@ -258,7 +258,7 @@ def test_an_expired_sso_session_names_the_login_command(monkeypatch, tmp_path):
     import hashlib
     import json
 
-    from burla.drivers.ec2 import Ec2Config, resolve_credentials
+    from burla.drivers.ec2_config import Ec2Config, resolve_credentials
     from burla.errors import CloudSetupError
 
     _no_aws_environment(monkeypatch, tmp_path)
