@@ -270,6 +270,8 @@ def moto(monkeypatch, ec2_rules):
                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    # Heads bake an image after a first boot (a builder VM more): the tests of baking turn it on.
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "0")
     try:
         yield boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
     finally:

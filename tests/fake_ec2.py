@@ -56,6 +56,9 @@ class Ec2Rules:
     slow_cluster_listing_s: float = 0.0  # DescribeInstances by cluster tag takes this long (a slow API)
     expired_keys: set[str] = field(default_factory=set)  # access keys whose session has expired
     withdrawn: set[str] = field(default_factory=set)  # instance types the region does not offer
+    # Told (instance id, new AMI id) as CreateImage makes an image of an instance's disk: the
+    # stand-in VM farm copies that VM's disk then, as EC2 snapshots the volume.
+    image_made: list[Any] = field(default_factory=list)
     type_pages: list[int] = field(default_factory=list)  # DescribeInstanceTypes pages served (their sizes)
 
     def install(self, monkeypatch: Any) -> None:
@@ -84,6 +87,17 @@ class Ec2Rules:
                 raise ServiceException("AccessDeniedException", _not_authorized("servicequotas:GetServiceQuota"))
             return ec2_quotas(backend, service_code, quota_code)
 
+        from moto.ec2.models.amis import AmiBackend
+
+        create_image = AmiBackend.create_image
+
+        def imaged(backend: Any, instance_id: str, *args: Any, **kwargs: Any) -> Any:
+            ami = create_image(backend, instance_id, *args, **kwargs)
+            for told in list(rules.image_made):
+                told(instance_id, ami.id)
+            return ami
+
+        monkeypatch.setattr(AmiBackend, "create_image", imaged)
         monkeypatch.setattr(InstanceBackend, "run_instances", checked_run_instances)
         monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", quotas_if_allowed)
         self._deny_actions(monkeypatch)

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,6 +155,36 @@ class StandinVm:
         self.port = 0
         self._server: asyncssh.SSHAcceptor | None = None
 
+    def snapshot(self, into: Path) -> None:
+        """What imaging this VM's disk keeps: its home directory and what its package manager
+        installed (shims and timers belong to the running machine)."""
+        for part in ("home", "installed"):
+            shutil.copytree(self.root / part, into / part, symlinks=True, dirs_exist_ok=True)
+        (into / "imaged-root").write_text(str(self.root))
+
+    def restore(self, snapshot: Path) -> None:
+        """This VM's disk made from an image: the snapshot's files. On a cloud every VM of an image
+        has the same paths; here each VM has its own root, so text files and links naming the
+        imaged VM's root are made to name this one (compiled and binary files keep theirs)."""
+        old = (snapshot / "imaged-root").read_text()
+        for part in ("home", "installed"):
+            shutil.copytree(snapshot / part, self.root / part, symlinks=True, dirs_exist_ok=True)
+        for path in self.home.rglob("*"):
+            if path.is_symlink():
+                target = os.readlink(path)
+                if old in target:
+                    path.unlink()
+                    path.symlink_to(target.replace(old, str(self.root)))
+            elif path.is_file() and path.suffix not in (".pyc", ".so") and path.stat().st_size < 4_000_000:
+                data = path.read_bytes()
+                if old.encode() not in data:
+                    continue
+                try:
+                    text = data.decode()
+                except UnicodeDecodeError:
+                    continue
+                path.write_text(text.replace(old, str(self.root)))
+
     def _systemd_shims(self) -> dict[str, str]:
         """`systemd-run --unit=U --on-active=Ns CMD` runs CMD after N s unless `systemctl stop
         U.timer` came first; both as root only, as on the images."""
@@ -220,6 +251,10 @@ class StandinVm:
         return (self.root / "powered-off").exists()
 
     async def start(self) -> int:
+        # cloud-init's first boot of an instance: the cloud's key in the login user's authorized_keys
+        # (this sshd checks the key it was given; the file is what an image made of this disk keeps).
+        (self.home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+        (self.home / ".ssh" / "authorized_keys").write_text(self.authorized_key + "\n")
         vm = self
 
         class Server(asyncssh.SSHServer):
@@ -339,6 +374,7 @@ class VmRecord:
     user_data: str = ""  # the script the VM runs as root at first boot
     gpus: tuple[str, ...] = ()  # the machine type's GPUs, as nvidia-smi would name them
     ssh_allowed: bool = True  # the cloud's firewall lets this machine reach its port 22
+    restore: Path | None = None  # the snapshot its disk is made from (a VM of a baked image)
 
 
 class VmFarm:
@@ -411,6 +447,8 @@ class VmFarm:
             key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
         vm = StandinVm(self.root / record.instance_id, key, record.instance_id, self.vm_environment,
                        record.login_user, record.image, record.gpus)
+        if record.restore is not None:
+            vm.restore(record.restore)
         port = self._loop.run(vm.start())
         if record.user_data:
             self._loop.run(vm.run_user_data(record.user_data))
@@ -450,22 +488,36 @@ class MotoVmFarm(VmFarm):
     """EC2 in moto: the key is the instance's key pair's; a shutdown terminates the instance when it
     was started with InstanceInitiatedShutdownBehavior=terminate, else stops it, as EC2 does."""
 
-    def __init__(self, ec2: Any, root: Path, **options: Any) -> None:
+    def __init__(self, ec2: Any, root: Path, rules: Any = None, **options: Any) -> None:
         self.ec2 = ec2
+        # AMI id -> its disk, the image it was made from, and that image's login user
+        self.baked: dict[str, tuple[Path | None, StandinImage | None, str | None]] = {}
         super().__init__(root, **options)
+        if rules is not None:  # CreateImage copies the imaged VM's disk (tests.fake_ec2.Ec2Rules)
+            rules.image_made.append(self._imaged)
+
+    def _imaged(self, instance_id: str, image_id: str) -> None:
+        with self._lock:
+            vm = self.vms.get(instance_id)
+        if vm is None:
+            return
+        into = self.root / "images" / image_id
+        vm.snapshot(into)
+        self.baked[image_id] = (into, vm.image, vm.login_user)
 
     def _records(self) -> list[VmRecord]:
         reservations = self.ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["burla-cluster"]}])
         records = []
         for instance in (i for r in reservations["Reservations"] for i in r["Instances"]):
             state = instance["State"]["Name"]
-            key, user, image, user_data, gpus = "", None, None, "", ()
+            key, user, image, user_data, gpus, restore = "", None, None, "", (), None
             if state == "running" and instance["InstanceId"] not in self.vms and instance.get("KeyName"):
                 pairs = self.ec2.describe_key_pairs(KeyNames=[instance["KeyName"]], IncludePublicKey=True)
                 key = pairs["KeyPairs"][0]["PublicKey"]
                 user = login_user_of(self.ec2, instance["ImageId"])
                 owner = (self.ec2.describe_images(ImageIds=[instance["ImageId"]])["Images"] or [{}])[0].get("OwnerId")
                 image = {DEBIAN: DEBIAN_12, CANONICAL: UBUNTU_2404, DLAMI_OWNER: DLAMI_BASE}.get(owner or "", AL2023)
+                restore, image, user = self.baked.get(instance["ImageId"], (None, image, user))
                 gpus = machine_gpus(instance["InstanceType"])
                 given = self.ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
                 user_data = base64.b64decode(given.get("UserData", {}).get("Value") or "").decode()
@@ -474,7 +526,7 @@ class MotoVmFarm(VmFarm):
                 instance["InstanceId"], tags.get("burla-node-id") or tags.get("Name", ""), state == "running",
                 state in ("shutting-down", "terminated", "stopping", "stopped"),
                 (instance.get("PublicIpAddress"), instance.get("PrivateIpAddress")), key, user, image, user_data,
-                gpus))
+                gpus, restore=restore))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:

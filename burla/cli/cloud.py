@@ -1,5 +1,6 @@
 """`burla cloud check`: before the first VM boots, what this machine's cloud account allows; and
-`burla cloud machines`: the machine types grow picks from, as the region lists them.
+`burla cloud machines`: the machine types grow picks from, as the region lists them; `burla cloud
+images list|delete`: the baked images of the node runtime in the account.
 
 One line per check (credentials, machine type, image, network, permissions, vCPU quota, SSH
 path) with the fix for any that fails; `--json` prints the CLI's usual JSON document instead.
@@ -12,15 +13,19 @@ import asyncio
 import dataclasses
 import json
 import os
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import click
 
-from burla.cli.common import EXIT_CLOUD, EXIT_USAGE, CliError, JsonGroup, fail
+from burla.cli.common import EXIT_CLOUD, EXIT_NOT_FOUND, EXIT_USAGE, CliError, JsonGroup, fail
 from burla.config import config_dir, read_client_config
 from burla.drivers.base import CloudCheck, Driver
 from burla.drivers.machine_catalog import RegionCatalog, region_catalog
 from burla.drivers.registry import CLOUDS, LOCAL, cloud_config, cloud_driver, for_cloud, resolve_driver
 from burla.errors import CloudSetupError
+
+T = TypeVar("T")
 
 
 @click.group(cls=JsonGroup)
@@ -102,5 +107,61 @@ async def _catalog(driver: Driver, cloud_label: str, refresh: bool) -> RegionCat
 async def _checks(driver, machine_type: str | None) -> list[CloudCheck]:
     try:
         return await driver.check(machine_type)
+    finally:
+        await driver.close()
+
+
+@cloud.group()
+def images() -> None:
+    """Baked images of the node runtime in your account (later VMs boot from them)."""
+
+
+@images.command("list")
+@click.option("--cloud", "cloud_name", type=click.Choice(CLOUDS), default=None,
+              help="Default: `burla config set cloud`, else the one cloud this machine is signed in to.")
+@click.option("--region", default=None, help="Default: the cloud CLI's.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines.")
+def list_images(cloud_name: str | None, region: str | None, as_json: bool) -> None:
+    """The baked images: id, key (build, Python, image family, architecture), state, when made."""
+    driver, cloud_label = _configured_driver(cloud_name, region, "cloud images list")
+    baked = asyncio.run(_closing(driver, driver.baked_images()))
+    if as_json:
+        click.echo(json.dumps({"ok": True, "command": "cloud images list", "data": {
+            "cloud": cloud_label, "region": driver.region, "images": [dataclasses.asdict(b) for b in baked]}}))
+        return
+    click.echo(f"burla cloud images: {cloud_label} {driver.region} ({len(baked)} baked)")
+    for image in baked:
+        click.echo(f"{image.image_id:<24} {image.state:<10} {image.created:<26} {image.key}")
+
+
+@images.command("delete")
+@click.argument("image_ids", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Every baked image in the region.")
+@click.option("--cloud", "cloud_name", type=click.Choice(CLOUDS), default=None,
+              help="Default: `burla config set cloud`, else the one cloud this machine is signed in to.")
+@click.option("--region", default=None, help="Default: the cloud CLI's.")
+def delete_images(image_ids: tuple[str, ...], every: bool, cloud_name: str | None, region: str | None) -> None:
+    """Delete baked images (and their snapshots); the next VMs install the runtime again."""
+    if not image_ids and not every:
+        fail("cloud images delete", CliError("bad_usage", "name the image ids to delete, or pass --all",
+                                             "burla cloud images list", EXIT_USAGE))
+    driver, _ = _configured_driver(cloud_name, region, "cloud images delete")
+
+    async def delete() -> dict[str, bool]:
+        named = list(image_ids) or [b.image_id for b in await driver.baked_images()]
+        return {image_id: await driver.delete_baked_image(image_id) for image_id in named}
+
+    deleted = asyncio.run(_closing(driver, delete()))
+    unknown = [image_id for image_id, done in deleted.items() if not done]
+    if unknown:
+        fail("cloud images delete", CliError("not_found", f"no baked image {', '.join(unknown)} (deleted: "
+                                             f"{', '.join(i for i, done in deleted.items() if done) or 'none'})",
+                                             "burla cloud images list", EXIT_NOT_FOUND))
+    click.echo(json.dumps({"ok": True, "command": "cloud images delete", "data": {"deleted": sorted(deleted)}}))
+
+
+async def _closing(driver: Driver, work: Awaitable[T]) -> T:
+    try:
+        return await work
     finally:
         await driver.close()

@@ -90,6 +90,18 @@ class CloudCheck:
     fix: str = ""
 
 
+@dataclass(frozen=True)
+class BakedImage:
+    """A private image of the node runtime (a Python with this build installed) in the user's
+    account, which later VMs of the same key boot from instead of installing it."""
+
+    image_id: str
+    name: str
+    key: str  # build, Python, base image and architecture it serves (see Driver.bake_key)
+    created: str  # as the cloud states it
+    state: str  # the cloud's word: available, pending...
+
+
 BootFailed = Callable[[str, str], None]  # (node_id, why)
 
 
@@ -140,6 +152,24 @@ class Driver(abc.ABC):
         """The vCPU quota this machine type counts against and its use; None when there is none
         or it can't be read (then the cloud's refusal at boot says it)."""
         return None
+
+    async def bake_key(self, request: BootRequest) -> str | None:
+        """What a baked image for VMs booted for `request` is keyed by; None when this driver (or
+        this request: a container image, a user's own machine image) does not bake."""
+        return None
+
+    async def baked_images(self) -> list[BakedImage]:
+        """The baked images in the user's account (every cluster's: they hold no secret)."""
+        return []
+
+    async def bake(self, node_id: str, key: str) -> BakedImage:
+        """Image the VM of `node_id` (set up and scrubbed), tagged with `key`; returns once the
+        image is available."""
+        raise NotImplementedError(f"{self.name} does not bake images")
+
+    async def delete_baked_image(self, image_id: str) -> bool:
+        """Delete a baked image and its snapshots; False if there is no such baked image."""
+        return False
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -27,6 +27,7 @@ SCRIPT_FILE = "bootstrap.sh"
 NODE_LOG_FILE = "node.log"
 SUPERVISOR_PID_FILE = "supervisor.pid"
 INSTALLED_MARKER = "installed-build"
+ALREADY_INSTALLED = "burla: this build is installed already"  # what the bootstrap prints then
 
 
 DEAD_MAN_UNIT = "burla-dead-man"  # the systemd timer that powers a VM off unless a head sets it up
@@ -87,13 +88,21 @@ class PackageSource:
         return []
 
 
+def installed_tag(python_version: str | None, extra: str | None = None) -> str:
+    """What INSTALLED_MARKER holds once a build (with an extra) is installed for a Python
+    major.minor (a VM booted from a baked image has it already)."""
+    major, minor = (python_version or this_python()).split(".")[:2]
+    return f"{build_hash()} py{major}.{minor}" + (f" [{extra}]" if extra else "")
+
+
 def install_script(python_version: str | None, source: PackageSource, extra: str | None = None,
                    image: str | None = None) -> str:
     """The bootstrap: a Python of this major.minor in ~/.burla/env with the uploaded build in it
     (and for a node that runs in a container `image`: Docker and the image). Skipped when that
-    build is already installed (a reconnect runs it again)."""
+    build is already installed for that Python (a reconnect, or a VM from a baked image)."""
     version = python_version or this_python()
     major, minor = version.split(".")[:2]
+    tag = shlex.quote(installed_tag(version, extra))
     flags = " ".join(source.pip_flags())
     wheel = f"$B/{BUILD_DIR}/{wheel_name()}"
     requirement = f'"{wheel}[{extra}]"' if extra else f'"{wheel}"'
@@ -104,7 +113,7 @@ def install_script(python_version: str | None, source: PackageSource, extra: str
         f'B="$HOME/{HOME_DIR}"',
         'cd "$B"',
         CANCEL_DEAD_MAN,
-        f'if [ "$(cat {INSTALLED_MARKER} 2>/dev/null)" = {shlex.quote(build_hash())} ]; then exit 0; fi',
+        f'if [ "$(cat {INSTALLED_MARKER} 2>/dev/null)" = {tag} ]; then echo "{ALREADY_INSTALLED}"; exit 0; fi',
         'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
         # A Python with venv: the image's, or one uv fetches when its major.minor differs.
         "if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then",
@@ -124,8 +133,26 @@ def install_script(python_version: str | None, source: PackageSource, extra: str
         "fi",
         f"{ENV_DIR}/bin/python -m pip install --quiet --disable-pip-version-check {flags} {requirement}",
         *(_container_lines(image) if image else []),
-        f"echo {shlex.quote(build_hash())} > {INSTALLED_MARKER}",
+        f"echo {tag} > {INSTALLED_MARKER}",
         "",
+    ])
+
+
+def scrub_script(power_off_after_s: float) -> str:
+    """Run on an image builder once the bootstrap installed the node runtime, before its disk is
+    imaged: nothing of a cluster stays in the image (no token, certificate, logs, or the cluster's
+    SSH key: new VMs get their own key from the cloud, and cloud-init makes new host keys per
+    instance), and the builder powers itself off should its head not delete it."""
+    return "\n".join([
+        f'B="$HOME/{HOME_DIR}"',
+        f'rm -rf "$B/{CONFIG_DIR}" "$B/{HEAD_CERT_FILE}" "$B/{HEAD_URL_FILE}" "$B/{NODE_LOG_FILE}" '
+        f'"$B/{SUPERVISOR_PID_FILE}" "$B/{SCRIPT_FILE}" "$B/{WHEELHOUSE_DIR}" "$B/{BUILD_DIR}" "$B/uv-env"',
+        '[ ! -f "$HOME/.ssh/authorized_keys" ] || : > "$HOME/.ssh/authorized_keys"',
+        'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
+        f"as_root systemd-run --unit={DEAD_MAN_UNIT}-builder --on-active={max(1, int(power_off_after_s))}s "
+        "/usr/sbin/shutdown -h now",
+        "sync",
+        "echo scrubbed",
     ])
 
 

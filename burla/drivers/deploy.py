@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from burla.config import Deployment
-from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, remote, this_python
+from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, this_python
 from burla.drivers.head_vm import EXTRAS, HEAD_CERT, HEAD_KEY, HEAD_PORT, HeadMachine, start_command
 from burla.drivers.registry import BY_CLOUD, CLOUDS, cloud_config, cloud_driver, cluster_id_of, for_cloud
 from burla.errors import BootstrapFailed, DeployError
@@ -123,7 +123,8 @@ class HeadSetup:
         try:
             script = install_script(self.head.python_version, self.packages, extra=EXTRAS[self.driver_name])
             async with connection.start_sftp_client() as sftp:
-                await upload_setup(sftp, self.wheel, self.packages, self.token, self.cert_pem, script)
+                await upload_setup(sftp, self.wheel, self.packages, self.token, self.cert_pem, script,
+                                   installed_tag(self.head.python_version, EXTRAS[self.driver_name]))
                 await write_private(sftp, remote(HEAD_CERT), self.cert_pem)
                 await write_private(sftp, remote(HEAD_KEY), self.key_pem)
             for step, command in (("bootstrap", f"bash {remote(SCRIPT_FILE)}"),

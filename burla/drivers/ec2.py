@@ -14,16 +14,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
-from burla.drivers.bootstrap import dead_man_script
+from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
+from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
+from burla.drivers.ec2_bake import delete_baked, find_baked, image_key, image_state, list_baked, start_image
 from burla.drivers.ec2_checks import NODE_GROUP_NAME, ec2_checks
 from burla.drivers.ec2_config import EXPIRED_CODES, Ec2Config, login_command, resolve_credentials
 from burla.drivers.ec2_images import (
@@ -41,10 +44,13 @@ from burla.drivers.ec2_machines import list_machines
 from burla.drivers.ec2_quotas import quota_room
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
+from burla.process.build import build_hash
 from burla.protocol.states import MachineState
 
 log = logging.getLogger("burla.ec2")
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
+BAKE_POLL_S = 5.0
+BAKE_WAIT_S = 1800.0  # an AMI of a small root volume is usually available within minutes
 HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
 HEAD_ROLE_ACTIONS = [
     "ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
@@ -117,14 +123,53 @@ class Ec2Driver(ThreadedCloudDriver):
 
     # --- the driver interface --------------------------------------------------------------
 
-    def image_for(self, driver, machine: InstanceType, gpu: bool) -> tuple[Any, str]:
-        """The image to boot `machine` from, and the user its VMs accept logins for."""
+    def image_for(self, driver, machine: InstanceType, gpu: bool, python_version: str | None = None
+                  ) -> tuple[Any, str]:
+        """The image to boot `machine` from (the family's baked image for this build and Python,
+        once there is one), and the user its VMs accept logins for."""
         if self.config.ami:
             image = image_by_id(driver, self.config.ami, machine, self.config.region)
             return image, self.config.ssh_user or LOGIN_USER_BY_OWNER.get(image.extra.get("owner_id"), "ec2-user")
         family = FAMILIES[GPU_FAMILY if gpu else self.config.image_family]
+        key = self._bake_key(machine, gpu, python_version)
+        baked = find_baked(self.client("ec2"), key) if key else None
+        if baked is not None:
+            return driver.list_images(ex_image_ids=[baked])[0], self.config.ssh_user or family.login_user
         image = newest_image(driver, family, architecture_of(machine), self.config.region)
         return image, self.config.ssh_user or family.login_user
+
+    def _bake_key(self, machine: InstanceType, gpu: bool, python_version: str | None) -> str | None:
+        if not self.config.bake or self.config.ami or gpu:  # GPU builders would bill a GPU machine
+            return None
+        major, minor = (python_version or this_python()).split(".")[:2]
+        return image_key(build_hash(), f"{major}.{minor}", self.config.image_family, architecture_of(machine))
+
+    async def bake_key(self, request: BootRequest) -> str | None:
+        if request.image is not None:  # a container's image is pulled on the node: nothing to bake
+            return None
+        machine = await self._call(instance_type, self.config.region, request.machine_type or DEFAULT_MACHINE_TYPE)
+        return self._bake_key(machine, request.gpu_count > 0, request.python_version)
+
+    async def baked_images(self) -> list[BakedImage]:
+        return await self._call(lambda _: list_baked(self.client("ec2")))
+
+    async def bake(self, node_id: str, key: str) -> BakedImage:
+        def start(driver) -> str:
+            [node] = [n for n in self._cluster_nodes(driver) if n.extra.get("tags", {}).get(NODE_TAG) == node_id]
+            return start_image(self.client("ec2"), node.id, key)
+
+        image_id = await self._call(start)
+        deadline = time.monotonic() + BAKE_WAIT_S
+        while True:
+            baked = await self._call(lambda _: image_state(self.client("ec2"), image_id))
+            if baked.state == "available":
+                return baked
+            if baked.state in ("failed", "invalid", "error") or time.monotonic() > deadline:
+                raise CloudRefused(f"ec2: baking image {image_id} ended {baked.state}")
+            await asyncio.sleep(BAKE_POLL_S)
+
+    async def delete_baked_image(self, image_id: str) -> bool:
+        return await self._call(lambda _: delete_baked(self.client("ec2"), image_id))
 
     def login_user(self, node_id: str) -> str:
         return self._login_users.get(node_id) or self.ssh_user
@@ -134,7 +179,8 @@ class Ec2Driver(ThreadedCloudDriver):
 
         machine = instance_type(driver, self.config.region, request.machine_type or DEFAULT_MACHINE_TYPE)
         size = NodeSize(machine.name, machine.name, 0, 0, 0, 0, driver)
-        image, self._login_users[node_id] = self.image_for(driver, machine, gpu=request.gpu_count > 0)
+        image, self._login_users[node_id] = self.image_for(driver, machine, request.gpu_count > 0,
+                                                           request.python_version)
         tags = {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id}
         kwargs: dict[str, Any] = {
             "ex_metadata": tags,

@@ -33,6 +33,7 @@ class Ec2Config:
     security_group_ids: tuple[str, ...] = ()
     cluster_id: str = "default"
     ssh_user: str | None = None  # BURLA_AWS_SSH_USER; default: the image publisher's login user
+    bake: bool = True  # BURLA_BAKE_IMAGES=0 turns baked images off (see burla.drivers.bake)
 
     @classmethod
     def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> Ec2Config:
@@ -49,7 +50,7 @@ class Ec2Config:
             sts_endpoint=environ.get("AWS_ENDPOINT_URL_STS") or environ.get("AWS_ENDPOINT_URL") or None,
             ami=environ.get("BURLA_AWS_AMI") or None, image_family=family,
             subnet_id=environ.get("BURLA_AWS_SUBNET_ID") or None, security_group_ids=groups, cluster_id=cluster_id,
-            ssh_user=environ.get("BURLA_AWS_SSH_USER") or None,
+            ssh_user=environ.get("BURLA_AWS_SSH_USER") or None, bake=environ.get("BURLA_BAKE_IMAGES") != "0",
         )
 
     def head_environment(self) -> dict[str, str]:
@@ -59,6 +60,7 @@ class Ec2Config:
                     "BURLA_AWS_SECURITY_GROUP_IDS": ",".join(self.security_group_ids),
                     "BURLA_AWS_SSH_USER": self.ssh_user or "",
                     "BURLA_AWS_IMAGE_FAMILY": self.image_family if self.image_family != DEFAULT_FAMILY else "",
+                    "BURLA_BAKE_IMAGES": "" if self.bake else "0",
                     # AWS-compatible endpoints the deploying machine uses, the head uses too.
                     "AWS_ENDPOINT_URL_EC2": self.endpoint or "", "AWS_ENDPOINT_URL_IAM": self.iam_endpoint or "",
                     "AWS_ENDPOINT_URL_SERVICE_QUOTAS": self.quotas_endpoint or "",

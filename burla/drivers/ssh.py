@@ -23,13 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burla.drivers.base import BootRequest, CloudCheck, Driver, NodeHandle, QuotaRoom, VmAddress
+from burla.drivers.bake import BakeSettings, ImageBaker
+from burla.drivers.base import BakedImage, BootRequest, CloudCheck, Driver, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import (
+    ALREADY_INSTALLED,
     HEAD_CERT_FILE,
     HEAD_URL_FILE,
     SCRIPT_FILE,
     PackageSource,
     install_script,
+    installed_tag,
     remote,
     supervise_command,
 )
@@ -178,12 +181,14 @@ class VmSession:
         await self._start_node()
         self.stage = "the node was started over SSH but has not registered (see node.log in ~/.burla on the VM)"
         self.phase = BootStage.STARTING
+        self.owner.baker.after_setup(self.request, installed=ALREADY_INSTALLED not in completed_output(script))
 
     async def _upload(self) -> None:
         settings = self.owner.settings
         script = install_script(self.request.python_version, settings.packages, image=self.request.image)
         async with self._connection.start_sftp_client() as sftp:
-            await upload_setup(sftp, self.owner.wheel, settings.packages, settings.token, settings.head_cert, script)
+            await upload_setup(sftp, self.owner.wheel, settings.packages, settings.token, settings.head_cert, script,
+                               installed_tag(self.request.python_version))
         self.note(f"uploaded the build {build_hash()}, the token and the bootstrap")
 
     async def _forward(self) -> None:
@@ -290,6 +295,8 @@ class SshBootstrapDriver(Driver):
         self.login = SshLogin(inner.ssh_user, key_path, settings.address_map)
         self.host_keys = HostKeys(settings.config_dir / "ssh" / f"known-hosts-{settings.cluster_id}.json")
         self.wheel = build_wheel(settings.config_dir / "builds")
+        self.baker = ImageBaker(inner, BakeSettings(self.login, self.wheel, settings.packages, self.public_key,
+                                                    settings.boot_deadline_s, settings.tunnel), self.event)
         self.on_event: NodeEvent | None = None
         self.on_boot_failed: Callable[[str, str], None] | None = None  # (node_id, why): delete it now
         self._sessions: dict[str, VmSession] = {}
@@ -361,6 +368,12 @@ class SshBootstrapDriver(Driver):
     async def check(self, machine_type: str | None = None) -> list[CloudCheck]:
         return await self.inner.check(machine_type)
 
+    async def baked_images(self) -> list[BakedImage]:
+        return await self.inner.baked_images()
+
+    async def delete_baked_image(self, image_id: str) -> bool:
+        return await self.inner.delete_baked_image(image_id)
+
     async def _end_session(self, node_id: str, forget: bool = True) -> None:
         session = self._sessions.pop(node_id, None)
         task = self._tasks.pop(node_id, None)
@@ -385,6 +398,7 @@ class SshBootstrapDriver(Driver):
 
     async def close(self) -> None:
         """End every session (VMs kept with --keep-nodes keep their recorded host keys)."""
+        await self.baker.close()  # a builder in flight is deleted first
         for node_id in list(self._sessions):
             await self._end_session(node_id, forget=False)
         await self.inner.close()

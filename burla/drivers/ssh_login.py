@@ -30,7 +30,7 @@ from burla.drivers.bootstrap import (
     remote,
 )
 from burla.errors import BootstrapFailed
-from burla.process.build import BUILD_DIR, build_hash, wheel_name
+from burla.process.build import BUILD_DIR, wheel_name
 
 CONNECT_TIMEOUT_S = 15.0
 RETRY_EVERY_S = 3.0
@@ -161,24 +161,26 @@ async def write_private(sftp: Any, path: str, text: str) -> None:
     await sftp.chmod(path, 0o600)
 
 
-async def upload_setup(sftp: Any, wheel: Path, packages: PackageSource, token: str, head_cert: str | None,
-                       script: str) -> None:
+async def upload_setup(sftp: Any, wheel: Path, packages: PackageSource, token: str | None, head_cert: str | None,
+                       script: str, tag: str) -> None:
     """~/.burla (0700) with the token (0600), the head's certificate, the build and the bootstrap.
-    The build and the wheelhouse go only when that build is not installed there yet."""
+    The build and the wheelhouse go only when that build is not installed there yet (`tag`, see
+    bootstrap.installed_tag). An image builder gets no token."""
     import asyncssh
 
     attrs = asyncssh.SFTPAttrs(permissions=0o700)
     for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
         await sftp.makedirs(directory, attrs=attrs, exist_ok=True)
         await sftp.chmod(directory, 0o700)
-    await write_private(sftp, remote(CONFIG_DIR, TOKEN_FILE), token + "\n")
+    if token is not None:
+        await write_private(sftp, remote(CONFIG_DIR, TOKEN_FILE), token + "\n")
     if head_cert:
         await write_private(sftp, remote(HEAD_CERT_FILE), head_cert)
     installed = ""
     with contextlib.suppress(asyncssh.SFTPError):
         async with sftp.open(remote(INSTALLED_MARKER)) as marker:
             installed = (await marker.read()).strip()
-    if installed != build_hash():
+    if installed != tag:
         await sftp.put(str(wheel), remote(BUILD_DIR, wheel_name()))
         if packages.wheelhouse:
             await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)

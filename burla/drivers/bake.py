@@ -1,0 +1,139 @@
+"""Faster second boots: once a VM had to install the node runtime (a Python with this build and
+its dependencies), the head bakes a private image of that runtime in the background, and later
+VMs of the same key (build, Python, image family, architecture) boot from it and skip the
+install.
+
+Baking never touches a node: a builder VM of the same machine type is booted, set up with the
+bootstrap alone (no token, no certificate, no node), scrubbed (`bootstrap.scrub_script`: nothing
+of a cluster stays, and a power-off timer is armed in case this head dies), imaged by the cloud,
+and deleted. It carries the cluster's tags, so `burla cluster stop`, a stopping head and the next
+head's sweep delete it like any VM of the cluster. Drivers that can bake say so through
+`Driver.bake_key`; `BURLA_BAKE_IMAGES=0` turns baking off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from burla.drivers.base import BootRequest, VmAddress
+from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, scrub_script
+from burla.drivers.ssh_login import SshLogin, completed_output, upload_setup
+from burla.errors import BootstrapFailed
+from burla.process.loop_supervisor import end_tasks
+
+log = logging.getLogger(__name__)
+
+BUILDER_PREFIX = "burla-bake"
+ADDRESS_POLL_S = 3.0
+BUILDER_POWER_OFF_S = 3600.0  # a builder its head never deleted powers itself off after this long
+NodeEvent = Callable[[str, str, str], None]  # (node id, kind, detail)
+
+
+@dataclasses.dataclass
+class BakeSettings:
+    login: SshLogin  # the cluster's key; the user is each builder's image's
+    wheel: Path  # this build
+    packages: PackageSource
+    public_key: str  # the cluster's, authorised on builders as on nodes
+    deadline_s: float  # to set a builder up, as for a node
+    tunnel: bool  # a head outside the cloud network dials public addresses
+
+
+class ImageBaker:
+    """Bakes at most one image per key per head, one builder at a time per key."""
+
+    def __init__(self, inner: Any, settings: BakeSettings, event: NodeEvent) -> None:
+        self.inner = inner  # the cloud driver (ThreadedCloudDriver)
+        self.settings = settings
+        self.event = event
+        self._keys: set[str] = set()  # asked (baked, being baked, or found baked) by this head
+        self._tasks: set[asyncio.Task] = set()
+
+    def after_setup(self, request: BootRequest, installed: bool) -> None:
+        """A node VM was set up: if it had to install the runtime, bake an image for its key."""
+        if not installed or request.image is not None:
+            return
+        task = asyncio.create_task(self._bake(request), name="bake-image")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _bake(self, request: BootRequest) -> None:
+        try:
+            key = await self.inner.bake_key(request)
+            if key is None or key in self._keys:
+                return
+            self._keys.add(key)
+            if any(image.key == key and image.state == "available" for image in await self.inner.baked_images()):
+                return
+        except Exception as e:  # noqa: BLE001 - baking is an optimisation: boots go on from the stock image
+            log.warning("could not look for a baked image: %s", e)
+            return
+        builder = f"{BUILDER_PREFIX}-{secrets.token_hex(4)}"
+        build = dataclasses.replace(request, count=1, node_ids=(builder,), spot=False,
+                                    ssh_public_key=self.settings.public_key, power_off_after_s=BUILDER_POWER_OFF_S)
+        self.event(builder, "bake", f"baking an image of the node runtime for {key} on builder VM {builder}")
+        started = time.monotonic()
+        booted = False
+        try:
+            await self.inner.boot(build)
+            booted = True
+            await self._set_up(builder, build)
+            baked = await self.inner.bake(builder, key)
+            self.event(builder, "bake", f"image {baked.image_id} ({baked.name}) is available after "
+                                        f"{time.monotonic() - started:.0f} s; later VMs for {key} boot from it")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - told, and the next head tries again
+            self._keys.discard(key)
+            self.event(builder, "bake", f"baking failed: {type(e).__name__}: {e}")
+            log.warning("baking an image for %s failed: %s", key, e)
+        finally:
+            if booted:  # deleted even while this head stops (the task is cancelled then)
+                await asyncio.shield(self._delete(builder))
+
+    async def _delete(self, builder: str) -> None:
+        try:
+            await self.inner.delete(builder)
+        except Exception as e:  # noqa: BLE001 - its power-off timer and the next head's sweep remain
+            log.error("could not delete image builder %s: %s", builder, e)
+
+    async def _set_up(self, builder: str, request: BootRequest) -> None:
+        """The bootstrap alone (no token), then the scrub, over SSH."""
+        settings = self.settings
+        deadline = time.monotonic() + settings.deadline_s
+        address = await self._address(builder, deadline)
+        login = dataclasses.replace(settings.login, user=self.inner.login_user(builder))
+        connection = await login.connect_until(address, deadline, None, lambda text: None)
+        try:
+            script = install_script(request.python_version, settings.packages)
+            async with connection.start_sftp_client() as sftp:
+                await upload_setup(sftp, settings.wheel, settings.packages, None, None, script,
+                                   installed_tag(request.python_version))
+            for step, command in (("bootstrap", f"bash {remote(SCRIPT_FILE)}"),
+                                  ("scrub", scrub_script(BUILDER_POWER_OFF_S))):
+                result = await connection.run(command, timeout=max(30.0, deadline - time.monotonic()))
+                if result.exit_status != 0:
+                    tail = "\n".join(completed_output(result).splitlines()[-15:])
+                    raise BootstrapFailed(f"the builder's {step} exited with {result.exit_status}: {tail}")
+        finally:
+            connection.close()
+
+    async def _address(self, builder: str, deadline: float) -> str:
+        while True:
+            found: VmAddress | None = await self.inner.address(builder)
+            if found is not None and (found.public or found.private):
+                chosen = (found.public or found.private) if self.settings.tunnel else (found.private or found.public)
+                return chosen or ""
+            if time.monotonic() > deadline:
+                raise BootstrapFailed("the builder VM never got a network address")
+            await asyncio.sleep(ADDRESS_POLL_S)
+
+    async def close(self) -> None:
+        await end_tasks(log, *self._tasks)
