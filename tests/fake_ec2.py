@@ -92,9 +92,14 @@ class Ec2Rules:
         create_image = AmiBackend.create_image
 
         def imaged(backend: Any, instance_id: str, *args: Any, **kwargs: Any) -> Any:
+            # Pending while the disk is copied, as EC2 keeps an image until its snapshot completes.
             ami = create_image(backend, instance_id, *args, **kwargs)
-            for told in list(rules.image_made):
-                told(instance_id, ami.id)
+            ami.state = "pending"
+            try:
+                for told in list(rules.image_made):
+                    told(instance_id, ami.id)
+            finally:
+                ami.state = "available"
             return ami
 
         monkeypatch.setattr(AmiBackend, "create_image", imaged)

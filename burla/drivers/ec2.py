@@ -57,7 +57,7 @@ HEAD_ROLE_ACTIONS = [
     "ec2:DescribeSubnets", "ec2:CreateTags", "ec2:GetConsoleOutput", "iam:CreateServiceLinkedRole",
     "ec2:DescribeKeyPairs", "ec2:ImportKeyPair", "ec2:DescribeSecurityGroups", "ec2:CreateSecurityGroup",
     "ec2:AuthorizeSecurityGroupIngress", "ec2:DescribeInstanceTypes", "ec2:DescribeInstanceTypeOfferings",
-    "servicequotas:GetServiceQuota",
+    "servicequotas:GetServiceQuota", "ec2:CreateImage", "ec2:DeregisterImage", "ec2:DeleteSnapshot",
 ]
 _EC2_NAMESPACE = re.compile(r'\s?xmlns="http://ec2\.amazonaws\.com/doc/[^"]*"')
 
