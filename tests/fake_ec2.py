@@ -10,6 +10,9 @@ process, so these rules patch its backend and every request the head sends meets
 - DescribeInstanceTypes lists the types of the caller's region, at most MaxResults (5 to 100) per
   page with a NextToken for the rest (moto answers all at once); `withdrawn` types are ones the
   region does not offer. https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypes.html
+- An AMI made by CreateImage needs a name of 3 to 128 letters, digits and ( ) [ ] space . / - ' @ _,
+  and stays pending until its snapshot completes.
+  https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateImage.html
 - Images are published by accounts: Amazon's (owner alias "amazon"), Debian's, Canonical's, and
   anyone's (a public image of another account with an Amazon-like name, as in the "whoAMI" attack).
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/finding-an-ami.html
@@ -91,9 +94,15 @@ class Ec2Rules:
 
         create_image = AmiBackend.create_image
 
-        def imaged(backend: Any, instance_id: str, *args: Any, **kwargs: Any) -> Any:
+        def imaged(backend: Any, instance_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
+            from moto.ec2.exceptions import EC2ClientError
+
+            # An AMI's name: 3 to 128 of letters, digits, ( ) [ ] space . / - ' @ _ (CreateImage's "Name").
+            if not re.fullmatch(r"[A-Za-z0-9()\[\] ./\-'@_]{3,128}", name):
+                raise EC2ClientError("InvalidAMIName.Malformed", f"AMI names must be between 3 and 128 characters "
+                                     f"long, and may contain letters, numbers, '(', ')', '.', '-', '/' and '_': {name}")
             # Pending while the disk is copied, as EC2 keeps an image until its snapshot completes.
-            ami = create_image(backend, instance_id, *args, **kwargs)
+            ami = create_image(backend, instance_id, name, *args, **kwargs)
             ami.state = "pending"
             try:
                 for told in list(rules.image_made):

@@ -113,6 +113,10 @@ class FakeGce(FakeCloudApi):
         self.machine_listings: list[str] = []  # zones whose machineTypes were listed
         self.page_size = 500
         self.denied_permissions: set[str] = set()  # IAM permissions the caller lacks in the project
+        self.images: dict[tuple[str, str], dict] = {}  # (project, name) -> an image the project made
+        # Told (instance id, image name) as images.insert copies an instance's disk: the stand-in VM
+        # farm copies that VM's disk then.
+        self.image_made: list = []
         self._ids = itertools.count(4_861_000_000_000_000_001)
         super().__init__()
 
@@ -161,6 +165,10 @@ class FakeGce(FakeCloudApi):
         app.router.add_get(p + "/zones/{zone}/operations/{op}", self.operation)
         app.router.add_get(p + "/aggregated/instances", self.aggregated_instances)
         app.router.add_post("/v1/projects/{target}", self.test_iam_permissions)
+        app.router.add_post(p + "/global/images", self.insert_image)
+        app.router.add_get(p + "/global/images", self.list_images)
+        app.router.add_get(p + "/global/images/{name}", self.get_image)
+        app.router.add_delete(p + "/global/images/{name}", self.delete_image)
         app.router.add_post(p + "/global/firewalls", self.insert_firewall)
         app.router.add_get(p + "/global/firewalls/{name}", self.get_firewall)
         app.router.add_get(p + "/global/operations/{op}", self.operation)
@@ -233,6 +241,76 @@ class FakeGce(FakeCloudApi):
     async def network(self, request: web.Request) -> web.Response:
         m = request.match_info
         return json_response(self.fixture("network", project=m["project"], name=m["name"]))
+
+    # --- images made from disks (cloud.google.com/compute/docs/reference/rest/v1/images) -----------
+
+    async def insert_image(self, request: web.Request) -> web.Response:
+        """images.insert from a zonal disk. A name is [a-z]([-a-z0-9]*[a-z0-9])?, at most 63 long;
+        label values lowercase letters, digits, - and _. The disk of a running instance needs
+        forceCreate=true. The image is PENDING while the disk is copied, then READY."""
+        project, body = request.match_info["project"], request[JSON_BODY]
+        name = body.get("name", "")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+            return _error(400, "invalid", f"Invalid value for field 'resource.name': '{name}'. Must be a match of "
+                                          "regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?|[1-9][0-9]{0,19})'")
+        bad = [v for v in body.get("labels", {}).values() if not re.fullmatch(r"[a-z0-9_-]{0,63}", v)]
+        if bad:
+            return _error(400, "invalid", f"Invalid value for field 'resource.labels': '{bad[0]}'.")
+        match = re.search(r"zones/([\w-]+)/disks/([\w-]+)$", body.get("sourceDisk", ""))
+        instance = self.instances.get((project, match.group(1), match.group(2))) if match else None
+        if instance is None:
+            return _error(404, "notFound", f"The resource '{body.get('sourceDisk')}' was not found")
+        if instance["status"] == "RUNNING" and request.query.get("forceCreate") != "true":
+            return _error(400, "resourceInUseByAnotherResource", f"The disk resource '{body['sourceDisk']}' is "
+                                                                  "already being used by an instance")
+        if (project, name) in self.images:
+            return _error(409, "alreadyExists", f"The resource 'projects/{project}/global/images/{name}' already "
+                                                "exists")
+        image = {**self.fixture("image", image_project=project, family=name), "name": name, "family": None,
+                 "labels": body.get("labels", {}), "sourceDisk": body["sourceDisk"], "status": "PENDING",
+                 "id": str(next(self._ids)), "creationTimestamp": f"2026-12-03T10:{len(self.images):02d}:00.000-08:00",
+                 "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{name}"}
+        self.images[(project, name)] = image
+        try:
+            for told in list(self.image_made):
+                told(instance["id"], name)
+        finally:
+            image["status"] = "READY"
+        op_name = f"operation-{next(self._ids)}"
+        op = self.fixture("global_operation", project=project, name=name, op_id=str(next(self._ids)),
+                          op_name=op_name, op_type="insert", target_id=image["id"])
+        self.operations[op_name] = op
+        return json_response(op)
+
+    async def list_images(self, request: web.Request) -> web.Response:
+        """images.list with a `labels.KEY:*` (has the label) or `labels.KEY = "VALUE"` filter."""
+        project, wanted = request.match_info["project"], request.query.get("filter", "")
+        has = re.fullmatch(r"labels\.([\w-]+):\*", wanted)
+        equals = re.fullmatch(r'labels\.([\w-]+)\s*=\s*"?([\w-]+)"?', wanted)
+        items = [image for (owner, _), image in self.images.items() if owner == project
+                 and (not wanted or (has and has.group(1) in image["labels"])
+                      or (equals and image["labels"].get(equals.group(1)) == equals.group(2)))]
+        return json_response({"kind": "compute#imageList", "items": items} if items else {"kind": "compute#imageList"})
+
+    async def get_image(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        image = self.images.get((m["project"], m["name"]))
+        if image is None:
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/global/images/{m['name']}' was "
+                                           "not found")
+        return json_response(image)
+
+    async def delete_image(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        image = self.images.pop((m["project"], m["name"]), None)
+        if image is None:
+            return _error(404, "notFound", f"The resource 'projects/{m['project']}/global/images/{m['name']}' was "
+                                           "not found")
+        op_name = f"operation-{next(self._ids)}"
+        op = self.fixture("global_operation", project=m["project"], name=m["name"], op_id=str(next(self._ids)),
+                          op_name=op_name, op_type="delete", target_id=image["id"])
+        self.operations[op_name] = op
+        return json_response(op)
 
     async def test_iam_permissions(self, request: web.Request) -> web.Response:
         """Cloud Resource Manager's projects.testIamPermissions: the asked permissions the caller

@@ -57,6 +57,18 @@ def start_grow_job(python, head, cwd, n: int) -> subprocess.Popen:
     """, cwd)
 
 
+def start_gpu_job(python, head, cwd, gpu: str) -> subprocess.Popen:
+    """A client job of one call with func_gpu and grow=True: it prints the GPUs its call saw
+    (CUDA_VISIBLE_DEVICES) as one JSON line."""
+    return start_client(python, head, f"""
+        import json, os
+        from burla import remote_parallel_map
+        seen = remote_parallel_map(lambda x: os.environ.get("CUDA_VISIBLE_DEVICES"), [0], func_gpu={gpu!r},
+                                   grow=True, spinner=False)
+        print(json.dumps(seen))
+    """, cwd)
+
+
 def finish_client(client: subprocess.Popen, timeout: float = 200) -> list:
     """The JSON lines a client script printed, once it exits successfully."""
     out, err = client.communicate(timeout=timeout)

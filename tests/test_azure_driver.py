@@ -387,7 +387,7 @@ def test_sizes_come_from_resource_skus_without_those_the_subscription_may_not_us
 
 def test_a_gpu_job_boots_a_size_of_the_listed_model_on_the_image_with_the_nvidia_driver(azure, tmp_path, monkeypatch,
                                                                                        wheelhouse, client_venv):
-    from tests.helpers import start_client
+    from tests.helpers import start_gpu_job
 
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
     farm = AzureVmFarm(azure, tmp_path / "vms")
@@ -395,13 +395,7 @@ def test_a_gpu_job_boots_a_size_of_the_listed_model_on_the_image_with_the_nvidia
         "--driver", "azure", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
         "--ssh-address-map", str(farm.map_path)])
     try:
-        job = start_client(client_venv, head, """
-            import json, os
-            from burla import remote_parallel_map
-            seen = remote_parallel_map(lambda x: os.environ.get("CUDA_VISIBLE_DEVICES"), [0], func_gpu="T4",
-                                       grow=True, spinner=False)
-            print(json.dumps(seen))
-        """, tmp_path)
+        job = start_gpu_job(client_venv, head, tmp_path, "T4")
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == '["0"]'  # the node offered the GPU nvidia-smi listed; the call had it to itself

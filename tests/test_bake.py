@@ -51,7 +51,7 @@ def test_a_second_boot_comes_from_the_image_baked_after_the_first(moto, ec2_rule
         [image] = _baked(moto)
         assert image["State"] == "available" and image["Name"].startswith("burla-node-")
         key = {t["Key"]: t["Value"] for t in image["Tags"]}[KEY_TAG]
-        assert key.endswith("-al2023-x86_64") and f"-py{sys.version_info[0]}.{sys.version_info[1]}-" in key
+        assert key.endswith("-al2023-x86_64") and f"-py{sys.version_info[0]}{sys.version_info[1]}-" in key
         builders = [i for i in _instances(moto) if any(t["Value"].startswith("burla-bake-") for t in i["Tags"])]
         assert len(builders) == 1
         wait_until(lambda: [i["State"]["Name"] for i in _instances(moto) if i["InstanceId"] ==
@@ -113,6 +113,7 @@ def test_baking_can_be_turned_off(moto, ec2_rules, tmp_path, wheelhouse):
 
 
 def test_the_baked_image_key_names_build_python_family_and_architecture():
-    from burla.drivers.ec2_bake import image_key
+    from burla.drivers.bake import image_key
 
-    assert image_key("3f9c0a1e2b7d4c55aa", "3.11", "al2023", "arm64") == "3f9c0a1e2b7d4c55-py3.11-al2023-arm64"
+    assert image_key("0.2.0+c18313333c8f7d18", "3.11", "al2023", "arm64") == (
+        "0-2-0-c18313333c8f7d18-py311-al2023-arm64")  # what AMI names and GCE labels take

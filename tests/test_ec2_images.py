@@ -10,7 +10,7 @@ import os
 import pytest
 
 from tests.fake_ec2 import CANONICAL, DEBIAN, DLAMI_OWNER, STRANGER
-from tests.helpers import start_grow_job
+from tests.helpers import start_gpu_job, start_grow_job
 
 
 def _driver(**config):
@@ -213,22 +213,10 @@ def test_debian_and_ubuntu_images_become_nodes(moto, tmp_path, wheelhouse, clien
         farm.close()
 
 
-def _gpu_job(client_venv, head, tmp_path):
-    from tests.helpers import start_client
-
-    return start_client(client_venv, head, """
-        import json, os
-        from burla import remote_parallel_map
-        seen = remote_parallel_map(lambda x: os.environ.get("CUDA_VISIBLE_DEVICES"), [0], func_gpu="T4", grow=True,
-                                   spinner=False)
-        print(json.dumps(seen))
-    """, tmp_path)
-
-
 def test_a_gpu_machine_joins_with_the_gpus_its_images_driver_lists(moto, tmp_path, wheelhouse, client_venv):
     farm, head = _ec2_head(moto, tmp_path, wheelhouse)
     try:
-        job = _gpu_job(client_venv, head, tmp_path)
+        job = start_gpu_job(client_venv, head, tmp_path, "T4")
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == '["0"]'  # the node offered the GPU nvidia-smi listed; the call had it to itself
@@ -246,7 +234,7 @@ def test_a_gpu_machine_whose_image_lacks_the_driver_is_deleted_at_once(moto, tmp
     monkeypatch.setenv("BURLA_AWS_AMI", plain["ImageId"])  # a stock image: no NVIDIA driver
     farm, head = _ec2_head(moto, tmp_path, wheelhouse)
     try:
-        job = _gpu_job(client_venv, head, tmp_path)
+        job = start_gpu_job(client_venv, head, tmp_path, "T4")
         out, err = job.communicate(timeout=300)
         assert job.returncode != 0 and "NoNodes" in err
         assert "booted as g4dn.xlarge with 1 T4 GPU(s), but nvidia-smi on it lists 0" in err

@@ -63,6 +63,7 @@ def gce(monkeypatch, tmp_path):
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
     monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE", fake.url + "/compute/v1/")
     monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER", fake.url + "/")
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "0")  # heads bake after a first boot: test_bake turns it on
     try:
         yield fake
     finally:
@@ -404,17 +405,11 @@ def test_grow_reads_the_regions_cpu_quota_and_boots_within_it(gce, farm, tmp_pat
 
 def test_a_gpu_job_boots_a_deep_learning_vm_whose_driver_lists_its_gpus(gce, farm, tmp_path, wheelhouse,
                                                                          client_venv):
-    from tests.helpers import start_client
+    from tests.helpers import start_gpu_job
 
     head = _cloud_head(tmp_path, farm, wheelhouse)
     try:
-        job = start_client(client_venv, head, """
-            import json, os
-            from burla import remote_parallel_map
-            seen = remote_parallel_map(lambda x: os.environ.get("CUDA_VISIBLE_DEVICES"), [0], func_gpu="A100",
-                                       grow=True, spinner=False)
-            print(json.dumps(seen))
-        """, tmp_path)
+        job = start_gpu_job(client_venv, head, tmp_path, "A100")
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == '["0"]'  # the node offered the GPU nvidia-smi listed; the call had it to itself
@@ -495,3 +490,34 @@ def test_machine_types_are_listed_for_each_zone_of_the_region_page_by_page(gce, 
     assert by_name["c4a-standard-8"].arch == "arm64"
     east = {m.name for m in catalog("us-east1").machines}
     assert "a2-highgpu-1g" in east and "a3-highgpu-8g" not in east  # A3 is not offered in us-east1's zones
+
+
+@pytest.mark.timeout(600)
+def test_a_baked_image_of_a_builders_disk_serves_the_next_vm(gce, farm, tmp_path, wheelhouse, monkeypatch):
+    from tests.helpers import wait_until
+
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "1")
+    head = _cloud_head(tmp_path, farm, wheelhouse)
+    try:
+        _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "n4-standard-2")
+        _burla(head, "cluster", "start")
+        [first] = wait_for_nodes(head, 1, timeout=240)
+        wait_until(lambda: [i["status"] for i in gce.images.values()] == ["READY"], timeout=240, what="an image")
+        [image] = gce.images.values()
+        assert image["labels"]["burla-image-key"].endswith("-debian-12-x86_64")
+        assert image["sourceDisk"].startswith("zones/us-central1-a/disks/burla-bake-")
+        wait_until(lambda: not any(name.startswith("burla-bake-") for (_, _, name) in gce.instances), timeout=120,
+                   what="the builder deleted")
+        assert (tmp_path / "vms" / "images" / image["name"] / "home" / ".ssh" / "authorized_keys").read_text() == ""
+        _burla(head, "settings", "update", "--quantity", "2")
+        _burla(head, "cluster", "start")
+        [second] = [n for n in wait_for_nodes(head, 2, timeout=240) if n["node_id"] != first["node_id"]]
+        [instance] = [i for i in gce.instances.values() if i["labels"].get("burla-node-id") == second["node_id"]]
+        assert instance["sourceImage"] == image["selfLink"]
+        assert list((farm.vm(second["node_id"]).home / ".burla" / "build").glob("*.whl")) == []  # nothing installed
+        listed = _burla(head, "cloud", "images", "list", "--cloud", "gcp", "--json")
+        assert [(i["image_id"], i["state"]) for i in listed["images"]] == [(image["name"], "available")]
+        _burla(head, "cloud", "images", "delete", "--all", "--cloud", "gcp")
+        assert gce.images == {}
+    finally:
+        head.stop()

@@ -544,7 +544,18 @@ class GceVmFarm(VmFarm):
 
     def __init__(self, fake: Any, root: Path, **options: Any) -> None:
         self.fake = fake
+        # image name -> its disk, the image it was made from, and that image's login user
+        self.baked: dict[str, tuple[Path | None, StandinImage | None, str | None]] = {}
         super().__init__(root, **options)
+        fake.image_made.append(self._imaged)  # images.insert copies the VM's disk
+
+    def _imaged(self, instance_id: str, image_name: str) -> None:
+        with self._lock:
+            vm = self.vms.get(instance_id)
+        if vm is not None:
+            into = self.root / "images" / image_name
+            vm.snapshot(into)
+            self.baked[image_name] = (into, vm.image, vm.login_user)
 
     def _records(self) -> list[VmRecord]:
         records = []
@@ -566,10 +577,11 @@ class GceVmFarm(VmFarm):
             ssh_allowed = any(_opens_ssh(rule, tags) for rule in list(self.fake.firewalls.values()))
             image = (GCE_DLVM if "/deeplearning-platform-release/" in source else UBUNTU_2404 if "ubuntu" in source
                      else DEBIAN_12 if "debian-12" in source else None)
+            restore, image, _ = self.baked.get(source.rsplit("/", 1)[-1], (None, image, None))
             records.append(VmRecord(instance["id"], instance.get("labels", {}).get("burla-node-id") or instance["name"],
                                     instance["status"] == "RUNNING", instance["status"] == "TERMINATED",
                                     addresses, key, user or None, image, items.get("startup-script", ""),
-                                    gpus=self.fake.gpus_of(instance), ssh_allowed=ssh_allowed))
+                                    gpus=self.fake.gpus_of(instance), ssh_allowed=ssh_allowed, restore=restore))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -44,6 +45,13 @@ class BakeSettings:
     public_key: str  # the cluster's, authorised on builders as on nodes
     deadline_s: float  # to set a builder up, as for a node
     tunnel: bool  # a head outside the cloud network dials public addresses
+
+
+def image_key(build: str, python: str, family: str, architecture: str) -> str:
+    """What a baked image serves: a build, for a Python major.minor, on an image family and CPU
+    architecture, in the characters every cloud takes in image names and labels (lowercase
+    letters, digits, `-` and `_`), e.g. `0-2-0-c18313333c8f7d18-py311-al2023-x86_64`."""
+    return re.sub(r"[^a-z0-9_-]", "-", f"{build}-py{python.replace('.', '')}-{family}-{architecture}".lower())[:63]
 
 
 class ImageBaker:

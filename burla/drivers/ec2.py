@@ -22,11 +22,12 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from burla.drivers.bake import image_key
 from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
-from burla.drivers.ec2_bake import delete_baked, find_baked, image_key, image_state, list_baked, start_image
+from burla.drivers.ec2_bake import delete_baked, find_baked, image_state, list_baked, start_image
 from burla.drivers.ec2_checks import NODE_GROUP_NAME, ec2_checks
 from burla.drivers.ec2_config import EXPIRED_CODES, Ec2Config, login_command, resolve_credentials
 from burla.drivers.ec2_images import (

@@ -22,12 +22,6 @@ KEY_TAG = "burla-image-key"
 NAME_PREFIX = "burla-node-"
 
 
-def image_key(build: str, python: str, family: str, architecture: str) -> str:
-    """What a baked image serves: a build, for a Python major.minor, on an image family and CPU
-    architecture (for example `3f9c0a1e2b7d4c55-py3.11-al2023-x86_64`)."""
-    return f"{build[:16]}-py{python}-{family}-{architecture}"
-
-
 def _baked(image: dict[str, Any]) -> BakedImage:
     tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
     return BakedImage(image["ImageId"], image.get("Name", ""), tags.get(KEY_TAG, ""), image.get("CreationDate", ""),

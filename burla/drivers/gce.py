@@ -18,24 +18,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import urllib.error
 import urllib.parse
 from typing import Any
 
-from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
-from burla.drivers.bootstrap import dead_man_script
+from burla.drivers.bake import image_key
+from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
+from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType, gpu_model
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
+from burla.drivers.gce_bake import delete_baked, find_baked, image_state, list_baked, start_image
 from burla.drivers.gce_config import SCOPES, GceConfig, GoogleToken
 from burla.drivers.gce_machines import list_machines
 from burla.drivers.gce_permissions import REQUIRED, ROLES_FIX, missing_permissions
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
+from burla.process.build import build_hash
 from burla.protocol.states import MachineState
 
 log = logging.getLogger("burla.gce")
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
+ARM_SERIES = frozenset({"t2a", "c4a", "n4a"})  # Arm machine series (they boot arm64 images)
+BAKE_POLL_S = 5.0
+BAKE_WAIT_S = 1800.0
 DEFAULT_ZONE = "us-central1-a"
 # Boot disks per machine series (cloud.google.com/compute/docs/disks, "Machine series support"):
 # the fourth-generation series and X4 boot from Hyperdisk only; every other series burla boots
@@ -134,7 +142,12 @@ class GceDriver(ThreadedCloudDriver):
             self._zones_of_region[region] = zones[0]
         return self._zones_of_region[region]
 
-    def _image(self, driver, gpu: bool = False):
+    def _image(self, driver, gpu: bool = False, key: str | None = None):
+        """The image to boot: the newest baked for `key` (see bake_key) if there is one, else the
+        configured family's newest."""
+        baked = find_baked(driver, key) if key else None
+        if baked is not None:
+            return driver.ex_get_image(baked["name"], ex_project_list=[self.config.project], ex_standard_projects=False)
         named = self.config.gpu_image if gpu else self.config.image
         if named.startswith("https://"):
             return driver.ex_get_image_from_family(named)
@@ -188,7 +201,8 @@ class GceDriver(ThreadedCloudDriver):
                                           f"{', '.join(sorted(ACCELERATORS))}.")
                 kwargs.update(ex_accelerator_type=accelerator, ex_accelerator_count=max(1, request.gpu_count))
         self._node_firewall(driver)
-        driver.create_node(node_id, machine_type, self._image(driver, gpu=request.gpu is not None), **kwargs)
+        image = self._image(driver, request.gpu is not None, self._bake_key(machine_type, request))
+        driver.create_node(node_id, machine_type, image, **kwargs)
         return node_id
 
     def _node_firewall(self, driver) -> None:
@@ -259,6 +273,39 @@ class GceDriver(ThreadedCloudDriver):
 
     async def machine_types(self) -> list[MachineType]:
         return await self._call(lambda driver: list_machines(driver, self.region, self._zones_to_try(driver, None)))
+
+    # --- baked images (burla.drivers.bake) -----------------------------------------------------
+
+    def _bake_key(self, machine_type: str, request: BootRequest) -> str | None:
+        if not self.config.bake or request.gpu is not None or request.image is not None:
+            return None
+        major, minor = (request.python_version or this_python()).split(".")[:2]
+        architecture = "arm64" if machine_type.split("-", 1)[0] in ARM_SERIES else "x86_64"
+        return image_key(build_hash(), f"{major}.{minor}", self.config.image.rsplit("/", 1)[-1], architecture)
+
+    async def bake_key(self, request: BootRequest) -> str | None:
+        return self._bake_key(request.machine_type or DEFAULT_MACHINE_TYPE, request)
+
+    async def baked_images(self) -> list[BakedImage]:
+        return await self._call(list_baked)
+
+    async def bake(self, node_id: str, key: str) -> BakedImage:
+        def start(driver) -> str:
+            [instance] = self._find(driver, node_id)
+            return start_image(driver, instance, key)
+
+        name = await self._call(start)
+        deadline = time.monotonic() + BAKE_WAIT_S
+        while True:
+            baked = await self._call(image_state, name)
+            if baked.state == "available":
+                return baked
+            if baked.state == "failed" or time.monotonic() > deadline:
+                raise CloudRefused(f"gce: baking image {name} ended {baked.state}")
+            await asyncio.sleep(BAKE_POLL_S)
+
+    async def delete_baked_image(self, image_id: str) -> bool:
+        return await self._call(delete_baked, image_id)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         """The region's CPUS quota and its use, as the region reports them (Spot VMs count against

@@ -38,6 +38,7 @@ class GceConfig:
     gpu_image: str = GPU_IMAGE  # the same, for machines with GPUs
     network: str = "default"
     cluster_id: str = "default"
+    bake: bool = True  # BURLA_BAKE_IMAGES=0 turns baked images off (see burla.drivers.bake)
 
     @classmethod
     def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> GceConfig:
@@ -58,14 +59,14 @@ class GceConfig:
             image=environ.get("BURLA_GCP_IMAGE") or DEFAULT_IMAGE,
             gpu_image=environ.get("BURLA_GCP_GPU_IMAGE") or GPU_IMAGE,
             network=environ.get("BURLA_GCP_NETWORK") or "default",
-            cluster_id=cluster_id,
+            cluster_id=cluster_id, bake=environ.get("BURLA_BAKE_IMAGES") != "0",
         )
 
     def head_environment(self) -> dict[str, str]:
         """What a deployed head needs to boot nodes like this (its credentials: the VM's service account)."""
         settings = {"GOOGLE_CLOUD_PROJECT": self.project, "CLOUDSDK_COMPUTE_ZONE": self.zone or "",
                     "CLOUDSDK_COMPUTE_REGION": self.region or "", "BURLA_GCP_IMAGE": self.image,
-                    "BURLA_GCP_GPU_IMAGE": self.gpu_image,
+                    "BURLA_GCP_GPU_IMAGE": self.gpu_image, "BURLA_BAKE_IMAGES": "" if self.bake else "0",
                     "BURLA_GCP_NETWORK": self.network, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": self.endpoint or "",
                     "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER": self.resource_manager_endpoint or ""}
         return {k: v for k, v in settings.items() if v}

@@ -10,6 +10,7 @@ does: the catalog says which it is (`source`), so `burla cloud machines` and the
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -26,6 +27,7 @@ from burla.drivers.catalog import OFFLINE, MachineType, offline_lookup
 log = logging.getLogger(__name__)
 
 MAX_AGE_S = 7 * 24 * 3600.0  # clouds add machine types every few months; a week-old list is fresh enough
+LIST_TIMEOUT_S = 120.0  # a job waits on the first listing: past this, the older list or the offline table
 CACHE_FOLDER = "machines"
 FORMAT = 1  # of the cached file; another number is read as no cache
 
@@ -98,7 +100,7 @@ async def region_catalog(driver: Driver, cloud: str, directory: Path, refresh: b
     if saved is not None and not refresh and 0 <= now - saved.read_at < max_age_s:
         return saved
     try:
-        machines = await driver.machine_types()
+        machines = await asyncio.wait_for(driver.machine_types(), LIST_TIMEOUT_S)
         if not machines:
             raise LookupError(f"the cloud listed no machine types in {driver.region or 'its default region'}")
     except Exception as e:  # noqa: BLE001 - the list is read again next time; grow still plans
