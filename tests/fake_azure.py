@@ -92,6 +92,8 @@ class FakeAzure(FakeCloudApi):
         self.network_interfaces: dict[tuple[str, str, str], dict] = {}
         self.identities: dict[str, str] = {}  # VM name -> principal id of its system-assigned identity
         self.tokens_issued: list[str] = []
+        self.token_lifetime_s = 3599  # as the identity platform answers (expires_in)
+        self.expired_tokens: set[str] = set()  # refused from now on, as once their hour is up
         self._ids = itertools.count(1)
         super().__init__()
 
@@ -106,7 +108,7 @@ class FakeAzure(FakeCloudApi):
             return json_response(self.fixture("token_error", client_id=form.get("client_id", "")), 401)
         token = f"eyJ0eXAiOiJKV1QifQ.fake-{len(self.tokens_issued) + 1}"
         self.tokens_issued.append(token)
-        return json_response(self.fixture("token", access_token=token))
+        return json_response({**self.fixture("token", access_token=token), "expires_in": self.token_lifetime_s})
 
     def issue_token(self) -> str:
         """A token as `az account get-access-token` would print it (the CLI's own login)."""
@@ -122,7 +124,8 @@ class FakeAzure(FakeCloudApi):
             if "api-version" not in request.query:
                 return self._error(400, "MissingApiVersionParameter",
                                    "The api-version query parameter (?api-version=) is required for all requests.")
-            if request.headers.get("Authorization", "").removeprefix("Bearer ") not in self.tokens_issued:
+            bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if bearer not in self.tokens_issued or bearer in self.expired_tokens:
                 return self._error(401, "InvalidAuthenticationToken", "The access token is invalid.")
         return await handler(request)
 

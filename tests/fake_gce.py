@@ -104,6 +104,8 @@ class FakeGce(FakeCloudApi):
         self.operations: dict[str, dict] = {}
         self.firewalls: dict[tuple[str, str], dict] = {}
         self.tokens_issued: list[str] = []
+        self.token_lifetime_s = 3599  # as Google's token endpoint answers (expires_in)
+        self.expired_tokens: set[str] = set()  # refused from now on, as once their hour is up
         self.token_assertions: list[dict] = []
         self.refuse_tokens = False
         self.cpus_quota = DEFAULT_CPUS_QUOTA  # per region
@@ -132,7 +134,7 @@ class FakeGce(FakeCloudApi):
         self.token_assertions.append(json.loads(base64.urlsafe_b64decode(claims_part + "=" * (-len(claims_part) % 4))))
         token = f"ya29.fake-{len(self.tokens_issued) + 1}"
         self.tokens_issued.append(token)
-        return json_response({"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
+        return json_response({"access_token": token, "expires_in": self.token_lifetime_s, "token_type": "Bearer"})
 
     # --- the compute API ------------------------------------------------------------------
 
@@ -140,7 +142,7 @@ class FakeGce(FakeCloudApi):
     async def _authorize(self, request: web.Request, handler) -> web.StreamResponse:
         if request.path.startswith(("/compute/", "/v1/projects/")):
             bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
-            if bearer not in self.tokens_issued:
+            if bearer not in self.tokens_issued or bearer in self.expired_tokens:
                 return _error(401, "authError", "Request had invalid authentication credentials.")
         return await handler(request)
 

@@ -407,3 +407,19 @@ def test_a_gpu_job_boots_a_size_of_the_listed_model_on_the_image_with_the_nvidia
     finally:
         head.stop()
         farm.close()
+
+
+def test_a_token_near_its_expiry_is_renewed_before_resource_manager_would_refuse_it(azure):
+    azure.token_lifetime_s = 60  # inside the five minutes before expiry: each use asks for a fresh one
+
+    async def twice():
+        driver = _driver("westus3")
+        try:
+            await driver.list_nodes()
+            azure.expired_tokens |= set(azure.tokens_issued)  # a head that lives for days: its tokens expired
+            await driver.list_nodes()
+        finally:
+            await driver.close()
+
+    asyncio.run(twice())
+    assert len(azure.tokens_issued) >= 2 and azure.tokens_issued[-1] not in azure.expired_tokens

@@ -521,3 +521,19 @@ def test_a_baked_image_of_a_builders_disk_serves_the_next_vm(gce, farm, tmp_path
         assert gce.images == {}
     finally:
         head.stop()
+
+
+def test_a_token_near_its_expiry_is_renewed_before_the_api_would_refuse_it(gce):
+    gce.token_lifetime_s = 60  # inside google-auth's refresh margin: each use asks for a fresh one
+
+    async def twice():
+        driver = _driver()
+        try:
+            await driver.list_nodes()
+            gce.expired_tokens |= set(gce.tokens_issued)  # a head that lives for days: its tokens expired
+            await driver.list_nodes()
+        finally:
+            await driver.close()
+
+    asyncio.run(twice())
+    assert len(gce.tokens_issued) >= 2 and gce.tokens_issued[-1] not in gce.expired_tokens
