@@ -46,6 +46,9 @@ VM_SIZES: dict[str, dict[str, str]] = dict([
     _sku("Standard_NC96ads_A100_v4", 96, 880, 4), _sku("Standard_ND96asr_v4", 96, 900, 8),
     _sku("Standard_ND96isr_H100_v5", 96, 1900, 8),
 ])
+# Regions with availability zones (1, 2, 3) among those the tests use; a zonal VM elsewhere is
+# refused. https://learn.microsoft.com/azure/reliability/availability-zones-region-support
+ZONED_REGIONS = ("eastus", "eastus2", "westus2", "westus3", "westeurope", "northeurope")
 GPU_NAMES = (("_T4_", "Tesla T4"), ("ads_A100_v4", "NVIDIA A100 80GB PCIe"), ("ND96asr_v4", "NVIDIA A100-SXM4-40GB"),
              ("_H100_", "NVIDIA H100 80GB HBM3"))
 
@@ -74,7 +77,8 @@ class FakeAzure(FakeCloudApi):
         # vCPU quotas per region: "cores" (Total Regional vCPUs) and per size family, e.g.
         # {"standardDASv5Family": 10}. https://learn.microsoft.com/azure/quotas/regional-quota-requests
         self.quotas: dict[str, int] = {"cores": 350, "lowPriorityCores": 100}
-        self.unavailable: set[tuple[str, str]] = set()  # (VM size, location) the region can't give now
+        self.unavailable: set[tuple[str, str]] = set()  # (VM size, location) the region can't place now
+        self.unavailable_zones: set[tuple[str, str, str]] = set()  # (VM size, location, zone) likewise per zone
         # (VM size, location) this subscription may not create: Resource SKUs lists them with a
         # NotAvailableForSubscription restriction, and creating one fails with SkuNotAvailable.
         self.not_for_subscription: set[tuple[str, str]] = set()
@@ -219,7 +223,15 @@ class FakeAzure(FakeCloudApi):
         if size not in VM_SIZES:
             return self._error(400, "InvalidParameter", f"The value {size} provided for the VM size is not valid. "
                                "The valid sizes in the current region are listed by `az vm list-sizes`.")
-        if (size, location) in self.unavailable | self.not_for_subscription:
+        zones = body.get("zones") or []
+        if zones and location not in ZONED_REGIONS:
+            return self._error(400, "InvalidParameter", f"The requested VM size {size} does not support availability "
+                               f"zones in location '{location}': the region has none.")
+        if zones and (size, location, zones[0]) in self.unavailable_zones:
+            return self._error(409, "ZonalAllocationFailed", "Allocation failed. We do not have sufficient capacity "
+                               "for the requested VM size in this zone. Read more about improving likelihood of "
+                               "allocation success at http://aka.ms/allocation-guidance")
+        if (size, location) in self.not_for_subscription or (not zones and (size, location) in self.unavailable):
             return self._error(409, "SkuNotAvailable", f"The requested VM size {size} is currently not available in "
                                f"location '{location}'. Please try another size or deploy to a different location "
                                "or different zone. See https://aka.ms/azureskunotavailable for details.")

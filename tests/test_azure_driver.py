@@ -317,10 +317,16 @@ def test_azure_refusals_are_told_apart_and_grow_plans_within_the_family_quota(az
         finally:
             await driver.close()
 
-    azure.unavailable.add(("Standard_D8as_v5", "westus3"))
+    azure.unavailable.add(("Standard_D8as_v5", "westus3"))  # the region can't place it; zones 1 and 3 neither
+    azure.unavailable_zones |= {("Standard_D8as_v5", "westus3", "1"), ("Standard_D8as_v5", "westus3", "3")}
+    asyncio.run(boot("Standard_D8as_v5"))
+    tried = [r.body.get("zones") for r in azure.logged("PUT", "/virtualMachines/")]
+    assert tried == [None, ["1"], ["2"]] and len(azure.machines) == 1  # zone 2 had room
+    azure.unavailable_zones.add(("Standard_D8as_v5", "westus3", "2"))
     with pytest.raises(CloudRefused, match="Standard_D8as_v5 is currently not available") as unavailable:
         asyncio.run(boot("Standard_D8as_v5"))
-    assert unavailable.value.kind == CloudRefused.CAPACITY
+    assert unavailable.value.kind == CloudRefused.CAPACITY  # what the region said, once no zone had room
+    azure.machines.clear()
     azure.quotas["standardDASv5Family"] = 8
     asyncio.run(boot("Standard_D4as_v5"))
     with pytest.raises(CloudRefused, match="exceeding approved standardDASv5Family Cores quota") as quota:

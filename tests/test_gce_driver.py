@@ -110,10 +110,13 @@ def test_create_request_carries_the_ssh_key_labels_spot_and_gpus_then_list_and_d
     assert accelerator["acceleratorType"].endswith("/acceleratorTypes/nvidia-tesla-t4")
     assert accelerator["acceleratorCount"] == 2
     boot_disk = t4_body["disks"][0]["initializeParams"]
-    assert boot_disk["diskSizeGb"] == 50 and boot_disk["sourceImage"].endswith("/debian-12-v20261110")
-    # The cluster's key for user burla is the only metadata: no startup script, no secret.
+    # GPUs boot a Deep Learning VM image, told to install the NVIDIA driver where it lacks it.
+    assert boot_disk["diskSizeGb"] == 50 and boot_disk["sourceImage"].endswith(
+        "/deeplearning-platform-release/global/images/common-cu128-ubuntu-2204-nvidia-570-v20261110")
+    # The cluster's key for user burla is the only other metadata: no startup script, no secret.
     assert t4_body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{CLUSTER_KEY}"},
-                                            {"key": "enable-oslogin", "value": "FALSE"}]
+                                            {"key": "enable-oslogin", "value": "FALSE"},
+                                            {"key": "install-nvidia-driver", "value": "True"}]
     assert "secret-token" not in json.dumps([r.body for r in gce.requests])
     # A machine type with GPUs built in gets no extra accelerators, but can't live-migrate.
     assert "guestAccelerators" not in a100_body
@@ -449,6 +452,7 @@ def test_with_os_login_on_for_a_vm_its_ssh_keys_metadata_is_ignored(gce, farm):
     gce.project_metadata["enable-oslogin"] = "TRUE"
     gce.instances[(PROJECT, "us-central1-a", "plain")] = {
         "id": "1", "name": "plain", "status": "RUNNING", "labels": {},
+        "machineType": "zones/us-central1-a/machineTypes/e2-standard-2",
         "metadata": {"items": [{"key": "ssh-keys", "value": "burla:ssh-ed25519 AAAA burla"}]},
         "networkInterfaces": [{"networkIP": "10.0.0.9", "accessConfigs": []}]}
     [record] = farm._records()

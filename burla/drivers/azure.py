@@ -17,7 +17,6 @@ Resource Manager connection.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import re
@@ -33,10 +32,11 @@ from typing import Any, ClassVar
 from burla.drivers.azure_auth import AzureToken, cli_default, cli_default_subscription
 from burla.drivers.azure_machines import list_machines
 from burla.drivers.azure_permissions import FIX, PERMISSIONS_API, missing_actions
+from burla.drivers.azure_vm import ADMIN_USER, vm_body
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script
 from burla.drivers.catalog import MachineType
-from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver
+from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, refusal_kind
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
 from burla.protocol.states import MachineState
@@ -45,6 +45,10 @@ log = logging.getLogger("burla.azure")
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 DEFAULT_REGION = "eastus"
 DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # publisher:offer:sku:version
+# A size a region can't place (AllocationFailed, SkuNotAvailable) is asked for in each of its
+# availability zones (learn.microsoft.com/azure/reliability/availability-zones-overview: regions
+# with zones have three, named 1, 2 and 3; a region without them refuses a zonal request).
+ZONES = ("1", "2", "3")
 # GPU sizes boot Microsoft's Ubuntu-HPC image, which carries the NVIDIA driver and CUDA
 # (learn.microsoft.com/azure/virtual-machines/configure, "Ubuntu-HPC"); stock Ubuntu has no driver.
 GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
@@ -54,7 +58,6 @@ VM_API = "2024-07-01"
 NETWORK_API = "2024-05-01"
 GROUP_API = "2021-04-01"
 ADDRESS_SPACE = "10.42.0.0/16"
-ADMIN_USER = "burla"
 IMDS = "http://169.254.169.254"
 ROLE_API = "2022-04-01"
 CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"  # built-in role id, the same in every tenant
@@ -209,57 +212,32 @@ class AzureDriver(ThreadedCloudDriver):
             self._networks_ready.add(region)
         return subnet
 
-    def _vm_body(self, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,
-                 subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None,
-                 gpu: bool = False) -> dict[str, Any]:
-        publisher, offer, sku, version = (self.config.gpu_image if gpu else self.config.image).split(":")
-        if ssh_key is None:
-            raise CloudSetupError("Azure Linux VMs need an SSH key; burla authorises the cluster's key on every VM")
-        os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
-                                   "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
-        if disk_gb:
-            os_disk["diskSizeGB"] = disk_gb
-        ip_configuration = {"name": "ipconfig", "properties": {
-            "subnet": {"id": subnet},
-            "publicIPAddressConfiguration": {"name": f"{name}-ip", "sku": {"name": "Standard"},
-                                             "properties": {"deleteOption": "Delete",
-                                                            "publicIPAllocationMethod": "Static"}},
-        }}
-        nic: dict[str, Any] = {"primary": True, "deleteOption": "Delete", "ipConfigurations": [ip_configuration]}
-        if security_group is not None:
-            nic["networkSecurityGroup"] = {"id": security_group}
-        properties: dict[str, Any] = {
-            "hardwareProfile": {"vmSize": size},
-            "storageProfile": {"imageReference": {"publisher": publisher, "offer": offer, "sku": sku,
-                                                  "version": version}, "osDisk": os_disk},
-            "osProfile": {
-                "computerName": name, "adminUsername": ADMIN_USER,
-                "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
-                    {"path": f"/home/{ADMIN_USER}/.ssh/authorized_keys", "keyData": ssh_key}]}},
-            },
-            "networkProfile": {"networkApiVersion": "2022-11-01", "networkInterfaceConfigurations": [
-                {"name": f"{name}-nic", "properties": nic}]},
-            "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
-        }
-        if script is not None:
-            properties["osProfile"]["customData"] = base64.b64encode(script.encode())  # the connection encodes bytes
-        if spot:
-            properties.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
-        return {"location": region, "tags": tags, "properties": properties}
-
     # --- the driver interface ----------------------------------------------------------------
 
     def _boot_one(self, driver, request: BootRequest, node_id: str) -> str:
         region = request.region or self.config.region
         subnet = self._ensure_network(driver, region)
         path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
-        body = self._vm_body(node_id, request.machine_type or DEFAULT_MACHINE_TYPE, request.disk_gb, request.spot,
-                             dead_man_script(request.power_off_after_s) if request.power_off_after_s else None,
-                             region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
-                             security_group=self._node_security_group(driver, region),
-                             ssh_key=request.ssh_public_key, gpu=request.gpu is not None)
-        self._put(driver, path, VM_API, body)
-        return node_id
+        image = self.config.gpu_image if request.gpu is not None else self.config.image
+        body = vm_body(image, node_id, request.machine_type or DEFAULT_MACHINE_TYPE, request.disk_gb, request.spot,
+                       dead_man_script(request.power_off_after_s) if request.power_off_after_s else None,
+                       region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
+                       security_group=self._node_security_group(driver, region), ssh_key=request.ssh_public_key)
+        try:
+            self._put(driver, path, VM_API, body)
+            return node_id
+        except Exception as e:  # the region's placement had no room: each availability zone in turn
+            if refusal_kind(e) != CloudRefused.CAPACITY:
+                raise
+            regional = e
+        for zone in ZONES:
+            try:
+                self._put(driver, path, VM_API, {**body, "zones": [zone]})
+                return node_id
+            except Exception as e:  # noqa: BLE001 - a region without zones, or this zone full too
+                if refusal_kind(e) != CloudRefused.CAPACITY:
+                    break
+        raise regional
 
     def _node_security_group(self, driver, region: str) -> str:
         """`burla-nodes-<region>`: SSH in (logins take the cluster's key only); created once per region."""
@@ -437,9 +415,9 @@ class AzureDriver(ThreadedCloudDriver):
         region = head.region or self.config.region
         subnet = self._ensure_network(driver, region)
         security_group = self._head_security_group(driver, region, head.port)
-        body = self._vm_body(head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, head.disk_gb, False,
-                             None, region, subnet, {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
-                             security_group, ssh_key=head.ssh_public_key)
+        body = vm_body(self.config.image, head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, head.disk_gb,
+                       False, None, region, subnet, {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
+                       security_group, ssh_key=head.ssh_public_key)
         body["identity"] = {"type": "SystemAssigned"}  # the head boots nodes as the VM itself
         path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{head.name}"
         principal = self._put(driver, path, VM_API, body)["identity"]["principalId"]

@@ -34,6 +34,7 @@ from burla.process.build import BUILD_DIR, wheel_name
 
 CONNECT_TIMEOUT_S = 15.0
 RETRY_EVERY_S = 3.0
+FIRST_RETRY_S = 0.5  # the first retries come sooner (0.5, 1, 2 s)
 KEEPALIVE_S = 10.0
 KEEPALIVE_MISSES = 3
 
@@ -145,7 +146,8 @@ class SshLogin:
                     noted = last
             if time.monotonic() > deadline:
                 raise BootstrapFailed(f"after {attempts} attempts, {last}")
-            await asyncio.sleep(RETRY_EVERY_S)
+            # sshd often answers a moment after the address appears: try again soon, then every 3 s
+            await asyncio.sleep(min(RETRY_EVERY_S, FIRST_RETRY_S * 2 ** (attempts - 1)))
 
 
 def host_key_of(connection: Any) -> str:

@@ -1,0 +1,50 @@
+"""The Azure VM resource burla creates for a node (Microsoft.Compute/virtualMachines, PUT body)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from burla.errors import CloudSetupError
+
+ADMIN_USER = "burla"  # the login user the VM is made with (the cluster's key only)
+
+
+def vm_body(image: str, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,
+            subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None) -> dict[str, Any]:
+    """A VM's resource body: the cluster's key for the login user, only the power-off timer as
+    custom data, its NIC, public IP and OS disk deleted with it. `image` is publisher:offer:sku:version."""
+    publisher, offer, sku, version = image.split(":")
+    if ssh_key is None:
+        raise CloudSetupError("Azure Linux VMs need an SSH key; burla authorises the cluster's key on every VM")
+    os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
+                               "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
+    if disk_gb:
+        os_disk["diskSizeGB"] = disk_gb
+    ip_configuration = {"name": "ipconfig", "properties": {
+        "subnet": {"id": subnet},
+        "publicIPAddressConfiguration": {"name": f"{name}-ip", "sku": {"name": "Standard"},
+                                         "properties": {"deleteOption": "Delete",
+                                                        "publicIPAllocationMethod": "Static"}},
+    }}
+    nic: dict[str, Any] = {"primary": True, "deleteOption": "Delete", "ipConfigurations": [ip_configuration]}
+    if security_group is not None:
+        nic["networkSecurityGroup"] = {"id": security_group}
+    properties: dict[str, Any] = {
+        "hardwareProfile": {"vmSize": size},
+        "storageProfile": {"imageReference": {"publisher": publisher, "offer": offer, "sku": sku,
+                                              "version": version}, "osDisk": os_disk},
+        "osProfile": {
+            "computerName": name, "adminUsername": ADMIN_USER,
+            "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
+                {"path": f"/home/{ADMIN_USER}/.ssh/authorized_keys", "keyData": ssh_key}]}},
+        },
+        "networkProfile": {"networkApiVersion": "2022-11-01", "networkInterfaceConfigurations": [
+            {"name": f"{name}-nic", "properties": nic}]},
+        "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
+    }
+    if script is not None:
+        properties["osProfile"]["customData"] = base64.b64encode(script.encode())  # the connection encodes bytes
+    if spot:
+        properties.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
+    return {"location": region, "tags": tags, "properties": properties}
