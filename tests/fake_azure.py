@@ -53,6 +53,12 @@ GPU_NAMES = (("_T4_", "Tesla T4"), ("ads_A100_v4", "NVIDIA A100 80GB PCIe"), ("N
              ("_H100_", "NVIDIA H100 80GB HBM3"))
 
 
+def linux_price(size: str) -> float:
+    """The stand-in's on-demand Linux price of a size (USD per hour): per vCPU, more with GPUs."""
+    capabilities = VM_SIZES[size]
+    return int(capabilities["vCPUs"]) * 0.0431 + int(capabilities["GPUs"]) * 0.9
+
+
 def gpus_of_size(size: str) -> tuple[str, ...]:
     """A size's GPUs as nvidia-smi names them."""
     count = int(VM_SIZES.get(size, {}).get("GPUs", "0"))
@@ -84,6 +90,8 @@ class FakeAzure(FakeCloudApi):
         self.not_for_subscription: set[tuple[str, str]] = set()
         self.sku_listings: list[str] = []  # locations whose SKUs were listed
         self.sku_page_size = 1000
+        self.price_page_size = 100  # the Retail Prices API's pages
+        self.prices_down = False  # the Retail Prices API answers 503
         # The caller's effective permissions (one entry per role it holds), as the permissions API
         # lists them; by default Contributor's: everything but granting access.
         # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/privileged#contributor
@@ -140,6 +148,7 @@ class FakeAzure(FakeCloudApi):
         app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Compute/locations/{location}/usages",
                            self.usages)
         app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Compute/skus", self.skus)
+        app.router.add_get("/api/retail/prices", self.retail_prices)
         app.router.add_get("/subscriptions/{subscription}/providers/Microsoft.Authorization/permissions",
                            self.list_permissions)
         app.router.add_get(GROUP + "/providers/Microsoft.Authorization/permissions", self.list_permissions)
@@ -324,6 +333,38 @@ class FakeAzure(FakeCloudApi):
             if missing is not None:
                 return missing
         return json_response({"value": self.permissions})
+
+    async def retail_prices(self, request: web.Request) -> web.Response:
+        """The public Retail Prices API for `serviceName eq 'Virtual Machines' and armRegionName eq
+        'X' and priceType eq 'Consumption'`: per size a Linux, a Windows, a Spot and a Low Priority
+        meter, 100 to a page joined by an absolute NextPageLink (no sign-in)."""
+        if self.prices_down:
+            return json_response({"Error": {"Code": "ServiceUnavailable"}}, 503)
+        match = re.search(r"armRegionName eq '([\w-]+)'", request.query.get("$filter", ""))
+        if match is None or "serviceName eq 'Virtual Machines'" not in request.query.get("$filter", ""):
+            return json_response({"Error": {"Code": "BadRequest", "Message": "Invalid OData parameters supplied"}},
+                                 400)
+        region = match.group(1)
+        items = []
+        for size in VM_SIZES:
+            linux = linux_price(size)
+            short = size.removeprefix("Standard_").replace("_", " ")
+            series = re.sub(r"^\D+?(\d+)", "", size.removeprefix("Standard_"))
+            series_name = f"Virtual Machines {series} Series"
+            for sku_name, product, price in ((short, series_name, linux),
+                                             (short, f"{series_name} Windows", linux * 1.8),
+                                             (f"{short} Spot", series_name, linux * 0.2),
+                                             (f"{short} Low Priority", series_name, linux * 0.2)):
+                items.append({"currencyCode": "USD", "retailPrice": round(price, 4), "unitPrice": round(price, 4),
+                              "armRegionName": region, "serviceName": "Virtual Machines", "skuName": sku_name,
+                              "productName": product, "armSkuName": size, "type": "Consumption",
+                              "unitOfMeasure": "1 Hour"})
+        start = int(request.query.get("$skip") or 0)
+        page: dict = {"BillingCurrency": "USD", "Items": items[start:start + self.price_page_size],
+                      "Count": len(items[start:start + self.price_page_size])}
+        if start + self.price_page_size < len(items):
+            page["NextPageLink"] = str(request.url.update_query({"$skip": str(start + self.price_page_size)}))
+        return json_response(page)
 
     async def skus(self, request: web.Request) -> web.Response:
         """Resource SKUs for `$filter=location eq 'X'`, in pages joined by a nextLink."""

@@ -67,7 +67,7 @@ def azure(monkeypatch, tmp_path):
     _clean_azure_environment(monkeypatch, home)
     for key, value in {"AZURE_SUBSCRIPTION_ID": SUBSCRIPTION, "AZURE_TENANT_ID": TENANT, "AZURE_CLIENT_ID": CLIENT_ID,
                        "AZURE_CLIENT_SECRET": SECRET, "AZURE_AUTHORITY_HOST": fake.url,
-                       "BURLA_AZURE_RESOURCE_MANAGER_URL": fake.url}.items():
+                       "BURLA_AZURE_RESOURCE_MANAGER_URL": fake.url, "BURLA_AZURE_PRICES_URL": fake.url}.items():
         monkeypatch.setenv(key, value)
     try:
         yield fake
@@ -357,14 +357,15 @@ def test_sizes_come_from_resource_skus_without_those_the_subscription_may_not_us
     from burla.drivers.machine_catalog import FROM_CLOUD, region_catalog
     from burla.errors import CloudRefused
 
-    async def read():
+    async def read(refresh: bool = False):
         driver = _driver("westus3")
         try:
-            return await region_catalog(driver, "azure", tmp_path)
+            return await region_catalog(driver, "azure", tmp_path, refresh=refresh)
         finally:
             await driver.close()
 
     azure.sku_page_size = 5  # pages joined by nextLink
+    azure.price_page_size = 10
     azure.not_for_subscription.add(("Standard_D96as_v5", "westus3"))
     catalog = asyncio.run(read())
     assert catalog.source == FROM_CLOUD and catalog.region == "westus3"
@@ -373,7 +374,8 @@ def test_sizes_come_from_resource_skus_without_those_the_subscription_may_not_us
     assert "Standard_D96as_v5" not in by_name and "Premium_LRS" not in by_name  # restricted; not a VM size
     d8 = by_name["Standard_D8as_v5"]
     assert (d8.vcpus, d8.memory_gb, d8.gpu, d8.arch) == (8, 32.0, None, "x86_64")
-    assert d8.usd_per_hour == pytest.approx(8 * 0.043)  # libcloud has no v5 prices: the offline estimate
+    assert d8.usd_per_hour == pytest.approx(8 * 0.0431)  # the Retail Prices API's Linux meter
+    assert len(azure.logged("GET", "/api/retail/prices")) > 1  # every page was read
     assert by_name["Standard_D8ps_v5"].arch == "arm64"
     gpus = {name: (m.gpu, m.gpu_count) for name, m in by_name.items() if m.gpu}
     assert gpus["Standard_NC64as_T4_v3"] == ("T4", 4) and gpus["Standard_NC24ads_A100_v4"] == ("A100_80G", 1)
@@ -389,6 +391,10 @@ def test_sizes_come_from_resource_skus_without_those_the_subscription_may_not_us
 
     with pytest.raises(CloudRefused, match="Standard_D96as_v5 is currently not available"):
         asyncio.run(boot_restricted())  # what the listing left out, the API refuses too
+
+    azure.prices_down = True  # prices are an estimate: without the API, libcloud's or the offline table's
+    estimated = {m.name: m for m in asyncio.run(read(refresh=True)).machines}["Standard_D8as_v5"]
+    assert estimated.usd_per_hour == pytest.approx(8 * 0.043)
 
 
 def test_a_gpu_job_boots_a_size_of_the_listed_model_on_the_image_with_the_nvidia_driver(azure, tmp_path, monkeypatch,

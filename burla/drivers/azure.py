@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from burla.drivers.azure_auth import AzureToken, cli_default, cli_default_subscription
-from burla.drivers.azure_machines import list_machines
+from burla.drivers.azure_machines import PRICES_ENDPOINT, list_machines
 from burla.drivers.azure_permissions import FIX, PERMISSIONS_API, missing_actions
 from burla.drivers.azure_vm import ADMIN_USER, vm_body
 from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
@@ -77,6 +77,7 @@ class AzureConfig:
     authority: str = AUTHORITY
     image: str = DEFAULT_IMAGE
     gpu_image: str = GPU_IMAGE  # publisher:offer:sku:version, for GPU sizes
+    prices_endpoint: str = PRICES_ENDPOINT  # the Retail Prices API (BURLA_AZURE_PRICES_URL)
     cluster_id: str = "default"
     managed_identity: bool = False  # a deployed head: tokens from the VM's own identity
     imds_endpoint: str = IMDS
@@ -105,6 +106,7 @@ class AzureConfig:
             client_id=client_id if secret else None,
             client_secret=secret if client_id else None,
             arm_endpoint=(environ.get("BURLA_AZURE_RESOURCE_MANAGER_URL") or ARM_ENDPOINT).rstrip("/"),
+            prices_endpoint=(environ.get("BURLA_AZURE_PRICES_URL") or PRICES_ENDPOINT).rstrip("/"),
             authority=(environ.get("AZURE_AUTHORITY_HOST") or AUTHORITY).rstrip("/"),
             image=environ.get("BURLA_AZURE_IMAGE") or DEFAULT_IMAGE,
             gpu_image=environ.get("BURLA_AZURE_GPU_IMAGE") or GPU_IMAGE,
@@ -314,7 +316,8 @@ class AzureDriver(ThreadedCloudDriver):
         return self.config.region
 
     async def machine_types(self) -> list[MachineType]:
-        return await self._call(list_machines, self.config.subscription_id, self.config.region)
+        return await self._call(list_machines, self.config.subscription_id, self.config.region,
+                                self.config.prices_endpoint)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         try:

@@ -7,26 +7,66 @@ NotAvailableForSubscription for the region can't be created there by this subscr
 left out. The API names no GPU model, so it is read from the size's name as Azure's size pages
 spell it (learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/): NC…as_T4_v3 (T4),
 NC…ads_A100_v4 (A100 80 GB), ND96asr_v4 (A100 40 GB), ND96amsr_A100_v4 (A100 80 GB),
-ND96isr_H100_v5 (H100 80 GB). Prices are libcloud's bundled Linux prices where it has them.
+ND96isr_H100_v5 (H100 80 GB). Prices come from Azure's Retail Prices API, else libcloud's bundled
+Linux prices, else burla's offline estimate.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import re
 import urllib.parse
+import urllib.request
 from typing import Any
 
 from burla.drivers.catalog import MachineType
 from burla.drivers.machine_catalog import libcloud_prices, priced
 
+log = logging.getLogger(__name__)
+
 SKUS_API = "2021-07-01"
+PRICES_ENDPOINT = "https://prices.azure.com"
+MAX_PRICE_PAGES = 200  # a region lists a few thousand VM meters, 1,000 per page
 MAX_PAGES = 50
 GPU_BY_NAME = ((re.compile(r"_T4_"), "T4"), (re.compile(r"_A100_"), "A100_80G"), (re.compile(r"^Standard_ND\d+asr_v4$"),
                "A100_40G"), (re.compile(r"_H100_v5$"), "H100_80G"), (re.compile(r"_A10_"), "A10"),
                (re.compile(r"^Standard_NC\d+s_v3$"), "V100"))
 
 
-def list_machines(driver: Any, subscription_id: str, region: str) -> list[MachineType]:
+def retail_prices(endpoint: str, region: str) -> dict[str, float]:
+    """On-demand Linux prices per size in a region (USD per hour), from the Azure Retail Prices API:
+    public, no sign-in, pages joined by NextPageLink
+    (learn.microsoft.com/rest/api/cost-management/retail-prices/azure-retail-prices). Windows
+    (its product name says so), Spot and Low Priority meters are left out."""
+    query = urllib.parse.urlencode({"$filter": f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' "
+                                               "and priceType eq 'Consumption'"})
+    url: str | None = f"{endpoint}/api/retail/prices?{query}"
+    prices: dict[str, float] = {}
+    for _ in range(MAX_PRICE_PAGES):
+        if not url:
+            break
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            page = json.loads(answer.read())
+        for item in page.get("Items", []):
+            sku, name = item.get("armSkuName") or "", item.get("skuName") or ""
+            if (not sku or "Windows" in (item.get("productName") or "") or "Spot" in name or "Low Priority" in name
+                    or item.get("unitOfMeasure") != "1 Hour"):
+                continue
+            price = float(item.get("retailPrice") or 0)
+            if price > 0:
+                prices[sku] = min(price, prices.get(sku, price))
+        url = page.get("NextPageLink")
+    return prices
+
+
+def list_machines(driver: Any, subscription_id: str, region: str, prices_endpoint: str) -> list[MachineType]:
+    try:
+        retail = retail_prices(prices_endpoint, region)
+    except (OSError, ValueError) as e:  # the prices are an estimate: libcloud's, or the offline table's
+        log.warning("could not read Azure's retail prices for %s: %s", region, e)
+        retail = {}
     prices = libcloud_prices("azure_linux")
     machines: list[MachineType] = []
     path = f"/subscriptions/{subscription_id}/providers/Microsoft.Compute/skus"
@@ -35,7 +75,9 @@ def list_machines(driver: Any, subscription_id: str, region: str) -> list[Machin
         page = driver.connection.request(path, params=params).object
         for sku in page.get("value", []):
             if sku.get("resourceType") == "virtualMachines" and not _restricted(sku, region):
-                machines.append(_machine(sku, region, prices))
+                machine = _machine(sku, region, prices)
+                listed_price = retail.get(machine.name)
+                machines.append(dataclasses.replace(machine, usd_per_hour=listed_price) if listed_price else machine)
         next_link = page.get("nextLink")
         if not next_link:
             break
