@@ -133,7 +133,12 @@ class Ec2Driver(ThreadedCloudDriver):
             return image, self.config.ssh_user or LOGIN_USER_BY_OWNER.get(image.extra.get("owner_id"), "ec2-user")
         family = FAMILIES[GPU_FAMILY if gpu else self.config.image_family]
         key = self._bake_key(machine, gpu, python_version)
-        baked = find_baked(self.client("ec2"), key) if key else None
+        baked = None
+        if key:
+            try:
+                baked = find_baked(self.client("ec2"), key)
+            except Exception as e:  # noqa: BLE001 - a baked image is an optimisation: the stock one serves
+                log.warning("could not look for a baked image: %s", e)
         if baked is not None:
             return driver.list_images(ex_image_ids=[baked])[0], self.config.ssh_user or family.login_user
         image = newest_image(driver, family, architecture_of(machine), self.config.region)

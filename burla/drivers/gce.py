@@ -145,7 +145,12 @@ class GceDriver(ThreadedCloudDriver):
     def _image(self, driver, gpu: bool = False, key: str | None = None):
         """The image to boot: the newest baked for `key` (see bake_key) if there is one, else the
         configured family's newest."""
-        baked = find_baked(driver, key) if key else None
+        baked = None
+        if key:
+            try:
+                baked = find_baked(driver, key)
+            except Exception as e:  # noqa: BLE001 - e.g. no compute.images.list: the stock image serves
+                log.warning("could not look for a baked image: %s", e)
         if baked is not None:
             return driver.ex_get_image(baked["name"], ex_project_list=[self.config.project], ex_standard_projects=False)
         named = self.config.gpu_image if gpu else self.config.image
