@@ -345,17 +345,21 @@ class StandinVm:
     def kill_processes(self) -> None:
         """Everything the VM runs dies with it (each supervisor's session and its children)."""
         for pid_file in [*(self.home / ".burla").glob("*.pid"), *self.units.glob("*.pid")]:
-            with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-                os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                _kill_tree(int(pid_file.read_text().strip()))
         for child in list(self.children):  # commands still running over SSH
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, signal.SIGKILL)
 
-    async def stop(self) -> None:
+    async def close_ssh(self) -> None:
+        """Nothing listens on port 22 any more (the VM itself runs on)."""
         self.drop_connections()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+    async def stop(self) -> None:
+        await self.close_ssh()
         self.kill_processes()
 
 
@@ -453,7 +457,7 @@ class VmFarm:
         if record.user_data:
             self._loop.run(vm.run_user_data(record.user_data))
         if not self.answer or not record.ssh_allowed:
-            self._loop.run(vm.stop())
+            self._loop.run(vm.close_ssh())
             port = _closed_port()
         with self._lock:
             self.vms[record.instance_id] = vm
@@ -633,6 +637,26 @@ def _opens_ssh(rule: dict, tags: set[str]) -> bool:
 
 
 _AZURE_IMAGES = {"Canonical": UBUNTU_2404, "Debian": DEBIAN_12, "microsoft-dsvm": AZURE_UBUNTU_HPC}  # by publisher
+
+
+def _kill_tree(pid: int) -> None:
+    """A process group (a supervisor's session), or else a process and its children (a timer's
+    subshell, which leads no group)."""
+    import psutil
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process = psutil.Process(pid)
+        family = [*process.children(recursive=True), process]
+    except psutil.Error:
+        return
+    for member in family:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
 
 
 async def _call(function):
