@@ -81,6 +81,16 @@ def _driver(region: str | None = None):
     return AzureDriver(AzureConfig.from_environment(dict(os.environ), region, "cluster-1"))
 
 
+def _azure_head(azure, tmp_path, monkeypatch, wheelhouse, *extra: str):
+    """Stand-in VMs for the fake's machines, and a head booting them in westus3."""
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    farm = AzureVmFarm(azure, tmp_path / "vms")
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[
+        "--driver", "azure", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
+        "--ssh-address-map", str(farm.map_path), *extra])
+    return farm, head
+
+
 def _custom_data(fake: FakeAzure, node_id: str) -> str:
     return base64.b64decode(fake.custom_data[node_id]).decode()
 
@@ -209,11 +219,7 @@ def _burla(head, *args: str) -> dict:
 
 def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure, tmp_path, monkeypatch, wheelhouse,
                                                                            client_venv):
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
-    farm = AzureVmFarm(azure, tmp_path / "vms")
-    head = start_head(tmp_path / "config", local_nodes=0, extra=[
-        "--driver", "azure", "--inactivity-timeout", "3", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
-        "--ssh-address-map", str(farm.map_path)])
+    farm, head = _azure_head(azure, tmp_path, monkeypatch, wheelhouse, "--inactivity-timeout", "3")
     try:
         _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "Standard_D4as_v5", "--disk-gb",
                "40")
@@ -335,11 +341,7 @@ def test_azure_refusals_are_told_apart_and_grow_plans_within_the_family_quota(az
     azure.machines.clear()
     azure.unavailable.clear()
     # A grow of 20 calls would want D16as + D4as; the family's 8 vCPUs take two D4as.
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
-    farm = AzureVmFarm(azure, tmp_path / "vms")
-    head = start_head(tmp_path / "config", local_nodes=0, extra=[
-        "--driver", "azure", "--inactivity-timeout", "3", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
-        "--ssh-address-map", str(farm.map_path)])
+    farm, head = _azure_head(azure, tmp_path, monkeypatch, wheelhouse, "--inactivity-timeout", "3")
     try:
         job = start_grow_job(client_venv, head, tmp_path, 20)
         out, err = job.communicate(timeout=300)
@@ -401,11 +403,7 @@ def test_a_gpu_job_boots_a_size_of_the_listed_model_on_the_image_with_the_nvidia
                                                                                        wheelhouse, client_venv):
     from tests.helpers import start_gpu_job
 
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
-    farm = AzureVmFarm(azure, tmp_path / "vms")
-    head = start_head(tmp_path / "config", local_nodes=0, extra=[
-        "--driver", "azure", "--region", "westus3", "--node-wheelhouse", str(wheelhouse),
-        "--ssh-address-map", str(farm.map_path)])
+    farm, head = _azure_head(azure, tmp_path, monkeypatch, wheelhouse)
     try:
         job = start_gpu_job(client_venv, head, tmp_path, "T4")
         out, err = job.communicate(timeout=300)

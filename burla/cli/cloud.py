@@ -93,7 +93,6 @@ def _configured_driver(cloud_name: str | None, region: str | None, command: str)
         config = cloud_config(driver_name, environ, region, "check")
     except CloudSetupError as e:
         fail(command, CliError("cloud_setup", str(e), "see the README's \"Run on your cloud\"", EXIT_USAGE))
-        raise SystemExit(EXIT_USAGE) from e
     return cloud_driver(config), next(c for c in CLOUDS if for_cloud(c).name == driver_name)
 
 

@@ -15,7 +15,7 @@ import sys
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -55,7 +55,7 @@ def emit_line(command: str, event: str, data: Any) -> None:
     sys.stdout.flush()
 
 
-def fail(command: str, error: CliError) -> None:
+def fail(command: str, error: CliError) -> NoReturn:
     _print({"ok": False, "command": command,
             "error": {"code": error.code, "message": error.message, "remediation": error.remediation}})
     sys.exit(error.exit_code)
