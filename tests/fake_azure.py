@@ -13,6 +13,7 @@ import uuid
 
 from aiohttp import web
 
+from tests.fake_azure_images import ImageApi, generation_of
 from tests.fake_cloud_api import JSON_BODY, FakeCloudApi, json_response
 
 GROUP = "/subscriptions/{subscription}/resourceGroups/{group}"
@@ -69,7 +70,7 @@ def gpus_of_size(size: str) -> tuple[str, ...]:
 BOOT_LOG = "[    0.000000] Linux version 6.8.0-1017-azure\ncloud-init[812]: python3 -m venv /opt/burla-bootstrap\n"
 
 
-class FakeAzure(FakeCloudApi):
+class FakeAzure(ImageApi, FakeCloudApi):
     fixture_dir = "azure"
 
     def __init__(self, client_id: str = "", client_secret: str = "") -> None:
@@ -107,6 +108,7 @@ class FakeAzure(FakeCloudApi):
         self.token_lifetime_s = 3599  # as the identity platform answers (expires_in)
         self.expired_tokens: set[str] = set()  # refused from now on, as once their hour is up
         self._ids = itertools.count(1)
+        self._init_images()
         super().__init__()
 
     def _error(self, status: int, code: str, message: str) -> web.Response:
@@ -170,11 +172,18 @@ class FakeAzure(FakeCloudApi):
         app.router.add_get(network + "/networkInterfaces/{name}", self.get_network_interface)
         app.router.add_put(authorization + "/roleAssignments/{name}", self.put_role_assignment)
         app.router.add_get("/metadata/identity/oauth2/token", self.managed_identity_token)
+        self.image_routes(app)
 
     async def put_group(self, request: web.Request) -> web.Response:
         m, body = request.match_info, request[JSON_BODY] or {}
         key = (m["subscription"], m["group"])
         created = key not in self.groups
+        if not created and self.groups[key]["location"] != body.get("location"):
+            # A group's location is fixed when it is made.
+            # https://learn.microsoft.com/azure/azure-resource-manager/management/overview#resource-group-location-alignment
+            return self._error(409, "InvalidResourceGroupLocation", f"Invalid resource group location "
+                               f"'{body.get('location')}'. The Resource group already exists in location "
+                               f"'{self.groups[key]['location']}'.")
         self.groups[key] = self.fixture("resource_group", subscription=m["subscription"], group=m["group"],
                                         location=body.get("location", ""), tags=body.get("tags", {}))
         return json_response(self.groups[key], 201 if created else 200)
@@ -244,6 +253,10 @@ class FakeAzure(FakeCloudApi):
             return self._error(409, "SkuNotAvailable", f"The requested VM size {size} is currently not available in "
                                f"location '{location}'. Please try another size or deploy to a different location "
                                "or different zone. See https://aka.ms/azureskunotavailable for details.")
+        refused = self.image_reference_refusal(m["subscription"], properties["storageProfile"]["imageReference"],
+                                               location)
+        if refused is not None:
+            return refused
         over = self._over_quota(m["subscription"], location, size, properties.get("priority") == "Spot")
         if over is not None:
             return self._error(409, "OperationNotAllowed", over)
@@ -408,8 +421,11 @@ class FakeAzure(FakeCloudApi):
         if key not in self.machines:
             return self._error(404, "ResourceNotFound", f"The Resource '{m['name']}' was not found.")
         power = self.power_states.get(key, "running")
-        return json_response({"statuses": [
+        generalized = [{"code": "OSState/generalized", "level": "Info", "displayStatus": "VM generalized"}]
+        reference = self.machines[key]["properties"]["storageProfile"]["imageReference"]
+        return json_response({"hyperVGeneration": generation_of(reference, self.images), "statuses": [
             {"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded"},
+            *(generalized if key in self.generalized else []),
             {"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"}]})
 
     async def boot_diagnostics(self, request: web.Request) -> web.Response:

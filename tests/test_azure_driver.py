@@ -69,6 +69,7 @@ def azure(monkeypatch, tmp_path):
                        "AZURE_CLIENT_SECRET": SECRET, "AZURE_AUTHORITY_HOST": fake.url,
                        "BURLA_AZURE_RESOURCE_MANAGER_URL": fake.url, "BURLA_AZURE_PRICES_URL": fake.url}.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "0")  # heads bake after a first boot: the baking test turns it on
     try:
         yield fake
     finally:
@@ -433,3 +434,104 @@ def test_a_token_near_its_expiry_is_renewed_before_resource_manager_would_refuse
 
     asyncio.run(twice())
     assert len(azure.tokens_issued) >= 2 and azure.tokens_issued[-1] not in azure.expired_tokens
+
+
+@pytest.mark.timeout(600)
+def test_a_managed_image_of_a_deprovisioned_generalized_builder_serves_the_next_vm(azure, tmp_path, monkeypatch,
+                                                                                  wheelhouse):
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "1")
+    farm, head = _azure_head(azure, tmp_path, monkeypatch, wheelhouse)
+    try:
+        _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "Standard_D4as_v5")
+        _burla(head, "cluster", "start")
+        [first] = wait_for_nodes(head, 1, timeout=240)
+        wait_until(lambda: [i["properties"]["provisioningState"] for i in azure.images.values()] == ["Succeeded"],
+                   timeout=240, what="an image baked")
+        [image] = azure.images.values()
+        key = image["tags"]["burla-image-key"]
+        assert key.endswith("-ubuntu-24_04-lts-server-x86_64") and image["location"] == "westus3"
+        assert image["properties"]["hyperVGeneration"] == "V2"  # the source VM's (Ubuntu's `server` SKU)
+        builder = image["properties"]["sourceVirtualMachine"]["id"].rsplit("/", 1)[-1]
+        assert builder.startswith("burla-bake-")
+        # Deprovisioned by its guest agent, deallocated, then generalized, in that order; then deleted.
+        [deallocated] = azure.logged("POST", f"/virtualMachines/{builder}/deallocate")
+        [generalized] = azure.logged("POST", f"/virtualMachines/{builder}/generalize")
+        assert azure.requests.index(deallocated) < azure.requests.index(generalized)
+        wait_until(lambda: not any(name.startswith("burla-bake-") for (_, _, name) in azure.machines), timeout=120,
+                   what="the builder deleted")
+        disk = tmp_path / "vms" / "images" / image["name"] / "home"
+        assert (disk / ".ssh" / "authorized_keys").read_text() == ""  # no cluster's key in the image
+        assert not (disk / ".burla" / "config").exists()
+        assert (disk / ".burla" / "installed-build").exists()  # the runtime stayed with its user
+
+        _burla(head, "settings", "update", "--quantity", "2")
+        _burla(head, "cluster", "start")
+        [second] = [n for n in wait_for_nodes(head, 2, timeout=240) if n["node_id"] != first["node_id"]]
+        [vm] = [m for (_, _, name), m in azure.machines.items() if name == second["node_id"]]
+        assert vm["properties"]["storageProfile"]["imageReference"] == {"id": image["id"]}
+        assert list((farm.vm(second["node_id"]).home / ".burla" / "build").glob("*.whl")) == []  # nothing installed
+        listed = _burla(head, "cloud", "images", "list", "--cloud", "azure", "--json")
+        assert [(i["image_id"], i["key"], i["state"]) for i in listed["images"]] == [(image["name"], key, "available")]
+        _burla(head, "cloud", "images", "delete", image["name"], "--cloud", "azure")
+        assert azure.images == {}
+    finally:
+        head.stop()
+        farm.close()
+
+
+
+def test_azure_refuses_imaging_steps_out_of_order_and_images_from_another_region(azure):
+    """The stand-in's rules, which the driver's order of steps meets: no generalizing a running VM, no
+    image of a VM that is not generalized, no VM from an image in another region."""
+    from burla.drivers.azure_bake import start_image
+    from burla.errors import CloudRefused
+
+    def request(path: str, method: str, body: dict | None = None):
+        def call(libcloud_driver):
+            return libcloud_driver.connection.request(path, params={"api-version": "2024-07-01"}, method=method,
+                                                      data=body).object
+        return call
+
+    async def steps() -> None:
+        driver = _driver("westus3")
+        group = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/burla-cluster-1/providers/Microsoft.Compute"
+        try:
+            [builder] = await driver.boot(BootRequest(1, "", "", machine_type="Standard_D2as_v5",
+                                                      ssh_public_key=CLUSTER_KEY, node_ids=("burla-bake-1",)))
+            vm = f"{group}/virtualMachines/{builder}"
+            with pytest.raises(CloudRefused, match="not allowed on VM 'burla-bake-1' since the VM is running"):
+                await driver._call(request(f"{vm}/generalize", "POST"))
+            with pytest.raises(CloudRefused, match="must be generalized"):
+                await driver._call(request(f"{group}/images/early", "PUT", {
+                    "location": "westus3", "properties": {"sourceVirtualMachine": {"id": vm}}}))
+            name = await driver._call(start_image, vm, f"/subscriptions/{SUBSCRIPTION}/resourceGroups/burla-cluster-1",
+                                      "key-1", "westus3")
+            image = await driver._call(request(f"{group}/images/{name}", "GET"))
+            assert image["properties"]["provisioningState"] == "Succeeded"
+            body = azure.logged("PUT", f"/virtualMachines/{builder}")[0].body
+            body["properties"]["storageProfile"]["imageReference"] = {"id": image["id"]}
+            with pytest.raises(CloudRefused, match="a VM in eastus can't use it"):
+                await driver._call(request(f"{group}/virtualMachines/elsewhere", "PUT", {**body, "location": "eastus"}))
+        finally:
+            await driver.close()
+
+    asyncio.run(steps())
+
+
+def test_a_cluster_boots_in_a_second_region_without_moving_its_resource_group(azure):
+    """A resource group's location is fixed once made (the stand-in refuses a PUT naming another);
+    VMs of any region live in it."""
+    async def boot_twice() -> list[str]:
+        booted = []
+        for region in ("westus3", "eastus"):
+            driver = _driver(region)
+            try:
+                booted += await driver.boot(BootRequest(1, "", "", machine_type="Standard_D2as_v5",
+                                                        ssh_public_key=CLUSTER_KEY))
+            finally:
+                await driver.close()
+        return booted
+
+    assert len(asyncio.run(boot_twice())) == 2
+    assert {vm["location"] for vm in azure.machines.values()} == {"westus3", "eastus"}
+    assert [g["location"] for g in azure.groups.values()] == ["westus3"]

@@ -56,6 +56,7 @@ class StandinImage:
     venv_package: str | None  # what the package manager must install before `python3 -m venv` works
     package_manager: str  # "apt-get" or "dnf"
     gpu_driver: bool = False  # has the NVIDIA driver: nvidia-smi lists the machine's GPUs
+    azure_agent: bool = False  # has Azure's Linux guest agent (waagent), as Azure's images do
 
 
 # Amazon Linux 2023 ships Python 3.9 with venv, and dnf.
@@ -75,7 +76,17 @@ DLAMI_BASE = StandinImage("dlami-base-al2023", "3.9", None, "dnf", gpu_driver=Tr
 GCE_DLVM = StandinImage("gce-dlvm-ubuntu-2204", "3.10", "python3-venv", "apt-get", gpu_driver=True)
 # Microsoft's Ubuntu-HPC 22.04 image for Azure GPU sizes, with the NVIDIA driver and CUDA.
 #   https://learn.microsoft.com/azure/virtual-machines/configure
-AZURE_UBUNTU_HPC = StandinImage("azure-ubuntu-hpc-2204", "3.10", "python3-venv", "apt-get", gpu_driver=True)
+AZURE_UBUNTU_HPC = StandinImage("azure-ubuntu-hpc-2204", "3.10", "python3-venv", "apt-get", gpu_driver=True,
+                                azure_agent=True)
+# Ubuntu 24.04 as Canonical publishes it on Azure: with the guest agent (walinuxagent).
+#   https://learn.microsoft.com/azure/virtual-machines/extensions/agent-linux
+AZURE_UBUNTU_2404 = StandinImage("azure-ubuntu-24.04", "3.12", "python3-venv", "apt-get", azure_agent=True)
+# Azure's guest agent, as far as imaging goes: `-deprovision` readies the machine to be generalized
+# (host keys, hostname, leases go) and `-deprovision+user` also deletes the last provisioned user
+# and its home directory; root only. https://learn.microsoft.com/azure/virtual-machines/linux/capture-image-resource
+_WAAGENT = ('#!/bin/sh\n[ "$STANDIN_ROOT" = 1 ] || { echo "waagent: must be run as root" >&2; exit 1; }\n'
+            'case "$*" in *-deprovision+user*) rm -rf "$HOME" && mkdir "$HOME";; *-deprovision*) ;; '
+            '*) exit 0;; esac\ntouch "$HOME/../deprovisioned"\n')
 
 _NO_ENSUREPIP = "raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n"
 _DEBIAN_VENV_ERROR = ("The virtual environment was not created successfully because ensurepip is not\n"
@@ -239,6 +250,8 @@ class StandinVm:
             if not link.exists():
                 link.symlink_to(sys.executable)
         shims = {"python3": f"#!/bin/sh\n{guard}exec {self.python} \"$@\"\n", image.package_manager: manager}
+        if image.azure_agent:
+            shims["waagent"] = _WAAGENT
         if image.gpu_driver and self.gpus:
             names = "".join(f"{name}\\n" for name in self.gpus)
             usage = "0, 0, 15360\\n" * len(self.gpus)
@@ -393,6 +406,7 @@ class VmFarm:
         self.authorize = authorize  # False: the VM refuses the cluster's key
         self.answer = answer  # False: nothing listens on the VM's port 22
         self.vms: dict[str, StandinVm] = {}  # instance id -> stand-in
+        self.retired: dict[str, StandinVm] = {}  # instance id -> a stopped stand-in (its disk stays for imaging)
         self.node_ids: dict[str, str] = {}  # instance id -> burla node id
         self.powered_off: list[str] = []  # instance ids whose machine shut itself down
         self._gone: set[str] = set()
@@ -472,6 +486,8 @@ class VmFarm:
         with self._lock:
             vm = self.vms.pop(instance_id, None)
             self._gone.add(instance_id)
+            if vm is not None:
+                self.retired[instance_id] = vm
         if vm is not None:
             self._loop.run(vm.stop())
 
@@ -600,7 +616,18 @@ class AzureVmFarm(VmFarm):
 
     def __init__(self, fake: Any, root: Path, **options: Any) -> None:
         self.fake = fake
+        # image name -> its disk, the image it was made from, and whether its guest was deprovisioned
+        self.baked: dict[str, tuple[Path, StandinImage | None, bool]] = {}
         super().__init__(root, **options)
+        fake.image_made.append(self._imaged)  # an image copies its (deallocated) VM's disk
+
+    def _imaged(self, vm_id: str, image_name: str) -> None:
+        with self._lock:
+            vm = self.vms.get(vm_id) or self.retired.get(vm_id)
+        if vm is not None:
+            into = self.root / "images" / image_name
+            vm.snapshot(into)
+            self.baked[image_name] = (into, vm.image, (vm.root / "deprovisioned").exists())
 
     def _records(self) -> list[VmRecord]:
         records = []
@@ -612,14 +639,19 @@ class AzureVmFarm(VmFarm):
             addresses = (public.get("properties", {}).get("ipAddress"),
                          nic.get("properties", {}).get("ipConfigurations", [{}])[0].get("properties", {}).get(
                              "privateIPAddress"))
+            image, restore, provisions = _AZURE_IMAGES.get(reference.get("publisher", "")), None, True
+            if "id" in reference:  # a managed image: its VM's disk. One whose guest was not deprovisioned
+                # never finishes provisioning (OSProvisioningTimedOut): nothing answers on port 22.
+                # https://learn.microsoft.com/troubleshoot/azure/virtual-machines/linux/linux-vm-provisioning-timeout
+                restore, image, provisions = self.baked.get(reference["id"].rsplit("/", 1)[-1], (None, None, False))
             records.append(VmRecord(machine["properties"]["vmId"], machine.get("tags", {}).get("burla-node-id") or name,
                                     self.fake.power_states.get((subscription, group, name)) == "running",
                                     self.fake.power_states.get((subscription, group, name)) != "running", addresses,
                                     keys[0]["keyData"] if keys else "",
-                                    machine["properties"]["osProfile"].get("adminUsername"),
-                                    _AZURE_IMAGES.get(reference.get("publisher", "")),
+                                    machine["properties"]["osProfile"].get("adminUsername"), image,
                                     base64.b64decode(self.fake.custom_data.get(name) or "").decode(),
-                                    gpus=gpus_of_size(machine["properties"]["hardwareProfile"]["vmSize"])))
+                                    gpus=gpus_of_size(machine["properties"]["hardwareProfile"]["vmSize"]),
+                                    ssh_allowed=provisions, restore=restore))
         return records
 
     def _shut_down(self, record: VmRecord) -> None:
@@ -636,7 +668,7 @@ def _opens_ssh(rule: dict, tags: set[str]) -> bool:
     return opens and "0.0.0.0/0" in rule.get("sourceRanges", []) and (not targets or bool(targets & tags))
 
 
-_AZURE_IMAGES = {"Canonical": UBUNTU_2404, "Debian": DEBIAN_12, "microsoft-dsvm": AZURE_UBUNTU_HPC}  # by publisher
+_AZURE_IMAGES = {"Canonical": AZURE_UBUNTU_2404, "microsoft-dsvm": AZURE_UBUNTU_HPC}  # by publisher
 
 
 def _kill_tree(pid: int) -> None:

@@ -17,6 +17,7 @@ Resource Manager connection.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -25,104 +26,39 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from burla.drivers.azure_auth import AzureToken, cli_default, cli_default_subscription
-from burla.drivers.azure_machines import PRICES_ENDPOINT, list_machines
+from burla.drivers.azure_auth import AzureToken
+from burla.drivers.azure_bake import PREPARE, delete_baked, find_baked, image_state, list_baked, start_image
+from burla.drivers.azure_config import AzureConfig
+from burla.drivers.azure_machines import list_machines
 from burla.drivers.azure_permissions import FIX, PERMISSIONS_API, missing_actions
 from burla.drivers.azure_vm import ADMIN_USER, vm_body
-from burla.drivers.base import BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
-from burla.drivers.bootstrap import dead_man_script
+from burla.drivers.bake import image_key
+from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
+from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, refusal_kind
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
+from burla.process.build import build_hash
 from burla.protocol.states import MachineState
 
 log = logging.getLogger("burla.azure")
 DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
-DEFAULT_REGION = "eastus"
-DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"  # publisher:offer:sku:version
 # A size a region can't place (AllocationFailed, SkuNotAvailable) is asked for in each of its
 # availability zones (learn.microsoft.com/azure/reliability/availability-zones-overview: regions
 # with zones have three, named 1, 2 and 3; a region without them refuses a zonal request).
 ZONES = ("1", "2", "3")
-# GPU sizes boot Microsoft's Ubuntu-HPC image, which carries the NVIDIA driver and CUDA
-# (learn.microsoft.com/azure/virtual-machines/configure, "Ubuntu-HPC"); stock Ubuntu has no driver.
-GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
-ARM_ENDPOINT = "https://management.azure.com"
-AUTHORITY = "https://login.microsoftonline.com"
 VM_API = "2024-07-01"
 NETWORK_API = "2024-05-01"
 GROUP_API = "2021-04-01"
 ADDRESS_SPACE = "10.42.0.0/16"
-IMDS = "http://169.254.169.254"
 ROLE_API = "2022-04-01"
 CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"  # built-in role id, the same in every tenant
 DEFAULT_HEAD_MACHINE_TYPE = "Standard_D2as_v5"
-
-
-@dataclass(frozen=True)
-class AzureConfig:
-    driver_name: ClassVar[str] = "azure"  # its entry in burla.drivers.registry
-    subscription_id: str
-    tenant_id: str | None = None
-    region: str = DEFAULT_REGION
-    resource_group: str = "burla"
-    client_id: str | None = None  # a service principal, else the Azure CLI's login
-    client_secret: str | None = None
-    arm_endpoint: str = ARM_ENDPOINT
-    authority: str = AUTHORITY
-    image: str = DEFAULT_IMAGE
-    gpu_image: str = GPU_IMAGE  # publisher:offer:sku:version, for GPU sizes
-    prices_endpoint: str = PRICES_ENDPOINT  # the Retail Prices API (BURLA_AZURE_PRICES_URL)
-    cluster_id: str = "default"
-    managed_identity: bool = False  # a deployed head: tokens from the VM's own identity
-    imds_endpoint: str = IMDS
-
-    @classmethod
-    def from_environment(cls, environ: dict[str, str], region: str | None, cluster_id: str) -> AzureConfig:
-        directory = Path(environ.get("AZURE_CONFIG_DIR") or Path(environ.get("HOME", "~")).expanduser() / ".azure")
-        profile = cli_default_subscription(directory)
-        subscription = environ.get("AZURE_SUBSCRIPTION_ID") or profile.get("id")
-        if not subscription:
-            raise CloudSetupError(
-                "No Azure subscription is selected. Run `az login` (then `az account set --subscription ID`), or "
-                "set AZURE_SUBSCRIPTION_ID."
-            )
-        client_id, secret = environ.get("AZURE_CLIENT_ID"), environ.get("AZURE_CLIENT_SECRET")
-        tenant = environ.get("AZURE_TENANT_ID") or profile.get("tenantId")
-        if client_id and secret and not tenant:
-            raise CloudSetupError("AZURE_CLIENT_ID and AZURE_CLIENT_SECRET are set but AZURE_TENANT_ID is not; set "
-                                  "it to the service principal's tenant (`az account show --query tenantId`).")
-        return cls(
-            subscription_id=subscription,
-            tenant_id=tenant,
-            region=region or environ.get("AZURE_DEFAULTS_LOCATION") or cli_default(directory, "location")
-            or DEFAULT_REGION,
-            resource_group=environ.get("BURLA_AZURE_RESOURCE_GROUP") or f"burla-{cluster_id}",
-            client_id=client_id if secret else None,
-            client_secret=secret if client_id else None,
-            arm_endpoint=(environ.get("BURLA_AZURE_RESOURCE_MANAGER_URL") or ARM_ENDPOINT).rstrip("/"),
-            prices_endpoint=(environ.get("BURLA_AZURE_PRICES_URL") or PRICES_ENDPOINT).rstrip("/"),
-            authority=(environ.get("AZURE_AUTHORITY_HOST") or AUTHORITY).rstrip("/"),
-            image=environ.get("BURLA_AZURE_IMAGE") or DEFAULT_IMAGE,
-            gpu_image=environ.get("BURLA_AZURE_GPU_IMAGE") or GPU_IMAGE,
-            cluster_id=cluster_id,
-            managed_identity=environ.get("BURLA_AZURE_MANAGED_IDENTITY") == "1",
-            imds_endpoint=(environ.get("AZURE_POD_IDENTITY_AUTHORITY_HOST") or IMDS).rstrip("/"),
-        )
-
-    def head_environment(self) -> dict[str, str]:
-        """What a deployed head needs to boot nodes like this (its credentials: the VM's managed identity)."""
-        settings = {"AZURE_SUBSCRIPTION_ID": self.subscription_id, "AZURE_TENANT_ID": self.tenant_id or "",
-                    "BURLA_AZURE_RESOURCE_GROUP": self.resource_group, "AZURE_DEFAULTS_LOCATION": self.region,
-                    "BURLA_AZURE_IMAGE": self.image, "BURLA_AZURE_GPU_IMAGE": self.gpu_image,
-                    "BURLA_AZURE_MANAGED_IDENTITY": "1",
-                    "BURLA_AZURE_RESOURCE_MANAGER_URL": self.arm_endpoint if self.arm_endpoint != ARM_ENDPOINT else ""}
-        return {k: v for k, v in settings.items() if v}
+BAKE_POLL_S = 5.0
+BAKE_WAIT_S = 1800.0
 
 
 def size_vcpus(size: str) -> int:
@@ -135,6 +71,13 @@ def size_family(size: str) -> str:
     """Standard_D8as_v5 -> standardDASv5Family: the quota name of a size's family (the usage API's)."""
     _, name, *rest = size.split("_") if size.count("_") >= 1 else ("", size)
     return f"standard{re.sub(r'[0-9]+', '', name).upper()}{''.join(rest)}Family"
+
+
+def size_architecture(size: str) -> str:
+    """Standard_D8ps_v5 -> arm64: `p` among a size's additive features marks an Arm CPU
+    (learn.microsoft.com/azure/virtual-machines/vm-naming-conventions)."""
+    name = size.split("_")[1] if "_" in size else size
+    return "arm64" if "p" in re.sub(r"^[A-Za-z]+[0-9]+", "", name) else "x86_64"
 
 
 def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
@@ -166,6 +109,7 @@ def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
 class AzureDriver(ThreadedCloudDriver):
     name = "azure"
     ssh_user = ADMIN_USER
+    image_preparation = PREPARE  # a builder's guest is deprovisioned before it is generalized
 
     def __init__(self, config: AzureConfig, token: AzureToken | None = None) -> None:
         self.config = config
@@ -191,6 +135,19 @@ class AzureDriver(ThreadedCloudDriver):
     def _put(self, driver, path: str, api_version: str, body: dict[str, Any]) -> dict[str, Any]:
         return driver.connection.request(path, params={"api-version": api_version}, data=body, method="PUT").object
 
+    def _ensure_group(self, driver, path: str, region: str, tags: dict[str, str] | None = None) -> None:
+        """Make a resource group unless it exists: its location is fixed once made, and a PUT naming
+        another is refused (InvalidResourceGroupLocation), while its resources may be in any region.
+        https://learn.microsoft.com/azure/azure-resource-manager/management/manage-resource-groups-portal"""
+        from libcloud.common.exceptions import BaseHTTPError
+
+        try:
+            driver.connection.request(path, params={"api-version": GROUP_API})
+        except BaseHTTPError as e:
+            if e.code != 404:
+                raise
+            self._put(driver, path, GROUP_API, {"location": region, **({"tags": tags} if tags else {})})
+
     def _ensure_network(self, driver, region: str) -> str:
         """The resource group and this region's virtual network (created once); returns the subnet id."""
         vnet = f"{self._group_path}/providers/Microsoft.Network/virtualNetworks/burla-{region}"
@@ -198,8 +155,7 @@ class AzureDriver(ThreadedCloudDriver):
         with self._network_lock:
             if region in self._networks_ready:
                 return subnet
-            self._put(driver, self._group_path, GROUP_API,
-                      {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id}})
+            self._ensure_group(driver, self._group_path, region, {CLUSTER_TAG: self.config.cluster_id})
             state = self._put(driver, vnet, NETWORK_API, {
                 "location": region, "tags": {CLUSTER_TAG: self.config.cluster_id},
                 "properties": {"addressSpace": {"addressPrefixes": [ADDRESS_SPACE]},
@@ -220,8 +176,8 @@ class AzureDriver(ThreadedCloudDriver):
         region = request.region or self.config.region
         subnet = self._ensure_network(driver, region)
         path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
-        image = self.config.gpu_image if request.gpu is not None else self.config.image
-        body = vm_body(image, node_id, request.machine_type or DEFAULT_MACHINE_TYPE, request.disk_gb, request.spot,
+        size = request.machine_type or DEFAULT_MACHINE_TYPE
+        body = vm_body(self._image(driver, request, region), node_id, size, request.disk_gb, request.spot,
                        dead_man_script(request.power_off_after_s) if request.power_off_after_s else None,
                        region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
                        security_group=self._node_security_group(driver, region), ssh_key=request.ssh_public_key)
@@ -240,6 +196,22 @@ class AzureDriver(ThreadedCloudDriver):
                 if refusal_kind(e) != CloudRefused.CAPACITY:
                     break
         raise regional
+
+    def _image(self, driver, request: BootRequest, region: str) -> str:
+        """What a node boots: the newest image baked for its key in its region if there is one (a
+        resource id), else the configured image (publisher:offer:sku:version)."""
+        if request.gpu is not None:
+            return self.config.gpu_image
+        key = self._bake_key(request)
+        if key is not None:
+            try:
+                baked = find_baked(driver, self._image_group_path, key, region)
+            except Exception as e:  # noqa: BLE001 - e.g. no Microsoft.Compute/images/read: the stock image serves
+                log.warning("could not look for a baked image: %s", e)
+                baked = None
+            if baked is not None:
+                return baked
+        return self.config.image
 
     def _node_security_group(self, driver, region: str) -> str:
         """`burla-nodes-<region>`: SSH in (logins take the cluster's key only); created once per region."""
@@ -318,6 +290,47 @@ class AzureDriver(ThreadedCloudDriver):
     async def machine_types(self) -> list[MachineType]:
         return await self._call(list_machines, self.config.subscription_id, self.config.region,
                                 self.config.prices_endpoint)
+
+    # --- baked images (burla.drivers.bake) -----------------------------------------------------
+
+    def _bake_key(self, request: BootRequest) -> str | None:
+        if not self.config.bake or request.gpu is not None or request.image is not None:
+            return None
+        major, minor = (request.python_version or this_python()).split(".")[:2]
+        _, offer, sku, _ = self.config.image.split(":")
+        architecture = size_architecture(request.machine_type or DEFAULT_MACHINE_TYPE)
+        return image_key(build_hash(), f"{major}.{minor}", f"{offer}-{sku}", architecture)
+
+    async def bake_key(self, request: BootRequest) -> str | None:
+        return self._bake_key(request)
+
+    @property
+    def _image_group_path(self) -> str:
+        return f"/subscriptions/{self.config.subscription_id}/resourceGroups/{self.config.image_group}"
+
+    async def baked_images(self) -> list[BakedImage]:
+        return await self._call(list_baked, self._image_group_path)
+
+    async def bake(self, node_id: str, key: str) -> BakedImage:
+        [vm] = await self._call(self._find, node_id)
+        region = vm.extra.get("location") or self.region
+
+        def start(driver) -> str:
+            self._ensure_group(driver, self._image_group_path, region)
+            return start_image(driver, vm.id, self._image_group_path, key, region)
+
+        name = await self._call(start)
+        deadline = time.monotonic() + BAKE_WAIT_S
+        while True:
+            baked = await self._call(image_state, self._image_group_path, name)
+            if baked.state == "available":
+                return baked
+            if baked.state == "failed" or time.monotonic() > deadline:
+                raise CloudRefused(f"azure: baking image {name} ended {baked.state}")
+            await asyncio.sleep(BAKE_POLL_S)
+
+    async def delete_baked_image(self, image_id: str) -> bool:
+        return await self._call(delete_baked, self._image_group_path, image_id)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         try:

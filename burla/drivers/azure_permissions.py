@@ -22,6 +22,9 @@ REQUIRED = (
     "Microsoft.Network/networkSecurityGroups/join/action", "Microsoft.Network/publicIPAddresses/write",
     "Microsoft.Network/publicIPAddresses/join/action", "Microsoft.Network/networkInterfaces/write",
     "Microsoft.Network/networkInterfaces/join/action",
+    # baking images of the node runtime (burla.drivers.azure_bake)
+    "Microsoft.Compute/virtualMachines/deallocate/action", "Microsoft.Compute/virtualMachines/generalize/action",
+    "Microsoft.Compute/images/read", "Microsoft.Compute/images/write", "Microsoft.Compute/images/delete",
 )
 GROUP_WRITE = "Microsoft.Resources/subscriptions/resourceGroups/write"  # when the group is still to be made
 FIX = ("assign the account the Contributor role (or Virtual Machine Contributor with Network Contributor) on the "

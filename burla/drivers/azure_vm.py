@@ -13,8 +13,13 @@ ADMIN_USER = "burla"  # the login user the VM is made with (the cluster's key on
 def vm_body(image: str, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,
             subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None) -> dict[str, Any]:
     """A VM's resource body: the cluster's key for the login user, only the power-off timer as
-    custom data, its NIC, public IP and OS disk deleted with it. `image` is publisher:offer:sku:version."""
-    publisher, offer, sku, version = image.split(":")
+    custom data, its NIC, public IP and OS disk deleted with it. `image` is publisher:offer:sku:version,
+    or the resource id of a managed image (one burla baked)."""
+    if image.startswith("/subscriptions/"):
+        reference = {"id": image}
+    else:
+        publisher, offer, sku, version = image.split(":")
+        reference = {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
     if ssh_key is None:
         raise CloudSetupError("Azure Linux VMs need an SSH key; burla authorises the cluster's key on every VM")
     os_disk: dict[str, Any] = {"createOption": "FromImage", "deleteOption": "Delete",
@@ -32,8 +37,7 @@ def vm_body(image: str, name: str, size: str, disk_gb: int | None, spot: bool, s
         nic["networkSecurityGroup"] = {"id": security_group}
     properties: dict[str, Any] = {
         "hardwareProfile": {"vmSize": size},
-        "storageProfile": {"imageReference": {"publisher": publisher, "offer": offer, "sku": sku,
-                                              "version": version}, "osDisk": os_disk},
+        "storageProfile": {"imageReference": reference, "osDisk": os_disk},
         "osProfile": {
             "computerName": name, "adminUsername": ADMIN_USER,
             "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [

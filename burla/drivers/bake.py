@@ -125,7 +125,7 @@ class ImageBaker:
                 await upload_setup(sftp, settings.wheel, settings.packages, None, None, script,
                                    installed_tag(request.python_version))
             for step, command in (("bootstrap", f"bash {remote(SCRIPT_FILE)}"),
-                                  ("scrub", scrub_script(BUILDER_POWER_OFF_S))):
+                                  ("scrub", scrub_script(BUILDER_POWER_OFF_S, self.inner.image_preparation))):
                 result = await connection.run(command, timeout=max(30.0, deadline - time.monotonic()))
                 if result.exit_status != 0:
                     tail = "\n".join(completed_output(result).splitlines()[-15:])

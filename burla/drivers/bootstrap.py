@@ -138,11 +138,12 @@ def install_script(python_version: str | None, source: PackageSource, extra: str
     ])
 
 
-def scrub_script(power_off_after_s: float) -> str:
+def scrub_script(power_off_after_s: float, preparation: str = "") -> str:
     """Run on an image builder once the bootstrap installed the node runtime, before its disk is
     imaged: nothing of a cluster stays in the image (no token, certificate, logs, or the cluster's
     SSH key: new VMs get their own key from the cloud, and cloud-init makes new host keys per
-    instance), and the builder powers itself off should its head not delete it."""
+    instance), the builder powers itself off should its head not delete it, and last the cloud's
+    own `preparation` runs (`as_root` is defined for it)."""
     return "\n".join([
         f'B="$HOME/{HOME_DIR}"',
         f'rm -rf "$B/{CONFIG_DIR}" "$B/{HEAD_CERT_FILE}" "$B/{HEAD_URL_FILE}" "$B/{NODE_LOG_FILE}" '
@@ -151,6 +152,7 @@ def scrub_script(power_off_after_s: float) -> str:
         'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
         f"as_root systemd-run --unit={DEAD_MAN_UNIT}-builder --on-active={max(1, int(power_off_after_s))}s "
         "/usr/sbin/shutdown -h now",
+        *([f"{{ {preparation}; }} || exit 1"] if preparation else []),  # an image it did not prepare fails its VMs
         "sync",
         "echo scrubbed",
     ])

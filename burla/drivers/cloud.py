@@ -33,6 +33,7 @@ class ThreadedCloudDriver(Driver):
     """A driver whose libcloud calls run in its own pool, one libcloud driver object per thread."""
 
     ssh_user: str  # the login its VMs' images accept
+    image_preparation = ""  # shell lines a scrubbed image builder runs last, as the cloud's imaging needs
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=f"libcloud-{self.name}")
