@@ -254,7 +254,7 @@ class FakeAzure(ImageApi, FakeCloudApi):
                                f"location '{location}'. Please try another size or deploy to a different location "
                                "or different zone. See https://aka.ms/azureskunotavailable for details.")
         refused = self.image_reference_refusal(m["subscription"], properties["storageProfile"]["imageReference"],
-                                               location)
+                                               location, size, VM_SIZES[size]["CpuArchitectureType"])
         if refused is not None:
             return refused
         over = self._over_quota(m["subscription"], location, size, properties.get("priority") == "Spot")

@@ -7,6 +7,7 @@ and generalizing a VM, images made from it, VMs made from an image, with the ref
 - An image is made only from a generalized VM (learn.microsoft.com/azure/virtual-machines/
   capture-image-resource), keeps its source's Hyper-V generation (Images - Create Or Update,
   `hyperVGeneration`), is Creating, then Succeeded.
+- A size boots images of its CPU's architecture only (Arm64 for `p` sizes).
 - A VM made from a managed image must be in the image's region
   (learn.microsoft.com/azure/virtual-machines/capture-image-resource: "...in the same region").
 """
@@ -36,6 +37,16 @@ def generation_of(reference: dict[str, Any], images: dict[tuple[str, str, str], 
     return "V1" if reference.get("sku", "").endswith("gen1") else "V2"
 
 
+def architecture_of(reference: dict[str, Any], sources: dict[str, dict[str, Any]]) -> str:
+    """What CPU an image is for: Canonical publishes Arm builds as `*-arm64` SKUs
+    (learn.microsoft.com/azure/virtual-machines/linux/quick-create-cli, "Arm64"); a managed image
+    is for its source VM's."""
+    if "id" in reference:
+        source = sources.get(reference["id"].lower())
+        return architecture_of(source, sources) if source is not None else "x64"
+    return "Arm64" if reference.get("sku", "").endswith("arm64") else "x64"
+
+
 class ImageApi:
     """Routes and state for VM deallocation, generalization and managed images."""
 
@@ -47,6 +58,7 @@ class ImageApi:
     def _init_images(self) -> None:
         self.images: dict[tuple[str, str, str], dict] = {}
         self.generalized: set[tuple[str, str, str]] = set()
+        self.image_sources: dict[str, dict[str, Any]] = {}  # image id (lowercase) -> its VM's imageReference
         # Told (VM id, image name) as an image is made from a VM's disk (the stand-in VMs copy it).
         self.image_made: list[Callable[[str, str], None]] = []
 
@@ -80,9 +92,17 @@ class ImageApi:
         self.generalized.add(key)
         return web.Response(status=200)
 
-    def image_reference_refusal(self, subscription: str, reference: dict[str, Any],
-                                location: str) -> web.Response | None:
-        """Why a VM can't be made from this managed image (None for a marketplace image, or one that serves)."""
+    def image_reference_refusal(self, subscription: str, reference: dict[str, Any], location: str, size: str,
+                                size_architecture: str) -> web.Response | None:
+        """Why a VM of `size` can't be made from this image (None when it can)."""
+        image_architecture = architecture_of(reference, self.image_sources)
+        if image_architecture != size_architecture:
+            # A size runs images of its CPU's architecture only (`p` sizes are Arm64).
+            # https://learn.microsoft.com/azure/virtual-machines/sizes/general-purpose/dpsv5-series
+            return self._error(400, "BadRequest", f"Cannot create a VM of size '{size}' because this VM size only "
+                               f"supports a CPU Architecture of '{size_architecture}', but an image or disk with CPU "
+                               f"Architecture '{image_architecture}' was given. Please check that the CPU "
+                               "Architecture of the image or disk is compatible with that of the VM size.")
         if "id" not in reference:
             return None
         image = next((i for (sub, _, _), i in self.images.items()
@@ -120,6 +140,7 @@ class ImageApi:
                                 "storageProfile": {"osDisk": {"osType": "Linux", "osState": "Generalized"}},
                                 "provisioningState": "Creating"}}
         self.images[(m["subscription"], m["group"], m["name"])] = image
+        self.image_sources[image["id"].lower()] = source["properties"]["storageProfile"]["imageReference"]
         for told in list(self.image_made):
             told(source["properties"]["vmId"], m["name"])
         return json_response(image, 201)

@@ -270,6 +270,7 @@ class FakeGce(FakeCloudApi):
                                                 "exists")
         image = {**self.fixture("image", image_project=project, family=name), "name": name, "family": None,
                  "labels": body.get("labels", {}), "sourceDisk": body["sourceDisk"], "status": "PENDING",
+                 "architecture": self._image_architecture(instance["sourceImage"]),
                  "id": str(next(self._ids)), "creationTimestamp": f"2026-12-03T10:{len(self.images):02d}:00.000-08:00",
                  "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{name}"}
         self.images[(project, name)] = image
@@ -335,13 +336,22 @@ class FakeGce(FakeCloudApi):
         return tuple(names.get(a["guestAcceleratorType"], a["guestAcceleratorType"])
                      for a in machine.get("accelerators", []) + attached for _ in range(a["guestAcceleratorCount"]))
 
+    def _image_architecture(self, source_image: str) -> str:
+        baked = next((i for i in self.images.values() if i["selfLink"] == source_image), None)
+        if baked is not None:
+            return baked["architecture"]
+        return "ARM64" if "-arm64-" in source_image else "X86_64"
+
     async def image_family(self, request: web.Request) -> web.Response:
+        """Public families, x86 and Arm: Debian and Ubuntu publish each release twice, the Arm one
+        under `FAMILY-arm64` (cloud.google.com/compute/docs/images/os-details)."""
         m = request.match_info
         dlvm = m["project"] == "deeplearning-platform-release" and m["family"] == "common-cu128-ubuntu-2204-nvidia-570"
-        if m["family"] not in ("debian-12", "ubuntu-2204-lts") and not dlvm:
+        if m["family"].removesuffix("-arm64") not in ("debian-12", "ubuntu-2204-lts") and not dlvm:
             return _error(404, "notFound", f"The resource 'projects/{m['project']}/global/images/family/"
                                            f"{m['family']}' was not found")
-        return json_response(self.fixture("image", image_project=m["project"], family=m["family"]))
+        image = self.fixture("image", image_project=m["project"], family=m["family"])
+        return json_response({**image, "architecture": "ARM64" if m["family"].endswith("-arm64") else "X86_64"})
 
     def _operation(self, project: str, zone: str, name: str, kind: str, instance_id: str) -> dict:
         op_name = f"operation-{next(self._ids)}"
@@ -394,6 +404,14 @@ class FakeGce(FakeCloudApi):
             return _error(400, "invalid", f"Invalid value for field 'resource.machineType': 'zones/{m['zone']}/"
                                           f"machineTypes/{machine_type}'. Machine type with name '{machine_type}' "
                                           f"does not exist in zone '{m['zone']}'.")
+        image_arch, machine_arch = self._image_architecture(boot["sourceImage"]), MACHINE_TYPES[machine_type][
+            "architecture"]
+        if image_arch != machine_arch:
+            # Arm machine types boot Arm images only, x86 ones x86 images (an image states its
+            # `architecture`). https://cloud.google.com/compute/docs/instances/arm-on-compute
+            return _error(400, "badRequest", f"Invalid resource usage: 'The machine type {machine_type} has "
+                                             f"architecture {machine_arch}, which is not compatible with the image "
+                                             f"architecture {image_arch}.'")
         if not boot_disk_fits(machine_type, disk_type):
             return _error(400, "badRequest", f"[{disk_type}, {machine_type}] features are not compatible for "
                                              "creating instance.")

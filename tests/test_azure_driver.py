@@ -271,10 +271,12 @@ def test_a_vm_that_powered_itself_off_is_still_allocated_and_the_next_head_delet
 
 def test_cloud_check_reads_the_subscription_and_says_what_azure_checks_at_boot(azure, tmp_path, monkeypatch):
     monkeypatch.setenv("BURLA_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "1")  # baking's permissions are checked too
     done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}
+    assert checks["image baking"]["status"] == "ok" and "burla-images" in checks["image baking"]["detail"]
     assert checks["credentials"]["status"] == "ok" and SUBSCRIPTION in checks["credentials"]["detail"]
     assert checks["image"]["detail"] == "Canonical:ubuntu-24_04-lts:server:latest"
     assert checks["vCPU quota"]["status"] == "ok" and checks["vCPU quota"]["detail"].startswith("cores in eastus")
@@ -295,8 +297,13 @@ def test_cloud_check_reads_the_subscription_and_says_what_azure_checks_at_boot(a
     azure.permissions = [{"actions": ["Microsoft.Compute/virtualMachines/*", "Microsoft.Network/*"], "notActions": []}]
     done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
-    permissions = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}["permissions"]
+    checks = {c["name"]: c for c in json.loads(done.stdout)["data"]["checks"]}
+    permissions = checks["permissions"]
     assert permissions["status"] == "ok" and permissions["detail"].endswith("on the resource group"), permissions
+    # Those roles can't keep images in burla-images: baking is told, not failed (boots install again).
+    assert done.returncode == 0 and checks["image baking"]["status"] == "warn"
+    assert "Microsoft.Compute/images/write" in checks["image baking"]["detail"]
+    assert "BURLA_BAKE_IMAGES=0" in checks["image baking"]["fix"]
     azure.quotas["standardDASv5Family"] = 4  # the default Standard_D8as_v5 needs 8
     done = subprocess.run([sys.executable, "-m", "burla", "cloud", "check", "--cloud", "azure", "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -518,20 +525,23 @@ def test_azure_refuses_imaging_steps_out_of_order_and_images_from_another_region
     asyncio.run(steps())
 
 
-def test_a_cluster_boots_in_a_second_region_without_moving_its_resource_group(azure):
-    """A resource group's location is fixed once made (the stand-in refuses a PUT naming another);
-    VMs of any region live in it."""
-    async def boot_twice() -> list[str]:
+def test_a_second_region_keeps_the_resource_group_and_an_arm_size_boots_the_arm_image(azure):
+    """A resource group's location is fixed once made (the stand-in refuses a PUT naming another),
+    VMs of any region live in it; an Arm size takes only an Arm image (the stand-in refuses x64)."""
+    async def boot_each() -> list[str]:
         booted = []
-        for region in ("westus3", "eastus"):
+        for region, size in (("westus3", "Standard_D2as_v5"), ("eastus", "Standard_D2as_v5"),
+                             ("eastus", "Standard_D4ps_v5")):
             driver = _driver(region)
             try:
-                booted += await driver.boot(BootRequest(1, "", "", machine_type="Standard_D2as_v5",
-                                                        ssh_public_key=CLUSTER_KEY))
+                booted += await driver.boot(BootRequest(1, "", "", machine_type=size, ssh_public_key=CLUSTER_KEY))
             finally:
                 await driver.close()
         return booted
 
-    assert len(asyncio.run(boot_twice())) == 2
-    assert {vm["location"] for vm in azure.machines.values()} == {"westus3", "eastus"}
+    assert len(asyncio.run(boot_each())) == 3
+    assert sorted(vm["location"] for vm in azure.machines.values()) == ["eastus", "eastus", "westus3"]
     assert [g["location"] for g in azure.groups.values()] == ["westus3"]
+    skus = {r.body["properties"]["hardwareProfile"]["vmSize"]: r.body["properties"]["storageProfile"][
+        "imageReference"]["sku"] for r in azure.logged("PUT", "/virtualMachines/")}
+    assert skus == {"Standard_D2as_v5": "server", "Standard_D4ps_v5": "server-arm64"}

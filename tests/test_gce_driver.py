@@ -145,16 +145,18 @@ def test_boot_disks_fit_their_machine_series(gce):
     driver = _driver()
 
     async def scenario():
-        for machine_type in ("n4-standard-4", "n1-standard-4", None):  # None: the default machine type
+        for machine_type in ("n4-standard-4", "n1-standard-4", None, "c4a-standard-4"):  # None: the default
             await driver.boot(BootRequest(1, "http://10.0.0.2:5001", "tok", machine_type=machine_type,
                                           ssh_public_key=CLUSTER_KEY))
         await driver.close()
 
     asyncio.run(scenario())
-    disks = [r.body["disks"][0]["initializeParams"]["diskType"].rsplit("/", 1)[-1]
-             for r in gce.logged("POST", "/instances")]
-    assert disks == ["hyperdisk-balanced", "pd-balanced", "hyperdisk-balanced"]
-    assert len(gce.instances) == 3
+    boots = [r.body["disks"][0]["initializeParams"] for r in gce.logged("POST", "/instances")]
+    assert [boot["diskType"].rsplit("/", 1)[-1] for boot in boots] == [
+        "hyperdisk-balanced", "pd-balanced", "hyperdisk-balanced", "hyperdisk-balanced"]
+    # The Arm machine boots the Arm twin of the image family.
+    assert ["/debian-12-arm64-" in boot["sourceImage"] for boot in boots] == [False, False, False, True]
+    assert len(gce.instances) == 4
 
 
 def test_the_stand_in_refuses_what_compute_engine_refuses(gce):
@@ -165,9 +167,10 @@ def test_the_stand_in_refuses_what_compute_engine_refuses(gce):
 
     def insert(name: str, machine_type: str, disk_type: str) -> tuple[int, str]:
         zone = f"{gce.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a"
+        image = "projects/debian-cloud/global/images/debian-12-v20261110"  # x86
         body = {"name": name, "machineType": f"{zone}/machineTypes/{machine_type}",
                 "disks": [{"boot": True, "initializeParams": {"diskType": f"{zone}/diskTypes/{disk_type}",
-                                                              "sourceImage": "debian-12"}}]}
+                                                              "sourceImage": image}}]}
         request = urllib.request.Request(f"{zone}/instances", json.dumps(body).encode(), method="POST",
                                          headers={"Authorization": f"Bearer {gce.tokens_issued[-1]}",
                                                   "Content-Type": "application/json"})
@@ -181,6 +184,9 @@ def test_the_stand_in_refuses_what_compute_engine_refuses(gce):
     assert insert("a", "n4-standard-4", "pd-balanced") == (
         400, "[pd-balanced, n4-standard-4] features are not compatible for creating instance.")
     assert insert("b", "n2-standard-4", "hyperdisk-balanced")[0] == 400
+    assert insert("e", "c4a-standard-4", "hyperdisk-balanced") == (
+        400, "Invalid resource usage: 'The machine type c4a-standard-4 has architecture ARM64, which is not compatible "
+             "with the image architecture X86_64.'")
     assert insert("c", "n4-standard-16", "hyperdisk-balanced") == (200, "")
     assert insert("d", "n4-standard-16", "hyperdisk-balanced") == (
         403, "Quota 'CPUS' exceeded.  Limit: 24.0 in region us-central1.")

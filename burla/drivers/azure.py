@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import threading
 import time
 import urllib.error
@@ -30,10 +29,18 @@ from typing import Any
 
 from burla.drivers.azure_auth import AzureToken
 from burla.drivers.azure_bake import PREPARE, delete_baked, find_baked, image_state, list_baked, start_image
+from burla.drivers.azure_checks import azure_checks
 from burla.drivers.azure_config import AzureConfig
 from burla.drivers.azure_machines import list_machines
-from burla.drivers.azure_permissions import FIX, PERMISSIONS_API, missing_actions
-from burla.drivers.azure_vm import ADMIN_USER, vm_body
+from burla.drivers.azure_vm import (
+    ADMIN_USER,
+    DEFAULT_MACHINE_TYPE,
+    GROUP_API,
+    VM_API,
+    size_architecture,
+    size_family,
+    vm_body,
+)
 from burla.drivers.bake import image_key
 from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script, this_python
@@ -45,39 +52,17 @@ from burla.process.build import build_hash
 from burla.protocol.states import MachineState
 
 log = logging.getLogger("burla.azure")
-DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
 # A size a region can't place (AllocationFailed, SkuNotAvailable) is asked for in each of its
 # availability zones (learn.microsoft.com/azure/reliability/availability-zones-overview: regions
 # with zones have three, named 1, 2 and 3; a region without them refuses a zonal request).
 ZONES = ("1", "2", "3")
-VM_API = "2024-07-01"
 NETWORK_API = "2024-05-01"
-GROUP_API = "2021-04-01"
 ADDRESS_SPACE = "10.42.0.0/16"
 ROLE_API = "2022-04-01"
 CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"  # built-in role id, the same in every tenant
 DEFAULT_HEAD_MACHINE_TYPE = "Standard_D2as_v5"
 BAKE_POLL_S = 5.0
 BAKE_WAIT_S = 1800.0
-
-
-def size_vcpus(size: str) -> int:
-    """Standard_D8as_v5 -> 8: the vCPUs in an Azure size's name."""
-    digits = re.search(r"\d+", size.split("_")[1]) if "_" in size else None
-    return int(digits.group(0)) if digits else 0
-
-
-def size_family(size: str) -> str:
-    """Standard_D8as_v5 -> standardDASv5Family: the quota name of a size's family (the usage API's)."""
-    _, name, *rest = size.split("_") if size.count("_") >= 1 else ("", size)
-    return f"standard{re.sub(r'[0-9]+', '', name).upper()}{''.join(rest)}Family"
-
-
-def size_architecture(size: str) -> str:
-    """Standard_D8ps_v5 -> arm64: `p` among a size's additive features marks an Arm CPU
-    (learn.microsoft.com/azure/virtual-machines/vm-naming-conventions)."""
-    name = size.split("_")[1] if "_" in size else size
-    return "arm64" if "p" in re.sub(r"^[A-Za-z]+[0-9]+", "", name) else "x86_64"
 
 
 def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
@@ -129,7 +114,7 @@ class AzureDriver(ThreadedCloudDriver):
     # --- resources ---------------------------------------------------------------------------
 
     @property
-    def _group_path(self) -> str:
+    def group_path(self) -> str:
         return f"/subscriptions/{self.config.subscription_id}/resourceGroups/{self.config.resource_group}"
 
     def _put(self, driver, path: str, api_version: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -150,12 +135,12 @@ class AzureDriver(ThreadedCloudDriver):
 
     def _ensure_network(self, driver, region: str) -> str:
         """The resource group and this region's virtual network (created once); returns the subnet id."""
-        vnet = f"{self._group_path}/providers/Microsoft.Network/virtualNetworks/burla-{region}"
+        vnet = f"{self.group_path}/providers/Microsoft.Network/virtualNetworks/burla-{region}"
         subnet = f"{vnet}/subnets/nodes"
         with self._network_lock:
             if region in self._networks_ready:
                 return subnet
-            self._ensure_group(driver, self._group_path, region, {CLUSTER_TAG: self.config.cluster_id})
+            self._ensure_group(driver, self.group_path, region, {CLUSTER_TAG: self.config.cluster_id})
             state = self._put(driver, vnet, NETWORK_API, {
                 "location": region, "tags": {CLUSTER_TAG: self.config.cluster_id},
                 "properties": {"addressSpace": {"addressPrefixes": [ADDRESS_SPACE]},
@@ -175,7 +160,7 @@ class AzureDriver(ThreadedCloudDriver):
     def _boot_one(self, driver, request: BootRequest, node_id: str) -> str:
         region = request.region or self.config.region
         subnet = self._ensure_network(driver, region)
-        path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
+        path = f"{self.group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
         size = request.machine_type or DEFAULT_MACHINE_TYPE
         body = vm_body(self._image(driver, request, region), node_id, size, request.disk_gb, request.spot,
                        dead_man_script(request.power_off_after_s) if request.power_off_after_s else None,
@@ -199,23 +184,27 @@ class AzureDriver(ThreadedCloudDriver):
 
     def _image(self, driver, request: BootRequest, region: str) -> str:
         """What a node boots: the newest image baked for its key in its region if there is one (a
-        resource id), else the configured image (publisher:offer:sku:version)."""
+        resource id), else the configured image (publisher:offer:sku:version), whose Arm build an
+        Arm size boots (Canonical's `*-arm64` SKUs, e.g. ubuntu-24_04-lts:server-arm64)."""
         if request.gpu is not None:
             return self.config.gpu_image
         key = self._bake_key(request)
         if key is not None:
             try:
-                baked = find_baked(driver, self._image_group_path, key, region)
+                baked = find_baked(driver, self.image_group_path, key, region)
             except Exception as e:  # noqa: BLE001 - e.g. no Microsoft.Compute/images/read: the stock image serves
                 log.warning("could not look for a baked image: %s", e)
                 baked = None
             if baked is not None:
                 return baked
+        publisher, offer, sku, version = self.config.image.split(":")
+        if size_architecture(request.machine_type or DEFAULT_MACHINE_TYPE) == "arm64" and not sku.endswith("arm64"):
+            return f"{publisher}:{offer}:{sku}-arm64:{version}"
         return self.config.image
 
     def _node_security_group(self, driver, region: str) -> str:
         """`burla-nodes-<region>`: SSH in (logins take the cluster's key only); created once per region."""
-        path = f"{self._group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-nodes-{region}"
+        path = f"{self.group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-nodes-{region}"
         with self._network_lock:
             if path not in self._networks_ready:
                 rule = {"name": "burla-ssh", "properties": {
@@ -230,7 +219,7 @@ class AzureDriver(ThreadedCloudDriver):
     def _address(self, driver, node_id: str) -> VmAddress | None:
         from libcloud.common.exceptions import BaseHTTPError
 
-        network = f"{self._group_path}/providers/Microsoft.Network"
+        network = f"{self.group_path}/providers/Microsoft.Network"
         try:
             public = driver.connection.request(f"{network}/publicIPAddresses/{node_id}-ip",
                                                params={"api-version": NETWORK_API}).object
@@ -305,24 +294,24 @@ class AzureDriver(ThreadedCloudDriver):
         return self._bake_key(request)
 
     @property
-    def _image_group_path(self) -> str:
+    def image_group_path(self) -> str:
         return f"/subscriptions/{self.config.subscription_id}/resourceGroups/{self.config.image_group}"
 
     async def baked_images(self) -> list[BakedImage]:
-        return await self._call(list_baked, self._image_group_path)
+        return await self._call(list_baked, self.image_group_path)
 
     async def bake(self, node_id: str, key: str) -> BakedImage:
         [vm] = await self._call(self._find, node_id)
         region = vm.extra.get("location") or self.region
 
         def start(driver) -> str:
-            self._ensure_group(driver, self._image_group_path, region)
-            return start_image(driver, vm.id, self._image_group_path, key, region)
+            self._ensure_group(driver, self.image_group_path, region)
+            return start_image(driver, vm.id, self.image_group_path, key, region)
 
         name = await self._call(start)
         deadline = time.monotonic() + BAKE_WAIT_S
         while True:
-            baked = await self._call(image_state, self._image_group_path, name)
+            baked = await self._call(image_state, self.image_group_path, name)
             if baked.state == "available":
                 return baked
             if baked.state == "failed" or time.monotonic() > deadline:
@@ -330,16 +319,16 @@ class AzureDriver(ThreadedCloudDriver):
             await asyncio.sleep(BAKE_POLL_S)
 
     async def delete_baked_image(self, image_id: str) -> bool:
-        return await self._call(delete_baked, self._image_group_path, image_id)
+        return await self._call(delete_baked, self.image_group_path, image_id)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         try:
-            return await self._call(self._quota_room, machine_type, spot)
+            return await self._call(self.quota_room_now, machine_type, spot)
         except CloudRefused as e:
             log.warning("could not read Azure's vCPU quotas: %s", e)
             return None
 
-    def _quota_room(self, driver, size: str, spot: bool) -> QuotaRoom | None:
+    def quota_room_now(self, driver, size: str, spot: bool) -> QuotaRoom | None:
         """The tighter of the region's vCPU quotas the size counts against: Total Regional vCPUs
         and its family's (Spot: the low-priority one), from the usage API.
         https://learn.microsoft.com/rest/api/compute/usage/list"""
@@ -356,46 +345,7 @@ class AzureDriver(ThreadedCloudDriver):
         return min(rooms, key=lambda room: room.free) if rooms else None
 
     def _checks(self, driver, machine_type: str | None) -> list[CloudCheck]:
-        """Credentials and subscription (by reading the cluster's resource group), the actions
-        booting needs (the permissions API), the image, the size's vCPU quota."""
-        from libcloud.common.exceptions import BaseHTTPError
-
-        try:
-            driver.connection.request(self._group_path, params={"api-version": GROUP_API})
-            group, scope = f"resource group {self.config.resource_group} exists", self._group_path
-        except BaseHTTPError as e:
-            if e.code != 404:
-                raise
-            group = f"resource group {self.config.resource_group} is made at the first boot"
-            scope = f"/subscriptions/{self.config.subscription_id}"
-        checks = [CloudCheck("credentials", CloudCheck.OK, f"subscription {self.config.subscription_id}; {group}")]
-        try:
-            entries = driver.connection.request(f"{scope}/providers/Microsoft.Authorization/permissions",
-                                                params={"api-version": PERMISSIONS_API}).object.get("value", [])
-            missing = missing_actions(entries, group_exists=scope == self._group_path)
-            checks.append(CloudCheck("permissions", CloudCheck.FAIL, "the account may not " + ", ".join(missing), FIX)
-                          if missing else CloudCheck("permissions", CloudCheck.OK, "every action booting needs is "
-                                                     "allowed on the " + ("resource group" if scope == self._group_path
-                                                                          else "subscription")))
-        except BaseHTTPError as e:
-            checks.append(CloudCheck("permissions", CloudCheck.WARN, f"could not read permissions: {e}",
-                                     "allow Microsoft.Authorization/permissions/read to have them checked ahead"))
-        image_parts = self.config.image.split(":")
-        checks.append(CloudCheck("image", CloudCheck.OK if len(image_parts) == 4 else CloudCheck.FAIL,
-                                 self.config.image, "" if len(image_parts) == 4 else
-                                 "set BURLA_AZURE_IMAGE to publisher:offer:sku:version"))
-        size = machine_type or DEFAULT_MACHINE_TYPE
-        room = self._quota_room(driver, size, spot=False)
-        if room is None:
-            checks.append(CloudCheck("vCPU quota", CloudCheck.WARN, f"no vCPU quota reported for {size}"))
-        else:
-            fits = room.free >= size_vcpus(size)
-            checks.append(CloudCheck("vCPU quota", CloudCheck.OK if fits else CloudCheck.FAIL,
-                                     f"{room.name}: {room.limit} vCPUs, {room.used} in use",
-                                     "" if fits else room.how_to_raise))
-        checks.append(CloudCheck("ssh path", CloudCheck.OK, "network security group burla-nodes-<region> opens port 22 "
-                                 "(made at the first boot)"))
-        return checks
+        return azure_checks(self, driver, machine_type or DEFAULT_MACHINE_TYPE)
 
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)
@@ -413,7 +363,7 @@ class AzureDriver(ThreadedCloudDriver):
     # --- the head VM of `burla deploy` --------------------------------------------------------
 
     def _head_security_group(self, driver, region: str, port: int) -> str:
-        path = f"{self._group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-head-{region}"
+        path = f"{self.group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-head-{region}"
         rules = [{"name": name, "properties": {
             "priority": priority, "direction": "Inbound", "access": "Allow", "protocol": "Tcp",
             "sourceAddressPrefix": "*", "sourcePortRange": "*", "destinationAddressPrefix": "*",
@@ -435,9 +385,9 @@ class AzureDriver(ThreadedCloudDriver):
                        False, None, region, subnet, {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
                        security_group, ssh_key=head.ssh_public_key)
         body["identity"] = {"type": "SystemAssigned"}  # the head boots nodes as the VM itself
-        path = f"{self._group_path}/providers/Microsoft.Compute/virtualMachines/{head.name}"
+        path = f"{self.group_path}/providers/Microsoft.Compute/virtualMachines/{head.name}"
         principal = self._put(driver, path, VM_API, body)["identity"]["principalId"]
-        assignment = f"{self._group_path}/providers/Microsoft.Authorization/roleAssignments/{uuid.uuid4()}"
+        assignment = f"{self.group_path}/providers/Microsoft.Authorization/roleAssignments/{uuid.uuid4()}"
         role = (f"/subscriptions/{self.config.subscription_id}/providers/Microsoft.Authorization/roleDefinitions/"
                 f"{CONTRIBUTOR_ROLE}")
         grant = {"properties": {"roleDefinitionId": role, "principalId": principal,
@@ -459,7 +409,7 @@ class AzureDriver(ThreadedCloudDriver):
     def _head_address(self, driver, name: str) -> str | None:
         from libcloud.common.exceptions import BaseHTTPError
 
-        path = f"{self._group_path}/providers/Microsoft.Network/publicIPAddresses/{name}-ip"
+        path = f"{self.group_path}/providers/Microsoft.Network/publicIPAddresses/{name}-ip"
         try:
             answer = driver.connection.request(path, params={"api-version": NETWORK_API}).object
         except BaseHTTPError as e:

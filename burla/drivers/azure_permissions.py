@@ -22,10 +22,14 @@ REQUIRED = (
     "Microsoft.Network/networkSecurityGroups/join/action", "Microsoft.Network/publicIPAddresses/write",
     "Microsoft.Network/publicIPAddresses/join/action", "Microsoft.Network/networkInterfaces/write",
     "Microsoft.Network/networkInterfaces/join/action",
-    # baking images of the node runtime (burla.drivers.azure_bake)
-    "Microsoft.Compute/virtualMachines/deallocate/action", "Microsoft.Compute/virtualMachines/generalize/action",
-    "Microsoft.Compute/images/read", "Microsoft.Compute/images/write", "Microsoft.Compute/images/delete",
 )
+# Baking images of the node runtime (burla.drivers.azure_bake): on the builder VM, in the cluster's
+# group, and on the images, in the images' group. Without them boots go on, installing each time.
+BAKING_VM = ("Microsoft.Compute/virtualMachines/deallocate/action",
+             "Microsoft.Compute/virtualMachines/generalize/action")
+BAKING_IMAGES = ("Microsoft.Compute/images/read", "Microsoft.Compute/images/write", "Microsoft.Compute/images/delete")
+BAKING_FIX = ("allow these actions (Contributor on the subscription has them) for faster second boots, or set "
+              "BURLA_BAKE_IMAGES=0 to stop trying")
 GROUP_WRITE = "Microsoft.Resources/subscriptions/resourceGroups/write"  # when the group is still to be made
 FIX = ("assign the account the Contributor role (or Virtual Machine Contributor with Network Contributor) on the "
        "resource group or subscription, or a role allowing these actions")
@@ -40,6 +44,7 @@ def allowed(entries: Iterable[dict[str, Any]], action: str) -> bool:
     return any(matches(e.get("actions", [])) and not matches(e.get("notActions", [])) for e in entries)
 
 
-def missing_actions(entries: list[dict[str, Any]], group_exists: bool) -> list[str]:
-    needed = REQUIRED if group_exists else (GROUP_WRITE, *REQUIRED)
+def missing_actions(entries: list[dict[str, Any]], group_exists: bool,
+                    needed: tuple[str, ...] = REQUIRED) -> list[str]:
+    needed = needed if group_exists else (GROUP_WRITE, *needed)
     return [action for action in needed if not allowed(entries, action)]

@@ -1,13 +1,37 @@
-"""The Azure VM resource burla creates for a node (Microsoft.Compute/virtualMachines, PUT body)."""
+"""The Azure VM resource burla creates for a node (Microsoft.Compute/virtualMachines, PUT body),
+and what a size's name says (vCPUs, quota family, CPU architecture)."""
 
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any
 
 from burla.errors import CloudSetupError
 
 ADMIN_USER = "burla"  # the login user the VM is made with (the cluster's key only)
+DEFAULT_MACHINE_TYPE = "Standard_D8as_v5"
+VM_API = "2024-07-01"
+GROUP_API = "2021-04-01"
+
+
+def size_vcpus(size: str) -> int:
+    """Standard_D8as_v5 -> 8: the vCPUs in an Azure size's name."""
+    digits = re.search(r"\d+", size.split("_")[1]) if "_" in size else None
+    return int(digits.group(0)) if digits else 0
+
+
+def size_family(size: str) -> str:
+    """Standard_D8as_v5 -> standardDASv5Family: the quota name of a size's family (the usage API's)."""
+    _, name, *rest = size.split("_") if size.count("_") >= 1 else ("", size)
+    return f"standard{re.sub(r'[0-9]+', '', name).upper()}{''.join(rest)}Family"
+
+
+def size_architecture(size: str) -> str:
+    """Standard_D8ps_v5 -> arm64: `p` among a size's additive features marks an Arm CPU
+    (learn.microsoft.com/azure/virtual-machines/vm-naming-conventions)."""
+    name = size.split("_")[1] if "_" in size else size
+    return "arm64" if "p" in re.sub(r"^[A-Za-z]+[0-9]+", "", name) else "x86_64"
 
 
 def vm_body(image: str, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,

@@ -142,9 +142,10 @@ class GceDriver(ThreadedCloudDriver):
             self._zones_of_region[region] = zones[0]
         return self._zones_of_region[region]
 
-    def _image(self, driver, gpu: bool = False, key: str | None = None):
+    def _image(self, driver, gpu: bool = False, key: str | None = None, arm: bool = False):
         """The image to boot: the newest baked for `key` (see bake_key) if there is one, else the
-        configured family's newest."""
+        configured family's newest; on an Arm machine the family's Arm twin (`debian-12-arm64`:
+        Debian and Ubuntu publish each release for both; cloud.google.com/compute/docs/images/os-details)."""
         baked = None
         if key:
             try:
@@ -157,10 +158,12 @@ class GceDriver(ThreadedCloudDriver):
         if named.startswith("https://"):
             return driver.ex_get_image_from_family(named)
         project, _, family = named.partition("/")
+        if arm and not family.endswith("-arm64"):
+            family = f"{family}-arm64"
         image = driver.ex_get_image_from_family(family, ex_project_list=[project], ex_standard_projects=False)
         if image is None:
             variable = "BURLA_GCP_GPU_IMAGE" if gpu else "BURLA_GCP_IMAGE"
-            needs = "Python 3 and the NVIDIA driver" if gpu else "Python 3"
+            needs = "Python 3 and the NVIDIA driver" if gpu else "Python 3" + (" for Arm" if arm else "")
             raise CloudSetupError(f"No image in family {family!r} of project {project!r}; set {variable} to "
                                   f"PROJECT/FAMILY of an image with {needs}.")
         return image
@@ -206,7 +209,8 @@ class GceDriver(ThreadedCloudDriver):
                                           f"{', '.join(sorted(ACCELERATORS))}.")
                 kwargs.update(ex_accelerator_type=accelerator, ex_accelerator_count=max(1, request.gpu_count))
         self._node_firewall(driver)
-        image = self._image(driver, request.gpu is not None, self._bake_key(machine_type, request))
+        image = self._image(driver, request.gpu is not None, self._bake_key(machine_type, request),
+                            machine_type.split("-", 1)[0] in ARM_SERIES)
         driver.create_node(node_id, machine_type, image, **kwargs)
         return node_id
 
