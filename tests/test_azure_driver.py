@@ -460,6 +460,8 @@ def test_a_managed_image_of_a_deprovisioned_generalized_builder_serves_the_next_
         assert image["properties"]["hyperVGeneration"] == "V2"  # the source VM's (Ubuntu's `server` SKU)
         builder = image["properties"]["sourceVirtualMachine"]["id"].rsplit("/", 1)[-1]
         assert builder.startswith("burla-bake-")
+        [made] = [r.body for r in azure.logged("PUT", f"/virtualMachines/{builder}")]
+        assert made["properties"]["hardwareProfile"]["vmSize"] == "Standard_D2as_v5"  # the family's smallest
         # Deprovisioned by its guest agent, deallocated, then generalized, in that order; then deleted.
         [deallocated] = azure.logged("POST", f"/virtualMachines/{builder}/deallocate")
         [generalized] = azure.logged("POST", f"/virtualMachines/{builder}/generalize")

@@ -41,7 +41,7 @@ def test_a_second_boot_comes_from_the_image_baked_after_the_first(moto, ec2_rule
         "--driver", "ec2", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(farm.map_path)])
     env = client_env(head)
     try:
-        assert _burla(env, "settings", "update", "--quantity", "1", "--machine-type", "m7i.large").returncode == 0
+        assert _burla(env, "settings", "update", "--quantity", "1", "--machine-type", "m7i.xlarge").returncode == 0
         started = _burla(env, "cluster", "start")
         assert started.returncode == 0, started.stdout + started.stderr
         [first] = wait_for_nodes(head, 1, timeout=240)
@@ -53,7 +53,7 @@ def test_a_second_boot_comes_from_the_image_baked_after_the_first(moto, ec2_rule
         key = {t["Key"]: t["Value"] for t in image["Tags"]}[KEY_TAG]
         assert key.endswith("-al2023-x86_64") and f"-py{sys.version_info[0]}{sys.version_info[1]}-" in key
         builders = [i for i in _instances(moto) if any(t["Value"].startswith("burla-bake-") for t in i["Tags"])]
-        assert len(builders) == 1
+        assert [b["InstanceType"] for b in builders] == ["m7i.large"]  # the family's smallest: cheap, little quota
         wait_until(lambda: [i["State"]["Name"] for i in _instances(moto) if i["InstanceId"] ==
                             builders[0]["InstanceId"]] == ["terminated"], timeout=120, what="the builder deleted")
         disk = tmp_path / "vms" / "images" / image["ImageId"] / "home"

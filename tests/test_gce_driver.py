@@ -509,10 +509,12 @@ def test_a_baked_image_of_a_builders_disk_serves_the_next_vm(gce, farm, tmp_path
     monkeypatch.setenv("BURLA_BAKE_IMAGES", "1")
     head = _cloud_head(tmp_path, farm, wheelhouse)
     try:
-        _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "n4-standard-2")
+        _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "n4-standard-4")
         _burla(head, "cluster", "start")
         [first] = wait_for_nodes(head, 1, timeout=240)
         wait_until(lambda: [i["status"] for i in gce.images.values()] == ["READY"], timeout=240, what="an image")
+        [builder] = [r.body for r in gce.logged("POST", "/instances") if r.body["name"].startswith("burla-bake-")]
+        assert builder["machineType"].endswith("/n4-standard-2")  # the series' smallest: cheap, little quota
         [image] = gce.images.values()
         assert image["labels"]["burla-image-key"].endswith("-debian-12-x86_64")
         assert image["sourceDisk"].startswith("zones/us-central1-a/disks/burla-bake-")

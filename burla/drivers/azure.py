@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 import urllib.error
@@ -296,6 +297,10 @@ class AzureDriver(ThreadedCloudDriver):
     @property
     def image_group_path(self) -> str:
         return f"/subscriptions/{self.config.subscription_id}/resourceGroups/{self.config.image_group}"
+
+    async def builder_machine_type(self, machine_type: str | None) -> str | None:
+        """The family's 2-vCPU size (Standard_D16as_v5 -> Standard_D2as_v5)."""
+        return re.sub(r"^(Standard_[A-Za-z]+)[0-9]+", r"\g<1>2", machine_type or DEFAULT_MACHINE_TYPE)
 
     async def baked_images(self) -> list[BakedImage]:
         return await self._call(list_baked, self.image_group_path)

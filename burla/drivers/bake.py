@@ -3,7 +3,7 @@ its dependencies), the head bakes a private image of that runtime in the backgro
 VMs of the same key (build, Python, image family, architecture) boot from it and skip the
 install.
 
-Baking never touches a node: a builder VM of the same machine type is booted, set up with the
+Baking never touches a node: a builder VM, the smallest of the node's machine family, is booted, set up with the
 bootstrap alone (no token, no certificate, no node), scrubbed (`bootstrap.scrub_script`: nothing
 of a cluster stays, and a power-off timer is armed in case this head dies), imaged by the cloud,
 and deleted. It carries the cluster's tags, so `burla cluster stop`, a stopping head and the next
@@ -84,7 +84,12 @@ class ImageBaker:
             log.warning("could not look for a baked image: %s", e)
             return
         builder = f"{BUILDER_PREFIX}-{secrets.token_hex(4)}"
-        build = dataclasses.replace(request, count=1, node_ids=(builder,), spot=False,
+        try:
+            machine_type = await self.inner.builder_machine_type(request.machine_type)
+        except Exception as e:  # noqa: BLE001 - the node's own type serves
+            log.warning("could not find a small machine of the family to bake on: %s", e)
+            machine_type = request.machine_type
+        build = dataclasses.replace(request, count=1, node_ids=(builder,), spot=False, machine_type=machine_type,
                                     ssh_public_key=self.settings.public_key, power_off_after_s=BUILDER_POWER_OFF_S)
         self.event(builder, "bake", f"baking an image of the node runtime for {key} on builder VM {builder}")
         started = time.monotonic()

@@ -158,6 +158,12 @@ class Driver(abc.ABC):
         this request: a container image, a user's own machine image) does not bake."""
         return None
 
+    async def builder_machine_type(self, machine_type: str | None) -> str | None:
+        """The machine an image builder for VMs of `machine_type` boots: the smallest of its
+        family (same architecture, same image), so baking bills little and leaves the quota to the
+        job; `machine_type` itself where the family's smallest can't be told."""
+        return machine_type
+
     async def baked_images(self) -> list[BakedImage]:
         """The baked images in the user's account (every cluster's: they hold no secret)."""
         return []

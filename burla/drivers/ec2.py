@@ -156,6 +156,16 @@ class Ec2Driver(ThreadedCloudDriver):
         machine = await self._call(instance_type, self.config.region, request.machine_type or DEFAULT_MACHINE_TYPE)
         return self._bake_key(machine, request.gpu_count > 0, request.python_version)
 
+    async def builder_machine_type(self, machine_type: str | None) -> str | None:
+        """`<family>.large` (m7i.48xlarge -> m7i.large), if the region describes it."""
+        name = machine_type or DEFAULT_MACHINE_TYPE
+        small = f"{name.split('.', 1)[0]}.large"
+        try:
+            await self._call(instance_type, self.config.region, small)
+        except (CloudSetupError, CloudRefused):
+            return name
+        return small
+
     async def baked_images(self) -> list[BakedImage]:
         return await self._call(lambda _: list_baked(self.client("ec2")))
 

@@ -295,6 +295,11 @@ class GceDriver(ThreadedCloudDriver):
     async def bake_key(self, request: BootRequest) -> str | None:
         return self._bake_key(request.machine_type or DEFAULT_MACHINE_TYPE, request)
 
+    async def builder_machine_type(self, machine_type: str | None) -> str | None:
+        """`<series>-standard-2` (n4-highmem-32 -> n4-standard-2): every series burla bakes for has it."""
+        series = (machine_type or DEFAULT_MACHINE_TYPE).split("-", 1)[0]
+        return f"{series}-standard-2"
+
     async def baked_images(self) -> list[BakedImage]:
         return await self._call(list_baked)
 
