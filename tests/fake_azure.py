@@ -108,6 +108,9 @@ class FakeAzure(ImageApi, FakeCloudApi):
         self.token_lifetime_s = 3599  # as the identity platform answers (expires_in)
         self.expired_tokens: set[str] = set()  # refused from now on, as once their hour is up
         self._ids = itertools.count(1)
+        # Each VM's addresses are its own: a deleted VM's are not handed out again while a test runs
+        # (a stand-in still answering at a reused address would be dialled for the new VM).
+        self._addresses = itertools.count(4)
         self._init_images()
         super().__init__()
 
@@ -276,14 +279,15 @@ class FakeAzure(ImageApi, FakeCloudApi):
             principal = str(uuid.UUID(int=next(self._ids)))
             self.identities[m["name"]] = principal
             machine["identity"] = {"type": "SystemAssigned", "principalId": principal, "tenantId": "tenant"}
+        host = next(self._addresses)
         ip_name = f"{m['name']}-ip"
         self.public_ips[(m["subscription"], m["group"], ip_name)] = self.fixture(
             "public_ip", subscription=m["subscription"], group=m["group"], name=ip_name, vm=m["name"],
-            location=body["location"], address=f"20.61.0.{len(self.public_ips) + 4}")
+            location=body["location"], address=f"20.61.0.{host}")
         nic_name = f"{m['name']}-nic"
         self.network_interfaces[(m["subscription"], m["group"], nic_name)] = self.fixture(
             "network_interface", subscription=m["subscription"], group=m["group"], name=nic_name, vm=m["name"],
-            location=body["location"], subnet=subnet, private_address=f"10.42.0.{len(self.network_interfaces) + 4}")
+            location=body["location"], subnet=subnet, private_address=f"10.42.0.{host}")
         self.custom_data[m["name"]] = properties["osProfile"].get("customData", "")
         self.machines[(m["subscription"], m["group"], m["name"])] = machine
         self.power_states[(m["subscription"], m["group"], m["name"])] = "running"

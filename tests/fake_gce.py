@@ -12,6 +12,7 @@ import re
 from aiohttp import web
 
 from tests.fake_cloud_api import JSON_BODY, FakeCloudApi, json_response
+from tests.fake_gce_billing import BillingCatalog
 
 PREFIX = "/compute/v1/projects/{project}"
 LABEL_FILTER = re.compile(r"^labels\.([\w-]+)\s*=\s*\"?([\w-]+)\"?$")
@@ -96,7 +97,7 @@ def _error(status: int, reason: str, message: str) -> web.Response:
                                     "errors": [{"message": message, "domain": "global", "reason": reason}]}}, status)
 
 
-class FakeGce(FakeCloudApi):
+class FakeGce(BillingCatalog, FakeCloudApi):
     fixture_dir = "gce"
 
     def __init__(self) -> None:
@@ -120,6 +121,10 @@ class FakeGce(FakeCloudApi):
         # farm copies that VM's disk then.
         self.image_made: list = []
         self._ids = itertools.count(4_861_000_000_000_000_001)
+        # Each VM's addresses are its own: a deleted VM's are not handed out again while a test runs
+        # (a stand-in still answering at a reused address would be dialled for the new VM).
+        self._addresses = itertools.count(2)
+        self._init_billing()
         super().__init__()
 
     # --- OAuth ----------------------------------------------------------------------------
@@ -140,7 +145,7 @@ class FakeGce(FakeCloudApi):
 
     @web.middleware
     async def _authorize(self, request: web.Request, handler) -> web.StreamResponse:
-        if request.path.startswith(("/compute/", "/v1/projects/")):
+        if request.path.startswith(("/compute/", "/v1/projects/", "/v1/services/")):
             bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
             if bearer not in self.tokens_issued or bearer in self.expired_tokens:
                 return _error(401, "authError", "Request had invalid authentication credentials.")
@@ -174,6 +179,7 @@ class FakeGce(FakeCloudApi):
         app.router.add_post(p + "/global/firewalls", self.insert_firewall)
         app.router.add_get(p + "/global/firewalls/{name}", self.get_firewall)
         app.router.add_get(p + "/global/operations/{op}", self.operation)
+        self.billing_routes(app)
 
     @staticmethod
     def _region_of(zone: str) -> str:
@@ -430,10 +436,11 @@ class FakeGce(FakeCloudApi):
                 "fulfill the request.  Try a different zone, or try again later.")}]}
             op.update(httpErrorStatusCode=503, httpErrorMessage="SERVICE UNAVAILABLE")
             return json_response(op)
+        host = next(self._addresses)
         instance = self.fixture(
             "instance", project=m["project"], zone=m["zone"], region=self._region_of(m["zone"]), name=body["name"],
             instance_id=str(next(self._ids)), machine_type=body["machineType"].rsplit("/", 1)[-1], status="RUNNING",
-            internal_ip=f"10.128.0.{len(self.instances) + 2}", external_ip=f"34.10.0.{len(self.instances) + 2}",
+            internal_ip=f"10.128.0.{host}", external_ip=f"34.10.0.{host}",
             size_gb=str(boot.get("diskSizeGb") or 10),
         )
         for copied in ("labels", "scheduling", "guestAccelerators", "tags", "serviceAccounts"):

@@ -117,3 +117,30 @@ def test_the_baked_image_key_names_build_python_family_and_architecture():
 
     assert image_key("0.2.0+c18313333c8f7d18", "3.11", "al2023", "arm64") == (
         "0-2-0-c18313333c8f7d18-py311-al2023-arm64")  # what AMI names and GCE labels take
+
+
+def test_a_baked_image_lookup_serves_boots_for_a_while_and_a_failed_one_serves_none():
+    from burla.drivers.bake import BakedLookup
+
+    now = [1000.0]
+    lookup = BakedLookup(ttl_s=60, clock=lambda: now[0])  # a clock the test moves
+    looked: list[str] = []
+
+    def look(key: str) -> str | None:
+        looked.append(key)
+        return None
+
+    assert lookup.find("k", look) is None and lookup.find("k", look) is None
+    assert looked == ["k"]  # one list call serves every VM of the grow
+    lookup.remember("k", "ami-1")  # this head baked one
+    assert lookup.find("k", look) == "ami-1" and looked == ["k"]
+    now[0] += 61
+    assert lookup.find("k", lambda key: "ami-2") == "ami-2"  # older than the TTL: asked again
+    lookup.forget()
+
+    def refused(key: str) -> str | None:
+        raise PermissionError("no ec2:DescribeImages")
+
+    assert lookup.find("k", refused) is None  # the stock image serves...
+    assert lookup.find("k", lambda key: "ami-3") == "ami-3"  # ...and a failure is not remembered
+    assert lookup.find(None, look) is None and looked == ["k"]  # no key (GPU, image=): nothing to look for

@@ -63,6 +63,7 @@ def gce(monkeypatch, tmp_path):
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
     monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE", fake.url + "/compute/v1/")
     monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER", fake.url + "/")
+    monkeypatch.setenv("CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBILLING", fake.url + "/")
     monkeypatch.setenv("BURLA_BAKE_IMAGES", "0")  # heads bake after a first boot: test_bake turns it on
     try:
         yield fake
@@ -481,6 +482,7 @@ def test_machine_types_are_listed_for_each_zone_of_the_region_page_by_page(gce, 
         return asyncio.run(read())
 
     gce.page_size = 7  # the API's pages are 500 long; zones list more machine types than that
+    gce.sku_page_size = 40  # the price catalog's are 5,000 long, over tens of thousands of SKUs
     gce.withdrawn |= {("n4-standard-80", zone) for zone in ("us-central1-a", "us-central1-b", "us-central1-c",
                                                             "us-central1-d")}
     central = catalog("us-central1")
@@ -491,8 +493,17 @@ def test_machine_types_are_listed_for_each_zone_of_the_region_page_by_page(gce, 
     assert "n4-standard-80" not in by_name  # no zone of the region offers it
     n4 = by_name["n4-standard-8"]
     assert (n4.vcpus, n4.memory_gb, n4.gpu, n4.arch) == (8, 32.0, None, "x86_64")
-    assert n4.usd_per_hour == pytest.approx(8 * 0.0474)  # libcloud has no N4 rates: the offline estimate
-    assert by_name["n2-standard-8"].usd_per_hour == pytest.approx(8 * 0.031611 + 32 * 0.004237, abs=1e-4)  # libcloud's
+    # Prices from the Cloud Billing Catalog's on-demand rates (read page by page; Spot, commitment,
+    # custom and sole-tenant SKUs passed over): a series' vCPU and GiB rates, plus built-in GPUs.
+    assert gce.sku_listings > 1
+    assert n4.usd_per_hour == pytest.approx(8 * 0.030294 + 32 * 0.004070, abs=1e-4)
+    assert by_name["n1-standard-8"].usd_per_hour == pytest.approx(8 * 0.031611 + 30 * 0.004237, abs=1e-4)
+    assert by_name["a2-highgpu-2g"].usd_per_hour == pytest.approx(24 * 0.031611 + 170 * 0.004237 + 2 * 2.933908,
+                                                                  abs=1e-3)
+    assert by_name["a3-highgpu-8g"].usd_per_hour == pytest.approx(208 * 0.03984 + 1872 * 0.00534 + 8 * 11.06125,
+                                                                  abs=1e-3)
+    assert by_name["g2-standard-24"].usd_per_hour == pytest.approx(24 * 0.024988 + 96 * 0.002927 + 2 * 0.560706,
+                                                                   abs=1e-3)
     assert (by_name["a2-highgpu-2g"].gpu, by_name["a2-highgpu-2g"].gpu_count, by_name["a2-highgpu-2g"].vcpus) == (
         "A100_40G", 2, 24)
     assert by_name["a2-ultragpu-1g"].gpu == "A100_80G" and by_name["a3-highgpu-8g"].gpu == "H100_80G"
@@ -500,6 +511,11 @@ def test_machine_types_are_listed_for_each_zone_of_the_region_page_by_page(gce, 
     assert by_name["c4a-standard-8"].arch == "arm64"
     east = {m.name for m in catalog("us-east1").machines}
     assert "a2-highgpu-1g" in east and "a3-highgpu-8g" not in east  # A3 is not offered in us-east1's zones
+    # A project without the Cloud Billing API: libcloud's rates where it has them, else the offline estimate.
+    gce.billing_disabled = True
+    fallback = {m.name: m for m in catalog("europe-west4").machines}
+    assert fallback["n4-standard-8"].usd_per_hour == pytest.approx(8 * 0.0474)
+    assert fallback["n2-standard-8"].usd_per_hour is not None
 
 
 @pytest.mark.timeout(600)

@@ -259,13 +259,26 @@ class StandinVm:
                                    f'*--query-gpu=*) printf "{usage}";; *) echo "NVIDIA-SMI 550";; esac\n')
         return shims
 
+    def authorized_keys(self) -> set[bytes]:
+        """The keys ~/.ssh/authorized_keys authorises now (sshd's AuthorizedKeysFile, read per login)."""
+        try:
+            lines = (self.home / ".ssh" / "authorized_keys").read_text().splitlines()
+        except OSError:
+            return set()
+        keys = set()
+        for line in lines:
+            if line.strip() and not line.startswith("#"):
+                with contextlib.suppress(ValueError, asyncssh.KeyImportError):
+                    keys.add(asyncssh.import_public_key(line.strip()).public_data)
+        return keys
+
     @property
     def powered_off(self) -> bool:
         return (self.root / "powered-off").exists()
 
     async def start(self) -> int:
         # cloud-init's first boot of an instance: the cloud's key in the login user's authorized_keys
-        # (this sshd checks the key it was given; the file is what an image made of this disk keeps).
+        # (this sshd reads that file at each login, as sshd does: a scrubbed builder takes no login).
         (self.home / ".ssh").mkdir(mode=0o700, exist_ok=True)
         (self.home / ".ssh" / "authorized_keys").write_text(self.authorized_key + "\n")
         vm = self
@@ -290,7 +303,7 @@ class StandinVm:
                 if vm.login_user is not None and username != vm.login_user:
                     vm.refused_users.append(username)
                     return False
-                return key.public_data == vm.public_key.public_data
+                return key.public_data in vm.authorized_keys()
 
             def server_requested(self, listen_host: str, listen_port: int) -> bool:
                 return listen_host in ("127.0.0.1", "localhost")  # remote forwards on the VM's loopback

@@ -29,7 +29,15 @@ import urllib.request
 from typing import Any
 
 from burla.drivers.azure_auth import AzureToken
-from burla.drivers.azure_bake import PREPARE, delete_baked, find_baked, image_state, list_baked, start_image
+from burla.drivers.azure_bake import (
+    PREPARE,
+    delete_baked,
+    find_baked,
+    image_id,
+    image_state,
+    list_baked,
+    start_image,
+)
 from burla.drivers.azure_checks import azure_checks
 from burla.drivers.azure_config import AzureConfig
 from burla.drivers.azure_machines import list_machines
@@ -189,15 +197,11 @@ class AzureDriver(ThreadedCloudDriver):
         Arm size boots (Canonical's `*-arm64` SKUs, e.g. ubuntu-24_04-lts:server-arm64)."""
         if request.gpu is not None:
             return self.config.gpu_image
-        key = self._bake_key(request)
-        if key is not None:
-            try:
-                baked = find_baked(driver, self.image_group_path, key, region)
-            except Exception as e:  # noqa: BLE001 - e.g. no Microsoft.Compute/images/read: the stock image serves
-                log.warning("could not look for a baked image: %s", e)
-                baked = None
-            if baked is not None:
-                return baked
+        key = self._bake_key(request)  # an image serves its own region only
+        baked = self.baked.find(f"{key}@{region}" if key else None,
+                                lambda _: find_baked(driver, self.image_group_path, key or "", region))
+        if baked is not None:
+            return baked
         publisher, offer, sku, version = self.config.image.split(":")
         if size_architecture(request.machine_type or DEFAULT_MACHINE_TYPE) == "arm64" and not sku.endswith("arm64"):
             return f"{publisher}:{offer}:{sku}-arm64:{version}"
@@ -318,12 +322,14 @@ class AzureDriver(ThreadedCloudDriver):
         while True:
             baked = await self._call(image_state, self.image_group_path, name)
             if baked.state == "available":
+                self.baked.remember(f"{key}@{region}", image_id(self.image_group_path, name))
                 return baked
             if baked.state == "failed" or time.monotonic() > deadline:
                 raise CloudRefused(f"azure: baking image {name} ended {baked.state}")
             await asyncio.sleep(BAKE_POLL_S)
 
     async def delete_baked_image(self, image_id: str) -> bool:
+        self.baked.forget()
         return await self._call(delete_baked, self.image_group_path, image_id)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:

@@ -42,6 +42,11 @@ def _baked(image: dict[str, Any]) -> BakedImage:
                       (image.get("tags") or {}).get("burla-created", ""), STATES.get(state, state.lower()))
 
 
+def image_id(group_path: str, name: str) -> str:
+    """The resource id of the image `name` in the resource group at `group_path`."""
+    return f"{group_path}/providers/Microsoft.Compute/images/{name}"
+
+
 def _images(driver: Any, group_path: str) -> list[dict[str, Any]]:
     from libcloud.common.exceptions import BaseHTTPError
 
@@ -99,7 +104,7 @@ def start_image(driver: Any, vm_path: str, group_path: str, key: str, region: st
     if generation:  # the image's must be its source's
         properties["hyperVGeneration"] = generation
     image_tags = {KEY_TAG: key, "burla-created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    driver.connection.request(f"{group_path}/providers/Microsoft.Compute/images/{name}", params=params, method="PUT",
+    driver.connection.request(image_id(group_path, name), params=params, method="PUT",
                               data={"location": region, "tags": image_tags, "properties": properties})
     return name
 
@@ -108,7 +113,7 @@ def image_state(driver: Any, group_path: str, name: str) -> BakedImage:
     from libcloud.common.exceptions import BaseHTTPError
 
     try:
-        return _baked(driver.connection.request(f"{group_path}/providers/Microsoft.Compute/images/{name}",
+        return _baked(driver.connection.request(image_id(group_path, name),
                                                 params={"api-version": IMAGE_API}).object)
     except BaseHTTPError as e:
         if e.code == 404:
@@ -120,7 +125,7 @@ def delete_baked(driver: Any, group_path: str, name: str) -> bool:
     """A managed image keeps its own copy of the disk (no snapshot is left behind)."""
     from libcloud.common.exceptions import BaseHTTPError
 
-    path, params = f"{group_path}/providers/Microsoft.Compute/images/{name}", {"api-version": IMAGE_API}
+    path, params = image_id(group_path, name), {"api-version": IMAGE_API}
     try:
         image = driver.connection.request(path, params=params).object
     except BaseHTTPError as e:

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 BUILDER_PREFIX = "burla-bake"
 ADDRESS_POLL_S = 3.0
 BUILDER_POWER_OFF_S = 3600.0  # a builder its head never deleted powers itself off after this long
+LOOKUP_TTL_S = 60.0  # how long a baked-image lookup's answer serves boots
 NodeEvent = Callable[[str, str, str], None]  # (node id, kind, detail)
 
 
@@ -52,6 +54,47 @@ def image_key(build: str, python: str, family: str, architecture: str) -> str:
     architecture, in the characters every cloud takes in image names and labels (lowercase
     letters, digits, `-` and `_`), e.g. `0-2-0-c18313333c8f7d18-py311-al2023-x86_64`."""
     return re.sub(r"[^a-z0-9_-]", "-", f"{build}-py{python.replace('.', '')}-{family}-{architecture}".lower())[:63]
+
+
+class BakedLookup:
+    """The newest baked image of each key, as a lookup last found it (None: none), remembered for
+    `ttl_s`: the VMs of one grow boot from one answer (one list call, not one per VM), and images
+    another head bakes are seen within `ttl_s`. A lookup that fails answers None for now: the stock
+    image serves. Thread-safe (drivers boot from a pool); one lookup per key at a time."""
+
+    def __init__(self, ttl_s: float = LOOKUP_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._found: dict[str, tuple[float, str | None]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def find(self, key: str | None, look: Callable[[str], str | None]) -> str | None:
+        if key is None:
+            return None
+        with self._lock:
+            key_lock = self._locks.setdefault(key, threading.Lock())
+        with key_lock:
+            known = self._found.get(key)
+            if known is not None and self._clock() - known[0] < self.ttl_s:
+                return known[1]
+            try:
+                found = look(key)
+            except Exception as e:  # noqa: BLE001 - e.g. no permission to list images: the stock image serves
+                log.warning("could not look for a baked image: %s", e)
+                return None
+            self._found[key] = (self._clock(), found)
+            return found
+
+    def remember(self, key: str, image: str) -> None:
+        """This head just baked `image` for `key`: boots use it from now on."""
+        with self._lock:
+            self._found[key] = (self._clock(), image)
+
+    def forget(self) -> None:
+        """An image was deleted: every key is looked up again."""
+        with self._lock:
+            self._found.clear()
 
 
 class ImageBaker:

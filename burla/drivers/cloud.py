@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from burla.drivers.bake import BakedLookup
 from burla.drivers.base import BootRequest, CloudCheck, Driver, VmAddress
 from burla.errors import BurlaError, CloudRefused, CloudSetupError
 
@@ -39,6 +40,7 @@ class ThreadedCloudDriver(Driver):
         self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=f"libcloud-{self.name}")
         self._local = threading.local()
         self.on_boot_failed = None
+        self.baked = BakedLookup()  # boots read the newest baked image of their key through it
 
     @abc.abstractmethod
     def _new_libcloud_driver(self) -> Any:

@@ -132,13 +132,8 @@ class Ec2Driver(ThreadedCloudDriver):
             image = image_by_id(driver, self.config.ami, machine, self.config.region)
             return image, self.config.ssh_user or LOGIN_USER_BY_OWNER.get(image.extra.get("owner_id"), "ec2-user")
         family = FAMILIES[GPU_FAMILY if gpu else self.config.image_family]
-        key = self._bake_key(machine, gpu, python_version)
-        baked = None
-        if key:
-            try:
-                baked = find_baked(self.client("ec2"), key)
-            except Exception as e:  # noqa: BLE001 - a baked image is an optimisation: the stock one serves
-                log.warning("could not look for a baked image: %s", e)
+        baked = self.baked.find(self._bake_key(machine, gpu, python_version),
+                                lambda key: find_baked(self.client("ec2"), key))
         if baked is not None:
             return driver.list_images(ex_image_ids=[baked])[0], self.config.ssh_user or family.login_user
         image = newest_image(driver, family, architecture_of(machine), self.config.region)
@@ -179,12 +174,14 @@ class Ec2Driver(ThreadedCloudDriver):
         while True:
             baked = await self._call(lambda _: image_state(self.client("ec2"), image_id))
             if baked.state == "available":
+                self.baked.remember(key, baked.image_id)
                 return baked
             if baked.state in ("failed", "invalid", "error") or time.monotonic() > deadline:
                 raise CloudRefused(f"ec2: baking image {image_id} ended {baked.state}")
             await asyncio.sleep(BAKE_POLL_S)
 
     async def delete_baked_image(self, image_id: str) -> bool:
+        self.baked.forget()
         return await self._call(lambda _: delete_baked(self.client("ec2"), image_id))
 
     def login_user(self, node_id: str) -> str:

@@ -34,6 +34,7 @@ from burla.drivers.gce_bake import delete_baked, find_baked, image_state, list_b
 from burla.drivers.gce_config import SCOPES, GceConfig, GoogleToken
 from burla.drivers.gce_machines import list_machines
 from burla.drivers.gce_permissions import REQUIRED, ROLES_FIX, missing_permissions
+from burla.drivers.gce_prices import catalog_rates
 from burla.drivers.head_vm import ROLE_TAG, HeadMachine
 from burla.errors import CloudRefused, CloudSetupError
 from burla.process.build import build_hash
@@ -146,14 +147,9 @@ class GceDriver(ThreadedCloudDriver):
         """The image to boot: the newest baked for `key` (see bake_key) if there is one, else the
         configured family's newest; on an Arm machine the family's Arm twin (`debian-12-arm64`:
         Debian and Ubuntu publish each release for both; cloud.google.com/compute/docs/images/os-details)."""
-        baked = None
-        if key:
-            try:
-                baked = find_baked(driver, key)
-            except Exception as e:  # noqa: BLE001 - e.g. no compute.images.list: the stock image serves
-                log.warning("could not look for a baked image: %s", e)
+        baked = self.baked.find(key, lambda wanted: find_baked(driver, wanted))
         if baked is not None:
-            return driver.ex_get_image(baked["name"], ex_project_list=[self.config.project], ex_standard_projects=False)
+            return driver.ex_get_image(baked, ex_project_list=[self.config.project], ex_standard_projects=False)
         named = self.config.gpu_image if gpu else self.config.image
         if named.startswith("https://"):
             return driver.ex_get_image_from_family(named)
@@ -281,7 +277,15 @@ class GceDriver(ThreadedCloudDriver):
         return self.config.region or zone.rsplit("-", 1)[0]
 
     async def machine_types(self) -> list[MachineType]:
-        return await self._call(lambda driver: list_machines(driver, self.region, self._zones_to_try(driver, None)))
+        def listed(driver) -> list[MachineType]:
+            try:
+                rates = catalog_rates(self._token.access_token, self.region, self.config.billing_endpoint)
+            except (OSError, ValueError) as e:  # e.g. the Cloud Billing API not enabled: other prices serve
+                log.warning("could not read Compute Engine's prices from the Cloud Billing Catalog: %s", e)
+                rates = None
+            return list_machines(driver, self.region, self._zones_to_try(driver, None), rates)
+
+        return await self._call(listed)
 
     # --- baked images (burla.drivers.bake) -----------------------------------------------------
 
@@ -313,12 +317,14 @@ class GceDriver(ThreadedCloudDriver):
         while True:
             baked = await self._call(image_state, name)
             if baked.state == "available":
+                self.baked.remember(key, name)
                 return baked
             if baked.state == "failed" or time.monotonic() > deadline:
                 raise CloudRefused(f"gce: baking image {name} ended {baked.state}")
             await asyncio.sleep(BAKE_POLL_S)
 
     async def delete_baked_image(self, image_id: str) -> bool:
+        self.baked.forget()
         return await self._call(delete_baked, image_id)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:

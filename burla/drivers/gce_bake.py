@@ -45,10 +45,10 @@ def list_baked(driver: Any) -> list[BakedImage]:
     return sorted((_baked(i) for i in _listed(driver, f"labels.{KEY_LABEL}:*")), key=lambda b: b.created, reverse=True)
 
 
-def find_baked(driver: Any, key: str) -> dict[str, Any] | None:
-    """The newest READY image baked for `key`, if there is one."""
+def find_baked(driver: Any, key: str) -> str | None:
+    """The name of the newest READY image baked for `key`, if there is one."""
     ready = [i for i in _listed(driver, f'labels.{KEY_LABEL} = "{key}"') if i.get("status") == "READY"]
-    return max(ready, key=lambda image: image.get("creationTimestamp", "")) if ready else None
+    return max(ready, key=lambda image: image.get("creationTimestamp", ""))["name"] if ready else None
 
 
 def start_image(driver: Any, instance: dict[str, Any], key: str) -> str:

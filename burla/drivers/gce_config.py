@@ -34,6 +34,7 @@ class GceConfig:
     region: str | None = None  # gcloud's compute/region, or --region
     endpoint: str | None = None  # CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE
     resource_manager_endpoint: str | None = None  # CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER
+    billing_endpoint: str | None = None  # CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBILLING (the price catalog)
     image: str = DEFAULT_IMAGE  # PROJECT/FAMILY, or an image selfLink
     gpu_image: str = GPU_IMAGE  # the same, for machines with GPUs
     network: str = "default"
@@ -56,6 +57,7 @@ class GceConfig:
             region=region or environ.get("CLOUDSDK_COMPUTE_REGION") or gcloud.get(("compute", "region")) or None,
             endpoint=environ.get("CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE") or None,
             resource_manager_endpoint=environ.get("CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER") or None,
+            billing_endpoint=environ.get("CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBILLING") or None,
             image=environ.get("BURLA_GCP_IMAGE") or DEFAULT_IMAGE,
             gpu_image=environ.get("BURLA_GCP_GPU_IMAGE") or GPU_IMAGE,
             network=environ.get("BURLA_GCP_NETWORK") or "default",
@@ -68,7 +70,8 @@ class GceConfig:
                     "CLOUDSDK_COMPUTE_REGION": self.region or "", "BURLA_GCP_IMAGE": self.image,
                     "BURLA_GCP_GPU_IMAGE": self.gpu_image, "BURLA_BAKE_IMAGES": "" if self.bake else "0",
                     "BURLA_GCP_NETWORK": self.network, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": self.endpoint or "",
-                    "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER": self.resource_manager_endpoint or ""}
+                    "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDRESOURCEMANAGER": self.resource_manager_endpoint or "",
+                    "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBILLING": self.billing_endpoint or ""}
         return {k: v for k, v in settings.items() if v}
 
 
