@@ -17,7 +17,6 @@ Resource Manager connection.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -50,7 +49,7 @@ from burla.drivers.azure_vm import (
     size_family,
     vm_body,
 )
-from burla.drivers.bake import image_key
+from burla.drivers.bake import image_key, until_available
 from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType
@@ -70,8 +69,6 @@ ADDRESS_SPACE = "10.42.0.0/16"
 ROLE_API = "2022-04-01"
 CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"  # built-in role id, the same in every tenant
 DEFAULT_HEAD_MACHINE_TYPE = "Standard_D2as_v5"
-BAKE_POLL_S = 5.0
-BAKE_WAIT_S = 1800.0
 
 
 def _libcloud_driver_class(token: AzureToken, endpoint: str) -> type:
@@ -318,15 +315,10 @@ class AzureDriver(ThreadedCloudDriver):
             return start_image(driver, vm.id, self.image_group_path, key, region)
 
         name = await self._call(start)
-        deadline = time.monotonic() + BAKE_WAIT_S
-        while True:
-            baked = await self._call(image_state, self.image_group_path, name)
-            if baked.state == "available":
-                self.baked.remember(f"{key}@{region}", image_id(self.image_group_path, name))
-                return baked
-            if baked.state == "failed" or time.monotonic() > deadline:
-                raise CloudRefused(f"azure: baking image {name} ended {baked.state}")
-            await asyncio.sleep(BAKE_POLL_S)
+        baked = await until_available(lambda: self._call(image_state, self.image_group_path, name),
+                                      f"azure: baking image {name}")
+        self.baked.remember(f"{key}@{region}", image_id(self.image_group_path, name))
+        return baked
 
     async def delete_baked_image(self, image_id: str) -> bool:
         self.baked.forget()

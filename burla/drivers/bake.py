@@ -20,14 +20,14 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from burla.drivers.base import BootRequest, VmAddress
+from burla.drivers.base import BakedImage, BootRequest, VmAddress
 from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, scrub_script
 from burla.drivers.ssh_login import SshLogin, completed_output, upload_setup
-from burla.errors import BootstrapFailed
+from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.loop_supervisor import end_tasks
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ BUILDER_PREFIX = "burla-bake"
 ADDRESS_POLL_S = 3.0
 BUILDER_POWER_OFF_S = 3600.0  # a builder its head never deleted powers itself off after this long
 LOOKUP_TTL_S = 60.0  # how long a baked-image lookup's answer serves boots
+BAKE_WAIT_S = 1800.0  # the longest an image may take to become available
+BAKE_POLL_S = 5.0
 NodeEvent = Callable[[str, str, str], None]  # (node id, kind, detail)
 
 
@@ -54,6 +56,20 @@ def image_key(build: str, python: str, family: str, architecture: str) -> str:
     architecture, in the characters every cloud takes in image names and labels (lowercase
     letters, digits, `-` and `_`), e.g. `0-2-0-c18313333c8f7d18-py311-al2023-x86_64`."""
     return re.sub(r"[^a-z0-9_-]", "-", f"{build}-py{python.replace('.', '')}-{family}-{architecture}".lower())[:63]
+
+
+async def until_available(poll: Callable[[], Awaitable[BakedImage]], what: str, wait_s: float = BAKE_WAIT_S,
+                          every_s: float = BAKE_POLL_S) -> BakedImage:
+    """Poll an image being made until the cloud says it is available; a final failure state, or
+    `wait_s` passing, is a CloudRefused naming `what`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        baked = await poll()
+        if baked.state == "available":
+            return baked
+        if baked.state in ("failed", "invalid", "error") or time.monotonic() > deadline:
+            raise CloudRefused(f"{what} ended {baked.state}")
+        await asyncio.sleep(every_s)
 
 
 class BakedLookup:

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -22,7 +21,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from burla.drivers.bake import image_key
+from burla.drivers.bake import image_key, until_available
 from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType
@@ -50,8 +49,6 @@ from burla.protocol.states import MachineState
 
 log = logging.getLogger("burla.ec2")
 DEFAULT_MACHINE_TYPE = "m7i.2xlarge"
-BAKE_POLL_S = 5.0
-BAKE_WAIT_S = 1800.0  # an AMI of a small root volume is usually available within minutes
 HEAD_ACCESS_NAME = "burla-head"  # the head VM's IAM role, instance profile and security group
 HEAD_ROLE_ACTIONS = [
     "ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
@@ -170,15 +167,10 @@ class Ec2Driver(ThreadedCloudDriver):
             return start_image(self.client("ec2"), node.id, key)
 
         image_id = await self._call(start)
-        deadline = time.monotonic() + BAKE_WAIT_S
-        while True:
-            baked = await self._call(lambda _: image_state(self.client("ec2"), image_id))
-            if baked.state == "available":
-                self.baked.remember(key, baked.image_id)
-                return baked
-            if baked.state in ("failed", "invalid", "error") or time.monotonic() > deadline:
-                raise CloudRefused(f"ec2: baking image {image_id} ended {baked.state}")
-            await asyncio.sleep(BAKE_POLL_S)
+        baked = await until_available(lambda: self._call(lambda _: image_state(self.client("ec2"), image_id)),
+                                      f"ec2: baking image {image_id}")
+        self.baked.remember(key, image_id)
+        return baked
 
     async def delete_baked_image(self, image_id: str) -> bool:
         self.baked.forget()
@@ -402,7 +394,6 @@ class Ec2Driver(ThreadedCloudDriver):
         return group_id
 
     def _boot_head(self, driver, head: HeadMachine) -> None:
-        import time
 
         from libcloud.compute.base import NodeSize
 

@@ -18,14 +18,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import urllib.error
 import urllib.parse
 from typing import Any
 
-from burla.drivers.bake import image_key
+from burla.drivers.bake import image_key, until_available
 from burla.drivers.base import BakedImage, BootRequest, CloudCheck, NodeHandle, QuotaRoom, VmAddress
 from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType, gpu_model
@@ -43,8 +41,6 @@ from burla.protocol.states import MachineState
 log = logging.getLogger("burla.gce")
 DEFAULT_MACHINE_TYPE = "n4-standard-4"
 ARM_SERIES = frozenset({"t2a", "c4a", "n4a"})  # Arm machine series (they boot arm64 images)
-BAKE_POLL_S = 5.0
-BAKE_WAIT_S = 1800.0
 DEFAULT_ZONE = "us-central1-a"
 # Boot disks per machine series (cloud.google.com/compute/docs/disks, "Machine series support"):
 # the fourth-generation series and X4 boot from Hyperdisk only; every other series burla boots
@@ -313,15 +309,9 @@ class GceDriver(ThreadedCloudDriver):
             return start_image(driver, instance, key)
 
         name = await self._call(start)
-        deadline = time.monotonic() + BAKE_WAIT_S
-        while True:
-            baked = await self._call(image_state, name)
-            if baked.state == "available":
-                self.baked.remember(key, name)
-                return baked
-            if baked.state == "failed" or time.monotonic() > deadline:
-                raise CloudRefused(f"gce: baking image {name} ended {baked.state}")
-            await asyncio.sleep(BAKE_POLL_S)
+        baked = await until_available(lambda: self._call(image_state, name), f"gce: baking image {name}")
+        self.baked.remember(key, name)
+        return baked
 
     async def delete_baked_image(self, image_id: str) -> bool:
         self.baked.forget()
