@@ -58,6 +58,7 @@ MACHINE_TYPES: dict[str, dict] = {
     **_sizes("n2", "standard", (2, 4, 8, 16, 32, 48, 64, 80, 96, 128), 4),
     **_sizes("n4", "standard", (2, 4, 8, 16, 32, 48, 64, 80), 4),
     **_sizes("c4", "standard", (2, 4, 8, 16, 32, 48, 96, 144, 192), 3.75),
+    **_sizes("c3", "standard", (4, 8, 22, 44, 88, 176), 4),  # C3 starts at 4 vCPUs
     **_sizes("c4a", "standard", (1, 2, 4, 8, 16, 32, 48, 64, 72), 4, arch="ARM64"),
     **_gpu_sizes("a2", "highgpu", "nvidia-tesla-a100", 12, 85),
     **_gpu_sizes("a2", "ultragpu", "nvidia-a100-80gb", 12, 170),

@@ -547,3 +547,19 @@ def test_a_second_region_keeps_the_resource_group_and_an_arm_size_boots_the_arm_
     skus = {r.body["properties"]["hardwareProfile"]["vmSize"]: r.body["properties"]["storageProfile"][
         "imageReference"]["sku"] for r in azure.logged("PUT", "/virtualMachines/")}
     assert skus == {"Standard_D2as_v5": "server", "Standard_D4ps_v5": "server-arm64"}
+
+
+def test_an_image_builder_is_the_smallest_size_of_its_family_the_subscription_may_use(azure):
+    azure.not_for_subscription.add(("Standard_D2ps_v5", "westus3"))
+
+    async def builders() -> list[str | None]:
+        driver = _driver("westus3")
+        try:
+            return [await driver.builder_machine_type(size) for size in
+                    ("Standard_D16as_v5", "Standard_D8ps_v5", "Standard_NC24ads_A100_v4")]
+        finally:
+            await driver.close()
+
+    # The Arm family's 2-vCPU size is not for this subscription: its 4-vCPU one; a family with
+    # neither builds on the node's own size.
+    assert asyncio.run(builders()) == ["Standard_D2as_v5", "Standard_D4ps_v5", "Standard_NC24ads_A100_v4"]

@@ -565,3 +565,14 @@ def test_a_token_near_its_expiry_is_renewed_before_the_api_would_refuse_it(gce):
 
     asyncio.run(twice())
     assert len(gce.tokens_issued) >= 2 and gce.tokens_issued[-1] not in gce.expired_tokens
+
+
+def test_an_image_builder_is_the_smallest_standard_type_its_series_offers(gce):
+    async def builders() -> list[str | None]:
+        driver = _driver()
+        try:
+            return [await driver.builder_machine_type(name) for name in ("n4-standard-32", "c3-standard-22", None)]
+        finally:
+            await driver.close()
+
+    assert asyncio.run(builders()) == ["n4-standard-2", "c3-standard-4", "n4-standard-2"]

@@ -39,7 +39,7 @@ from burla.drivers.azure_bake import (
 )
 from burla.drivers.azure_checks import azure_checks
 from burla.drivers.azure_config import AzureConfig
-from burla.drivers.azure_machines import list_machines
+from burla.drivers.azure_machines import list_machines, vm_skus
 from burla.drivers.azure_vm import (
     ADMIN_USER,
     DEFAULT_MACHINE_TYPE,
@@ -300,8 +300,12 @@ class AzureDriver(ThreadedCloudDriver):
         return f"/subscriptions/{self.config.subscription_id}/resourceGroups/{self.config.image_group}"
 
     async def builder_machine_type(self, machine_type: str | None) -> str | None:
-        """The family's 2-vCPU size (Standard_D16as_v5 -> Standard_D2as_v5)."""
-        return re.sub(r"^(Standard_[A-Za-z]+)[0-9]+", r"\g<1>2", machine_type or DEFAULT_MACHINE_TYPE)
+        """The family's 2- or 4-vCPU size the region lets this subscription use (Standard_D16as_v5 ->
+        Standard_D2as_v5; some families start larger), else the node's own size."""
+        name = machine_type or DEFAULT_MACHINE_TYPE
+        offered = {sku["name"] for sku in await self._call(vm_skus, self.config.subscription_id, self.region)}
+        smaller = (re.sub(r"^(Standard_[A-Za-z]+)[0-9]+", rf"\g<1>{vcpus}", name) for vcpus in (2, 4))
+        return next((size for size in smaller if size in offered), name)
 
     async def baked_images(self) -> list[BakedImage]:
         return await self._call(list_baked, self.image_group_path)

@@ -69,21 +69,28 @@ def list_machines(driver: Any, subscription_id: str, region: str, prices_endpoin
         retail = {}
     prices = libcloud_prices("azure_linux")
     machines: list[MachineType] = []
+    for sku in vm_skus(driver, subscription_id, region):
+        machine = _machine(sku, region, prices)
+        listed_price = retail.get(machine.name)
+        machines.append(dataclasses.replace(machine, usd_per_hour=listed_price) if listed_price else machine)
+    return priced(machines, "azure")
+
+
+def vm_skus(driver: Any, subscription_id: str, region: str) -> list[dict[str, Any]]:
+    """The VM sizes Resource SKUs lists for the region that this subscription may use."""
+    found: list[dict[str, Any]] = []
     path = f"/subscriptions/{subscription_id}/providers/Microsoft.Compute/skus"
     params = {"api-version": SKUS_API, "$filter": f"location eq '{region}'"}
     for _ in range(MAX_PAGES):
         page = driver.connection.request(path, params=params).object
-        for sku in page.get("value", []):
-            if sku.get("resourceType") == "virtualMachines" and not _restricted(sku, region):
-                machine = _machine(sku, region, prices)
-                listed_price = retail.get(machine.name)
-                machines.append(dataclasses.replace(machine, usd_per_hour=listed_price) if listed_price else machine)
+        found += [sku for sku in page.get("value", [])
+                  if sku.get("resourceType") == "virtualMachines" and not _restricted(sku, region)]
         next_link = page.get("nextLink")
         if not next_link:
             break
         link = urllib.parse.urlsplit(next_link)  # on the same host, with its own query (a skip token)
         path, params = link.path, dict(urllib.parse.parse_qsl(link.query))
-    return priced(machines, "azure")
+    return found
 
 
 def _restricted(sku: dict[str, Any], region: str) -> bool:

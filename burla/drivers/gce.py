@@ -296,9 +296,24 @@ class GceDriver(ThreadedCloudDriver):
         return self._bake_key(request.machine_type or DEFAULT_MACHINE_TYPE, request)
 
     async def builder_machine_type(self, machine_type: str | None) -> str | None:
-        """`<series>-standard-2` (n4-highmem-32 -> n4-standard-2): every series burla bakes for has it."""
-        series = (machine_type or DEFAULT_MACHINE_TYPE).split("-", 1)[0]
-        return f"{series}-standard-2"
+        """`<series>-standard-2`, else `-4` (C3's smallest), as the zone describes them
+        (n4-highmem-32 -> n4-standard-2), else the node's own type."""
+        from libcloud.common.google import ResourceNotFoundError
+
+        name = machine_type or DEFAULT_MACHINE_TYPE
+        series = name.split("-", 1)[0]
+
+        def offered(driver, candidate: str) -> bool:
+            try:
+                driver.connection.request(f"/zones/{self._zone(driver, None)}/machineTypes/{candidate}", method="GET")
+            except ResourceNotFoundError:
+                return False
+            return True
+
+        for candidate in (f"{series}-standard-2", f"{series}-standard-4"):
+            if await self._call(offered, candidate):
+                return candidate
+        return name
 
     async def baked_images(self) -> list[BakedImage]:
         return await self._call(list_baked)
