@@ -89,6 +89,7 @@ class FakeAzure(ImageApi, FakeCloudApi):
         # (VM size, location) this subscription may not create: Resource SKUs lists them with a
         # NotAvailableForSubscription restriction, and creating one fails with SkuNotAvailable.
         self.not_for_subscription: set[tuple[str, str]] = set()
+        self.views_state_generation = True  # instance views carry hyperVGeneration (False: an older API's)
         self.sku_listings: list[str] = []  # locations whose SKUs were listed
         self.sku_page_size = 1000
         self.price_page_size = 100  # the Retail Prices API's pages
@@ -427,7 +428,8 @@ class FakeAzure(ImageApi, FakeCloudApi):
         power = self.power_states.get(key, "running")
         generalized = [{"code": "OSState/generalized", "level": "Info", "displayStatus": "VM generalized"}]
         reference = self.machines[key]["properties"]["storageProfile"]["imageReference"]
-        return json_response({"hyperVGeneration": generation_of(reference, self.images), "statuses": [
+        generation = {"hyperVGeneration": generation_of(reference, self.images)} if self.views_state_generation else {}
+        return json_response({**generation, "statuses": [
             {"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded"},
             *(generalized if key in self.generalized else []),
             {"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"}]})

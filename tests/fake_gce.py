@@ -56,6 +56,7 @@ def _gpu_sizes(series: str, kind: str, accelerator: str, per_gpu_vcpus: int, per
 MACHINE_TYPES: dict[str, dict] = {
     **_sizes("e2", "standard", (2, 4, 8, 16, 32), 4), **_sizes("n1", "standard", (1, 2, 4, 8, 16, 32, 64, 96), 3.75),
     **_sizes("n2", "standard", (2, 4, 8, 16, 32, 48, 64, 80, 96, 128), 4),
+    **_sizes("n2d", "standard", (2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 224), 4),
     **_sizes("n4", "standard", (2, 4, 8, 16, 32, 48, 64, 80), 4),
     **_sizes("c4", "standard", (2, 4, 8, 16, 32, 48, 96, 144, 192), 3.75),
     **_sizes("c3", "standard", (4, 8, 22, 44, 88, 176), 4),  # C3 starts at 4 vCPUs

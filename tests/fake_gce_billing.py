@@ -18,12 +18,14 @@ from tests.fake_cloud_api import json_response
 SERVICE = "6F81-5844-456A"
 # Billing regions as SKU descriptions name them, and the regions each covers.
 BILLING_REGIONS = {"Americas": ("us-central1", "us-east1"), "Netherlands": ("europe-west4",)}
-# USD per vCPU-hour and per GiB-hour, by series (N1's SKUs say "Predefined Instance").
+# USD per vCPU-hour and per GiB-hour, by series (N1's SKUs say "Predefined Instance", AMD series'
+# "AMD Instance": "N2D AMD Instance Core running in Americas").
 SERIES_RATES = {"E2": (0.021811, 0.002923), "N1": (0.031611, 0.004237), "N2": (0.031611, 0.004237),
+                "N2D": (0.027502, 0.003686),
                 "N4": (0.030294, 0.004070), "C4": (0.03465, 0.003938), "C4A": (0.03086, 0.003455),
                 "A2": (0.031611, 0.004237), "A3": (0.03984, 0.00534), "G2": (0.024988, 0.002927)}
 GPU_RATES = {"Tesla A100": 2.933908, "A100 80GB": 3.92808, "H100 80GB": 11.06125, "L4": 0.560706,
-             "Tesla T4": 0.35}
+             "Tesla T4": 0.35, "H100 80GB Mega": 11.8}  # A3 Mega's H100s are billed apart from A3 High's
 
 
 def _sku(description: str, regions: tuple[str, ...], usd: float, group: str, usage: str = "OnDemand",
@@ -41,7 +43,7 @@ def compute_skus() -> list[dict[str, Any]]:
     skus = []
     for place, regions in BILLING_REGIONS.items():
         for series, (core, ram) in SERIES_RATES.items():
-            kind = "Predefined Instance" if series == "N1" else "Instance"
+            kind = {"N1": "Predefined Instance", "N2D": "AMD Instance"}.get(series, "Instance")
             skus += [_sku(f"{series} {kind} Core running in {place}", regions, core, "CPU"),
                      _sku(f"{series} {kind} Ram running in {place}", regions, ram, "RAM", unit="GiBy.h"),
                      _sku(f"Spot Preemptible {series} Instance Core running in {place}", regions, core * 0.3, "CPU",

@@ -479,9 +479,22 @@ def test_a_managed_image_of_a_deprovisioned_generalized_builder_serves_the_next_
         [vm] = [m for (_, _, name), m in azure.machines.items() if name == second["node_id"]]
         assert vm["properties"]["storageProfile"]["imageReference"] == {"id": image["id"]}
         assert list((farm.vm(second["node_id"]).home / ".burla" / "build").glob("*.whl")) == []  # nothing installed
+
+        # An image serves its own region only: a node in eastus installs, and eastus gets its own.
+        _burla(head, "settings", "update", "--quantity", "3", "--region", "eastus")
+        _burla(head, "cluster", "start")
+        wait_for_nodes(head, 3, timeout=240)
+        wait_until(lambda: sorted((i["location"], i["properties"]["provisioningState"]) for i in azure.images.values())
+                   == [("eastus", "Succeeded"), ("westus3", "Succeeded")], timeout=240, what="an image baked in eastus")
+        [east] = [i for i in azure.images.values() if i["location"] == "eastus"]
+        assert east["tags"]["burla-image-key"] == key
+
         listed = _burla(head, "cloud", "images", "list", "--cloud", "azure", "--json")
-        assert [(i["image_id"], i["key"], i["state"]) for i in listed["images"]] == [(image["name"], key, "available")]
-        _burla(head, "cloud", "images", "delete", image["name"], "--cloud", "azure")
+        assert sorted((i["image_id"], i["key"], i["state"], i["region"]) for i in listed["images"]) == sorted(
+            [(image["name"], key, "available", "westus3"), (east["name"], key, "available", "eastus")])
+        _burla(head, "cloud", "images", "delete", "--all", "--cloud", "azure", "--region", "westus3")
+        assert [i["name"] for i in azure.images.values()] == [east["name"]]  # --all: the region's own
+        _burla(head, "cloud", "images", "delete", east["name"], "--cloud", "azure")
         assert azure.images == {}
     finally:
         head.stop()
@@ -513,8 +526,12 @@ def test_azure_refuses_imaging_steps_out_of_order_and_images_from_another_region
             with pytest.raises(CloudRefused, match="must be generalized"):
                 await driver._call(request(f"{group}/images/early", "PUT", {
                     "location": "westus3", "properties": {"sourceVirtualMachine": {"id": vm}}}))
-            name = await driver._call(start_image, vm, f"/subscriptions/{SUBSCRIPTION}/resourceGroups/burla-cluster-1",
-                                      "key-1", "westus3")
+            images = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/burla-cluster-1"
+            azure.views_state_generation = False  # a generation guessed wrong makes an image that never boots
+            with pytest.raises(CloudRefused, match="states no Hyper-V generation"):
+                await driver._call(start_image, vm, images, "key-1", "westus3")
+            azure.views_state_generation = True
+            name = await driver._call(start_image, vm, images, "key-1", "westus3")
             image = await driver._call(request(f"{group}/images/{name}", "GET"))
             assert image["properties"]["provisioningState"] == "Succeeded"
             body = azure.logged("PUT", f"/virtualMachines/{builder}")[0].body
@@ -549,17 +566,43 @@ def test_a_second_region_keeps_the_resource_group_and_an_arm_size_boots_the_arm_
     assert skus == {"Standard_D2as_v5": "server", "Standard_D4ps_v5": "server-arm64"}
 
 
+def test_a_baked_image_deleted_since_the_lookup_leaves_the_boot_on_the_stock_image(azure, monkeypatch):
+    """`burla cloud images delete` runs in another process: the head's lookup still names the image,
+    Azure refuses the VM (NotFound), and the boot goes on from the stock image."""
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "1")
+
+    async def boot() -> list[str]:
+        driver = _driver("westus3")
+        try:
+            request = BootRequest(1, "", "", machine_type="Standard_D2as_v5", ssh_public_key=CLUSTER_KEY)
+            gone = f"{driver.image_group_path}/providers/Microsoft.Compute/images/burla-node-1-0123456789ab"
+            driver.baked.remember(f"{driver._bake_key(request)}@westus3", gone)
+            return await driver.boot(request)
+        finally:
+            await driver.close()
+
+    assert len(asyncio.run(boot())) == 1
+    references = [r.body["properties"]["storageProfile"]["imageReference"]
+                  for r in azure.logged("PUT", "/virtualMachines/")]
+    assert [reference.get("id", "").rsplit("/", 1)[-1] or reference["sku"] for reference in references] == [
+        "burla-node-1-0123456789ab", "server"]
+
+
 def test_an_image_builder_is_the_smallest_size_of_its_family_the_subscription_may_use(azure):
     azure.not_for_subscription.add(("Standard_D2ps_v5", "westus3"))
 
     async def builders() -> list[str | None]:
         driver = _driver("westus3")
         try:
-            return [await driver.builder_machine_type(size) for size in
-                    ("Standard_D16as_v5", "Standard_D8ps_v5", "Standard_NC24ads_A100_v4")]
+            asked = [("Standard_D16as_v5", None), ("Standard_D8ps_v5", None), ("Standard_NC24ads_A100_v4", None),
+                     ("Standard_D2as_v5", None), ("Standard_D4ps_v5", None), ("Standard_D8ps_v5", "East US")]
+            return [await driver.builder_machine_type(BootRequest(1, "http://127.0.0.1:1", "t", machine_type=size,
+                                                                  region=region)) for size, region in asked]
         finally:
             await driver.close()
 
-    # The Arm family's 2-vCPU size is not for this subscription: its 4-vCPU one; a family with
-    # neither builds on the node's own size.
-    assert asyncio.run(builders()) == ["Standard_D2as_v5", "Standard_D4ps_v5", "Standard_NC24ads_A100_v4"]
+    # The Arm family's 2-vCPU size is not for this subscription in westus3: its 4-vCPU one; a family
+    # with neither builds on the node's own size, as does a size no larger than the builder; a node
+    # in eastus (spelt as the portal does) builds there, where the 2-vCPU Arm size is allowed.
+    assert asyncio.run(builders()) == ["Standard_D2as_v5", "Standard_D4ps_v5", "Standard_NC24ads_A100_v4",
+                                       "Standard_D2as_v5", "Standard_D4ps_v5", "Standard_D2ps_v5"]

@@ -123,7 +123,7 @@ def test_a_baked_image_lookup_serves_boots_for_a_while_and_a_failed_one_serves_n
     from burla.drivers.bake import BakedLookup
 
     now = [1000.0]
-    lookup = BakedLookup(ttl_s=60, clock=lambda: now[0])  # a clock the test moves
+    lookup = BakedLookup(ttl_s=60, failed_ttl_s=10, clock=lambda: now[0])  # a clock the test moves
     looked: list[str] = []
 
     def look(key: str) -> str | None:
@@ -137,10 +137,51 @@ def test_a_baked_image_lookup_serves_boots_for_a_while_and_a_failed_one_serves_n
     now[0] += 61
     assert lookup.find("k", lambda key: "ami-2") == "ami-2"  # older than the TTL: asked again
     lookup.forget()
+    refusals: list[str] = []
 
     def refused(key: str) -> str | None:
+        refusals.append(key)
         raise PermissionError("no ec2:DescribeImages")
 
-    assert lookup.find("k", refused) is None  # the stock image serves...
-    assert lookup.find("k", lambda key: "ami-3") == "ami-3"  # ...and a failure is not remembered
+    assert lookup.find("k", refused) is None and lookup.find("k", refused) is None  # the stock image serves...
+    assert refusals == ["k"]  # ...and the VMs of one grow don't each wait on the failing call
+    now[0] += 11
+    assert lookup.find("k", lambda key: "ami-3") == "ami-3"  # ...but it is asked again soon
     assert lookup.find(None, look) is None and looked == ["k"]  # no key (GPU, image=): nothing to look for
+
+
+def test_a_lookup_under_way_when_an_image_is_deleted_does_not_keep_its_answer():
+    import threading
+
+    from burla.drivers.bake import BakedLookup
+
+    lookup = BakedLookup()
+    listing, deleted = threading.Event(), threading.Event()
+
+    def slow_look(key: str) -> str | None:  # the list call answered just before the delete
+        listing.set()
+        deleted.wait(30)
+        return "ami-old"
+
+    answers: list[str | None] = []
+    finder = threading.Thread(target=lambda: answers.append(lookup.find("k", slow_look)))
+    finder.start()
+    assert listing.wait(30)
+    lookup.forget()  # the image was deleted meanwhile
+    deleted.set()
+    finder.join(30)
+    assert answers == ["ami-old"]  # that boot was already on its way...
+    assert lookup.find("k", lambda key: None) is None  # ...but the next one looks again
+
+
+def test_a_boot_refused_for_a_deleted_baked_image_names_it_and_drops_it():
+    from burla.drivers.bake import BakedLookup
+
+    lookup = BakedLookup()
+    lookup.remember("k", "/subscriptions/s/resourceGroups/burla-images/providers/Microsoft.Compute/images/burla-n-1")
+    assert lookup.refused("InvalidParameterValue: disk type pd-balanced is not supported") is None
+    assert lookup.refused("The Resource 'Microsoft.Compute/images/other' was not found.") is None
+    gone = lookup.refused("The Resource 'Microsoft.Compute/images/burla-n-1' under resource group "
+                          "'burla-images' was not found.")
+    assert gone is not None and gone.endswith("/burla-n-1")
+    assert lookup.find("k", lambda key: None) is None  # looked up again: none now, the stock image serves

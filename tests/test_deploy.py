@@ -255,6 +255,40 @@ def test_the_azure_head_vm_gets_an_identity_with_a_role_the_ssh_key_and_its_port
     assert address == "20.61.0.4" and nodes == [] and deleted is True and not azure.machines
 
 
+async def _boot_head(driver, head) -> None:
+    try:
+        await driver.boot_head(head)
+    finally:
+        await driver.close()
+
+
+def test_a_gce_head_vm_on_an_arm_type_boots_the_arm_twin_of_its_image_family(gce):  # noqa: F811
+    """The stand-in refuses an image of another architecture than the machine's, as GCE does."""
+    import dataclasses
+
+    from burla.drivers.gce import GceConfig, GceDriver
+
+    driver = GceDriver(GceConfig.from_environment(dict(os.environ), None, "cluster-1"))
+    asyncio.run(_boot_head(driver, dataclasses.replace(_head_machine(driver.config.head_environment()),
+                                                       machine_type="c4a-standard-4")))
+    [insert] = gce.logged("POST", "/instances")
+    assert insert.body["disks"][0]["initializeParams"]["sourceImage"].split("/images/")[1].startswith("debian-12-arm64")
+
+
+def test_an_azure_head_vm_on_an_arm_size_boots_the_arm_sku_of_its_image(azure):  # noqa: F811
+    """Canonical's Arm SKU takes `-arm64` where the x64 one says `-gen2`; the stand-in refuses x64."""
+    import dataclasses
+
+    from burla.drivers.azure import AzureConfig, AzureDriver
+
+    config = AzureConfig.from_environment(dict(os.environ), "westeurope", "cluster-1")
+    jammy = dataclasses.replace(config, image="Canonical:0001-com-ubuntu-server-jammy:22_04-lts-gen2:latest")
+    asyncio.run(_boot_head(AzureDriver(jammy), dataclasses.replace(
+        _head_machine(jammy.head_environment(), "westeurope"), machine_type="Standard_D4ps_v5")))
+    [vm] = azure.logged("PUT", "/virtualMachines/")
+    assert vm.body["properties"]["storageProfile"]["imageReference"]["sku"] == "22_04-lts-arm64"
+
+
 def test_a_deployed_azure_head_takes_tokens_from_its_managed_identity(azure, monkeypatch):  # noqa: F811
     from burla.drivers.azure import AzureConfig, AzureDriver
 

@@ -280,3 +280,24 @@ def test_a_failed_boot_names_its_stage(moto, tmp_path, wheelhouse, client_venv, 
     finally:
         head.stop()
         farm.close()
+
+
+def test_a_baked_image_deleted_since_the_lookup_leaves_the_boot_on_the_stock_image(moto):
+    """`burla cloud images delete` runs in another process: the head's lookup still names the image."""
+    from burla.drivers.base import BootRequest
+    from burla.drivers.ec2_images import instance_type
+
+    driver = _driver(bake=True)
+    ec2 = driver.client("ec2")
+
+    async def boot() -> list[str]:
+        try:
+            machine = await driver._call(instance_type, driver.config.region, "m7i.large")
+            driver.baked.remember(driver._bake_key(machine, False, None), "ami-0123456789abcdef0")
+            return await driver.boot(BootRequest(1, "http://127.0.0.1:1", "t", machine_type="m7i.large"))
+        finally:
+            await driver.close()
+
+    assert len(asyncio.run(boot())) == 1
+    [instance] = _launched(ec2)
+    assert instance["Image"]["Name"].startswith("al2023-ami-2023")  # the stock image served

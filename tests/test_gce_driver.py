@@ -498,10 +498,11 @@ def test_machine_types_are_listed_for_each_zone_of_the_region_page_by_page(gce, 
     assert gce.sku_listings > 1
     assert n4.usd_per_hour == pytest.approx(8 * 0.030294 + 32 * 0.004070, abs=1e-4)
     assert by_name["n1-standard-8"].usd_per_hour == pytest.approx(8 * 0.031611 + 30 * 0.004237, abs=1e-4)
+    assert by_name["n2d-standard-8"].usd_per_hour == pytest.approx(8 * 0.027502 + 32 * 0.003686, abs=1e-4)
     assert by_name["a2-highgpu-2g"].usd_per_hour == pytest.approx(24 * 0.031611 + 170 * 0.004237 + 2 * 2.933908,
                                                                   abs=1e-3)
     assert by_name["a3-highgpu-8g"].usd_per_hour == pytest.approx(208 * 0.03984 + 1872 * 0.00534 + 8 * 11.06125,
-                                                                  abs=1e-3)
+                                                                  abs=1e-3)  # A3 High's H100 rate, not A3 Mega's
     assert by_name["g2-standard-24"].usd_per_hour == pytest.approx(24 * 0.024988 + 96 * 0.002927 + 2 * 0.560706,
                                                                    abs=1e-3)
     assert (by_name["a2-highgpu-2g"].gpu, by_name["a2-highgpu-2g"].gpu_count, by_name["a2-highgpu-2g"].vcpus) == (
@@ -571,8 +572,33 @@ def test_an_image_builder_is_the_smallest_standard_type_its_series_offers(gce):
     async def builders() -> list[str | None]:
         driver = _driver()
         try:
-            return [await driver.builder_machine_type(name) for name in ("n4-standard-32", "c3-standard-22", None)]
+            asked = [("n4-standard-32", None), ("c3-standard-22", None), (None, None), ("n4-standard-2", None),
+                     ("n1-standard-1", None), ("c4a-standard-16", "europe-west4"), ("c4a-standard-16", "us-east1")]
+            return [await driver.builder_machine_type(BootRequest(1, "http://127.0.0.1:1", "t", machine_type=name,
+                                                                  region=region)) for name, region in asked]
         finally:
             await driver.close()
 
-    assert asyncio.run(builders()) == ["n4-standard-2", "c3-standard-4", "n4-standard-2"]
+    # Never larger than the node's own type (n4-standard-2, n1-standard-1 build on themselves), and
+    # asked of the zone the node boots in: C4A is offered in europe-west4, not in us-east1.
+    assert asyncio.run(builders()) == ["n4-standard-2", "c3-standard-4", "n4-standard-2", "n4-standard-2",
+                                       "n1-standard-1", "c4a-standard-2", "c4a-standard-16"]
+
+
+def test_a_baked_image_deleted_since_the_lookup_leaves_the_boot_on_the_stock_image(gce, monkeypatch):
+    """`burla cloud images delete` runs in another process: the head's lookup still names the image,
+    Compute Engine has no such image (404), and the boot goes on from the stock image."""
+    monkeypatch.setenv("BURLA_BAKE_IMAGES", "1")
+
+    async def boot() -> list[str]:
+        driver = _driver()
+        try:
+            request = BootRequest(1, "", "", machine_type="n4-standard-2", ssh_public_key=CLUSTER_KEY)
+            driver.baked.remember(await driver.bake_key(request), "burla-node-1-0123456789ab")
+            return await driver.boot(request)
+        finally:
+            await driver.close()
+
+    assert len(asyncio.run(boot())) == 1
+    [vm] = gce.instances.values()
+    assert "/debian-cloud/global/images/debian-12" in vm["sourceImage"]

@@ -130,12 +130,13 @@ def list_images(cloud_name: str | None, region: str | None, as_json: bool) -> No
         return
     click.echo(f"burla cloud images: {cloud_label} {driver.region} ({len(baked)} baked)")
     for image in baked:
-        click.echo(f"{image.image_id:<24} {image.state:<10} {image.created:<26} {image.key}")
+        click.echo(f"{image.image_id:<24} {image.state:<10} {image.created:<26} {image.key}"
+                   + (f"  {image.region}" if image.region else ""))
 
 
 @images.command("delete")
 @click.argument("image_ids", nargs=-1)
-@click.option("--all", "every", is_flag=True, help="Every baked image in the region.")
+@click.option("--all", "every", is_flag=True, help="Every baked image serving the region (GCE's are global).")
 @click.option("--cloud", "cloud_name", type=click.Choice(CLOUDS), default=None,
               help="Default: `burla config set cloud`, else the one cloud this machine is signed in to.")
 @click.option("--region", default=None, help="Default: the cloud CLI's.")
@@ -147,7 +148,7 @@ def delete_images(image_ids: tuple[str, ...], every: bool, cloud_name: str | Non
     driver, _ = _configured_driver(cloud_name, region, "cloud images delete")
 
     async def delete() -> dict[str, bool]:
-        named = list(image_ids) or [b.image_id for b in await driver.baked_images()]
+        named = list(image_ids) or [b.image_id for b in await driver.baked_images() if b.region in ("", driver.region)]
         return {image_id: await driver.delete_baked_image(image_id) for image_id in named}
 
     deleted = asyncio.run(_closing(driver, delete()))

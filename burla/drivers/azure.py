@@ -38,8 +38,8 @@ from burla.drivers.azure_bake import (
     start_image,
 )
 from burla.drivers.azure_checks import azure_checks
-from burla.drivers.azure_config import AzureConfig
-from burla.drivers.azure_machines import list_machines, vm_skus
+from burla.drivers.azure_config import AzureConfig, location_name
+from burla.drivers.azure_machines import list_machines, sku_vcpus, vm_skus
 from burla.drivers.azure_vm import (
     ADMIN_USER,
     DEFAULT_MACHINE_TYPE,
@@ -47,6 +47,7 @@ from burla.drivers.azure_vm import (
     VM_API,
     size_architecture,
     size_family,
+    stock_image,
     vm_body,
 )
 from burla.drivers.bake import image_key, until_available
@@ -163,8 +164,11 @@ class AzureDriver(ThreadedCloudDriver):
 
     # --- the driver interface ----------------------------------------------------------------
 
+    def image_region(self, request: BootRequest) -> str:
+        return location_name(request.region or self.config.region)  # an image serves its own region only
+
     def _boot_one(self, driver, request: BootRequest, node_id: str) -> str:
-        region = request.region or self.config.region
+        region = self.image_region(request)
         subnet = self._ensure_network(driver, region)
         path = f"{self.group_path}/providers/Microsoft.Compute/virtualMachines/{node_id}"
         size = request.machine_type or DEFAULT_MACHINE_TYPE
@@ -199,10 +203,7 @@ class AzureDriver(ThreadedCloudDriver):
                                 lambda _: find_baked(driver, self.image_group_path, key or "", region))
         if baked is not None:
             return baked
-        publisher, offer, sku, version = self.config.image.split(":")
-        if size_architecture(request.machine_type or DEFAULT_MACHINE_TYPE) == "arm64" and not sku.endswith("arm64"):
-            return f"{publisher}:{offer}:{sku}-arm64:{version}"
-        return self.config.image
+        return stock_image(self.config.image, request.machine_type or DEFAULT_MACHINE_TYPE)
 
     def _node_security_group(self, driver, region: str) -> str:
         """`burla-nodes-<region>`: SSH in (logins take the cluster's key only); created once per region."""
@@ -299,20 +300,22 @@ class AzureDriver(ThreadedCloudDriver):
     def image_group_path(self) -> str:
         return f"/subscriptions/{self.config.subscription_id}/resourceGroups/{self.config.image_group}"
 
-    async def builder_machine_type(self, machine_type: str | None) -> str | None:
-        """The family's 2- or 4-vCPU size the region lets this subscription use (Standard_D16as_v5 ->
-        Standard_D2as_v5; some families start larger), else the node's own size."""
-        name = machine_type or DEFAULT_MACHINE_TYPE
-        offered = {sku["name"] for sku in await self._call(vm_skus, self.config.subscription_id, self.region)}
+    async def builder_machine_type(self, request: BootRequest) -> str | None:
+        """The family's 2- or 4-vCPU size the node's region lets this subscription use
+        (Standard_D16as_v5 -> Standard_D2as_v5; some families start larger) if it has fewer vCPUs
+        than the node's size, else the node's own size."""
+        name = request.machine_type or DEFAULT_MACHINE_TYPE
+        skus = await self._call(vm_skus, self.config.subscription_id, self.image_region(request))
+        offered = {sku["name"]: sku_vcpus(sku) for sku in skus}
         smaller = (re.sub(r"^(Standard_[A-Za-z]+)[0-9]+", rf"\g<1>{vcpus}", name) for vcpus in (2, 4))
-        return next((size for size in smaller if size in offered), name)
+        return next((size for size in smaller if size in offered and offered[size] < offered.get(name, 0)), name)
 
     async def baked_images(self) -> list[BakedImage]:
         return await self._call(list_baked, self.image_group_path)
 
     async def bake(self, node_id: str, key: str) -> BakedImage:
         [vm] = await self._call(self._find, node_id)
-        region = vm.extra.get("location") or self.region
+        region = location_name(vm.extra.get("location") or self.region)
 
         def start(driver) -> str:
             self._ensure_group(driver, self.image_group_path, region)
@@ -324,9 +327,8 @@ class AzureDriver(ThreadedCloudDriver):
         self.baked.remember(f"{key}@{region}", image_id(self.image_group_path, name))
         return baked
 
-    async def delete_baked_image(self, image_id: str) -> bool:
-        self.baked.forget()
-        return await self._call(delete_baked, self.image_group_path, image_id)
+    def _delete_baked(self, driver, image_id: str) -> bool:
+        return delete_baked(driver, self.image_group_path, image_id)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         try:
@@ -388,7 +390,8 @@ class AzureDriver(ThreadedCloudDriver):
         region = head.region or self.config.region
         subnet = self._ensure_network(driver, region)
         security_group = self._head_security_group(driver, region, head.port)
-        body = vm_body(self.config.image, head.name, head.machine_type or DEFAULT_HEAD_MACHINE_TYPE, head.disk_gb,
+        size = head.machine_type or DEFAULT_HEAD_MACHINE_TYPE
+        body = vm_body(stock_image(self.config.image, size), head.name, size, head.disk_gb,
                        False, None, region, subnet, {CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
                        security_group, ssh_key=head.ssh_public_key)
         body["identity"] = {"type": "SystemAssigned"}  # the head boots nodes as the VM itself

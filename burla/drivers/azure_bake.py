@@ -21,6 +21,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from burla.drivers.azure_config import location_name
 from burla.drivers.base import BakedImage
 from burla.errors import CloudRefused
 
@@ -39,7 +40,8 @@ def _baked(image: dict[str, Any]) -> BakedImage:
     properties = image.get("properties", {})
     state = properties.get("provisioningState", "")
     return BakedImage(image["name"], image["name"], (image.get("tags") or {}).get(KEY_TAG, ""),
-                      (image.get("tags") or {}).get("burla-created", ""), STATES.get(state, state.lower()))
+                      (image.get("tags") or {}).get("burla-created", ""), STATES.get(state, state.lower()),
+                      location_name(image.get("location", "")))
 
 
 def image_id(group_path: str, name: str) -> str:
@@ -73,7 +75,7 @@ def list_baked(driver: Any, group_path: str) -> list[BakedImage]:
 
 def find_baked(driver: Any, group_path: str, key: str, region: str) -> str | None:
     """The resource id of the newest image baked for `key` in `region`, if there is one."""
-    ready = [i for i in _images(driver, group_path) if i["tags"][KEY_TAG] == key and i.get("location") == region
+    ready = [i for i in _images(driver, group_path) if i["tags"][KEY_TAG] == key and location_name(i.get("location", "")) == region
              and i.get("properties", {}).get("provisioningState") == "Succeeded"]
     return max(ready, key=lambda image: image["tags"].get("burla-created", ""))["id"] if ready else None
 
@@ -91,6 +93,9 @@ def start_image(driver: Any, vm_path: str, group_path: str, key: str, region: st
     `image_state` says Succeeded)."""
     params = {"api-version": IMAGE_API}
     _, generation = _power_state(driver, vm_path, IMAGE_API)
+    if generation not in ("V1", "V2"):  # an image must state its source's; a wrong one never boots
+        raise CloudRefused(f"azure: the instance view of image builder {vm_path.rsplit('/', 1)[-1]} states no Hyper-V "
+                           f"generation ({generation!r}), so its image's can't be told; nothing was imaged")
     driver.connection.request(f"{vm_path}/deallocate", params=params, method="POST")
     deadline = time.monotonic() + DEALLOCATE_WAIT_S
     while _power_state(driver, vm_path, IMAGE_API)[0] != "deallocated":
@@ -100,9 +105,7 @@ def start_image(driver: Any, vm_path: str, group_path: str, key: str, region: st
         time.sleep(POLL_S)
     driver.connection.request(f"{vm_path}/generalize", params=params, method="POST")
     name = f"burla-node-{int(time.time())}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    properties: dict[str, Any] = {"sourceVirtualMachine": {"id": vm_path}}
-    if generation:  # the image's must be its source's
-        properties["hyperVGeneration"] = generation
+    properties: dict[str, Any] = {"sourceVirtualMachine": {"id": vm_path}, "hyperVGeneration": generation}
     image_tags = {KEY_TAG: key, "burla-created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     driver.connection.request(image_id(group_path, name), params=params, method="PUT",
                               data={"location": region, "tags": image_tags, "properties": properties})

@@ -23,6 +23,12 @@ IMDS = "http://169.254.169.254"
 IMAGE_GROUP = "burla-images"  # the resource group of baked images, shared by the subscription's clusters
 
 
+def location_name(region: str) -> str:
+    """A region as Resource Manager names it (`East US 2` and `eastus2` are one region; the API
+    answers with the second): lowercase, no spaces."""
+    return "".join(region.split()).lower()
+
+
 @dataclass(frozen=True)
 class AzureConfig:
     driver_name: ClassVar[str] = "azure"  # its entry in burla.drivers.registry
@@ -61,8 +67,8 @@ class AzureConfig:
         return cls(
             subscription_id=subscription,
             tenant_id=tenant,
-            region=region or environ.get("AZURE_DEFAULTS_LOCATION") or cli_default(directory, "location")
-            or DEFAULT_REGION,
+            region=location_name(region or environ.get("AZURE_DEFAULTS_LOCATION") or cli_default(directory, "location")
+                                 or DEFAULT_REGION),
             resource_group=environ.get("BURLA_AZURE_RESOURCE_GROUP") or f"burla-{cluster_id}",
             client_id=client_id if secret else None,
             client_secret=secret if client_id else None,

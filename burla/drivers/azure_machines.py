@@ -98,6 +98,10 @@ def _restricted(sku: dict[str, Any], region: str) -> bool:
                and region.lower() in [v.lower() for v in r.get("values", [])] for r in sku.get("restrictions", []))
 
 
+def sku_vcpus(sku: dict[str, Any]) -> int:
+    return int(next((c.get("value") for c in sku.get("capabilities", []) if c.get("name") == "vCPUs"), None) or 0)
+
+
 def _machine(sku: dict[str, Any], region: str, prices: dict[str, Any]) -> MachineType:
     capabilities = {c.get("name"): c.get("value") for c in sku.get("capabilities", [])}
     name = sku["name"]

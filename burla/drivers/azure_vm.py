@@ -76,3 +76,13 @@ def vm_body(image: str, name: str, size: str, disk_gb: int | None, spot: bool, s
     if spot:
         properties.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
     return {"location": region, "tags": tags, "properties": properties}
+
+
+def stock_image(image: str, size: str) -> str:
+    """The configured image (publisher:offer:sku:version) for `size`: an Arm size boots Canonical's
+    Arm build of it, the SKU named `-arm64` in place of `-gen2` (ubuntu-24_04-lts:server-arm64,
+    0001-com-ubuntu-server-jammy:22_04-lts-arm64; Arm VMs are Gen2 only)."""
+    publisher, offer, sku, version = image.split(":")
+    if size_architecture(size) == "arm64" and not sku.endswith("arm64"):
+        return f"{publisher}:{offer}:{sku.removesuffix('-gen2')}-arm64:{version}"
+    return image

@@ -36,6 +36,11 @@ BUILDER_PREFIX = "burla-bake"
 ADDRESS_POLL_S = 3.0
 BUILDER_POWER_OFF_S = 3600.0  # a builder its head never deleted powers itself off after this long
 LOOKUP_TTL_S = 60.0  # how long a baked-image lookup's answer serves boots
+FAILED_LOOKUP_TTL_S = 10.0  # how long a failed lookup's "none" serves them
+# How a create call says its image does not exist: EC2 InvalidAMIID.NotFound "The image id '[ami-…]'
+# does not exist"; Compute Engine "The resource 'projects/…/global/images/…' was not found"; Azure
+# NotFound "The Image '/subscriptions/…/images/…' cannot be found" (ResourceNotFound "… was not found").
+MISSING_IMAGE_SIGNS = ("does not exist", "was not found", "cannot be found", "NotFound")
 BAKE_WAIT_S = 1800.0  # the longest an image may take to become available
 BAKE_POLL_S = 5.0
 NodeEvent = Callable[[str, str, str], None]  # (node id, kind, detail)
@@ -75,15 +80,21 @@ async def until_available(poll: Callable[[], Awaitable[BakedImage]], what: str, 
 class BakedLookup:
     """The newest baked image of each key, as a lookup last found it (None: none), remembered for
     `ttl_s`: the VMs of one grow boot from one answer (one list call, not one per VM), and images
-    another head bakes are seen within `ttl_s`. A lookup that fails answers None for now: the stock
-    image serves. Thread-safe (drivers boot from a pool); one lookup per key at a time."""
+    another head bakes are seen within `ttl_s`. A lookup that fails answers None (the stock image
+    serves) for `failed_ttl_s`, so the VMs of a grow don't each wait on the same failing call. An
+    image deleted meanwhile (by `burla cloud images delete` in another process, say) is dropped when
+    a boot is refused for it (`refused`), and that boot goes on from the stock image. Thread-safe
+    (drivers boot from a pool); one lookup per key at a time."""
 
-    def __init__(self, ttl_s: float = LOOKUP_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float = LOOKUP_TTL_S, clock: Callable[[], float] = time.monotonic,
+                 failed_ttl_s: float = FAILED_LOOKUP_TTL_S) -> None:
         self.ttl_s = ttl_s
+        self.failed_ttl_s = failed_ttl_s
         self._clock = clock
-        self._found: dict[str, tuple[float, str | None]] = {}
+        self._found: dict[str, tuple[float, str | None]] = {}  # key -> (good until, image)
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._generation = 0  # moved on by each forget: a lookup begun before it keeps its answer to itself
 
     def find(self, key: str | None, look: Callable[[str], str | None]) -> str | None:
         if key is None:
@@ -91,26 +102,45 @@ class BakedLookup:
         with self._lock:
             key_lock = self._locks.setdefault(key, threading.Lock())
         with key_lock:
-            known = self._found.get(key)
-            if known is not None and self._clock() - known[0] < self.ttl_s:
+            with self._lock:
+                known = self._found.get(key)
+                generation = self._generation
+            if known is not None and self._clock() < known[0]:
                 return known[1]
             try:
-                found = look(key)
+                found, good_for = look(key), self.ttl_s
             except Exception as e:  # noqa: BLE001 - e.g. no permission to list images: the stock image serves
                 log.warning("could not look for a baked image: %s", e)
-                return None
-            self._found[key] = (self._clock(), found)
+                found, good_for = None, self.failed_ttl_s
+            with self._lock:
+                if generation == self._generation:
+                    self._found[key] = (self._clock() + good_for, found)
             return found
 
     def remember(self, key: str, image: str) -> None:
         """This head just baked `image` for `key`: boots use it from now on."""
         with self._lock:
-            self._found[key] = (self._clock(), image)
+            self._found[key] = (self._clock() + self.ttl_s, image)
 
     def forget(self) -> None:
-        """An image was deleted: every key is looked up again."""
+        """An image was deleted: every key is looked up again, and lookups under way when it was
+        deleted are not kept."""
         with self._lock:
             self._found.clear()
+            self._generation += 1
+
+    def refused(self, message: str) -> str | None:
+        """A boot was refused with the cloud's `message`: if it says a baked image this lookup
+        served does not exist (any more), that image is forgotten and returned (the boot may go on
+        from the stock image); else None."""
+        if not any(sign in message for sign in MISSING_IMAGE_SIGNS):
+            return None
+        with self._lock:
+            served = {image for _, image in self._found.values() if image is not None}
+        gone = next((image for image in served if image.rsplit("/", 1)[-1] in message), None)
+        if gone is not None:
+            self.forget()
+        return gone
 
 
 class ImageBaker:
@@ -120,7 +150,7 @@ class ImageBaker:
         self.inner = inner  # the cloud driver (ThreadedCloudDriver)
         self.settings = settings
         self.event = event
-        self._keys: set[str] = set()  # asked (baked, being baked, or found baked) by this head
+        self._keys: set[tuple[str, str]] = set()  # (key, region) asked (baked, being baked, found baked) here
         self._tasks: set[asyncio.Task] = set()
 
     def after_setup(self, request: BootRequest, installed: bool) -> None:
@@ -134,17 +164,19 @@ class ImageBaker:
     async def _bake(self, request: BootRequest) -> None:
         try:
             key = await self.inner.bake_key(request)
-            if key is None or key in self._keys:
+            region = self.inner.image_region(request)
+            if key is None or (key, region) in self._keys:
                 return
-            self._keys.add(key)
-            if any(image.key == key and image.state == "available" for image in await self.inner.baked_images()):
+            self._keys.add((key, region))
+            if any(image.key == key and image.region == region and image.state == "available"
+                   for image in await self.inner.baked_images()):
                 return
         except Exception as e:  # noqa: BLE001 - baking is an optimisation: boots go on from the stock image
             log.warning("could not look for a baked image: %s", e)
             return
         builder = f"{BUILDER_PREFIX}-{secrets.token_hex(4)}"
         try:
-            machine_type = await self.inner.builder_machine_type(request.machine_type)
+            machine_type = await self.inner.builder_machine_type(request)
         except Exception as e:  # noqa: BLE001 - the node's own type serves
             log.warning("could not find a small machine of the family to bake on: %s", e)
             machine_type = request.machine_type
@@ -163,7 +195,7 @@ class ImageBaker:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - told, and the next head tries again
-            self._keys.discard(key)
+            self._keys.discard((key, region))
             self.event(builder, "bake", f"baking failed: {type(e).__name__}: {e}")
             log.warning("baking an image for %s failed: %s", key, e)
         finally:

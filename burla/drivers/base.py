@@ -100,6 +100,7 @@ class BakedImage:
     key: str  # build, Python, base image and architecture it serves (see Driver.bake_key)
     created: str  # as the cloud states it
     state: str  # the cloud's word: available, pending...
+    region: str = ""  # where it serves, if images are regional in a driver that boots in several (Azure)
 
 
 BootFailed = Callable[[str, str], None]  # (node_id, why)
@@ -158,11 +159,17 @@ class Driver(abc.ABC):
         this request: a container image, a user's own machine image) does not bake."""
         return None
 
-    async def builder_machine_type(self, machine_type: str | None) -> str | None:
-        """The machine an image builder for VMs of `machine_type` boots: the smallest of its
-        family (same architecture, same image), so baking bills little and leaves the quota to the
-        job; `machine_type` itself where the family's smallest can't be told."""
-        return machine_type
+    async def builder_machine_type(self, request: BootRequest) -> str | None:
+        """The machine an image builder for `request`'s VMs boots, where they boot: a small one of
+        their family (same architecture, same image) with fewer vCPUs than theirs, so baking bills
+        little and leaves the quota to the job; their own type where there is none."""
+        return request.machine_type
+
+    def image_region(self, request: BootRequest) -> str:
+        """Where an image baked for `request` serves, when the cloud's images are regional and this
+        driver boots in several regions (Azure: `BakedImage.region`); "" where one image serves
+        every boot of the driver (GCE images are global, an EC2 driver boots in one region)."""
+        return ""
 
     async def baked_images(self) -> list[BakedImage]:
         """The baked images in the user's account (every cluster's: they hold no secret)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,8 @@ CLOUD_LIBRARIES = ("libcloud", "botocore")  # what the drivers call the clouds t
 CLUSTER_TAG = "burla-cluster"
 NODE_TAG = "burla-node-id"
 POOL_THREADS = 8
+
+log = logging.getLogger(__name__)
 
 
 class ThreadedCloudDriver(Driver):
@@ -85,8 +88,8 @@ class ThreadedCloudDriver(Driver):
         """Start the request's machines; if any fails, a CloudRefused naming the ones that did start
         (they bill from now: the caller keeps track of them)."""
         node_ids = request.ids("burla-node")
-        results = await asyncio.gather(*(self._call(self._boot_one, request, node_id) for node_id in node_ids),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(self._call(self._boot_one_or_stock, request, node_id)
+                                         for node_id in node_ids), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if not failures:
             return node_ids
@@ -99,8 +102,30 @@ class ThreadedCloudDriver(Driver):
         kind = first.kind if isinstance(first, CloudRefused) else None
         raise CloudRefused(f"{what} could not start: {first}", booted, kind) from first
 
+    def _boot_one_or_stock(self, driver: Any, request: BootRequest, node_id: str) -> str:
+        """`_boot_one`; when the cloud refuses it because the baked image it chose is gone (deleted
+        since it was looked up), once more: the lookup then finds another baked image or none."""
+        try:
+            return self._boot_one(driver, request, node_id)
+        except Exception as e:
+            gone = self.baked.refused(cloud_message(e))
+            if gone is None:
+                raise
+            log.warning("baked image %s is gone; %s boots without it", gone, node_id)
+        return self._boot_one(driver, request, node_id)
+
     async def delete(self, node_id: str) -> bool:
         return await self._call(self._delete, node_id)
+
+    async def delete_baked_image(self, image_id: str) -> bool:
+        try:
+            return await self._call(self._delete_baked, image_id)
+        finally:  # after the delete: a lookup that ran meanwhile may have found the image still there
+            self.baked.forget()
+
+    def _delete_baked(self, driver: Any, image_id: str) -> bool:
+        """Delete a baked image (runs in the pool); False if there is no such one."""
+        return False
 
     async def check(self, machine_type: str | None = None) -> list[CloudCheck]:
         try:

@@ -131,8 +131,11 @@ class Ec2Driver(ThreadedCloudDriver):
         family = FAMILIES[GPU_FAMILY if gpu else self.config.image_family]
         baked = self.baked.find(self._bake_key(machine, gpu, python_version),
                                 lambda key: find_baked(self.client("ec2"), key))
-        if baked is not None:
-            return driver.list_images(ex_image_ids=[baked])[0], self.config.ssh_user or family.login_user
+        if baked is not None:  # one deleted since the lookup is EC2's InvalidAMIID.NotFound (see cloud.py)
+            listed = [i for i in driver.list_images(ex_image_ids=[baked]) if i.extra.get("state") == "available"]
+            if listed:
+                return listed[0], self.config.ssh_user or family.login_user
+            self.baked.forget()  # deregistered, still listed for a while: the stock image serves this boot
         image = newest_image(driver, family, architecture_of(machine), self.config.region)
         return image, self.config.ssh_user or family.login_user
 
@@ -148,15 +151,17 @@ class Ec2Driver(ThreadedCloudDriver):
         machine = await self._call(instance_type, self.config.region, request.machine_type or DEFAULT_MACHINE_TYPE)
         return self._bake_key(machine, request.gpu_count > 0, request.python_version)
 
-    async def builder_machine_type(self, machine_type: str | None) -> str | None:
-        """`<family>.large` (m7i.48xlarge -> m7i.large), if the region describes it."""
-        name = machine_type or DEFAULT_MACHINE_TYPE
+    async def builder_machine_type(self, request: BootRequest) -> str | None:
+        """`<family>.large` (m7i.48xlarge -> m7i.large) if the region describes it and it has fewer
+        vCPUs than the node's type (t3.micro builds on itself)."""
+        name = request.machine_type or DEFAULT_MACHINE_TYPE
         small = f"{name.split('.', 1)[0]}.large"
         try:
-            await self._call(instance_type, self.config.region, small)
+            node = await self._call(instance_type, self.config.region, name)
+            builder = await self._call(instance_type, self.config.region, small)
         except (CloudSetupError, CloudRefused):
             return name
-        return small
+        return small if builder.vcpus < node.vcpus else name
 
     async def baked_images(self) -> list[BakedImage]:
         return await self._call(lambda _: list_baked(self.client("ec2")))
@@ -172,9 +177,8 @@ class Ec2Driver(ThreadedCloudDriver):
         self.baked.remember(key, image_id)
         return baked
 
-    async def delete_baked_image(self, image_id: str) -> bool:
-        self.baked.forget()
-        return await self._call(lambda _: delete_baked(self.client("ec2"), image_id))
+    def _delete_baked(self, driver, image_id: str) -> bool:
+        return delete_baked(self.client("ec2"), image_id)
 
     def login_user(self, node_id: str) -> str:
         return self._login_users.get(node_id) or self.ssh_user

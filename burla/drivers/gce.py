@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import http.client
 import logging
 import urllib.error
 import urllib.parse
@@ -145,7 +146,9 @@ class GceDriver(ThreadedCloudDriver):
         Debian and Ubuntu publish each release for both; cloud.google.com/compute/docs/images/os-details)."""
         baked = self.baked.find(key, lambda wanted: find_baked(driver, wanted))
         if baked is not None:
-            return driver.ex_get_image(baked, ex_project_list=[self.config.project], ex_standard_projects=False)
+            # by its exact name (libcloud's ex_get_image lists the project and matches prefixes); one
+            # deleted since the lookup is a 404 naming it, and the boot goes on without it (cloud.py)
+            return driver._to_node_image(driver.connection.request(f"/global/images/{baked}", method="GET").object)
         named = self.config.gpu_image if gpu else self.config.image
         if named.startswith("https://"):
             return driver.ex_get_image_from_family(named)
@@ -275,8 +278,9 @@ class GceDriver(ThreadedCloudDriver):
     async def machine_types(self) -> list[MachineType]:
         def listed(driver) -> list[MachineType]:
             try:
-                rates = catalog_rates(self._token.access_token, self.region, self.config.billing_endpoint)
-            except (OSError, ValueError) as e:  # e.g. the Cloud Billing API not enabled: other prices serve
+                rates = catalog_rates(self._token.access_token, self.region, self.config.billing_endpoint,
+                                      self._token.quota_project)
+            except (OSError, ValueError, http.client.HTTPException) as e:  # e.g. the Cloud Billing API not enabled: other prices serve
                 log.warning("could not read Compute Engine's prices from the Cloud Billing Catalog: %s", e)
                 rates = None
             return list_machines(driver, self.region, self._zones_to_try(driver, None), rates)
@@ -295,23 +299,27 @@ class GceDriver(ThreadedCloudDriver):
     async def bake_key(self, request: BootRequest) -> str | None:
         return self._bake_key(request.machine_type or DEFAULT_MACHINE_TYPE, request)
 
-    async def builder_machine_type(self, machine_type: str | None) -> str | None:
-        """`<series>-standard-2`, else `-4` (C3's smallest), as the zone describes them
-        (n4-highmem-32 -> n4-standard-2), else the node's own type."""
+    async def builder_machine_type(self, request: BootRequest) -> str | None:
+        """`<series>-standard-2`, else `-4` (C3's smallest), as the zone the node boots in describes
+        them (n4-highmem-32 -> n4-standard-2), if it has fewer vCPUs than the node's type; else the
+        node's own type."""
         from libcloud.common.google import ResourceNotFoundError
 
-        name = machine_type or DEFAULT_MACHINE_TYPE
+        name = request.machine_type or DEFAULT_MACHINE_TYPE
         series = name.split("-", 1)[0]
 
-        def offered(driver, candidate: str) -> bool:
+        def vcpus(driver, machine: str) -> int | None:
             try:
-                driver.connection.request(f"/zones/{self._zone(driver, None)}/machineTypes/{candidate}", method="GET")
+                described = driver.connection.request(
+                    f"/zones/{self._zone(driver, request.region)}/machineTypes/{machine}", method="GET").object
             except ResourceNotFoundError:
-                return False
-            return True
+                return None
+            return int(described.get("guestCpus") or 0)
 
+        node = await self._call(vcpus, name)
         for candidate in (f"{series}-standard-2", f"{series}-standard-4"):
-            if await self._call(offered, candidate):
+            offered = await self._call(vcpus, candidate)
+            if offered is not None and node is not None and offered < node:
                 return candidate
         return name
 
@@ -328,9 +336,8 @@ class GceDriver(ThreadedCloudDriver):
         self.baked.remember(key, name)
         return baked
 
-    async def delete_baked_image(self, image_id: str) -> bool:
-        self.baked.forget()
-        return await self._call(delete_baked, image_id)
+    def _delete_baked(self, driver, image_id: str) -> bool:
+        return delete_baked(driver, image_id)
 
     async def quota_room(self, machine_type: str, spot: bool) -> QuotaRoom | None:
         """The region's CPUS quota and its use, as the region reports them (Spot VMs count against
@@ -371,7 +378,7 @@ class GceDriver(ThreadedCloudDriver):
         checks.append(CloudCheck("machine type", CloudCheck.OK, f"{machine_type}: {cpus} vCPUs; boot disk "
                                  f"{boot_disk_type(machine_type)}"))
         try:
-            image = self._image(driver)
+            image = self._image(driver, arm=machine_type.split("-", 1)[0] in ARM_SERIES)
             checks.append(CloudCheck("image", CloudCheck.OK, f"{image.name} ({self.config.image})"))
         except (CloudSetupError, ResourceNotFoundError) as e:
             checks.append(CloudCheck("image", CloudCheck.FAIL, f"{self.config.image}: {e}",
@@ -430,7 +437,7 @@ class GceDriver(ThreadedCloudDriver):
             pass  # made by an earlier deployment
         machine_type = head.machine_type or DEFAULT_HEAD_MACHINE_TYPE
         driver.create_node(
-            head.name, machine_type, self._image(driver),
+            head.name, machine_type, self._image(driver, arm=machine_type.split("-", 1)[0] in ARM_SERIES),
             location=self._zone(driver, head.region), ex_network=self.config.network, ex_tags=[HEAD_NETWORK_TAG],
             ex_metadata=_ssh_metadata(head.ssh_public_key),  # set up over SSH by `burla deploy`
             ex_labels={CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},

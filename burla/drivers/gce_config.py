@@ -146,3 +146,9 @@ class GoogleToken:
                 except TransportError as e:
                     raise CloudSetupError(f"Could not reach Google's token service: {e}") from None
             return self._credentials.token
+
+    @property
+    def quota_project(self) -> str | None:
+        """The project user credentials bill API calls to (an ADC file's `quota_project_id`)."""
+        with self._lock:
+            return getattr(self._credentials, "quota_project_id", None)

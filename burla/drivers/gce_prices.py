@@ -31,10 +31,13 @@ SERVICE = "6F81-5844-456A"  # Compute Engine in the Cloud Billing Catalog
 PAGE_SIZE = 5000
 MAX_PAGES = 40
 TIMEOUT_S = 60.0
-_SERIES_RATE = re.compile(
-    r"^(?P<series>[A-Z][A-Z0-9]*) (?:Predefined )?(?:Arm )?Instance (?P<part>Core|Ram) running in ")
+_SERIES_RATE = re.compile(  # "N4 Instance Core", "N1 Predefined Instance Ram", "N2D AMD Instance Core", "T2A Arm ..."
+    r"^(?P<series>[A-Z][A-Z0-9]*) (?:Predefined )?(?:AMD |Arm |Intel )?Instance (?P<part>Core|Ram) running in ")
 _GPU_RATE = re.compile(r"^Nvidia (?P<model>.+?) GPU running in ")
 _NOT_STANDARD = ("Custom", "Sole Tenancy", "Extended", "Spot", "Preemptible", "Commitment", "DWS", "Reserved")
+# GPU SKUs of machine series burla's catalog does not boot, whose model names would read as another's
+# ("Nvidia H100 80GB Mega GPU" is A3 Mega's: A3 High's H100s are "Nvidia H100 80GB GPU")
+_OTHER_GPU_SERIES = ("Mega", "Plus")
 
 
 @dataclass
@@ -84,13 +87,19 @@ def read_rates(skus: list[dict[str, Any]], region: str) -> GceRates:
         if series_rate:
             table = rates.cpu if series_rate.group("part") == "Core" else rates.ram
             table[series_rate.group("series").lower()] = usd
-        elif gpu_rate:
+        elif gpu_rate and not any(word in gpu_rate.group("model").split() for word in _OTHER_GPU_SERIES):
             rates.gpu[model_of_reported(gpu_rate.group("model"))] = usd
     return rates
 
 
-def catalog_rates(access_token: str, region: str, endpoint: str | None = None) -> GceRates:
-    """The region's rates, read page by page (raises urllib's errors: the caller falls back)."""
+def catalog_rates(access_token: str, region: str, endpoint: str | None = None,
+                  quota_project: str | None = None) -> GceRates:
+    """The region's rates, read page by page (raises OSError, ValueError or http.client's
+    HTTPException: the caller falls back). `quota_project` is the credentials' own (an ADC file's
+    `quota_project_id`), sent as Google's client libraries send it: user credentials need one to
+    call some APIs (cloud.google.com/docs/quotas/set-quota-project)."""
+    headers = {"Authorization": f"Bearer {access_token}", **({"x-goog-user-project": quota_project}
+                                                             if quota_project else {})}
     base = (endpoint or BILLING).rstrip("/")
     skus: list[dict[str, Any]] = []
     token = ""
@@ -98,7 +107,7 @@ def catalog_rates(access_token: str, region: str, endpoint: str | None = None) -
         query = urllib.parse.urlencode({"currencyCode": "USD", "pageSize": PAGE_SIZE,
                                         **({"pageToken": token} if token else {})})
         request = urllib.request.Request(f"{base}/v1/services/{SERVICE}/skus?{query}",
-                                         headers={"Authorization": f"Bearer {access_token}"})
+                                         headers=headers)
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
             page = json.loads(answer.read() or b"{}")
         skus += page.get("skus", [])
