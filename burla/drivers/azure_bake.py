@@ -75,7 +75,8 @@ def list_baked(driver: Any, group_path: str) -> list[BakedImage]:
 
 def find_baked(driver: Any, group_path: str, key: str, region: str) -> str | None:
     """The resource id of the newest image baked for `key` in `region`, if there is one."""
-    ready = [i for i in _images(driver, group_path) if i["tags"][KEY_TAG] == key and location_name(i.get("location", "")) == region
+    ready = [i for i in _images(driver, group_path)
+             if i["tags"][KEY_TAG] == key and location_name(i.get("location", "")) == region
              and i.get("properties", {}).get("provisioningState") == "Succeeded"]
     return max(ready, key=lambda image: image["tags"].get("burla-created", ""))["id"] if ready else None
 

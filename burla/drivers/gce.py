@@ -280,7 +280,7 @@ class GceDriver(ThreadedCloudDriver):
             try:
                 rates = catalog_rates(self._token.access_token, self.region, self.config.billing_endpoint,
                                       self._token.quota_project)
-            except (OSError, ValueError, http.client.HTTPException) as e:  # e.g. the Cloud Billing API not enabled: other prices serve
+            except (OSError, ValueError, http.client.HTTPException) as e:  # e.g. API not enabled: other prices serve
                 log.warning("could not read Compute Engine's prices from the Cloud Billing Catalog: %s", e)
                 rates = None
             return list_machines(driver, self.region, self._zones_to_try(driver, None), rates)
