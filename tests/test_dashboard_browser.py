@@ -157,7 +157,7 @@ def test_failed_calls_show_their_traceback(page, cluster, client):
     _shot(page, "job-failures")
 
 
-def test_a_printed_job_link_signs_in_once_and_its_session_outlives_the_head(browser, tmp_path):
+def test_a_printed_job_link_opens_that_job_read_only_again_and_again_and_outlives_the_head(browser, tmp_path):
     import re
 
     from tests.conftest import run_client, start_head, wait_for_nodes
@@ -176,10 +176,15 @@ def test_a_printed_job_link_signs_in_once_and_its_session_outlives_the_head(brow
         page.goto(link)
         page.wait_for_selector("#count-done:has-text('2/2')")
         assert page.url == f"{head.url}/jobs/{job_id}"  # the code left the address bar
-        stranger = browser.new_context()  # the link works once
-        response = stranger.new_page().goto(link)
-        assert response.status == 401 and "burla dashboard" in response.text()
-        stranger.close()
+        page.wait_for_selector("#read-only")  # the job's link reads it: no cancel button
+        assert page.locator("#cancel-job").count() == 0
+        _shot(page, "job-read-only")
+        assert page.goto(f"{head.url}/settings").status == 401  # nothing beyond the job
+        colleague = browser.new_context()  # the link opens as often as it is shared, until it expires
+        other = colleague.new_page()
+        other.goto(link)
+        other.wait_for_selector("#count-done:has-text('2/2')")
+        colleague.close()
         head.stop()
         head = start_head(config_dir, workers=1)  # same token: the browser's session still holds
         page.goto(f"{head.url}/jobs/{job_id}")

@@ -19,7 +19,7 @@ from burla.drivers.base import Driver
 from burla.drivers.local import LocalDriver
 from burla.head.api import add_api_routes
 from burla.head.cluster import Cluster
-from burla.head.dashboard import add_dashboard_routes, login_needed
+from burla.head.dashboard import add_dashboard_routes, job_view, login_needed
 from burla.head.fleet import ClusterSettings, Fleet
 from burla.head.history import History
 from burla.head.keys import CLUSTER, FLEET, GUARD, LOOP_MONITOR, OPEN_SOCKETS, SHUT_DOWN, STOP, SUPERVISOR
@@ -79,7 +79,8 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, head_url: str, guard: 
     app = web.Application(
         client_max_size=MAX_HTTP_BODY,
         middlewares=[guard.middleware, json_errors(MAX_HTTP_BODY), require_text_urls,
-                     token_middleware(token, sessions, login_page=login_needed, on_authenticated=guard.authenticated)],
+                     token_middleware(token, sessions, login_page=login_needed, on_authenticated=guard.authenticated,
+                                      job_view=job_view)],
     )
     app[CLUSTER] = cluster
     app[FLEET] = fleet

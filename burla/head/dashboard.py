@@ -17,7 +17,7 @@ from burla.head.api import int_param, job_view_of, jobs_listing, metrics_of
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, HEAD_URL, SESSIONS
 from burla.head.view_builders import node_view
-from burla.web.auth import SESSION_COOKIE, Sessions, same_origin_path
+from burla.web.auth import JOB_SESSION, SESSION_COOKIE, Sessions, same_origin_path
 from burla.web.json_io import dumps, json_response
 from burla.web.login_links import LINK_PARAM, SESSION_TTL_S
 
@@ -52,8 +52,9 @@ async def login_needed(request: web.Request) -> web.Response:
     """What a browser without a session sees: the page, if its link carries a valid sign-in
     code (a job's link as the client prints it); else how to get in."""
     code = request.query.get(LINK_PARAM)
-    if code:
-        session = request.app[SESSIONS].redeem_link(request.path, code)
+    job_id = request.match_info.get("job_id") if request.match_info.route.resource is not None else None
+    if code and job_id is not None and request.path.startswith("/jobs/"):
+        session = request.app[SESSIONS].redeem_link(request.path, code, job_id)
         if session is not None:
             from urllib.parse import urlencode
 
@@ -137,7 +138,37 @@ async def _job_snapshot(cluster: Cluster, request: web.Request) -> dict:
     if view.parent_job_id and cluster.history is not None:
         parent = await cluster.history.get_job(view.parent_job_id)
     return {"job": view.to_json(), "metrics": await metrics_of(cluster, view), "failures": failures,
-            "children": children, "parent": parent, "now": time.time()}
+            "children": children, "parent": parent, "read_only": JOB_SESSION in request, "now": time.time()}
+
+
+# What a job's session (from its printed link) may read: the job's page, its API and stream, and
+# the same of its nested jobs; the pages' own script and style.
+JOB_VIEW_ROUTES = frozenset({"/jobs/{job_id}", "/static/{name}", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/failures",
+                             "/v1/jobs/{job_id}/calls/{index}/output", "/v1/jobs/{job_id}/metrics",
+                             "/v1/jobs/{job_id}/output", "/v1/jobs/{job_id}/calls", "/v1/stream/jobs/{job_id}"})
+MAX_NESTING = 64  # parents followed to find a job's root; deeper trees are read from their own link
+
+
+async def job_view(request: web.Request, root: str) -> bool:
+    """Whether a session of job `root` may make `request`: a read of `root` or a job nested in it."""
+    resource = request.match_info.route.resource
+    if resource is None or resource.canonical not in JOB_VIEW_ROUTES:
+        return False
+    job_id: str | None = request.match_info.get("job_id")
+    return job_id is None or await in_tree(request.app[CLUSTER], root, job_id)
+
+
+async def in_tree(cluster: Cluster, root: str, job_id: str) -> bool:
+    """Whether `job_id` is `root` or nested in it, following parents."""
+    current: str | None = job_id
+    for _ in range(MAX_NESTING):
+        if current is None:
+            return False
+        if current == root:
+            return True
+        view = await job_view_of(cluster, current)
+        current = view.parent_job_id if view is not None else None
+    return False
 
 
 def _stream(build):

@@ -1,12 +1,14 @@
 """Who may call the head or a node: the cluster's bearer token, or (for the dashboard in a
-browser) a session cookie obtained through a one-time login link.
+browser) a session cookie: a full one from `burla dashboard`'s one-time code, or one job's
+read-only one from the link a client prints for that job (burla.web.login_links).
 
 Every endpoint but the health check and the login link itself requires one of them; tokens
 and codes are compared in constant time. A cookie is ambient (the browser sends it whatever
 page asks), so it authorises only reads: GET pages, the JSON API's GETs and the SSE streams.
 A POST with a cookie also needs the `X-Burla-CSRF` header (which no cross-origin page can send
 without a preflight the head never grants) and an `Origin` equal to the head's own; a WebSocket
-needs the bearer token.
+needs the bearer token. A job's session reads that job and its nested jobs only (the head says
+which requests those are: `job_view`), and never writes.
 """
 
 from __future__ import annotations
@@ -19,26 +21,31 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from burla.web.json_io import error_response
-from burla.web.login_links import SignedSessions, check_link_code
+from burla.web.login_links import Session, SignedSessions, check_link_code
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
 SESSION_COOKIE = "burla_session"
 LOGIN_CODE_TTL_S = 300.0
 CSRF_HEADER = "X-Burla-CSRF"
+JOB_SESSION = "burla_job_session"  # request key: the job a job's session reads (absent for other credentials)
 _UNSAFE_IN_REDIRECT = frozenset(chr(c) for c in range(0x21)) | {"\x7f", "\\"}
 
 
+JobView = Callable[[web.Request, str], Awaitable[bool]]  # (request, session's job) -> may it read this?
+
+
 class Sessions:
-    """Browser sign-ins: one-time codes minted on request (`burla dashboard`, five minutes),
-    links a client signed with the token (a job's printed link), and the sessions both open.
-    Sessions are signed cookie values (burla.web.login_links), valid across head restarts."""
+    """Browser sign-ins: one-time codes minted on request (`burla dashboard`, five minutes, kept
+    in memory only: a restart voids every one), which open full sessions; links a client signed
+    with the token (a job's printed link), which open that job's read-only session as often as
+    they are opened until they expire. Sessions are signed cookie values
+    (burla.web.login_links), valid across head restarts."""
 
     def __init__(self, token: str) -> None:
         self._token = token
         self._signed = SignedSessions(token)
         self._codes: dict[str, float] = {}  # code -> expiry (monotonic)
-        self._used_links: dict[str, float] = {}  # link code -> its expiry (wall clock): each opens once
 
     def new_code(self) -> str:
         self._expire()
@@ -56,25 +63,24 @@ class Sessions:
         del self._codes[match]
         return self._signed.new()
 
-    def redeem_link(self, path: str, code: str) -> str | None:
-        """Trade a signed link's code for `path` (once) for a session; None if it is not valid."""
-        self._expire()
+    def redeem_link(self, path: str, code: str, job_id: str) -> str | None:
+        """A read-only session of job `job_id` until the link expires, for a valid code of its
+        page `path`; None if the code is not one."""
         expires = check_link_code(self._token, path, code)
-        if expires is None or code in self._used_links:
+        if expires is None:
             return None
-        self._used_links[code] = expires
-        return self._signed.new()
+        return self._signed.new(job_id=job_id, expires=expires)
 
-    def valid(self, session: str | None) -> bool:
-        return self._signed.valid(session)
+    def session(self, value: str | None) -> Session | None:
+        return self._signed.session(value)
+
+    def valid(self, value: str | None) -> bool:
+        return self._signed.valid(value)
 
     def _expire(self) -> None:
         now = time.monotonic()
         for code in [c for c, expiry in self._codes.items() if expiry <= now]:
             del self._codes[code]
-        wall = time.time()
-        for code in [c for c, expiry in self._used_links.items() if expiry <= wall]:
-            del self._used_links[code]
 
 
 def same_origin_path(target: str) -> bool:
@@ -107,10 +113,11 @@ def cookie_refusal(request: web.Request) -> str | None:
 
 def token_middleware(token: str, sessions: Sessions | None = None, login_page: Handler | None = None,
                      on_authenticated: Callable[[web.Request], None] | None = None,
-                     authenticates_itself: Callable[[str], bool] | None = None):
+                     authenticates_itself: Callable[[str], bool] | None = None, job_view: JobView | None = None):
     """Reject any request without `Authorization: Bearer <token>` or a valid session cookie
-    (which authorises reads, and writes only from the head's own pages). Paths for which
-    `authenticates_itself` is true check a credential of their own (a transfer grant)."""
+    (which authorises reads, and writes only from the head's own pages; a job's session only
+    what `job_view` says reads that job). Paths for which `authenticates_itself` is true check a
+    credential of their own (a transfer grant)."""
     expected = token.encode()
 
     @web.middleware
@@ -121,15 +128,23 @@ def token_middleware(token: str, sessions: Sessions | None = None, login_page: H
             if on_authenticated is not None:
                 on_authenticated(request)
             return await handler(request)
-        if sessions is not None and sessions.valid(request.cookies.get(SESSION_COOKIE)):
+        session = sessions.session(request.cookies.get(SESSION_COOKIE)) if sessions is not None else None
+        if session is not None and (session.job_id is None
+                                    or (request.method in ("GET", "HEAD") and job_view is not None
+                                        and await job_view(request, session.job_id))):
             refusal = cookie_refusal(request)
             if refusal is not None:
                 return error_response(403, "Forbidden", refusal)
+            if session.job_id is not None:
+                request[JOB_SESSION] = session.job_id
             if on_authenticated is not None:
                 on_authenticated(request)
             return await handler(request)
         if login_page is not None and request.method == "GET" and not request.path.startswith("/v1/"):
             return await login_page(request)
+        if session is not None:
+            return error_response(403, "Forbidden", f"this browser's session reads job {session.job_id} and its "
+                                  "nested jobs only (it came from that job's link); `burla dashboard` opens them all")
         return error_response(
             401, "Unauthorized",
             "Missing or wrong cluster token. Send 'Authorization: Bearer <token>'; the token is in "

@@ -179,7 +179,8 @@ function jobPage() {
   let lastFailures = "";
   live(`/v1/stream/jobs/${encodeURIComponent(jobId)}`, state => {
     const job = state.job;
-    const cancel = h("button", {class: "danger", id: "cancel-job", disabled: job.status !== "RUNNING" ? "" : null,
+    const cancel = state.read_only ? h("span", {class: "muted", id: "read-only"}, "read-only: this job's link") :
+      h("button", {class: "danger", id: "cancel-job", disabled: job.status !== "RUNNING" ? "" : null,
       onclick: async event => {
         event.target.disabled = true;
         try { await post(`/v1/jobs/${encodeURIComponent(jobId)}/cancel`, {reason: "canceled from the dashboard"}); }
