@@ -239,9 +239,9 @@ def _get(url: str, token: str) -> dict:
 
 def _start_head(config_dir: Path, token: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     read_fd, write_fd = os.pipe()
-    env = dict(os.environ, BURLA_CONFIG_DIR=str(config_dir))
+    env = dict(os.environ, BURLA_CONFIG_DIR=str(config_dir), BURLA_CLUSTER_TOKEN=token)
     head = subprocess.Popen([sys.executable, "-m", "burla", "head", "serve", "--port", "0", "--local-nodes", "0",
-                             "--token", token, "--driver", "local", "--ready-fd", str(write_fd)],
+                             "--driver", "local", "--ready-fd", str(write_fd)],
                             env=env, pass_fds=(write_fd,), stdout=subprocess.DEVNULL,
                             stderr=open(log_path, "ab"))
     os.close(write_fd)
@@ -276,9 +276,9 @@ def _start_simulators(simulators: list[subprocess.Popen], url: str, token: str, 
         if count <= 0:
             break
         simulators.append(subprocess.Popen(
-            [sys.executable, __file__, "--simulate", "--head", url, "--token", token, "--prefix",
+            [sys.executable, __file__, "--simulate", "--head", url, "--prefix",
              f"sim{p}", "--count", str(count), "--slots", str(slots), "--call-ms", str(call_ms)],
-            stdout=subprocess.PIPE, text=True))
+            env=dict(os.environ, BURLA_CLUSTER_TOKEN=token), stdout=subprocess.PIPE, text=True))
     for simulator in simulators:
         if simulator.stdout.readline().strip() != "ready":
             raise SystemExit("a simulator failed to register its nodes")
@@ -383,12 +383,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
     parser.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--head", help=argparse.SUPPRESS)
-    parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.simulate:
-        asyncio.run(simulate(args.head, args.token, args.prefix, args.count, args.slots, args.call_ms / 1000))
+        token = os.environ["BURLA_CLUSTER_TOKEN"]  # not an argument: `ps` shows those to every user
+        asyncio.run(simulate(args.head, token, args.prefix, args.count, args.slots, args.call_ms / 1000))
         return
     if args.nodes < 1 or args.calls < 1 or args.call_ms < 0:
         parser.error("--nodes and --calls must be at least 1, --call-ms at least 0")

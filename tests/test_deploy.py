@@ -343,3 +343,41 @@ def test_the_head_start_command_runs_the_head_under_systemd_where_the_image_has_
     assert oct((burla_dir / "head.env").stat().st_mode & 0o777) == "0o600"
     assert calls.read_text().splitlines()[-3:] == ["systemctl daemon-reload", "systemctl enable burla-head.service",
                                                    "systemctl restart burla-head.service"]
+
+
+def test_no_setting_of_the_head_vm_is_expanded_by_the_shell_or_systemd(tmp_path):
+    """A region or environment value holding `$( )`, backquotes, `$VAR` or `%` specifiers is
+    written verbatim: the shell runs none of it, and systemd is told to pass it on as it is."""
+    import subprocess as sp
+
+    from burla.drivers.head_vm import HeadMachine, start_command
+
+    planted = tmp_path / "planted"
+    hostile = f"x$(touch {planted})`touch {planted}`$HOME%h"
+    command = start_command("gce", HeadMachine("h", KEY, region=hostile, environment={"GOOGLE_CLOUD_PROJECT": hostile}),
+                            wheelhouse=False)
+    home, root, bin_dir = tmp_path / "home", tmp_path / "root", tmp_path / "bin"
+    (home / ".burla").mkdir(parents=True)
+    (root / "etc" / "systemd" / "system").mkdir(parents=True)
+    bin_dir.mkdir()
+    (bin_dir / "hostname").write_text("#!/bin/sh\necho 10.0.0.7\n")
+    # Not root (cloud images' default user), so root's work goes through the sudo stand-in.
+    (bin_dir / "id").write_text('#!/bin/sh\ncase "$1" in -u) echo 1000;; -un) echo ubuntu;; *) exec /usr/bin/id "$@";; '
+                                'esac\n')
+    (bin_dir / "sudo").write_text(f'#!/bin/sh\n[ "$1" = -n ] && shift\nif [ "$1" = tee ]; then exec tee "{root}$2"; '
+                                  'fi\n')
+    (bin_dir / "systemctl").write_text("#!/bin/sh\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    done = sp.run(["bash", "-c", command.replace("[ -d /run/systemd/system ]", "true")],
+                  env={"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True, text=True,
+                  timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert not planted.exists()
+    unit = (root / "etc" / "systemd" / "system" / "burla-head.service").read_text()
+    escaped = hostile.replace("$", "$$").replace("%", "%%")
+    assert f'--region "{escaped}"' in unit  # systemd passes "$$" as "$" and "%%" as "%"
+    env_file = (home / ".burla" / "head.env").read_text()
+    assert sp.run(["bash", "-c", f"set -a; . {home / '.burla' / 'head.env'}; printf %s \"$GOOGLE_CLOUD_PROJECT\""],
+                  capture_output=True, text=True).stdout == hostile, env_file
+    assert not planted.exists()

@@ -172,7 +172,7 @@ def test_config_and_auth(cluster, tmp_path):
 
 
 def test_error_exit_codes(cluster):
-    code, doc = burla(cluster, "--token", "wrong", "cluster", "status")
+    code, doc = burla(cluster, "cluster", "status", env={ENV_TOKEN: "wrong"})
     assert code == 3 and doc["error"]["code"] == "unauthorized"
     code, doc = burla(cluster, "--head", "http://127.0.0.1:9", "cluster", "status")
     assert code == 6 and doc["error"]["code"] == "head_unreachable" and doc["error"]["remediation"]
@@ -182,10 +182,14 @@ def test_error_exit_codes(cluster):
     assert code == 2 and doc["ok"] is False
 
 
-def test_head_and_token_mean_the_same_after_the_subcommand_as_before_it(cluster, tmp_path):
-    for args in (("--token", "wrong", "cluster", "status"), ("cluster", "status", "--token", "wrong"),
-                 ("jobs", "list", "--token", "wrong"), ("jobs", "calls", "list", "no-job", "--token", "wrong"),
-                 ("jobs", "--token", "wrong", "list")):
+def test_head_and_token_file_mean_the_same_after_the_subcommand_as_before_it(cluster, tmp_path):
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("wrong\n")
+    wrong.chmod(0o600)
+    for args in (("--token-file", str(wrong), "cluster", "status"), ("cluster", "status", "--token-file", str(wrong)),
+                 ("jobs", "list", "--token-file", str(wrong)),
+                 ("jobs", "calls", "list", "no-job", "--token-file", str(wrong)),
+                 ("jobs", "--token-file", str(wrong), "list")):
         code, doc = burla(cluster, *args)
         assert code == 3 and doc["error"]["code"] == "unauthorized", args
     for args in (("--head", "http://127.0.0.1:9", "jobs", "list"), ("jobs", "list", "--head", "http://127.0.0.1:9")):
@@ -195,13 +199,37 @@ def test_head_and_token_mean_the_same_after_the_subcommand_as_before_it(cluster,
     env = dict(os.environ, **{ENV_CONFIG_DIR: str(tmp_path)})
     env.pop(ENV_HEAD_URL, None)
     env.pop(ENV_TOKEN, None)
-    done = subprocess.run([sys.executable, "-m", "burla", "cluster", "status", "--head", cluster.url, "--token",
-                           cluster.token], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    right = tmp_path / "token"
+    right.write_text(cluster.token + "\n")
+    right.chmod(0o600)
+    done = subprocess.run([sys.executable, "-m", "burla", "cluster", "status", "--head", cluster.url, "--token-file",
+                           str(right)], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["ok"] is True
     # The last one given wins, as with any repeated option.
     code, doc = burla(cluster, "--head", "http://127.0.0.1:9", "cluster", "status", "--head", cluster.url)
     assert code == 0
+
+
+def test_a_token_on_the_command_line_or_in_a_file_others_may_read_is_refused(cluster, tmp_path):
+    """`ps` shows every process's arguments to every user of the machine: the token comes from the
+    environment or a file only its owner may read, and the refusal says so."""
+    shared = tmp_path / "token"
+    shared.write_text(cluster.token + "\n")
+    shared.chmod(0o644)
+    for command in (["--token", cluster.token, "cluster", "status"], ["cluster", "status", "--token", cluster.token],
+                    ["jobs", "list", "--token", cluster.token], ["node", "join", "--head", cluster.url, "--token",
+                                                                 cluster.token],
+                    ["head", "serve", "--port", "0", "--token", cluster.token],
+                    ["cluster", "status", "--token-file", str(shared)]):
+        done = subprocess.run([sys.executable, "-m", "burla", *command], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **cluster.env()}, cwd=REPO)
+        said = done.stdout + done.stderr
+        assert done.returncode == 2 and "Traceback" not in said, (command, said)
+        if "--token-file" in command:
+            assert "may be read by other users" in said and "chmod 600" in said
+        else:
+            assert "visible to every user of this machine" in said and "BURLA_CLUSTER_TOKEN" in said, command
 
 
 def test_usage_counts_the_local_nodes_hours_at_no_cost(cluster):

@@ -13,6 +13,7 @@ import msgpack
 import pytest
 
 from burla._version import __version__
+from burla.config import ENV_TOKEN
 from burla.process.build import build_hash
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
@@ -73,8 +74,8 @@ async def test_node_endpoints_need_the_token(cluster):
 
 def test_node_with_a_wrong_token_is_refused(cluster):
     done = subprocess.run(
-        [sys.executable, "-m", "burla", "node", "join", "--head", cluster.url, "--token", "wrong", "--workers", "1"],
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "burla", "node", "join", "--head", cluster.url, "--workers", "1"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, ENV_TOKEN: "wrong"},
     )
     assert done.returncode == 3
     assert "401" in done.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sqlite3
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import aiohttp
 import pytest
 
+from burla.config import ENV_TOKEN
 from burla.drivers.local import LocalDriver
 from burla.process.loop_supervisor import LoopSupervisor, run_every_step
 from tests.functions import double
@@ -171,7 +173,8 @@ async def test_every_loop_of_a_head_and_a_node_runs_again_after_an_injected_cras
         # The loops do their work after their restart: a job runs, and a frozen node is reaped.
         assert await asyncio.to_thread(_run_job, cluster, list(range(20))) == [2 * x for x in range(20)]
         frozen = subprocess.Popen([sys.executable, "-m", "burla", "node", "join", "--head", cluster.url,
-                                   "--token", cluster.token, "--workers", "1", "--node-id", "node-frozen"],
+                                   "--workers", "1", "--node-id", "node-frozen"], env={**os.environ,
+                                                                                     ENV_TOKEN: cluster.token},
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             await until(lambda: "node-frozen" in cluster_of(cluster.app).scheduler.nodes, "the second node")

@@ -12,7 +12,14 @@ from collections.abc import Callable
 import click
 
 from burla._version import __version__
-from burla.config import ENV_HEAD_URL, ENV_TOKEN
+from burla.cli.token_options import (
+    TOKEN_FILE_HELP,
+    TOKEN_HELP,
+    read_token_file,
+    refuse_command_line_token,
+    refuse_token_value,
+)
+from burla.config import ENV_HEAD_URL
 
 # Subcommands, imported only when they run: `burla head serve` and `burla node join` start on
 # every cold start and need none of the management commands' imports.
@@ -49,8 +56,11 @@ class _LazyGroup(click.Group):
         return command
 
 
-def _keep_global(key: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+def _keep_global(key: str, read: Callable[[click.Context, click.Parameter, str | None], str | None] | None = None
+                 ) -> Callable[[click.Context, click.Parameter, str | None], None]:
     def keep(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if read is not None:
+            value = read(ctx, param, value)
         if value is not None:
             root = ctx.find_root()
             root.obj[key] = value
@@ -72,8 +82,12 @@ def accept_global_options(command: click.Command) -> None:
             help="The cluster's head, as in `burla --head URL ...`."))
     if "--token" not in flags:
         command.params.append(click.Option(
-            ["--token", "_global_token"], expose_value=False, callback=_keep_global("token"),
-            help="Cluster token, as in `burla --token TOKEN ...`."))
+            ["--token", "_global_token"], expose_value=False, hidden=True,
+            callback=refuse_token_value))
+    if "--token-file" not in flags:
+        command.params.append(click.Option(
+            ["--token-file", "_global_token_file"], expose_value=False, metavar="FILE",
+            callback=_keep_global("token", read_token_file), help=TOKEN_FILE_HELP))
 
 
 def global_option(ctx: click.Context, key: str) -> str | None:
@@ -86,9 +100,11 @@ def global_option(ctx: click.Context, key: str) -> str | None:
 @click.version_option(__version__, prog_name="burla")
 @click.option("--head", "head_url", envvar=ENV_HEAD_URL, default=None, metavar="URL",
               help="The cluster's head. Default: BURLA_CLUSTER_DASHBOARD_URL, else this machine's running head.")
-@click.option("--token", envvar=ENV_TOKEN, default=None, help="Cluster token. Default: the config directory's.")
+@click.option("--token", default=None, callback=refuse_command_line_token, metavar="(refused)",
+              help=f"{TOKEN_HELP} Default: the config directory's.")
+@click.option("--token-file", default=None, metavar="FILE", callback=read_token_file, help=TOKEN_FILE_HELP)
 @click.pass_context
-def main(ctx: click.Context, head_url: str | None, token: str | None) -> None:
+def main(ctx: click.Context, head_url: str | None, token: str | None, token_file: str | None) -> None:
     """Run Python functions on every CPU of a cluster, and see everything it does.
 
     Most users never need this command to run jobs: `remote_parallel_map` starts a local
@@ -100,7 +116,7 @@ def main(ctx: click.Context, head_url: str | None, token: str | None) -> None:
     ctx.obj = {
         "head": head_url,
         "head_from_flag": source == click.core.ParameterSource.COMMANDLINE,
-        "token": token,
-        "token_from_flag": ctx.get_parameter_source("token") == click.core.ParameterSource.COMMANDLINE,
+        "token": token_file or token,
+        "token_from_flag": token_file is not None,
     }
 

@@ -10,8 +10,8 @@ import click
 from burla._version import __version__
 from burla.cli import global_option
 from burla.cli.common import vm_setup_options
+from burla.cli.token_options import TOKEN_FILE_HELP, TOKEN_HELP, read_token_file, refuse_command_line_token
 from burla.config import (
-    ENV_TOKEN,
     HeadSettings,
     config_dir,
     load_or_create_token,
@@ -101,8 +101,9 @@ def head() -> None:
               help="Start this many nodes on this machine (the local driver).")
 @click.option("--local-node-workers", type=click.IntRange(1, 4096), default=None,
               help="Workers per local node. Default: one per CPU.")
-@click.option("--token", envvar=ENV_TOKEN, default=None,
-              help="Cluster token. Default: the one in the config directory, created if missing.")
+@click.option("--token", default=None, callback=refuse_command_line_token, metavar="(refused)",
+              help=f"{TOKEN_HELP} Default: the one in the config directory, created if missing.")
+@click.option("--token-file", default=None, metavar="FILE", callback=read_token_file, help=TOKEN_FILE_HELP)
 @click.option("--node-deadline", type=click.FloatRange(1.0, 3600.0), default=30.0, show_default=True,
               help="Seconds a node may stay silent before it is dropped.")
 @click.option("--client-deadline", type=click.FloatRange(0.5, 3600.0), default=10.0, show_default=True,
@@ -153,7 +154,8 @@ def head() -> None:
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, local_node_workers: int | None,
-          token: str | None, node_deadline: float, client_deadline: float, inactivity_timeout: float | None,
+          token: str | None, token_file: str | None, node_deadline: float, client_deadline: float,
+          inactivity_timeout: float | None,
           history_path: Path | None, no_history: bool, history_retention_days: float, driver: str | None,
           keep_nodes: bool, node_link: str, orphan_timeout: float, node_index_url: str | None,
           node_wheelhouse: Path | None, ssh_address_map: Path | None, region: str | None, boot_deadline: float,
@@ -167,7 +169,7 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
         raise click.UsageError("`burla head serve` runs a head: --head names one to talk to, and means nothing here. "
                                "For the address this head gives its nodes and clients, use --url.")
     directory = config_dir()
-    token = token or global_option(ctx, "token")
+    token = token_file or token or global_option(ctx, "token")
     driver = _driver_name(driver)
     loopback = host in ("127.0.0.1", "localhost", "::1")
     if node_link == "direct" and driver != "local" and loopback and public_url is None:

@@ -7,7 +7,8 @@ import sys
 import click
 
 from burla.cli import global_option
-from burla.config import ENV_HEAD_CERT, ENV_HEAD_URL, ENV_TOKEN, config_dir, read_token
+from burla.cli.token_options import TOKEN_FILE_HELP, TOKEN_HELP, read_token_file, refuse_command_line_token
+from burla.config import ENV_HEAD_CERT, ENV_HEAD_URL, config_dir, read_token
 
 
 @click.group()
@@ -18,8 +19,9 @@ def node() -> None:
 @node.command()
 @click.option("--head", "head_url", envvar=ENV_HEAD_URL, default=None,
               help="The head's URL, e.g. http://127.0.0.1:5001 (required, here or as `burla --head URL node join`).")
-@click.option("--token", envvar=ENV_TOKEN, default=None,
-              help="Cluster token. Default: the one in the config directory.")
+@click.option("--token", default=None, callback=refuse_command_line_token, metavar="(refused)",
+              help=f"{TOKEN_HELP} Default: the one in the config directory.")
+@click.option("--token-file", default=None, metavar="FILE", callback=read_token_file, help=TOKEN_FILE_HELP)
 @click.option("--workers", type=click.IntRange(1, 4096), default=None, help="Worker processes. Default: one per CPU.")
 @click.option("--node-id", default=None, help="This node's name. Default: a random one.")
 @click.option("--region", default="local", show_default=True, help="Region this node reports.")
@@ -50,7 +52,8 @@ def node() -> None:
               help="A file holding the head's URL, read again before each connection (a moved SSH tunnel).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
 @click.pass_context
-def join(ctx: click.Context, head_url: str | None, token: str | None, workers: int | None, node_id: str | None,
+def join(ctx: click.Context, head_url: str | None, token: str | None, token_file: str | None, workers: int | None,
+         node_id: str | None,
          region: str,
          image: str | None, host: str, port: int, advertise_url: str | None, advertise_host: str | None,
          orphan_timeout: float, steal_ack_timeout: float,
@@ -62,9 +65,9 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, workers: i
     head_url = head_url or global_option(ctx, "head")
     if not head_url:
         raise click.UsageError("Missing option '--head': the head's URL, e.g. --head http://127.0.0.1:5001.")
-    token = token or global_option(ctx, "token") or read_token(config_dir())
+    token = token_file or token or global_option(ctx, "token") or read_token(config_dir())
     if not token:
-        click.echo("error: no cluster token. Pass --token or set BURLA_CLUSTER_TOKEN (the head prints "
+        click.echo("error: no cluster token. Set BURLA_CLUSTER_TOKEN or pass --token-file FILE (the head prints "
                    "where its token is stored).", err=True)
         sys.exit(3)
     settings = node_settings(

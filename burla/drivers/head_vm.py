@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from burla.drivers.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR, shell_words
+from burla.drivers.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR
 
 HEAD_PORT = 5001
 ROLE_TAG = "burla-role"
@@ -51,26 +51,68 @@ def serve_arguments(driver_name: str, head: HeadMachine, wheelhouse: bool) -> li
     return serve
 
 
-_OURS = re.compile(r"^(\$B/[\w./-]+|https://\$PRIVATE:\d+)$")
+_OURS = re.compile(r"^(\$B/[\w./-]+|https://\$PRIVATE:\d+)$")  # the parts the VM's shell fills in
+_OUR_VARIABLES = re.compile(r"(\$B|\$PRIVATE|\$USER_NAME)")
+_PLAIN = re.compile(r"[A-Za-z0-9_./:=@+-]+")  # needs no quoting for systemd
 
 
-def unit_words(parts: list[str]) -> str:
-    """ExecStart's arguments, written through an unquoted here-document: our own `$B/...` paths and
-    the `$PRIVATE` URL are expanded as it is written; every other part is single-quoted."""
-    return " ".join(part if _OURS.match(part) else shlex.quote(part) for part in parts)
+class Expanded(str):
+    """A piece of a line the VM's shell expands as it writes it ($B, $PRIVATE, $USER_NAME)."""
+
+
+Pieces = list[str]  # literal text, and Expanded pieces
+
+
+def _ours(part: str) -> Pieces:
+    """`part` as pieces: our own `$B/...` paths and `https://$PRIVATE:port` expand on the VM;
+    anything else (a region, a project name) is literal."""
+    if not _OURS.match(part):
+        return [part]
+    return [Expanded(piece) if _OUR_VARIABLES.fullmatch(piece) else piece
+            for piece in _OUR_VARIABLES.split(part) if piece]
+
+
+def shell_word(pieces: Pieces) -> str:
+    """One shell word that is `pieces` verbatim, the Expanded ones expanded (and nothing else:
+    no `$( )`, backquote or `$` in a literal piece is ever run)."""
+    return "".join(f'"{piece}"' if isinstance(piece, Expanded) else shlex.quote(piece) for piece in pieces) or "''"
+
+
+def systemd_argument(part: str) -> Pieces:
+    """An ExecStart argument that systemd passes on as it is: literal ones double-quoted, with
+    systemd's own expansions escaped (`%` specifiers and `$` variables; systemd.service(5),
+    "Command lines")."""
+    if _OURS.match(part):
+        return _ours(part)
+    if _PLAIN.fullmatch(part):
+        return [part]
+    escaped = part.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return [f'"{escaped}"']
+
+
+def unit_lines(burla: str, arguments: list[str]) -> list[Pieces]:
+    """The systemd unit that runs the head, line by line."""
+    exec_start: Pieces = ["ExecStart="]
+    for index, part in enumerate([burla, *arguments]):
+        exec_start += ([" "] if index else []) + systemd_argument(part)
+    return [["[Unit]"], ["Description=burla head"], ["After=network-online.target"], ["Wants=network-online.target"],
+            ["[Service]"], ["User=", Expanded("$USER_NAME")], ["EnvironmentFile=", Expanded("$B"), f"/{HEAD_ENV}"],
+            exec_start, ["Restart=always"], ["RestartSec=5"], ["[Install]"], ["WantedBy=multi-user.target"]]
 
 
 def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
     """Write the head's environment file and start it: under systemd where the image runs it,
-    else detached under `burla head supervise`. Running it again restarts the head."""
+    else detached under `burla head supervise`. Running it again restarts the head. Every line is
+    written with printf from quoted words: nothing in a setting is expanded or run by the shell."""
     for key, value in head.environment.items():
-        if "\n" in key or "\n" in value or "=" in key:
+        if "\n" in key or "\n" in value or "=" in key or not key:
             raise ValueError(f"environment value for {key!r} can't go in an environment file")
     burla = f"$B/{ENV_DIR}/bin/burla"
     arguments = serve_arguments(driver_name, head, wheelhouse)
     # KEY='value' lines: read the same by systemd's EnvironmentFile and by `. head.env`.
-    environment = [f"BURLA_CONFIG_DIR='$B/{CONFIG_DIR}'",
-                   *(f"{k}={shlex.quote(v)}" for k, v in head.environment.items())]
+    environment: list[Pieces] = [["BURLA_CONFIG_DIR='", Expanded("$B"), f"/{CONFIG_DIR}'"],
+                                 *([f"{k}={shlex.quote(v)}"] for k, v in head.environment.items())]
+    supervise = " ".join(shell_word(_ours(part)) for part in [burla, "head", "supervise", "--", *arguments[2:]])
     return "\n".join([
         "set -eu",
         f'B="$HOME/{HOME_DIR}"',
@@ -78,23 +120,11 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
         'as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }',
         "PRIVATE=$(hostname -I | cut -d' ' -f1)",
         '[ -n "$PRIVATE" ] || { echo "this VM reports no private address (hostname -I)" >&2; exit 1; }',
-        f"(umask 077; : > {HEAD_ENV})",
-        *(f"echo {shell_words([line])} >> {HEAD_ENV}" for line in environment),
+        "USER_NAME=$(id -un)",
+        f"(umask 077; printf '%s\\n' {' '.join(shell_word(line) for line in environment)} > {HEAD_ENV})",
         "if [ -d /run/systemd/system ] && as_root true 2>/dev/null; then",
-        f"  as_root tee /etc/systemd/system/{UNIT} >/dev/null <<UNIT",
-        "[Unit]",
-        "Description=burla head",
-        "After=network-online.target",
-        "Wants=network-online.target",
-        "[Service]",
-        "User=$(id -un)",
-        f"EnvironmentFile=$B/{HEAD_ENV}",
-        f"ExecStart={unit_words([burla, *arguments])}",
-        "Restart=always",
-        "RestartSec=5",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "UNIT",
+        f"  printf '%s\\n' {' '.join(shell_word(line) for line in unit_lines(burla, arguments))} "
+        f"| as_root tee /etc/systemd/system/{UNIT} >/dev/null",
         "  as_root systemctl daemon-reload",
         f"  as_root systemctl enable {UNIT}",
         f"  as_root systemctl restart {UNIT}",
@@ -104,8 +134,7 @@ def start_command(driver_name: str, head: HeadMachine, wheelhouse: bool) -> str:
         f'    kill "$(cat {HEAD_PID})"; sleep 2',
         "  fi",
         f"  set -a; . ./{HEAD_ENV}; set +a",
-        f"  setsid nohup {shell_words([burla, 'head', 'supervise', '--', *arguments[2:]])} >> {HEAD_LOG} 2>&1 "
-        "< /dev/null &",
+        f"  setsid nohup {supervise} >> {HEAD_LOG} 2>&1 < /dev/null &",
         f"  echo $! > {HEAD_PID}",
         "  echo started under the burla supervisor",
         "fi",
