@@ -188,7 +188,7 @@ class NodeService:
                         deadline = time.monotonic() + self.settings.register_deadline_s
                 except aiohttp.WSServerHandshakeError as e:
                     if e.status == 401:
-                        log.error("the head refused this node's token (401); check --token")
+                        log.error("the head refused this node's token (401); check BURLA_CLUSTER_TOKEN or --token-file")
                         self.exit_code = 3
                         self.stop()
                         return
