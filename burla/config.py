@@ -271,6 +271,8 @@ class HeadSettings:
     node_wheelhouse: Path | None = None  # or only from these wheels, uploaded to every VM
     ssh_address_map: Path | None = None  # JSON {vm address: "host:port"} to dial instead (stand-in VMs)
     header_timeout_s: float = 30.0  # a connection must send a whole request head within this
+    max_open_jobs: int = 4096  # jobs running at once (burla.head.budget)
+    max_client_connections: int = 4096  # job connections per credential
 
 
 @dataclass(frozen=True)

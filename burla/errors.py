@@ -123,6 +123,10 @@ class JobNotFound(ClusterError):
     pass
 
 
+class Overloaded(ClusterError):
+    """The head is at one of its limits (jobs running at once, connections per credential)."""
+
+
 class DetachRequiresDeployedCluster(ClusterError):
     pass
 
@@ -250,6 +254,7 @@ def _describe_exit(exit_code: int | None) -> str:
 WIRE_ERRORS: dict[str, type[BurlaError]] = {
     cls.__name__: cls
     for cls in (
+        Overloaded,
         InvalidArgument,
         FunctionTooBig,
         UnpicklableFunction,

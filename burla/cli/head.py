@@ -149,6 +149,10 @@ def head() -> None:
 @click.option("--header-timeout", type=click.FloatRange(0.1, 3600.0), default=30.0, show_default=True,
               help="Seconds a connection may take to send a complete request head, and may stay idle between "
                    "requests; slower connections are closed.")
+@click.option("--max-open-jobs", type=click.IntRange(1, 1_000_000), default=4096, show_default=True,
+              help="Jobs running at once; more are refused with a message naming this limit.")
+@click.option("--max-client-connections", type=click.IntRange(1, 1_000_000), default=4096, show_default=True,
+              help="Job connections open at once per credential; more are refused (429).")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
@@ -160,7 +164,8 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
           keep_nodes: bool, node_link: str, orphan_timeout: float, node_index_url: str | None,
           node_wheelhouse: Path | None, ssh_address_map: Path | None, region: str | None, boot_deadline: float,
           tls_cert: Path | None, tls_key: Path | None, tls_self_signed: bool, no_tls: bool, public_url: str | None,
-          header_timeout: float, ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
+          header_timeout: float, max_open_jobs: int, max_client_connections: int,
+          ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
     from burla.head.server import serve as run_head
@@ -199,7 +204,7 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
         tls_cert=tls_cert, tls_key=tls_key, public_url=public_url,
         version=__version__, keep_nodes=keep_nodes, node_link=node_link, orphan_timeout_s=orphan_timeout,
         node_index_url=node_index_url, node_wheelhouse=node_wheelhouse, ssh_address_map=ssh_address_map,
-        header_timeout_s=header_timeout,
+        header_timeout_s=header_timeout, max_open_jobs=max_open_jobs, max_client_connections=max_client_connections,
     )
     try:
         run_head(settings)

@@ -262,7 +262,7 @@ async def list_calls(request: web.Request) -> web.Response:
         if index in failed:
             return "failed"
         if live is not None and live.status == RUNNING:
-            return "done" if live.done[index] else "pending"
+            return "done" if live.is_done(index) else "pending"
         return "done" if view.status == JobStatus.COMPLETED else "unknown"
 
     calls = []

@@ -18,11 +18,23 @@ from burla.config import HeadSettings
 from burla.drivers.base import Driver
 from burla.drivers.local import LocalDriver
 from burla.head.api import add_api_routes
+from burla.head.budget import ConnectionCounts, HeadLimits
 from burla.head.cluster import Cluster
 from burla.head.dashboard import add_dashboard_routes, job_view, login_needed
 from burla.head.fleet import ClusterSettings, Fleet
 from burla.head.history import History
-from burla.head.keys import CLUSTER, FLEET, GUARD, LOOP_MONITOR, OPEN_SOCKETS, SHUT_DOWN, STOP, SUPERVISOR
+from burla.head.keys import (
+    CLIENT_CONNECTIONS,
+    CLUSTER,
+    FLEET,
+    GUARD,
+    LIMITS,
+    LOOP_MONITOR,
+    OPEN_SOCKETS,
+    SHUT_DOWN,
+    STOP,
+    SUPERVISOR,
+)
 from burla.head.loop_monitor import LoopMonitor
 from burla.head.recorder import Recorder
 from burla.head.sockets import close_open_sockets, job_socket, node_socket
@@ -64,7 +76,8 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
     if fleet_driver is not driver:  # a cloud VM that can't be set up is deleted at once
         fleet_driver.on_boot_failed = fleet.setup_failed
     cluster.use_machines(fleet)
-    app = build_app(cluster, fleet, settings.token, url, ConnectionGuard(settings.header_timeout_s))
+    app = build_app(cluster, fleet, settings.token, url, ConnectionGuard(settings.header_timeout_s),
+                    HeadLimits(settings.max_open_jobs, settings.max_client_connections))
     lifecycle = _Lifecycle(settings, app, history, driver, fleet_driver)
     app.on_startup.append(lifecycle.start)
     app[SHUT_DOWN] = lifecycle.stop
@@ -73,7 +86,8 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
     return app
 
 
-def build_app(cluster: Cluster, fleet: Fleet, token: str, head_url: str, guard: ConnectionGuard) -> web.Application:
+def build_app(cluster: Cluster, fleet: Fleet, token: str, head_url: str, guard: ConnectionGuard,
+              limits: HeadLimits | None = None) -> web.Application:
     """The routes and middleware over a cluster and its fleet (no background loops of its own)."""
     sessions = Sessions(token)
     app = web.Application(
@@ -85,6 +99,8 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, head_url: str, guard: 
     app[CLUSTER] = cluster
     app[FLEET] = fleet
     app[GUARD] = guard
+    app[LIMITS] = limits or HeadLimits()
+    app[CLIENT_CONNECTIONS] = ConnectionCounts()
     app[LOOP_MONITOR] = LoopMonitor()
     app[SUPERVISOR] = LoopSupervisor(log)
     app[STOP] = asyncio.Event()

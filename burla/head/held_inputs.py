@@ -42,7 +42,7 @@ def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:
     assignment = job.assignments[node_id]
     n = job.n_inputs
     done = job.done
-    holding = {i for i in indices if 0 <= i < n and not done[i]}
+    holding = {i for i in indices if 0 <= i < n and not (i < len(done) and done[i])}
     if not holding:
         return
     if job.pending:  # queued here again meanwhile (the node's inputs came back when it dropped)
@@ -64,7 +64,7 @@ def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:
     for index in holding:
         if index in assignment.inflight:
             continue
-        if seen[index]:  # uploaded but in no queue and on no node: a result is on its way
+        if index < len(seen) and seen[index]:  # uploaded but in no queue and on no node: a result is on its way
             continue
         job.node_held[index] = node_id
 

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from burla.head.budget import ConnectionCounts, HeadLimits
 from burla.head.cluster import Cluster
 from burla.head.fleet import Fleet
 from burla.head.loop_monitor import LoopMonitor
@@ -27,3 +28,5 @@ SHUT_DOWN: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("shut_down")
 OPEN_SOCKETS: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("open_sockets", set)
 SESSIONS = web.AppKey("sessions", Sessions)  # the dashboard's signed-in browsers
 HEAD_URL = web.AppKey("head_url", str)  # the head's own address, as clients reach it
+LIMITS = web.AppKey("limits", HeadLimits)  # what the head holds at most
+CLIENT_CONNECTIONS = web.AppKey("client_connections", ConnectionCounts)  # open job connections per credential

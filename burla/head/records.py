@@ -69,8 +69,10 @@ class JobRecord:
     received: int = 0  # inputs uploaded by the client so far
     all_pushed: bool = False  # every input was on a node at once (its nodes were told: InputsPushed)
     upload_prefix: int = 0  # every index below this one has been uploaded
-    seen: bytearray = field(default_factory=bytearray)  # per index: uploaded yet?
-    done: bytearray = field(default_factory=bytearray)  # per index: result in yet?
+    # Per index, as far as inputs have been uploaded (`cover`): uploaded yet? result in yet? An
+    # index past their length is neither, so a job costs nothing per input until its inputs come.
+    seen: bytearray = field(default_factory=bytearray)
+    done: bytearray = field(default_factory=bytearray)
     n_done: int = 0
     n_failed: int = 0
     stolen: int = 0  # inputs that moved between nodes by stealing
@@ -93,6 +95,19 @@ class JobRecord:
     @property
     def n_inputs(self) -> int:
         return self.spec.n_inputs
+
+    def cover(self, end: int) -> None:
+        """Make `seen` and `done` reach index `end - 1` (at most n_inputs), growing them at least
+        twofold so a job's uploads extend them a logarithmic number of times."""
+        have = len(self.seen)
+        if end <= have:
+            return
+        grown = min(self.spec.n_inputs, max(end, 2 * have, 4096))
+        self.seen.extend(bytes(grown - have))
+        self.done.extend(bytes(grown - have))
+
+    def is_done(self, index: int) -> bool:
+        return index < len(self.done) and self.done[index] == 1
 
     def running(self, nodes: dict[str, NodeRecord]) -> int:
         return sum(nodes[n].running_by_job.get(self.job_id, 0) for n in self.assignments if n in nodes)

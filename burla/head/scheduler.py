@@ -174,7 +174,7 @@ class Scheduler:
         return job
 
     def _create(self, spec: wire.OpenJob, eligible: list[tuple[NodeRecord, int]]) -> JobRecord:
-        job = JobRecord(spec, seen=bytearray(spec.n_inputs), done=bytearray(spec.n_inputs))
+        job = JobRecord(spec)  # per-input flags grow as inputs come (JobRecord.cover)
         ordered = sorted(eligible, key=lambda e: -e[1])
         # First a call per slot on as many nodes as the caps allow, then what max_parallelism
         # leaves of their parallelism (calls that wait may run more than one per slot).
@@ -198,6 +198,8 @@ class Scheduler:
     def load_kept(self, job: JobRecord, inputs: list, results: list) -> None:
         """A detached job taken up after a restart: its kept results count as done, its kept
         inputs without a result are queued again, and a client still uploading may resend."""
+        kept = [item[0] for item in [*results, *inputs] if 0 <= item[0] < job.n_inputs]
+        job.cover(max(kept, default=-1) + 1)
         for index, ok, _ in results:
             if 0 <= index < job.n_inputs and not job.done[index]:
                 job.done[index] = job.seen[index] = 1
@@ -245,35 +247,45 @@ class Scheduler:
         if job.status != RUNNING:
             return  # uploads still on their way when the job ended
         n = job.n_inputs
+        if indices and 0 <= min(indices) and max(indices) < n:
+            job.cover(max(indices) + 1)
         seen = job.seen
         if job.node_held or job.lenient_uploads:
             items = list(zip(indices, data))
             if job.node_held:
                 items = self._to_holders(job, items)
             if job.lenient_uploads:  # taken up from history: its client may send again what was kept
-                items = [item for item in items if not (0 <= item[0] < n and seen[item[0]])]
+                items = [item for item in items if not (0 <= item[0] < len(seen) and seen[item[0]])]
             indices, data = list(map(_index_of, items)), list(map(_data_of, items))
         if not indices:
             return
         first, end = indices[0], indices[0] + len(indices)
         prefix = job.upload_prefix
-        if 0 <= first and end <= n and indices[-1] == end - 1 and seen.find(1, first, end) < 0 \
+        if 0 <= first and end <= len(seen) and indices[-1] == end - 1 and seen.find(1, first, end) < 0 \
                 and indices == list(range(first, end)):
             seen[first:end] = b"\x01" * len(indices)  # the common case, a new run of inputs: at C speed
             if prefix == first:
                 prefix = end
         else:
-            for index in indices:
-                if not 0 <= index < n:
-                    raise ProtocolError(f"input index {index} is outside 0..{n - 1}")
-                if seen[index]:
-                    raise ProtocolError(f"input index {index} was uploaded twice")
-                seen[index] = 1
+            self._mark_uploaded(job, indices)
         job.received += len(indices)
         job.pending.extend_lists(indices, data)
-        while prefix < n and seen[prefix]:
+        while prefix < len(seen) and seen[prefix]:
             prefix += 1
         job.upload_prefix = prefix
+
+    @staticmethod
+    def _mark_uploaded(job: JobRecord, indices: list[int]) -> None:
+        """Mark each input uploaded; one outside the job or uploaded before is the client's error."""
+        n, seen = job.n_inputs, job.seen
+        outside = next((index for index in indices if not 0 <= index < n), None)
+        if outside is not None:
+            raise ProtocolError(f"input index {outside} is outside 0..{n - 1}")
+        job.cover(max(indices) + 1)
+        for index in indices:
+            if seen[index]:
+                raise ProtocolError(f"input index {index} was uploaded twice")
+            seen[index] = 1
 
     @staticmethod
     def _to_holders(job: JobRecord, items: list) -> list:
@@ -283,10 +295,11 @@ class Scheduler:
         for item in items:
             holder = held.pop(item[0], None) if type(item[0]) is int else None
             assignment = job.assignments.get(holder) if holder is not None else None
-            if assignment is None or job.seen[item[0]]:
+            if assignment is None or (item[0] < len(job.seen) and job.seen[item[0]]):
                 rest.append(item)
                 continue
             assignment.inflight[item[0]] = item[1]
+            job.cover(item[0] + 1)
             job.seen[item[0]] = 1
             job.received += 1
         return rest
@@ -383,16 +396,15 @@ class Scheduler:
             if fresh is not None:
                 return fresh
         fresh = []
-        done = job.done
         for item in items:
             index = item[0]
-            if not 0 <= index < job.n_inputs or done[index]:
+            if not self._awaits_result(job, index):
                 continue
             if assignment is not None:
                 assignment.inflight.pop(index, None)
             if job.node_held:
                 job.node_held.pop(index, None)
-            done[index] = 1
+            job.done[index] = 1
             job.n_done += 1
             if not item[1]:
                 job.n_failed += 1
@@ -400,6 +412,18 @@ class Scheduler:
                     job.failed_here.add(index)
             fresh.append(item)
         return fresh
+
+    @staticmethod
+    def _awaits_result(job: JobRecord, index: int) -> bool:
+        """Whether input `index` is one whose result is still to come: uploaded (or held by a node
+        from before a restart) and not done."""
+        if not 0 <= index < job.n_inputs:
+            return False
+        if index >= len(job.done):  # never uploaded: only a node holding it from before a restart has it
+            if index not in job.node_held:
+                return False
+            job.cover(index + 1)
+        return not job.done[index]
 
     def record_successes(self, node_id: str, job: JobRecord, indices: list[int]) -> bool:
         """record_results' common case, for results known to have all succeeded, by their indices:
@@ -422,7 +446,7 @@ class Scheduler:
     @staticmethod
     def _mark_fresh(job: JobRecord, assignment: Assignment, indices: list[int]) -> bool:
         """Mark these inputs done if none is yet (nor twice among them); else change nothing."""
-        if min(indices) < 0 or max(indices) >= job.n_inputs:
+        if min(indices) < 0 or max(indices) >= len(job.done):
             return False
         done = job.done
         for position, index in enumerate(indices):  # the one loop per result

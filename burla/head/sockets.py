@@ -16,14 +16,17 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from burla.config import MAX_FUNCTION_BYTES, MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
+from burla.head.budget import HeadLimits, check_open_job
 from burla.head.cluster import Cluster
-from burla.head.keys import CLUSTER, OPEN_SOCKETS
+from burla.head.keys import CLIENT_CONNECTIONS, CLUSTER, LIMITS, OPEN_SOCKETS
 from burla.head.links import ClientLink, NodeLink
 from burla.head.messages import accepted_message
 from burla.head.records import JobRecord
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import grants, limits, wire
 from burla.protocol.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
+from burla.web.auth import CREDENTIAL
+from burla.web.json_io import error_response
 
 log = logging.getLogger("burla.head")
 
@@ -272,25 +275,34 @@ def _check_names(spec: wire.OpenJob) -> None:
             raise ProtocolError(f"{name} is over {MAX_NAME_CHARS} characters")
 
 
-async def job_socket(request: web.Request) -> web.WebSocketResponse:
+async def job_socket(request: web.Request) -> web.StreamResponse:
     """One client connection, carrying one job at a time: a client keeps its connection for its
     next job, and that job's opening ends its part in the one before (as a close would)."""
     cluster: Cluster = request.app[CLUSTER]
-    ws = web.WebSocketResponse(max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
-    await _upgrade(ws, request)
-    # Handed over in a list the job's code empties: an opening may carry the first inputs, which
-    # must not stay referenced here for as long as the job runs.
-    handover = [await _first_frame(ws, wire.JOB_OPENING)]
-    while handover[0] is not None:
-        handover = [await _serve_job(cluster, ws, handover)]
-    return ws
+    head_limits, connections = request.app[LIMITS], request.app[CLIENT_CONNECTIONS]
+    credential = request.get(CREDENTIAL, "")
+    refusal = connections.take(credential, head_limits)
+    if refusal is not None:
+        return error_response(429, "Too Many Requests", refusal)
+    try:
+        ws = web.WebSocketResponse(max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=CLIENT_HEARTBEAT_S)
+        await _upgrade(ws, request)
+        # Handed over in a list the job's code empties: an opening may carry the first inputs, which
+        # must not stay referenced here for as long as the job runs.
+        handover = [await _first_frame(ws, wire.JOB_OPENING)]
+        while handover[0] is not None:
+            handover = [await _serve_job(cluster, ws, handover, head_limits)]
+        return ws
+    finally:
+        connections.give_back(credential)
 
 
-async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list) -> wire.Message | None:
+async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list, head_limits: HeadLimits
+                     ) -> wire.Message | None:
     """Open or resume the job the message in `handover` names and serve it until the connection
     ends (None) or the client opens its next job on it (that opening is returned)."""
     first = handover.pop()
-    opened = await _open_or_resume(cluster, ws, first)
+    opened = await _open_or_resume(cluster, ws, first, head_limits)
     del first  # its inputs are the job's now
     if opened is None:
         return None
@@ -313,7 +325,7 @@ async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list
         cluster.client_left(job, link)
 
 
-async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message
+async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message, head_limits: HeadLimits
                           ) -> tuple[JobRecord, ClientLink, wire.Message] | None:
     """The job, its client link and the answer to send; None if the connection was answered
     (refused) or closed here."""
@@ -323,6 +335,7 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             problem = _check_version(first.client_version, cluster.version)
             if problem is not None:
                 raise VersionMismatch(problem)
+            check_open_job(head_limits, len(cluster.scheduler.running))
             await cluster.machines.ready_for(first)  # e.g. the cloud's machine list, for grow
             job, link = cluster.open_job(first)  # and queues the inputs it carries
             return job, link, accepted_message(job)

@@ -37,7 +37,7 @@ def record_steal(thief_id: str, job: JobRecord, donor_id: str, indices: list[int
     if thief is None or job.status != RUNNING:
         return
     for index in indices:
-        if not 0 <= index < job.n_inputs or job.done[index]:
+        if not 0 <= index < job.n_inputs or job.is_done(index):
             continue
         if index in job.node_held:  # its bytes are still to come from the client: they go to the thief
             job.node_held[index] = thief_id

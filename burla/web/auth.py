@@ -28,6 +28,7 @@ OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
 SESSION_COOKIE = "burla_session"
 LOGIN_CODE_TTL_S = 300.0
 CSRF_HEADER = "X-Burla-CSRF"
+CREDENTIAL = "burla_credential"  # request key: which credential authenticated it (budgets count per credential)
 JOB_SESSION = "burla_job_session"  # request key: the job a job's session reads (absent for other credentials)
 _UNSAFE_IN_REDIRECT = frozenset(chr(c) for c in range(0x21)) | {"\x7f", "\\"}
 
@@ -125,6 +126,7 @@ def token_middleware(token: str, sessions: Sessions | None = None, login_page: H
         if request.path in OPEN_PATHS or (authenticates_itself is not None and authenticates_itself(request.path)):
             return await handler(request)
         if bearer_matches(request, expected):
+            request[CREDENTIAL] = "cluster token"
             if on_authenticated is not None:
                 on_authenticated(request)
             return await handler(request)
