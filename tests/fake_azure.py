@@ -89,6 +89,7 @@ class FakeAzure(ImageApi, FakeCloudApi):
         # (VM size, location) this subscription may not create: Resource SKUs lists them with a
         # NotAvailableForSubscription restriction, and creating one fails with SkuNotAvailable.
         self.not_for_subscription: set[tuple[str, str]] = set()
+        self.serial_logs: dict[str, str] = {}  # VM name -> what its guest printed to the serial console
         self.views_state_generation = True  # instance views carry hyperVGeneration (False: an older API's)
         self.sku_listings: list[str] = []  # locations whose SKUs were listed
         self.sku_page_size = 1000
@@ -441,8 +442,9 @@ class FakeAzure(ImageApi, FakeCloudApi):
         return json_response(self.fixture("boot_diagnostics", name=m["name"], blob_base=f"{self.url}/blobs"))
 
     async def blob(self, request: web.Request) -> web.Response:
-        if request.match_info["blob"].endswith(".serialconsole.log") and request.query.get("sig"):
-            return web.Response(text=BOOT_LOG)
+        blob = request.match_info["blob"]
+        if blob.endswith(".serialconsole.log") and request.query.get("sig"):
+            return web.Response(text=BOOT_LOG + self.serial_logs.get(blob.removesuffix(".serialconsole.log"), ""))
         return web.Response(status=403, text=json.dumps({"error": "AuthenticationFailed"}))
 
     async def put_security_group(self, request: web.Request) -> web.Response:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 ACCOUNT = "123456789012"  # moto's default account: the user's
 REGION = "us-east-1"
@@ -58,17 +58,21 @@ class Ec2Rules:
     denied: set[str] = field(default_factory=set)  # IAM actions the caller's policies don't allow
     slow_cluster_listing_s: float = 0.0  # DescribeInstances by cluster tag takes this long (a slow API)
     expired_keys: set[str] = field(default_factory=set)  # access keys whose session has expired
+    consoles: dict[str, str] = field(default_factory=dict)  # instance id -> what its guest printed to the console
     withdrawn: set[str] = field(default_factory=set)  # instance types the region does not offer
     # Told (instance id, new AMI id) as CreateImage makes an image of an instance's disk: the
     # stand-in VM farm copies that VM's disk then, as EC2 snapshots the volume.
     image_made: list[Any] = field(default_factory=list)
     type_pages: list[int] = field(default_factory=list)  # DescribeInstanceTypes pages served (their sizes)
 
+    current: ClassVar[Ec2Rules]  # the rules installed now (the stand-in VMs print to its consoles)
+
     def install(self, monkeypatch: Any) -> None:
         from moto.ec2.models.instances import InstanceBackend
         from moto.servicequotas.models import ServiceQuotasBackend
 
         rules = self
+        monkeypatch.setattr(Ec2Rules, "current", self, raising=False)
         run_instances = InstanceBackend.run_instances
         get_service_quota = ServiceQuotasBackend.get_service_quota
 
@@ -111,6 +115,20 @@ class Ec2Rules:
                 ami.state = "available"
             return ami
 
+        from moto.core.responses import ActionResult
+        from moto.core.utils import utcnow
+        from moto.ec2.responses.general import SAMPLE_CONSOLE_OUTPUT, General
+        from moto.ec2.utils import Base64EncodedString
+
+        def console_output(response: Any) -> Any:
+            """GetConsoleOutput: the kernel's lines, then what the instance's guest printed (cloud-init's
+            host keys); base64, as EC2 answers it."""
+            instance = response.ec2_backend.get_instance(response._get_param("InstanceId"))
+            printed = SAMPLE_CONSOLE_OUTPUT + rules.consoles.get(instance.id, "")
+            return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(),
+                                 "Output": Base64EncodedString.from_raw_string(printed)})
+
+        monkeypatch.setattr(General, "get_console_output", console_output)
         monkeypatch.setattr(AmiBackend, "create_image", imaged)
         monkeypatch.setattr(InstanceBackend, "run_instances", checked_run_instances)
         monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", quotas_if_allowed)

@@ -104,6 +104,8 @@ class FakeGce(BillingCatalog, FakeCloudApi):
 
     def __init__(self) -> None:
         self.instances: dict[tuple[str, str, str], dict] = {}  # (project, zone, name) -> instance
+        # (project, zone, name) -> the hostkeys/ guest attributes its guest agent wrote: [(key type, base64)]
+        self.guest_attributes: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
         self.operations: dict[str, dict] = {}
         self.firewalls: dict[tuple[str, str], dict] = {}
         self.tokens_issued: list[str] = []
@@ -170,6 +172,7 @@ class FakeGce(BillingCatalog, FakeCloudApi):
         app.router.add_get(p + "/zones/{zone}/instances/{name}", self.get_instance)
         app.router.add_delete(p + "/zones/{zone}/instances/{name}", self.delete_instance)
         app.router.add_get(p + "/zones/{zone}/instances/{name}/serialPort", self.serial_port)
+        app.router.add_get(p + "/zones/{zone}/instances/{name}/getGuestAttributes", self.guest_attributes_of)
         app.router.add_get(p + "/zones/{zone}/disks/{name}", self.disk)
         app.router.add_get(p + "/zones/{zone}/operations/{op}", self.operation)
         app.router.add_get(p + "/aggregated/instances", self.aggregated_instances)
@@ -475,6 +478,29 @@ class FakeGce(BillingCatalog, FakeCloudApi):
         m = request.match_info
         del self.instances[(m["project"], m["zone"], m["name"])]
         return json_response(self._operation(m["project"], m["zone"], m["name"], "delete", found["id"]))
+
+    async def guest_attributes_of(self, request: web.Request) -> web.Response:
+        """instances.getGuestAttributes: what the guest wrote under `queryPath`, once it has
+        (cloud.google.com/compute/docs/reference/rest/v1/instances/getGuestAttributes); none is
+        written unless the metadata says `enable-guest-attributes: TRUE`
+        (cloud.google.com/compute/docs/metadata/manage-guest-attributes)."""
+        found = self._instance_or_404(request)
+        if isinstance(found, web.Response):
+            return found
+        m = request.match_info
+        path = request.query.get("queryPath", "")
+        written = self.guest_attributes.get((m["project"], m["zone"], m["name"]), [])
+        items = [{"namespace": "hostkeys", "key": key, "value": value} for key, value in written
+                 if path == "hostkeys/"]
+        if not items:
+            return _error(404, "notFound", f"The resource '{path}' of type 'Guest Attribute' was not found.")
+        return json_response({"kind": "compute#guestAttributes", "queryPath": path,
+                              "selfLink": str(request.url), "queryValue": {"items": items}})
+
+    @staticmethod
+    def guest_attributes_enabled(instance: dict) -> bool:
+        return any(item.get("key") == "enable-guest-attributes" and str(item.get("value")).upper() == "TRUE"
+                   for item in instance.get("metadata", {}).get("items", []))
 
     async def serial_port(self, request: web.Request) -> web.Response:
         found = self._instance_or_404(request)

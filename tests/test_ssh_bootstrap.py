@@ -168,6 +168,9 @@ def test_a_new_head_deletes_the_vms_an_earlier_head_left_that_do_not_join_it(mot
 @pytest.mark.parametrize("broken, words", [
     ({"authorize": False}, "refused the cluster's SSH key"),
     ({"answer": False}, "nothing answered SSH on port 22"),
+    # Someone else answers at the VM's address: its key is not the one cloud-init printed.
+    ({"host_keys": "impostor"}, "presented SSH host key ssh-ed25519 SHA256:"),
+    ({"host_keys": "unreported"}, "waiting for the cloud to report VM"),
 ])
 def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_path, wheelhouse, client_venv, broken,
                                                                     words):
@@ -188,6 +191,10 @@ def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_pa
         node_id = {t["Key"]: t["Value"] for t in instance["Tags"]}["burla-node-id"]
         logs = _cli(head, "nodes", "logs", node_id)
         assert words in json.dumps(logs), logs
+        if "host_keys" in broken:  # nothing secret went to whoever answered
+            uploaded = [p for p in (tmp_path / "vms" / instance["InstanceId"]).rglob("*") if p.is_file()
+                        and head.token.encode() in p.read_bytes()]
+            assert uploaded == [] and "nothing secret" in json.dumps(logs)
     finally:
         head.stop()
         farm.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -412,8 +413,11 @@ class VmFarm:
     Subclasses read the API's instances and do what the cloud does when a VM shuts itself down."""
 
     def __init__(self, root: Path, authorize: bool = True, answer: bool = True,
-                 vm_environment: dict[str, str] | None = None) -> None:
+                 vm_environment: dict[str, str] | None = None, host_keys: str = "reported") -> None:
         self.root = root
+        # What the cloud reports of a VM's SSH host key once it booted: its own ("reported"),
+        # another one ("impostor": someone else answers at its address), or nothing ("unreported").
+        self.host_keys = host_keys
         self.vm_environment = vm_environment or {}
         self.map_path = root / "ssh-address-map.json"
         self.authorize = authorize  # False: the VM refuses the cluster's key
@@ -436,6 +440,10 @@ class VmFarm:
 
     def _shut_down(self, record: VmRecord) -> None:
         """The VM powered itself off: what the cloud does then (terminate, stop)."""
+        raise NotImplementedError
+
+    def _report_host_key(self, record: VmRecord, key: str) -> None:
+        """Where the cloud shows the VM's SSH host key (`key`, an OpenSSH public key line)."""
         raise NotImplementedError
 
     def vm(self, node_id: str, timeout: float = 60.0) -> StandinVm:
@@ -481,6 +489,9 @@ class VmFarm:
         if record.restore is not None:
             vm.restore(record.restore)
         port = self._loop.run(vm.start())
+        if self.host_keys != "unreported":  # cloud-init prints the keys it made (or the cloud has another's)
+            key = vm.host_key if self.host_keys == "reported" else asyncssh.generate_private_key("ssh-ed25519")
+            self._report_host_key(record, key.export_public_key().decode().strip())
         if record.user_data:
             self._loop.run(vm.run_user_data(record.user_data))
         if not self.answer or not record.ssh_allowed:
@@ -528,6 +539,11 @@ class MotoVmFarm(VmFarm):
         super().__init__(root, **options)
         if rules is not None:  # CreateImage copies the imaged VM's disk (tests.fake_ec2.Ec2Rules)
             rules.image_made.append(self._imaged)
+
+    def _report_host_key(self, record: VmRecord, key: str) -> None:
+        from tests.fake_ec2 import Ec2Rules
+
+        Ec2Rules.current.consoles[record.instance_id] = cloud_init_console(key)
 
     def _imaged(self, instance_id: str, image_id: str) -> None:
         with self._lock:
@@ -622,6 +638,13 @@ class GceVmFarm(VmFarm):
             if instance["id"] == record.instance_id:
                 instance["status"] = "TERMINATED"
 
+    def _report_host_key(self, record: VmRecord, key: str) -> None:
+        """The guest agent writes the keys as guest attributes, where the metadata enables them."""
+        for where, instance in list(self.fake.instances.items()):
+            if instance["id"] == record.instance_id and self.fake.guest_attributes_enabled(instance):
+                kind, body = key.split()[:2]
+                self.fake.guest_attributes[where] = [(kind, body)]
+
 
 class AzureVmFarm(VmFarm):
     """Azure Resource Manager's recorded-API fake: the key comes from `linuxConfiguration.ssh`; a
@@ -671,6 +694,25 @@ class AzureVmFarm(VmFarm):
         for key, machine in list(self.fake.machines.items()):
             if machine["properties"]["vmId"] == record.instance_id:
                 self.fake.power_states[key] = "stopped"  # still allocated: billed until deleted
+
+    def _report_host_key(self, record: VmRecord, key: str) -> None:
+        for (_, _, name), machine in list(self.fake.machines.items()):
+            if machine["properties"]["vmId"] == record.instance_id:
+                self.fake.serial_logs[name] = cloud_init_console(key)
+
+
+def cloud_init_console(key: str) -> str:
+    """What cloud-init's keys_to_console prints at the end of a first boot: fingerprints, then the
+    public keys between markers (cloudinit.readthedocs.io/en/latest/reference/modules.html#keys-to-console)."""
+    kind, body = key.split()[:2]
+    digest = base64.b64encode(hashlib.sha256(base64.b64decode(body)).digest()).decode().rstrip("=")
+    return ("<14>Dec  4 00:00:00 cloud-init: #############################################################\n"
+            "<14>Dec  4 00:00:00 cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n"
+            f"<14>Dec  4 00:00:00 cloud-init: 256 SHA256:{digest} root@standin (ED25519)\n"
+            "<14>Dec  4 00:00:00 cloud-init: -----END SSH HOST KEY FINGERPRINTS-----\n"
+            "<14>Dec  4 00:00:00 cloud-init: #############################################################\n"
+            f"-----BEGIN SSH HOST KEY KEYS-----\n{kind} {body} root@standin\n-----END SSH HOST KEY KEYS-----\n"
+            "[   21.000000] cloud-init[1101]: Cloud-init v. 24.1 finished\n")
 
 
 def _opens_ssh(rule: dict, tags: set[str]) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 from burla.drivers.base import BakedImage, BootRequest, VmAddress
 from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, scrub_script
+from burla.drivers.host_keys import verified_connection
 from burla.drivers.ssh_login import SshLogin, completed_output, upload_setup
 from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.loop_supervisor import end_tasks
@@ -214,7 +215,9 @@ class ImageBaker:
         deadline = time.monotonic() + settings.deadline_s
         address = await self._address(builder, deadline)
         login = dataclasses.replace(settings.login, user=self.inner.login_user(builder))
-        connection = await login.connect_until(address, deadline, None, lambda text: None)
+        connection = await verified_connection(lambda: login.connect_until(address, deadline, None, lambda _: None),
+                                               lambda: self.inner.reported_host_keys(builder), deadline,
+                                               f"image builder {builder}", address, lambda _: None)
         try:
             script = install_script(request.python_version, settings.packages)
             async with connection.start_sftp_client() as sftp:

@@ -165,6 +165,11 @@ class Driver(abc.ABC):
         little and leaves the quota to the job; their own type where there is none."""
         return request.machine_type
 
+    async def reported_host_keys(self, node_id: str) -> list[str]:
+        """The VM's SSH host keys as the cloud reports them (burla.drivers.host_keys); [] until it
+        does. A first SSH connection is kept only if its server presents one of them."""
+        return []
+
     def image_region(self, request: BootRequest) -> str:
         """Where an image baked for `request` serves, when the cloud's images are regional and this
         driver boots in several regions (Azure: `BakedImage.region`); "" where one image serves

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from burla.drivers.bake import BakedLookup
 from burla.drivers.base import BootRequest, CloudCheck, Driver, VmAddress
+from burla.drivers.host_keys import console_host_keys
 from burla.errors import BurlaError, CloudRefused, CloudSetupError
 
 if TYPE_CHECKING:
@@ -140,6 +141,10 @@ class ThreadedCloudDriver(Driver):
 
     async def boot_log(self, node_id: str) -> str:
         return await self._call(self._console, node_id)
+
+    async def reported_host_keys(self, node_id: str) -> list[str]:
+        """Those cloud-init printed to the VM's serial console (EC2, Azure; GCE reads guest attributes)."""
+        return console_host_keys(await self.boot_log(node_id))
 
     async def address(self, node_id: str) -> VmAddress | None:
         """The VM's public and private addresses once it runs; None before."""

@@ -186,7 +186,8 @@ class GceDriver(ThreadedCloudDriver):
             "ex_tags": [NETWORK_TAG],
             "ex_metadata": {**(_ssh_metadata(request.ssh_public_key) if request.ssh_public_key else {}),
                             **({"startup-script": dead_man_script(request.power_off_after_s)}
-                               if request.power_off_after_s else {})},
+                               if request.power_off_after_s else {}),
+                            "enable-guest-attributes": "TRUE"},  # its guest agent reports its SSH host keys
             "ex_labels": {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
             "ex_disk_type": boot_disk_type(machine_type),
             "ex_disk_size": request.disk_gb,
@@ -413,6 +414,25 @@ class GceDriver(ThreadedCloudDriver):
         if missing:
             return CloudCheck("permissions", CloudCheck.FAIL, "the account lacks " + ", ".join(missing), ROLES_FIX)
         return CloudCheck("permissions", CloudCheck.OK, f"all {len(REQUIRED)} permissions booting needs are held")
+
+    async def reported_host_keys(self, node_id: str) -> list[str]:
+        """The host keys the guest agent wrote as guest attributes (namespace `hostkeys/`)."""
+        from libcloud.common.google import ResourceNotFoundError
+
+        def read(driver) -> list[str]:
+            matches = self._find(driver, node_id)
+            if not matches:
+                return []
+            zone = matches[0]["zone"].rsplit("/", 1)[-1]
+            try:
+                answer = driver.connection.request(f"/zones/{zone}/instances/{matches[0]['name']}/getGuestAttributes",
+                                                   method="GET", params={"queryPath": "hostkeys/"}).object
+            except ResourceNotFoundError:  # not written yet
+                return []
+            return [f"{item['key']} {item['value']}" for item in answer.get("queryValue", {}).get("items", [])
+                    if item.get("namespace") == "hostkeys" and item.get("key") and item.get("value")]
+
+        return await self._call(read)
 
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)

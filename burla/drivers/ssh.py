@@ -37,6 +37,7 @@ from burla.drivers.bootstrap import (
     supervise_command,
 )
 from burla.drivers.catalog import MachineType
+from burla.drivers.host_keys import fingerprint, verified_connection
 from burla.drivers.ssh_login import (
     RETRY_EVERY_S,
     HostKeys,
@@ -149,8 +150,14 @@ class VmSession:
         return address.private or address.public or ""
 
     async def _connect_until(self, address: str, deadline: float) -> Any:
-        connection = await self.login.connect_until(address, deadline, self.owner.host_keys.get(self.node_id),
-                                                    self.note)
+        pinned = self.owner.host_keys.get(self.node_id)
+        if pinned is not None:
+            return await self.login.connect_until(address, deadline, pinned, self.note)
+        # First contact: kept only if the server's key is one the cloud reports (burla.drivers.host_keys).
+        connection = await verified_connection(
+            lambda: self.login.connect_until(address, deadline, None, self.note),
+            lambda: self.owner.inner.reported_host_keys(self.node_id), deadline, f"VM {self.node_id}", address,
+            self.note)
         self._record_host_key(connection)
         return connection
 
@@ -158,7 +165,7 @@ class VmSession:
         if self.owner.host_keys.get(self.node_id) is None:
             key = host_key_of(connection)
             self.owner.host_keys.record(self.node_id, key)
-            self.owner.event(self.node_id, "ssh host key", f"recorded on first use: {key}")
+            self.owner.event(self.node_id, "ssh host key", f"verified against the cloud's report: {fingerprint(key)}")
 
     # --- setting it up -----------------------------------------------------------------------
 
