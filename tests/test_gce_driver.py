@@ -114,9 +114,11 @@ def test_create_request_carries_the_ssh_key_labels_spot_and_gpus_then_list_and_d
     # GPUs boot a Deep Learning VM image, told to install the NVIDIA driver where it lacks it.
     assert boot_disk["diskSizeGb"] == 50 and boot_disk["sourceImage"].endswith(
         "/deeplearning-platform-release/global/images/common-cu128-ubuntu-2204-nvidia-570-v20261110")
-    # The cluster's key for user burla is the only other metadata: no startup script, no secret.
+    # The cluster's key for user burla, and guest attributes on (the guest agent reports the SSH
+    # host keys there) are the only other metadata: no startup script, no secret.
     assert t4_body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{CLUSTER_KEY}"},
                                             {"key": "enable-oslogin", "value": "FALSE"},
+                                            {"key": "enable-guest-attributes", "value": "TRUE"},
                                             {"key": "install-nvidia-driver", "value": "True"}]
     assert "secret-token" not in json.dumps([r.body for r in gce.requests])
     # A machine type with GPUs built in gets no extra accelerators, but can't live-migrate.
@@ -290,7 +292,8 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         assert insert.body["machineType"].endswith("/machineTypes/n4-standard-4")
         assert insert.body["scheduling"]["provisioningModel"] == "SPOT"
         assert insert.body["disks"][0]["initializeParams"]["diskSizeGb"] == 40
-        metadata, oslogin, startup = insert.body["metadata"]["items"]
+        metadata, oslogin, startup, guest_attributes = insert.body["metadata"]["items"]
+        assert guest_attributes == {"key": "enable-guest-attributes", "value": "TRUE"}  # host keys reported there
         assert metadata["key"] == "ssh-keys" and metadata["value"].startswith("burla:ssh-ed25519 ")
         assert oslogin == {"key": "enable-oslogin", "value": "FALSE"}
         # The power-off timer a VM runs at boot: two boot deadlines (900 s each by default).
