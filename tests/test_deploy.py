@@ -147,6 +147,24 @@ def test_deploy_aws_sets_up_a_pinned_https_head_over_ssh_that_boots_nodes_and_de
         farm.close()
 
 
+def test_deploy_sends_nothing_to_a_head_vm_whose_host_key_is_not_the_one_the_cloud_reports(moto, tmp_path):
+    """Someone answers at the head VM's address with another key: the deploy stops before any upload."""
+    farm = MotoVmFarm(moto, tmp_path / "vms", host_keys="impostor")
+    try:
+        env = _client_env(tmp_path / "client", BURLA_SSH_ADDRESS_MAP=str(farm.map_path))
+        done = _burla("deploy", "aws", "--port", str(_free_port()), "--wait", "60", env=env)
+        assert done.returncode != 0, done.stdout
+        message = json.loads(done.stdout)["error"]["message"]
+        assert "presented SSH host key ssh-ed25519 SHA256:" in message and "its cloud reports" in message
+        token = json.loads((tmp_path / "client" / "deployment.json").read_text())["token"]
+        [head_vm] = _heads(moto)
+        assert not [p for p in (tmp_path / "vms" / head_vm["InstanceId"]).rglob("*")
+                    if p.is_file() and token.encode() in p.read_bytes()]
+        _ok(_burla("deploy", "delete", env=env))
+    finally:
+        farm.close()
+
+
 @pytest.mark.parametrize("cloud", ["gcp", "azure"])
 def test_deploy_then_a_job_through_the_deployed_head_then_delete(cloud, request, tmp_path, wheelhouse, client_venv):
     fake = request.getfixturevalue({"gcp": "gce", "azure": "azure"}[cloud])
@@ -215,7 +233,9 @@ def test_the_gce_head_vm_gets_its_port_opened_the_ssh_key_and_the_default_servic
     assert insert.body["serviceAccounts"] == [{"email": "default",
                                                "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
     assert insert.body["metadata"]["items"] == [{"key": "ssh-keys", "value": f"burla:{KEY}"},
-                                                {"key": "enable-oslogin", "value": "FALSE"}]  # and nothing else
+                                                {"key": "enable-oslogin", "value": "FALSE"},
+                                                # its guest agent reports its SSH host keys there
+                                                {"key": "enable-guest-attributes", "value": "TRUE"}]  # nothing else
     assert address == "34.10.0.2" and nodes == [] and deleted is True and not gce.instances
 
 

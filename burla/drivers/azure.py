@@ -358,9 +358,20 @@ class AzureDriver(ThreadedCloudDriver):
 
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)
-        if not matches:
-            return ""
-        uris = driver.connection.request(f"{matches[0].id}/retrieveBootDiagnosticsData", method="POST",
+        return self._serial_log(driver, matches[0].id) if matches else ""
+
+    def _head_console(self, driver, name: str) -> str:
+        from libcloud.common.exceptions import BaseHTTPError
+
+        try:
+            return self._serial_log(driver, f"{self.group_path}/providers/Microsoft.Compute/virtualMachines/{name}")
+        except BaseHTTPError as e:
+            if e.code == 404:
+                return ""  # not created yet
+            raise
+
+    def _serial_log(self, driver, vm_path: str) -> str:
+        uris = driver.connection.request(f"{vm_path}/retrieveBootDiagnosticsData", method="POST",
                                          params={"api-version": VM_API, "sasUriExpirationTimeInMinutes": 10}).object
         blob = uris.get("serialConsoleLogBlobUri")
         if not blob:

@@ -170,6 +170,10 @@ class Driver(abc.ABC):
         does. A first SSH connection is kept only if its server presents one of them."""
         return []
 
+    async def reported_head_host_keys(self, name: str) -> list[str]:
+        """The SSH host keys of the head VM `name` (`burla deploy`) as the cloud reports them."""
+        return []
+
     def image_region(self, request: BootRequest) -> str:
         """Where an image baked for `request` serves, when the cloud's images are regional and this
         driver boots in several regions (Azure: `BakedImage.region`); "" where one image serves

@@ -146,6 +146,14 @@ class ThreadedCloudDriver(Driver):
         """Those cloud-init printed to the VM's serial console (EC2, Azure; GCE reads guest attributes)."""
         return console_host_keys(await self.boot_log(node_id))
 
+    async def reported_head_host_keys(self, name: str) -> list[str]:
+        """The head VM's, as `reported_host_keys` reads a node's."""
+        return console_host_keys(await self._call(self._head_console, name))
+
+    def _head_console(self, driver: Any, name: str) -> str:
+        """The head VM's serial console output ("" until there is one)."""
+        return ""
+
     async def address(self, node_id: str) -> VmAddress | None:
         """The VM's public and private addresses once it runs; None before."""
         return await self._call(self._address, node_id)

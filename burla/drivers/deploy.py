@@ -23,6 +23,7 @@ from typing import Any
 from burla.config import Deployment
 from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, this_python
 from burla.drivers.head_vm import EXTRAS, HEAD_CERT, HEAD_KEY, HEAD_PORT, HeadMachine, start_command
+from burla.drivers.host_keys import verified_connection
 from burla.drivers.registry import BY_CLOUD, CLOUDS, cloud_config, cloud_driver, cluster_id_of, for_cloud
 from burla.errors import BootstrapFailed, DeployError
 
@@ -83,11 +84,12 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
     from burla.drivers.ssh_login import SshLogin
     from burla.process.build import build_wheel
 
-    setup = HeadSetup(head, driver_name, SshLogin(driver.ssh_user, ssh_key, settings.ssh_address_map), address,
+    asking = cloud_driver(config)  # a driver of its own: the one that booted it closed with its loop
+    setup = HeadSetup(head, asking, driver_name, SshLogin(driver.ssh_user, ssh_key, settings.ssh_address_map), address,
                       token, cert_path.read_text(), key_path.read_text(), build_wheel(directory / "builds"),
                       settings.packages)
     try:
-        serving = asyncio.run(setup.run(request.wait_s))
+        serving = asyncio.run(_closing(asking, setup.run(request.wait_s)))
     except BootstrapFailed as e:
         raise DeployError(f"the head VM {head.name} at {address} could not be set up: {e}. Its setup log: "
                           f"{setup.transcript_tail()}. `burla deploy delete` removes it.") from None
@@ -99,6 +101,7 @@ class HeadSetup:
     """The head VM over SSH: upload, install, start; then whether it serves (through the tunnel)."""
 
     head: HeadMachine
+    driver: Any  # the cloud driver that booted it (its host keys, as the cloud reports them)
     driver_name: str
     login: Any  # burla.drivers.ssh_login.SshLogin
     address: str
@@ -119,7 +122,10 @@ class HeadSetup:
         from burla.drivers.ssh_login import completed_output, upload_setup, write_private
 
         deadline = time.monotonic() + max(wait_s, SSH_TIMEOUT_S)
-        connection = await self.login.connect_until(self.address, deadline, None, self.note)
+        connection = await verified_connection(
+            lambda: self.login.connect_until(self.address, deadline, None, self.note),
+            lambda: self.driver.reported_head_host_keys(self.head.name), deadline, f"head VM {self.head.name}",
+            self.address, self.note)
         try:
             script = install_script(self.head.python_version, self.packages, extra=EXTRAS[self.driver_name])
             async with connection.start_sftp_client() as sftp:
@@ -168,6 +174,13 @@ def _fresh_certificate(directory: Path) -> tuple[Path, Path]:
 
     shutil.rmtree(directory, ignore_errors=True)  # a new head gets a new certificate
     return make_self_signed(["burla-head"], directory)
+
+
+async def _closing(driver: Any, work: Any) -> Any:
+    try:
+        return await work
+    finally:
+        await driver.close()
 
 
 async def _boot(driver: Any, head: HeadMachine) -> str:

@@ -342,7 +342,7 @@ class Ec2Driver(ThreadedCloudDriver):
         matches = [n for n in self._cluster_nodes(driver) if n.extra.get("tags", {}).get(NODE_TAG) == node_id]
         if not matches:
             return ""
-        return driver.ex_get_console_output(matches[0]).get("output") or ""
+        return console_output(driver, matches[0].id)
 
     # --- the head VM of `burla deploy` --------------------------------------------------------
 
@@ -428,6 +428,10 @@ class Ec2Driver(ThreadedCloudDriver):
         return [n for n in self._cluster_nodes(driver)
                 if n.extra.get("tags", {}).get(ROLE_TAG) == "head" and n.name == name]
 
+    def _head_console(self, driver, name: str) -> str:
+        heads = self._heads(driver, name)
+        return console_output(driver, heads[0].id) if heads else ""
+
     def _head_address(self, driver, name: str) -> str | None:
         addresses = [ip for node in self._heads(driver, name) for ip in node.public_ips if ip]
         return addresses[0] if addresses else None
@@ -447,3 +451,18 @@ _STATES = {"pending": MachineState.BOOTING, "running": MachineState.RUNNING, "st
 
 CONFIG = Ec2Config  # for burla.drivers.registry
 DRIVER = Ec2Driver
+
+
+def console_output(driver: Any, instance_id: str) -> str:
+    """The instance's serial console output, the latest EC2 has (`Latest`: on Nitro instances the
+    output as of now, not a buffer minutes old; docs.aws.amazon.com/AWSEC2/latest/APIReference/
+    API_GetConsoleOutput.html). cloud-init's host keys are read from it (burla.drivers.host_keys)."""
+    import base64
+
+    from libcloud.compute.drivers.ec2 import NAMESPACE
+    from libcloud.utils.xml import findtext
+
+    body = driver.connection.request(driver.path, params={"Action": "GetConsoleOutput", "InstanceId": instance_id,
+                                                          "Latest": "true"}).object
+    encoded = findtext(body, "output", NAMESPACE) or ""
+    return base64.b64decode(encoded).decode(errors="replace") if encoded else ""

@@ -68,6 +68,23 @@ def _ssh_metadata(public_key: str) -> dict[str, str]:
     return {"ssh-keys": f"{SSH_USER}:{public_key}", "enable-oslogin": "FALSE"}
 
 
+def _guest_host_keys(driver: Any, instances: list[dict[str, Any]]) -> list[str]:
+    """The SSH host keys the instance's guest agent wrote as guest attributes (`hostkeys/`); []
+    before it has (or without `enable-guest-attributes`)."""
+    from libcloud.common.google import ResourceNotFoundError
+
+    if not instances:
+        return []
+    zone = instances[0]["zone"].rsplit("/", 1)[-1]
+    try:
+        answer = driver.connection.request(f"/zones/{zone}/instances/{instances[0]['name']}/getGuestAttributes",
+                                           method="GET", params={"queryPath": "hostkeys/"}).object
+    except ResourceNotFoundError:  # not written yet
+        return []
+    return [f"{item['key']} {item['value']}" for item in answer.get("queryValue", {}).get("items", [])
+            if item.get("namespace") == "hostkeys" and item.get("key") and item.get("value")]
+
+
 def _spot_scheduling() -> dict[str, Any]:
     return {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE", "automaticRestart": False,
             "onHostMaintenance": "TERMINATE"}
@@ -417,22 +434,10 @@ class GceDriver(ThreadedCloudDriver):
 
     async def reported_host_keys(self, node_id: str) -> list[str]:
         """The host keys the guest agent wrote as guest attributes (namespace `hostkeys/`)."""
-        from libcloud.common.google import ResourceNotFoundError
+        return await self._call(lambda driver: _guest_host_keys(driver, self._find(driver, node_id)))
 
-        def read(driver) -> list[str]:
-            matches = self._find(driver, node_id)
-            if not matches:
-                return []
-            zone = matches[0]["zone"].rsplit("/", 1)[-1]
-            try:
-                answer = driver.connection.request(f"/zones/{zone}/instances/{matches[0]['name']}/getGuestAttributes",
-                                                   method="GET", params={"queryPath": "hostkeys/"}).object
-            except ResourceNotFoundError:  # not written yet
-                return []
-            return [f"{item['key']} {item['value']}" for item in answer.get("queryValue", {}).get("items", [])
-                    if item.get("namespace") == "hostkeys" and item.get("key") and item.get("value")]
-
-        return await self._call(read)
+    async def reported_head_host_keys(self, name: str) -> list[str]:
+        return await self._call(lambda driver: _guest_host_keys(driver, self._heads(driver, name)))
 
     def _console(self, driver, node_id: str) -> str:
         matches = self._find(driver, node_id)
@@ -459,7 +464,8 @@ class GceDriver(ThreadedCloudDriver):
         driver.create_node(
             head.name, machine_type, self._image(driver, arm=machine_type.split("-", 1)[0] in ARM_SERIES),
             location=self._zone(driver, head.region), ex_network=self.config.network, ex_tags=[HEAD_NETWORK_TAG],
-            ex_metadata=_ssh_metadata(head.ssh_public_key),  # set up over SSH by `burla deploy`
+            # set up over SSH by `burla deploy`, once its guest agent reported its host keys
+            ex_metadata={**_ssh_metadata(head.ssh_public_key), "enable-guest-attributes": "TRUE"},
             ex_labels={CLUSTER_TAG: self.config.cluster_id, ROLE_TAG: "head"},
             ex_disk_type=boot_disk_type(machine_type), ex_disk_size=head.disk_gb,
             # The head boots and deletes nodes as the project's default service account.
