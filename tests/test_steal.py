@@ -79,12 +79,12 @@ def _skewed_job(client, out_dir, slow_s: float = 1.5):
     return client.remote_parallel_map(functions.record_interval, inputs, generator=True, func_cpu=1, spinner=False)
 
 
-def _run_while_node_b_joins(client, nodes: Nodes, tmp_path) -> None:
+def _run_while_node_b_joins(client, nodes: Nodes, tmp_path, *node_args: str) -> None:
     """The skewed job on node-a; node-b joins idle and steals. Every result arrives once."""
     out = tmp_path / "calls"
     out.mkdir()
     stream = _skewed_job(client, out)
-    nodes.join("node-b")
+    nodes.join("node-b", *node_args)
     assert sorted(stream) == list(range(12))
 
 
@@ -175,6 +175,33 @@ def test_nodes_of_an_https_head_steal_over_https_pinned_by_the_head(tmp_path):
             urllib.request.urlopen(node_url.replace("https://", "http://") + "/health", timeout=30)
         with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
             urllib.request.urlopen(node_url + "/health", timeout=30, context=context)
+    finally:
+        nodes.stop()
+        head.stop()
+
+
+def test_nodes_other_machines_can_reach_steal_over_https_even_behind_an_http_head(tmp_path):
+    """A laptop's head serves http (its cloud nodes reach it through SSH tunnels); the nodes' own
+    transfers cross the cloud's network, so a node bound beyond loopback serves https with a
+    certificate of its own, which the head hands thieves to pin."""
+    head = start_head(tmp_path / "config", local_nodes=0)
+    nodes = Nodes(head, tmp_path)
+    reachable = ("--host", "0.0.0.0", "--advertise-host", "127.0.0.1")  # bound wide, dialled on loopback here
+    try:
+        assert head.url.startswith("http://")
+        nodes.join("node-a", *reachable)
+
+        def ready_nodes() -> list[dict]:
+            request = urllib.request.Request(head.url + "/v1/cluster", headers=head.headers())
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return [n for n in json.load(response)["nodes"] if n["workers_alive"] >= 1]
+
+        wait_until(lambda: len(ready_nodes()) == 1, timeout=120, what="node-a joined")
+        _run_while_node_b_joins(head.client(), nodes, tmp_path, *reachable)
+        assert all(n["url"].startswith("https://127.0.0.1:") for n in ready_nodes())
+        assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a"), nodes.log("node-b")
+        with pytest.raises(OSError):  # a plain-http request gets no answer
+            urllib.request.urlopen(ready_nodes()[0]["url"].replace("https://", "http://") + "/health", timeout=30)
     finally:
         nodes.stop()
         head.stop()

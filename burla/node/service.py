@@ -40,6 +40,8 @@ from burla.protocol.states import NodeStatus
 from burla.web.connection_guard import ConnectionGuard, GuardedSite
 from burla.web.tls import node_server_context
 
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")  # a node bound here is reached from this machine only
+
 log = logging.getLogger("burla.node")
 
 STATE_INTERVAL_S = 1.0
@@ -97,7 +99,9 @@ class NodeService:
     async def run(self) -> None:
         host = self.settings.advertise_host or self._reachable_host()
         ssl_context = None
-        if self.settings.head_url.startswith("https://"):  # peers' transfers are encrypted like the head's links
+        # Peers' transfers are encrypted whenever they can cross a network (whatever the head's
+        # scheme: a laptop's head serves http through its tunnels), and like the head's links.
+        if self.settings.head_url.startswith("https://") or self.settings.host not in LOOPBACK_HOSTS:
             ssl_context, self.cert_sha256 = node_server_context(host)
         guard = ConnectionGuard()
         runner = web.AppRunner(build_node_app(self, guard), access_log=None, shutdown_timeout=1.0)
