@@ -19,6 +19,9 @@ ENV_CONFIG_DIR = "BURLA_CONFIG_DIR"
 ENV_HEAD_URL = "BURLA_CLUSTER_DASHBOARD_URL"
 ENV_TOKEN = "BURLA_CLUSTER_TOKEN"
 ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
+# What a job's calls hold instead of the cluster token: it opens jobs nested in that job and reads
+# that job's tree (burla.web.scoped_tokens). Workers never see BURLA_CLUSTER_TOKEN.
+ENV_JOB_TOKEN = "BURLA_JOB_TOKEN"
 ENV_NODE_ID = "BURLA_NODE_ID"  # set for a node's workers: a failed call says where it ran
 ENV_CLOUD = "BURLA_CLOUD"
 ENV_HEAD_CERT = "BURLA_HEAD_CERT"
@@ -227,7 +230,7 @@ class ClientSettings:
         directory = config_dir()
         cloud = os.environ.get(ENV_CLOUD) or read_client_config(directory).get("cloud")
         head_url = os.environ.get(ENV_HEAD_URL) or None
-        token = os.environ.get(ENV_TOKEN)
+        token = os.environ.get(ENV_TOKEN) or os.environ.get(ENV_JOB_TOKEN)
         deployment = Deployment.read(directory)
         if head_url is None and deployment is not None:  # the head `burla deploy` started
             head_url, token = deployment.head_url, token or deployment.token

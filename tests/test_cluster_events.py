@@ -17,6 +17,7 @@ from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import PackedResults, pack_indices, pack_items
 from burla.protocol.states import EndKind
+from burla.web.scoped_tokens import job_secret
 from tests.test_scheduler import spec
 
 
@@ -38,6 +39,11 @@ def _results(items: list) -> wire.NodeResults:
     return wire.NodeResults.of("j", PackedResults.of(items), 0)
 
 
+def _resume(job_id: str, acked_seq: int, held: bytes, cluster: Cluster) -> wire.ResumeJob:
+    """The job's client coming back, with the job's secret."""
+    return wire.ResumeJob(job_id, acked_seq, held, job_secret(cluster.token, job_id))
+
+
 def _register(cluster: Cluster, node_id: str, held: list) -> NodeLink:
     link = NodeLink(node_id, RecordingSocket())
     msg = wire.RegisterNode(node_id, "http://x", 2, 2, 4.0, None, 0, None, "local", "3.11.7", cluster.version,
@@ -55,7 +61,7 @@ async def test_results_a_returning_node_sends_again_do_not_count_twice():
     job = cluster.scheduler.jobs["j"]
     # The node finished 0, 1 and 2 while the head was away; the client already got 0 and 1.
     cluster.on_node_message("a", _results([[0, True, b"r0"], [1, True, b"r1"], [2, True, b"r2"]]))
-    _, link, _ = cluster.resume_job(wire.ResumeJob("j", 1, zlib.compress(bytes([1, 1, 0, 0]))))
+    _, link, _ = cluster.resume_job(_resume("j", 1, zlib.compress(bytes([1, 1, 0, 0])), cluster))
     assert link.acked == 2
     socket = RecordingSocket()
     link.attach(socket)
@@ -276,7 +282,7 @@ async def test_a_restarted_heads_batches_of_a_detached_job_are_numbered_after_wh
     opening = spec(n=3, detach=True, raise_errors=False)
     kept = [[0, True, b"r0"], [1, True, b"r1"]]
     cluster.recovery.restore_jobs([KeptJob(opening.encode(), None, RUNNING, "", EndKind.NONE, [[2, b"x"]], kept)])
-    _, link, _ = cluster.resume_job(wire.ResumeJob("j", 40, b""))
+    _, link, _ = cluster.resume_job(_resume("j", 40, b"", cluster))
     socket = RecordingSocket()
     link.attach(socket)
     batches = await _told(socket, wire.ResultBatch)
@@ -297,7 +303,7 @@ async def test_a_client_whose_last_acknowledgement_was_lost_completes_its_job_wh
     cluster.on_node_message("a", _results([[0, True, b"r0"], [1, True, b"r1"]]))
     [batch] = await _told(first, wire.ResultBatch)
     await link.detach(first, 0.0)  # the connection went with the acknowledgement on it
-    _, resumed, _ = cluster.resume_job(wire.ResumeJob("j", batch.seq, zlib.compress(bytes([1, 1]))))
+    _, resumed, _ = cluster.resume_job(_resume("j", batch.seq, zlib.compress(bytes([1, 1])), cluster))
     assert job.status == COMPLETED
     second = RecordingSocket()
     resumed.attach(second)

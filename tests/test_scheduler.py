@@ -231,9 +231,9 @@ def test_a_remainder_worth_a_push_stays_for_the_other_node():
     # More than a frame's worth waiting: a push is one frame's worth, the rest stays, though less
     # than that push.
     s, job = uploaded_two_node_job(20_000, 8_000)
-    s.grant("a", "j", 80_000)
+    s.grant("a", "j", limits.MAX_NODE_WINDOW)
     assert pushed_count(s.plan_for("a", "j")) == limits.BATCH_ITEMS and len(job.pending) == 7_996 - limits.BATCH_ITEMS
-    assert s.take_withdrawn() == [("a", "j", 80_000 - limits.BATCH_ITEMS)]
+    assert s.take_withdrawn() == [("a", "j", limits.MAX_NODE_WINDOW - limits.BATCH_ITEMS)]
     # Credit for less than its share: it is all spent, nothing is withdrawn.
     s, job = uploaded_two_node_job(3_000, 1_800)
     s.grant("a", "j", 500)

@@ -17,6 +17,7 @@ from burla.config import ENV_TOKEN
 from burla.process.build import build_hash
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
+from burla.web.scoped_tokens import node_token
 from tests import functions
 from tests.conftest import wait_for_nodes
 
@@ -59,15 +60,20 @@ async def test_health_needs_no_token(cluster):
             assert response.status == 200 and (await response.json())["ok"] is True
 
 
-async def test_node_endpoints_need_the_token(cluster):
-    node_url = wait_for_nodes(cluster, 1)[0]["url"]
+async def test_node_endpoints_need_the_nodes_own_token(cluster):
+    [node] = wait_for_nodes(cluster, 1)
+    node_url = node["url"]
+    own = {"Authorization": f"Bearer {node_token(cluster.token, node['node_id'])}"}
     async with aiohttp.ClientSession() as session:
         async with session.get(node_url + "/v1/state") as response:
             assert response.status == 401
         async with session.get(node_url + "/v1/state", headers={"Authorization": "Bearer nope"}) as response:
             assert response.status == 401
+        # The node never held the cluster token: a holder derives the node's (node_token).
         async with session.get(node_url + "/v1/state", headers=cluster.headers()) as response:
-            assert response.status == 200 and (await response.json())["node_id"]
+            assert response.status == 401
+        async with session.get(node_url + "/v1/state", headers=own) as response:
+            assert response.status == 200 and (await response.json())["node_id"] == node["node_id"]
         async with session.get(node_url + "/health") as response:
             assert response.status == 200
 

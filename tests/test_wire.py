@@ -50,7 +50,7 @@ SAMPLES: list[wire.Message] = [
     wire.NodeLeaving("stopped by SIGTERM"),
     wire.ErrorRecord("KeyError", "builtins", "missing", "Traceback ...", b"pickled", {"tb_lineno": 3, "tb_next": None}),
     wire.StealHint("j-1", "n2", "https://127.0.0.1:2", b"d" * 32, "n1-ab", 1.8e9, b"g" * 32),
-    wire.Stolen("j-1", "n2", [3, 4]),
+    wire.Stolen("j-1", "n2", [3, 4], "t-1", 1.5, b"g" * 32),
     wire.StealRequest("j-1", "t-1", "n1", 8, 1.8e9, b"g" * 32),
     wire.StealGrant("j-1", "t-1", [[3, b"a"]]),
     wire.StealAck("j-1", "t-1", b"g" * 32),

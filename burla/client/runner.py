@@ -37,6 +37,7 @@ from burla.protocol import limits, wire
 from burla.protocol.input_files import files_root
 from burla.protocol.states import EndKind, JobStatus
 from burla.web.login_links import LINK_PARAM, link_code
+from burla.web.scoped_tokens import is_scoped, job_secret
 
 RECONNECT_FOR_S = 60.0  # after a cut, keep trying to resume the job this long
 RECONNECT_DELAY_S = 0.2
@@ -100,6 +101,9 @@ class JobRunner:
         self._closing = False
         self._shared: ClientLoop | None = None
         self._lost_at: float | None = None  # when the connection to the head dropped, while it is down
+        # What resuming the job takes: the head says it in JobAccepted; a holder of the cluster
+        # token collecting a job it did not open derives it (a job's token can't).
+        self._secret = "" if is_scoped(cluster.token) else job_secret(cluster.token, job_id)
 
     def start(self) -> None:
         """Run the job on this process's client loop (shared by its jobs)."""
@@ -253,7 +257,7 @@ class JobRunner:
         else:
             # What this client already has, for a head that restarted and lost count.
             held = zlib.compress(self._received, 1) if self.opening is not None else b""
-            await self._send(ws, wire.ResumeJob(self.job_id, self._acked_seq, held))
+            await self._send(ws, wire.ResumeJob(self.job_id, self._acked_seq, held, self._secret))
             try:
                 start, window = await self._expect_opening(ws, wire.JobResumed)
             except JobNotFound:
@@ -308,10 +312,8 @@ class JobRunner:
         if not isinstance(msg, kind):
             raise ProtocolError(f"the head answered with {type(msg).__name__}, expected {kind.__name__}")
         if isinstance(msg, wire.JobAccepted):
-            # The link signs a browser in (the client holds the token), as Jupyter's do.
-            path = f"/jobs/{self.job_id}"
-            code = link_code(self.cluster.token, path)
-            self.display.announce(f"job {self.job_id}: {self.cluster.url}{path}?{LINK_PARAM}={code}")
+            self._secret = msg.job_secret
+            self.display.announce(f"job {self.job_id}: {self._job_link()}")
             root = files_root() if msg.inputs_by_file else None
             if root is not None:
                 self.upload.use_files(root)
@@ -325,6 +327,14 @@ class JobRunner:
         assert isinstance(msg, (wire.JobAccepted, wire.JobResumed))
         start = 0 if isinstance(msg, wire.JobAccepted) else msg.inputs_received
         return start, (msg.window_inputs, msg.window_bytes)
+
+    def _job_link(self) -> str:
+        """The job's page. A client holding the cluster token signs the link so that it signs a
+        browser in to that job (read-only), as Jupyter's links do; a job's token can't sign one."""
+        url = f"{self.cluster.url}/jobs/{self.job_id}"
+        if is_scoped(self.cluster.token):
+            return url
+        return f"{url}?{LINK_PARAM}={link_code(self.cluster.token, f'/jobs/{self.job_id}')}"
 
     async def _next_message(self, ws) -> wire.Message:
         import aiohttp

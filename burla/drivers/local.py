@@ -22,6 +22,7 @@ from burla.config import ENV_TOKEN
 from burla.drivers.base import BootFailed, BootRequest, Driver, NodeHandle
 from burla.process.forking import flush_before_fork, start_child
 from burla.protocol.states import MachineState
+from burla.web.scoped_tokens import node_token
 
 EXIT_POLL_S = 0.2
 STOP_GRACE_S = 3.0
@@ -56,7 +57,7 @@ class LocalDriver(Driver):
             if request.workers is not None:
                 command += ["--workers", str(request.workers)]
             env = dict(self._env)
-            env[ENV_TOKEN] = request.token
+            env[ENV_TOKEN] = node_token(request.token, node_id)  # the node's own, not the cluster's
             process = subprocess.Popen(
                 command, env=env, pass_fds=(read_end,), stdin=subprocess.DEVNULL, start_new_session=True
             )
@@ -68,7 +69,7 @@ class LocalDriver(Driver):
 
     def _fork(self, request: BootRequest, node_id: str, lifeline: int, closing: tuple[int, ...]) -> ForkedNode:
         env = dict(self._env)
-        env[ENV_TOKEN] = request.token
+        env[ENV_TOKEN] = node_token(request.token, node_id)  # the node's own, not the cluster's
         flush_before_fork()
         pid = os.fork()
         if pid == 0:
@@ -154,8 +155,8 @@ def _become_node(request: BootRequest, node_id: str, lifeline: int, env: dict[st
         from burla.config import ENV_HEAD_CERT
         from burla.node.main import node_settings, run_node
 
-        settings = node_settings(request.head_url, request.token, workers=request.workers, node_id=node_id,
-                                 head_cert=env.get(ENV_HEAD_CERT), lifeline_fd=lifeline)
+        settings = node_settings(request.head_url, node_token(request.token, node_id), workers=request.workers,
+                                 node_id=node_id, head_cert=env.get(ENV_HEAD_CERT), lifeline_fd=lifeline)
         code = run_node(settings)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1

@@ -53,6 +53,7 @@ from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.build import build_hash, build_wheel
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol.states import BootStage
+from burla.web.scoped_tokens import node_token
 
 log = logging.getLogger("burla.ssh")
 
@@ -194,9 +195,10 @@ class VmSession:
         settings = self.owner.settings
         script = install_script(self.request.python_version, settings.packages, image=self.request.image)
         async with self._connection.start_sftp_client() as sftp:
-            await upload_setup(sftp, self.owner.wheel, settings.packages, settings.token, settings.head_cert, script,
-                               installed_tag(self.request.python_version))
-        self.note(f"uploaded the build {build_hash()}, the token and the bootstrap")
+            # The node's own token: the cluster token never reaches a node VM, where a job's code runs.
+            await upload_setup(sftp, self.owner.wheel, settings.packages, node_token(settings.token, self.node_id),
+                               settings.head_cert, script, installed_tag(self.request.python_version))
+        self.note(f"uploaded the build {build_hash()}, the node's token and the bootstrap")
 
     async def _forward(self) -> None:
         """The tunnel: a port on the VM's loopback forwarded to the head. A reconnect asks for the same

@@ -17,10 +17,11 @@ from aiohttp import web
 from burla.config import HeadSettings
 from burla.drivers.base import Driver
 from burla.drivers.local import LocalDriver
+from burla.head.access import job_view, scope_check
 from burla.head.api import add_api_routes
 from burla.head.budget import ConnectionCounts, HeadLimits
 from burla.head.cluster import Cluster
-from burla.head.dashboard import add_dashboard_routes, job_view, login_needed
+from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import ClusterSettings, Fleet
 from burla.head.history import History
 from burla.head.keys import (
@@ -57,7 +58,7 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
     history = None
     if settings.history_path is not None:
         history = History(settings.history_path, settings.history_retention_days)
-    cluster = Cluster(settings.version, history)
+    cluster = Cluster(settings.version, history, settings.token)
     cluster.expect_nodes(list(booted), input_files.host_id())  # local nodes share this machine's input files
     from burla.head.usage import MACHINE_STARTED, machine_detail
 
@@ -94,7 +95,7 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, head_url: str, guard: 
         client_max_size=MAX_HTTP_BODY,
         middlewares=[guard.middleware, json_errors(MAX_HTTP_BODY), require_text_urls,
                      token_middleware(token, sessions, login_page=login_needed, on_authenticated=guard.authenticated,
-                                      job_view=job_view)],
+                                      job_view=job_view, scope_check=scope_check)],
     )
     app[CLUSTER] = cluster
     app[FLEET] = fleet

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import OrderedDict
 
-from burla.errors import BurlaError, HeadUnreachable, JobNotFound, ProtocolError
+from burla.errors import BurlaError, HeadUnreachable, JobNotFound, ProtocolError, Unauthorized
 from burla.head import messages
 from burla.head.client_watch import ClientWatch
 from burla.head.held_inputs import mark_client_held, take_up_held
@@ -20,18 +21,19 @@ from burla.head.history_queries import HEAD_STOPPED
 from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink, WriteTurns
 from burla.head.machines import Machines, NoMachines
+from burla.head.node_reports import NodeReports
 from burla.head.node_watch import NodeWatch
 from burla.head.recorder import NoRecord, Recorder
 from burla.head.records import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord
 from burla.head.restart_recovery import REJOIN_GRACE_S, RestartRecovery
 from burla.head.scheduler import Scheduler
-from burla.head.steals import record_steal
 from burla.head.view_builders import job_view
 from burla.process.build import build_hash
-from burla.protocol import packed_results, wire
+from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus
 from burla.protocol.views import JobView
+from burla.web import scoped_tokens
 
 log = logging.getLogger("burla.head")
 
@@ -40,8 +42,11 @@ SHUTDOWN_NOTICE_S = 1.0
 
 
 class Cluster:
-    def __init__(self, version: str, history: History | None = None) -> None:
+    def __init__(self, version: str, history: History | None = None, token: str | None = None) -> None:
         self.version = version
+        # What the head derives scoped credentials from (burla.web.scoped_tokens): job tokens for
+        # calls, job secrets for clients. A head without one (tests of the cluster alone) makes one up.
+        self.token = token or secrets.token_urlsafe(32)
         self.build = build_hash()  # nodes must run exactly this build
         self.history = history  # what a head keeps (None with --no-history): for queries
         self.record: Recorder = history if history is not None else NoRecord()  # where it records what happens
@@ -55,6 +60,7 @@ class Cluster:
         self.booting_since: dict[str, float] = {}  # node id -> when its driver started it
         self.rejoining: dict[str, float] = {}  # node id -> when its connection dropped (it may come back)
         self.watch = NodeWatch(self)  # liveness, idleness and steal hints
+        self.reports = NodeReports(self)  # what registered nodes send, checked against what they hold
         self.clients = ClientWatch(self)  # progress to clients and history, and clients that left
         self.machines: Machines = NoMachines()  # the fleet, once it is made (use_machines)
         self.recovery = RestartRecovery(self)  # jobs kept in history, taken up after a restart
@@ -63,9 +69,9 @@ class Cluster:
     # --- pushing inputs ------------------------------------------------------------------
 
     def pump(self) -> None:
-        self._send_pushes(self.scheduler.plan())
+        self.send_pushes(self.scheduler.plan())
 
-    def _send_pushes(self, pushes: list[tuple[str, str, PackedInputs]]) -> None:
+    def send_pushes(self, pushes: list[tuple[str, str, PackedInputs]]) -> None:
         for node_id, job_id, part in pushes:
             link = self.node_links.get(node_id)
             if link is not None:
@@ -132,7 +138,7 @@ class Cluster:
         self.watch.forget(node_id)
         for job, given_up in self.scheduler.remove_node(node_id):
             if given_up:
-                self._accept_results(None, job, [[i, False, messages.node_loss_error(i, job)] for i in given_up])
+                self.accept_results(None, job, [[i, False, messages.node_loss_error(i, job)] for i in given_up])
             if replace:  # its share goes to nodes the job left out (it wants no more slots than inputs)
                 for joined_id, _ in self.scheduler.top_up(job):
                     link = self.node_links.get(joined_id)
@@ -208,46 +214,10 @@ class Cluster:
                 self.machines.remove_machine(node_id, "its connection dropped and it did not come back")
 
     def on_node_message(self, node_id: str, msg: wire.Message) -> None:
-        self.watch.heard(node_id)
-        if isinstance(msg, wire.NodeResults):
-            self._on_results(node_id, msg)
-        elif isinstance(msg, wire.OutputBatch):
-            self.output(msg)
-        elif isinstance(msg, wire.Credit):
-            self.scheduler.grant(node_id, msg.job_id, msg.inputs)
-            self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))  # only this node can take more
-        elif isinstance(msg, wire.NodeState):
-            self._on_state(node_id, msg)
-        elif isinstance(msg, wire.Stolen):
-            job = self.scheduler.jobs.get(msg.job_id)
-            if job is not None:
-                record_steal(node_id, job, msg.donor_id, msg.indices)
-            self.watch.stolen(node_id, msg.job_id)
-        elif isinstance(msg, wire.NodeLeaving):
-            self._on_leaving(node_id, msg)
+        self.reports.on_message(node_id, msg)
 
-    def _on_results(self, node_id: str, msg: wire.NodeResults) -> None:
-        job = self.scheduler.jobs.get(msg.job_id)
-        if job is not None and job.status == RUNNING:
-            if msg.failed or job.spec.detach or not self._pass_on(node_id, job, msg):
-                # Decoded, and checked against the indices and failures they came with, only here.
-                self._accept_results(node_id, job, msg.part().items("NodeResults"))
-        if msg.credit:
-            self.scheduler.grant(node_id, msg.job_id, msg.credit)
-            self._send_pushes(self.scheduler.plan_for(node_id, msg.job_id))
-
-    def _pass_on(self, node_id: str, job: JobRecord, msg: wire.NodeResults) -> bool:
-        """The common case: results that all succeeded, each the first for its input, go to the
-        client as the node packed them. False (nothing changed) when they need a closer look."""
-        indices = packed_results.unpack_indices(msg.indices)
-        if not self.scheduler.record_successes(node_id, job, indices):
-            return False
-        link = self.client_links.get(job.job_id)
-        if link is not None:
-            link.deliver_packed(len(indices), msg.packed)
-        return True
-
-    def output(self, msg: wire.OutputBatch) -> None:  # a node's, or the head's own word to the job
+    def output(self, msg: wire.OutputBatch) -> None:
+        """Output for a job's client and history: a node's (checked by NodeReports), or the head's own word."""
         job = self.scheduler.jobs.get(msg.job_id)
         if job is None or job.status != RUNNING:
             return
@@ -256,25 +226,7 @@ class Cluster:
             link.deliver(msg.items, [])
         self.record.output(job.job_id, msg.items)
 
-    def _on_state(self, node_id: str, msg: wire.NodeState) -> None:
-        self.scheduler.update_state(msg)
-        self.watch.note_idleness(node_id)
-        if self.watch.sample_due(node_id):
-            running = sum(r for _, r, _, _ in msg.jobs)
-            self.record.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
-                                     msg.net_recv_bps, msg.workers_alive, running, msg.gpu_percent,
-                                     msg.gpu_mem_percent)
-
-    def _on_leaving(self, node_id: str, msg: wire.NodeLeaving) -> None:
-        log.info("node %s is leaving: %s", node_id, msg.reason)
-        self.record.node_event(node_id, "leaving", msg.reason)
-        link = self.node_links.get(node_id)
-        self.node_lost(node_id)  # its inputs go to other nodes now, not after the deadline
-        if link is not None:
-            link.close()
-        self.machines.remove_machine(node_id, msg.reason)
-
-    def _accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None:
+    def accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None:
         if job.status != RUNNING:
             return
         fresh = self.scheduler.record_results(node_id, job, items)
@@ -333,17 +285,21 @@ class Cluster:
                 key = (assignment.parallelism, assignment.slots)
                 frame = frames.get(key)
                 if frame is None:
-                    frame = frames[key] = messages.assign_message(job.spec, assignment).encode()
+                    frame = frames[key] = messages.assign_message(job.spec, assignment, self.token).encode()
                 link.send_frame(frame)
 
     def _send_assignment(self, link: NodeLink, job: JobRecord, node_id: str) -> None:
         """A running job's share for a node that joins it."""
-        link.send(messages.assign_message(job.spec, job.assignments[node_id]))
+        link.send(messages.assign_message(job.spec, job.assignments[node_id], self.token))
         if job.all_pushed:  # its credit brings no more inputs than the others' does
             link.send(wire.InputsPushed(job.job_id))
 
     def resume_job(self, msg: wire.ResumeJob) -> tuple[JobRecord, ClientLink, wire.JobResumed]:
-        """A client comes back (after a network cut, or to collect a detached job's results)."""
+        """A client comes back (after a network cut, or to collect a detached job's results): the
+        one that opened the job (which heard its secret), or a holder of the cluster token."""
+        if not scoped_tokens.secret_matches(self.token, msg.job_id, msg.secret):
+            raise Unauthorized(f"resuming job {msg.job_id!r} takes its secret (JobAccepted.job_secret), which the "
+                               "client that opened it holds and the cluster token derives")
         job = self.scheduler.jobs.get(msg.job_id)
         link = self.client_links.get(msg.job_id)
         if job is None or link is None:

@@ -141,36 +141,6 @@ async def _job_snapshot(cluster: Cluster, request: web.Request) -> dict:
             "children": children, "parent": parent, "read_only": JOB_SESSION in request, "now": time.time()}
 
 
-# What a job's session (from its printed link) may read: the job's page, its API and stream, and
-# the same of its nested jobs; the pages' own script and style.
-JOB_VIEW_ROUTES = frozenset({"/jobs/{job_id}", "/static/{name}", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/failures",
-                             "/v1/jobs/{job_id}/calls/{index}/output", "/v1/jobs/{job_id}/metrics",
-                             "/v1/jobs/{job_id}/output", "/v1/jobs/{job_id}/calls", "/v1/stream/jobs/{job_id}"})
-MAX_NESTING = 64  # parents followed to find a job's root; deeper trees are read from their own link
-
-
-async def job_view(request: web.Request, root: str) -> bool:
-    """Whether a session of job `root` may make `request`: a read of `root` or a job nested in it."""
-    resource = request.match_info.route.resource
-    if resource is None or resource.canonical not in JOB_VIEW_ROUTES:
-        return False
-    job_id: str | None = request.match_info.get("job_id")
-    return job_id is None or await in_tree(request.app[CLUSTER], root, job_id)
-
-
-async def in_tree(cluster: Cluster, root: str, job_id: str) -> bool:
-    """Whether `job_id` is `root` or nested in it, following parents."""
-    current: str | None = job_id
-    for _ in range(MAX_NESTING):
-        if current is None:
-            return False
-        if current == root:
-            return True
-        view = await job_view_of(cluster, current)
-        current = view.parent_job_id if view is not None else None
-    return False
-
-
 def _stream(build):
     async def handler(request: web.Request) -> web.StreamResponse:
         cluster = request.app[CLUSTER]

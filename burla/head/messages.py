@@ -6,6 +6,7 @@ from __future__ import annotations
 from burla.errors import NodeDisconnected
 from burla.head.records import Assignment, JobRecord, initial_credit
 from burla.protocol import wire
+from burla.web import scoped_tokens
 
 # What a client may have in flight to the head, per job.
 CLIENT_WINDOW_INPUTS = 200_000
@@ -14,19 +15,22 @@ HEAD_STOPPED_WITHOUT_HISTORY = ("the head stopped (a restart or shutdown) while 
                                 "across restarts only with history")
 
 
-def assign_message(spec: wire.OpenJob, assignment: Assignment) -> wire.AssignJob:
+def assign_message(spec: wire.OpenJob, assignment: Assignment, cluster_token: str) -> wire.AssignJob:
+    """A node's share of a job, with the job token its calls hold instead of the cluster token."""
     return wire.AssignJob(
         job_id=spec.job_id, function_name=spec.function_name, function_bytes=spec.function_bytes,
         parallelism=assignment.parallelism, func_ram=spec.func_ram, func_cpu=spec.func_cpu,
         local_code=spec.local_code, packages=spec.packages, credit=initial_credit(assignment.slots),
-        func_gpu=spec.func_gpu, n_inputs=spec.n_inputs,
+        func_gpu=spec.func_gpu, n_inputs=spec.n_inputs, job_token=scoped_tokens.job_token(cluster_token, spec.job_id),
     )
 
 
-def accepted_message(job: JobRecord) -> wire.JobAccepted:
+def accepted_message(job: JobRecord, cluster_token: str) -> wire.JobAccepted:
+    """The answer to a job's opening, with the secret that resuming the job takes."""
     slots = sum(a.slots for a in job.assignments.values())
     return wire.JobAccepted(job_id=job.job_id, window_inputs=CLIENT_WINDOW_INPUTS, window_bytes=CLIENT_WINDOW_BYTES,
-                            n_nodes=len(job.assignments), n_slots=slots, inputs_by_file=bool(job.spec.client_host))
+                            n_nodes=len(job.assignments), n_slots=slots, inputs_by_file=bool(job.spec.client_host),
+                            job_secret=scoped_tokens.job_secret(cluster_token, job.job_id))
 
 
 def resumed_message(job: JobRecord) -> wire.JobResumed:

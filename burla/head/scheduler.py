@@ -309,8 +309,8 @@ class Scheduler:
         if job is None:
             return
         assignment = job.assignments.get(node_id)
-        if assignment is not None:
-            assignment.credit += inputs
+        if assignment is not None:  # never more than the node could hold: a node asks for its window
+            assignment.credit = min(assignment.credit + inputs, max(limits.MAX_NODE_WINDOW, 2 * assignment.parallelism))
 
     def plan(self) -> list[tuple[str, str, PackedInputs]]:
         """Move pending inputs onto nodes within their credit: [(node_id, job_id, packed inputs)].
@@ -387,10 +387,14 @@ class Scheduler:
             assignment.credit = 0
 
     def record_results(self, node_id: str | None, job: JobRecord, items: list) -> list:
-        """Keep the first result per index (results are delivered exactly once)."""
+        """Keep the first result per index (results are delivered exactly once), of inputs the
+        node holds (pushed to it, granted to it by a steal, or kept by it across a restart);
+        `node_id` None: the head's own word (an input given up on)."""
         if job.status != RUNNING:
             return []  # late results of an ended job
         assignment = job.assignments.get(node_id) if node_id is not None else None
+        if node_id is not None and assignment is None:
+            return []  # not a node of this job
         if assignment is not None and not job.node_held and not job.restored and items:
             fresh = self._all_fresh(job, assignment, items)
             if fresh is not None:
@@ -400,6 +404,8 @@ class Scheduler:
             index = item[0]
             if not self._awaits_result(job, index):
                 continue
+            if assignment is not None and index not in assignment.inflight and job.node_held.get(index) != node_id:
+                continue  # not this node's input: the node that holds it answers
             if assignment is not None:
                 assignment.inflight.pop(index, None)
             if job.node_held:
@@ -445,8 +451,11 @@ class Scheduler:
 
     @staticmethod
     def _mark_fresh(job: JobRecord, assignment: Assignment, indices: list[int]) -> bool:
-        """Mark these inputs done if none is yet (nor twice among them); else change nothing."""
+        """Mark these inputs done if none is yet (nor twice among them) and the node holds every one;
+        else change nothing."""
         if min(indices) < 0 or max(indices) >= len(job.done):
+            return False
+        if not all(map(assignment.inflight.__contains__, indices)):  # at C speed
             return False
         done = job.done
         for position, index in enumerate(indices):  # the one loop per result

@@ -16,6 +16,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from burla.config import MAX_FUNCTION_BYTES, MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
+from burla.head.access import check_job_message
 from burla.head.budget import HeadLimits, check_open_job
 from burla.head.cluster import Cluster
 from burla.head.keys import CLIENT_CONNECTIONS, CLUSTER, LIMITS, OPEN_SOCKETS
@@ -25,8 +26,10 @@ from burla.head.records import JobRecord
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import grants, limits, wire
 from burla.protocol.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
-from burla.web.auth import CREDENTIAL
+from burla.web import scoped_tokens
+from burla.web.auth import CREDENTIAL, SCOPE
 from burla.web.json_io import error_response
+from burla.web.scoped_tokens import Scope
 
 log = logging.getLogger("burla.head")
 
@@ -140,7 +143,7 @@ async def node_socket(request: web.Request) -> web.WebSocketResponse:
     if first is None:
         return ws
     assert isinstance(first, wire.RegisterNode)
-    problem = _registration_problem(first, cluster)
+    problem = _registration_problem(first, cluster) or _identity_problem(first, cluster, request.get(SCOPE))
     if problem is not None:
         if first.node_id in cluster.booting_ids:  # a VM this head booted that can never join: remove it
             cluster.node_boot_failed(first.node_id, f"refused: {problem}")
@@ -156,7 +159,8 @@ async def node_socket(request: web.Request) -> web.WebSocketResponse:
         return ws
     grant_key = grants.new_key()
     try:
-        await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version, grant_key).encode())
+        await ws.send_bytes(wire.NodeRegistered(first.node_id, cluster.version, grant_key,
+                                                scoped_tokens.node_token(cluster.token, first.node_id)).encode())
     except (ConnectionError, RuntimeError):  # gone before it heard back: nothing to undo
         return ws
     link = NodeLink(first.node_id, ws, request.transport, cluster.node_writes)
@@ -195,6 +199,17 @@ def _registration_problem(first: wire.RegisterNode, cluster: Cluster) -> str | N
     if problem is None and len(first.cert_sha256) not in (0, 32):
         problem = "RegisterNode.cert_sha256 must be empty or a 32-byte SHA-256 digest"
     return problem or cluster.machines.registration_problem(first)
+
+
+def _identity_problem(first: wire.RegisterNode, cluster: Cluster, scope: Scope | None) -> str | None:
+    """A node's token registers that node only; the node id of a connected node is taken, except by
+    that node itself (its own token: it reconnects before the head noticed its old connection end)."""
+    if scope is not None and first.node_id != scope.subject:
+        return f"this token is node {scope.subject}'s: it can't register node {first.node_id}"
+    if scope is None and first.node_id in cluster.node_links:
+        return (f"node {first.node_id} is connected: a second node can't register under its id (the node itself "
+                "reconnects with the node token it got at registration)")
+    return None
 
 
 async def _node_frames(cluster: Cluster, ws: web.WebSocketResponse, node_id: str, link: NodeLink) -> None:
@@ -291,18 +306,18 @@ async def job_socket(request: web.Request) -> web.StreamResponse:
         # must not stay referenced here for as long as the job runs.
         handover = [await _first_frame(ws, wire.JOB_OPENING)]
         while handover[0] is not None:
-            handover = [await _serve_job(cluster, ws, handover, head_limits)]
+            handover = [await _serve_job(cluster, ws, handover, head_limits, request.get(SCOPE))]
         return ws
     finally:
         connections.give_back(credential)
 
 
-async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list, head_limits: HeadLimits
-                     ) -> wire.Message | None:
+async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list, head_limits: HeadLimits,
+                     scope: Scope | None) -> wire.Message | None:
     """Open or resume the job the message in `handover` names and serve it until the connection
     ends (None) or the client opens its next job on it (that opening is returned)."""
     first = handover.pop()
-    opened = await _open_or_resume(cluster, ws, first, head_limits)
+    opened = await _open_or_resume(cluster, ws, first, head_limits, scope)
     del first  # its inputs are the job's now
     if opened is None:
         return None
@@ -325,11 +340,12 @@ async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list
         cluster.client_left(job, link)
 
 
-async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message, head_limits: HeadLimits
-                          ) -> tuple[JobRecord, ClientLink, wire.Message] | None:
+async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message, head_limits: HeadLimits,
+                          scope: Scope | None) -> tuple[JobRecord, ClientLink, wire.Message] | None:
     """The job, its client link and the answer to send; None if the connection was answered
-    (refused) or closed here."""
+    (refused) or closed here. A job token's client stays in its job's tree."""
     try:
+        await check_job_message(cluster, scope, first)
         if isinstance(first, wire.OpenJob):
             _validate_open(first)
             problem = _check_version(first.client_version, cluster.version)
@@ -338,7 +354,7 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             check_open_job(head_limits, len(cluster.scheduler.running))
             await cluster.machines.ready_for(first)  # e.g. the cloud's machine list, for grow
             job, link = cluster.open_job(first)  # and queues the inputs it carries
-            return job, link, accepted_message(job)
+            return job, link, accepted_message(job, cluster.token)
         assert isinstance(first, wire.ResumeJob)
         # Right after a restart, the jobs kept in history are being taken up: wait for that;
         # if it takes too long, close without an answer so that the client tries again.

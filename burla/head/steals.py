@@ -1,9 +1,11 @@
-"""Stealing, as the head sees it: which idle nodes to point at a busy peer (`steal_plan`), and
-whose inputs moved once a thief reports a transfer (`record_steal`). Pure, like the scheduler."""
+"""Stealing, as the head sees it: which idle nodes to point at a busy peer (`steal_plan`), whether
+a thief's report is one the head granted (`StolenReports`), and whose inputs moved once it is
+(`record_steal`). Pure, like the scheduler: the clock is passed in."""
 
 from __future__ import annotations
 
 from burla.head.records import RUNNING, JobRecord, NodeRecord
+from burla.protocol import grants, wire
 
 
 def steal_plan(running: dict[str, JobRecord], nodes: dict[str, NodeRecord]) -> list[tuple[str, str, str]]:
@@ -46,3 +48,26 @@ def record_steal(thief_id: str, job: JobRecord, donor_id: str, indices: list[int
         if data is not None:
             thief.inflight[index] = data
             job.stolen += 1
+
+
+class StolenReports:
+    """A thief's report moves inputs only under a grant the head signed for that thief, donor, job
+    and transfer, once: a node can't claim inputs of another node's it was never granted."""
+
+    def __init__(self) -> None:
+        self._spent: dict[str, float] = {}  # transfer id -> when its grant can no longer be shown
+
+    def refusal(self, thief_id: str, msg: wire.Stolen, donor: NodeRecord | None, now: float) -> str | None:
+        """Why `msg` is not believed (None: it is, and its transfer is spent)."""
+        for transfer_id in [t for t, until in self._spent.items() if until < now]:
+            del self._spent[transfer_id]
+        if donor is None:
+            return f"the donor {msg.donor_id!r} is not registered"
+        why = grants.refusal(donor.grant_key, msg.grant, msg.job_id, msg.donor_id, thief_id, msg.transfer_id,
+                             msg.expires_at, now)
+        if why is not None:
+            return why
+        if msg.transfer_id in self._spent:
+            return f"transfer {msg.transfer_id!r} was reported already"
+        self._spent[msg.transfer_id] = msg.expires_at + grants.CLOCK_SKEW_S
+        return None

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from burla.errors import BurlaError, OutOfMemory, WorkerCrashed
 from burla.node.worker_pool import Batch, WorkerHandle
-from burla.protocol import packed_results, wire, worker_wire
+from burla.protocol import limits, packed_results, wire, worker_wire
 from burla.protocol.packed_inputs import InputRuns, PackedInputs
 from burla.protocol.serialization import ErrorOrigin, pack_error
 
@@ -29,7 +29,7 @@ PREFETCH_BELOW_S = 0.05  # give workers a second batch only when calls are this 
 # Per call reported, how much of the previous estimate of a call's time is kept (EWMA).
 CALL_TIME_KEPT = 0.7
 MAX_BATCH = 1024  # at most limits.BATCH_ITEMS: a worker's report holds up to a batch's results
-MAX_WINDOW = 20_000
+MAX_WINDOW = limits.MAX_NODE_WINDOW
 WINDOW_BYTES = 64 * 1024 * 1024
 MAX_CRASH_ATTEMPTS = 2  # a call whose worker dies runs once more, then fails
 HARD_KILL_AFTER_S = 1.5  # a cancelled call that ignores SIGUSR1 this long is killed
@@ -44,6 +44,7 @@ class NodeJob:
     func_ram: float | None = None
     func_cpu: int | None = None
     local_code: bytes = b""
+    job_token: str = ""  # what its calls hold for nested jobs (never the cluster token)
     ready: bool = True  # False while the node installs packages the job needs
     failed_payload: bytes | None = None  # why every call of the job fails here (installation failed)
     queue: InputRuns = field(default_factory=InputRuns)  # as the head pushed them, packed
@@ -164,7 +165,8 @@ class Dispatcher:
         job = self.jobs.get(msg.job_id)
         if job is None:
             job = NodeJob(job_id=msg.job_id, function_bytes=msg.function_bytes, parallelism=max(1, msg.parallelism),
-                          func_ram=msg.func_ram, func_cpu=msg.func_cpu, local_code=msg.local_code)
+                          func_ram=msg.func_ram, func_cpu=msg.func_cpu, local_code=msg.local_code,
+                          job_token=msg.job_token)
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)
@@ -386,7 +388,8 @@ class Dispatcher:
         part = job.queue.take(max(1, min(size, spread)))
         run = worker_wire.RunCalls.of(job.job_id, part)
         if job.job_id not in worker.loaded_jobs:  # the function first, in the same write
-            self._effects.send(worker, worker_wire.LoadFunction(job.job_id, job.function_bytes, job.local_code), run)
+            load = worker_wire.LoadFunction(job.job_id, job.function_bytes, job.local_code, job.job_token)
+            self._effects.send(worker, load, run)
             worker.loaded_jobs.add(job.job_id)
         else:
             self._effects.send(worker, run)

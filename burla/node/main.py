@@ -75,7 +75,7 @@ def run_node(settings: NodeSettings) -> int:
 
     env = dict(os.environ)
     env[ENV_HEAD_URL] = settings.head_url
-    env[ENV_TOKEN] = settings.token
+    env.pop(ENV_TOKEN, None)  # a job's calls get the job's own token (BURLA_JOB_TOKEN), never the node's
     env[ENV_NODE_ID] = settings.node_id
     lifeline = () if settings.lifeline_fd is None else (settings.lifeline_fd,)
     gpus = Gpus(settings.gpu, settings.gpu_count)

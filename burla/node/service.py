@@ -93,6 +93,7 @@ class NodeService:
         self._readings: tuple[float, float, float, float] | None = None  # the last machine readings
         self._gpu_usage: tuple[float, float] = (0.0, 0.0)  # GPU utilisation and memory %, when it has GPUs
         self._head_lost_at: float | None = None  # monotonic time the last head session ended
+        self._head_token = settings.token  # the cluster's or this node's token, then the one the head gives it
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -175,7 +176,6 @@ class NodeService:
 
     async def _head_session_loop(self) -> None:
         deadline = time.monotonic() + self.settings.register_deadline_s
-        headers = {"Authorization": f"Bearer {self.settings.token}"}
         from burla.web.tls import head_connector
 
         async with aiohttp.ClientSession(connector=head_connector(self.settings.head_cert)) as session:
@@ -183,7 +183,7 @@ class NodeService:
                 try:
                     async with session.ws_connect(
                         f"{self._head_url()}/v1/nodes/ws",
-                        headers=headers,
+                        headers={"Authorization": f"Bearer {self._head_token}"},
                         max_msg_size=limits.MAX_FRAME_BYTES,
                         heartbeat=None,
                         autoping=True,
@@ -264,6 +264,8 @@ class NodeService:
         if not isinstance(reply, wire.NodeRegistered):
             raise ProtocolError(f"the head answered registration with {type(reply).__name__}")
         self.donor.key = reply.grant_key
+        if reply.node_token:  # this node's own credential: what it reconnects with from now on
+            self._head_token = reply.node_token
         self._ws = ws
         self._head_lost_at = None
         self.dispatcher.new_head_session()

@@ -131,7 +131,8 @@ class Thief:
             return
         if not self._dispatcher.add_stolen(hint.job_id, grant.items):
             return  # the job ended here meanwhile: no ack, so the donor keeps them
-        await self._report(wire.Stolen(hint.job_id, hint.donor_id, [i for i, _ in grant.items]))
+        await self._report(wire.Stolen(hint.job_id, hint.donor_id, [i for i, _ in grant.items], hint.transfer_id,
+                                       hint.expires_at, hint.grant))
         self.stolen += len(grant.items)
         log.info("stole %d inputs of job %s from %s", len(grant.items), hint.job_id, hint.donor_id)
         await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal/ack",

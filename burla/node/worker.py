@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from itertools import count
 from typing import Any
 
-from burla.config import ENV_NODE_ID, ENV_PARENT_JOB
+from burla.config import ENV_JOB_TOKEN, ENV_NODE_ID, ENV_PARENT_JOB
 from burla.node.output_capture import OutputCapture
 from burla.process.memory import freeze_inherited_objects
 from burla.protocol import local_code, wire, worker_context, worker_wire
@@ -68,6 +68,7 @@ class Worker:
         self._reader = sock.makefile("rb", buffering=1 << 16)
         self._shm = shm
         self._functions: dict[str, Callable[..., Any] | _LoadFailure] = {}
+        self._job_tokens: dict[str, str] = {}  # job id -> the token its calls open nested jobs with
         self._cancelled_jobs: set[str] = set()
         self._code: tuple[str, str] | None = None  # (digest, directory) of the shipped modules in use
         self._in_call = False
@@ -124,8 +125,10 @@ class Worker:
                 self._run_batch(job_id, indices, arguments)
             elif isinstance(msg, worker_wire.LoadFunction):
                 self._load(msg.job_id, msg.function_bytes, msg.local_code)
+                self._job_tokens[msg.job_id] = msg.job_token
             elif isinstance(msg, worker_wire.UnloadFunction):
                 self._functions.pop(msg.job_id, None)
+                self._job_tokens.pop(msg.job_id, None)
                 self._cancelled_jobs.discard(msg.job_id)
 
     def _load(self, job_id: str, function_bytes: bytes, code: bytes) -> None:
@@ -174,6 +177,7 @@ class Worker:
         self._cancel_requested = False
         if os.environ.get(ENV_PARENT_JOB) != job_id:
             os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
+            os.environ[ENV_JOB_TOKEN] = self._job_tokens.get(job_id, "")  # and opens it with the job's token
         self.capture.begin_batch(job_id)
         results: list[list] = []
         since = time.monotonic()  # when the calls of the last report began

@@ -22,6 +22,9 @@ TEXT_BYTES = 64 * 1024 * 1024
 CLIENT_FRAME_RESULTS = 2_000_000  # the most results one frame to a client carries (8 MB of tiny results)
 NODE_FRAME_ITEMS = 200_000  # the most inputs, results or output chunks a node exchanges in one frame
 MAX_COUNT = 2**40  # a count a node reports (NodeState)
+# The most inputs of one job a node holds, queued or running (past twice its parallelism): the
+# head's credit to a node never exceeds it, whatever the node asks for.
+MAX_NODE_WINDOW = 20_000
 
 # What a node sends (to its head, and a worker to its node): many results and output chunks.
 NODE_REPORTS = Limits(NODE_FRAME_ITEMS, 10_000, TEXT_BYTES, MAX_FRAME_BYTES, 4 * NODE_FRAME_ITEMS)

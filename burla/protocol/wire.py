@@ -106,6 +106,7 @@ class JobAccepted(Message):
     n_nodes: int
     n_slots: int
     inputs_by_file: bool = False  # large inputs may go as references to files on the client's machine
+    job_secret: str = ""  # what attaching to or resuming this job takes (ResumeJob.secret)
 
 
 @message(3)
@@ -235,6 +236,7 @@ class ResumeJob(Message):
     job_id: str
     acked_seq: int  # the last result batch the client has
     held: bytes  # zlib of one byte per input: 0 no result yet, 1 a result, 2 a failure (b"": collecting)
+    secret: str = ""  # the job's secret (JobAccepted.job_secret, or derived from the cluster token)
 
 
 @message(13)
@@ -290,6 +292,7 @@ class NodeRegistered(Message):
     node_id: str
     head_version: str
     grant_key: bytes  # the secret the head signs this node's transfer grants with (burla.protocol.grants)
+    node_token: str = ""  # what this node registers with from now on: its own credential, not the cluster's
 
 
 @message(22)
@@ -306,6 +309,7 @@ class AssignJob(Message):
     credit: int  # inputs the head may push before the node asks (a node's first window, no round trip)
     func_gpu: str | None = None  # set: each call runs on a worker that has a GPU of its own
     n_inputs: int = 0  # the job's size (0: unknown): no node holds credit for more inputs than that
+    job_token: str = ""  # what the job's calls hold instead of the cluster token (burla.web.scoped_tokens)
 
 
 @message(23)
@@ -358,11 +362,15 @@ class StealHint(Message):
 
 @message(27)
 class Stolen(Message):
-    """Thief to head: these inputs moved from `donor_id` to me (sent before the thief acks)."""
+    """Thief to head: these inputs moved from `donor_id` to me (sent before the thief acks), under
+    the grant of the StealHint that allowed it, which the head checks."""
 
     job_id: str
     donor_id: str
     indices: list
+    transfer_id: str
+    expires_at: float
+    grant: bytes
 
     def validate(self) -> None:
         if any(type(i) is not int for i in self.indices):

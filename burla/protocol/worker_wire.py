@@ -21,6 +21,7 @@ class LoadFunction(Message):
     job_id: str
     function_bytes: bytes
     local_code: bytes
+    job_token: str = ""  # BURLA_JOB_TOKEN for the calls: nested jobs, never the cluster token
 
 
 @message(32)

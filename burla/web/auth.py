@@ -7,8 +7,9 @@ and codes are compared in constant time. A cookie is ambient (the browser sends 
 page asks), so it authorises only reads: GET pages, the JSON API's GETs and the SSE streams.
 A POST with a cookie also needs the `X-Burla-CSRF` header (which no cross-origin page can send
 without a preflight the head never grants) and an `Origin` equal to the head's own; a WebSocket
-needs the bearer token. A job's session reads that job and its nested jobs only (the head says
-which requests those are: `job_view`), and never writes.
+needs a bearer token. A job's session reads that job and its nested jobs only (the head says
+which requests those are: `job_view`), and never writes. A scoped bearer token (a job's or a
+node's, burla.web.scoped_tokens) is let through only to what the head's `scope_check` allows it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from burla.web.json_io import error_response
 from burla.web.login_links import Session, SignedSessions, check_link_code
+from burla.web.scoped_tokens import Scope, is_scoped, scope_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health", "/login", "/static/style.css"})
@@ -30,10 +32,12 @@ LOGIN_CODE_TTL_S = 300.0
 CSRF_HEADER = "X-Burla-CSRF"
 CREDENTIAL = "burla_credential"  # request key: which credential authenticated it (budgets count per credential)
 JOB_SESSION = "burla_job_session"  # request key: the job a job's session reads (absent for other credentials)
+SCOPE = "burla_scope"  # request key: the Scope of a scoped bearer token (absent for other credentials)
 _UNSAFE_IN_REDIRECT = frozenset(chr(c) for c in range(0x21)) | {"\x7f", "\\"}
 
 
 JobView = Callable[[web.Request, str], Awaitable[bool]]  # (request, session's job) -> may it read this?
+ScopeCheck = Callable[[web.Request, Scope], Awaitable[str | None]]  # why a scoped token may not make it (None: may)
 
 
 class Sessions:
@@ -91,12 +95,15 @@ def same_origin_path(target: str) -> bool:
             and not any(c in _UNSAFE_IN_REDIRECT for c in target))
 
 
-def bearer_matches(request: web.Request, expected: bytes) -> bool:
+def bearer_of(request: web.Request) -> str | None:
     given = request.headers.get("Authorization", "")
-    if not given.startswith("Bearer "):
-        return False
+    return given[7:].strip() if given.startswith("Bearer ") else None
+
+
+def bearer_matches(request: web.Request, expected: bytes) -> bool:
+    given = bearer_of(request)
     # Header bytes that aren't UTF-8 arrive as surrogate escapes, which plain encode() refuses.
-    return hmac.compare_digest(given[7:].strip().encode("utf-8", "surrogatepass"), expected)
+    return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected)
 
 
 def cookie_refusal(request: web.Request) -> str | None:
@@ -112,36 +119,73 @@ def cookie_refusal(request: web.Request) -> str | None:
     return None
 
 
+class _Gate:
+    """token_middleware's checks, one credential each: `None` from one means "not this kind"."""
+
+    def __init__(self, token: str, sessions: Sessions | None, on_authenticated: Callable[[web.Request], None] | None,
+                 job_view: JobView | None, scope_check: ScopeCheck | None) -> None:
+        self.token = token
+        self.expected = token.encode()
+        self.sessions = sessions
+        self.on_authenticated = on_authenticated
+        self.job_view = job_view
+        self.scope_check = scope_check
+
+    async def let_in(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.on_authenticated is not None:
+            self.on_authenticated(request)
+        return await handler(request)
+
+    async def scoped(self, request: web.Request, handler: Handler) -> web.StreamResponse | None:
+        """The answer to a request with a scoped token of this cluster (None: it has none)."""
+        bearer = bearer_of(request)
+        if self.scope_check is None or bearer is None or not is_scoped(bearer):
+            return None
+        scope = scope_of(self.token, bearer)
+        if scope is None:
+            return None
+        refusal = await self.scope_check(request, scope)
+        if refusal is not None:
+            return error_response(403, "Forbidden", refusal)
+        request[SCOPE] = scope
+        request[CREDENTIAL] = f"{scope.kind} {scope.subject}"
+        return await self.let_in(request, handler)
+
+    async def session_may(self, request: web.Request, session: Session) -> bool:
+        if session.job_id is None:
+            return True
+        return (request.method in ("GET", "HEAD") and self.job_view is not None
+                and await self.job_view(request, session.job_id))
+
+
 def token_middleware(token: str, sessions: Sessions | None = None, login_page: Handler | None = None,
                      on_authenticated: Callable[[web.Request], None] | None = None,
-                     authenticates_itself: Callable[[str], bool] | None = None, job_view: JobView | None = None):
-    """Reject any request without `Authorization: Bearer <token>` or a valid session cookie
-    (which authorises reads, and writes only from the head's own pages; a job's session only
-    what `job_view` says reads that job). Paths for which `authenticates_itself` is true check a
-    credential of their own (a transfer grant)."""
-    expected = token.encode()
+                     authenticates_itself: Callable[[str], bool] | None = None, job_view: JobView | None = None,
+                     scope_check: ScopeCheck | None = None):
+    """Reject any request without `Authorization: Bearer <token>`, a scoped token `scope_check`
+    lets through, or a valid session cookie (which authorises reads, and writes only from the
+    head's own pages; a job's session only what `job_view` says reads that job). Paths for which
+    `authenticates_itself` is true check a credential of their own (a transfer grant)."""
+    gate = _Gate(token, sessions, on_authenticated, job_view, scope_check)
 
     @web.middleware
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in OPEN_PATHS or (authenticates_itself is not None and authenticates_itself(request.path)):
             return await handler(request)
-        if bearer_matches(request, expected):
+        if bearer_matches(request, gate.expected):
             request[CREDENTIAL] = "cluster token"
-            if on_authenticated is not None:
-                on_authenticated(request)
-            return await handler(request)
+            return await gate.let_in(request, handler)
+        answer = await gate.scoped(request, handler)
+        if answer is not None:
+            return answer
         session = sessions.session(request.cookies.get(SESSION_COOKIE)) if sessions is not None else None
-        if session is not None and (session.job_id is None
-                                    or (request.method in ("GET", "HEAD") and job_view is not None
-                                        and await job_view(request, session.job_id))):
+        if session is not None and await gate.session_may(request, session):
             refusal = cookie_refusal(request)
             if refusal is not None:
                 return error_response(403, "Forbidden", refusal)
             if session.job_id is not None:
                 request[JOB_SESSION] = session.job_id
-            if on_authenticated is not None:
-                on_authenticated(request)
-            return await handler(request)
+            return await gate.let_in(request, handler)
         if login_page is not None and request.method == "GET" and not request.path.startswith("/v1/"):
             return await login_page(request)
         if session is not None:

@@ -1,0 +1,115 @@
+"""What a registered node tells the head, taken only where it concerns that node's own work.
+
+A node's connection speaks for that node alone (its token names it: burla.web.scoped_tokens),
+and the head believes of it only what it gave the node: results of inputs pushed to it, granted
+to it by a steal or kept by it across a restart (Scheduler.record_results); output of jobs it
+runs; credit within what a node could hold (Scheduler.grant); a steal under a grant the head
+signed for it (StolenReports). Anything else is dropped and logged, and the job goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from burla.head.records import RUNNING, JobRecord
+from burla.head.steals import StolenReports, record_steal
+from burla.protocol import packed_results, wire
+from burla.web.connection_guard import RateLimitedLog
+
+if TYPE_CHECKING:
+    from burla.head.cluster import Cluster
+
+log = logging.getLogger("burla.head")
+
+
+class NodeReports:
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+        self._stolen = StolenReports()
+        self._refused = RateLimitedLog(log)
+
+    def on_message(self, node_id: str, msg: wire.Message) -> None:
+        cluster = self._cluster
+        cluster.watch.heard(node_id)
+        if isinstance(msg, wire.NodeResults):
+            self._on_results(node_id, msg)
+        elif isinstance(msg, wire.OutputBatch):
+            self._on_output(node_id, msg)
+        elif isinstance(msg, wire.Credit):
+            cluster.scheduler.grant(node_id, msg.job_id, msg.inputs)
+            cluster.send_pushes(cluster.scheduler.plan_for(node_id, msg.job_id))  # only this node can take more
+        elif isinstance(msg, wire.NodeState):
+            self._on_state(node_id, msg)
+        elif isinstance(msg, wire.Stolen):
+            self._on_stolen(node_id, msg)
+        elif isinstance(msg, wire.NodeLeaving):
+            self._on_leaving(node_id, msg)
+
+    def _on_results(self, node_id: str, msg: wire.NodeResults) -> None:
+        cluster = self._cluster
+        job = cluster.scheduler.jobs.get(msg.job_id)
+        if job is not None and job.status == RUNNING:
+            if msg.failed or job.spec.detach or not self._pass_on(node_id, job, msg):
+                # Decoded, and checked against the indices and failures they came with, only here.
+                cluster.accept_results(node_id, job, msg.part().items("NodeResults"))
+        if msg.credit:
+            cluster.scheduler.grant(node_id, msg.job_id, msg.credit)
+            cluster.send_pushes(cluster.scheduler.plan_for(node_id, msg.job_id))
+
+    def _pass_on(self, node_id: str, job: JobRecord, msg: wire.NodeResults) -> bool:
+        """The common case: results that all succeeded, each the first for its input, of inputs
+        the node holds, go to the client as the node packed them. False (nothing changed) when
+        they need a closer look."""
+        cluster = self._cluster
+        indices = packed_results.unpack_indices(msg.indices)
+        if not cluster.scheduler.record_successes(node_id, job, indices):
+            return False
+        link = cluster.client_links.get(job.job_id)
+        if link is not None:
+            link.deliver_packed(len(indices), msg.packed)
+        return True
+
+    def _on_output(self, node_id: str, msg: wire.OutputBatch) -> None:
+        job = self._cluster.scheduler.jobs.get(msg.job_id)
+        if job is not None and node_id not in job.assignments:
+            self._refused.warning("node %s sent output for job %s, which it does not run: dropped", node_id,
+                                  msg.job_id)
+            return
+        self._cluster.output(msg)
+
+    def _on_state(self, node_id: str, msg: wire.NodeState) -> None:
+        cluster = self._cluster
+        if msg.node_id != node_id:
+            self._refused.warning("node %s sent the state of node %s: dropped", node_id, msg.node_id)
+            return
+        cluster.scheduler.update_state(msg)
+        cluster.watch.note_idleness(node_id)
+        if cluster.watch.sample_due(node_id):
+            running = sum(r for _, r, _, _ in msg.jobs)
+            cluster.record.node_sample(node_id, msg.cpu_percent, msg.mem_percent, msg.net_sent_bps,
+                                       msg.net_recv_bps, msg.workers_alive, running, msg.gpu_percent,
+                                       msg.gpu_mem_percent)
+
+    def _on_stolen(self, node_id: str, msg: wire.Stolen) -> None:
+        cluster = self._cluster
+        job = cluster.scheduler.jobs.get(msg.job_id)
+        if job is not None:
+            why = self._stolen.refusal(node_id, msg, cluster.scheduler.nodes.get(msg.donor_id), time.time())
+            if why is not None:
+                self._refused.warning("node %s reported a steal from %s of job %s that is not believed: %s",
+                                      node_id, msg.donor_id, msg.job_id, why)
+                return
+            record_steal(node_id, job, msg.donor_id, msg.indices)
+        cluster.watch.stolen(node_id, msg.job_id)
+
+    def _on_leaving(self, node_id: str, msg: wire.NodeLeaving) -> None:
+        cluster = self._cluster
+        log.info("node %s is leaving: %s", node_id, msg.reason)
+        cluster.record.node_event(node_id, "leaving", msg.reason)
+        link = cluster.node_links.get(node_id)
+        cluster.node_lost(node_id)  # its inputs go to other nodes now, not after the deadline
+        if link is not None:
+            link.close()
+        cluster.machines.remove_machine(node_id, msg.reason)
