@@ -255,3 +255,68 @@ def visible_gpu(seconds):
     """Which GPU this call's worker sees (CUDA_VISIBLE_DEVICES), after holding it a while."""
     time.sleep(seconds)
     return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def credentials_seen(x):
+    """What a call finds of the cluster's credentials: its environment, and the process's
+    environment block as the kernel shows it (/proc/self/environ)."""
+    with open("/proc/self/environ", "rb") as block:
+        return {"environ": dict(os.environ), "block": block.read()}
+
+
+def what_a_job_token_opens(other_job_id):
+    """What a call can do with the token it holds (BURLA_JOB_TOKEN), beyond its own job: each
+    attempt's HTTP status, or the kind of error the head answered on a WebSocket."""
+    import asyncio
+
+    import aiohttp
+
+    from burla._version import __version__
+    from burla.process.build import build_hash
+    from burla.protocol import wire
+
+    url, token = os.environ["BURLA_CLUSTER_DASHBOARD_URL"], os.environ["BURLA_JOB_TOKEN"]
+    own = os.environ["BURLA_PARENT_JOB_ID"]
+    python = "{}.{}.0".format(*sys.version_info[:2])
+
+    def opening(job_id, parent):
+        return wire.OpenJob(job_id=job_id, function_name="f", function_bytes=b"x", n_inputs=1, func_cpu=None,
+                            func_ram=None, func_gpu=None, image=None, grow=False, max_parallelism=None, detach=False,
+                            raise_errors=True, region=None, disk_gb=None, parent_job_id=parent,
+                            client_version=__version__, python_version=python, local_code=b"", packages={})
+
+    async def over_socket(session, path, frame):
+        try:
+            async with session.ws_connect(url + path) as ws:
+                await ws.send_bytes(frame.encode())
+                reply = await ws.receive()
+                if reply.type != aiohttp.WSMsgType.BINARY:
+                    return f"closed {reply.type}"
+                answer = wire.decode(reply.data)
+                return answer.kind if isinstance(answer, wire.ErrorReply) else type(answer).__name__
+        except aiohttp.WSServerHandshakeError as e:
+            return e.status
+
+    async def attempts():
+        outcome = {}
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+            for name, method, path in [("own job", "GET", f"/v1/jobs/{own}"),
+                                       ("other job", "GET", f"/v1/jobs/{other_job_id}"),
+                                       ("job list", "GET", "/v1/jobs"), ("settings", "GET", "/v1/settings"),
+                                       ("change settings", "POST", "/v1/settings"),
+                                       ("stop the cluster", "POST", "/v1/cluster/stop"),
+                                       ("cancel other job", "POST", f"/v1/jobs/{other_job_id}/cancel")]:
+                async with session.request(method, url + path, json={}) as response:
+                    outcome[name] = response.status
+            outcome["attach to other job"] = await over_socket(
+                session, "/v1/jobs/ws", wire.ResumeJob(other_job_id, 0, b"", ""))
+            outcome["open a job outside its tree"] = await over_socket(
+                session, "/v1/jobs/ws", opening(f"{own}-stray", None))
+            outcome["open a child of another job"] = await over_socket(
+                session, "/v1/jobs/ws", opening(f"{own}-adopted", other_job_id))
+            outcome["register a node"] = await over_socket(
+                session, "/v1/nodes/ws", wire.RegisterNode("rogue", "http://x", 1, 1, 1.0, None, 0, None, "local",
+                                                           python, __version__, build_hash(), b"", []))
+        return outcome
+
+    return asyncio.run(attempts())

@@ -548,3 +548,28 @@ def test_a_large_input_is_pushed_in_a_frame_of_its_own():
     sizes = [10, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES, 10, MAX_PUSH_BYTES + 1, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES // 2]
     frames = frames(list(range(len(sizes))), [b"x" * size for size in sizes])
     assert [part.index_list() for part in frames] == [[0, 1], [2], [3], [4], [5, 6]]
+
+
+def test_a_node_is_believed_only_for_results_of_inputs_it_holds():
+    # Fails on the previous code: any node's result was taken for any input of any job.
+    s, job = uploaded_two_node_job(10, 10)
+    on_a = sorted(job.assignments["a"].inflight)
+    on_b = sorted(job.assignments["b"].inflight)
+    assert on_a and on_b
+    # Node b answers for a's inputs (packed, as the common case; then decoded): neither is taken.
+    assert not s.record_successes("b", job, on_a)
+    assert s.record_results("b", job, [[i, True, b"forged"] for i in on_a]) == []
+    assert job.n_done == 0 and sorted(job.assignments["a"].inflight) == on_a
+    # A node the job was never given to is not believed either.
+    assert s.record_results("stranger", job, [[on_a[0], True, b"forged"]]) == []
+    # Its own results are, and a mixed frame keeps only its own.
+    assert s.record_successes("a", job, on_a[:1])
+    taken = s.record_results("b", job, [[on_b[0], True, b"ok"], [on_a[1], True, b"forged"]])
+    assert [item[0] for item in taken] == [on_b[0]] and job.n_done == 2
+
+
+def test_a_nodes_credit_never_exceeds_what_a_node_could_hold():
+    # Fails on the previous code: a node asking for 10**12 inputs was pushed the whole queue.
+    s, job = two_node_job(100_000)
+    s.grant("a", "j", 10**12)
+    assert job.assignments["a"].credit == limits.MAX_NODE_WINDOW

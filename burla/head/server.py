@@ -17,9 +17,10 @@ import signal
 import socket
 import sys
 
-from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, HeadRecord, HeadSettings
+from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, ENV_TOKEN, HeadRecord, HeadSettings
 from burla.drivers.base import BootRequest
 from burla.drivers.local import LocalDriver, can_fork_nodes
+from burla.process.environ_block import erase_variable
 from burla.process.lifeline import wait_for_eof
 from burla.process.memory import freeze_startup_objects, release_large_blocks
 from burla.web.aiohttp_import import import_aiohttp
@@ -62,6 +63,8 @@ def serve(settings: HeadSettings) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s head %(levelname)s %(message)s")
     release_large_blocks()  # inputs pass through the head: its memory must come back after big ones
     allow_many_connections()
+    # Read into the settings already: out of the environment its local nodes (and their calls) inherit.
+    erase_variable(ENV_TOKEN)
     sock = bind(settings.host, settings.port)
     url = url_of(sock, settings)
     # Local nodes pin this head's own certificate when it serves https.

@@ -20,6 +20,7 @@ from burla.node.fork_server import ForkServer, start_fork_server
 from burla.node.gpus import Gpus
 from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
+from burla.process.environ_block import erase_variable
 from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, release_large_blocks
 from burla.web.aiohttp_import import import_aiohttp
 
@@ -73,9 +74,11 @@ def run_node(settings: NodeSettings) -> int:
     freeze_inherited_objects()  # and for the fork server and workers forked below
     exit_code = 0
 
+    # A job's calls get the job's own token (BURLA_JOB_TOKEN), never the node's: not in their
+    # environment, nor in the exec-time block they inherit from this process when forked.
+    erase_variable(ENV_TOKEN)
     env = dict(os.environ)
     env[ENV_HEAD_URL] = settings.head_url
-    env.pop(ENV_TOKEN, None)  # a job's calls get the job's own token (BURLA_JOB_TOKEN), never the node's
     env[ENV_NODE_ID] = settings.node_id
     lifeline = () if settings.lifeline_fd is None else (settings.lifeline_fd,)
     gpus = Gpus(settings.gpu, settings.gpu_count)
