@@ -19,6 +19,7 @@ import sys
 
 import pytest
 
+from burla.web.scoped_tokens import node_token
 from tests.conftest import start_head, wait_for_nodes
 from tests.helpers import client_env, finish_client, get_json, run_client_in, start_client, wait_until
 from tests.vm_standin import MotoVmFarm
@@ -81,9 +82,12 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         assert node["node_id"] == node_id
         assert any("node supervise" in c and "--head http://127.0.0.1:" in c for c in vm.commands), vm.commands
 
-        # Secrets arrive as private files, never in user data; the key pair is the cluster's.
+        # Secrets arrive as private files, never in user data; the key pair is the cluster's. The VM
+        # holds its node's own token, never the cluster's: a job's code runs there.
         token_file = vm.home / ".burla" / "config" / "cluster_token"
-        assert token_file.read_text().strip() == head.token
+        assert token_file.read_text().strip() == node_token(head.token, node_id)
+        assert head.token not in "".join(p.read_text(errors="replace") for p in vm.home.rglob("*")
+                                         if p.is_file() and p.suffix not in (".whl", ".so", ".pyc"))
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         assert stat.S_IMODE((vm.home / ".burla").stat().st_mode) == 0o700
         user_data = moto.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
