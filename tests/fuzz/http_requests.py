@@ -14,6 +14,7 @@ from typing import Any
 
 from burla.head.fleet import ClusterSettings, SettingsError
 from burla.protocol import wire
+from burla.web.scoped_tokens import job_token, node_token
 from tests.fuzz.model import Context, Route
 from tests.fuzz.values import MAX_STRING, UNICODE, message, mutate, random_text, wild_value
 
@@ -134,8 +135,8 @@ def request_path(rng: random.Random, ctx: Context, route: Route, right_token_can
 
 def auth(rng: random.Random, ctx: Context, route: Route) -> tuple[str, bytes | None]:
     # WebSockets need the token to get past the handshake, where most of what they do happens.
-    weights = [80, 7, 7, 6] if route.kind == "ws" else [55, 15, 15, 15]
-    mode = rng.choices(["right", "wrong", "none", "non-utf8"], weights=weights)[0]
+    weights = [75, 7, 7, 6, 5] if route.kind == "ws" else [50, 13, 13, 12, 12]
+    mode = rng.choices(["right", "wrong", "none", "non-utf8", "scoped"], weights=weights)[0]
     return mode, auth_header(rng, ctx, mode)
 
 
@@ -147,6 +148,8 @@ def auth_header(rng: random.Random, ctx: Context, mode: str) -> bytes | None:
         return rng.choice([b"Bearer wrong", b"Bearer " + token + b"x", b"Bearer " + token[:-1], b"bearer " + token,
                            b"Basic " + base64.b64encode(b"user:" + token), b"Bearer", b"Bearer ", b"Token " + token,
                            b"Bearer " + b"A" * 5000])
+    if mode == "scoped":
+        return b"Bearer " + scoped_token(rng, ctx).encode("utf-8", "surrogateescape")
     if mode == "non-utf8":
         return rng.choice([b"Bearer \xff", b"Bearer \xc3\x28", b"\xff\xfe", b"Bearer " + token + b"\xff",
                            b"Bearer \xed\xa0\x80", b"Bearer \x80" + token])
@@ -272,3 +275,17 @@ def right_token_is_unsafe(method: bytes, target: bytes, body: bytes | None) -> b
         if "cancel" in low and not _ABSENT_CANCEL.fullmatch(target):
             return True
     return False
+
+
+def scoped_token(rng: random.Random, ctx: Context) -> str:
+    """A job's or a node's token (burla.web.scoped_tokens), valid or mangled. Node tokens name
+    made-up nodes only: a live node's own token may legitimately take its registration over."""
+    token = ctx.token.decode()
+    job = rng.choice(ctx.live_ids) if ctx.live_ids and rng.random() < 0.7 else f"fuzz-{rng.randrange(1000)}"
+    valid = rng.choice([job_token(token, job), node_token(token, f"fuzz-node-{rng.randrange(1000)}")])
+    prefix, subject, mac = valid.split(".")
+    return rng.choice([
+        valid, valid, valid + "=", valid[:-1], f"{prefix}.{subject}", f"bnt1.{subject}.{mac}", f"bjt1.{subject}.{mac}",
+        job_token("another-cluster", job), f"{prefix}.{subject}\udcff.{mac}", f"{prefix}..{mac}",
+        f"{prefix}.{'A' * 3000}.{mac}", f"{prefix}.{subject}.{mac}.{mac}",
+    ])
