@@ -303,3 +303,4 @@ class NodeSettings:
     head_cert: str | None = None  # the head's pinned certificate (an https head with a self-signed one)
     head_url_file: str | None = None  # re-read before each connection: the head URL now (a moved SSH tunnel)
     host_id: str = ""  # input_files.host_id() where workers can open clients' input files ("" in a container)
+    source_builds: bool = False  # replicating a client's packages may build source distributions (runs their code)

@@ -73,15 +73,20 @@ def _venv(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _cluster(tmp_path: Path, wheel_dir: Path, node_finds: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    """A client environment with the demo package, and a head with one node whose separate environment
-    lacks it and may install only from `node_finds`. Yields the client's Python and environment."""
+def _cluster(tmp_path: Path, wheel_dir: Path, node_finds: Path, client_gets: str = "burla-demo-pkg",
+             node_index: str | None = None) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A client environment with the demo package (installed as `client_gets` says), and a head with
+    one node whose separate environment lacks it and may install only from `node_finds`, or from
+    the index at `node_index`. Yields the client's Python and environment."""
     client_python = _venv(tmp_path / "client-env")
-    _run(str(client_python), "-m", "pip", "install", "--no-index", "--find-links", str(wheel_dir), "burla-demo-pkg")
+    _run(str(client_python), "-m", "pip", "install", "--no-index", "--find-links", str(wheel_dir), client_gets)
     node_python = _venv(tmp_path / "node-env")
     head = start_head(tmp_path / "config", local_nodes=0)
     offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(node_finds), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
                "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(node_finds)}  # pip or uv, whichever the node uses
+    if node_index is not None:
+        offline = {"PIP_INDEX_URL": node_index, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_INDEX_URL": node_index,
+                   "PIP_FIND_LINKS": "", "UV_FIND_LINKS": ""}
     node = subprocess.Popen(
         [str(node_python), "-m", "burla", "node", "join", "--head", head.url, "--workers", "1"],
         env=dict(os.environ, BURLA_CLUSTER_TOKEN=head.token, **offline), cwd=REPO,
@@ -105,6 +110,51 @@ def test_a_node_installs_what_the_client_has_and_it_lacks(wheel_dir, tmp_path):
         second = _run(str(client_python), "client.py", cwd=tmp_path, env=env)
         assert second.stdout.strip().splitlines()[-1] == "[('1.2.3', 42)]"
         assert "installing" not in second.stderr  # the same packages install nothing the second time
+
+
+@contextlib.contextmanager
+def _recording_server(directory: Path) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 serving `directory` (404 for anything else); yields its URL and
+    the paths asked of it."""
+    import functools
+    import http.server
+    import threading
+
+    asked: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        thread.join(10)
+        server.server_close()
+
+
+def test_a_package_from_a_direct_url_reaches_the_node_from_that_url_never_by_name_from_an_index(tmp_path, wheel_dir):
+    # Fails on the previous code: the node asked its index for burla-demo-pkg==1.2.3 by name, and
+    # whoever published that name there would have run code on every node.
+    empty = tmp_path / "empty-index"
+    empty.mkdir()
+    with _recording_server(wheel_dir) as (files, fetched), _recording_server(empty) as (index, asked_index):
+        wheel_url = f"{files}/burla_demo_pkg-1.2.3-py3-none-any.whl"
+        with _cluster(tmp_path, wheel_dir, empty, client_gets=f"burla-demo-pkg @ {wheel_url}",
+                      node_index=f"{index}/simple") as (client_python, env):
+            done = _run(str(client_python), "client.py", cwd=tmp_path, env=env)
+    assert done.stdout.strip().splitlines()[-1] == "[('1.2.3', 42)]"
+    assert f"installing 1 package(s) on this node: burla-demo-pkg @ {wheel_url}#sha256=" in done.stderr
+    assert fetched.count("/burla_demo_pkg-1.2.3-py3-none-any.whl") >= 2  # the client's install, then the node's
+    assert not [path for path in asked_index if "demo" in path], asked_index
 
 
 SOME_CALLS_IMPORT_IT = textwrap.dedent("""
@@ -195,3 +245,42 @@ def test_the_environment_is_read_again_after_an_installation(tmp_path, monkeypat
     finally:
         monkeypatch.undo()
         environment_changed()
+
+
+def test_only_index_installs_travel_by_name(tmp_path, monkeypatch):
+    from burla.protocol.environment import direct_references, environment_changed, not_installable_by_name
+    from burla.protocol.validation import packages_problem
+
+    digest = "ab" * 32
+    records = {
+        "from_index-1.0": None,
+        "pinned_url-2.0": {"url": "https://files.example/pinned_url-2.0-py3-none-any.whl",
+                           "archive_info": {"hashes": {"sha256": digest}}},
+        "old_pip_url-2.1": {"url": "https://files.example/old.whl#egg=x", "archive_info": {"hash": f"sha256={digest}"}},
+        "unpinned_url-3.0": {"url": "https://files.example/unpinned.whl", "archive_info": {}},
+        "from_git-4.0": {"url": "https://git.example/repo", "vcs_info": {"vcs": "git", "commit_id": "abc"}},
+        "from_path-5.0": {"url": "file:///src/thing", "dir_info": {}},
+    }
+    for name, record in records.items():
+        (tmp_path / f"{name}.dist-info").mkdir()
+        if record is not None:
+            (tmp_path / f"{name}.dist-info" / "direct_url.json").write_text(json.dumps(record))
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    environment_changed()
+    try:
+        references = direct_references()
+        skipped = not_installable_by_name()
+    finally:
+        monkeypatch.undo()
+        environment_changed()
+    assert references == {
+        "pinned-url": f"2.0 @ https://files.example/pinned_url-2.0-py3-none-any.whl#sha256={digest}",
+        "old-pip-url": f"2.1 @ https://files.example/old.whl#sha256={digest}",
+    }
+    assert set(skipped) == {"unpinned-url", "from-git", "from-path"}
+    assert "no sha256" in skipped["unpinned-url"]
+    assert packages_problem(references) is None
+    # What a node is asked for can't smuggle an installer option or a second requirement in.
+    for bad in ("2.0 @ --index-url=https://evil.example", f"2.0 @ https://x.example/a b#sha256={digest}",
+                "2.0 @ https://x.example/a.whl", f"2.0 @ file:///etc/x#sha256={digest}"):
+        assert packages_problem({"pinned-url": bad}) is not None, bad

@@ -48,6 +48,9 @@ def node() -> None:
               help="How many GPUs it offers. Default: as many as nvidia-smi lists (1 with --gpu and no nvidia-smi).")
 @click.option("--head-cert", type=click.Path(exists=True, dir_okay=False), envvar=ENV_HEAD_CERT, default=None,
               help="The head's own certificate, for an https head with a self-signed one (pinned).")
+@click.option("--allow-source-builds", is_flag=True,
+              help="Let this node build packages from source distributions when it replicates a client's packages "
+                   "(a build runs the package's code). Default: wheels only.")
 @click.option("--head-url-file", default=None, hidden=True,
               help="A file holding the head's URL, read again before each connection (a moved SSH tunnel).")
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
@@ -58,7 +61,7 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, token_file
          image: str | None, host: str, port: int, advertise_url: str | None, advertise_host: str | None,
          orphan_timeout: float, steal_ack_timeout: float,
          memory_limit_gb: float | None, gpu: str | None, gpu_count: int, head_cert: str | None,
-         head_url_file: str | None, lifeline_fd: int | None) -> None:
+         allow_source_builds: bool, head_url_file: str | None, lifeline_fd: int | None) -> None:
     """Register with a head and serve calls until stopped."""
     from burla.node.main import node_settings, run_node
 
@@ -75,6 +78,7 @@ def join(ctx: click.Context, head_url: str | None, token: str | None, token_file
         advertise_url=advertise_url, advertise_host=advertise_host, orphan_timeout=orphan_timeout,
         steal_ack_timeout=steal_ack_timeout, memory_limit_gb=memory_limit_gb, gpu=gpu, gpu_count=gpu_count,
         head_cert=head_cert, head_url_file=head_url_file, lifeline_fd=lifeline_fd,
+        source_builds=allow_source_builds,
     )
     sys.exit(run_node(settings))
 

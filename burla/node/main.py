@@ -37,7 +37,7 @@ def node_settings(head_url: str, token: str, *, workers: int | None = None, node
                   advertise_url: str | None = None, advertise_host: str | None = None, orphan_timeout: float = 60.0,
                   steal_ack_timeout: float = 5.0, memory_limit_gb: float | None = None, gpu: str | None = None,
                   gpu_count: int = 0, head_cert: str | None = None, head_url_file: str | None = None,
-                  lifeline_fd: int | None = None) -> NodeSettings:
+                  lifeline_fd: int | None = None, source_builds: bool = False) -> NodeSettings:
     """A node's settings from `burla node join`'s options (the same defaults), with what this
     machine has filled in: CPUs, memory, GPUs."""
     import secrets
@@ -61,6 +61,7 @@ def node_settings(head_url: str, token: str, *, workers: int | None = None, node
         lifeline_fd=lifeline_fd, version=__version__, host=host, port=port, head_cert=head_cert,
         advertise_url=advertise_url.rstrip("/") if advertise_url else None, advertise_host=advertise_host,
         register_deadline_s=orphan_timeout, steal_ack_timeout_s=steal_ack_timeout, head_url_file=head_url_file,
+        source_builds=source_builds,
         host_id="" if image else input_files.host_id(),  # calls in a container see other files
     )
 

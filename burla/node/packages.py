@@ -3,7 +3,9 @@
 Uses `uv pip install` when uv is on PATH, else pip, into the node's own environment (shared by
 its workers). A package set already satisfied is remembered, so the next job with the same
 packages checks nothing and installs nothing. pip's and uv's own settings apply, e.g.
-PIP_FIND_LINKS and PIP_NO_INDEX for an offline wheel directory.
+PIP_FIND_LINKS and PIP_NO_INDEX for an offline wheel directory. Wheels only (`--only-binary
+:all:`: building a source distribution runs its code) unless the node allows source builds;
+packages the client installed from a direct URL come from that URL, checked against its digest.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ log = logging.getLogger("burla.node")
 class Environment:
     """The node's Python environment, read once at start-up (off the event loop) and after installs."""
 
-    def __init__(self) -> None:
+    def __init__(self, source_builds: bool = False) -> None:
+        self._source_builds = source_builds
         self._satisfied: set[str] = set()
         self._last_satisfied: dict[str, str] = {}  # jobs of one client send the same map each time
         self._lock = asyncio.Lock()  # one installation at a time in this environment
@@ -44,8 +47,9 @@ class Environment:
             self._last_satisfied = packages
             return []
         have = dict(installed_distributions())
-        wanted = [f"{name}=={version}" for name, version in sorted(packages.items())
-                  if have.get(canonical(name)) != version and f"{name}=={version}" not in self.unavailable]
+        wanted = [requirement(name, wanted) for name, wanted in sorted(packages.items())
+                  if have.get(canonical(name)) != wanted.split(" @ ", 1)[0]
+                  and requirement(name, wanted) not in self.unavailable]
         if not wanted:
             self._satisfied.add(self._digest(packages))
             self._last_satisfied = packages
@@ -61,11 +65,11 @@ class Environment:
             if not requirements:
                 return {}
             on_line(f"[burla] installing {len(requirements)} package(s) on this node: {', '.join(requirements)}\n")
-            ok, output = await self._run_installer(requirements, on_line)
+            ok, output = await self._run_installer(requirements, on_line, self._source_builds)
             failed: dict[str, str] = {}
             if not ok:
                 for requirement in requirements if len(requirements) > 1 else []:
-                    one_ok, one_output = await self._run_installer([requirement], lambda _: None)
+                    one_ok, one_output = await self._run_installer([requirement], lambda _: None, self._source_builds)
                     if not one_ok:
                         failed[requirement] = one_output
                 if len(requirements) == 1:
@@ -76,8 +80,9 @@ class Environment:
                 reason = _last_line(why)
                 self.unavailable[requirement] = reason
                 on_line(f"[burla] this node could not install {requirement} ({reason}); calls that import it "
-                        "fail. Make it installable on the nodes (an index they reach, or PIP_FIND_LINKS) or "
-                        "install it there by hand.\n")
+                        "fail. Make it installable on the nodes (a wheel on an index they reach, or PIP_FIND_LINKS; "
+                        "a source distribution only on nodes started with --allow-source-builds) or install it "
+                        "there by hand.\n")
             self._satisfied.add(self._digest(packages))  # as satisfied as this node can make it
             installed = [r for r in requirements if r not in failed]
             if installed:
@@ -85,10 +90,13 @@ class Environment:
             return failed
 
     @staticmethod
-    async def _run_installer(requirements: list[str], on_line: Callable[[str], None]) -> tuple[bool, str]:
+    async def _run_installer(requirements: list[str], on_line: Callable[[str], None], source_builds: bool
+                             ) -> tuple[bool, str]:
         uv = shutil.which("uv")
         command = ([uv, "pip", "install", "--python", sys.executable] if uv else
                    [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
+        if not source_builds:
+            command += ["--only-binary", ":all:"]
         process = await asyncio.create_subprocess_exec(
             *command, *requirements, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
@@ -100,6 +108,13 @@ class Environment:
             lines.append(line)
             on_line(line)
         return await process.wait() == 0, "".join(lines)
+
+
+def requirement(name: str, wanted: str) -> str:
+    """What the installer is asked for: name==version from the index, or, for a package the client
+    installed from a direct URL, `name @ URL#sha256=DIGEST` (fetched from there and checked)."""
+    version, _, url = wanted.partition(" @ ")
+    return f"{name} @ {url}" if url else f"{name}=={version}"
 
 
 def _last_line(output: str) -> str:

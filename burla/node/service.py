@@ -87,7 +87,7 @@ class NodeService:
         self._leaving: str | None = None  # why this node stops on its own (None: the head asked, or silent)
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
         self.exit_code = 0
-        self.environment = Environment()
+        self.environment = Environment(settings.source_builds)
         self._installs: set[asyncio.Task] = set()
         self._last_network: tuple[float, int, int] = (0.0, 0, 0)
         self._readings: tuple[float, float, float, float] | None = None  # the last machine readings

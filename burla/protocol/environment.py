@@ -1,5 +1,11 @@
 """The client's Python environment, described for nodes to replicate: every installed
-distribution at its exact version (local modules travel separately, see local_code.py)."""
+distribution at its exact version (local modules travel separately, see local_code.py).
+
+Only what came from an index is asked of an index by name: a distribution installed from a
+direct URL travels as that URL with the digest its installer recorded (nodes fetch it from there,
+checked), and one installed from a VCS, a local path or an editable checkout, or from a URL with
+no recorded digest, is not replicated at all (the client says so). Otherwise a name published on
+the nodes' index by someone else (dependency confusion) would run their code on every node."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from burla.protocol.validation import replicable_package
+from burla.protocol.validation import DIRECT_REFERENCE, matches, replicable_package
 
 # Never installed by a node: burla itself (the node runs its own), and packaging tools.
 NOT_REPLICATED = frozenset({"burla", "pip", "setuptools", "wheel", "uv"})
@@ -42,14 +48,22 @@ def environment_changed() -> None:
 
 def not_installable_by_name() -> dict[str, str]:
     """Distributions here that a node can't install as name==version, with how they were
-    installed: editable (their modules travel as local code), from a VCS, or from a local path."""
+    installed: editable (their modules travel as local code), from a VCS, from a local path, or
+    from a URL without a recorded digest."""
     return _scan()[1]
 
 
+def direct_references() -> dict[str, str]:
+    """Distributions here installed from a direct URL with a recorded sha256: name -> the
+    "VERSION @ URL#sha256=DIGEST" nodes install them by (validation.DIRECT_REFERENCE)."""
+    return _scan()[2]
+
+
 @functools.lru_cache(maxsize=1)
-def _scan() -> tuple[dict[str, str], dict[str, str]]:
+def _scan() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     found: dict[str, str] = {}
     direct: dict[str, str] = {}
+    references: dict[str, str] = {}
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -74,31 +88,41 @@ def _scan() -> tuple[dict[str, str], dict[str, str]]:
                 if canonical(name) in found:
                     continue  # the first on sys.path is what imports
                 found[canonical(name)] = version
-                how = _installed_how(os.path.join(entry or ".", dirname))
-                if how is not None:
+                how, reference = _installed_how(os.path.join(entry or ".", dirname), version)
+                if reference is not None:
+                    references[canonical(name)] = reference
+                elif how is not None:
                     direct[canonical(name)] = how
-    return found, direct
+    return found, direct, references
 
 
-def _installed_how(dist_dir: str) -> str | None:
+def _installed_how(dist_dir: str, version: str) -> tuple[str | None, str | None]:
     """How a distribution was installed if not from an index by name (PEP 610's direct_url.json,
-    which installers write only for direct installs), else None."""
+    which installers write only for direct installs), or the direct reference nodes install it
+    by; (None, None) for an index install."""
     path = os.path.join(dist_dir, "direct_url.json")
     if not os.path.exists(path):
-        return None
+        return None, None
     try:
         with open(path) as file:
             info = json.load(file)
     except (OSError, ValueError):
-        return None
+        return "from a direct URL whose record can't be read", None
     url = str(info.get("url", ""))
     if (info.get("dir_info") or {}).get("editable"):
-        return f"editable from {url.removeprefix('file://')}"
+        return f"editable from {url.removeprefix('file://')}", None
     if "vcs_info" in info:
-        return f"from {info['vcs_info'].get('vcs', 'a VCS')} at {url}"
+        return f"from {info['vcs_info'].get('vcs', 'a VCS')} at {url}", None
     if url.startswith("file://"):
-        return f"from the local path {url.removeprefix('file://')}"
-    return None  # a direct URL to an archive: a node can fetch it by name==version only from an index
+        return f"from the local path {url.removeprefix('file://')}", None
+    archive = info.get("archive_info") or {}
+    digest = (archive.get("hashes") or {}).get("sha256") or ""
+    if not digest and str(archive.get("hash", "")).startswith("sha256="):
+        digest = str(archive["hash"]).removeprefix("sha256=")
+    reference = f"{version} @ {url.split('#', 1)[0]}#sha256={digest}"
+    if digest and matches(DIRECT_REFERENCE, reference):
+        return None, reference
+    return f"from the URL {url} with no sha256 its installer recorded", None
 
 
 _prefetch: concurrent.futures.Future | None = None
@@ -130,8 +154,9 @@ def client_packages() -> dict[str, str]:
     if _packages is None:
         prefetch()
         assert _prefetch is not None
-        skipped = not_installable_by_name()
-        _packages = {name: version for name, version in _prefetch.result() if name not in skipped}
+        skipped, references = not_installable_by_name(), direct_references()
+        _packages = {name: references.get(name, version) for name, version in _prefetch.result()
+                     if name not in skipped}
     return _packages
 
 

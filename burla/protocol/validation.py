@@ -18,6 +18,10 @@ JOB_ID = re.compile(r"[\w.-]{1,200}")
 # An installed distribution's canonical name and version, as `pip install NAME==VERSION` takes.
 PACKAGE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,198}[a-z0-9])?")
 PACKAGE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}")
+# A package installed from a direct URL travels as "VERSION @ URL#sha256=DIGEST": nodes fetch it from
+# that URL, checked against the digest its installer recorded, never by name from an index.
+DIRECT_REFERENCE = re.compile(r"(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}) @ "
+                              r"(?P<url>https?://[A-Za-z0-9._~:/?&=%+@!$'()*,;\[\]-]{1,2000}#sha256=[0-9a-f]{64})")
 MAX_PACKAGES = 100_000
 GPU_CHOICES = ("T4", "A100", "A100_40G", "A100_80G", "H100", "H100_80G")
 
@@ -27,7 +31,7 @@ def matches(pattern: re.Pattern[str], value: object) -> bool:
 
 
 def replicable_package(name: str, version: str) -> bool:
-    return matches(PACKAGE_NAME, name) and matches(PACKAGE_VERSION, version)
+    return matches(PACKAGE_NAME, name) and (matches(PACKAGE_VERSION, version) or matches(DIRECT_REFERENCE, version))
 
 
 _last_valid_packages: dict = {}  # a client sends the same map with every job: checked once
@@ -45,6 +49,6 @@ def packages_problem(packages: object) -> str | None:
     for name, version in packages.items():
         if not replicable_package(name, version):
             return (f"packages entry {str(name)[:100]!r}: {str(version)[:100]!r} is not a canonical distribution "
-                    "name and a version")
+                    "name and a version (or 'VERSION @ URL#sha256=DIGEST')")
     _last_valid_packages = packages
     return None
