@@ -102,6 +102,7 @@ class FakeAzure(ImageApi, FakeCloudApi):
             "Microsoft.Authorization/*/Delete", "Microsoft.Authorization/*/Write",
             "Microsoft.Authorization/elevateAccess/Action"], "dataActions": [], "notDataActions": []}]
         self.security_groups: dict[str, dict] = {}
+        self.application_groups: dict[str, dict] = {}  # resource id -> the group (its location)
         self.role_assignments: dict[str, dict] = {}
         self.public_ips: dict[tuple[str, str, str], dict] = {}
         self.network_interfaces: dict[tuple[str, str, str], dict] = {}
@@ -173,6 +174,7 @@ class FakeAzure(ImageApi, FakeCloudApi):
         app.router.add_get("/blobs/{blob}", self.blob)
         network, authorization = GROUP + "/providers/Microsoft.Network", GROUP + "/providers/Microsoft.Authorization"
         app.router.add_put(network + "/networkSecurityGroups/{name}", self.put_security_group)
+        app.router.add_put(network + "/applicationSecurityGroups/{name}", self.put_application_group)
         app.router.add_get(network + "/publicIPAddresses/{name}", self.get_public_ip)
         app.router.add_get(network + "/networkInterfaces/{name}", self.get_network_interface)
         app.router.add_put(authorization + "/roleAssignments/{name}", self.put_role_assignment)
@@ -238,11 +240,10 @@ class FakeAzure(ImageApi, FakeCloudApi):
         properties = body["properties"]
         subnet = properties["networkProfile"]["networkInterfaceConfigurations"][0]["properties"][
             "ipConfigurations"][0]["properties"]["subnet"]["id"]
-        vnet_name = subnet.split("/virtualNetworks/")[1].split("/")[0]
-        if (m["subscription"], m["group"], vnet_name) not in self.networks:
-            return self._error(404, "InvalidResourceReference", f"Resource {subnet} referenced by resource "
-                                                                f"{request.path} was not found.")
         size, location = properties["hardwareProfile"]["vmSize"], body["location"]
+        refused = self._nic_refusal(properties, location, request.path, (m["subscription"], m["group"]))
+        if refused is not None:
+            return refused
         if size not in VM_SIZES:
             return self._error(400, "InvalidParameter", f"The value {size} provided for the VM size is not valid. "
                                "The valid sizes in the current region are listed by `az vm list-sizes`.")
@@ -452,11 +453,105 @@ class FakeAzure(ImageApi, FakeCloudApi):
         if missing is not None:
             return missing
         m, body = request.match_info, request[JSON_BODY]
+        rules = body["properties"].get("securityRules", [])
+        refused = self._rules_refusal(rules, body["location"], request.path)
+        if refused is not None:
+            return refused
         group = self.fixture("network_security_group", subscription=m["subscription"], group=m["group"],
-                             name=m["name"], location=body["location"], tags=body.get("tags", {}),
-                             rules=body["properties"].get("securityRules", []))
+                             name=m["name"], location=body["location"], tags=body.get("tags", {}), rules=rules)
         self.security_groups[request.path] = group
         return json_response(group, 201)
+
+    def _rules_refusal(self, rules: list, location: str, path: str) -> web.Response | None:
+        """What Network refuses in a security group's rules: a priority outside 100-4096 or used twice
+        in one direction, a rule with both or neither of an address prefix and application security
+        groups as its source, and a group that doesn't exist or is in another region
+        (learn.microsoft.com/azure/virtual-network/network-security-groups-overview#security-rules,
+        learn.microsoft.com/azure/virtual-network/application-security-groups#allow-database-businesslogic)."""
+        seen: set[tuple[str, int]] = set()
+        for rule in rules:
+            props = rule["properties"]
+            key = (props["direction"], props["priority"])
+            if not 100 <= props["priority"] <= 4096 or key in seen:
+                return self._error(400, "SecurityRuleInvalidPriority" if key not in seen else
+                                   "SecurityRulesWithSamePriorityAndDirection",
+                                   f"Security rule {rule['name']} has an invalid or repeated priority.")
+            seen.add(key)
+            for side in ("source", "destination"):
+                groups = props.get(f"{side}ApplicationSecurityGroups")
+                if (groups is None) == (f"{side}AddressPrefix" not in props):
+                    return self._error(400, "SecurityRuleParameterContainsUnsupportedValue",
+                                       f"Security rule {rule['name']} needs exactly one {side}: an address prefix "
+                                       "or application security groups.")
+                for asg in groups or []:
+                    found = self.application_groups.get(asg["id"])
+                    if found is None:
+                        return self._error(400, "InvalidResourceReference", f"Resource {asg['id']} referenced by "
+                                           f"resource {path} was not found.")
+                    if found["location"] != location:
+                        return self._error(400, "ApplicationSecurityGroupNotInSameRegion",
+                                           f"Application security group {asg['id']} is not in region {location}.")
+        return None
+
+    def _nic_refusal(self, properties: dict, location: str, path: str, group: tuple[str, str]) -> web.Response | None:
+        """A NIC's subnet and application security groups must exist, the groups in the VM's region."""
+        ip_configuration = properties["networkProfile"]["networkInterfaceConfigurations"][0]["properties"][
+            "ipConfigurations"][0]["properties"]
+        subnet = ip_configuration["subnet"]["id"]
+        if (*group, subnet.split("/virtualNetworks/")[1].split("/")[0]) not in self.networks:
+            return self._error(404, "InvalidResourceReference", f"Resource {subnet} referenced by resource "
+                                                                f"{path} was not found.")
+        for asg in ip_configuration.get("applicationSecurityGroups", []):
+            found = self.application_groups.get(asg["id"])
+            if found is None or found["location"] != location:
+                return self._error(400, "InvalidResourceReference", f"Resource {asg['id']} referenced by resource "
+                                   f"{path} was not found in {location}.")
+        return None
+
+    async def put_application_group(self, request: web.Request) -> web.Response:
+        missing = self._group_or_404(request)
+        if missing is not None:
+            return missing
+        body = request[JSON_BODY]
+        group = {"id": request.path, "name": request.match_info["name"], "location": body["location"],
+                 "tags": body.get("tags", {}), "type": "Microsoft.Network/applicationSecurityGroups",
+                 "properties": {"provisioningState": "Succeeded"}}
+        self.application_groups[request.path] = group
+        return json_response(group, 201)
+
+    def admits(self, vm_name: str, port: int, source: str) -> bool:
+        """Whether the security group of VM `vm_name` lets a TCP connection to `port` in from
+        `source` (another VM of this fake, by name, or "internet"), as Azure evaluates it: the
+        inbound rules by priority, the first match decides; then the default rules
+        AllowVnetInBound (65000), AllowAzureLoadBalancerInBound (65001), DenyAllInBound (65500)."""
+        target = self._nic_of(vm_name)
+        nsg = self.security_groups[target["networkSecurityGroup"]["id"]]
+        source_nic = self._nic_of(source) if source != "internet" else None
+        # The VirtualNetwork tag covers the target's own virtual network (peerings aside).
+        same_network = source_nic is not None and _network_of(source_nic) == _network_of(target)
+
+        def matches_side(props: dict, side: str, nic: dict | None) -> bool:
+            groups = props.get(f"{side}ApplicationSecurityGroups")
+            if groups is not None:
+                return nic is not None and bool({g["id"] for g in groups} & {g["id"] for g in
+                                                 nic.get("applicationSecurityGroups", [])})
+            prefix = props[f"{side}AddressPrefix"]
+            return prefix == "*" or (prefix == "VirtualNetwork" and (side == "destination" or same_network))
+
+        rules = sorted((r["properties"] for r in nsg["properties"]["securityRules"]
+                        if r["properties"]["direction"] == "Inbound"), key=lambda p: p["priority"])
+        for props in rules:
+            ports = props["destinationPortRange"]
+            if (props["protocol"] in ("Tcp", "*") and (ports == "*" or ports == str(port))
+                    and matches_side(props, "source", source_nic) and matches_side(props, "destination", target)):
+                return props["access"] == "Allow"
+        return same_network  # AllowVnetInBound, else DenyAllInBound
+
+    def _nic_of(self, vm_name: str) -> dict:
+        """The NIC configuration a VM was created with (its ip configuration's properties, and its NSG)."""
+        machine = next(vm for (_, _, name), vm in self.machines.items() if name == vm_name)
+        nic = machine["properties"]["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+        return {**nic["ipConfigurations"][0]["properties"], "networkSecurityGroup": nic.get("networkSecurityGroup")}
 
     async def get_public_ip(self, request: web.Request) -> web.Response:
         m = request.match_info
@@ -494,3 +589,7 @@ class FakeAzure(ImageApi, FakeCloudApi):
         now = int(time.time())
         return json_response(self.fixture("managed_identity_token", access_token=token, expires_on=str(now + 86399),
                                           not_before=str(now - 300), resource=request.query.get("resource", "")))
+
+
+def _network_of(ip_configuration: dict) -> str:
+    return ip_configuration["subnet"]["id"].split("/subnets/")[0]

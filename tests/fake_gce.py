@@ -385,7 +385,11 @@ class FakeGce(BillingCatalog, FakeCloudApi):
                                                 "already exists")
         firewall = self.fixture("firewall", project=project, name=body["name"], firewall_id=str(next(self._ids)),
                                 description=body.get("description") or "", network=body["network"],
-                                source_ranges=body.get("sourceRanges", []), target_tags=body.get("targetTags", []),
+                                # An ingress rule with no source admits every address (0.0.0.0/0):
+                                # cloud.google.com/firewall/docs/firewalls#sources_for_rules
+                                source_ranges=body.get("sourceRanges") or ([] if body.get("sourceTags") else
+                                                                           ["0.0.0.0/0"]),
+                                source_tags=body.get("sourceTags", []), target_tags=body.get("targetTags", []),
                                 allowed=body.get("allowed", []))
         self.firewalls[(project, body["name"])] = firewall
         op_name = f"operation-{next(self._ids)}"
@@ -393,6 +397,35 @@ class FakeGce(BillingCatalog, FakeCloudApi):
                           op_name=op_name, op_type="insert", target_id=firewall["id"])
         self.operations[op_name] = op
         return json_response(op)
+
+    def admits(self, target_name: str, port: int, source: str) -> bool:
+        """Whether VPC firewall rules let a TCP connection to `port` of instance `target_name` in from
+        instance `source` (by name) or "internet": ingress is denied unless a rule allows it; a rule
+        applies to instances with one of its target tags (or to all), and admits sources in its
+        source ranges, or instances of the same network carrying one of its source tags
+        (cloud.google.com/firewall/docs/firewalls#sources_for_rules)."""
+        target = next(i for i in self.instances.values() if i["name"] == target_name)
+        origin = next((i for i in self.instances.values() if i["name"] == source), None)
+
+        def tags(instance: dict | None) -> set[str]:
+            return set((instance or {}).get("tags", {}).get("items", []))
+
+        def network(instance: dict) -> str:
+            return instance["networkInterfaces"][0].get("network", "").rsplit("/", 1)[-1]
+
+        for rule in self.firewalls.values():
+            targets = set(rule.get("targetTags", []))
+            if targets and not targets & tags(target):
+                continue
+            if not any(a.get("IPProtocol") in ("tcp", "all") and _port_in(port, a.get("ports")) for a in
+                       rule.get("allowed", [])):
+                continue
+            if "0.0.0.0/0" in rule.get("sourceRanges", []):
+                return True
+            if origin is not None and network(origin) == network(target) and set(rule.get("sourceTags", [])) & tags(
+                    origin):
+                return True
+        return False
 
     async def get_firewall(self, request: web.Request) -> web.Response:
         m = request.match_info
@@ -536,3 +569,14 @@ class FakeGce(BillingCatalog, FakeCloudApi):
         link = f"https://www.googleapis.com/compute/v1/projects/{project}/aggregated/instances"
         return json_response({"kind": "compute#instanceAggregatedList", "items": items, "selfLink": link,
                               "id": f"projects/{project}/aggregated/instances"})
+
+
+def _port_in(port: int, ports: list[str] | None) -> bool:
+    """Whether a firewall rule's ports ("22", "0-65535"; none: every port) include `port`."""
+    if not ports:
+        return True
+    for entry in ports:
+        low, _, high = entry.partition("-")
+        if int(low) <= port <= int(high or low):
+            return True
+    return False

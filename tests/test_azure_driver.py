@@ -76,10 +76,10 @@ def azure(monkeypatch, tmp_path):
         fake.stop()
 
 
-def _driver(region: str | None = None):
+def _driver(region: str | None = None, cluster_id: str = "cluster-1", **environ: str):
     from burla.drivers.azure import AzureConfig, AzureDriver
 
-    return AzureDriver(AzureConfig.from_environment(dict(os.environ), region, "cluster-1"))
+    return AzureDriver(AzureConfig.from_environment({**os.environ, **environ}, region, cluster_id))
 
 
 def _azure_head(azure, tmp_path, monkeypatch, wheelhouse, *extra: str):
@@ -122,11 +122,11 @@ def test_vm_request_carries_the_ssh_key_tags_spot_and_size_then_list_and_delete(
     assert len(azure.logged("POST", "/oauth2/v2.0/token")) == 1
     assert azure.logged("POST", "/oauth2/v2.0/token")[0].path == f"/{TENANT}/oauth2/v2.0/token"
     puts = [r.path for r in azure.logged("PUT")]
-    nodes_group = f"{group}/providers/Microsoft.Network/networkSecurityGroups/burla-nodes-westeurope"
-    assert puts[:3] == [group, f"{group}/providers/Microsoft.Network/virtualNetworks/burla-westeurope", nodes_group]
-    assert sorted(puts[3:]) == sorted(f"{group}/providers/Microsoft.Compute/virtualMachines/{n}" for n in booted)
-    [rule] = azure.logged("PUT", "/networkSecurityGroups/")[0].body["properties"]["securityRules"]
-    assert (rule["properties"]["destinationPortRange"], rule["properties"]["access"]) == ("22", "Allow")
+    nodes_group = f"{group}/providers/Microsoft.Network/networkSecurityGroups/burla-nodes-cluster-1-westeurope"
+    peers = f"{group}/providers/Microsoft.Network/applicationSecurityGroups/burla-nodes-cluster-1-westeurope"
+    assert puts[:4] == [group, f"{group}/providers/Microsoft.Network/virtualNetworks/burla-westeurope", peers,
+                        nodes_group]
+    assert sorted(puts[4:]) == sorted(f"{group}/providers/Microsoft.Compute/virtualMachines/{n}" for n in booted)
     vm = next(r for r in azure.logged("PUT", "/virtualMachines/") if r.path.endswith(booted[0]))
     assert vm.query["api-version"] == "2024-07-01"
     body = vm.body
@@ -143,6 +143,7 @@ def test_vm_request_carries_the_ssh_key_tags_spot_and_size_then_list_and_delete(
     public_ip = nic["properties"]["ipConfigurations"][0]["properties"]["publicIPAddressConfiguration"]
     assert public_ip["properties"]["deleteOption"] == "Delete"
     assert nic["properties"]["networkSecurityGroup"] == {"id": nodes_group}
+    assert nic["properties"]["ipConfigurations"][0]["properties"]["applicationSecurityGroups"] == [{"id": peers}]
     # The cluster's key for user burla; no custom data and no secret anywhere.
     assert properties["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"] == [
         {"path": "/home/burla/.ssh/authorized_keys", "keyData": CLUSTER_KEY}]
@@ -536,6 +537,8 @@ def test_azure_refuses_imaging_steps_out_of_order_and_images_from_another_region
             assert image["properties"]["provisioningState"] == "Succeeded"
             body = azure.logged("PUT", f"/virtualMachines/{builder}")[0].body
             body["properties"]["storageProfile"]["imageReference"] = {"id": image["id"]}
+            nic = body["properties"]["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+            nic["ipConfigurations"][0]["properties"].pop("applicationSecurityGroups")  # westus3's: refused too
             with pytest.raises(CloudRefused, match="a VM in eastus can't use it"):
                 await driver._call(request(f"{group}/virtualMachines/elsewhere", "PUT", {**body, "location": "eastus"}))
         finally:
@@ -606,3 +609,28 @@ def test_an_image_builder_is_the_smallest_size_of_its_family_the_subscription_ma
     # in eastus (spelt as the portal does) builds there, where the 2-vCPU Arm size is allowed.
     assert asyncio.run(builders()) == ["Standard_D2as_v5", "Standard_D4ps_v5", "Standard_NC24ads_A100_v4",
                                        "Standard_D2as_v5", "Standard_D4ps_v5", "Standard_D2ps_v5"]
+
+
+def test_a_nodes_ports_admit_its_own_clusters_nodes_only(azure):
+    # Fails on the previous code: the shared group opened only port 22 and left the rest to Azure's
+    # default AllowVnetInBound, so any VM in the network (another cluster's, in the same resource
+    # group) reached every node's port.
+    shared = {"BURLA_AZURE_RESOURCE_GROUP": "shared"}  # one group, so one virtual network, for both clusters
+    ours = _driver(region="westeurope", **shared)
+    theirs = _driver(region="westeurope", cluster_id="cluster-2", **shared)
+
+    async def boot(driver, count):
+        request = BootRequest(count, "http://10.0.0.2:5001", "t", 2, "Standard_D2as_v5", ssh_public_key=CLUSTER_KEY)
+        try:
+            return await driver.boot(request)
+        finally:
+            await driver.close()
+
+    mine = asyncio.run(boot(ours, 2))
+    [stranger] = asyncio.run(boot(theirs, 1))
+    node_port = 41234  # nodes listen on a port of their choosing
+    assert azure.admits(mine[0], node_port, mine[1]) and azure.admits(mine[1], node_port, mine[0])
+    assert not azure.admits(mine[0], node_port, stranger)  # same network, another cluster
+    assert not azure.admits(stranger, node_port, mine[0])
+    assert not azure.admits(mine[0], node_port, "internet")
+    assert azure.admits(mine[0], 22, "internet") and azure.admits(mine[0], 22, stranger)  # the head's SSH

@@ -300,3 +300,57 @@ def test_renewed_credentials_are_used_and_expired_ones_name_the_login(moto, ec2_
 
     first, second, listed = asyncio.run(scenario())
     assert (first, second, listed) == ("AKIAFIRST", "AKIASECOND", [])
+
+
+def _admits(ec2, target: dict, port: int, source: dict | None) -> bool:
+    """Whether EC2 lets a TCP connection to `port` of instance `target` in from instance `source`
+    (None: the internet), by the instance's security groups as AWS evaluates them: rules only
+    allow, any rule of any attached group that matches allows; a rule naming a group matches the
+    instances that group is attached to (docs.aws.amazon.com/vpc/latest/userguide/security-group-rules.html)."""
+    group_ids = sorted(_groups_of(target))
+    source_groups = _groups_of(source) if source is not None else set()
+    for group in ec2.describe_security_groups(GroupIds=group_ids)["SecurityGroups"]:
+        for rule in group.get("IpPermissions", []):
+            if rule.get("IpProtocol") not in ("tcp", "-1") or not rule.get("FromPort", 0) <= port <= rule.get("ToPort",
+                                                                                                           65535):
+                continue
+            if any(r.get("CidrIp") == "0.0.0.0/0" for r in rule.get("IpRanges", [])):
+                return True
+            if {pair["GroupId"] for pair in rule.get("UserIdGroupPairs", [])} & source_groups:
+                return True
+    return False
+
+
+def _groups_of(instance: dict) -> set[str]:
+    """An instance's security groups: those of its network interfaces (where a launch with a
+    network interface puts them), as the instance's own list reports them on AWS."""
+    return ({g["GroupId"] for g in instance["SecurityGroups"]}
+            | {g["GroupId"] for interface in instance.get("NetworkInterfaces", []) for g in interface["Groups"]})
+
+
+def test_a_nodes_ports_admit_its_own_clusters_nodes_only(moto, ec2_rules):
+    # Fails on the previous code: every cluster's nodes shared one group "burla-nodes" admitting
+    # any port from its members, so another cluster's node in the VPC reached this cluster's.
+    import asyncio
+
+    from burla.drivers.base import BootRequest
+    from burla.drivers.ec2 import Ec2Config, Ec2Driver
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGSoU/Sv+4Aho0bDRzg6Jfw/gNeQpWA7MK3bgrvqtfIJ burla-cluster"
+
+    async def boot(cluster_id: str, count: int) -> list[str]:
+        driver = Ec2Driver(Ec2Config.from_environment(dict(os.environ), None, cluster_id))
+        try:
+            return await driver.boot(BootRequest(count, "http://10.0.0.2:5001", "t", 2, "m7i.large",
+                                                 ssh_public_key=key))
+        finally:
+            await driver.close()
+
+    mine, theirs = asyncio.run(boot("ours", 2)), asyncio.run(boot("theirs", 1))
+    by_name = {next(t["Value"] for t in i["Tags"] if t["Key"] == "burla-node-id"): i for i in _instances(moto)}
+    a, b, stranger = by_name[mine[0]], by_name[mine[1]], by_name[theirs[0]]
+    node_port = 41234  # nodes listen on a port of their choosing
+    assert _admits(moto, a, node_port, b) and _admits(moto, b, node_port, a)
+    assert not _admits(moto, a, node_port, stranger) and not _admits(moto, stranger, node_port, a)
+    assert not _admits(moto, a, node_port, None)
+    assert _admits(moto, a, 22, None)  # the head's SSH (logins take the cluster's key only)

@@ -71,10 +71,10 @@ def gce(monkeypatch, tmp_path):
         fake.stop()
 
 
-def _driver(region: str | None = None):
+def _driver(region: str | None = None, cluster_id: str = "cluster-1"):
     from burla.drivers.gce import GceConfig, GceDriver
 
-    return GceDriver(GceConfig.from_environment(dict(os.environ), region, "cluster-1"))
+    return GceDriver(GceConfig.from_environment(dict(os.environ), region, cluster_id))
 
 
 CLUSTER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGSoU/Sv+4Aho0bDRzg6Jfw/gNeQpWA7MK3bgrvqtfIJ burla-cluster-1"
@@ -306,7 +306,8 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
         # unless a rule does): the driver made the nodes' own.
         rules = {f.body["name"]: f.body for f in gce.logged("POST", "/global/firewalls")}
         assert rules["burla-nodes-ssh-default"]["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
-        assert rules["burla-nodes-internal-default"]["sourceTags"] == ["burla-node"]
+        [peers] = [rule for name, rule in rules.items() if name.startswith("burla-peers-")]
+        assert peers["sourceTags"] == peers["targetTags"] and peers["sourceTags"][0].startswith("burla-node-")
         assert get_json(head, "/v1/cluster")["nodes"][0]["node_id"] == node_id
         assert run_client_in(client_venv, head, """
             import json
@@ -605,3 +606,22 @@ def test_a_baked_image_deleted_since_the_lookup_leaves_the_boot_on_the_stock_ima
     assert len(asyncio.run(boot())) == 1
     [vm] = gce.instances.values()
     assert "/debian-cloud/global/images/debian-12" in vm["sourceImage"]
+
+
+def test_a_nodes_ports_admit_its_own_clusters_nodes_only(gce):
+    # Fails on the previous code: one rule admitted any port from every instance tagged burla-node,
+    # whichever cluster it belonged to.
+    async def boot(cluster_id: str, count: int) -> list[str]:
+        driver = _driver(cluster_id=cluster_id)
+        try:
+            return await driver.boot(BootRequest(count, "http://10.0.0.2:5001", "t", 2, "n4-standard-2",
+                                                 ssh_public_key=CLUSTER_KEY))
+        finally:
+            await driver.close()
+
+    mine, [stranger] = asyncio.run(boot("ours", 2)), asyncio.run(boot("theirs", 1))
+    node_port = 41234  # nodes listen on a port of their choosing
+    assert gce.admits(mine[0], node_port, mine[1]) and gce.admits(mine[1], node_port, mine[0])
+    assert not gce.admits(mine[0], node_port, stranger) and not gce.admits(stranger, node_port, mine[0])
+    assert not gce.admits(mine[0], node_port, "internet")
+    assert gce.admits(mine[0], 22, "internet")  # the head's SSH (logins take the cluster's key only)

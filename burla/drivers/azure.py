@@ -10,9 +10,12 @@ Resource Manager connection.
   (apache/libcloud#1893), so burla sends its own PUT through libcloud's connection: NIC, public IP
   and OS disk are created inline and deleted with the VM. Listing and deletion use libcloud's calls.
 - Node VMs carry only the power-off timer as custom data (no secret): `linuxConfiguration.ssh`
-  authorises the cluster's SSH key for user `burla`, the network security group
-  `burla-nodes-<region>` opens port 22 (the virtual network's own traffic is allowed by Azure's
-  default rules), and the head sets them up over SSH (`burla.drivers.ssh`).
+  authorises the cluster's SSH key for user `burla`, and the head sets them up over SSH
+  (`burla.drivers.ssh`). Their network security group `burla-nodes-<cluster>-<region>` opens
+  port 22, admits the nodes' own ports only from the cluster's application security group (which
+  every node's NIC joins), and denies the rest of the virtual network, which Azure's default rule
+  AllowVnetInBound (priority 65000) would otherwise let in: other clusters in the same resource
+  group share the network.
 """
 
 from __future__ import annotations
@@ -175,7 +178,8 @@ class AzureDriver(ThreadedCloudDriver):
         body = vm_body(self._image(driver, request, region), node_id, size, request.disk_gb, request.spot,
                        dead_man_script(request.power_off_after_s) if request.power_off_after_s else None,
                        region, subnet, {CLUSTER_TAG: self.config.cluster_id, NODE_TAG: node_id},
-                       security_group=self._node_security_group(driver, region), ssh_key=request.ssh_public_key)
+                       security_group=self._node_security_group(driver, region), ssh_key=request.ssh_public_key,
+                       application_security_group=self._node_application_group(driver, region))
         try:
             self._put(driver, path, VM_API, body)
             return node_id
@@ -205,17 +209,32 @@ class AzureDriver(ThreadedCloudDriver):
             return baked
         return stock_image(self.config.image, request.machine_type or DEFAULT_MACHINE_TYPE)
 
-    def _node_security_group(self, driver, region: str) -> str:
-        """`burla-nodes-<region>`: SSH in (logins take the cluster's key only); created once per region."""
-        path = f"{self.group_path}/providers/Microsoft.Network/networkSecurityGroups/burla-nodes-{region}"
+    def _node_application_group(self, driver, region: str) -> str:
+        """`burla-nodes-<cluster>-<region>`, the application security group this cluster's nodes join
+        (regional, like the NICs in it: learn.microsoft.com/azure/virtual-network/application-security-groups)."""
+        path = (f"{self.group_path}/providers/Microsoft.Network/applicationSecurityGroups/"
+                f"burla-nodes-{self.config.cluster_id}-{region}")
         with self._network_lock:
             if path not in self._networks_ready:
-                rule = {"name": "burla-ssh", "properties": {
-                    "priority": 1000, "direction": "Inbound", "access": "Allow", "protocol": "Tcp",
-                    "sourceAddressPrefix": "*", "sourcePortRange": "*", "destinationAddressPrefix": "*",
-                    "destinationPortRange": "22"}}
+                tags = {CLUSTER_TAG: self.config.cluster_id}
+                self._put(driver, path, NETWORK_API, {"location": region, "tags": tags})
+                self._networks_ready.add(path)
+        return path
+
+    def _node_security_group(self, driver, region: str) -> str:
+        """`burla-nodes-<cluster>-<region>`: SSH in (logins take the cluster's key only), the nodes'
+        ports from this cluster's nodes only; created once per region. Rules are taken in priority
+        order, the first match decides (learn.microsoft.com/azure/virtual-network/network-security-groups-overview)."""
+        path = (f"{self.group_path}/providers/Microsoft.Network/networkSecurityGroups/"
+                f"burla-nodes-{self.config.cluster_id}-{region}")
+        peers = self._node_application_group(driver, region)
+        with self._network_lock:
+            if path not in self._networks_ready:
+                rules = [_rule("burla-ssh", 1000, "Allow", source="*", ports="22"),
+                         _rule("burla-peers", 1100, "Allow", source_group=peers, ports="*", target_group=peers),
+                         _rule("burla-deny-network", 4000, "Deny", source="VirtualNetwork", ports="*", protocol="*")]
                 self._put(driver, path, NETWORK_API, {"location": region, "tags": {CLUSTER_TAG: self.config.cluster_id},
-                                                      "properties": {"securityRules": [rule]}})
+                                                      "properties": {"securityRules": rules}})
                 self._networks_ready.add(path)
         return path
 
@@ -454,3 +473,20 @@ _STATES = {"running": MachineState.RUNNING, "pending": MachineState.BOOTING, "up
 
 CONFIG = AzureConfig  # for burla.drivers.registry
 DRIVER = AzureDriver
+
+
+def _rule(name: str, priority: int, access: str, ports: str, source: str | None = None,
+          source_group: str | None = None, target_group: str | None = None, protocol: str = "Tcp") -> dict[str, Any]:
+    """An inbound security rule: from an address prefix or service tag (`source`), or from the VMs
+    of an application security group (`source_group`), to every address or to a group's VMs."""
+    properties: dict[str, Any] = {"priority": priority, "direction": "Inbound", "access": access,
+                                  "protocol": protocol, "sourcePortRange": "*", "destinationPortRange": ports}
+    if source_group is not None:
+        properties["sourceApplicationSecurityGroups"] = [{"id": source_group}]
+    else:
+        properties["sourceAddressPrefix"] = source
+    if target_group is not None:
+        properties["destinationApplicationSecurityGroups"] = [{"id": target_group}]
+    else:
+        properties["destinationAddressPrefix"] = "*"
+    return {"name": name, "properties": properties}

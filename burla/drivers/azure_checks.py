@@ -71,8 +71,9 @@ def azure_checks(azure: CheckedAzure, driver: Any, size: str) -> list[CloudCheck
         checks.append(CloudCheck("vCPU quota", CloudCheck.OK if fits else CloudCheck.FAIL,
                                  f"{room.name}: {room.limit} vCPUs, {room.used} in use",
                                  "" if fits else room.how_to_raise))
-    checks.append(CloudCheck("ssh path", CloudCheck.OK, "network security group burla-nodes-<region> opens port 22 "
-                             "(made at the first boot)"))
+    checks.append(CloudCheck("ssh path", CloudCheck.OK, "network security group burla-nodes-<cluster>-<region> "
+                             "opens port 22, and the nodes' ports to the cluster's own nodes only (made at the first "
+                             "boot)"))
     return checks
 
 

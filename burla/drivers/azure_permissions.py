@@ -21,7 +21,8 @@ REQUIRED = (
     "Microsoft.Network/virtualNetworks/subnets/join/action", "Microsoft.Network/networkSecurityGroups/write",
     "Microsoft.Network/networkSecurityGroups/join/action", "Microsoft.Network/publicIPAddresses/write",
     "Microsoft.Network/publicIPAddresses/join/action", "Microsoft.Network/networkInterfaces/write",
-    "Microsoft.Network/networkInterfaces/join/action",
+    "Microsoft.Network/networkInterfaces/join/action", "Microsoft.Network/applicationSecurityGroups/write",
+    "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
 )
 # Baking images of the node runtime (burla.drivers.azure_bake): on the builder VM, in the cluster's
 # group, and on the images, in the images' group. Without them boots go on, installing each time.

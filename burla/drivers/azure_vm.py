@@ -35,7 +35,8 @@ def size_architecture(size: str) -> str:
 
 
 def vm_body(image: str, name: str, size: str, disk_gb: int | None, spot: bool, script: str | None, region: str,
-            subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None) -> dict[str, Any]:
+            subnet: str, tags: dict[str, str], security_group: str | None, ssh_key: str | None,
+            application_security_group: str | None = None) -> dict[str, Any]:
     """A VM's resource body: the cluster's key for the login user, only the power-off timer as
     custom data, its NIC, public IP and OS disk deleted with it. `image` is publisher:offer:sku:version,
     or the resource id of a managed image (one burla baked)."""
@@ -50,12 +51,14 @@ def vm_body(image: str, name: str, size: str, disk_gb: int | None, spot: bool, s
                                "managedDisk": {"storageAccountType": "StandardSSD_LRS"}}
     if disk_gb:
         os_disk["diskSizeGB"] = disk_gb
-    ip_configuration = {"name": "ipconfig", "properties": {
+    ip_configuration: dict[str, Any] = {"name": "ipconfig", "properties": {
         "subnet": {"id": subnet},
         "publicIPAddressConfiguration": {"name": f"{name}-ip", "sku": {"name": "Standard"},
                                          "properties": {"deleteOption": "Delete",
                                                         "publicIPAllocationMethod": "Static"}},
     }}
+    if application_security_group is not None:  # what the node's security group admits peers by
+        ip_configuration["properties"]["applicationSecurityGroups"] = [{"id": application_security_group}]
     nic: dict[str, Any] = {"primary": True, "deleteOption": "Delete", "ipConfigurations": [ip_configuration]}
     if security_group is not None:
         nic["networkSecurityGroup"] = {"id": security_group}

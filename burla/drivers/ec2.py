@@ -27,7 +27,7 @@ from burla.drivers.bootstrap import dead_man_script, this_python
 from burla.drivers.catalog import MachineType
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
 from burla.drivers.ec2_bake import delete_baked, find_baked, image_state, list_baked, start_image
-from burla.drivers.ec2_checks import NODE_GROUP_NAME, ec2_checks
+from burla.drivers.ec2_checks import ec2_checks, node_group_name
 from burla.drivers.ec2_config import EXPIRED_CODES, Ec2Config, login_command, resolve_credentials
 from burla.drivers.ec2_images import (
     FAMILIES,
@@ -279,13 +279,17 @@ class Ec2Driver(ThreadedCloudDriver):
                 raise
         return name
 
+    @property
+    def node_group(self) -> str:
+        return node_group_name(self.config.cluster_id)
+
     def _node_security_group(self, driver) -> str:
         """`burla-nodes`: port 22 open (logins take the cluster's key only) and any port between
         its members (peers steal through their node's port). Created once per VPC."""
         vpc_id = None
         if self.config.subnet_id:
             vpc_id = driver.ex_list_subnets(subnet_ids=[self.config.subnet_id])[0].extra.get("vpc_id")
-        filters = {"group-name": NODE_GROUP_NAME, **({"vpc-id": vpc_id} if vpc_id else {})}
+        filters = {"group-name": self.node_group, **({"vpc-id": vpc_id} if vpc_id else {})}
         try:
             existing = driver.ex_get_security_groups(filters=filters)
             if existing:
@@ -293,7 +297,7 @@ class Ec2Driver(ThreadedCloudDriver):
             else:
                 try:
                     group_id = driver.ex_create_security_group(
-                        NODE_GROUP_NAME, "burla nodes: SSH from their head, any port between nodes",
+                        self.node_group, "burla nodes: SSH from their head, any port between this cluster's nodes",
                         vpc_id=vpc_id)["group_id"]
                 except Exception as e:  # noqa: BLE001 - another boot thread made it meanwhile
                     if "Duplicate" not in str(e):
@@ -309,7 +313,7 @@ class Ec2Driver(ThreadedCloudDriver):
         except Exception as e:  # noqa: BLE001 - libcloud's errors are untyped
             if "UnauthorizedOperation" in str(e) or "AccessDenied" in str(e):
                 raise CloudSetupError(
-                    f"Could not set up security group {NODE_GROUP_NAME!r}: {e}. The head needs "
+                    f"Could not set up security group {self.node_group!r}: {e}. The head needs "
                     "ec2:DescribeSecurityGroups, ec2:CreateSecurityGroup and ec2:AuthorizeSecurityGroupIngress.",
                 ) from None
             raise

@@ -15,6 +15,13 @@ from burla.drivers.ec2_quotas import quota_room
 from burla.errors import CloudSetupError
 
 NODE_GROUP_NAME = "burla-nodes"  # port 22 from anywhere (key-only logins), any port between nodes
+
+
+def node_group_name(cluster_id: str) -> str:
+    """One cluster's nodes' security group: its nodes' ports admit that group's members only (a
+    rule naming a group admits the instances it is attached to:
+    docs.aws.amazon.com/vpc/latest/userguide/security-group-rules.html#security-group-referencing)."""
+    return f"{NODE_GROUP_NAME}-{cluster_id}"
 NO_INSTANCE = "i-0000000000000000f"  # dry runs of calls on an instance name one that need not exist
 DENIED = ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException")
 
@@ -30,6 +37,9 @@ class CheckedEc2(Protocol):
     def image_for(self, driver: Any, machine: InstanceType, gpu: bool) -> tuple[Any, str]: ...
 
     def subnets_offering(self, driver: Any, machine_type: str) -> list: ...
+
+    @property
+    def node_group(self) -> str: ...
 
 
 def ec2_checks(ec2: CheckedEc2, driver: Any, machine_type: str) -> list[CloudCheck]:
@@ -63,7 +73,7 @@ def ec2_checks(ec2: CheckedEc2, driver: Any, machine_type: str) -> list[CloudChe
         checks.append(CloudCheck("network", CloudCheck.FAIL, str(e)))
     checks.append(_permissions(ec2.client("ec2"), image.id, machine.name))
     checks.append(_quota(ec2, driver, machine))
-    checks.append(_ssh_path(ec2.client("ec2")))
+    checks.append(_ssh_path(ec2.client("ec2"), ec2.node_group))
     return checks
 
 
@@ -118,13 +128,13 @@ def _quota(ec2: CheckedEc2, driver: Any, machine: InstanceType) -> CloudCheck:
                       f"{room.free // machine.vcpus} {machine.name})")
 
 
-def _ssh_path(client: Any) -> CloudCheck:
-    groups = client.describe_security_groups(Filters=[{"Name": "group-name", "Values": [NODE_GROUP_NAME]}])
+def _ssh_path(client: Any, group_name: str) -> CloudCheck:
+    groups = client.describe_security_groups(Filters=[{"Name": "group-name", "Values": [group_name]}])
     opened = [g for g in groups["SecurityGroups"] for rule in g.get("IpPermissions", [])
               if rule.get("FromPort", -1) <= 22 <= rule.get("ToPort", -1)
               and any(r.get("CidrIp") == "0.0.0.0/0" for r in rule.get("IpRanges", []))]
     if opened:
-        return CloudCheck("ssh path", CloudCheck.OK, f"security group {NODE_GROUP_NAME} opens port 22")
+        return CloudCheck("ssh path", CloudCheck.OK, f"security group {group_name} opens port 22")
     what = "exists without port 22 open" if groups["SecurityGroups"] else "does not exist yet"
-    return CloudCheck("ssh path", CloudCheck.OK, f"security group {NODE_GROUP_NAME} {what}; the first boot opens 22 "
+    return CloudCheck("ssh path", CloudCheck.OK, f"security group {group_name} {what}; the first boot opens 22 "
                       "(logins take the cluster's key only)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import re
 import urllib.error
 import urllib.parse
 from typing import Any
@@ -200,7 +201,7 @@ class GceDriver(ThreadedCloudDriver):
         kwargs: dict[str, Any] = {
             "location": zone,
             "ex_network": self.config.network,
-            "ex_tags": [NETWORK_TAG],
+            "ex_tags": [NETWORK_TAG, self.peer_tag],
             "ex_metadata": {**(_ssh_metadata(request.ssh_public_key) if request.ssh_public_key else {}),
                             **({"startup-script": dead_man_script(request.power_off_after_s)}
                                if request.power_off_after_s else {}),
@@ -227,11 +228,20 @@ class GceDriver(ThreadedCloudDriver):
         driver.create_node(node_id, machine_type, image, **kwargs)
         return node_id
 
+    @property
+    def peer_tag(self) -> str:
+        """This cluster's nodes' network tag: their ports admit the instances carrying it, no other
+        cluster's (a rule's source tags match instances' primary addresses in the same network:
+        cloud.google.com/firewall/docs/firewalls#sources_for_rules). Tags are RFC 1035 labels."""
+        cleaned = re.sub(r"[^a-z0-9-]", "-", self.config.cluster_id.lower())
+        return f"{NETWORK_TAG}-{cleaned}"[:63].rstrip("-")
+
     def _node_firewall(self, driver) -> None:
-        """Rules for the nodes' network tag, made once per project and network: SSH from anywhere
-        (logins take the cluster's key only) and any TCP port between nodes (steals). A project need
-        not have the default network's `default-allow-ssh`: it can be deleted, and custom networks
-        start without it. https://cloud.google.com/firewall/docs/firewalls#more_rules_default_vpc"""
+        """Rules for the nodes' network tags, made once per project and network: SSH from anywhere
+        (logins take the cluster's key only), and any TCP port between this cluster's nodes
+        (steals). A project need not have the default network's `default-allow-ssh`: it can be
+        deleted, and custom networks start without it.
+        https://cloud.google.com/firewall/docs/firewalls#more_rules_default_vpc"""
         from libcloud.common.google import ResourceExistsError
 
         if self.config.network in self._firewalls_made:
@@ -239,14 +249,15 @@ class GceDriver(ThreadedCloudDriver):
         rules = [
             (f"burla-nodes-ssh-{self.config.network}", {"source_ranges": ["0.0.0.0/0"]}, ["22"],
              "burla nodes: SSH from their head"),
-            (f"burla-nodes-internal-{self.config.network}", {"source_tags": [NETWORK_TAG]}, ["0-65535"],
-             "burla nodes: any port between nodes"),
+            (f"burla-peers-{self.peer_tag.removeprefix(NETWORK_TAG + '-')}"[:63].rstrip("-"),
+             {"source_tags": [self.peer_tag], "target_tags": [self.peer_tag]}, ["0-65535"],
+             "burla nodes: any port between one cluster's nodes"),
         ]
         for name, sources, ports, description in rules:
             try:
                 driver.ex_create_firewall(name, allowed=[{"IPProtocol": "tcp", "ports": ports}],
-                                          network=self.config.network, target_tags=[NETWORK_TAG],
-                                          description=description, **sources)
+                                          network=self.config.network, description=description,
+                                          **{"target_tags": [NETWORK_TAG], **sources})
             except ResourceExistsError:
                 pass
         self._firewalls_made.add(self.config.network)
