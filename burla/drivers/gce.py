@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import re
 import urllib.error
 import urllib.parse
 from typing import Any
@@ -32,6 +31,7 @@ from burla.drivers.catalog import MachineType, gpu_model
 from burla.drivers.cloud import CLUSTER_TAG, NODE_TAG, ThreadedCloudDriver, first_with_capacity
 from burla.drivers.gce_bake import delete_baked, find_baked, image_state, list_baked, start_image
 from burla.drivers.gce_config import SCOPES, GceConfig, GoogleToken
+from burla.drivers.gce_firewall import HEAD_NETWORK_TAG, NETWORK_TAG, create_rules, head_rule, node_rules, peer_tag
 from burla.drivers.gce_machines import list_machines
 from burla.drivers.gce_permissions import REQUIRED, ROLES_FIX, missing_permissions
 from burla.drivers.gce_prices import catalog_rates
@@ -48,9 +48,7 @@ DEFAULT_ZONE = "us-central1-a"
 # the fourth-generation series and X4 boot from Hyperdisk only; every other series burla boots
 # (E2, N1, N2, N2D, C3, A2, A3...) takes a balanced Persistent Disk.
 HYPERDISK_SERIES = frozenset({"n4", "n4a", "n4d", "c4", "c4a", "c4d", "x4"})
-NETWORK_TAG = "burla-node"
 SSH_USER = "burla"  # created by the guest agent from the ssh-keys metadata
-HEAD_NETWORK_TAG = "burla-head"  # the firewall rule opening the head's port targets this tag
 DEFAULT_HEAD_MACHINE_TYPE = "n4-standard-2"
 # GPU models (catalog names) to the accelerator types attached to general-purpose machines.
 ACCELERATORS = {
@@ -201,7 +199,7 @@ class GceDriver(ThreadedCloudDriver):
         kwargs: dict[str, Any] = {
             "location": zone,
             "ex_network": self.config.network,
-            "ex_tags": [NETWORK_TAG, self.peer_tag],
+            "ex_tags": [NETWORK_TAG, peer_tag(self.config.cluster_id)],
             "ex_metadata": {**(_ssh_metadata(request.ssh_public_key) if request.ssh_public_key else {}),
                             **({"startup-script": dead_man_script(request.power_off_after_s)}
                                if request.power_off_after_s else {}),
@@ -228,39 +226,11 @@ class GceDriver(ThreadedCloudDriver):
         driver.create_node(node_id, machine_type, image, **kwargs)
         return node_id
 
-    @property
-    def peer_tag(self) -> str:
-        """This cluster's nodes' network tag: their ports admit the instances carrying it, no other
-        cluster's (a rule's source tags match instances' primary addresses in the same network:
-        cloud.google.com/firewall/docs/firewalls#sources_for_rules). Tags are RFC 1035 labels."""
-        cleaned = re.sub(r"[^a-z0-9-]", "-", self.config.cluster_id.lower())
-        return f"{NETWORK_TAG}-{cleaned}"[:63].rstrip("-")
-
     def _node_firewall(self, driver) -> None:
-        """Rules for the nodes' network tags, made once per project and network: SSH from anywhere
-        (logins take the cluster's key only), and any TCP port between this cluster's nodes
-        (steals). A project need not have the default network's `default-allow-ssh`: it can be
-        deleted, and custom networks start without it.
-        https://cloud.google.com/firewall/docs/firewalls#more_rules_default_vpc"""
-        from libcloud.common.google import ResourceExistsError
-
-        if self.config.network in self._firewalls_made:
-            return
-        rules = [
-            (f"burla-nodes-ssh-{self.config.network}", {"source_ranges": ["0.0.0.0/0"]}, ["22"],
-             "burla nodes: SSH from their head"),
-            (f"burla-peers-{self.peer_tag.removeprefix(NETWORK_TAG + '-')}"[:63].rstrip("-"),
-             {"source_tags": [self.peer_tag], "target_tags": [self.peer_tag]}, ["0-65535"],
-             "burla nodes: any port between one cluster's nodes"),
-        ]
-        for name, sources, ports, description in rules:
-            try:
-                driver.ex_create_firewall(name, allowed=[{"IPProtocol": "tcp", "ports": ports}],
-                                          network=self.config.network, description=description,
-                                          **{"target_tags": [NETWORK_TAG], **sources})
-            except ResourceExistsError:
-                pass
-        self._firewalls_made.add(self.config.network)
+        """The nodes' firewall rules (burla.drivers.gce_firewall), made once per network."""
+        if self.config.network not in self._firewalls_made:
+            create_rules(driver, self.config.network, node_rules(self.config.network, self.config.cluster_id))
+            self._firewalls_made.add(self.config.network)
 
     def _cluster_instances(self, driver) -> list[dict[str, Any]]:
         """This cluster's instances in every zone: one aggregated request with a label filter."""
@@ -462,15 +432,7 @@ class GceDriver(ThreadedCloudDriver):
     # --- the head VM of `burla deploy` --------------------------------------------------------
 
     def _boot_head(self, driver, head: HeadMachine) -> None:
-        from libcloud.common.google import ResourceExistsError
-
-        try:
-            driver.ex_create_firewall(
-                f"burla-head-{head.port}", allowed=[{"IPProtocol": "tcp", "ports": [str(head.port), "22"]}],
-                network=self.config.network, source_ranges=["0.0.0.0/0"], target_tags=[HEAD_NETWORK_TAG],
-                description="burla head: https for clients and nodes, SSH for `burla deploy`")
-        except ResourceExistsError:
-            pass  # made by an earlier deployment
+        create_rules(driver, self.config.network, [head_rule(head.port)])
         machine_type = head.machine_type or DEFAULT_HEAD_MACHINE_TYPE
         driver.create_node(
             head.name, machine_type, self._image(driver, arm=machine_type.split("-", 1)[0] in ARM_SERIES),

@@ -11,21 +11,43 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from burla.head.links import ClientLink, NodeLink
+from burla.head.machines import Machines
+from burla.head.node_watch import NodeWatch
+from burla.head.recorder import Recorder
 from burla.head.records import RUNNING, JobRecord
+from burla.head.scheduler import Scheduler
 from burla.head.steals import StolenReports, record_steal
 from burla.protocol import packed_results, wire
+from burla.protocol.packed_inputs import PackedInputs
 from burla.web.connection_guard import RateLimitedLog
-
-if TYPE_CHECKING:
-    from burla.head.cluster import Cluster
 
 log = logging.getLogger("burla.head")
 
 
+class ReportedTo(Protocol):
+    """What NodeReports uses of the head's cluster (burla.head.cluster.Cluster)."""
+
+    watch: NodeWatch
+    scheduler: Scheduler
+    record: Recorder
+    machines: Machines
+    client_links: dict[str, ClientLink]
+    node_links: dict[str, NodeLink]
+
+    def send_pushes(self, pushes: list[tuple[str, str, PackedInputs]]) -> None: ...
+
+    def accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None: ...
+
+    def output(self, msg: wire.OutputBatch) -> None: ...
+
+    def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None: ...
+
+
 class NodeReports:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: ReportedTo) -> None:
         self._cluster = cluster
         self._stolen = StolenReports()
         self._refused = RateLimitedLog(log)
