@@ -235,3 +235,16 @@ async def test_node_channel_rejects_bad_frames(cluster, frame, words):
 
 def test_the_head_still_serves_after_all_that(client):
     assert client.remote_parallel_map(functions.double, range(10), spinner=False) == [x * 2 for x in range(10)]
+
+
+def test_a_node_listens_on_the_address_it_is_given_when_this_machine_has_it():
+    import psutil
+
+    from burla.node.service import bind_address
+
+    own = next((a.address for addresses in psutil.net_if_addrs().values() for a in addresses
+                if a.family.name == "AF_INET" and not a.address.startswith("127.")), None)
+    if own is not None:
+        assert bind_address(own) == own
+    assert bind_address("127.0.0.1") == "127.0.0.1" and bind_address("0.0.0.0") == "0.0.0.0"
+    assert bind_address("192.0.2.7") == "0.0.0.0"  # a documentation address no machine here has

@@ -81,6 +81,11 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         [node] = get_json(head, "/v1/cluster")["nodes"]
         assert node["node_id"] == node_id
         assert any("node supervise" in c and "--head http://127.0.0.1:" in c for c in vm.commands), vm.commands
+        # Peers reach it at its private address, where it listens (the stand-in's machine lacks that
+        # address, so there it listens on all of its own: burla.node.service.bind_address).
+        private = instance["PrivateIpAddress"]
+        assert any(f"--host {private} " in c and f"--advertise-host {private}" in c for c in vm.commands)
+        assert node["url"].startswith(f"https://{private}:")
 
         # Secrets arrive as private files, never in user data; the key pair is the cluster's. The VM
         # holds its node's own token, never the cluster's: a job's code runs there.

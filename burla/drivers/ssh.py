@@ -225,9 +225,10 @@ class VmSession:
             head_url = f"{scheme}://127.0.0.1:{self.remote_port}"
         else:
             head_url = settings.head_url
-        args = ["--head", head_url, "--node-id", self.node_id, "--host", "0.0.0.0",
-                "--orphan-timeout", f"{settings.orphan_timeout_s:g}"]
         private = self._address.private if self._address else None
+        # Peers reach a node at its private address: it listens there only, not on its public one.
+        args = ["--head", head_url, "--node-id", self.node_id, "--host", private or "0.0.0.0",
+                "--orphan-timeout", f"{settings.orphan_timeout_s:g}"]
         if private:
             args += ["--advertise-host", private]
         if request.workers is not None:

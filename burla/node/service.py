@@ -59,6 +59,19 @@ STOLEN_REPORT_TIMEOUT_S = 10.0
 KEEP_JOBS_WITHOUT_HEAD_S = 120.0
 
 
+def bind_address(host: str) -> str:
+    """Where the node listens: `host` if this machine has that address (a cloud VM's private
+    address is on its interface, so its port is not served on its public one), else every address
+    (a machine behind a NAT that maps the address it was given), said in the log."""
+    if host in LOOPBACK_HOSTS or host in ("0.0.0.0", "::", ""):
+        return host
+    own = {address.address.split("%", 1)[0] for addresses in psutil.net_if_addrs().values() for address in addresses}
+    if host in own:
+        return host
+    log.warning("%s is not an address of this machine; listening on all of its addresses", host)
+    return "0.0.0.0"
+
+
 class NodeService:
     def __init__(self, settings: NodeSettings, pool: WorkerPool) -> None:
         """`pool`: the node's workers, already starting (see burla/node/main.py)."""
@@ -107,7 +120,8 @@ class NodeService:
         guard = ConnectionGuard()
         runner = web.AppRunner(build_node_app(self, guard), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = GuardedSite(runner, guard, host=self.settings.host, port=self.settings.port, ssl_context=ssl_context)
+        site = GuardedSite(runner, guard, host=bind_address(self.settings.host), port=self.settings.port,
+                           ssl_context=ssl_context)
         await site.start()
         scheme = "https" if ssl_context is not None else "http"
         self.url = self.settings.advertise_url or f"{scheme}://{host}:{site.port}"
