@@ -33,29 +33,38 @@ def _run(*command: str, **kwargs) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.fixture(scope="module")
-def wheel_dir(tmp_path_factory) -> Path:
-    """A wheel of a package that exists nowhere but here (written directly: no build tools needed)."""
-    import base64
-    import hashlib
-    import zipfile
-
-    wheels = tmp_path_factory.mktemp("wheels")
+# Writes a pure-Python wheel: what a build backend does, in a few lines (no build tools needed).
+WHEEL_WRITER = """
+def write_wheel(directory, module, name, version, source):
+    import base64, hashlib, os, zipfile
+    info = f"{module}-{version}.dist-info"
     files = {
-        "burla_demo_pkg/__init__.py": "__version__ = '1.2.3'\n\ndef answer():\n    return 42\n",
-        "burla_demo_pkg-1.2.3.dist-info/METADATA": "Metadata-Version: 2.1\nName: burla-demo-pkg\nVersion: 1.2.3\n",
-        "burla_demo_pkg-1.2.3.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
-                                                "Tag: py3-none-any\n",
+        f"{module}/__init__.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\\nGenerator: tests\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
     }
     record = []
-    for name, text in files.items():
+    for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(text.encode())}")
-    record.append("burla_demo_pkg-1.2.3.dist-info/RECORD,,")
-    files["burla_demo_pkg-1.2.3.dist-info/RECORD"] = "\n".join(record) + "\n"
-    with zipfile.ZipFile(wheels / "burla_demo_pkg-1.2.3-py3-none-any.whl", "w") as wheel:
-        for name, text in files.items():
-            wheel.writestr(name, text)
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\\n".join(record + [f"{info}/RECORD,,"]) + "\\n"
+    filename = f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(directory, filename), "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+    return filename
+"""
+_namespace: dict = {}
+exec(WHEEL_WRITER, _namespace)
+write_wheel = _namespace["write_wheel"]
+
+
+@pytest.fixture(scope="module")
+def wheel_dir(tmp_path_factory) -> Path:
+    """A wheel of a package that exists nowhere but here."""
+    wheels = tmp_path_factory.mktemp("wheels")
+    write_wheel(str(wheels), "burla_demo_pkg", "burla-demo-pkg", "1.2.3",
+                "__version__ = '1.2.3'\n\ndef answer():\n    return 42\n")
     return wheels
 
 
@@ -74,7 +83,8 @@ def _venv(path: Path) -> Path:
 
 @contextlib.contextmanager
 def _cluster(tmp_path: Path, wheel_dir: Path, node_finds: Path, client_gets: str = "burla-demo-pkg",
-             node_index: str | None = None) -> Iterator[tuple[Path, dict[str, str]]]:
+             node_index: str | None = None, node_options: tuple[str, ...] = (), node_env: dict[str, str] | None = None
+             ) -> Iterator[tuple[Path, dict[str, str]]]:
     """A client environment with the demo package (installed as `client_gets` says), and a head with
     one node whose separate environment lacks it and may install only from `node_finds`, or from
     the index at `node_index`. Yields the client's Python and environment."""
@@ -88,8 +98,8 @@ def _cluster(tmp_path: Path, wheel_dir: Path, node_finds: Path, client_gets: str
         offline = {"PIP_INDEX_URL": node_index, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_INDEX_URL": node_index,
                    "PIP_FIND_LINKS": "", "UV_FIND_LINKS": ""}
     node = subprocess.Popen(
-        [str(node_python), "-m", "burla", "node", "join", "--head", head.url, "--workers", "1"],
-        env=dict(os.environ, BURLA_CLUSTER_TOKEN=head.token, **offline), cwd=REPO,
+        [str(node_python), "-m", "burla", "node", "join", "--head", head.url, "--workers", "1", *node_options],
+        env=dict(os.environ, BURLA_CLUSTER_TOKEN=head.token, **offline, **(node_env or {})), cwd=REPO,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -284,3 +294,67 @@ def test_only_index_installs_travel_by_name(tmp_path, monkeypatch):
     for bad in ("2.0 @ --index-url=https://evil.example", f"2.0 @ https://x.example/a b#sha256={digest}",
                 "2.0 @ https://x.example/a.whl", f"2.0 @ file:///etc/x#sha256={digest}"):
         assert packages_problem({"pinned-url": bad}) is not None, bad
+
+
+SOURCE_ONLY_CLIENT = textwrap.dedent("""
+    from burla import remote_parallel_map
+
+    def uses_it(x):
+        import burla_src_pkg
+        return burla_src_pkg.VALUE + x
+
+    print(remote_parallel_map(uses_it, [1], raise_errors=False, spinner=False))
+""")
+
+# An in-tree build backend with no build requirements (so pip builds it offline), which leaves a
+# mark where BURLA_TEST_BUILD_MARKER says: building a source distribution runs its code.
+BACKEND = WHEEL_WRITER + """
+import os
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    marker = os.environ.get("BURLA_TEST_BUILD_MARKER")
+    if marker:
+        open(marker, "w").write("built here")
+    return write_wheel(wheel_directory, "burla_src_pkg", "burla-src-pkg", "0.1", "VALUE = 10\\n")
+"""
+
+
+def _write_sdist(directory: Path) -> None:
+    import io
+    import tarfile
+
+    files = {"PKG-INFO": "Metadata-Version: 2.1\nName: burla-src-pkg\nVersion: 0.1\n",
+             "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+             "backend.py": BACKEND}
+    with tarfile.open(directory / "burla_src_pkg-0.1.tar.gz", "w:gz") as sdist:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"burla_src_pkg-0.1/{name}")
+            info.size = len(data)
+            sdist.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_nodes_install_wheels_only_unless_allowed_to_build_from_source(tmp_path, allowed):
+    # Fails on the previous code: a node built the source distribution (running its code) by default.
+    client_wheels, node_finds = tmp_path / "client-wheels", tmp_path / "node-finds"
+    client_wheels.mkdir()
+    node_finds.mkdir()
+    write_wheel(str(client_wheels), "burla_src_pkg", "burla-src-pkg", "0.1", "VALUE = 10\n")
+    _write_sdist(node_finds)  # all the node's index has of it
+    marker = tmp_path / "built-on-the-node"
+    with _cluster(tmp_path, client_wheels, node_finds, client_gets="burla-src-pkg",
+                  node_options=("--allow-source-builds",) if allowed else (),
+                  node_env={"BURLA_TEST_BUILD_MARKER": str(marker)}) as (client_python, env):
+        (tmp_path / "source_only.py").write_text(SOURCE_ONLY_CLIENT)
+        done = _run(str(client_python), "source_only.py", cwd=tmp_path, env=env)
+    last = done.stdout.strip().splitlines()[-1]
+    if allowed:
+        assert last == "[11]" and marker.exists()
+    else:
+        assert not marker.exists(), "the node ran the source distribution's build"
+        assert "ModuleNotFoundError" in last
+        assert "this node could not install burla-src-pkg==0.1" in done.stderr
