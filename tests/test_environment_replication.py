@@ -358,3 +358,24 @@ def test_nodes_install_wheels_only_unless_allowed_to_build_from_source(tmp_path,
         assert not marker.exists(), "the node ran the source distribution's build"
         assert "ModuleNotFoundError" in last
         assert "this node could not install burla-src-pkg==0.1" in done.stderr
+
+
+def test_extra_package_indexes_are_named_once_without_their_credentials(tmp_path, monkeypatch):
+    from burla.protocol.package_indexes import extra_index_hosts, extra_index_warning
+
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nindex-url = https://mirror.example/simple\n"
+                      "[install]\nextra-index-url = https://pypi.org/simple https://other.example/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://builder:s3cret@private.example/simple")
+    monkeypatch.setenv("UV_INDEX", "internal=https://uv-index.example/simple")
+    extra_index_hosts.cache_clear()
+    try:
+        hosts = extra_index_hosts()
+    finally:
+        monkeypatch.undo()
+        extra_index_hosts.cache_clear()
+    assert hosts == ("mirror.example", "other.example", "private.example", "uv-index.example")
+    warning = extra_index_warning(hosts)
+    assert warning is not None and "private.example" in warning and "s3cret" not in warning
+    assert extra_index_warning(()) is None

@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+from burla.protocol.package_indexes import extra_index_hosts, extra_index_warning
 from burla.protocol.validation import DIRECT_REFERENCE, matches, replicable_package
 
 # Never installed by a node: burla itself (the node runs its own), and packaging tools.
@@ -164,16 +165,22 @@ _warned = False
 
 
 def not_replicated_warning() -> str | None:
-    """Once per process: the distributions nodes won't install, and what to do (None after)."""
+    """Once per process: the distributions nodes won't install, the indexes they can't tell
+    apart, and what to do (None after, or when there is nothing to say)."""
     global _warned
-    skipped = not_installable_by_name()
-    if _warned or not skipped:
+    if _warned:
         return None
     _warned = True
-    listed = "; ".join(f"{name} ({how})" for name, how in sorted(skipped.items()))
-    return (f"nodes won't install {len(skipped)} package(s) they can't get by name: {listed}. Editable projects "
-            "travel as local code when the function uses them; for the others, install them on the nodes or "
-            "publish them to an index the nodes reach. A call that then can't import one fails naming it.")
+    skipped = not_installable_by_name()
+    words = [extra_index_warning(extra_index_hosts())]
+    if skipped:
+        listed = "; ".join(f"{name} ({how})" for name, how in sorted(skipped.items()))
+        words.insert(0, f"nodes won't install {len(skipped)} package(s) they can't get by name: {listed}. Editable "
+                        "projects travel as local code when the function uses them; for the others, install them on "
+                        "the nodes or publish them to an index the nodes reach. A call that then can't import one "
+                        "fails naming it.")
+    said = [w for w in words if w]
+    return "\n".join(said) if said else None
 
 
 def missing_package_note(module: str, sent: dict[str, str]) -> str | None:
