@@ -22,7 +22,7 @@ from burla.protocol import grants, wire
 from burla.protocol.packed_results import PackedResults
 from burla.web.scoped_tokens import job_secret, job_token, node_token, scope_of
 from tests import functions
-from tests.conftest import wait_for_nodes
+from tests.conftest import start_head, wait_for_nodes
 from tests.helpers import get_json
 from tests.test_security_and_bad_input import open_job
 
@@ -140,8 +140,21 @@ async def _rogue_writes(cluster, job_id_holder: list, stop: threading.Event) -> 
                 await asyncio.sleep(0.05)
 
 
-def test_a_node_cannot_write_into_a_job_it_does_not_run(cluster, client, capsys):
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A head of its own: a node that registers and leaves stays on a head's mind for a while
+    (it may rejoin), which would change what the shared cluster's other tests see."""
+    head = start_head(tmp_path / "config")
+    wait_for_nodes(head, 1)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def test_a_node_cannot_write_into_a_job_it_does_not_run(own_cluster, capsys):
     # Fails on the previous code: the client took the rogue node's results (pickles it unpickles).
+    cluster, client = own_cluster, own_cluster.client()
     job_id_holder: list[str] = []
     stop = threading.Event()
     rogue = threading.Thread(target=lambda: asyncio.run(_rogue_writes(cluster, job_id_holder, stop)), daemon=True)

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import re
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -65,6 +66,8 @@ def list_machines(driver: Any, subscription_id: str, region: str, prices_endpoin
     try:
         retail = retail_prices(prices_endpoint, region)
     except (OSError, ValueError) as e:  # the prices are an estimate: libcloud's, or the offline table's
+        if isinstance(e, urllib.error.HTTPError):
+            e.close()  # it holds the refused response's connection
         log.warning("could not read Azure's retail prices for %s: %s", region, e)
         retail = {}
     prices = libcloud_prices("azure_linux")
