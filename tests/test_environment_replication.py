@@ -379,3 +379,14 @@ def test_extra_package_indexes_are_named_once_without_their_credentials(tmp_path
     warning = extra_index_warning(hosts)
     assert warning is not None and "private.example" in warning and "s3cret" not in warning
     assert extra_index_warning(()) is None
+
+
+async def test_a_source_distribution_by_url_is_not_built_without_leave():
+    # Fails without the check: pip builds an sdist given by URL despite --only-binary :all:.
+    from burla.node.packages import Environment
+
+    said: list[str] = []
+    url = "https://files.example/burla_src_pkg-0.1.tar.gz#sha256=" + "0" * 64
+    failed = await Environment(source_builds=False).install({"burla-src-pkg": f"0.1 @ {url}"}, said.append)
+    assert list(failed) == [f"burla-src-pkg @ {url}"]
+    assert "installs wheels only" in failed[f"burla-src-pkg @ {url}"] and "--allow-source-builds" in "".join(said)

@@ -206,3 +206,32 @@ def test_malformed_scoped_tokens_are_no_tokens(spelling):
     assert scope_of("cluster-token", valid) is not None
     assert scope_of("cluster-token", valid + "=") is None  # only the canonical spelling
     assert scope_of("another-token", valid) is None
+
+
+async def test_a_job_token_collects_its_nested_jobs_but_not_its_own_and_ends_with_its_job(cluster):
+    # A call may collect a job nested in its own without that job's secret (its tree is its own),
+    # never its own job, whose client is the user's; once its job ended, its token opens nothing.
+    parent = open_job(n_inputs=3)  # waits for inputs that never come: it runs until canceled
+    async with aiohttp.ClientSession(headers=cluster.headers()) as owner_session:
+        async with owner_session.ws_connect(cluster.url + "/v1/jobs/ws") as owner:
+            await owner.send_bytes(parent.encode())
+            assert isinstance(wire.decode((await owner.receive(timeout=60)).data), wire.JobAccepted)
+            calls = _bearer(job_token(cluster.token, parent.job_id))
+            async with aiohttp.ClientSession(headers=calls) as session:
+                child = open_job(n_inputs=2, parent_job_id=parent.job_id)
+                async with session.ws_connect(cluster.url + "/v1/jobs/ws") as opener:
+                    await opener.send_bytes(child.encode())
+                    assert isinstance(wire.decode((await opener.receive(timeout=60)).data), wire.JobAccepted)
+                collected = await _answer(session, cluster.url + "/v1/jobs/ws", wire.ResumeJob(child.job_id, 0, b""))
+                assert isinstance(collected, wire.JobResumed), collected
+                own = await _answer(session, cluster.url + "/v1/jobs/ws", wire.ResumeJob(parent.job_id, 0, b""))
+                assert isinstance(own, wire.ErrorReply) and own.kind == "Unauthorized"
+                taken = await _answer(session, cluster.url + "/v1/jobs/ws",
+                                      open_job(job_id=child.job_id, parent_job_id=parent.job_id))
+                assert isinstance(taken, wire.ErrorReply) and "taken" in taken.message
+                await owner.send_bytes(wire.CancelJob(parent.job_id, "done").encode())
+                while not isinstance(wire.decode((await owner.receive(timeout=60)).data), wire.JobEnded):
+                    pass
+                late = await _answer(session, cluster.url + "/v1/jobs/ws",
+                                     open_job(parent_job_id=parent.job_id))
+                assert isinstance(late, wire.ErrorReply) and "not running" in late.message

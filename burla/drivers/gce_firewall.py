@@ -33,7 +33,9 @@ def node_rules(network: str, cluster_id: str) -> list[dict[str, Any]]:
         {"name": _label(f"burla-nodes-ssh-{network}"), "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
          "source_ranges": ["0.0.0.0/0"], "target_tags": [NETWORK_TAG],
          "description": "burla nodes: SSH from their head"},
-        {"name": _label(f"burla-peers-{cluster_id}"), "allowed": [{"IPProtocol": "tcp", "ports": ["0-65535"]}],
+        # Rule names are the project's, across networks: the network is in it.
+        {"name": _label(f"burla-peers-{cluster_id}-{network}"),
+         "allowed": [{"IPProtocol": "tcp", "ports": ["0-65535"]}],
          "source_tags": [peers], "target_tags": [peers],
          "description": "burla nodes: any port between one cluster's nodes"},
     ]

@@ -15,6 +15,7 @@ from burla.errors import Unauthorized
 from burla.head.api import job_view_of
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER
+from burla.head.records import RUNNING
 from burla.protocol import wire
 from burla.web.scoped_tokens import Scope
 
@@ -73,5 +74,10 @@ async def check_job_message(cluster: Cluster, scope: Scope | None, first: wire.M
         if parent is None or not await in_tree(cluster, scope.subject, parent):
             raise Unauthorized(f"{JOB_TOKEN_REACH}: job {first.job_id!r} must be opened with parent_job_id "
                                f"{scope.subject!r} or a job nested in it")
+        own = cluster.scheduler.jobs.get(scope.subject)
+        if own is None or own.status != RUNNING:  # its calls are over: the token opens nothing more
+            raise Unauthorized(f"job {scope.subject!r} is not running: its token opens no more jobs")
+        if await job_view_of(cluster, first.job_id) is not None:
+            raise Unauthorized(f"job id {first.job_id!r} is taken (a job of that id ran here)")
     elif isinstance(first, wire.ResumeJob) and not await in_tree(cluster, scope.subject, first.job_id):
         raise Unauthorized(f"{JOB_TOKEN_REACH}: job {first.job_id!r} is not in job {scope.subject!r}'s tree")

@@ -294,10 +294,12 @@ class Cluster:
         if job.all_pushed:  # its credit brings no more inputs than the others' does
             link.send(wire.InputsPushed(job.job_id))
 
-    def resume_job(self, msg: wire.ResumeJob) -> tuple[JobRecord, ClientLink, wire.JobResumed]:
+    def resume_job(self, msg: wire.ResumeJob, nested_in_token: bool = False) -> tuple[JobRecord, ClientLink,
+                                                                                       wire.JobResumed]:
         """A client comes back (after a network cut, or to collect a detached job's results): the
-        one that opened the job (which heard its secret), or a holder of the cluster token."""
-        if not scoped_tokens.secret_matches(self.token, msg.job_id, msg.secret):
+        one that opened the job (which heard its secret), a holder of the cluster token, or the
+        calls of a job this one is nested in (`nested_in_token`: their token's tree holds it)."""
+        if not nested_in_token and not scoped_tokens.secret_matches(self.token, msg.job_id, msg.secret):
             raise Unauthorized(f"resuming job {msg.job_id!r} takes its secret (JobAccepted.job_secret), which the "
                                "client that opened it holds and the cluster token derives")
         job = self.scheduler.jobs.get(msg.job_id)

@@ -143,9 +143,11 @@ async def node_socket(request: web.Request) -> web.WebSocketResponse:
     if first is None:
         return ws
     assert isinstance(first, wire.RegisterNode)
-    problem = _registration_problem(first, cluster) or _identity_problem(first, cluster, request.get(SCOPE))
+    # Who is asking first: a caller that may not speak for this node id changes nothing of it.
+    identity = _identity_problem(first, cluster, request.get(SCOPE))
+    problem = identity or _registration_problem(first, cluster)
     if problem is not None:
-        if first.node_id in cluster.booting_ids:  # a VM this head booted that can never join: remove it
+        if identity is None and first.node_id in cluster.booting_ids:  # a VM this head booted that can never join
             cluster.node_boot_failed(first.node_id, f"refused: {problem}")
             cluster.machines.remove_machine(first.node_id, "refused at registration")
         await _refuse(ws, ProtocolError(problem))
@@ -363,7 +365,9 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
         except TimeoutError:
             await ws.close()
             return None
-        return cluster.resume_job(first)
+        # A job's calls may collect the jobs nested in theirs (not their own job: its client is the user's).
+        nested = scope is not None and scope.kind == "job" and first.job_id != scope.subject
+        return cluster.resume_job(first, nested_in_token=nested)
     except BurlaError as e:
         await _refuse(ws, e)
         return None

@@ -64,9 +64,18 @@ class Environment:
             requirements = self.missing(packages)
             if not requirements:
                 return {}
+            failed: dict[str, str] = {}
+            if not self._source_builds:  # pip builds a URL's sdist despite --only-binary
+                for requirement in [r for r in requirements if _source_by_url(r)]:
+                    failed[requirement] = ("it is a source distribution by URL, and this node installs wheels only "
+                                           "(start it with --allow-source-builds to build it)")
+                    requirements.remove(requirement)
+            if not requirements:
+                self._give_up(failed, on_line)
+                self._satisfied.add(self._digest(packages))
+                return failed
             on_line(f"[burla] installing {len(requirements)} package(s) on this node: {', '.join(requirements)}\n")
             ok, output = await self._run_installer(requirements, on_line, self._source_builds)
-            failed: dict[str, str] = {}
             if not ok:
                 for requirement in requirements if len(requirements) > 1 else []:
                     one_ok, one_output = await self._run_installer([requirement], lambda _: None, self._source_builds)
@@ -76,18 +85,22 @@ class Environment:
                     failed[requirements[0]] = output
             importlib.invalidate_caches()
             environment_changed()  # read the environment again next time
-            for requirement, why in failed.items():
-                reason = _last_line(why)
-                self.unavailable[requirement] = reason
-                on_line(f"[burla] this node could not install {requirement} ({reason}); calls that import it "
-                        "fail. Make it installable on the nodes (a wheel on an index they reach, or PIP_FIND_LINKS; "
-                        "a source distribution only on nodes started with --allow-source-builds) or install it "
-                        "there by hand.\n")
+            self._give_up(failed, on_line)
             self._satisfied.add(self._digest(packages))  # as satisfied as this node can make it
             installed = [r for r in requirements if r not in failed]
             if installed:
                 log.info("installed %s", ", ".join(installed))
             return failed
+
+    def _give_up(self, failed: dict[str, str], on_line: Callable[[str], None]) -> None:
+        """Say once why each of these can't be installed here, and don't try them again."""
+        for requirement, why in failed.items():
+            reason = _last_line(why)
+            self.unavailable[requirement] = reason
+            on_line(f"[burla] this node could not install {requirement} ({reason}); calls that import it "
+                    "fail. Make it installable on the nodes (a wheel on an index they reach, or PIP_FIND_LINKS; "
+                    "a source distribution only on nodes started with --allow-source-builds) or install it "
+                    "there by hand.\n")
 
     @staticmethod
     async def _run_installer(requirements: list[str], on_line: Callable[[str], None], source_builds: bool
@@ -115,6 +128,12 @@ def requirement(name: str, wanted: str) -> str:
     installed from a direct URL, `name @ URL#sha256=DIGEST` (fetched from there and checked)."""
     version, _, url = wanted.partition(" @ ")
     return f"{name} @ {url}" if url else f"{name}=={version}"
+
+
+def _source_by_url(requirement: str) -> bool:
+    """A `name @ URL` requirement whose URL is not a wheel's (an sdist: building it runs its code)."""
+    _, _, url = requirement.partition(" @ ")
+    return bool(url) and not url.split("#", 1)[0].split("?", 1)[0].endswith(".whl")
 
 
 def _last_line(output: str) -> str:
