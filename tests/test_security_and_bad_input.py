@@ -248,3 +248,5 @@ def test_a_node_listens_on_the_address_it_is_given_when_this_machine_has_it():
         assert bind_address(own) == own
     assert bind_address("127.0.0.1") == "127.0.0.1" and bind_address("0.0.0.0") == "0.0.0.0"
     assert bind_address("192.0.2.7") == "0.0.0.0"  # a documentation address no machine here has
+    assert bind_address("2001:db8::7") == "::"
+    assert bind_address("node-7.internal") == "node-7.internal"  # a name is bound as given

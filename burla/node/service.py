@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import shutil
 import socket
@@ -65,11 +66,21 @@ def bind_address(host: str) -> str:
     (a machine behind a NAT that maps the address it was given), said in the log."""
     if host in LOOPBACK_HOSTS or host in ("0.0.0.0", "::", ""):
         return host
-    own = {address.address.split("%", 1)[0] for addresses in psutil.net_if_addrs().values() for address in addresses}
-    if host in own:
+    try:
+        wanted = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:  # a name: bound as given, as before
+        return host
+    own = set()
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            try:
+                own.add(ipaddress.ip_address(address.address.split("%", 1)[0]))
+            except ValueError:  # a link-layer address
+                continue
+    if wanted in own:
         return host
     log.warning("%s is not an address of this machine; listening on all of its addresses", host)
-    return "0.0.0.0"
+    return "::" if wanted.version == 6 else "0.0.0.0"
 
 
 class NodeService:
