@@ -240,7 +240,7 @@ def test_the_head_still_serves_after_all_that(client):
 def test_a_node_listens_on_the_address_it_is_given_when_this_machine_has_it():
     import psutil
 
-    from burla.node.service import bind_address
+    from burla.node.listen import bind_address
 
     own = next((a.address for addresses in psutil.net_if_addrs().values() for a in addresses
                 if a.family.name == "AF_INET" and not a.address.startswith("127.")), None)

@@ -82,7 +82,7 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         assert node["node_id"] == node_id
         assert any("node supervise" in c and "--head http://127.0.0.1:" in c for c in vm.commands), vm.commands
         # Peers reach it at its private address, where it listens (the stand-in's machine lacks that
-        # address, so there it listens on all of its own: burla.node.service.bind_address).
+        # address, so there it listens on all of its own: burla.node.listen.bind_address).
         private = instance["PrivateIpAddress"]
         assert any(f"--host {private} " in c and f"--advertise-host {private}" in c for c in vm.commands)
         assert node["url"].startswith(f"https://{private}:")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import shutil
 import socket
@@ -27,6 +26,7 @@ from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.governor import Governor
 from burla.node.gpus import read_usage as read_gpu_usage
 from burla.node.http import build_node_app
+from burla.node.listen import LOOPBACK_HOSTS, bind_address
 from burla.node.memory import MemoryGuard
 from burla.node.packages import Environment
 from burla.node.steal import Donor, Thief
@@ -40,8 +40,6 @@ from burla.protocol.serialization import pack_error
 from burla.protocol.states import NodeStatus
 from burla.web.connection_guard import ConnectionGuard, GuardedSite
 from burla.web.tls import node_server_context
-
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")  # a node bound here is reached from this machine only
 
 log = logging.getLogger("burla.node")
 
@@ -58,29 +56,6 @@ STOLEN_REPORT_TIMEOUT_S = 10.0
 # Without a head (it restarts, or the network is cut) a node keeps running what it holds this long,
 # then reports it to the head it reaches again; past it, the head has given the inputs to others.
 KEEP_JOBS_WITHOUT_HEAD_S = 120.0
-
-
-def bind_address(host: str) -> str:
-    """Where the node listens: `host` if this machine has that address (a cloud VM's private
-    address is on its interface, so its port is not served on its public one), else every address
-    (a machine behind a NAT that maps the address it was given), said in the log."""
-    if host in LOOPBACK_HOSTS or host in ("0.0.0.0", "::", ""):
-        return host
-    try:
-        wanted = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:  # a name: bound as given, as before
-        return host
-    own = set()
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            try:
-                own.add(ipaddress.ip_address(address.address.split("%", 1)[0]))
-            except ValueError:  # a link-layer address
-                continue
-    if wanted in own:
-        return host
-    log.warning("%s is not an address of this machine; listening on all of its addresses", host)
-    return "::" if wanted.version == 6 else "0.0.0.0"
 
 
 class NodeService:
