@@ -1,6 +1,6 @@
-"""Workers a node starts after its event loop runs come from its fork server: they run calls,
-see the GPU they were given, and the node learns how each ended; without the server, the node
-still learns that they ended."""
+"""A node's workers come from its fork server, a fresh interpreter: they run calls, see the GPU
+they were given, each holds only its own socket, and the node learns how each ended; without the
+server, the node still learns that they ended."""
 
 from __future__ import annotations
 
@@ -9,19 +9,23 @@ import sys
 
 from tests.conftest import REPO
 
-# Run in a fresh process: the server is forked, and forking is only safe from a single thread.
+# Run in a fresh process: the test owns the server's process and its exit.
 SCRIPT = r"""
 import asyncio, os, pickle, signal, struct
 from burla.protocol import wire
 from burla.protocol import worker_wire
 from burla.node.fork_server import NO_GPU, NO_GPUS, UNKNOWN_EXIT, ForkServer, start_fork_server
+from burla.protocol.packed_results import pack_indices
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import dumps_function
 
 def visible(x):
     return (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ["MARK"], os.getppid(), x)
 
-server_pid, control = start_fork_server({**os.environ, "MARK": "served"})
+process, control = start_fork_server({**os.environ, "MARK": "served"})
+server_pid = process.pid
+server = ForkServer(process, control)
+server.request(0, 1)  # before any event loop runs, as a node asks for its first workers
 
 async def frame(reader):
     (size,) = worker_wire.FRAME_HEADER.unpack(await reader.readexactly(worker_wire.FRAME_HEADER.size))
@@ -44,19 +48,24 @@ def name(pid):
         return comm.read().strip()
 
 async def main():
-    server = ForkServer(server_pid, control)
-    started = await asyncio.gather(server.start(0, 1), server.start(1, NO_GPU), server.start(2, NO_GPUS))
+    started = await asyncio.gather(server.start(0, 1), server.start(1, NO_GPU), server.start(2, NO_GPUS),
+                                   server.start(4, NO_GPUS))
+    *started, (broken, broken_sock, _) = started
     results = []
     writers = []
-    for process, sock, shm in started:
-        writer, result = await call(process, sock, shm)
+    for worker, sock, shm in started:
+        writer, result = await call(worker, sock, shm)
         writers.append(writer)
         results.extend(result)
     assert name(server_pid) == "burla-forksrv"  # it has served requests: it named itself before
-    assert {name(process.pid) for process, _, _ in started} == {name(os.getpid())}  # workers keep the node's name
+    assert {name(worker.pid) for worker, _, _ in started} == {name(os.getpid())}  # workers keep the node's name
     assert results == [("1", "served", server_pid, 5), ("", "served", server_pid, 5),
                        (os.environ.get("CUDA_VISIBLE_DEVICES"), "served", server_pid, 5)], results
     (first, _, _), (second, _, _), (third, _, _) = started
+    # A frame a worker can't read (its sizes promise 5 bytes, 1 came): it says why and exits non-zero.
+    data = worker_wire.RunCalls("job", pack_indices([0]), pack_indices([5]), b"x").encode()
+    broken_sock.sendall(worker_wire.FRAME_HEADER.pack(len(data)) + data)
+    assert await asyncio.wait_for(broken.wait(), 30) == 1
     writers[0].close()  # EOF: the worker exits cleanly
     assert await asyncio.wait_for(first.wait(), 30) == 0
     second.kill()
@@ -82,3 +91,4 @@ def test_the_fork_server_starts_workers_and_reports_how_they_ended():
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+    assert "failed:" in done.stderr and "RunCalls.data is not as long as its sizes add up to" in done.stderr

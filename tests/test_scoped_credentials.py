@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import sys
 import threading
 import time
@@ -150,6 +151,24 @@ def own_cluster(tmp_path):
         yield head
     finally:
         head.stop()
+
+
+def test_a_calls_memory_holds_neither_the_cluster_nor_the_nodes_token(tmp_path):
+    # Fails on the previous code: workers were forked from their node, itself forked from the
+    # head, so a call found both tokens in the memory it inherited (say, the head's settings).
+    cluster_token = "ct-" + secrets.token_hex(24)
+    head = start_head(tmp_path / "config", token=cluster_token)
+    try:
+        [node] = wait_for_nodes(head, 1)
+        tokens = {"cluster": cluster_token, "node": node_token(cluster_token, node["node_id"])}
+        prefixes = {kind: token[:len(token) // 2] for kind, token in tokens.items()}
+        [found] = head.client().remote_parallel_map(functions.memory_after, [sorted(prefixes.values())],
+                                                    spinner=False)
+    finally:
+        head.stop()
+    for kind, token in tokens.items():
+        assert not [chunk for chunk in found[prefixes[kind]] if chunk.startswith(token.encode())], \
+            f"a call's memory holds the {kind} token"
 
 
 def test_a_node_cannot_write_into_a_job_it_does_not_run(own_cluster, capsys):

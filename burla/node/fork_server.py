@@ -1,12 +1,16 @@
-"""Workers started in milliseconds after the node's event loop runs: a fork server.
+"""Workers started in milliseconds: a fork server, started as a fresh interpreter.
 
-The node forks its first workers before its event loop starts (worker_fork); once the loop and
-its helpers run, forking the node itself is no longer safe. Workers it starts later (replacing
-one that died, or the governor adding some while calls wait) would each cost a new interpreter,
-about 0.15 s of CPU. So at startup, beside its first workers, the node also forks this server:
-a small single-threaded process that forks a worker whenever the node asks and hands back the
-worker's end of the socketpair and its shared page (as file descriptors over a Unix socket),
-then reports each worker's exit code. The workers are the server's children; it reaps them.
+A worker started as `python -m burla.node.worker` costs a new interpreter, about 0.15 s of CPU,
+and a node starts one per CPU at once, then more (replacing one that died, or the governor
+adding some while calls wait). Forking the node itself would be quick, but a worker forked from
+it would inherit its memory: the node's token, and for a local node forked from its head, the
+cluster token, where a call could read them. So the node starts this server as a new
+interpreter (`python -m burla.node.fork_server`) that never held a credential: a small
+single-threaded process that imports what a worker runs once, forks a worker whenever the node
+asks and hands back the worker's end of the socketpair and its shared page (as file descriptors
+over a Unix socket), then reports each worker's exit code. The workers are the server's
+children; it reaps them. The node asks for its first workers as soon as the server is started,
+so they boot while the node imports its web stack.
 
 Messages on the SOCK_SEQPACKET pair, one per packet:
     node -> server  b"S" number gpu          start worker `number` (gpu: index, -1 none, -2 no GPUs here)
@@ -27,9 +31,10 @@ import select
 import signal
 import socket
 import struct
+import subprocess
+import sys
 
 from burla.node.gpus import ENV_VISIBLE
-from burla.process.forking import flush_before_fork, start_child
 
 log = logging.getLogger("burla.node")
 
@@ -42,25 +47,37 @@ NO_GPU = -1  # the node has GPUs, this worker sees none
 UNKNOWN_EXIT = -1
 
 
-def start_fork_server(env: dict[str, str], close_in_child: tuple[int, ...] = ()) -> tuple[int, socket.socket]:
-    """Fork the server (call while this process runs one thread, as for worker_fork);
-    returns its pid and the node's end of its control socket."""
-    from burla.node.worker import serve_worker  # imported before the fork, shared by every worker
+def can_serve() -> bool:
+    """Whether this system has what the server uses: memfd pages and descriptor passing."""
+    return hasattr(os, "memfd_create") and hasattr(socket, "send_fds") and hasattr(socket, "SOCK_SEQPACKET")
 
+
+def start_fork_server(env: dict[str, str]) -> tuple[subprocess.Popen, socket.socket]:
+    """Start the server as a new interpreter with `env` (and no other descriptor of this
+    process); returns it and the node's end of its control socket."""
     node_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    flush_before_fork()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            node_end.close()
-            start_child(close_in_child, env)
-            worker_name = _this_process_name()
-            _name_this_process(PROCESS_NAME)
-            _serve(server_end, serve_worker, worker_name)
-        finally:
-            os._exit(0)
-    server_end.close()
-    return pid, node_end
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "burla.node.fork_server", str(server_end.fileno()), _this_process_name()],
+            pass_fds=(server_end.fileno(),), stdin=subprocess.DEVNULL, env=env)
+    except BaseException:
+        node_end.close()
+        raise
+    finally:
+        server_end.close()
+    return process, node_end
+
+
+def main(argv: list[str]) -> None:
+    control = socket.socket(fileno=int(argv[0]))
+    worker_name = argv[1] if len(argv) > 1 else ""
+    _name_this_process(PROCESS_NAME)
+    from burla.node.worker import serve_worker  # once here, shared by every worker
+
+    try:
+        _serve(control, serve_worker, worker_name)
+    finally:
+        os._exit(0)  # the node is gone: its workers see their sockets close and exit too
 
 
 def _this_process_name() -> str:
@@ -168,15 +185,25 @@ class ServedProcess:
 class ForkServer:
     """The node's side of the server; used on the node's event loop."""
 
-    def __init__(self, pid: int, control: socket.socket) -> None:
-        self.pid = pid
+    def __init__(self, process: subprocess.Popen, control: socket.socket) -> None:
+        self._process = process
         self._control = control
         self._control.setblocking(False)
         self._starting: dict[int, asyncio.Future[tuple[ServedProcess, socket.socket, mmap.mmap]]] = {}
         self._processes: dict[int, ServedProcess] = {}
         self._early_exits: dict[int, int] = {}  # exits reported before the start they belong to was read
+        self._requested: set[int] = set()  # workers asked for before the event loop ran
         self.alive = True
         self._reading = False
+
+    def request(self, number: int, gpu: int) -> None:
+        """Ask for worker `number` now (before the event loop runs); `start` then waits for it."""
+        if self.alive:
+            try:
+                self._control.send(b"S" + _START.pack(number, gpu))
+            except OSError:
+                return  # start() finds the server gone
+            self._requested.add(number)
 
     def _ensure_reading(self) -> None:
         if not self._reading and self.alive:
@@ -191,6 +218,9 @@ class ForkServer:
         self._ensure_reading()
         started = asyncio.get_running_loop().create_future()
         self._starting[number] = started
+        if number in self._requested:
+            self._requested.discard(number)
+            return await started
         try:
             self._control.send(b"S" + _START.pack(number, gpu))
         except OSError as e:
@@ -253,8 +283,7 @@ class ForkServer:
             asyncio.get_running_loop().remove_reader(self._control.fileno())
             self._reading = False
         self._control.close()
-        with contextlib.suppress(ChildProcessError):  # it died: reap it (at close it exits after this)
-            os.waitpid(self.pid, os.WNOHANG)
+        self._process.poll()  # it died: reap it (at close it exits after this)
         for waiter in self._starting.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError("the fork server is gone"))
@@ -284,3 +313,7 @@ class ForkServer:
     def close(self) -> None:
         """The node is stopping: the server exits when its control socket closes."""
         self._lost()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,8 +1,9 @@
 """A node process from the start: its workers boot first, then the web stack is imported.
 
-Importing aiohttp and the node's modules takes ~0.2 s and a worker takes as long to start; a
-cold embedded cluster waits for both, so they overlap: the workers are forked (worker_fork)
-before the event loop starts and `burla.node.service` is imported.
+Importing aiohttp and the node's modules takes ~0.2 s and the workers take as long to start; a
+cold embedded cluster waits for both, so they overlap: the node starts its fork server (a new
+interpreter that never held a credential) and asks it for the first workers before its event loop
+starts and `burla.node.service` is imported.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import sys
 
 from burla._version import __version__
 from burla.config import ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
-from burla.node.fork_server import ForkServer, start_fork_server
+from burla.node.fork_server import ForkServer, can_serve, start_fork_server
 from burla.node.gpus import Gpus
-from burla.node.worker_fork import can_fork, fork_workers
 from burla.node.worker_pool import WorkerPool
 from burla.process.environ_block import erase_variable
 from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, release_large_blocks
@@ -72,7 +71,7 @@ def run_node(settings: NodeSettings) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s",
                         force=True)
     release_large_blocks()  # inputs and results pass through the node too
-    freeze_inherited_objects()  # and for the fork server and workers forked below
+    freeze_inherited_objects()  # a local node is forked from its head
     exit_code = 0
 
     # A job's calls get the job's own token (BURLA_JOB_TOKEN), never the node's: not in their
@@ -81,17 +80,14 @@ def run_node(settings: NodeSettings) -> int:
     env = dict(os.environ)
     env[ENV_HEAD_URL] = settings.head_url
     env[ENV_NODE_ID] = settings.node_id
-    lifeline = () if settings.lifeline_fd is None else (settings.lifeline_fd,)
-    gpus = Gpus(settings.gpu, settings.gpu_count)
-    server: tuple[int, socket.socket] | None = None
-    forked = []
-    if can_fork():
-        server = start_fork_server(env, close_in_child=lifeline)
-        forked = fork_workers(settings.workers, env, close_in_child=(*lifeline, server[1].fileno()), gpus=gpus)
+    # Workers are never forked from this process: they would inherit its memory, and with it the
+    # node's token (and a local node's head's cluster token). They come from a fresh interpreter.
+    pool = WorkerPool(settings.workers, env, Gpus(settings.gpu, settings.gpu_count),
+                      ForkServer(*start_fork_server(env)) if can_serve() else None)
+    pool.request_first_workers()
 
     async def main() -> None:
         nonlocal exit_code
-        pool = WorkerPool(settings.workers, env, forked, gpus, ForkServer(*server) if server is not None else None)
         await pool.start()
         import_aiohttp()  # while the workers boot
         from burla.node.service import NodeService

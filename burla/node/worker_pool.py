@@ -20,19 +20,18 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import ProtocolError
 from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
-from burla.node.gpus import ENV_VISIBLE, Gpus, visible_to
-from burla.node.worker_fork import ForkedProcess, ForkedWorker
+from burla.node.gpus import ENV_VISIBLE, Gpus
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import limits, wire, worker_wire
 from burla.protocol.packed_inputs import UINT_BYTES, PackedInputs, unpack_uints
 
-Process = asyncio.subprocess.Process | ForkedProcess | ServedProcess
+Process = asyncio.subprocess.Process | ServedProcess
 
 log = logging.getLogger("burla.node")
 _INDEX = struct.Struct("q")
@@ -151,8 +150,8 @@ class WorkerPool:
     """The node's worker processes. Started before the node's web stack is even imported (a cold
     node boots its workers meanwhile); their frames are read once the node binds its handlers."""
 
-    def __init__(self, size: int, env: dict[str, str], forked: Sequence[ForkedWorker] = (),
-                 gpus: Gpus = Gpus(None, 0), fork_server: ForkServer | None = None) -> None:
+    def __init__(self, size: int, env: dict[str, str], gpus: Gpus = Gpus(None, 0),
+                 fork_server: ForkServer | None = None) -> None:
         self.size = size  # workers computing at once; guards lower it under pressure, the governor raises it
         self.full_size = size  # one per slot: what an idle node comes back to
         self.max_size = size * MAX_CALLS_PER_SLOT
@@ -168,7 +167,7 @@ class WorkerPool:
         self._numbers = itertools.count(size)
         self._processes: set[Process] = set()  # every worker process started
         self._fork_server = fork_server  # starts workers in milliseconds, while it runs
-        self._forked = list(forked)  # workers the node forked before its loop started (worker_fork)
+        self._first_gpus: dict[int, int | None] = {}  # the GPUs of the workers asked for early
         self._bound = False
 
     def bind(self, on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler) -> None:
@@ -179,12 +178,21 @@ class WorkerPool:
         for handle in self.workers:
             self._start_reading(handle)
 
+    def request_first_workers(self) -> None:
+        """Ask the fork server for the first workers now, before the event loop runs: they boot
+        while the node imports its web stack. `start` then takes them."""
+        if self._fork_server is None:
+            return
+        for number in range(self.size):
+            gpu = self._first_gpus[number] = self._take_gpu()
+            self._fork_server.request(number, self._gpu_code(gpu))
+
     async def start(self) -> None:
         """Start the workers; they report ready by themselves once the node is bound."""
-        forked, self._forked = self._forked, []
-        adopted = [await self._adopt(number, worker) for number, worker in enumerate(forked)]
-        spawned = await asyncio.gather(*(self._spawn(n) for n in range(len(adopted), self.size)))
-        self.workers = adopted + list(spawned)
+        self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
+
+    def _gpu_code(self, gpu: int | None) -> int:
+        return NO_GPUS if not self._gpus.count else NO_GPU if gpu is None else gpu
 
     def alive_count(self) -> int:
         return sum(1 for w in self.workers if w.alive and w.ready.is_set())
@@ -198,12 +206,11 @@ class WorkerPool:
         return gpu
 
     async def _spawn(self, number: int) -> WorkerHandle:
-        gpu = self._take_gpu()
+        gpu = self._first_gpus.pop(number) if number in self._first_gpus else self._take_gpu()
         process: Process
         if self._fork_server is not None and self._fork_server.alive:
             try:
-                process, node_end, shm = await self._fork_server.start(
-                    number, NO_GPUS if not self._gpus.count else NO_GPU if gpu is None else gpu)
+                process, node_end, shm = await self._fork_server.start(number, self._gpu_code(gpu))
             except ConnectionError:
                 pass  # the server is gone: start it as a new interpreter
             else:
@@ -231,12 +238,6 @@ class WorkerPool:
         worker_end.close()
         handle = await self._handle(number, process, node_end, shm)
         handle.gpu = gpu
-        return handle
-
-    async def _adopt(self, number: int, worker: ForkedWorker) -> WorkerHandle:
-        handle = await self._handle(number, worker.process, worker.node_end, worker.shm)
-        if self._gpus.count:  # fork_workers gave worker `number` GPU `number`, if there is one
-            handle.gpu = self._take_gpu(number) if visible_to(number, self._gpus) else None
         return handle
 
     async def _handle(self, number: int, process: Process, node_end: socket.socket, shm: mmap.mmap) -> WorkerHandle:
