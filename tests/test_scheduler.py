@@ -457,6 +457,39 @@ def test_inputs_queued_again_go_back_to_the_node_that_holds_them():
     assert job.assignments["a"].inflight == {1: b"x1", 3: b"x3"} and job.node_losses == {0: 1, 2: 1}
 
 
+def test_a_node_back_may_say_it_holds_only_inputs_it_was_given():
+    # Fails on the previous code: a returning node could name any queued input of a job it can
+    # run, or another node's, and its results for them were taken.
+    s = Scheduler()
+    s.add_node(node("a", slots=2))
+    s.add_node(node("b", slots=2))
+    job = s.admit(spec(n=8))
+    s.add_inputs(job, _inputs(range(8)))
+    s.grant("a", "j", 2)
+    s.grant("b", "j", 2)
+    s.plan()
+    given_to_a = set(job.assignments["a"].inflight)
+    assert given_to_a and len(given_to_a) < 8
+    s.remove_node("a")
+    s.add_node(node("a", slots=2))
+    adopt_held(job, "a", list(range(8)))  # it claims every input of the job
+    assert set(job.assignments["a"].inflight) == given_to_a
+    elsewhere = {item[0] for item in job.pending} | set(job.assignments["b"].inflight)
+    assert elsewhere == set(range(8)) - given_to_a  # what it was never given stays queued or on "b"
+    # Once taken up again, what it was given is spent: claiming again takes nothing.
+    s.remove_node("a")
+    s.add_node(node("a", slots=2))
+    job.lost_holdings.clear()
+    adopt_held(job, "a", list(range(8)))
+    assert job.assignments["a"].inflight == {}
+
+
+def test_after_a_restart_a_node_back_is_believed_for_a_window_at_most():
+    s, job = _restored(n=limits.MAX_NODE_WINDOW + 10)
+    adopt_held(job, "a", list(range(limits.MAX_NODE_WINDOW + 10)))
+    assert len(job.node_held) == limits.MAX_NODE_WINDOW
+
+
 def test_held_inputs_of_a_lost_holder_are_queued_when_uploaded():
     s, job = _restored()
     adopt_held(job, "a", [0, 1])

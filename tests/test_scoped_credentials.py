@@ -135,7 +135,8 @@ async def _rogue_writes(cluster, job_id_holder: list, stop: threading.Event) -> 
             forged = PackedResults.of([[0, True, cloudpickle.dumps("forged")], [1, True, cloudpickle.dumps("forged")]])
             await ws.send_bytes(wire.NodeResults.of(job_id, forged, 0).encode())
             await ws.send_bytes(wire.OutputBatch(job_id, [[0, wire.STDOUT, "forged output\n"]]).encode())
-            await ws.send_bytes(wire.Stolen(job_id, "nobody", [0, 1], "t", time.time() + 60, b"g" * 32).encode())
+            stolen = wire.Stolen(job_id, "nobody", [0, 1], "t", time.time() + 60, b"g" * 32, b"r" * 32)
+            await ws.send_bytes(stolen.encode())
             await ws.send_bytes(wire.Credit(job_id, 10**9).encode())
             while not stop.is_set():
                 await asyncio.sleep(0.05)
@@ -207,15 +208,22 @@ def test_a_steal_report_moves_inputs_only_under_the_heads_grant_once():
     expires = time.time() + grants.GRANT_TTL_S
     good = grants.sign(donor.grant_key, "j", "donor", "thief", "t-1", expires)
     now = time.time()
-    assert "not the head's" in reports.refusal("thief", wire.Stolen("j", "donor", [1], "t-1", expires, b"x" * 32),
-                                               donor, now)
+
+    def stolen(indices: list[int], transfer_id: str = "t-1", grant: bytes = good, donor_id: str = "donor",
+               thief_id: str = "thief") -> wire.Stolen:
+        receipt = grants.receipt(donor.grant_key, "j", donor_id, thief_id, transfer_id, indices)
+        return wire.Stolen("j", donor_id, indices, transfer_id, expires, grant, receipt)
+
+    assert "not the head's" in reports.refusal("thief", stolen([1], grant=b"x" * 32), donor, now)
     # A grant is the thief's own: another node can't show it.
-    assert reports.refusal("other", wire.Stolen("j", "donor", [1], "t-1", expires, good), donor, now) is not None
-    assert reports.refusal("thief", wire.Stolen("j", "donor", [1], "t-1", expires, good), donor, now) is None
-    assert "reported already" in reports.refusal("thief", wire.Stolen("j", "donor", [2], "t-1", expires, good),
-                                                 donor, now)
-    assert "not registered" in reports.refusal("thief", wire.Stolen("j", "gone", [1], "t-2", expires, good), None,
-                                               now)
+    assert reports.refusal("other", stolen([1], thief_id="other"), donor, now) is not None
+    # Fails on the previous code: a granted thief could name any of the donor's inputs. Only
+    # those the donor's receipt names move.
+    more = wire.Stolen("j", "donor", [1, 2, 3], "t-1", expires, good, stolen([1]).receipt)
+    assert "receipt" in reports.refusal("thief", more, donor, now)
+    assert reports.refusal("thief", stolen([1]), donor, now) is None
+    assert "reported already" in reports.refusal("thief", stolen([2]), donor, now)
+    assert "not registered" in reports.refusal("thief", stolen([1], "t-2", donor_id="gone"), None, now)
 
 
 @pytest.mark.parametrize("spelling", ["", "bjt1..", "bjt1.am9i.", "bjt1.am9i.AAAA", "bnt1.!!.x", "bjt1.am9i.x.y"])

@@ -101,7 +101,8 @@ async def test_a_thief_takes_half_the_donors_queue_reports_it_and_acknowledges(d
     # from the donor's tail: the inputs that would have run there last.
     assert taken == list(range(84, 100))
     assert node.donor._dispatcher.jobs["j"].queue.index_list() == list(range(84))
-    assert reports == [wire.Stolen("j", DONOR, taken, hint.transfer_id, hint.expires_at, hint.grant)]
+    receipt = grants.receipt(key, "j", DONOR, THIEF, hint.transfer_id, taken)  # the donor names what it gave
+    assert reports == [wire.Stolen("j", DONOR, taken, hint.transfer_id, hint.expires_at, hint.grant, receipt)]
     transfer = node.donor.transfers[hint.transfer_id]
     assert transfer.acked and transfer.items == []  # acknowledged: nothing to give back
 

@@ -3,10 +3,12 @@ still holds, and the results a returning client already has. Pure functions of t
 
 from __future__ import annotations
 
+import itertools
 import zlib
 
 from burla.errors import ProtocolError
 from burla.head.records import RUNNING, JobRecord
+from burla.protocol import limits
 from burla.protocol.packed_results import unpack_indices
 
 _ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1
@@ -36,13 +38,24 @@ def take_up_held(jobs: dict[str, JobRecord], node_id: str, held: list) -> list[s
     return foreign
 
 
+def claimable(job: JobRecord, node_id: str, indices: list[int]) -> set[int]:
+    """What of `indices` a node registering again may say it holds: inputs this head gave it (in
+    flight on it, or back in the queue since it was lost). A job taken up after a restart has no
+    such record: there, at most a node's full window of them. Nothing done already."""
+    n, done = job.n_inputs, job.done
+    wanted = (i for i in indices if 0 <= i < n and not (i < len(done) and done[i]))
+    given = job.lost_holdings.pop(node_id, set())
+    if job.taken_up:
+        return set(itertools.islice(wanted, limits.MAX_NODE_WINDOW))
+    inflight = job.assignments[node_id].inflight
+    return {i for i in wanted if i in given or i in inflight}
+
+
 def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:
     """A node registering again still holds these inputs (queued, running, or with results on
     their way): they count as in flight on it, not to be pushed anywhere else."""
     assignment = job.assignments[node_id]
-    n = job.n_inputs
-    done = job.done
-    holding = {i for i in indices if 0 <= i < n and not (i < len(done) and done[i])}
+    holding = claimable(job, node_id, indices)
     if not holding:
         return
     if job.pending:  # queued here again meanwhile (the node's inputs came back when it dropped)

@@ -79,6 +79,10 @@ class JobRecord:
     node_losses: dict[int, int] = field(default_factory=dict)  # index -> nodes lost while holding it
     assignments: dict[str, Assignment] = field(default_factory=dict)
     restored: bool = False  # taken up after a head restart; its client has not said what it holds yet
+    taken_up: bool = False  # taken up after a head restart: nodes may hold inputs this head never pushed
+    # Inputs that went back to the queue when a node was lost: node id -> indices. Only these (and
+    # what is in flight on it) may the node say it still holds when it registers again.
+    lost_holdings: dict[str, set[int]] = field(default_factory=dict)
     # Inputs a node reported holding when it registered again whose bytes this head has not got
     # yet (it restarted): index -> node id. The client's upload of one goes to that node's inflight.
     node_held: dict[int, str] = field(default_factory=dict)

@@ -112,6 +112,7 @@ class Scheduler:
                     else:
                         back.append((index, data))
                 job.pending.extend_front(back)
+                job.lost_holdings[node_id] = {index for index, _ in back}
             affected.append((job, given_up))
         return affected
 
@@ -170,7 +171,7 @@ class Scheduler:
         eligible = [(node, node_parallelism(node, spec)) for node in self.nodes.values()
                     if can_join(node, spec)]
         job = self._create(spec, eligible)
-        job.restored = True
+        job.restored = job.taken_up = True
         return job
 
     def _create(self, spec: wire.OpenJob, eligible: list[tuple[NodeRecord, int]]) -> JobRecord:

@@ -4,6 +4,8 @@ a thief's report is one the head granted (`StolenReports`), and whose inputs mov
 
 from __future__ import annotations
 
+import hmac
+
 from burla.head.records import RUNNING, JobRecord, NodeRecord
 from burla.protocol import grants, wire
 
@@ -52,7 +54,8 @@ def record_steal(thief_id: str, job: JobRecord, donor_id: str, indices: list[int
 
 class StolenReports:
     """A thief's report moves inputs only under a grant the head signed for that thief, donor, job
-    and transfer, once: a node can't claim inputs of another node's it was never granted."""
+    and transfer, once, and only the inputs the donor's receipt names: a node can't claim inputs
+    of another node's it was never given."""
 
     def __init__(self) -> None:
         self._spent: dict[str, float] = {}  # transfer id -> when its grant can no longer be shown
@@ -67,6 +70,9 @@ class StolenReports:
                              msg.expires_at, now)
         if why is not None:
             return why
+        given = grants.receipt(donor.grant_key, msg.job_id, msg.donor_id, thief_id, msg.transfer_id, msg.indices)
+        if not hmac.compare_digest(given, msg.receipt):
+            return "the donor's receipt does not name these inputs"
         if msg.transfer_id in self._spent:
             return f"transfer {msg.transfer_id!r} was reported already"
         self._spent[msg.transfer_id] = msg.expires_at + grants.CLOCK_SKEW_S

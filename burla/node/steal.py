@@ -72,7 +72,10 @@ class Donor:
                          request.thief_id, request.transfer_id)
         elif transfer.job_id != request.job_id:
             raise ProtocolError(f"transfer {request.transfer_id} belongs to job {transfer.job_id}")
-        return wire.StealGrant(request.job_id, request.transfer_id, transfer.items if not transfer.acked else [])
+        items = transfer.items if not transfer.acked else []
+        receipt = grants.receipt(self.key, request.job_id, self._node_id, request.thief_id, request.transfer_id,
+                                 [index for index, _ in items])
+        return wire.StealGrant(request.job_id, request.transfer_id, items, receipt)
 
     def ack(self, ack: wire.StealAck) -> bool:
         transfer = self.transfers.get(ack.transfer_id)
@@ -132,7 +135,7 @@ class Thief:
         if not self._dispatcher.add_stolen(hint.job_id, grant.items):
             return  # the job ended here meanwhile: no ack, so the donor keeps them
         await self._report(wire.Stolen(hint.job_id, hint.donor_id, [i for i, _ in grant.items], hint.transfer_id,
-                                       hint.expires_at, hint.grant))
+                                       hint.expires_at, hint.grant, grant.receipt))
         self.stolen += len(grant.items)
         log.info("stole %d inputs of job %s from %s", len(grant.items), hint.job_id, hint.donor_id)
         await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal/ack",

@@ -5,6 +5,11 @@ At registration the head gives each node a secret grant key. To let `thief` stea
 presents that grant to the donor, which checks it with its own key. A token holder who is not
 the head can't make one, a grant opens one transfer of one job to one thief, and it expires.
 Thieves send no bearer token to donors: a grant is all a transfer needs.
+
+The donor answers with the inputs it gives and a receipt: its signature, with the same key, over
+the transfer and exactly those input indices. The thief shows the receipt in its `Stolen` report,
+so the head moves to the thief only what the donor gave, never more inputs of the donor's than
+that.
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ def new_transfer_id(thief_id: str) -> str:
 
 def sign(key: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: str, expires_at: float) -> bytes:
     message = msgpack.packb(["steal", job_id, donor_id, thief_id, transfer_id, expires_at], use_bin_type=True)
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def receipt(key: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: str, indices: list[int]) -> bytes:
+    """The donor's signature over the inputs it gave in one transfer."""
+    message = msgpack.packb(["given", job_id, donor_id, thief_id, transfer_id, indices], use_bin_type=True)
     return hmac.new(key, message, hashlib.sha256).digest()
 
 

@@ -371,6 +371,7 @@ class Stolen(Message):
     transfer_id: str
     expires_at: float
     grant: bytes
+    receipt: bytes  # the donor's signature over exactly these indices (StealGrant.receipt)
 
     def validate(self) -> None:
         if any(type(i) is not int for i in self.indices):
@@ -395,6 +396,7 @@ class StealGrant(Message):
     job_id: str
     transfer_id: str
     items: list  # [[input_index, pickled_args], ...]; empty if nothing to give
+    receipt: bytes  # the donor's signature over the items' indices, in order (grants.receipt)
 
     def validate(self) -> None:
         check_items("StealGrant", self.items, (int, bytes))
