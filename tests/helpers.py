@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 # A client script's opening: test helpers are pickled by value, like a user's __main__.
 PRELUDE = (
@@ -78,3 +80,36 @@ def finish_client(client: subprocess.Popen, timeout: float = 200) -> list:
 
 def run_client_in(python, head, script: str, cwd, timeout: float = 200) -> list:
     return finish_client(start_client(python, head, script, cwd), timeout)
+
+
+REPO = Path(__file__).resolve().parent.parent
+DETACHED = re.compile(r"Done uploading inputs! Job (\S+) runs on")
+
+
+def start_detached(call: str, env: dict[str, str], timeout: float = 120) -> str:
+    """Run `remote_parallel_map(..., detach=True)` (the expression `call`, after PRELUDE) in a client
+    process, and kill that process as soon as it says its inputs are up, as a user who walks
+    away would; returns the job's id, read from that message."""
+    import sys
+
+    script = PRELUDE + f"{call}\n"
+    client = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, **env), cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        assert client.stderr is not None
+        while time.monotonic() < deadline:
+            line = client.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = DETACHED.search(line)
+            if found:
+                return found.group(1)
+        raise AssertionError("the client never said its inputs were up:\n" + "".join(lines))
+    finally:
+        client.kill()
+        client.wait(60)
+        if client.stderr is not None:
+            client.stderr.close()

@@ -19,7 +19,7 @@ import burla
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
 from tests.conftest import REPO, run_client, start_head, wait_for_nodes
 from tests.functions import double
-from tests.helpers import wait_until
+from tests.helpers import DETACHED, wait_until
 
 PRELUDE = (
     "import cloudpickle\n"
@@ -192,20 +192,24 @@ def _running_jobs(head) -> int:
         return sum(1 for j in json.load(response)["jobs"] if j["status"] == "RUNNING" and j["running"] > 0)
 
 
-def test_ctrl_c_cancels_the_job_and_frees_the_node(cluster):
+def test_ctrl_c_cancels_the_job_frees_the_node_and_raises_keyboard_interrupt(cluster):
+    # Fails on the previous code: Ctrl-C raised JobCanceled, which `except Exception` swallowed.
     script = PRELUDE + (
-        "from burla import JobCanceled\n"
         "try:\n"
-        "    remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(4)], spinner=False)\n"
-        "except JobCanceled as e:\n"
-        "    print('canceled:', e, flush=True)\n"
+        "    try:\n"
+        "        remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(4)], spinner=False)\n"
+        "    except Exception as e:\n"
+        "        print('swallowed:', type(e).__name__, flush=True)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
     )
     client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(lambda: _running_jobs(cluster) >= 1, what="job running")
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=60)
-    assert "canceled:" in out, err
+    assert "interrupted" in out and "swallowed" not in out, (out, err)
+    assert "canceled (Ctrl-C)" in err
     # The running calls stopped (they would sleep a minute): the next job runs at once.
     done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2, 3, 4], spinner=False))\n",
                       cluster.env(), timeout=30)
@@ -214,6 +218,29 @@ def test_ctrl_c_cancels_the_job_and_frees_the_node(cluster):
     with urllib.request.urlopen(request) as response:
         statuses = [j["status"] for j in json.load(response)["jobs"] if j["function_name"] == "sleep_then_return"]
     assert statuses and statuses[0] == "CANCELED"
+
+
+def test_ctrl_c_after_a_detached_jobs_upload_leaves_it_running(cluster):
+    script = PRELUDE + (
+        "try:\n"
+        "    remote_parallel_map(functions.sleep_then_return, [(i, 2) for i in range(3)], detach=True,\n"
+        "                        spinner=False)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert client.stderr is not None
+    job_id = None
+    while job_id is None:
+        line = client.stderr.readline()
+        assert line, "the client ended before its inputs were up"
+        found = DETACHED.search(line)
+        job_id = found.group(1) if found else None
+    client.send_signal(signal.SIGINT)
+    out, err = client.communicate(timeout=60)
+    assert "interrupted" in out and "runs on (detached)" in err, (out, err)
+    assert cluster.client().get_results(job_id, spinner=False) == [0, 1, 2]
 
 
 def _run_in_pty(script: str, env: dict[str, str], timeout: float = 60) -> str:
@@ -354,19 +381,17 @@ def test_the_module_functions_use_the_head_the_environment_names(cluster, tmp_pa
     # burla.remote_parallel_map, get_results and get_cluster_dashboard_url find their head in
     # BURLA_CLUSTER_DASHBOARD_URL and BURLA_CLUSTER_TOKEN (and nothing in this config directory).
     script = PRELUDE + (
-        "from burla import get_results\n"
-        "job_id = remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False)\n"
-        "print(job_id)\n"
-        "print(get_results(job_id, spinner=False))\n"
+        "print(remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False))\n"
         "print(remote_parallel_map(functions.double, [4], spinner=False))\n"
         "print(get_cluster_dashboard_url())\n"
     )
     done = run_client(script, _env(tmp_path / "config", **{ENV_HEAD_URL: cluster.url, ENV_TOKEN: cluster.token}))
     assert done.returncode == 0, done.stderr
-    job_id, results, again, url = done.stdout.splitlines()[-4:]
+    results, again, url = done.stdout.splitlines()[-3:]
     assert (results, again, url) == ("[2, 4, 6]", "[8]", cluster.url)
-    from tests.helpers import get_json
+    from tests.helpers import DETACHED, get_json
 
+    [job_id] = DETACHED.findall(done.stderr)
     assert job_id in [job["job_id"] for job in get_json(cluster, "/v1/cluster")["jobs"]]  # it ran on that head
     assert not (tmp_path / "config" / "logs").exists()  # no head was started here
 

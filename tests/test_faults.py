@@ -17,7 +17,7 @@ from burla.node.fork_server import PROCESS_NAME as FORK_SERVER_NAME
 from tests import functions
 from tests.cluster_runner import LocalCluster
 from tests.conftest import REPO, record_fault_trial
-from tests.helpers import PRELUDE, wait_until
+from tests.helpers import PRELUDE, start_detached, wait_until
 from tests.proxy import CuttableProxy
 
 pytestmark = pytest.mark.faults
@@ -176,14 +176,8 @@ def test_restart_the_head_under_a_detached_job(tmp_path, how, when):
     # Fails on the previous code: a detached job's inputs lived only in the head's memory.
     with LocalCluster(tmp_path / "c", nodes=2, workers=2) as cluster:
         client = cluster.client()
-        script = PRELUDE + (
-            f"job_id = remote_parallel_map(functions.sleep_then_return, [(i, 0.2) for i in range({INPUTS})], "
-            "detach=True, spinner=False)\nprint(job_id)\n"
-        )
-        uploaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                                  cwd=REPO, env=dict(os.environ, **cluster.env()))
-        assert uploaded.returncode == 0, uploaded.stderr
-        job_id = uploaded.stdout.strip().splitlines()[-1]
+        job_id = start_detached(f"remote_parallel_map(functions.sleep_then_return, [(i, 0.2) for i in "
+                                f"range({INPUTS})], detach=True, spinner=False)", cluster.env())
         if when == "running":
             wait_until(lambda: cluster.get(f"/v1/jobs/{job_id}")["n_done"] >= 4, timeout=120, what="some results in")
         cluster.stop_head(how)  # "detached": the moment the client is gone, which it is only once inputs are saved

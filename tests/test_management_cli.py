@@ -15,7 +15,7 @@ import pytest
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import PRELUDE, get_json
+from tests.helpers import PRELUDE, get_json, start_detached
 
 
 def burla(head, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -121,7 +121,8 @@ def test_cancel_a_running_job(cluster):
 
 
 def test_results_of_a_detached_job(cluster, client):
-    job_id = client.remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False)
+    job_id = start_detached("remote_parallel_map(functions.double, [1, 2, 3], detach=True, spinner=False)",
+                            cluster.env())
     deadline = time.monotonic() + 60
     while burla(cluster, "jobs", "show", job_id)[1]["data"]["status"] != "COMPLETED":
         assert time.monotonic() < deadline

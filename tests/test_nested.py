@@ -38,6 +38,15 @@ def test_a_pipeline_of_two_stages_in_one_parent_job(client):
     assert client.remote_parallel_map(functions.two_stage_pipeline, [(words,)], spinner=False) == [[2, 4, 6]]
 
 
+def test_the_guides_detached_pipeline_gives_its_answer(client, capsys):
+    # The user guide's own example: `remote_parallel_map(pipeline, [(samples,)], detach=True)[0]`.
+    # Fails on the previous code: detach=True returned the job id, and [0] its first letter.
+    samples = ["ab", "cde"]
+    assert client.remote_parallel_map(functions.two_stage_pipeline, [(samples,)], detach=True, spinner=False)[0] \
+        == [4, 6]
+    assert "Done uploading inputs!" in capsys.readouterr().err
+
+
 def test_canceling_a_parent_cancels_its_children(cluster, client):
     script = PRELUDE + "remote_parallel_map(functions.nested_sleepers, [0])\n"
     process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),

@@ -15,8 +15,8 @@ from burla import DetachRequiresDeployedCluster
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
-from tests.conftest import own_head, run_client, start_head, wait_for_nodes
-from tests.helpers import PRELUDE, get_json, wait_until
+from tests.conftest import own_head, start_head, wait_for_nodes
+from tests.helpers import get_json, start_detached, wait_until
 
 
 def _node_processes(head) -> list[psutil.Process]:
@@ -75,15 +75,9 @@ def test_losing_the_only_node_fails_the_job_clearly(tmp_path):
 def test_detached_job_runs_on_after_its_client_exits(cluster, tmp_path):
     out = tmp_path / "calls"
     out.mkdir()
-    script = PRELUDE + (
-        f"job_id = remote_parallel_map(functions.record_interval, [({str(out)!r}, i, 0.5) for i in range(4)], "
-        "detach=True, spinner=False)\n"
-        "print(job_id)\n"
-    )
-    done = run_client(script, cluster.env())
-    assert done.returncode == 0, done.stderr
-    job_id = done.stdout.strip().splitlines()[-1]
-    assert "Done uploading inputs!" in done.stderr
+    # The client is killed the moment it says its inputs are up.
+    job_id = start_detached(f"remote_parallel_map(functions.record_interval, [({str(out)!r}, i, 0.5) "
+                            "for i in range(4)], detach=True, spinner=False)", cluster.env())
     wait_until(lambda: get_json(cluster, f"/v1/jobs/{job_id}")["status"] == "COMPLETED", what="detached job done")
     assert sorted(p.name for p in out.iterdir()) == [f"{i}.txt" for i in range(4)]
 

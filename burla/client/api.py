@@ -63,7 +63,7 @@ class Client:
         spinner: bool = True,
         region: str | None = None,
         disk_gb: int | None = None,
-    ) -> list[Any] | Iterator[Any] | str | None:
+    ) -> list[Any] | Iterator[Any]:
         """`burla.remote_parallel_map` on this client's cluster."""
         if not callable(function_):
             raise InvalidArgument(f"function_ must be callable, got {type(function_).__name__}")
@@ -102,7 +102,8 @@ class Client:
         """`burla.get_results` on this client's cluster."""
         if not isinstance(job_id, str) or not job_id:
             raise InvalidArgument(
-                f"job_id must be the string remote_parallel_map(detach=True) returned, got {job_id!r}")
+                "job_id must be a job's id (printed by remote_parallel_map(detach=True) in \"Done uploading inputs! "
+                f"Job JOB_ID\", or listed by `burla jobs list`), got {job_id!r}")
         cluster = connect(self.settings, allow_embedded=False)
         from burla.client import session
 
@@ -137,7 +138,7 @@ def remote_parallel_map(
     spinner: bool = True,
     region: str | None = None,
     disk_gb: int | None = None,
-) -> list[Any] | Iterator[Any] | str | None:
+) -> list[Any] | Iterator[Any]:
     """Call `function_` once per input, in parallel on every CPU of the cluster.
 
     Each input is one call: a tuple is unpacked into positional arguments (nest it,
@@ -146,8 +147,10 @@ def remote_parallel_map(
     re-raised here with its original type, the remote traceback and `exc.burla_input_index`;
     with `raise_errors=False` the exception object stands in that input's place instead.
     Whatever calls print appears here live. With no cluster configured, a local cluster is
-    started on this machine for the job and stopped after. With `detach=True` the call returns
-    the job id once every input is uploaded and the job runs on without this process.
+    started on this machine for the job and stopped after. With `detach=True`, once every input
+    is uploaded it prints "Done uploading inputs! Job JOB_ID ..."; from then on the job runs on
+    if this process ends (collect it with `get_results`), and a process that stays gets its results.
+    Ctrl-C cancels the job (a detached one runs on once uploaded) and raises KeyboardInterrupt.
     (`Client(head_url, token).remote_parallel_map` runs on a head named outright.)
     """
     return Client().remote_parallel_map(
@@ -161,8 +164,8 @@ def get_results(job_id: str, generator: bool = False, raise_errors: bool = True,
     """Collect the results of a job started with `detach=True` (in input order, or as an iterator).
 
     The head keeps a detached job's results until they are collected; this waits for calls
-    still running. Raises `JobNotFound` if the head has no results for that job (never ran
-    there, already collected, or the head restarted).
+    still running. Raises `JobNotFound` if the head has no results for that job (it never ran
+    there, or they were collected already). Ctrl-C stops waiting and leaves the job running.
     """
     return Client().get_results(job_id, generator=generator, raise_errors=raise_errors, spinner=spinner)
 

@@ -67,8 +67,10 @@ class JobRunner:
         opening: wire.OpenJob | None = None,
         inputs: Sequence[Any] = (),
         in_order: bool = False,
+        secret: str | None = None,
     ) -> None:
-        """Run a new job (`opening` given) or collect an existing one's results (`opening` None).
+        """Run a new job (`opening` given) or collect an existing one's results (`opening` None,
+        with the job's `secret` if this client heard it when it opened the job).
         With `in_order` (a new job), the values go straight into `results`, in input order, and
         only failures (then ALL_IN) go through `outcomes`: a hand-over per batch to the caller's
         thread, and its loop over every outcome, were a good part of a short call's client cost."""
@@ -103,7 +105,12 @@ class JobRunner:
         self._lost_at: float | None = None  # when the connection to the head dropped, while it is down
         # What resuming the job takes: the head says it in JobAccepted; a holder of the cluster
         # token collecting a job it did not open derives it (a job's token can't).
-        self._secret = "" if is_scoped(cluster.token) else job_secret(cluster.token, job_id)
+        self._secret = secret or ("" if is_scoped(cluster.token) else job_secret(cluster.token, job_id))
+
+    @property
+    def secret(self) -> str:
+        """What resuming this job takes (heard from the head when the job opened)."""
+        return self._secret
 
     def start(self) -> None:
         """Run the job on this process's client loop (shared by its jobs)."""

@@ -55,8 +55,10 @@ def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int
 
 
 def run(cluster: ClusterHandle, spec: wire.OpenJob, inputs: list[Any], spinner: bool,
-        generator: bool) -> list[Any] | Iterator[Any] | str:
-    """Open the job and hand back its results (or, detached, its id once the inputs are up)."""
+        generator: bool) -> list[Any] | Iterator[Any]:
+    """Open the job and hand back its results. A detached job is collected like any other once its
+    inputs are up and "Done uploading inputs!" is printed; should this process end (or Ctrl-C)
+    after that, the job runs on and the head keeps its results for `get_results`."""
     display = Display(len(inputs), show_progress=spinner)
     warning = not_replicated_warning()
     if warning is not None:
@@ -65,26 +67,38 @@ def run(cluster: ClusterHandle, spec: wire.OpenJob, inputs: list[Any], spinner: 
                        in_order=not (generator or spec.detach))
     runner.start()
     if spec.detach:
-        return _detach(runner, cluster)
+        _wait(runner.uploaded, runner)  # Ctrl-C meanwhile cancels the job
+        if runner.error is not None:
+            raise runner.error
+        try:
+            print(f"Done uploading inputs! Job {runner.job_id} runs on at {cluster.url} even if this process "
+                  f"ends (collect it then with `burla jobs results {runner.job_id}`)", file=sys.stderr)
+            runner.close()
+            runner.display.finish()
+            return collect(cluster, spec.job_id, spinner, generator, spec.raise_errors, runner.secret)
+        except KeyboardInterrupt:  # wherever it lands once the inputs are up: the job runs on
+            _say_it_runs_on(spec.job_id)
+            raise
     if generator:
-        return _results_as_completed(runner, cluster, spec.raise_errors)
-    return _results_in_order(runner, cluster, spec.raise_errors)
+        return _results_as_completed(runner, cluster, spec.raise_errors, cancel_on_interrupt=True)
+    return _results_in_order(runner, cluster, spec.raise_errors, cancel_on_interrupt=True)
 
 
 def collect(cluster: ClusterHandle, job_id: str, spinner: bool, generator: bool,
-            raise_errors: bool) -> list[Any] | Iterator[Any]:
-    """The results of a detached job, collected from the head."""
-    runner = JobRunner(cluster, job_id, Display(0, show_progress=spinner))
+            raise_errors: bool, secret: str | None = None) -> list[Any] | Iterator[Any]:
+    """The results of a detached job, collected from the head (Ctrl-C leaves the job running)."""
+    runner = JobRunner(cluster, job_id, Display(0, show_progress=spinner), secret=secret)
     runner.start()
     if generator:
-        return _results_as_completed(runner, cluster, raise_errors)
-    return _results_in_order(runner, cluster, raise_errors)
+        return _results_as_completed(runner, cluster, raise_errors, cancel_on_interrupt=False)
+    return _results_in_order(runner, cluster, raise_errors, cancel_on_interrupt=False)
 
 
-def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> list[Any]:
-    batches = _outcome_batches(runner, cluster, raise_errors)
+def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool,
+                      cancel_on_interrupt: bool) -> list[Any]:
+    batches = _outcome_batches(runner, cluster, raise_errors, cancel_on_interrupt)
     try:
-        _wait(runner.opened, runner)
+        _wait(runner.opened, runner, cancel_on_interrupt)
     except BaseException:
         batches.close()
         raise
@@ -99,29 +113,51 @@ def _results_in_order(runner: JobRunner, cluster: ClusterHandle, raise_errors: b
     return results
 
 
-def _results_as_completed(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Iterator[Any]:
-    for batch in _outcome_batches(runner, cluster, raise_errors):
+def _results_as_completed(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool,
+                          cancel_on_interrupt: bool) -> Iterator[Any]:
+    for batch in _outcome_batches(runner, cluster, raise_errors, cancel_on_interrupt):
         for _index, _ok, value in batch:
             yield value
 
 
-def _wait(event, runner: JobRunner) -> None:
-    """Wait for a runner event; Ctrl-C cancels the job."""
+def _wait(event, runner: JobRunner, cancel_on_interrupt: bool = True) -> None:
+    """Wait for a runner event; Ctrl-C cancels the job (or leaves a detached one running) and
+    raises KeyboardInterrupt, as it would without burla."""
     try:
         while not event.wait(0.25):
             pass
     except KeyboardInterrupt:
+        _interrupted(runner, cancel_on_interrupt)
+        raise
+
+
+def _interrupted(runner: JobRunner, cancel: bool) -> None:
+    if cancel:
         runner.cancel("Ctrl-C in the client")
-        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
+        print(f"[burla] job {runner.job_id} canceled (Ctrl-C)", file=sys.stderr)
+    else:
+        _say_it_runs_on(runner.job_id)
 
 
-def _outcome_batches(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool
+_said_runs_on: set[str] = set()
+
+
+def _say_it_runs_on(job_id: str) -> None:
+    """Tell the user, once, how to collect a detached job this process stops waiting for."""
+    if job_id not in _said_runs_on:
+        _said_runs_on.add(job_id)
+        print(f"[burla] job {job_id} runs on (detached); collect its results with `burla jobs results {job_id}` "
+              f"or burla.get_results({job_id!r})", file=sys.stderr)
+
+
+def _outcome_batches(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool, cancel_on_interrupt: bool
                      ) -> Generator[list[Outcome], None, None]:
     with waiting_on_children():  # inside a worker: lend this slot while the nested job runs
-        yield from _collect(runner, cluster, raise_errors)
+        yield from _collect(runner, cluster, raise_errors, cancel_on_interrupt)
 
 
-def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> Generator[list[Outcome], None, None]:
+def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool,
+             cancel_on_interrupt: bool) -> Generator[list[Outcome], None, None]:
     """Outcomes as they arrive, in batches; with raise_errors, the first failed one raises (after
     the outcomes before it in its batch)."""
     received = 0
@@ -149,20 +185,11 @@ def _collect(runner: JobRunner, cluster: ClusterHandle, raise_errors: bool) -> G
         if received < runner.n_inputs:
             raise JobCanceled(f"job {runner.job_id} ended with {runner.n_inputs - received} results missing")
     except KeyboardInterrupt:
-        runner.cancel("Ctrl-C in the client")
-        raise JobCanceled(f"job {runner.job_id} canceled by Ctrl-C") from None
+        _interrupted(runner, cancel_on_interrupt)
+        raise
     finally:
         runner.close()
         runner.display.finish()
         cluster.close()
-
-
-def _detach(runner: JobRunner, cluster: ClusterHandle) -> str:
-    _wait(runner.uploaded, runner)
-    if runner.error is not None:
-        raise runner.error
-    print(f"Done uploading inputs! Job {runner.job_id} runs on at {cluster.url}", file=sys.stderr)
-    runner.close()
-    return runner.job_id
 
 

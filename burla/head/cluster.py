@@ -307,7 +307,8 @@ class Cluster:
         if job is None or link is None:
             raise JobNotFound(
                 f"this head has no results waiting for job {msg.job_id!r}: it never ran here, its "
-                "results were already collected, or the head restarted."
+                "results were already collected, or it was not detached and its client is gone (only a "
+                "detached job's results wait for `burla jobs results`; with --no-history, not past a restart)."
             )
         link.patience_s = None  # back: a later disconnect gets the usual client deadline
         # Batches are numbered after what the client acknowledged: a restarted head counts from 0
