@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from burla._version import __version__
 from burla.errors import (
     BurlaError,
+    ClusterRestarted,
+    ClusterShutdown,
     DetachRequiresDeployedCluster,
     FunctionTooBig,
     InputTooBig,
@@ -48,6 +50,8 @@ __all__ = [
     "InputTooBig",
     "InvalidArgument",
     "JobCanceled",
+    "ClusterShutdown",
+    "ClusterRestarted",
     "JobFailed",
     "JobNotFound",
     "NoCompatibleNodes",

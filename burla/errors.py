@@ -23,7 +23,9 @@
     │   ├── BootstrapFailed       a VM could not be reached over SSH or set up as a node
     │   └── GrantRefused          a node was asked for inputs without the head's grant (HTTP 403)
     ├── JobError                  the job started but did not end normally
-    │   ├── JobCanceled           Ctrl-C, `burla jobs cancel`, or the head cancelled it
+    │   ├── JobCanceled           `burla jobs cancel`, a parent that ended, or the head cancelled it
+    │   │   ├── ClusterShutdown   the cluster was stopped under the job (`burla cluster stop`)
+    │   │   └── ClusterRestarted  the cluster was restarted under the job (`burla cluster restart`)
     │   ├── JobFailed             the head ended the job (.reason names why)
     │   ├── NodeDisconnected      the connection to the cluster was lost mid-job
     │   ├── WorkerCrashed         the worker running a call died (.input_index, .exit_code)
@@ -177,6 +179,14 @@ class JobCanceled(JobError):
     pass
 
 
+class ClusterShutdown(JobCanceled):
+    """The cluster was stopped while the job ran (its running calls were stopped too)."""
+
+
+class ClusterRestarted(JobCanceled):
+    """The cluster was restarted while the job ran: run the job again on the restarted cluster."""
+
+
 class JobFailed(JobError):
     pass
 
@@ -267,6 +277,8 @@ WIRE_ERRORS: dict[str, type[BurlaError]] = {
         JobNotFound,
         DetachRequiresDeployedCluster,
         JobCanceled,
+        ClusterShutdown,
+        ClusterRestarted,
         JobFailed,
         CallFailed,
         NodeDisconnected,

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 
@@ -15,7 +16,7 @@ import pytest
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import PRELUDE, get_json, start_detached
+from tests.helpers import PRELUDE, get_json, start_detached, wait_until
 
 
 def burla(head, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -264,5 +265,35 @@ def test_cluster_stop_and_start(tmp_path):
         assert client.remote_parallel_map(functions.double, [1], spinner=False) == [2]
         code, doc = burla(head, "cluster", "restart")
         assert code == 0 and len(doc["data"]["stopped"]) == 1 and len(doc["data"]["booted"]) == 1
+    finally:
+        head.stop()
+
+
+@pytest.mark.parametrize("command, error", [("stop", "ClusterShutdown"), ("restart", "ClusterRestarted")])
+def test_a_job_under_a_cluster_stop_or_restart_raises_what_happened(tmp_path, command, error):
+    # Fails on the previous code: both raised a plain JobCanceled saying "stopped".
+    from burla import ClusterRestarted, ClusterShutdown, JobCanceled
+
+    head = start_head(tmp_path / "config", local_nodes=1, workers=1)
+    client = head.client()
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            client.remote_parallel_map(functions.sleep_then_return, [(0, 60)], spinner=False)
+        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
+            caught.append(e)
+
+    try:
+        wait_for_nodes(head, 1)
+        job = threading.Thread(target=run, daemon=True)
+        job.start()
+        wait_until(lambda: any(j["running"] for j in get_json(head, "/v1/cluster")["jobs"]), what="the job running")
+        code, _ = burla(head, "cluster", command)
+        assert code == 0
+        job.join(60)
+        [exc] = caught
+        assert type(exc).__name__ == error and isinstance(exc, JobCanceled), repr(exc)
+        assert type(exc) is {"ClusterShutdown": ClusterShutdown, "ClusterRestarted": ClusterRestarted}[error]
     finally:
         head.stop()

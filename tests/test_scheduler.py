@@ -71,6 +71,17 @@ def test_max_parallelism_gives_every_node_its_slots_before_more_on_one():
     assert sorted((a.parallelism, a.slots) for a in job.assignments.values()) == [(2, 2), (4, 2)]
 
 
+def test_capped_jobs_started_together_spread_over_the_least_loaded_nodes():
+    # Fails on the previous code: both landed on the same node (ordered by ceiling, not load).
+    s = Scheduler()
+    s.add_node(node("a", slots=2))
+    s.add_node(node("b", slots=2))
+    first = s.admit(spec("first", n=10, max_parallelism=2))
+    second = s.admit(spec("second", n=10, max_parallelism=2))
+    assert len(first.assignments) == len(second.assignments) == 1
+    assert set(first.assignments) != set(second.assignments)
+
+
 def test_shares_over_many_nodes_add_up_to_the_caps_and_a_lost_nodes_share_moves():
     # The running totals that replaced a sum per node (admitting on N nodes was O(N²)) keep the
     # same caps: max_parallelism in all, a slot per input, a lost node's share to one left out.

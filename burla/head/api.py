@@ -185,7 +185,7 @@ async def cluster_stop(request: web.Request) -> web.Response:
 
 async def cluster_restart(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    stopped = await fleet.stop()
+    stopped = await fleet.stop(restarting=True)
     try:
         started = await fleet.start()
     except CloudRefused as e:

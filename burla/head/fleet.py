@@ -448,11 +448,15 @@ class Fleet:
         for node_id in booted:
             self.cluster.record.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")
 
-    async def stop(self) -> dict[str, Any]:
+    async def stop(self, restarting: bool = False) -> dict[str, Any]:
+        """Stop every node (and VM); running jobs end CANCELED, as ClusterShutdown (or, when the
+        cluster is about to start again, ClusterRestarted) in their clients."""
         self.stopped = True
+        kind, why = ((EndKind.CLUSTER_RESTARTED, "the cluster was restarted") if restarting
+                     else (EndKind.CLUSTER_SHUTDOWN, "the cluster was stopped"))
         for job in list(self.cluster.scheduler.jobs.values()):
             if job.status == RUNNING:
-                self.cluster.end_job(job, JobStatus.CANCELED, EndKind.JOB_CANCELED, "the cluster was stopped")
+                self.cluster.end_job(job, JobStatus.CANCELED, kind, why)
         stopped = []
         for node_id in list(self.cluster.scheduler.nodes):
             link = self.cluster.node_links.get(node_id)

@@ -176,7 +176,10 @@ class Scheduler:
 
     def _create(self, spec: wire.OpenJob, eligible: list[tuple[NodeRecord, int]]) -> JobRecord:
         job = JobRecord(spec)  # per-input flags grow as inputs come (JobRecord.cover)
-        ordered = sorted(eligible, key=lambda e: -e[1])
+        # The least-loaded nodes first (slots the running jobs hold there, per slot it has), so
+        # capped jobs started together spread over the cluster; then the most calls at once.
+        held = self._slots_held()
+        ordered = sorted(eligible, key=lambda e: (held.get(e[0].node_id, 0) / max(1, e[0].slots), -e[1]))
         # First a call per slot on as many nodes as the caps allow, then what max_parallelism
         # leaves of their parallelism (calls that wait may run more than one per slot).
         given = Given(job)
@@ -195,6 +198,14 @@ class Scheduler:
         self.jobs[spec.job_id] = job
         self.running[spec.job_id] = job
         return job
+
+    def _slots_held(self) -> dict[str, int]:
+        """Per node, the slots the running jobs' shares hold there."""
+        held: dict[str, int] = {}
+        for running in self.running.values():
+            for node_id, assignment in running.assignments.items():
+                held[node_id] = held.get(node_id, 0) + assignment.slots
+        return held
 
     def load_kept(self, job: JobRecord, inputs: list, results: list) -> None:
         """A detached job taken up after a restart: its kept results count as done, its kept

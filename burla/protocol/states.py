@@ -53,6 +53,8 @@ class EndKind(StrEnum):
     CALL_FAILED = "CallFailed"  # a call raised, and the job stopped at its first failure (raise_errors)
     JOB_FAILED = "JobFailed"
     JOB_CANCELED = "JobCanceled"
+    CLUSTER_SHUTDOWN = "ClusterShutdown"  # the cluster was stopped under it
+    CLUSTER_RESTARTED = "ClusterRestarted"  # the cluster was restarted under it
     NO_NODES = "NoNodes"
     NO_COMPATIBLE_NODES = "NoCompatibleNodes"
     NODE_DISCONNECTED = "NodeDisconnected"
