@@ -62,14 +62,22 @@ def test_losing_the_only_node_fails_the_job_clearly(tmp_path):
         stream = head.client().remote_parallel_map(functions.sleep_then_return, [(i, 0.5) for i in range(6)],
                                                    generator=True, spinner=False)
         next(stream)
+        [node_id] = [node["node_id"] for node in get_json(head, "/v1/cluster")["nodes"]]
         for process in _node_processes(head):
             os.killpg(process.pid, signal.SIGKILL)
         from burla import NodeDisconnected
 
         with pytest.raises(NodeDisconnected, match="inputs have no result"):
             list(stream)
+        # A node that ran and died was lost; it did not fail to boot (the previous code said so).
+        wait_until(lambda: "lost" in _events(head, node_id), what="the node recorded as lost")
+        assert "failed to boot" not in _events(head, node_id)
     finally:
         head.stop()
+
+
+def _events(head, node_id: str) -> list[str]:
+    return [event["event"] for event in get_json(head, f"/v1/nodes/{node_id}/events")["events"]]
 
 
 def test_detached_job_runs_on_after_its_client_exits(cluster, tmp_path):

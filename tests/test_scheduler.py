@@ -130,6 +130,38 @@ def test_ineligible_nodes_are_explained(kw, words):
         s.admit(spec(**kw))
 
 
+@pytest.mark.parametrize("cloud, grow, hint", [
+    (None, False, "burla config set cloud aws"),
+    (None, True, "burla config set cloud aws"),  # grow=True on a local cluster boots nothing: say why
+    ("aws", False, "pass grow=True to boot A100 GPU nodes on aws"),
+])
+def test_what_to_do_fits_the_cluster_and_the_call(cloud, grow, hint):
+    # Fails on the previous code: it said "use grow=True on a cloud cluster" whatever the case.
+    s = Scheduler()
+    s.cloud = cloud
+    s.add_node(node())
+    with pytest.raises(NoCompatibleNodes) as caught:
+        s.admit(spec(func_gpu="A100", grow=grow))
+    assert hint in str(caught.value) and "cloud cluster" not in str(caught.value)
+
+
+def test_no_nodes_on_a_cloud_cluster_suggests_grow():
+    s = Scheduler()
+    s.cloud = "gcp"
+    with pytest.raises(NoNodes, match="pass grow=True to boot what the job needs on gcp"):
+        s.admit(spec())
+
+
+def test_a_node_without_an_image_runs_python_of_its_interpreter():
+    # As the user guide has it: a node without an image stands for python:3.X of its Python.
+    s = Scheduler()
+    s.add_node(node(python="3.11"))
+    assert s.admit(spec("a", image="python:3.11")).assignments
+    assert s.admit(spec("b", image="python:3.11-slim")).assignments
+    with pytest.raises(NoCompatibleNodes, match=r"the nodes run python:3\.11"):
+        s.admit(spec("c", image="python:3.12"))
+
+
 def test_gpu_nodes_match_gpu_jobs():
     s = Scheduler()
     s.add_node(node(gpu="A100", gpu_count=2, slots=8))

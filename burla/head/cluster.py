@@ -182,11 +182,13 @@ class Cluster:
         self.booting_ids.add(node_id)
         self.node_lost(node_id)
 
-    def node_boot_failed(self, node_id: str, why: str, what: str = "failed to boot") -> None:
-        """A node a job may wait for (booting, or gone and expected back) won't come: stop waiting."""
+    def node_boot_failed(self, node_id: str, why: str, what: str | None = None) -> None:
+        """A node a job may wait for (booting, or gone and expected back) won't come: stop waiting.
+        `what` happened: by default "lost" for a node that ran (its process died), else "failed to boot"."""
         was_running = self.rejoining.pop(node_id, None) is not None
         if node_id not in self.booting_ids:
             return
+        what = what or ("lost" if was_running else "failed to boot")
         log.warning("node %s %s: %s", node_id, what, why)
         self.record.node_event(node_id, what, why)
         self.booting_ids.discard(node_id)

@@ -19,7 +19,7 @@ def ineligibility(node: NodeRecord, spec: wire.OpenJob) -> str | None:
         return "python"
     if spec.func_gpu is not None and gpu_model(node.gpu or "") != gpu_model(spec.func_gpu):
         return "gpu"
-    if spec.image is not None and node.image != spec.image:
+    if spec.image is not None and not _runs_image(node, spec.image):
         return "image"
     if spec.region is not None and node.region != spec.region:
         return "region"
@@ -88,8 +88,34 @@ def share(node: NodeRecord, ceiling: int, job: JobRecord, given: Given, holding:
     return (parallelism, slots) if slots >= 1 else (0, 0)
 
 
-def explain(spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]], n_nodes: int) -> str:
-    """Why none of the cluster's `n_nodes` nodes can run the job, a line per reason with what to do."""
+def image_of(node: NodeRecord) -> str:
+    """The image a node's calls run in: its own, or for a node without one, the `python:3.X` of
+    its interpreter (what such a node stands for, as the user guide says)."""
+    return node.image or f"python:{_major_minor(node.python_version)}"
+
+
+def _runs_image(node: NodeRecord, image: str) -> bool:
+    """Whether a node runs `image`: its own, or a node without one for `python:3.X` of its Python
+    (with any suffix: `python:3.11-slim` is that Python too)."""
+    if node.image is not None:
+        return node.image == image
+    wanted = f"python:{_major_minor(node.python_version)}"
+    return image == wanted or image.startswith(wanted + "-")
+
+
+def _boot_hint(spec: wire.OpenJob, what: str, cloud: str | None) -> str:
+    """How to get nodes with `what`: grow on this cluster's cloud, or configure one first."""
+    if cloud is None:
+        return (f"this cluster runs on this machine and boots no VMs: to boot {what}, choose a cloud with "
+                "`burla config set cloud aws` (or gcp, azure) and run the job with grow=True")
+    if not spec.grow:
+        return f"pass grow=True to boot {what} on {cloud}"
+    return f"grow=True found no way to boot {what} on {cloud} (see `burla cluster events`)"
+
+
+def explain(spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]], n_nodes: int, cloud: str | None = None) -> str:
+    """Why none of the cluster's `n_nodes` nodes can run the job, a line per reason with what to do
+    (`cloud`: the cloud this head boots VMs on, None for none)."""
     lines = [f"None of the cluster's {n_nodes} node(s) can run this job:"]
     if "python" in reasons:
         versions = sorted({_major_minor(node.python_version) for node in reasons["python"]})
@@ -101,20 +127,20 @@ def explain(spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]], n_nodes: i
     if "gpu" in reasons:
         have = sorted({node.gpu or "no GPU" for node in reasons["gpu"]})
         lines.append(
-            f"- func_gpu={spec.func_gpu!r} but the nodes have {', '.join(have)}; use grow=True on a "
-            "cloud cluster to boot GPU nodes, or drop func_gpu."
+            f"- func_gpu={spec.func_gpu!r} but the nodes have {', '.join(have)}; "
+            f"{_boot_hint(spec, f'{spec.func_gpu} GPU nodes', cloud)}, or drop func_gpu."
         )
     if "image" in reasons:
-        have = sorted({node.image or "no image (the node's own Python)" for node in reasons["image"]})
+        have = sorted({image_of(node) for node in reasons["image"]})
         lines.append(
-            f"- image={spec.image!r} but the nodes run {', '.join(have)}; use grow=True on a cloud "
-            "cluster to boot nodes with that image, or drop image."
+            f"- image={spec.image!r} but the nodes run {', '.join(have)}; "
+            f"{_boot_hint(spec, 'nodes with that image', cloud)}, or drop image."
         )
     if "region" in reasons:
         have = sorted({node.region for node in reasons["region"]})
         lines.append(
-            f"- region={spec.region!r} but the nodes are in {', '.join(have)}; use grow=True on a "
-            "cloud cluster to boot nodes there, or drop region."
+            f"- region={spec.region!r} but the nodes are in {', '.join(have)}; "
+            f"{_boot_hint(spec, 'nodes there', cloud)}, or drop region."
         )
     if "capacity" in reasons:
         biggest = max(reasons["capacity"], key=lambda node: (node.cpus, node.ram_gb))
@@ -125,8 +151,8 @@ def explain(spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]], n_nodes: i
             asked.append(f"func_ram={spec.func_ram:g}")
         lines.append(
             f"- one call needs {' and '.join(asked) or 'more than a node has'} but the largest node "
-            f"has {biggest.cpus} CPUs and {biggest.ram_gb:.0f} GB; lower them, or use grow=True on "
-            "a cloud cluster to boot bigger machines."
+            f"has {biggest.cpus} CPUs and {biggest.ram_gb:.0f} GB; lower them, or "
+            f"{_boot_hint(spec, 'bigger machines', cloud)}."
         )
     if "host" in reasons:
         lines.append(

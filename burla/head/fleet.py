@@ -102,6 +102,7 @@ class Fleet:
         self.cluster = cluster
         self.driver = driver
         self.catalog = HeadCatalog(driver, self.cloud, config_dir)  # the machine types grow picks from
+        cluster.scheduler.cloud = self.cloud
         self.history = history
         self.head_url = head_url
         self.token = token

@@ -37,6 +37,7 @@ class Scheduler:
         # The jobs still RUNNING (the head keeps up to 1,000 ended ones in `jobs`): every per-event
         # pass goes over these only.
         self.running: dict[str, JobRecord] = {}
+        self.cloud: str | None = None  # the cloud this head boots VMs on (its fleet says), for messages
         self.booting_ids: set[str] = set()  # nodes a driver is starting that have not registered yet
         self.booting_hosts: dict[str, str] = {}  # booting node id -> its host id, where known ahead
         self._withdrawn: list[tuple[str, str, int]] = []  # credit kept back by the last plans (take_withdrawn)
@@ -133,8 +134,9 @@ class Scheduler:
         if spec.job_id in self.jobs:
             raise ProtocolError(f"job id {spec.job_id!r} is already in use")
         if not self.nodes and self.booting == 0:
+            grow = f", pass grow=True to boot what the job needs on {self.cloud}" if self.cloud and not spec.grow else ""
             raise NoNodes(
-                "This cluster has no nodes. Run `burla cluster start`, join one with `burla node join "
+                f"This cluster has no nodes. Run `burla cluster start`{grow}, join one with `burla node join "
                 "--head URL`, or start the head with `burla head serve --local-nodes 1`."
             )
         reasons: dict[str, list[NodeRecord]] = {}
@@ -146,7 +148,7 @@ class Scheduler:
             else:
                 reasons.setdefault(reason, []).append(node)
         if not eligible and self.booting == 0:
-            raise NoCompatibleNodes(explain(spec, reasons, len(self.nodes)))
+            raise NoCompatibleNodes(explain(spec, reasons, len(self.nodes), self.cloud))
         # Inputs by file only when every node that could run the job shares the client's machine
         # (and none is booting elsewhere); the job then stays on that machine's nodes.
         if spec.client_host and not self._all_on(spec.client_host, [node for node, _ in eligible]):
@@ -245,7 +247,7 @@ class Scheduler:
                     break  # a node could take it after all: leave it be
                 reasons.setdefault(reason, []).append(node)
             else:
-                found.append((job, EndKind.NO_COMPATIBLE_NODES, explain(job.spec, reasons, len(self.nodes))))
+                found.append((job, EndKind.NO_COMPATIBLE_NODES, explain(job.spec, reasons, len(self.nodes), self.cloud)))
         return found
 
     # --- inputs and results --------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from burla.head.eligibility import image_of
 from burla.head.records import JobRecord, NodeRecord
 from burla.protocol.states import JobStatus
 from burla.protocol.views import DESCRIPTION_FIELDS, USAGE_FIELDS, JobView, NodeView
@@ -24,8 +25,11 @@ def job_view(job: JobRecord, nodes: dict[str, NodeRecord], times: tuple[float | 
 
 
 def node_view(node: NodeRecord) -> NodeView:
-    """A node the head holds: its description and usage, field by field, and its jobs."""
-    return NodeView(**{name: getattr(node, name) for name in _SHOWN}, jobs=sorted(node.running_by_job))
+    """A node the head holds: its description and usage, field by field, and its jobs. A node
+    without an image is described as running `python:3.X` of its interpreter."""
+    shown = {name: getattr(node, name) for name in _SHOWN}
+    shown["image"] = image_of(node)
+    return NodeView(**shown, jobs=sorted(node.running_by_job))
 
 
 _SHOWN = DESCRIPTION_FIELDS + USAGE_FIELDS
