@@ -134,7 +134,8 @@ class Scheduler:
         if spec.job_id in self.jobs:
             raise ProtocolError(f"job id {spec.job_id!r} is already in use")
         if not self.nodes and self.booting == 0:
-            grow = f", pass grow=True to boot what the job needs on {self.cloud}" if self.cloud and not spec.grow else ""
+            grow = f", pass grow=True to boot what the job needs on {self.cloud}" if self.cloud and not spec.grow \
+                else ""
             raise NoNodes(
                 f"This cluster has no nodes. Run `burla cluster start`{grow}, join one with `burla node join "
                 "--head URL`, or start the head with `burla head serve --local-nodes 1`."
@@ -247,7 +248,8 @@ class Scheduler:
                     break  # a node could take it after all: leave it be
                 reasons.setdefault(reason, []).append(node)
             else:
-                found.append((job, EndKind.NO_COMPATIBLE_NODES, explain(job.spec, reasons, len(self.nodes), self.cloud)))
+                why = explain(job.spec, reasons, len(self.nodes), self.cloud)
+                found.append((job, EndKind.NO_COMPATIBLE_NODES, why))
         return found
 
     # --- inputs and results --------------------------------------------------------------
