@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from burla._version import __version__
 from burla.errors import (
     BurlaError,
+    CallExited,
     ClusterRestarted,
     ClusterShutdown,
     DetachRequiresDeployedCluster,
@@ -52,6 +53,7 @@ __all__ = [
     "JobCanceled",
     "ClusterShutdown",
     "ClusterRestarted",
+    "CallExited",
     "JobFailed",
     "JobNotFound",
     "NoCompatibleNodes",

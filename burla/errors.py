@@ -29,6 +29,7 @@
     │   ├── JobFailed             the head ended the job (.reason names why)
     │   ├── NodeDisconnected      the connection to the cluster was lost mid-job
     │   ├── WorkerCrashed         the worker running a call died (.input_index, .exit_code)
+    │   ├── CallExited            a call raised SystemExit (sys.exit) or KeyboardInterrupt: a failed call
     │   └── OutOfMemory           a call went past func_ram, or past its node's memory alone
     └── RemoteError               a call raised an exception that could not be re-created
                                   here; carries the type name, message and traceback text
@@ -198,6 +199,12 @@ class CallFailed(JobError):
 
 class NodeDisconnected(JobError):
     pass
+
+
+class CallExited(JobError):
+    """A call raised SystemExit (`sys.exit(2)`, `exit()`) or KeyboardInterrupt. In the call's own
+    process that ends the program; in a call it is that call's failure (with `burla_input_index`),
+    never the client's exit."""
 
 
 class WorkerCrashed(JobError):

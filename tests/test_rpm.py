@@ -64,6 +64,40 @@ def test_exception_reraises_with_type_index_and_remote_traceback(cluster, client
     assert error.__notes__[-1].startswith(note) and note in shown
 
 
+def test_a_remote_traceback_starts_at_the_users_code(client):
+    # Fails on the previous code: five frames of burla's client stood between the user's line and
+    # the call's own frames.
+    with pytest.raises(ValueError) as caught:
+        client.remote_parallel_map(functions.fail_on, range(6), spinner=False)
+    files = [frame.filename for frame in traceback.extract_tb(caught.value.__traceback__)]
+    burlas = [name for name in files if f"{os.sep}burla{os.sep}" in name]
+    assert len(burlas) == 1 and burlas[0].endswith("tracebacks.py"), files  # where the call entered burla
+    assert files[-1].endswith("functions.py")
+    stream = client.remote_parallel_map(functions.fail_on, range(6), generator=True, spinner=False)
+    with pytest.raises(ValueError) as caught:
+        list(stream)
+    files = [frame.filename for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert len([name for name in files if f"{os.sep}burla{os.sep}" in name]) == 1, files
+
+
+def test_sys_exit_in_a_call_fails_that_call_not_the_client(cluster):
+    # Fails on the previous code: the client itself exited with the call's code 2, silently.
+    script = PRELUDE + (
+        "import sys\n"
+        "from burla import CallExited\n"
+        "try:\n"
+        "    remote_parallel_map(sys.exit, [None, 2], spinner=False)\n"
+        "except CallExited as e:\n"
+        "    print('call failed:', e.burla_input_index, e)\n"
+        "print(remote_parallel_map(sys.exit, [3], spinner=False, raise_errors=False))\n"
+    )
+    done = run_client(script, cluster.env())
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.strip().splitlines()[-2:]
+    assert first.startswith("call failed: 0 ") and "sys.exit()" in first  # an exit of any code fails its call
+    assert "CallExited" in second and "sys.exit(3)" in second
+
+
 def test_custom_exception_keeps_its_fields(client):
     with pytest.raises(functions.CustomError) as caught:
         client.remote_parallel_map(functions.raise_custom, [41], spinner=False)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from burla.client.local_cluster import connect, running_local_head, start_head
+from burla.client.tracebacks import user_facing, user_facing_iterator
 from burla.config import ClientSettings
 from burla.errors import InvalidArgument
 from burla.protocol.job_options import JobOptions
@@ -47,6 +48,7 @@ class Client:
                 head_cert=self._head_cert or base.head_cert)
         return self._resolved
 
+    @user_facing
     def remote_parallel_map(
         self,
         function_: Callable[..., Any],
@@ -92,11 +94,13 @@ class Client:
         from burla.client import session
 
         try:
-            return session.run(cluster, opened[0], inputs, spinner, generator)
+            results = session.run(cluster, opened[0], inputs, spinner, generator)
         except BaseException:
             cluster.close()
             raise
+        return user_facing_iterator(results) if generator else results
 
+    @user_facing
     def get_results(self, job_id: str, generator: bool = False, raise_errors: bool = True,
                     spinner: bool = True) -> Any:
         """`burla.get_results` on this client's cluster."""
@@ -107,7 +111,8 @@ class Client:
         cluster = connect(self.settings, allow_embedded=False)
         from burla.client import session
 
-        return session.collect(cluster, job_id, spinner, generator, raise_errors)
+        results = session.collect(cluster, job_id, spinner, generator, raise_errors)
+        return user_facing_iterator(results) if generator else results
 
     def dashboard_url(self) -> str:
         """`burla.get_cluster_dashboard_url` for this client's cluster."""
@@ -123,6 +128,7 @@ class Client:
         return start_head(settings, token, embedded=False).url
 
 
+@user_facing
 def remote_parallel_map(
     function_: Callable[..., Any],
     inputs: Iterable[Any],
@@ -160,6 +166,7 @@ def remote_parallel_map(
     )
 
 
+@user_facing
 def get_results(job_id: str, generator: bool = False, raise_errors: bool = True, spinner: bool = True) -> Any:
     """Collect the results of a job started with `detach=True` (in input order, or as an iterator).
 

@@ -3,6 +3,8 @@ none can, why: pure functions of a node's record and the job's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.drivers.catalog import gpu_model
 from burla.head.records import JobRecord, NodeRecord
@@ -111,6 +113,24 @@ def _boot_hint(spec: wire.OpenJob, what: str, cloud: str | None) -> str:
     if not spec.grow:
         return f"pass grow=True to boot {what} on {cloud}"
     return f"grow=True found no way to boot {what} on {cloud} (see `burla cluster events`)"
+
+
+def placement_order(eligible: list[tuple[NodeRecord, int]], running: Iterable[JobRecord]
+                    ) -> list[tuple[NodeRecord, int]]:
+    """Eligible (node, ceiling) pairs in the order a new job's shares go out: the least-loaded
+    nodes first (slots the running jobs hold there, per slot it has), so capped jobs started
+    together spread over the cluster; then those that run the most calls at once."""
+    held: dict[str, int] = {}
+    for job in running:
+        for node_id, assignment in job.assignments.items():
+            held[node_id] = held.get(node_id, 0) + assignment.slots
+    return sorted(eligible, key=lambda e: (held.get(e[0].node_id, 0) / max(1, e[0].slots), -e[1]))
+
+
+def no_nodes_message(spec: wire.OpenJob, cloud: str | None) -> str:
+    grow = f", pass grow=True to boot what the job needs on {cloud}" if cloud and not spec.grow else ""
+    return (f"This cluster has no nodes. Run `burla cluster start`{grow}, join one with `burla node join --head URL`, "
+            "or start the head with `burla head serve --local-nodes 1`.")
 
 
 def explain(spec: wire.OpenJob, reasons: dict[str, list[NodeRecord]], n_nodes: int, cloud: str | None = None) -> str:

@@ -450,8 +450,7 @@ class Fleet:
             self.cluster.record.node_event(node_id, "booting", f"cluster start via the {self.driver.name} driver")
 
     async def stop(self, restarting: bool = False) -> dict[str, Any]:
-        """Stop every node (and VM); running jobs end CANCELED, as ClusterShutdown (or, when the
-        cluster is about to start again, ClusterRestarted) in their clients."""
+        """Stop every node and VM; running jobs end CANCELED (ClusterShutdown, or ClusterRestarted)."""
         self.stopped = True
         kind, why = ((EndKind.CLUSTER_RESTARTED, "the cluster was restarted") if restarting
                      else (EndKind.CLUSTER_SHUTDOWN, "the cluster was stopped"))

@@ -115,3 +115,19 @@ def mark_client_held(job: JobRecord, held: bytes) -> tuple[int, bytes]:
     job.restored = False
     job.lenient_uploads = True  # it may send again what a node's result already covers
     return held_count, bytes(states)
+
+
+def load_kept(job: JobRecord, inputs: list, results: list) -> list:
+    """A detached job taken up after a restart: its kept results count as done, and a client still
+    uploading may resend. Returns its kept inputs without a result, to be queued again."""
+    kept = [item[0] for item in [*results, *inputs] if 0 <= item[0] < job.n_inputs]
+    job.cover(max(kept, default=-1) + 1)
+    for index, ok, _ in results:
+        if 0 <= index < job.n_inputs and not job.done[index]:
+            job.done[index] = job.seen[index] = 1
+            job.n_done += 1
+            job.n_failed += 0 if ok else 1
+    job.received = job.n_done
+    job.restored = False
+    job.lenient_uploads = True
+    return [item for item in inputs if 0 <= item[0] < job.n_inputs and not job.done[item[0]]]

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from burla.errors import BurlaError, ProtocolError
 from burla.head.client_watch import ClientWatch
+from burla.head.held_inputs import load_kept
 from burla.head.history import KeptJob
 from burla.head.links import ClientLink, NodeLink
 from burla.head.machines import Machines
@@ -95,7 +96,7 @@ class RestartRecovery:
         cluster.client_links[spec.job_id] = link
         cluster.job_times[spec.job_id] = (kept.started_at or time.time(), None)
         if spec.detach:
-            cluster.scheduler.load_kept(job, kept.inputs, kept.results)
+            cluster.scheduler.add_inputs(job, load_kept(job, kept.inputs, kept.results))
             link.deliver([], kept.results)
         cluster.assign(job)
         log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,

@@ -13,7 +13,16 @@ from itertools import repeat
 from operator import itemgetter
 
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
-from burla.head.eligibility import Given, can_join, explain, ineligibility, node_parallelism, share
+from burla.head.eligibility import (
+    Given,
+    can_join,
+    explain,
+    ineligibility,
+    no_nodes_message,
+    node_parallelism,
+    placement_order,
+    share,
+)
 from burla.head.pushes import frames, least_push
 from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord
 from burla.protocol import limits, wire
@@ -134,12 +143,7 @@ class Scheduler:
         if spec.job_id in self.jobs:
             raise ProtocolError(f"job id {spec.job_id!r} is already in use")
         if not self.nodes and self.booting == 0:
-            grow = f", pass grow=True to boot what the job needs on {self.cloud}" if self.cloud and not spec.grow \
-                else ""
-            raise NoNodes(
-                f"This cluster has no nodes. Run `burla cluster start`{grow}, join one with `burla node join "
-                "--head URL`, or start the head with `burla head serve --local-nodes 1`."
-            )
+            raise NoNodes(no_nodes_message(spec, self.cloud))
         reasons: dict[str, list[NodeRecord]] = {}
         eligible: list[tuple[NodeRecord, int]] = []
         for node in self.nodes.values():
@@ -179,10 +183,7 @@ class Scheduler:
 
     def _create(self, spec: wire.OpenJob, eligible: list[tuple[NodeRecord, int]]) -> JobRecord:
         job = JobRecord(spec)  # per-input flags grow as inputs come (JobRecord.cover)
-        # The least-loaded nodes first (slots the running jobs hold there, per slot it has), so
-        # capped jobs started together spread over the cluster; then the most calls at once.
-        held = self._slots_held()
-        ordered = sorted(eligible, key=lambda e: (held.get(e[0].node_id, 0) / max(1, e[0].slots), -e[1]))
+        ordered = placement_order(eligible, self.running.values())
         # First a call per slot on as many nodes as the caps allow, then what max_parallelism
         # leaves of their parallelism (calls that wait may run more than one per slot).
         given = Given(job)
@@ -201,29 +202,6 @@ class Scheduler:
         self.jobs[spec.job_id] = job
         self.running[spec.job_id] = job
         return job
-
-    def _slots_held(self) -> dict[str, int]:
-        """Per node, the slots the running jobs' shares hold there."""
-        held: dict[str, int] = {}
-        for running in self.running.values():
-            for node_id, assignment in running.assignments.items():
-                held[node_id] = held.get(node_id, 0) + assignment.slots
-        return held
-
-    def load_kept(self, job: JobRecord, inputs: list, results: list) -> None:
-        """A detached job taken up after a restart: its kept results count as done, its kept
-        inputs without a result are queued again, and a client still uploading may resend."""
-        kept = [item[0] for item in [*results, *inputs] if 0 <= item[0] < job.n_inputs]
-        job.cover(max(kept, default=-1) + 1)
-        for index, ok, _ in results:
-            if 0 <= index < job.n_inputs and not job.done[index]:
-                job.done[index] = job.seen[index] = 1
-                job.n_done += 1
-                job.n_failed += 0 if ok else 1
-        job.received = job.n_done
-        job.restored = False
-        job.lenient_uploads = True
-        self.add_inputs(job, [item for item in inputs if 0 <= item[0] < job.n_inputs and not job.done[item[0]]])
 
     def unrunnable(self) -> list[tuple[JobRecord, EndKind, str]]:
         """Running jobs no node can run, now that none is booting: [(job, end kind, why)].

@@ -28,6 +28,7 @@ from itertools import count
 from typing import Any
 
 from burla.config import ENV_JOB_TOKEN, ENV_NODE_ID, ENV_PARENT_JOB
+from burla.errors import CallExited
 from burla.node.output_capture import OutputCapture
 from burla.process.memory import freeze_inherited_objects
 from burla.protocol import local_code, wire, worker_context, worker_wire
@@ -252,7 +253,7 @@ class Worker:
                 raise
             except BaseException as e:
                 self._in_call = False
-                raise _CallFailed(pack_error(e, skip_frames=1, origin=origin)) from None
+                raise _CallFailed(pack_error(_as_call_failure(e), skip_frames=1, origin=origin)) from None
             finally:
                 self._in_call = False
             if type(value) in _PLAIN_RESULTS:
@@ -290,6 +291,20 @@ class Worker:
             if results or outputs or batch_done:
                 # Packed here: the node, and the head, pass them on as they are.
                 self._send(worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds))
+
+
+def _as_call_failure(exc: BaseException) -> BaseException:
+    """What a call's exception is to its caller: itself, or for one that would end the program
+    where it lands (SystemExit, KeyboardInterrupt), a CallExited saying so, with its traceback."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        how = "sys.exit()" if code is None else f"sys.exit({code!r})"
+        message = f"the call ran {how} (SystemExit): a call's exit is that call's failure, not the program's"
+    else:
+        message = f"the call raised {type(exc).__name__}: a call's failure, not the program's"
+    return CallExited(message).with_traceback(exc.__traceback__)
 
 
 def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
