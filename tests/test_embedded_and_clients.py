@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -116,6 +117,54 @@ def test_get_cluster_dashboard_url_starts_a_head_that_outlives_the_client(tmp_pa
     finally:
         os.kill(record.pid, signal.SIGTERM)
         wait_until(lambda: not _burla_processes(config_dir), what="background head exit")
+
+
+def _cli(config_dir, *args: str) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "burla", *args], capture_output=True, text=True, timeout=400,
+                          env={**os.environ, **_env(config_dir)}, cwd=REPO)
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr
+    return done.returncode, json.loads(lines[-1])
+
+
+def test_a_background_head_that_died_is_absent_to_every_command(tmp_path):
+    # Fails on the previous code: `auth status` reported the dead head, `cluster start` said it was
+    # unreachable and told the user to run `cluster start`.
+    config_dir = tmp_path / "config"
+    done = run_client(PRELUDE + "print(get_cluster_dashboard_url())\n", _env(config_dir))
+    assert done.returncode == 0, done.stderr
+    record = HeadRecord.read(config_dir)
+    assert record is not None
+    os.kill(record.pid, signal.SIGKILL)  # a crash: it leaves its record behind
+    wait_until(lambda: not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == "zombie",
+               what="the head gone")
+    code, doc = _cli(config_dir, "auth", "status")
+    assert code == 6 and "no longer running" in doc["error"]["message"] and str(record.pid) in doc["error"]["message"]
+    assert HeadRecord.read(config_dir) is None  # its stale record was removed
+    try:
+        code, doc = _cli(config_dir, "cluster", "start")  # starts a new head, where the old one was
+        assert code == 0 and doc["data"]["started_head"] is True, doc
+        fresh = HeadRecord.read(config_dir)
+        assert fresh is not None and fresh.pid != record.pid
+    finally:
+        for process in _burla_processes(config_dir):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+
+def test_burla_head_stop_stops_the_background_head_and_its_nodes(tmp_path):
+    config_dir = tmp_path / "config"
+    done = run_client(PRELUDE + "print(get_cluster_dashboard_url())\n"
+                      "print(remote_parallel_map(functions.double, [2], spinner=False))\n", _env(config_dir))
+    assert done.returncode == 0, done.stderr
+    record = HeadRecord.read(config_dir)
+    assert record is not None and len(_burla_processes(config_dir)) >= 2  # the head and its local node
+    code, doc = _cli(config_dir, "head", "stop")
+    assert code == 0 and doc["data"]["stopped"] is True and doc["data"]["pid"] == record.pid
+    assert HeadRecord.read(config_dir) is None
+    wait_until(lambda: not _burla_processes(config_dir), what="the head's nodes gone")
+    code, doc = _cli(config_dir, "head", "stop")  # nothing left to stop: said, not an error
+    assert code == 0 and doc["data"]["stopped"] is False and "no background head" in doc["data"]["note"]
 
 
 def test_a_head_a_client_starts_keeps_to_the_clients_config_dir(tmp_path):

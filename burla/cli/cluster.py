@@ -41,12 +41,15 @@ def start(ctx: click.Context) -> None:
 
     def action() -> dict:
         client = find_head_client(ctx)
+        started_head = client is None
         if client is None:
             from burla.client.api import get_cluster_dashboard_url
 
             get_cluster_dashboard_url()  # a background head with its local node
             client = head_client(ctx)
-        return {"head_url": client.url, **client.post("/v1/cluster/start")}
+        stale = ctx.obj.get("stale_head") if ctx.obj else None
+        return {"head_url": client.url, "started_head": started_head, **({"note": stale} if stale else {}),
+                **client.post("/v1/cluster/start")}
 
     run("cluster start", action)
 

@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 
 import click
 
-from burla.config import ENV_HEAD_URL, ENV_TOKEN, Deployment, HeadRecord, config_dir, head_cert_file, read_token
+from burla.cli.background_head import live_head
+from burla.config import ENV_HEAD_URL, ENV_TOKEN, Deployment, config_dir, head_cert_file, read_token
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -114,8 +115,11 @@ class HeadClient:
             if is_certificate_error(e):
                 raise CliError("head_untrusted", f"the head at {self.url} presented a certificate this machine "
                                f"does not trust: {reason}", CERT_FIX, EXIT_UNREACHABLE) from None
-            raise CliError("head_unreachable", f"can't reach the head at {self.url}: {reason}",
-                           "start one with `burla cluster start`, or pass --head URL", EXIT_UNREACHABLE) from None
+            fix = ("it runs but does not answer: stop it with `burla head stop --force`, then `burla cluster start`"
+                   if self.source.startswith("running local head") else
+                   "start one with `burla cluster start`, or pass --head URL")
+            raise CliError("head_unreachable", f"can't reach the head at {self.url}: {reason}", fix,
+                           EXIT_UNREACHABLE) from None
 
     def get(self, path: str, **query: Any) -> Any:
         params = {k: v for k, v in query.items() if v is not None}
@@ -161,9 +165,11 @@ def find_head_client(ctx: click.Context) -> HeadClient | None:
     if deployment is not None:
         return HeadClient(deployment.head_url, (ctx.obj.get("token") if ctx.obj else None) or deployment.token,
                           f"the {deployment.cloud} head `burla deploy` started")
-    record = HeadRecord.read(directory)
+    record, note = live_head(directory)
     if record is not None:
         return HeadClient(record.url, token, f"running local head (pid {record.pid})")
+    if note and ctx.obj is not None:
+        ctx.obj["stale_head"] = note  # said by the command that finds no head
     return None
 
 
@@ -171,7 +177,9 @@ def head_client(ctx: click.Context) -> HeadClient:
     """The selected head (see find_head_client); a CliError saying how to get one if there is none."""
     client = find_head_client(ctx)
     if client is None:
-        raise CliError("no_head", "no head is configured and none runs on this machine",
+        stale = ctx.obj.get("stale_head") if ctx.obj else None
+        message = "no head is configured and none runs on this machine" + (f" ({stale})" if stale else "")
+        raise CliError("no_head", message,
                        f"start one with `burla cluster start`, or pass --head URL (or set {ENV_HEAD_URL})",
                        EXIT_UNREACHABLE)
     return client

@@ -213,6 +213,19 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
         sys.exit(5)
 
 
+@head.command()
+@click.option("--timeout", type=click.FloatRange(1.0, None), default=300.0, show_default=True,
+              help="Seconds to wait for it to exit (it deletes its VMs first).")
+@click.option("--force", is_flag=True, help="Kill it if it has not exited by then.")
+def stop(timeout: float, force: bool) -> None:
+    """Stop this machine's background head (the one clients and `burla cluster start` started):
+    its jobs end, its local nodes stop and its VMs are deleted, as on SIGTERM. JSON output."""
+    from burla.cli.background_head import stop_head
+    from burla.cli.common import run
+
+    run("head stop", lambda: stop_head(config_dir(), timeout, force))
+
+
 @head.command(hidden=True, context_settings={"ignore_unknown_options": True})
 @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
 def supervise(serve_args: tuple[str, ...]) -> None:
