@@ -16,6 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cloudpickle  # noqa: E402
 
+# Each benchmark measures the heads it starts itself: a script's head stops with it (no background
+# head outlives a run, and no sample finds one an earlier sample left warm).
+os.environ.setdefault("BURLA_BACKGROUND_HEAD", "0")
+
 # Workers load these functions by value (like a user's __main__), from any working directory.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -24,6 +24,10 @@ ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
 ENV_JOB_TOKEN = "BURLA_JOB_TOKEN"
 ENV_NODE_ID = "BURLA_NODE_ID"  # set for a node's workers: a failed call says where it ran
 ENV_CLOUD = "BURLA_CLOUD"
+# "0" (or `burla config set background_head false`): a script with no head running starts one for
+# itself that stops with it, instead of a background head that outlives it.
+ENV_BACKGROUND_HEAD = "BURLA_BACKGROUND_HEAD"
+_NO = ("0", "false", "no", "off")
 ENV_HEAD_CERT = "BURLA_HEAD_CERT"
 ENV_NODE_INDEX_URL = "BURLA_NODE_INDEX_URL"
 ENV_NODE_WHEELHOUSE = "BURLA_NODE_WHEELHOUSE"
@@ -224,6 +228,7 @@ class ClientSettings:
     parent_job_id: str | None
     cloud: str | None = None  # where heads this client starts boot nodes (None: this machine)
     head_cert: str | None = None  # an https head's pinned certificate (BURLA_HEAD_CERT)
+    background_head: bool = True  # with no head running, start one that outlives this process
 
     @classmethod
     def resolve(cls) -> ClientSettings:
@@ -235,6 +240,9 @@ class ClientSettings:
         if head_url is None and deployment is not None:  # the head `burla deploy` started
             head_url, token = deployment.head_url, token or deployment.token
         token = token or read_token(directory)
+        background = os.environ.get(ENV_BACKGROUND_HEAD)
+        if background is None:
+            background = str(read_client_config(directory).get("background_head", "true"))
         return cls(
             config_dir=directory,
             head_url=head_url.rstrip("/") if head_url else None,
@@ -242,6 +250,7 @@ class ClientSettings:
             parent_job_id=os.environ.get(ENV_PARENT_JOB) or None,
             cloud=cloud if isinstance(cloud, str) else None,
             head_cert=head_cert_file(directory, deployment),
+            background_head=background.strip().lower() not in _NO,
         )
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from burla.client.api import Client
 from burla.config import (
+    ENV_BACKGROUND_HEAD,
     ENV_CLOUD,
     ENV_CONFIG_DIR,
     ENV_HEAD_CERT,
@@ -31,6 +32,10 @@ cloudpickle.register_pickle_by_value(functions)
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 60.0
+
+# A script here keeps its head to itself (a background head per test would outlive the test);
+# the tests of the background default give their script BURLA_BACKGROUND_HEAD=1.
+os.environ.setdefault(ENV_BACKGROUND_HEAD, "0")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

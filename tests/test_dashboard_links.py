@@ -6,7 +6,10 @@ brings back; a malformed cookie or link is a 401, never a 500."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,7 +17,7 @@ import urllib.request
 import pytest
 
 from burla.web.login_links import link_code
-from tests.conftest import run_client, start_head, wait_for_nodes
+from tests.conftest import REPO, run_client, start_head, wait_for_nodes
 from tests.helpers import PRELUDE
 
 
@@ -129,3 +132,45 @@ def test_malformed_cookies_and_links_are_401_never_500(nested):
         status, _, _ = _get(f"{head.url}/jobs/x?login={urllib.parse.quote(code, errors='surrogatepass')}")
         assert status == 401, code
     assert "Traceback" not in head.log()
+
+
+def test_a_scripts_job_link_keeps_opening_after_the_script_ends(tmp_path):
+    # Fails on the previous code: a script with no head running started one that died with it, so
+    # the link it printed led nowhere once it ended.
+    from burla.config import ENV_BACKGROUND_HEAD, ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
+
+    config_dir = tmp_path / "config"
+    env = {ENV_CONFIG_DIR: str(config_dir), ENV_HEAD_URL: "", ENV_TOKEN: "", ENV_BACKGROUND_HEAD: "1"}
+    done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [3], spinner=False))\n", env)
+    try:
+        assert done.returncode == 0 and "[6]" in done.stdout, done.stderr
+        assert "started a background head" in done.stderr and "burla head stop" in done.stderr
+        [(job_id, link)] = re.findall(r"\[burla\] job (\S+): (\S+)", done.stderr)
+        record = HeadRecord.read(config_dir)
+        assert record is not None and link.startswith(record.url)
+        for _ in range(2):  # the script is gone; its link opens the job, as often as needed
+            session = _session_from(link)
+            assert session and _get(f"{record.url}/v1/jobs/{job_id}", session)[0] == 200
+        again = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [4], spinner=False))\n", env)
+        assert "[8]" in again.stdout and "started a background head" not in again.stderr  # the same head, warm
+    finally:
+        subprocess.run([sys.executable, "-m", "burla", "head", "stop"], env={**os.environ, **env}, cwd=REPO,
+                       capture_output=True, timeout=400)
+
+
+def test_scripts_started_together_share_one_background_head(tmp_path):
+    from burla.config import ENV_BACKGROUND_HEAD, ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
+
+    config_dir = tmp_path / "config"
+    env = {**os.environ, ENV_CONFIG_DIR: str(config_dir), ENV_HEAD_URL: "", ENV_TOKEN: "", ENV_BACKGROUND_HEAD: "1"}
+    script = PRELUDE + "print(remote_parallel_map(functions.double, [5], spinner=False))\n"
+    clients = [subprocess.Popen([sys.executable, "-c", script], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        outputs = [client.communicate(timeout=120) for client in clients]
+        assert all("[10]" in out for out, _ in outputs), outputs
+        assert sum("started a background head" in err for _, err in outputs) == 1  # the others found it
+        assert HeadRecord.read(config_dir) is not None
+    finally:
+        subprocess.run([sys.executable, "-m", "burla", "head", "stop"], env=env, cwd=REPO, capture_output=True,
+                       timeout=400)

@@ -29,17 +29,24 @@ def get() -> None:
 
 
 @config.command("set")
-@click.argument("key", type=click.Choice(["cloud"]))
+@click.argument("key", type=click.Choice(["cloud", "background_head"]))
 @click.argument("value")
 def set_value(key: str, value: str) -> None:
-    """Set a value, e.g. `burla config set cloud aws`."""
+    """Set a value: `burla config set cloud aws` (where heads this machine starts boot VMs), or
+    `burla config set background_head false` (a script starts a head that stops with it)."""
 
     def action() -> dict:
-        if value not in CLOUDS:
+        stored: str | bool = value
+        if key == "cloud" and value not in CLOUDS:
             raise CliError("bad_usage", f"cloud must be one of {', '.join(CLOUDS)}, got {value!r}",
                            "e.g. `burla config set cloud aws`", 2)
+        if key == "background_head":
+            if value.lower() not in ("true", "false"):
+                raise CliError("bad_usage", f"background_head must be true or false, got {value!r}",
+                               "e.g. `burla config set background_head false`", 2)
+            stored = value.lower() == "true"
         data = _read_config()
-        data[key] = value
+        data[key] = stored
         write_private_file(config_dir() / CONFIG_FILE, json.dumps(data, indent=2))
         return {"path": str(config_dir() / CONFIG_FILE), "config": data}
 

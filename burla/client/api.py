@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from burla.client.local_cluster import connect, running_local_head, start_head
+from burla.client.local_cluster import background_head, connect, running_local_head
 from burla.client.tracebacks import user_facing, user_facing_iterator
 from burla.config import ClientSettings
 from burla.errors import InvalidArgument
@@ -23,7 +23,7 @@ class Client:
     """One cluster to run jobs on, its settings resolved once.
 
     `Client()` finds the cluster as `remote_parallel_map` does (BURLA_CLUSTER_DASHBOARD_URL, the
-    head `burla deploy` started, this machine's running head, or an embedded one per job);
+    head `burla deploy` started, this machine's running head, or a new background head);
     `Client(head_url, token)` names a head outright, whatever the environment says. Its
     certificate (an https head) is `head_cert`, else the one configured for this machine.
     """
@@ -125,7 +125,7 @@ class Client:
         from burla.config import load_or_create_token
 
         token = settings.token or load_or_create_token(settings.config_dir)
-        return start_head(settings, token, embedded=False).url
+        return background_head(settings, token).url
 
 
 @user_facing

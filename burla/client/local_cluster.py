@@ -1,8 +1,10 @@
 """Finding a head for the client: the configured one, a running local one, or a new one.
 
 Order: `BURLA_CLUSTER_DASHBOARD_URL`; else a long-lived head this machine advertises in the
-config directory (started by `burla head serve` or `get_cluster_dashboard_url()`) if it
-answers; else an embedded head with one local node, started for this job and stopped after.
+config directory (started by `burla head serve`, `get_cluster_dashboard_url()` or an earlier
+script) if it answers; else a new background head with one local node, which outlives this
+process so its job links keep working (one at a time: a lock in the config directory); or, with
+`BURLA_BACKGROUND_HEAD=0`, an embedded head started for this job and stopped after.
 """
 
 from __future__ import annotations
@@ -151,13 +153,39 @@ def connect(settings: ClientSettings, allow_embedded: bool = True,
     if url is not None:
         prepare()
         return ClusterHandle(url, token, settings.head_cert)
+    if settings.background_head:
+        return background_head(settings, token, meanwhile=prepare)
     if not allow_embedded:
         raise DetachRequiresDeployedCluster(
-            "detach=True needs a head that outlives this process. Start one with "
+            "detach=True needs a head that outlives this process, and BURLA_BACKGROUND_HEAD=0 (or "
+            "`burla config set background_head false`) keeps heads to their script. Start one with "
             "`python -c \"import burla; print(burla.get_cluster_dashboard_url())\"` or "
             "`burla head serve --local-nodes 1`, or point BURLA_CLUSTER_DASHBOARD_URL at a deployed head."
         )
     return start_head(settings, token, embedded=True, meanwhile=prepare)
+
+
+BACKGROUND_IDLE_S = 600  # a background head's local node goes after this long without a job (it comes back for one)
+
+
+def background_head(settings: ClientSettings, token: str,
+                    meanwhile: Callable[[], None] = lambda: None) -> ClusterHandle:
+    """This machine's background head: the running one, or one started now. Clients that start
+    at once wait on one lock in the config directory, so only the first starts a head."""
+    import fcntl
+
+    private_dir(settings.config_dir)
+    with open(settings.config_dir / "head.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        url = running_local_head(settings)
+        if url is not None:
+            meanwhile()
+            return ClusterHandle(url, token, settings.head_cert)
+        handle = start_head(settings, token, embedded=False, meanwhile=meanwhile)
+    print(f"[burla] started a background head at {handle.url}: it outlives this script, so job links keep "
+          "working and later jobs start warm. `burla head stop` stops it; BURLA_BACKGROUND_HEAD=0 keeps a head "
+          "to its script.", file=sys.stderr)
+    return handle
 
 
 def start_head(settings: ClientSettings, token: str, embedded: bool,
@@ -184,6 +212,8 @@ def start_head(settings: ClientSettings, token: str, embedded: bool,
         os.set_inheritable(lifeline_write, False)
         command += ["--port", "0", "--ephemeral", "--lifeline-fd", str(lifeline_read)]
         pass_fds.append(lifeline_read)
+    elif settings.cloud is None:
+        command += ["--inactivity-timeout", str(BACKGROUND_IDLE_S)]
     env = dict(os.environ)
     env[ENV_TOKEN] = token
     env[ENV_CONFIG_DIR] = str(settings.config_dir)  # the client's, even one it was given, not read from here
