@@ -185,8 +185,10 @@ def fresh_config(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def embedded_client(fresh_config: Path) -> Client:
-    """A client with no head configured (config directory `fresh_config`): it must start its own."""
-    return Client(settings=ClientSettings(config_dir=fresh_config, head_url=None, token=None, parent_job_id=None))
+    """A client with no head configured (config directory `fresh_config`): it must start its own,
+    embedded (stopped with the client, as BURLA_BACKGROUND_HEAD=0 has it)."""
+    return Client(settings=ClientSettings(config_dir=fresh_config, head_url=None, token=None, parent_job_id=None,
+                                          background_head=False))
 
 
 def run_client(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:

@@ -36,6 +36,15 @@ def get_json(head, path: str) -> dict:
         return json.load(response)
 
 
+def post_json(head, path: str, body: dict) -> dict:
+    """POST JSON to a head endpoint with the head's token."""
+    request = urllib.request.Request(head.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {head.token}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
 def client_env(head) -> dict[str, str]:
     """The environment of a client subprocess that uses `head` (has .url, .token and .config_dir)."""
     return dict(os.environ, BURLA_CLUSTER_DASHBOARD_URL=head.url, BURLA_CLUSTER_TOKEN=head.token,

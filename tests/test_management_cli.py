@@ -16,7 +16,7 @@ import pytest
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN
 from tests import functions
 from tests.conftest import REPO, start_head, wait_for_nodes
-from tests.helpers import PRELUDE, get_json, start_detached, wait_until
+from tests.helpers import PRELUDE, get_json, post_json, start_detached, wait_until
 
 
 def burla(head, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -157,6 +157,16 @@ def test_settings(cluster):
     assert code == 2 and "MODEL=N" in doc["error"]["message"]
     code, doc = burla(cluster, "settings", "update")
     assert code == 2
+    # Fails on the previous code: a setting once given could not be cleared.
+    code, doc = burla(cluster, "settings", "update", "--reset", "machine_type", "--reset", "max_gpus")
+    assert code == 0 and doc["data"]["machine_type"] is None and doc["data"]["max_gpus"] == {}
+    code, doc = burla(cluster, "settings", "update", "--reset", "region", "--region", "us-east-1")
+    assert code == 2 and "both set and reset" in doc["error"]["message"]
+    code, doc = burla(cluster, "settings", "update", "--reset", "colour")
+    assert code == 2
+    with pytest.raises(urllib.error.HTTPError) as caught:  # the API names what it can't reset
+        post_json(cluster, "/v1/settings", {"reset": ["colour"]})
+    assert caught.value.code == 400 and "colour" in caught.value.read().decode()
 
 
 def test_config_and_auth(cluster, tmp_path):
@@ -168,6 +178,10 @@ def test_config_and_auth(cluster, tmp_path):
     assert doc["data"]["config"]["cloud"] == "gcp"
     code, doc = burla(cluster, "config", "set", "cloud", "mars", env=env)
     assert code == 2 and "aws, gcp, azure" in doc["error"]["message"]
+    code, doc = burla(cluster, "config", "set", "background_head", "false", env=env)
+    assert code == 0 and doc["data"]["config"] == {"cloud": "gcp", "background_head": False}
+    code, doc = burla(cluster, "config", "set", "background_head", "sometimes", env=env)
+    assert code == 2 and "true or false" in doc["error"]["message"]
     code, doc = burla(cluster, "auth", "status")
     assert code == 0 and doc["data"]["authorized"] and doc["data"]["head_url"] == cluster.url
     assert doc["data"]["token_source"] == ENV_TOKEN

@@ -16,7 +16,7 @@ from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
 from tests.conftest import own_head, start_head, wait_for_nodes
-from tests.helpers import get_json, start_detached, wait_until
+from tests.helpers import get_json, post_json, start_detached, wait_until
 
 
 def _node_processes(head) -> list[psutil.Process]:
@@ -137,3 +137,24 @@ def test_a_detaching_client_leaves_only_once_its_inputs_are_saved(tmp_path):
     with own_head(tmp_path) as head:
         assert asyncio.run(detach()) == n
         assert get_json(head, f"/v1/jobs/{spec.job_id}")["status"] == "RUNNING"  # it runs on without its client
+
+
+def test_a_detached_job_that_ended_with_nothing_to_collect_is_not_taken_up_again(tmp_path):
+    # Fails on the previous code: every new head took the cancelled job up again (and logged it).
+    config_dir = tmp_path / "config"
+    head = start_head(config_dir, local_nodes=1, workers=1)
+    try:
+        wait_for_nodes(head, 1)
+        job_id = start_detached("remote_parallel_map(functions.sleep_then_return, [(i, 60) for i in range(2)], "
+                                "detach=True, spinner=False)", head.env())
+        post_json(head, f"/v1/jobs/{job_id}/cancel", {})
+        wait_until(lambda: get_json(head, f"/v1/jobs/{job_id}")["status"] == "CANCELED", what="job canceled")
+    finally:
+        head.stop()
+    again = start_head(config_dir, local_nodes=1, workers=1)
+    try:
+        wait_for_nodes(again, 1)
+        assert job_id not in again.log()
+        assert get_json(again, f"/v1/jobs/{job_id}")["status"] == "CANCELED"  # still in history, as it ended
+    finally:
+        again.stop()

@@ -292,7 +292,8 @@ def test_missing_permission_to_import_the_key_names_it():
 def test_cloud_nodes_from_cluster_start_go_after_ten_idle_minutes_unless_configured(tmp_path):
     from burla.drivers.local import LocalDriver
     from burla.head.cluster import Cluster
-    from burla.head.fleet import CLOUD_IDLE_S, GROWN_IDLE_S, ClusterSettings, Fleet
+    from burla.head.cluster_settings import ClusterSettings
+    from burla.head.fleet import CLOUD_IDLE_S, GROWN_IDLE_S, Fleet
 
     class CloudLike(LocalDriver):
         name = "ec2"

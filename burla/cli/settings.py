@@ -6,6 +6,9 @@ import click
 
 from burla.cli.common import CliError, JsonGroup, head_client, run
 
+RESETTABLE = ("quantity", "workers_per_node", "machine_type", "region", "disk_gb", "image", "inactivity_timeout_s",
+              "spot", "max_vcpus", "max_gpus")
+
 
 @click.group(cls=JsonGroup)
 def settings() -> None:
@@ -40,10 +43,13 @@ def _gpu_caps(values: tuple[str, ...]) -> dict[str, int]:
 @click.option("--spot/--no-spot", default=None, help="Boot spot (preemptible) machines.")
 @click.option("--max-vcpus", type=int, help="Cap on vCPUs booted by grow=True.")
 @click.option("--max-gpus", multiple=True, metavar="MODEL=N", help="Cap on GPUs of one model (repeatable).")
+@click.option("--reset", multiple=True, type=click.Choice(RESETTABLE), metavar="SETTING",
+              help=f"Put a setting back to its default (repeatable): {', '.join(RESETTABLE)}.")
 @click.pass_context
 def update(ctx: click.Context, quantity, workers_per_node, machine_type, region, disk_gb, image,
-           inactivity_timeout, spot, max_vcpus, max_gpus) -> None:
-    """Change some settings; the rest stay as they are."""
+           inactivity_timeout, spot, max_vcpus, max_gpus, reset) -> None:
+    """Change some settings, or reset them to their defaults; the rest stay as they are. Settings
+    are kept in the head's history, so a head started later with the same config directory keeps them."""
 
     def action() -> dict:
         changes = {
@@ -54,6 +60,11 @@ def update(ctx: click.Context, quantity, workers_per_node, machine_type, region,
         changes = {k: v for k, v in changes.items() if v is not None}
         if max_gpus:
             changes["max_gpus"] = _gpu_caps(max_gpus)
+        both = sorted(set(changes) & set(reset))
+        if both:
+            raise CliError("bad_usage", f"{', '.join(both)} both set and reset", "pass one or the other", 2)
+        if reset:
+            changes["reset"] = list(reset)
         if not changes:
             raise CliError("bad_usage", "no setting to change", "pass at least one option; see --help", 2)
         return head_client(ctx).post("/v1/settings", changes)

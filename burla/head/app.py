@@ -21,8 +21,9 @@ from burla.head.access import job_view, scope_check
 from burla.head.api import add_api_routes
 from burla.head.budget import ConnectionCounts, HeadLimits
 from burla.head.cluster import Cluster
+from burla.head.cluster_settings import ClusterSettings
 from burla.head.dashboard import add_dashboard_routes, login_needed
-from burla.head.fleet import ClusterSettings, Fleet
+from burla.head.fleet import Fleet
 from burla.head.history import History
 from burla.head.keys import (
     CLIENT_CONNECTIONS,

@@ -411,7 +411,7 @@ class Cluster:
         self._cancel_children(job)
         log.info("job %s %s%s", job.job_id, status, f": {reason}" if reason else "")
         self.clients.record_job(job)
-        if not job.spec.detach:  # a detached job's results wait to be collected
+        if not job.spec.detach or job.n_done == 0:  # a detached job's results (if any) wait to be collected
             self.record.job_closed(job.job_id)
         self._finished[job.job_id] = None
         while len(self._finished) > FINISHED_JOBS_KEPT:

@@ -22,6 +22,7 @@ from burla.head.held_inputs import load_kept
 from burla.head.history import KeptJob
 from burla.head.links import ClientLink, NodeLink
 from burla.head.machines import Machines
+from burla.head.recorder import Recorder
 from burla.head.records import JobRecord
 from burla.head.scheduler import Scheduler
 from burla.protocol import wire
@@ -37,6 +38,7 @@ class RecoveringCluster(Protocol):
     node_links: dict[str, NodeLink]
     client_links: dict[str, ClientLink]
     job_times: dict[str, tuple[float, float | None]]
+    record: Recorder
 
     def assign(self, job: JobRecord) -> None: ...
 
@@ -83,7 +85,11 @@ class RestartRecovery:
 
     def _take_up(self, kept: KeptJob, spec: wire.OpenJob) -> None:
         cluster = self._cluster
-        if kept.status == JobStatus.RUNNING:  # boot only for what will run
+        ended = kept.status != JobStatus.RUNNING  # a detached job that ended: only its results remain
+        if ended and not kept.results:  # nothing for anyone to collect: it is over
+            cluster.record.job_closed(spec.job_id)
+            return
+        if not ended:  # boot only for what will run
             try:
                 cluster.machines.prepare_job(spec)
             except BurlaError as e:
@@ -99,8 +105,12 @@ class RestartRecovery:
             cluster.scheduler.add_inputs(job, load_kept(job, kept.inputs, kept.results))
             link.deliver([], kept.results)
         cluster.assign(job)
-        log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,
-                 job.n_inputs)
+        if ended:
+            log.info("job %s ended %s; %d results wait for `burla jobs results`", spec.job_id, kept.status,
+                     len(kept.results))
+        else:
+            log.info("job %s taken up again after a restart (%d of %d results kept)", spec.job_id, job.n_done,
+                     job.n_inputs)
         self._restored_at[spec.job_id] = time.monotonic()
         cluster.clients.record_job(job)
         self._end_or_run(job, kept)

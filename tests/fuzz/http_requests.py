@@ -12,7 +12,8 @@ import re
 import urllib.parse
 from typing import Any
 
-from burla.head.fleet import ClusterSettings, SettingsError
+from burla.errors import SettingsError
+from burla.head.cluster_settings import ClusterSettings
 from burla.protocol import wire
 from burla.web.scoped_tokens import job_token, node_token
 from tests.fuzz.model import Context, Route
