@@ -15,6 +15,7 @@ from burla._version import __version__
 from burla.errors import (
     BurlaError,
     CallExited,
+    CallTimeout,
     ClusterRestarted,
     ClusterShutdown,
     DetachRequiresDeployedCluster,
@@ -54,6 +55,7 @@ __all__ = [
     "ClusterShutdown",
     "ClusterRestarted",
     "CallExited",
+    "CallTimeout",
     "JobFailed",
     "JobNotFound",
     "NoCompatibleNodes",

@@ -30,6 +30,7 @@
     │   ├── NodeDisconnected      the connection to the cluster was lost mid-job
     │   ├── WorkerCrashed         the worker running a call died (.input_index, .exit_code)
     │   ├── CallExited            a call raised SystemExit (sys.exit) or KeyboardInterrupt: a failed call
+    │   ├── CallTimeout           a call ran past the job's timeout (its worker was replaced)
     │   └── OutOfMemory           a call went past func_ram, or past its node's memory alone
     └── RemoteError               a call raised an exception that could not be re-created
                                   here; carries the type name, message and traceback text
@@ -205,6 +206,20 @@ class CallExited(JobError):
     """A call raised SystemExit (`sys.exit(2)`, `exit()`) or KeyboardInterrupt. In the call's own
     process that ends the program; in a call it is that call's failure (with `burla_input_index`),
     never the client's exit."""
+
+
+class CallTimeout(JobError):
+    """A call ran past `remote_parallel_map(..., timeout=SECONDS)`: its worker was stopped and
+    replaced, and the call failed (it ran again first if `retries` remained)."""
+
+    def __init__(self, input_index: int, timeout_s: float) -> None:
+        self.input_index = self.burla_input_index = input_index
+        self.timeout_s = timeout_s
+        super().__init__(f"The call of input {input_index} ran past its timeout of {timeout_s:g} s and was stopped "
+                         "(its worker was replaced). Raise timeout=, or make the call faster.")
+
+    def __reduce__(self):
+        return (type(self), (self.input_index, self.timeout_s))
 
 
 class WorkerCrashed(JobError):

@@ -346,3 +346,19 @@ def memory_after(prefixes):
                     found[prefix].append(data[at:at + len(needle) + 80])
                     at = data.find(needle, at + 1)
     return found
+
+
+def fail_first_tries(directory, x, failures, slow_s=0.0):
+    """Fails (or, with `slow_s`, sleeps that long) on its first `failures` tries for input `x`, then
+    returns x: a flaky call. Its tries are counted in files under `directory`, which every worker shares."""
+    import pathlib
+
+    marks = pathlib.Path(directory)
+    tries = len(list(marks.glob(f"{x}-*"))) + 1
+    (marks / f"{x}-{tries}").touch()
+    if tries <= failures:
+        if slow_s:
+            time.sleep(slow_s)
+        else:
+            raise ValueError(f"input {x} failed on try {tries}")
+    return x

@@ -186,6 +186,10 @@ def _raw_request(url: str, request_line: bytes, headers: dict, body: bytes = b""
         ({"region": "us-east-1/../../projects/other"}, "region must be"),
         ({"job_id": "a/b"}, "job_id must be"),
         ({"func_gpu": "H100; rm"}, "func_gpu must be"),
+        ({"retries": -1}, "retries must be between 0 and 100"),
+        ({"retries": 10**6}, "retries must be between 0 and 100"),
+        ({"timeout": 0.0}, "timeout must be a number of seconds"),
+        ({"timeout": float("nan")}, "timeout has the wrong type"),
     ],
 )
 async def test_job_openings_are_validated_whole(cluster, overrides, words):

@@ -311,3 +311,46 @@ def test_killed_worker_raises_worker_crashed_naming_the_signal(client):
     results = client.remote_parallel_map(functions.kill_self, range(3), raise_errors=False, spinner=False)
     assert results[1:] == [1, 2]
     assert isinstance(results[0], WorkerCrashed) and "SIGKILL" in str(results[0])
+
+
+def test_retries_run_a_failed_call_again_until_it_succeeds(client, tmp_path):
+    # Fails on the previous code: no retries (a flaky call failed its job).
+    results = client.remote_parallel_map(functions.fail_first_tries, [(str(tmp_path), i, 2) for i in range(4)],
+                                         retries=2, spinner=False)
+    assert results == [0, 1, 2, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{i}-{t}" for i in range(4) for t in (1, 2, 3))
+
+
+def test_the_last_tries_exception_is_raised_with_how_many_tries_there_were(client, tmp_path):
+    with pytest.raises(ValueError, match="failed on try 2") as caught:
+        client.remote_parallel_map(functions.fail_first_tries, [(str(tmp_path), 0, 5)], retries=1, spinner=False)
+    assert caught.value.burla_input_index == 0 and caught.value.burla_attempts == 2
+    assert "after 2 attempts" in caught.value.__notes__[-1]
+
+
+def test_a_call_past_its_timeout_is_stopped_and_fails_with_call_timeout(client):
+    from burla import CallTimeout
+
+    results = client.remote_parallel_map(functions.sleep_then_return, [(0, 0.05), (1, 120)], timeout=2,
+                                         raise_errors=False, spinner=False)
+    assert results[0] == 0
+    assert isinstance(results[1], CallTimeout) and results[1].burla_input_index == 1 and "2 s" in str(results[1])
+    # Its worker was replaced: the cluster runs the next job on every slot.
+    assert client.remote_parallel_map(functions.double, range(8), spinner=False) == [x * 2 for x in range(8)]
+
+
+def test_a_call_that_timed_out_runs_again_when_retries_remain(client, tmp_path):
+    results = client.remote_parallel_map(functions.fail_first_tries, [(str(tmp_path), 7, 1, 120)], timeout=2,
+                                         retries=1, spinner=False)
+    assert results == [7]
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(retries=-1), "retries must be an integer from 0 to 100"), (dict(retries=True), "retries"),
+    (dict(retries=1.5), "retries"), (dict(retries=101), "retries"), (dict(timeout=0), "timeout must be None"),
+    (dict(timeout=-1), "timeout"), (dict(timeout=float("nan")), "timeout"), (dict(timeout=float("inf")), "timeout"),
+    (dict(timeout="5"), "timeout"), (dict(timeout=True), "timeout"),
+])
+def test_retries_and_timeout_are_checked(client, kw, words):
+    with pytest.raises(InvalidArgument, match=words):
+        client.remote_parallel_map(functions.double, [1], spinner=False, **kw)

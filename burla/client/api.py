@@ -65,13 +65,16 @@ class Client:
         spinner: bool = True,
         region: str | None = None,
         disk_gb: int | None = None,
+        retries: int = 0,
+        timeout: float | None = None,
     ) -> list[Any] | Iterator[Any]:
         """`burla.remote_parallel_map` on this client's cluster."""
         if not callable(function_):
             raise InvalidArgument(f"function_ must be callable, got {type(function_).__name__}")
         options = JobOptions.checked(
             func_cpu=func_cpu, func_ram=func_ram, func_gpu=func_gpu, image=image, grow=grow,
-            max_parallelism=max_parallelism, detach=detach, raise_errors=raise_errors, region=region, disk_gb=disk_gb)
+            max_parallelism=max_parallelism, detach=detach, raise_errors=raise_errors, region=region, disk_gb=disk_gb,
+            retries=retries, timeout=timeout)
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
             raise InvalidArgument(f"inputs must be a list (or other iterable) of inputs, got {type(inputs).__name__}")
         inputs = inputs if isinstance(inputs, list) else list(inputs)
@@ -144,6 +147,8 @@ def remote_parallel_map(
     spinner: bool = True,
     region: str | None = None,
     disk_gb: int | None = None,
+    retries: int = 0,
+    timeout: float | None = None,
 ) -> list[Any] | Iterator[Any]:
     """Call `function_` once per input, in parallel on every CPU of the cluster.
 
@@ -157,12 +162,14 @@ def remote_parallel_map(
     is uploaded it prints "Done uploading inputs! Job JOB_ID ..."; from then on the job runs on
     if this process ends (collect it with `get_results`), and a process that stays gets its results.
     Ctrl-C cancels the job (a detached one runs on once uploaded) and raises KeyboardInterrupt.
+    `retries=N` runs a call that raised (or timed out) again up to N times; `timeout=SECONDS`
+    stops a call that runs longer (its worker is replaced) and fails it with CallTimeout.
     (`Client(head_url, token).remote_parallel_map` runs on a head named outright.)
     """
     return Client().remote_parallel_map(
         function_, inputs, func_cpu=func_cpu, func_ram=func_ram, func_gpu=func_gpu, image=image, grow=grow,
         max_parallelism=max_parallelism, detach=detach, generator=generator, raise_errors=raise_errors,
-        spinner=spinner, region=region, disk_gb=disk_gb,
+        spinner=spinner, region=region, disk_gb=disk_gb, retries=retries, timeout=timeout,
     )
 
 

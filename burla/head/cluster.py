@@ -26,6 +26,7 @@ from burla.head.node_watch import NodeWatch
 from burla.head.recorder import NoRecord, Recorder
 from burla.head.records import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord
 from burla.head.restart_recovery import REJOIN_GRACE_S, RestartRecovery
+from burla.head.retries import with_attempts
 from burla.head.scheduler import Scheduler
 from burla.head.view_builders import job_view
 from burla.process.build import build_hash
@@ -231,7 +232,10 @@ class Cluster:
     def accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None:
         if job.status != RUNNING:
             return
-        fresh = self.scheduler.record_results(node_id, job, items)
+        queued = len(job.pending)
+        fresh = with_attempts(job, self.scheduler.record_results(node_id, job, items))
+        if len(job.pending) > queued:  # failed tries queued again (retries)
+            self.pump()
         if not fresh:
             return
         if job.n_failed:

@@ -83,6 +83,7 @@ class JobRecord:
     # Inputs that went back to the queue when a node was lost: node id -> indices. Only these (and
     # what is in flight on it) may the node say it still holds when it registers again.
     lost_holdings: dict[str, set[int]] = field(default_factory=dict)
+    retried: dict[int, int] = field(default_factory=dict)  # index -> failed tries run again (spec.retries)
     # Inputs a node reported holding when it registered again whose bytes this head has not got
     # yet (it restarted): index -> node id. The client's upload of one goes to that node's inflight.
     node_held: dict[int, str] = field(default_factory=dict)

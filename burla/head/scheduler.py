@@ -25,6 +25,7 @@ from burla.head.eligibility import (
 )
 from burla.head.pushes import frames, least_push
 from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord
+from burla.head.retries import retry
 from burla.protocol import limits, wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus, NodeStatus
@@ -389,29 +390,40 @@ class Scheduler:
         assignment = job.assignments.get(node_id) if node_id is not None else None
         if node_id is not None and assignment is None:
             return []  # not a node of this job
-        if assignment is not None and not job.node_held and not job.restored and items:
-            fresh = self._all_fresh(job, assignment, items)
+        if self._plain(job, assignment, items):
+            fresh = self._all_fresh(job, assignment, items)  # type: ignore[arg-type]
             if fresh is not None:
                 return fresh
-        fresh = []
-        for item in items:
-            index = item[0]
-            if not self._awaits_result(job, index):
-                continue
-            if assignment is not None and index not in assignment.inflight and job.node_held.get(index) != node_id:
-                continue  # not this node's input: the node that holds it answers
-            if assignment is not None:
-                assignment.inflight.pop(index, None)
-            if job.node_held:
-                job.node_held.pop(index, None)
-            job.done[index] = 1
-            job.n_done += 1
-            if not item[1]:
-                job.n_failed += 1
-                if job.restored:
-                    job.failed_here.add(index)
-            fresh.append(item)
-        return fresh
+        return [item for item in items if self._take(job, assignment, node_id, item)]
+
+    def _take(self, job: JobRecord, assignment: Assignment | None, node_id: str | None, item: list) -> bool:
+        """Record one result if it is the first for its input and this node's to give; a failure
+        with retries left queues the input again instead. True if recorded."""
+        index, ok = item[0], item[1]
+        if not self._awaits_result(job, index):
+            return False
+        if assignment is not None and index not in assignment.inflight and job.node_held.get(index) != node_id:
+            return False  # not this node's input: the node that holds it answers
+        if not ok and assignment is not None and retry(job, assignment, index):
+            return False
+        if assignment is not None:
+            assignment.inflight.pop(index, None)
+        if job.node_held:
+            job.node_held.pop(index, None)
+        job.done[index] = 1
+        job.n_done += 1
+        if not ok:
+            job.n_failed += 1
+            if job.restored:
+                job.failed_here.add(index)
+        return True
+
+    @staticmethod
+    def _plain(job: JobRecord, assignment: Assignment | None, items: list) -> bool:
+        """Whether results may take the fast path: a node's own, of a job not taken up after a
+        restart, with no failure to run again."""
+        return (assignment is not None and not job.node_held and not job.restored and bool(items)
+                and (not job.spec.retries or all(map(_ok_of, items))))
 
     @staticmethod
     def _awaits_result(job: JobRecord, index: int) -> bool:

@@ -25,6 +25,7 @@ from burla.head.messages import accepted_message
 from burla.head.records import JobRecord
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import grants, limits, wire
+from burla.protocol.job_options import MAX_RETRIES, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from burla.protocol.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
 from burla.web import scoped_tokens
 from burla.web.auth import CREDENTIAL, SCOPE
@@ -275,6 +276,10 @@ def _check_resources(spec: wire.OpenJob) -> None:
         raise ProtocolError(f"func_ram must be a number of GB from {MIN_RAM_GB_PER_CALL:g} to {MAX_RAM_GB_PER_CALL:g}")
     if spec.func_gpu is not None and spec.func_gpu.upper() not in GPU_CHOICES:
         raise ProtocolError(f"func_gpu must be one of {', '.join(GPU_CHOICES)}")
+    if not 0 <= spec.retries <= MAX_RETRIES:
+        raise ProtocolError(f"retries must be between 0 and {MAX_RETRIES}")
+    if spec.timeout is not None and not MIN_TIMEOUT_S <= spec.timeout <= MAX_TIMEOUT_S:
+        raise ProtocolError(f"timeout must be a number of seconds from {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}")
 
 
 def _check_names(spec: wire.OpenJob) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from burla.errors import BurlaError, OutOfMemory, WorkerCrashed
-from burla.node.worker_pool import Batch, WorkerHandle
+from burla.errors import BurlaError, WorkerCrashed
+from burla.node.worker_pool import Batch, WorkerHandle, kill_error
 from burla.protocol import limits, packed_results, wire, worker_wire
 from burla.protocol.packed_inputs import InputRuns, PackedInputs
 from burla.protocol.serialization import ErrorOrigin, pack_error
@@ -45,6 +45,7 @@ class NodeJob:
     func_cpu: int | None = None
     local_code: bytes = b""
     job_token: str = ""  # what its calls hold for nested jobs (never the cluster token)
+    timeout_s: float | None = None  # how long one call may run (call_timeouts.py stops it past that)
     ready: bool = True  # False while the node installs packages the job needs
     failed_payload: bytes | None = None  # why every call of the job fails here (installation failed)
     queue: InputRuns = field(default_factory=InputRuns)  # as the head pushed them, packed
@@ -166,7 +167,7 @@ class Dispatcher:
         if job is None:
             job = NodeJob(job_id=msg.job_id, function_bytes=msg.function_bytes, parallelism=max(1, msg.parallelism),
                           func_ram=msg.func_ram, func_cpu=msg.func_cpu, local_code=msg.local_code,
-                          job_token=msg.job_token)
+                          job_token=msg.job_token, timeout_s=msg.timeout)
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)
@@ -233,6 +234,10 @@ class Dispatcher:
         job.out_results.extend(map(packed_results.PackedResults.of, packed_results.item_frames(failed)))
         job.done += len(indices)
         self._on_outgoing()
+
+    def timeout_of(self, job_id: str) -> float | None:
+        job = self.jobs.get(job_id)
+        return job.timeout_s if job is not None else None
 
     def _fail_one(self, job: NodeJob, index: int, error: BurlaError, worker: WorkerHandle) -> None:
         payload = pack_error(error, origin=self.origin(worker.pid))
@@ -320,16 +325,15 @@ class Dispatcher:
             requeue = []
             for index, argument_bytes in batch.remaining_items():
                 if index == crashed_index and kill is not None:
-                    if not kill.retry:
-                        error: BurlaError = OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
+                    error = kill_error(index, kill)
+                    if error is not None:
                         self._fail_one(job, index, error, worker)
                         continue
                 elif index == crashed_index:
                     attempts = job.crash_attempts.get(index, 0) + 1
                     job.crash_attempts[index] = attempts
                     if attempts >= MAX_CRASH_ATTEMPTS:
-                        error = WorkerCrashed(index, exit_code, attempts)
-                        self._fail_one(job, index, error, worker)
+                        self._fail_one(job, index, WorkerCrashed(index, exit_code, attempts), worker)
                         continue
                 requeue.append((index, argument_bytes))
             job.queue.prepend(PackedInputs.of(requeue))

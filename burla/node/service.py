@@ -21,6 +21,7 @@ from aiohttp import web
 
 from burla.config import NodeSettings
 from burla.errors import ProtocolError
+from burla.node.call_timeouts import CallTimeouts
 from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.governor import Governor
@@ -73,6 +74,7 @@ class NodeService:
         self.memory = MemoryGuard(
             self.pool, self.dispatcher, settings.memory_budget_gb, lambda: self._state_changed.set()
         )
+        self.timeouts = CallTimeouts(lambda: self.pool.workers, self.dispatcher, lambda: self._state_changed.set())
         self.governor = Governor(self.pool, self.dispatcher, self.memory, settings.cpus, self._ask_for_more)
         self.thief = Thief(settings.node_id, self.dispatcher, self._report_stolen)
         self._control: list[tuple[wire.Message, asyncio.Future]] = []  # sent before data, awaited
@@ -121,6 +123,7 @@ class NodeService:
                 group.create_task(self._head_session_loop())
                 self.loops = LoopSupervisor(log, spawn=group.create_task)
                 self.loops.start("memory-guard", self.memory.run)
+                self.loops.start("call-timeouts", self.timeouts.run)
                 self.loops.start("cpu-guard", self.cpu.run)
                 self.loops.start("governor", self.governor.run)
                 if self.settings.gpu_count and shutil.which("nvidia-smi"):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from burla.config import MAX_CALLS_PER_SLOT
-from burla.errors import ProtocolError
+from burla.errors import BurlaError, CallTimeout, OutOfMemory, ProtocolError
 from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus
 from burla.process.loop_supervisor import end_tasks
@@ -88,6 +88,20 @@ class MemoryKill:
     retry: bool  # run the input again (with fewer workers) instead of failing it
 
 
+@dataclass(frozen=True)
+class TimeoutKill:
+    timeout_s: float  # the node stopped it: its call ran past the job's timeout (call_timeouts.py)
+
+
+def kill_error(index: int, kill: MemoryKill | TimeoutKill) -> BurlaError | None:
+    """Why the call of a worker the node stopped failed; None: it runs again (with fewer workers)."""
+    if isinstance(kill, TimeoutKill):
+        return CallTimeout(index, kill.timeout_s)
+    if kill.retry:
+        return None
+    return OutOfMemory(index, kill.used_gb, kill.limit_gb, kill.per_call)
+
+
 @dataclass(eq=False)
 class WorkerHandle:
     number: int
@@ -102,7 +116,7 @@ class WorkerHandle:
     alive: bool = True
     waiting: bool = False  # its call waits on a nested job: its slot is lent to another worker
     retired: bool = False  # an extra worker told to exit now that the slot came back
-    killed_for: MemoryKill | None = None  # set when the node stopped it for using too much memory
+    killed_for: MemoryKill | TimeoutKill | None = None  # set when the node stopped it (memory, timeout)
     reader_task: asyncio.Task | None = None
     gpu: int | None = None  # the GPU it sees (CUDA_VISIBLE_DEVICES), None: none
 

@@ -3,7 +3,7 @@
 Declared once, here, under the names users give them. The client checks them (`JobOptions.checked`)
 and sends them in its `OpenJob`, whose option fields are these, by name; the head reads them back
 from the opening (`OpenJob.options`), and a node gets the ones that shape its calls in `AssignJob`
-(`func_cpu`, `func_ram`, `func_gpu`), under the same names. "dynamic" travels as None.
+(`func_cpu`, `func_ram`, `func_gpu`, `timeout`), under the same names. "dynamic" travels as None.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from burla.errors import InvalidArgument
 from burla.protocol.validation import GPU_CHOICES, IMAGE, REGION, matches
 
 DYNAMIC = "dynamic"  # the user's word for "let the node decide": None on the wire
+MAX_RETRIES = 100
+MIN_TIMEOUT_S = 0.01
+MAX_TIMEOUT_S = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,14 @@ class JobOptions:
     region: str | None = None  # where grown nodes boot
     disk_gb: int | None = None  # the boot disk of grown nodes
     parent_job_id: str | None = None  # the job whose call opened this one (nested jobs)
+    retries: int = 0  # a call that raises runs again up to this many times; the last try's exception is seen
+    timeout: float | None = None  # seconds a call may run; past it, it is stopped and fails with CallTimeout
 
     @classmethod
     def checked(cls, *, func_cpu: Any = DYNAMIC, func_ram: Any = DYNAMIC, func_gpu: Any = None, image: Any = None,
                 grow: Any = False, max_parallelism: Any = None, detach: Any = False, raise_errors: Any = True,
-                region: Any = None, disk_gb: Any = None, parent_job_id: str | None = None) -> JobOptions:
+                region: Any = None, disk_gb: Any = None, parent_job_id: str | None = None, retries: Any = 0,
+                timeout: Any = None) -> JobOptions:
         """The options as a user passed them, checked; raises InvalidArgument saying what to fix."""
         ram = _resources("func_ram", func_ram, integer=False)
         if ram is not None and not MIN_RAM_GB_PER_CALL <= ram <= MAX_RAM_GB_PER_CALL:
@@ -55,9 +61,16 @@ class JobOptions:
         for name, value in (("disk_gb", disk_gb), ("max_parallelism", max_parallelism)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise InvalidArgument(f"{name} must be a positive integer or None, got {value!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+            raise InvalidArgument(f"retries must be an integer from 0 to {MAX_RETRIES}, got {retries!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S):  # NaN fails too
+            raise InvalidArgument(f"timeout must be None or a number of seconds from {MIN_TIMEOUT_S:g} to "
+                                  f"{MAX_TIMEOUT_S:g} (a week), got {timeout!r}")
         return cls(func_cpu=_resources("func_cpu", func_cpu, integer=True), func_ram=ram, func_gpu=func_gpu,
                    image=image, grow=bool(grow), max_parallelism=max_parallelism, detach=bool(detach),
-                   raise_errors=bool(raise_errors), region=region, disk_gb=disk_gb, parent_job_id=parent_job_id)
+                   raise_errors=bool(raise_errors), region=region, disk_gb=disk_gb, parent_job_id=parent_job_id,
+                   retries=retries, timeout=None if timeout is None else float(timeout))
 
     def fields(self) -> dict[str, Any]:
         """Every option by name, as an `OpenJob` takes them."""

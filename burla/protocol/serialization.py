@@ -187,6 +187,7 @@ def unpack_error(payload: bytes, input_index: int) -> BaseException:
         exc.burla_node_id = record.node_id  # type: ignore[attr-defined]
         exc.burla_host = record.host  # type: ignore[attr-defined]
         exc.burla_worker_pid = record.worker_pid  # type: ignore[attr-defined]
+        exc.burla_attempts = record.attempts  # type: ignore[attr-defined]
     except AttributeError:  # exceptions with __slots__
         pass
     exc.add_note(failure_note(input_index, record))  # PEP 678: shown under the traceback
@@ -201,4 +202,5 @@ def failure_note(input_index: int, record: wire.ErrorRecord) -> str:
     if record.worker_pid:
         details.append(f"worker pid {record.worker_pid}")
     where = f" ({', '.join(details)})" if details else ""
-    return f"[burla] failed on input index {input_index} on node {record.node_id}{where}"
+    tries = f" after {record.attempts} attempts" if record.attempts > 1 else ""
+    return f"[burla] failed on input index {input_index} on node {record.node_id}{where}{tries}"

@@ -88,6 +88,8 @@ class OpenJob(Message):
     # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
     # one frame. The head takes them as an InputBatch right after admitting the job.
     first_inputs: list = []  # (shared: messages are never changed in place)
+    retries: int = 0  # JobOptions.retries
+    timeout: float | None = None  # JobOptions.timeout (seconds per call)
 
     @property
     def options(self) -> JobOptions:
@@ -310,6 +312,7 @@ class AssignJob(Message):
     func_gpu: str | None = None  # set: each call runs on a worker that has a GPU of its own
     n_inputs: int = 0  # the job's size (0: unknown): no node holds credit for more inputs than that
     job_token: str = ""  # what the job's calls hold instead of the cluster token (burla.web.scoped_tokens)
+    timeout: float | None = None  # seconds a call may run (JobOptions.timeout)
 
 
 @message(23)
@@ -452,6 +455,7 @@ class ErrorRecord(Message):
     node_id: str = ""  # where the call failed ("" where not known)
     host: str = ""
     worker_pid: int = 0  # 0: the node itself (a crashed worker's pid is given when known)
+    attempts: int = 1  # how many times the call ran (the head counts retries)
 
     @property
     def qualified_name(self) -> str:
