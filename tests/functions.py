@@ -282,7 +282,8 @@ def what_a_job_token_opens(other_job_id):
     def opening(job_id, parent):
         return wire.OpenJob(job_id=job_id, function_name="f", function_bytes=b"x", n_inputs=1, func_cpu=None,
                             func_ram=None, func_gpu=None, image=None, grow=False, max_parallelism=None, detach=False,
-                            raise_errors=True, region=None, disk_gb=None, parent_job_id=parent,
+                            raise_errors=True, region=None, disk_gb=None, parent_job_id=parent, retries=0,
+                            timeout=None,
                             client_version=__version__, python_version=python, local_code=b"", packages={})
 
     async def over_socket(session, path, frame):

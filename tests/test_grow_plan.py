@@ -14,6 +14,7 @@ from burla.protocol import wire
 def spec(n=100, **kw):
     values = dict(func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=True, max_parallelism=None,
                   detach=False, raise_errors=True, region=None, disk_gb=None, parent_job_id=None,
+                  retries=0, timeout=None,
                   client_version="0.1.0", python_version="3.11.7", local_code=b"", packages={})
     values.update(kw)
     return wire.OpenJob("j", "f", b"fn", n, **values)

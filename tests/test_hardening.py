@@ -217,7 +217,7 @@ def test_a_node_reporting_nan_is_refused_and_the_cluster_view_stays_json(tmp_pat
     # (Its own head: the refused node is then awaited as one that may come back.)
     register = wire.RegisterNode("nan-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
                                  __version__, build_hash(), b"", [])
-    state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0, 0.0, 0.0])
+    state = msgpack.packb([wire.NodeState.TAG, "nan-node", "READY", 1, [], float("nan"), 1.0, 0.0, 0.0, 0.0, 0.0, ""])
     with own_head(tmp_path, local_nodes=0) as head:
         replies = asyncio.run(_exchange(head, "/v1/nodes/ws", [register.encode(), state]))
         assert "has the wrong type" in _error(replies).message
@@ -233,7 +233,7 @@ def test_a_node_reporting_counts_past_64_bits_is_refused_and_history_goes_on(tmp
     register = wire.RegisterNode("count-node", "http://127.0.0.1:9", 1, 1, 1.0, None, 0, None, "r", "3.11",
                                  __version__, build_hash(), b"", [])
     past_64_bits = msgpack.packb([wire.NodeState.TAG, "count-node", "READY", 2**64 - 1, [], 1.0, 1.0, 0.0, 0.0,
-                                  0.0, 0.0])
+                                  0.0, 0.0, ""])
     summing_past = wire.NodeState("count-node", "RUNNING", 1, [["a", 2**62, 0, 0], ["b", 2**62, 0, 0]],
                                   1.0, 1.0, 0.0, 0.0).encode()
     with own_head(tmp_path, local_nodes=0) as head:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from burla.node.governor import GROW_TO, Sample, grown_size, shrunk_size
+from burla.node.governor import GROW_TO, Sample, grown_size, held_back, shrunk_size
 from tests import functions
 from tests.conftest import own_head
 from tests.helpers import get_json, wait_until
@@ -94,3 +94,75 @@ def test_the_governor_backs_off_to_what_the_cpus_can_take():
     assert shrunk_size(16, 2, machine_cpu=1.0) == int(16 * GROW_TO)
     assert shrunk_size(3, 2, machine_cpu=1.0) == 2
     assert shrunk_size(2, 2, machine_cpu=1.0) == 2  # never below one worker per slot
+
+
+def test_the_governor_says_why_it_holds_back_calls():
+    # Fails on the previous code: a busy machine silently ran fewer calls (3.6 s became 9.7 s).
+    assert held_back(_sample()) == ""  # idle machine: it grows instead
+    busy = held_back(_sample(machine_cpu=0.97))
+    assert busy.startswith("machine 97% busy (96% by other processes)")
+    assert held_back(_sample(machine_cpu=0.97, could_run_more=0)) == ""  # nothing waits for a worker
+    assert held_back(_sample(machine_cpu=0.97, cpu_per_busy_worker=0.9)) == ""  # calls use their CPUs: none to add
+
+
+def test_a_held_back_job_is_said_to_its_client_and_kept_for_its_metrics(tmp_path):
+    import asyncio
+
+    asyncio.run(_held_back_job(tmp_path))
+
+
+async def _held_back_job(tmp_path) -> None:
+    import time
+
+    import aiohttp
+
+    from burla.protocol import wire
+    from tests.test_scoped_credentials import _register
+    from tests.test_security_and_bad_input import open_job
+
+    why = "machine 97% busy (90% by other processes): no extra calls started until it calms down"
+    with own_head(tmp_path, local_nodes=0) as head:
+        bearer = {"Authorization": f"Bearer {head.token}"}
+        async with aiohttp.ClientSession(headers=bearer) as session, \
+                session.ws_connect(f"{head.url}/v1/nodes/ws") as node:
+            await node.send_bytes(_register("busy-node").encode())
+            assert isinstance(wire.decode((await node.receive(timeout=30)).data), wire.NodeRegistered)
+            spec = open_job(n_inputs=2)
+            async with session.ws_connect(f"{head.url}/v1/jobs/ws") as client:
+                await client.send_bytes(spec.encode())
+                assert isinstance(wire.decode((await client.receive(timeout=30)).data), wire.JobAccepted)
+                state = wire.NodeState("busy-node", "RUNNING", 1, [[spec.job_id, 1, 1, 0]], 97.0, 10.0, 0.0, 0.0,
+                                       held_back=why)
+                await node.send_bytes(state.encode())
+                deadline = time.monotonic() + 60
+                said = ""
+                while not said and time.monotonic() < deadline:
+                    msg = wire.decode((await client.receive(timeout=60)).data)
+                    said = msg.held_back if isinstance(msg, wire.Progress) else ""
+                assert said == f"node busy-node runs fewer calls at once than it could: {why}"
+                wait_until(lambda: get_json(head, f"/v1/jobs/{spec.job_id}/metrics")["held_back"], timeout=60,
+                           what="the held-back event kept")
+                [event] = get_json(head, f"/v1/jobs/{spec.job_id}/metrics")["held_back"]
+                assert event["node_id"] == "busy-node" and event["held_back"] and event["why"] == why
+
+
+def test_the_progress_line_says_when_calls_are_held_back():
+    import io
+
+    from burla.client.progress import Display
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out, err = Terminal(), io.StringIO()
+    display = Display(10, show_progress=True, stdout=out, stderr=err)
+    why = "node n1 runs fewer calls at once than it could: machine 97% busy"
+    for _ in range(3):
+        display.progress(1, 0, 2, held_back=why)
+        display._draw(force=True)
+    assert err.getvalue().count(why) == 1  # said once, not at every update
+    assert "fewer at once: machine busy" in out.getvalue()
+    display.progress(2, 0, 2)
+    display._draw(force=True)
+    assert not out.getvalue().rsplit("\r", 1)[-1].count("machine busy")

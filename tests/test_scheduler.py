@@ -25,6 +25,7 @@ def node(node_id="n1", slots=4, cpus=4, ram_gb=16.0, gpu=None, gpu_count=0, imag
 def spec(job_id="j", n=10, **kw):
     values = dict(func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=False, max_parallelism=None,
                   detach=False, raise_errors=True, region=None, disk_gb=None, parent_job_id=None,
+                  retries=0, timeout=None,
                   client_version="0.1.0", python_version="3.11.7", local_code=b"", packages={})
     values.update(kw)
     return wire.OpenJob(job_id, "f", b"fn", n, **values)

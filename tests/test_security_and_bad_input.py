@@ -26,6 +26,7 @@ def open_job(**overrides) -> wire.OpenJob:
     values = dict(job_id=f"raw-{os.urandom(4).hex()}", function_name="f", function_bytes=b"x", n_inputs=2,
                   func_cpu=None, func_ram=None, func_gpu=None, image=None, grow=False, max_parallelism=None,
                   detach=False, raise_errors=True, region=None, disk_gb=None, parent_job_id=None,
+                  retries=0, timeout=None,
                   client_version=__version__, python_version="{}.{}.0".format(*sys.version_info[:2]),
                   local_code=b"", packages={})
     values.update(overrides)
@@ -163,7 +164,7 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         (["hello"], "ProtocolError", "binary"),
         ([b"\xc1garbage"], "ProtocolError", "msgpack"),
         ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
-        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 21 fields"),
+        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 23 fields"),
         ([wire.InputBatch.of("j", PackedInputs.of([])).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),

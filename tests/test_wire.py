@@ -21,7 +21,9 @@ from burla.protocol.packed_results import (
 
 SAMPLES: list[wire.Message] = [
     wire.OpenJob(
-        "j-1", "f", b"fn", 3, None, 2.5, None, None, False, 4, False, True, None, None, None, "0.1.0", "3.11.7", b"",
+        "j-1", "f", b"fn", 3, None, 2.5, None, None, False, 4, False, True, None, None, None, 2, 30.0, "0.1.0",
+        "3.11.7",
+        b"",
         {"numpy": "2.0.0"}, "host-id",
     ),
     wire.JobAccepted("j-1", 10, 1024, 1, 2, True),
@@ -259,3 +261,15 @@ def test_boot_stages_in_progress_are_bounded_and_shown_furthest_first():
         wire.decode(wire.Progress("j", 0, 0, 0, 0, 1, {"x" * 21: 1}).encode(), wire.HEAD_TO_CLIENT)
     assert booting_stages({"ssh": 1, "installing": 2, "requested": 3}) == " (2 installing, 1 ssh, 3 requested)"
     assert booting_stages({}) == ""
+
+
+def test_an_error_record_an_earlier_build_kept_is_still_read():
+    # History keeps detached jobs' results across upgrades: a record without the fields added
+    # since (where it failed, how many tries) reads with their defaults.
+    record = wire.ErrorRecord("ValueError", "builtins", "bad", "tb", None, None, "n1", "h", 7, 3)
+    full = msgpack.unpackb(record.encode())
+    older = wire.read_error(msgpack.packb(full[:-4]))
+    assert (older.message, older.node_id, older.worker_pid, older.attempts) == ("bad", "", 0, 1)
+    for bad in (b"\x95\x01", msgpack.packb(full[:-5]), msgpack.packb([wire.ErrorRecord.TAG, 1, 2, 3, 4, 5, 6])):
+        with pytest.raises(ProtocolError):
+            wire.read_error(bad)

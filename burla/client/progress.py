@@ -39,6 +39,7 @@ class Display:
         self.running = 0
         self.booting = 0  # nodes still booting that the job waits for
         self.stages: dict[str, int] = {}  # of those, how many are at each boot stage
+        self.held_back = ""  # why the job's nodes run fewer of its calls than they could (said once)
 
     def announce(self, text: str) -> None:
         """A line for the person running the job (its dashboard page), on stderr."""
@@ -59,10 +60,13 @@ class Display:
         self._draw(force=True)
 
     def progress(self, done: int, failed: int, running: int, booting: int = 0,
-                 stages: dict[str, int] | None = None) -> None:
+                 stages: dict[str, int] | None = None, held_back: str = "") -> None:
         self.done, self.failed, self.running = max(self.done, done), max(self.failed, failed), running
         self.booting = booting
         self.stages = stages or {}
+        if held_back and held_back != self.held_back:
+            self.announce(held_back)  # once per reason, on a terminal or not
+        self.held_back = held_back
         self._draw()
 
     def count_results(self, count: int, failed: int) -> None:
@@ -100,6 +104,8 @@ class Display:
                          + booting_stages(self.stages))
         else:
             parts.append(f"{self.running} running")
+        if self.held_back:
+            parts.append("fewer at once: machine busy")
         parts.append(f"{rate:,.1f}/s")
         parts.append(f"{elapsed:.1f}s")
         self._out.write("\r\x1b[2K[burla] " + " · ".join(parts))

@@ -427,7 +427,7 @@ class JobRunner:
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):
-                display.progress(msg.done, msg.failed, msg.running, msg.booting, msg.stages)
+                display.progress(msg.done, msg.failed, msg.running, msg.booting, msg.stages, msg.held_back)
             elif isinstance(msg, wire.JobEnded):
                 self._on_end(msg)
                 return

@@ -11,6 +11,7 @@ from aiohttp import web
 from burla.errors import CloudRefused, SettingsError
 from burla.head.cluster import Cluster
 from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
+from burla.head.node_reports import HOLDS_BACK, HOLDS_BACK_NO_MORE
 from burla.head.records import RUNNING
 from burla.head.usage import MACHINE_STARTED, usage
 from burla.head.view_builders import node_view
@@ -200,11 +201,12 @@ def _refused(error: CloudRefused) -> web.Response:
 
 
 async def metrics_of(cluster: Cluster, view: JobView) -> dict:
-    """Progress over time and, per node that ran the job, CPU and memory samples."""
+    """Progress over time and, per node that ran the job, CPU and memory samples, and when it held
+    back calls the job could have run (the machine was busy)."""
     import time
 
     if cluster.history is None:
-        return {"job_id": view.job_id, "progress": [], "nodes": {}}
+        return {"job_id": view.job_id, "progress": [], "nodes": {}, "held_back": []}
     progress = await cluster.history.job_progress_of(view.job_id)
     # A node's state is kept about once per sample period: a job shorter than that still gets the
     # samples taken around it.
@@ -213,11 +215,16 @@ async def metrics_of(cluster: Cluster, view: JobView) -> dict:
     until = (view.ended_at or time.time()) + margin
     node_ids = view.nodes or sorted(await cluster.history.nodes_seen())
     nodes = {}
+    held_back = []
     for node_id in node_ids:
         samples = await cluster.history.samples_of(node_id, since, until)
         if samples:
             nodes[node_id] = samples
-    return {"job_id": view.job_id, "progress": progress, "nodes": nodes}
+        for event in await cluster.history.events_between(node_id, (HOLDS_BACK, HOLDS_BACK_NO_MORE), since, until):
+            held_back.append({"node_id": node_id, "at": event["at"], "held_back": event["event"] == HOLDS_BACK,
+                              "why": event["detail"]})
+    return {"job_id": view.job_id, "progress": progress, "nodes": nodes,
+            "held_back": sorted(held_back, key=lambda e: e["at"])}
 
 
 async def job_metrics(request: web.Request) -> web.Response:

@@ -77,10 +77,23 @@ class ClientWatch:
         queued = max(0, job.received - job.n_done - running)
         booting = cluster.waiting_for_nodes(job)
         stages = Counter(cluster.machines.boot_stage(n) for n in cluster.booting_ids) if booting else Counter()
-        snapshot = (job.n_done, job.n_failed, running, queued, booting, tuple(sorted(stages.items())))
+        held = self._held_back(job) if job.status == RUNNING else ""
+        snapshot = (job.n_done, job.n_failed, running, queued, booting, tuple(sorted(stages.items())), held)
         if force or snapshot != link.last_progress:
             link.last_progress = snapshot
-            link.send(wire.Progress(job.job_id, *snapshot[:5], stages={str(k): v for k, v in stages.items()}))
+            link.send(wire.Progress(job.job_id, *snapshot[:5], stages={str(k): v for k, v in stages.items()},
+                                    held_back=held))
+
+    def _held_back(self, job: JobRecord) -> str:
+        """Why nodes of the job run fewer of its calls than they could, as its client shows it."""
+        nodes = self._cluster.scheduler.nodes
+        held = [(node_id, nodes[node_id].held_back) for node_id in job.assignments
+                if node_id in nodes and nodes[node_id].held_back]
+        if not held:
+            return ""
+        node_id, reason = held[0]
+        others = f" (and {len(held) - 1} more node(s))" if len(held) > 1 else ""
+        return f"node {node_id}{others} runs fewer calls at once than it could: {reason}"
 
     def record_job(self, job: JobRecord) -> None:
         cluster = self._cluster

@@ -99,6 +99,13 @@ class HistoryQueries:
         return await self._rows(
             "SELECT event, detail, at FROM node_events WHERE node_id = ? ORDER BY at DESC LIMIT ?", (node_id, limit))
 
+    async def events_between(self, node_id: str, events: tuple[str, ...], since: float, until: float
+                             ) -> list[dict[str, Any]]:
+        marks = ", ".join("?" * len(events))
+        return await self._rows(
+            f"SELECT event, detail, at FROM node_events WHERE node_id = ? AND event IN ({marks}) AND at >= ? "
+            "AND at <= ? ORDER BY at", (node_id, *events, since, until))
+
     async def samples_of(self, node_id: str, since: float, until: float) -> list[dict[str, Any]]:
         return await self._rows(
             "SELECT at, cpu_percent, mem_percent, net_sent_bps, net_recv_bps, workers_alive, running, gpu_percent, "

@@ -46,6 +46,10 @@ class ReportedTo(Protocol):
     def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None: ...
 
 
+HOLDS_BACK = "holds back calls"  # node events: its governor runs fewer calls than its jobs could use
+HOLDS_BACK_NO_MORE = "holds back no more"
+
+
 class NodeReports:
     def __init__(self, cluster: ReportedTo) -> None:
         self._cluster = cluster
@@ -106,6 +110,9 @@ class NodeReports:
         if msg.node_id != node_id:
             self._refused.warning("node %s sent the state of node %s: dropped", node_id, msg.node_id)
             return
+        before = cluster.scheduler.nodes.get(node_id)
+        if before is not None and before.held_back != msg.held_back:  # kept for `burla jobs metrics`
+            cluster.record.node_event(node_id, HOLDS_BACK if msg.held_back else HOLDS_BACK_NO_MORE, msg.held_back)
         cluster.scheduler.update_state(msg)
         cluster.watch.note_idleness(node_id)
         if cluster.watch.sample_due(node_id):

@@ -63,6 +63,18 @@ def grown_size(sample: Sample, max_size: int) -> int:
     return sample.size + max(0, more)
 
 
+def held_back(sample: Sample) -> str:
+    """Why the node runs fewer calls than its jobs could use right now ("" if it does not): calls
+    wait (they use little CPU) and more are queued, but the machine is too busy to add workers,
+    whether by these calls or by other processes on it."""
+    waiting_calls = sample.busy >= sample.size and sample.cpu_per_busy_worker < WAITING_CALL
+    if sample.could_run_more <= 0 or not waiting_calls or sample.machine_cpu < GROW_BELOW:
+        return ""
+    ours = min(sample.machine_cpu, sample.busy * sample.cpu_per_busy_worker / sample.cpus)
+    return (f"machine {100 * sample.machine_cpu:.0f}% busy ({100 * (sample.machine_cpu - ours):.0f}% by other "
+            "processes): no extra calls started until it calms down")
+
+
 def shrunk_size(size: int, full_size: int, machine_cpu: float) -> int:
     """With the CPUs saturated, the size that would bring them back to GROW_TO (never below
     one worker per slot: the guards lower that themselves)."""
@@ -76,17 +88,19 @@ class Governor:
     CPUs saturate. Owned by the node service, which runs `run()` in its task group."""
 
     def __init__(self, pool: WorkerPool, dispatcher: Dispatcher, memory: MemoryGuard, cpus: int,
-                 on_grow: Callable[[], None]) -> None:
+                 on_grow: Callable[[], None], on_change: Callable[[], None] = lambda: None) -> None:
         self._pool = pool
         self._dispatcher = dispatcher
         self._memory = memory
         self._cpus = max(1, cpus)
         self._on_grow = on_grow
+        self._on_change = on_change  # what it holds back changed: the node pushes its state
         self._processes: dict[int, psutil.Process] = {}
         self._last_cpu: dict[int, float] = {}  # worker pid -> its CPU seconds at the last sample
         self._last_busy: set[int] = set()  # pids busy at the last sample
         self._last_machine = psutil.cpu_times()
         self._saturated = 0
+        self.held_back = ""  # why it runs fewer calls than its jobs could use (NodeState.held_back)
 
     def _machine_cpu(self) -> float:
         now = psutil.cpu_times()
@@ -134,6 +148,10 @@ class Governor:
         sample = self.sample(elapsed)
         if pool.starting() or pool.size < pool.full_size:
             return  # workers still starting (their start costs CPU), or a guard lowered the size
+        reason = held_back(sample) if sample.size < pool.max_size else ""
+        if reason != self.held_back:
+            self.held_back = reason
+            self._on_change()
         self._saturated = self._saturated + 1 if sample.machine_cpu >= SHRINK_ABOVE else 0
         if self._saturated >= SHRINK_AFTER:
             self._saturated = 0

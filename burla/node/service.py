@@ -75,7 +75,8 @@ class NodeService:
             self.pool, self.dispatcher, settings.memory_budget_gb, lambda: self._state_changed.set()
         )
         self.timeouts = CallTimeouts(lambda: self.pool.workers, self.dispatcher, lambda: self._state_changed.set())
-        self.governor = Governor(self.pool, self.dispatcher, self.memory, settings.cpus, self._ask_for_more)
+        self.governor = Governor(self.pool, self.dispatcher, self.memory, settings.cpus, self._ask_for_more,
+                                 lambda: self._state_changed.set())
         self.thief = Thief(settings.node_id, self.dispatcher, self._report_stolen)
         self._control: list[tuple[wire.Message, asyncio.Future]] = []  # sent before data, awaited
         self.url = ""
@@ -439,7 +440,7 @@ class NodeService:
         return wire.NodeState(
             node_id=self.settings.node_id, status=self._status, workers_alive=self.pool.alive_count(), jobs=jobs,
             cpu_percent=cpu_percent, mem_percent=mem_percent, net_sent_bps=sent_bps, net_recv_bps=recv_bps,
-            gpu_percent=self._gpu_usage[0], gpu_mem_percent=self._gpu_usage[1],
+            gpu_percent=self._gpu_usage[0], gpu_mem_percent=self._gpu_usage[1], held_back=self.governor.held_back,
         )
 
     async def _watch_gpus(self) -> None:

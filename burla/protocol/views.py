@@ -97,6 +97,7 @@ class NodeUsage:
     net_recv_bps: float = 0.0
     gpu_percent: float = 0.0
     gpu_mem_percent: float = 0.0
+    held_back: str = ""  # why it runs fewer calls than its jobs could use now (the governor's word)
 
 
 DESCRIPTION_FIELDS = tuple(f.name for f in dataclasses.fields(NodeDescription))

@@ -48,6 +48,11 @@ from burla.protocol.limits import (
 from burla.protocol.packed_inputs import CarriesInputs
 from burla.protocol.packed_results import INDEX, PackedResults, array_header, check_packed
 from burla.protocol.states import NodeStatus
+from burla.protocol.steal_wire import StealAck as StealAck
+from burla.protocol.steal_wire import StealGrant as StealGrant
+from burla.protocol.steal_wire import StealHint as StealHint
+from burla.protocol.steal_wire import StealRequest as StealRequest
+from burla.protocol.steal_wire import Stolen as Stolen
 
 _NODE_STATUSES = tuple(NodeStatus)  # in their order: the refusal names them so
 
@@ -78,6 +83,8 @@ class OpenJob(Message):
     region: str | None
     disk_gb: int | None
     parent_job_id: str | None
+    retries: int
+    timeout: float | None  # seconds per call
     client_version: str
     python_version: str
     local_code: bytes  # a zip of the user's local modules the function needs (b"" if none)
@@ -88,8 +95,6 @@ class OpenJob(Message):
     # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
     # one frame. The head takes them as an InputBatch right after admitting the job.
     first_inputs: list = []  # (shared: messages are never changed in place)
-    retries: int = 0  # JobOptions.retries
-    timeout: float | None = None  # JobOptions.timeout (seconds per call)
 
     @property
     def options(self) -> JobOptions:
@@ -212,6 +217,7 @@ class Progress(Message):
     queued: int
     booting: int = 0  # nodes still booting that the job waits for (it has none yet)
     stages: dict = {}  # of those: {boot stage: how many}  # noqa: RUF012 - never mutated
+    held_back: str = ""  # why its nodes run fewer of its calls than they could ("": they do not)
 
     def validate(self) -> None:
         if any(type(k) is not str or len(k) > 20 or type(v) is not int or not 0 <= v <= MAX_INPUTS
@@ -332,8 +338,11 @@ class NodeState(Message):
     net_recv_bps: float
     gpu_percent: float = 0.0  # mean utilisation of its GPUs (0 without GPUs)
     gpu_mem_percent: float = 0.0  # GPU memory in use, over all its GPUs
+    held_back: str = ""  # why it runs fewer calls than its jobs could use now ("": it does not)
 
     def validate(self) -> None:
+        if len(self.held_back) > 300:
+            raise ProtocolError("NodeState.held_back must be at most 300 characters")
         if self.status not in _NODE_STATUSES:
             raise ProtocolError(f"NodeState.status must be one of {', '.join(_NODE_STATUSES)}")
         check_items("NodeState.jobs", self.jobs, (str, int, int, int))
@@ -347,72 +356,6 @@ class NodeState(Message):
 @message(25)
 class ShutdownNode(Message):
     reason: str
-
-
-@message(26)
-class StealHint(Message):
-    """Head to an idle node: `donor` still holds queued inputs of this job; the grant lets this
-    node take some under `transfer_id` until `expires_at` (the head's wall clock)."""
-
-    job_id: str
-    donor_id: str
-    donor_url: str
-    donor_cert_sha256: bytes  # pin the donor's TLS certificate to this (b"": plain http)
-    transfer_id: str
-    expires_at: float
-    grant: bytes
-
-
-@message(27)
-class Stolen(Message):
-    """Thief to head: these inputs moved from `donor_id` to me (sent before the thief acks), under
-    the grant of the StealHint that allowed it, which the head checks."""
-
-    job_id: str
-    donor_id: str
-    indices: list
-    transfer_id: str
-    expires_at: float
-    grant: bytes
-    receipt: bytes  # the donor's signature over exactly these indices (StealGrant.receipt)
-
-    def validate(self) -> None:
-        if any(type(i) is not int for i in self.indices):
-            raise ProtocolError("Stolen.indices must be integers")
-
-
-# --- node <-> node (HTTP bodies, authenticated by the head's transfer grant) ---------------------------------------
-
-
-@message(40)
-class StealRequest(Message):
-    job_id: str
-    transfer_id: str  # the same id always gets the same inputs back
-    thief_id: str
-    max_items: int
-    expires_at: float
-    grant: bytes  # the head's signature over job, donor, thief, transfer and expiry
-
-
-@message(41)
-class StealGrant(Message):
-    job_id: str
-    transfer_id: str
-    items: list  # [[input_index, pickled_args], ...]; empty if nothing to give
-    receipt: bytes  # the donor's signature over the items' indices, in order (grants.receipt)
-
-    def validate(self) -> None:
-        check_items("StealGrant", self.items, (int, bytes))
-        if self.items and not (0 <= min(item[0] for item in self.items)
-                               and max(item[0] for item in self.items) < MAX_INPUTS):
-            raise ProtocolError(f"StealGrant input indices must be in 0..{MAX_INPUTS - 1}")
-
-
-@message(42)
-class StealAck(Message):
-    job_id: str
-    transfer_id: str
-    grant: bytes  # the grant the transfer was opened with
 
 
 @message(36)
@@ -469,8 +412,20 @@ def describe_error(exc: BaseException) -> bytes:
 
 
 def read_error(payload: bytes) -> ErrorRecord:
-    """The typed fields of an error payload; raises ProtocolError if it is not one."""
-    record = decode(payload, ERROR_RECORD)
+    """The typed fields of an error payload, also one an earlier build wrote (kept in history) with
+    fewer trailing fields, which take their defaults; raises ProtocolError if it is not one."""
+    try:
+        record = decode(payload, ERROR_RECORD)
+    except ProtocolError:
+        try:
+            frame = msgpack.unpackb(payload, raw=False) if payload and 0x90 <= payload[0] <= 0x9f else None
+        except (ValueError, msgpack.UnpackException):
+            frame = None
+        defaults = ErrorRecord.__init__.__defaults__ or ()
+        missing = len(ErrorRecord.FIELDS) + 1 - len(frame) if isinstance(frame, list) else 0
+        if not frame or frame[0] != ErrorRecord.TAG or not 0 < missing <= len(defaults):
+            raise
+        record = decode(msgpack.packb([*frame, *defaults[len(defaults) - missing:]]), ERROR_RECORD)
     assert isinstance(record, ErrorRecord)
     return record
 
