@@ -15,7 +15,7 @@ from burla.head.links import NodeLink
 from burla.head.records import COMPLETED, RUNNING
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.packed_results import PackedResults, pack_indices, pack_items
+from burla.protocol.packed_results import PackedResults, pack_indices, pack_items, untimed
 from burla.protocol.states import EndKind
 from burla.web.scoped_tokens import job_secret
 from tests.test_scheduler import spec
@@ -268,7 +268,7 @@ async def test_packed_results_that_are_not_what_their_indices_name_change_nothin
     job, link = _open(cluster, 3)
     cluster.on_node_message("a", _results([[0, True, b"r0"]]))
     # Input 0 again (so not passed on packed), packed as if it were input 2.
-    lying = wire.NodeResults("j", pack_indices([0]), b"", pack_items([[2, True, b"r2"]]), 0)
+    lying = wire.NodeResults("j", pack_indices([0]), b"", pack_items([[2, True, b"r2"]]), 0, untimed(1))
     with pytest.raises(ProtocolError, match="other results than its indices name"):
         cluster.on_node_message("a", lying)
     assert _held_results(link) == [[0, True, b"r0"]] and job.n_done == 1

@@ -24,7 +24,7 @@ from burla._version import __version__
 from burla.process.build import build_hash
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.packed_results import pack_indices, pack_items
+from burla.protocol.packed_results import pack_indices, pack_items, untimed
 from tests import functions
 from tests.conftest import own_head
 from tests.fuzz.transport import _read_frame, ws_frame
@@ -272,7 +272,7 @@ def test_a_node_whose_packed_results_are_not_what_they_claim_is_refused(tmp_path
                         await node.send_bytes(wire.Credit(spec.job_id, 2).encode())
                     elif isinstance(replies[-1], wire.InputBatch):  # answer: 0 failed, 1 packed in its place
                         lying = wire.NodeResults(spec.job_id, pack_indices([0]), pack_indices([0]),
-                                                 pack_items([[1, False, b"e"]]), 0)
+                                                 pack_items([[1, False, b"e"]]), 0, untimed(1))
                         await node.send_bytes(lying.encode())
 
     with own_head(tmp_path, local_nodes=0) as head:

@@ -311,3 +311,28 @@ def test_a_job_under_a_cluster_stop_or_restart_raises_what_happened(tmp_path, co
         assert type(exc) is {"ClusterShutdown": ClusterShutdown, "ClusterRestarted": ClusterRestarted}[error]
     finally:
         head.stop()
+
+
+def test_every_call_has_a_record_and_the_job_its_latency_and_success_rate(cluster, client, tmp_path):
+    # Fails on the previous code: calls had a state only (no start, end, node, worker or tries).
+    inputs = [(str(tmp_path), i, {0: 1, 1: 5}.get(i, 0)) for i in range(5)]
+    results = client.remote_parallel_map(functions.fail_first_tries, inputs, retries=1, raise_errors=False,
+                                         spinner=False)
+    assert results[0] == 0 and isinstance(results[1], ValueError) and results[2:] == [2, 3, 4]
+    job_id = get_json(cluster, "/v1/jobs?limit=1")["jobs"][0]["job_id"]
+    wait_until(lambda: get_json(cluster, f"/v1/jobs/{job_id}/metrics")["calls"]["recorded"] == 5,
+               what="the calls recorded")
+    code, doc = burla(cluster, "jobs", "calls", "list", job_id)
+    assert code == 0
+    calls = {call["input_index"]: call for call in doc["data"]["calls"]}
+    [node_id] = [node["node_id"] for node in get_json(cluster, "/v1/cluster")["nodes"]]
+    for index, call in calls.items():
+        assert call["node_id"] == node_id and call["worker_pid"] > 0
+        assert call["ended_at"] >= call["started_at"] > 0 and call["duration_s"] >= 0
+        assert call["attempts"] == (2 if index in (0, 1) else 1)
+        assert call["outcome"] == ("failed" if index == 1 else "succeeded")
+    code, doc = burla(cluster, "jobs", "metrics", job_id)
+    stats = doc["data"]["calls"]
+    assert code == 0 and stats["recorded"] == 5 and stats["success_rate"] == 0.8
+    assert 0 <= stats["latency_s"]["p50"] <= stats["latency_s"]["p95"] <= stats["latency_s"]["p99"]
+    assert 0 <= stats["queue_wait_s"]["p50"] <= stats["queue_wait_s"]["p99"]

@@ -17,6 +17,7 @@ from burla.protocol.packed_results import (
     pack_items,
     packed_frames,
     unpack_indices,
+    untimed,
 )
 
 SAMPLES: list[wire.Message] = [
@@ -90,12 +91,14 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", [[0]], b"", b""]), "InputBatch.indices has the wrong type"),
         (msgpack.packb([4, "j", b"", b"", "x"]), "InputBatch.data has the wrong type"),
         (wire.InputBatch.of("j", PackedInputs.of([[0, b"x"]])).encode()[:-2], "not valid msgpack"),
-        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), -1]),
+        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), -1, untimed(1)]),
          "credit must not be negative"),
-        (msgpack.packb([39, "j", b"\x00\x00\x00", b"", b"", 0]), "NodeResults.indices must be packed"),
-        (msgpack.packb([39, "j", pack_indices([0]), b"\x00", b"", 0]), "NodeResults.failed must be packed"),
-        (msgpack.packb([39, "j", pack_indices([0]), pack_indices([0, 0]), b"", 0]), "more failed results"),
-        (msgpack.packb([39, "j", [[0, True, b"r"]], 0]), "needs 5 fields"),
+        (msgpack.packb([39, "j", b"\x00\x00\x00", b"", b"", 0, b""]), "NodeResults.indices must be packed"),
+        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), 0, b"\x00" * 8]),
+         "timings must hold 3 doubles per result"),
+        (msgpack.packb([39, "j", pack_indices([0]), b"\x00", b"", 0, untimed(1)]), "NodeResults.failed must be packed"),
+        (msgpack.packb([39, "j", pack_indices([0]), pack_indices([0, 0]), b"", 0, untimed(1)]), "more failed results"),
+        (msgpack.packb([39, "j", [[0, True, b"r"]], 0]), "needs 6 fields"),
         (msgpack.packb([4, "j", b"\x00\x00\x00", b"\x00\x00\x00", b""]), "a 4-byte index and a 4-byte size"),
         (msgpack.packb([4, "j", pack_indices([0, 1]), pack_indices([1]), b"x"]), "a 4-byte index and"),
         (msgpack.packb([4, "j", pack_indices([0]), pack_indices([2]), b"x"]), "not as long as its sizes"),
@@ -113,7 +116,8 @@ def test_malformed_frames_raise_protocol_error(data, words):
 
 
 def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
-    return wire.NodeResults("j", pack_indices(indices), pack_indices(failed), pack_items(items), 0)
+    return wire.NodeResults("j", pack_indices(indices), pack_indices(failed), pack_items(items), 0,
+                            untimed(len(indices)))
 
 
 @pytest.mark.parametrize(
@@ -121,7 +125,7 @@ def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
     [
         (_node_results([0, 1], [], [[0, True, b"r"]]), "not 2 packed results"),
         (_node_results([0], [], [[0, True, b"r"], [1, True, b"r"]]), "not 1 packed results"),
-        (wire.NodeResults("j", pack_indices([0]), b"", b"\xc1", 0), "not 1 packed results"),
+        (wire.NodeResults("j", pack_indices([0]), b"", b"\xc1", 0, untimed(1)), "not 1 packed results"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, True]]), "NodeResults items must be arrays of 3"),
         (_node_results([0, 1], [], [[0, True, b"r"], {1: 0, b"r": 0}]), "not 2 packed results.*max_map_len"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, True, "r"]]), "not 2 packed results.*max_str_len"),
@@ -143,7 +147,7 @@ def test_packed_results_are_checked_where_they_are_decoded(part, words):
 def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_do():
     # One result "holding" an array of 20M nils: the array limit refuses it as it is read.
     nested = b"\x93\x00\xc3\xdd" + (20_000_000).to_bytes(4, "big") + b"\xc0" * 20_000_000
-    part = wire.NodeResults("j", pack_indices([0]), b"", nested, 0)
+    part = wire.NodeResults("j", pack_indices([0]), b"", nested, 0, untimed(1))
     with pytest.raises(ProtocolError, match="not 1 packed results"):
         wire.decode(part.encode(), wire.NODE_TO_HEAD).part().items("NodeResults")
     # Arrays of three arrays, twelve deep (531,441 arrays in 800 KB), each within the array limit:
@@ -151,7 +155,7 @@ def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_d
     bomb = b"\xc0"
     for _ in range(12):
         bomb = b"\x93" + bomb * 3
-    part = wire.NodeResults("j", pack_indices([0]), b"", b"\x93\x00\xc3" + bomb, 0).part()
+    part = wire.NodeResults("j", pack_indices([0]), b"", b"\x93\x00\xc3" + bomb, 0, untimed(1)).part()
     tracemalloc.start()
     try:
         with pytest.raises(ProtocolError, match="not 1 packed results"):
@@ -162,9 +166,9 @@ def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_d
     # More results than a frame carries, whatever they are.
     many = pack_indices(list(range(limits.BATCH_ITEMS + 1)))
     with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
-        wire.decode(msgpack.packb([39, "j", many, b"", b"", 0]), wire.NODE_TO_HEAD)
+        wire.decode(msgpack.packb([39, "j", many, b"", b"", 0, b""]), wire.NODE_TO_HEAD)
     with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
-        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0]), worker_wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0, b""]), worker_wire.WORKER_TO_NODE)
 
 
 def test_packed_results_list_their_indices_and_failures_and_join():
@@ -199,9 +203,10 @@ def test_results_are_framed_by_count_and_bytes():
 
 def test_a_worker_report_is_checked_like_a_nodes_results():
     with pytest.raises(ProtocolError, match="WorkerReport.indices must be packed"):
-        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True, 0.0]), worker_wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True, 0.0, b""]), worker_wire.WORKER_TO_NODE)
     with pytest.raises(ProtocolError, match="more failed results"):
-        wire.decode(msgpack.packb([34, "j", b"", pack_indices([1]), b"", [], True, 0.0]), worker_wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", b"", pack_indices([1]), b"", [], True, 0.0, b""]),
+                    worker_wire.WORKER_TO_NODE)
 
 
 def test_results_from_a_node_are_node_results():

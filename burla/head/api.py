@@ -206,7 +206,7 @@ async def metrics_of(cluster: Cluster, view: JobView) -> dict:
     import time
 
     if cluster.history is None:
-        return {"job_id": view.job_id, "progress": [], "nodes": {}, "held_back": []}
+        return {"job_id": view.job_id, "progress": [], "nodes": {}, "held_back": [], "calls": {"recorded": 0}}
     progress = await cluster.history.job_progress_of(view.job_id)
     # A node's state is kept about once per sample period: a job shorter than that still gets the
     # samples taken around it.
@@ -223,8 +223,9 @@ async def metrics_of(cluster: Cluster, view: JobView) -> dict:
         for event in await cluster.history.events_between(node_id, (HOLDS_BACK, HOLDS_BACK_NO_MORE), since, until):
             held_back.append({"node_id": node_id, "at": event["at"], "held_back": event["event"] == HOLDS_BACK,
                               "why": event["detail"]})
+    calls = await cluster.history.call_stats(view.job_id, view.started_at or 0.0)
     return {"job_id": view.job_id, "progress": progress, "nodes": nodes,
-            "held_back": sorted(held_back, key=lambda e: e["at"])}
+            "held_back": sorted(held_back, key=lambda e: e["at"]), "calls": calls}
 
 
 async def job_metrics(request: web.Request) -> web.Response:
@@ -272,15 +273,25 @@ async def list_calls(request: web.Request) -> web.Response:
             return "done" if live.is_done(index) else "pending"
         return "done" if view.status == JobStatus.COMPLETED else "unknown"
 
+    ran = await history.calls_in(job_id, min(page), max(page)) if history and page else {}
     calls = []
     for index in page:
-        call = {"input_index": index, "state": state(index)}
+        call = {"input_index": index, "state": state(index), **_when_and_where(ran.get(index))}
         if index in failed:
             failure = failed[index]
             for key in ("exception_type", "message", "node_id", "host", "worker_pid"):
                 call[key] = failure[key]
         calls.append(call)
     return json_response({"job_id": view.job_id, "total": total, "offset": offset, "calls": calls})
+
+
+def _when_and_where(record: dict | None) -> dict:
+    """A call's record (history keeps a job's first 100,000): start, end, node, worker, tries, outcome."""
+    if record is None:
+        return {}
+    return {"started_at": record["started_at"], "ended_at": record["started_at"] + record["seconds"],
+            "duration_s": record["seconds"], "node_id": record["node_id"], "worker_pid": record["worker_pid"],
+            "attempts": record["attempts"], "outcome": "succeeded" if record["ok"] else "failed"}
 
 
 async def get_node(request: web.Request) -> web.Response:

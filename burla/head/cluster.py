@@ -229,15 +229,17 @@ class Cluster:
             link.deliver(msg.items, [])
         self.record.output(job.job_id, msg.items)
 
-    def accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None:
+    def accept_results(self, node_id: str | None, job: JobRecord, items: list) -> list:
+        """Take a node's results (or the head's own word, `node_id` None); returns those that were
+        new, which go to the client and history."""
         if job.status != RUNNING:
-            return
+            return []
         queued = len(job.pending)
         fresh = with_attempts(job, self.scheduler.record_results(node_id, job, items))
         if len(job.pending) > queued:  # failed tries queued again (retries)
             self.pump()
         if not fresh:
-            return
+            return []
         if job.n_failed:
             self.record.failures(job.job_id, fresh)
         if job.spec.detach:  # kept until get_results collects them
@@ -247,11 +249,12 @@ class Cluster:
             link.deliver([], fresh)
         if job.spec.detach and job.n_done >= job.n_inputs:  # results wait for get_results
             self.end_job(job, COMPLETED, EndKind.NONE, "")
-            return
+            return fresh
         if job.spec.raise_errors:
             failed = next((item for item in fresh if not item[1]), None)
             if failed is not None:
                 self.end_job(job, FAILED, EndKind.CALL_FAILED, f"input {failed[0]} raised an exception")
+        return fresh
 
     # --- clients -------------------------------------------------------------------------
 

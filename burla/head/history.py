@@ -77,6 +77,8 @@ class History(HistoryQueries):
         self._writer: HistoryWriter | None = None  # every write after that
         self._jobs: dict[str, tuple] = {}  # latest row per job, upserted at the next flush
         self._failures: list[tuple] = []
+        self._calls: list[tuple] = []  # per-call records as results brought them (Rows.calls)
+        self._call_rows = 0
         self._output: dict[str, list] = {}  # job id -> [[index, stream, text], ...] since the last flush
         self._events: list[tuple] = []
         self._samples: list[tuple] = []
@@ -239,6 +241,13 @@ class History(HistoryQueries):
         self._events.append((node_id, event, detail, time.time()))
         self._poke(1)
 
+    def calls(self, job_id: str, node_id: str, indices: bytes, failed: bytes, timings: bytes,
+              tries: dict[int, int] | None) -> None:
+        """Per-call records of these results (packed as they came: the rows are made when written)."""
+        self._calls.append((job_id, node_id, indices, failed, timings, tries))
+        self._call_rows += len(indices) // 4
+        self._poke(0)
+
     def node_sample(self, node_id: str, cpu_percent: float, mem_percent: float, net_sent_bps: float,
                     net_recv_bps: float, workers_alive: int, running: int, gpu_percent: float = 0.0,
                     gpu_mem_percent: float = 0.0) -> None:
@@ -250,7 +259,8 @@ class History(HistoryQueries):
         self._job_samples.append((job_id, time.time(), n_done, n_failed, running))
 
     def _poke(self, rows: int) -> None:
-        waiting = self._output_rows + len(self._failures) + len(self._kept_inputs) + len(self._kept_results)
+        waiting = (self._output_rows + len(self._failures) + len(self._kept_inputs) + len(self._kept_results)
+                   + self._call_rows)
         if waiting > FLUSH_AT_ROWS:
             self._wake.set()
 
@@ -322,10 +332,10 @@ class History(HistoryQueries):
 
     def _take_rows(self) -> Rows:
         rows = Rows(list(self._jobs.values()), self._failures, self._output, self._events, self._samples,
-                     self._job_samples, self._live, self._kept_inputs, self._kept_results)
+                     self._job_samples, self._live, self._kept_inputs, self._kept_results, self._calls)
         self._jobs, self._failures, self._output, self._events, self._samples = {}, [], {}, [], []
-        self._job_samples, self._live, self._kept_inputs, self._kept_results = [], {}, [], []
-        self._output_rows = 0
+        self._job_samples, self._live, self._kept_inputs, self._kept_results, self._calls = [], {}, [], [], []
+        self._output_rows = self._call_rows = 0
         return rows
 
     def _put_back(self, rows: Rows) -> None:
@@ -358,6 +368,9 @@ class History(HistoryQueries):
             self._live.setdefault(job_id, opening)
         self._kept_inputs[:0] = rows.kept_inputs
         self._kept_results[:0] = rows.kept_results
+        if self._call_rows < KEEP_AFTER_FAILED_WRITES:  # per-call records are a courtesy: bounded like output
+            self._calls[:0] = rows.calls
+            self._call_rows += sum(len(batch[2]) // 4 for batch in rows.calls)
 
     async def prune(self) -> None:
         writer = self._writer

@@ -99,6 +99,30 @@ class HistoryQueries:
         return await self._rows(
             "SELECT event, detail, at FROM node_events WHERE node_id = ? ORDER BY at DESC LIMIT ?", (node_id, limit))
 
+    async def calls_in(self, job_id: str, first: int, last: int) -> dict[int, dict[str, Any]]:
+        """The per-call records of inputs `first` to `last`, by index."""
+        rows = await self._rows(
+            "SELECT input_index, started_at, seconds, node_id, worker_pid, attempts, ok FROM calls "
+            "WHERE job_id = ? AND input_index BETWEEN ? AND ?", (job_id, first, last))
+        return {row["input_index"]: row for row in rows}
+
+    async def call_stats(self, job_id: str, job_started_at: float) -> dict[str, Any]:
+        """Over a job's recorded calls: how many, the share that succeeded, and the 50th, 95th and
+        99th percentiles of how long a call ran and of how long after the job opened it started."""
+        [row] = await self._rows("SELECT count(*) AS n, coalesce(sum(ok), 0) AS ok FROM calls WHERE job_id = ?",
+                                 (job_id,))
+        count = row["n"]
+        stats: dict[str, Any] = {"recorded": count, "success_rate": row["ok"] / count if count else None}
+        for name, column, given in (("latency_s", "seconds", ()), ("queue_wait_s", "max(0, started_at - ?)",
+                                                                       (job_started_at,))):
+            values = {}
+            for label, share in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+                sql = f"SELECT {column} AS v FROM calls WHERE job_id = ? ORDER BY v LIMIT 1 OFFSET ?"
+                found = await self._rows(sql, (*given, job_id, int(share * max(0, count - 1))))
+                values[label] = found[0]["v"] if found else None
+            stats[name] = values
+        return stats
+
     async def events_between(self, node_id: str, events: tuple[str, ...], since: float, until: float
                              ) -> list[dict[str, Any]]:
         marks = ", ".join("?" * len(events))

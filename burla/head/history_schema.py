@@ -3,7 +3,7 @@ an older database up to this schema."""
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Older schemas this one reads after these statements (others are moved aside).
 _GPU_SAMPLES = [
     "ALTER TABLE node_samples ADD COLUMN gpu_percent REAL NOT NULL DEFAULT 0",
@@ -17,7 +17,8 @@ _WHERE_CALLS_FAILED = [
 MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''", *_WHERE_CALLS_FAILED,
                   *_GPU_SAMPLES],
               3: [*_WHERE_CALLS_FAILED, *_GPU_SAMPLES],
-              4: _GPU_SAMPLES}
+              4: _GPU_SAMPLES,
+              5: []}  # 6 added the calls table, which SCHEMA makes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -78,6 +79,17 @@ CREATE TABLE IF NOT EXISTS node_samples (
     gpu_mem_percent REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS node_samples_node ON node_samples (node_id, at);
+CREATE TABLE IF NOT EXISTS calls (
+    job_id TEXT NOT NULL,
+    input_index INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    seconds REAL NOT NULL,
+    node_id TEXT NOT NULL,
+    worker_pid INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    ok INTEGER NOT NULL,
+    PRIMARY KEY (job_id, input_index)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_samples (
     job_id TEXT NOT NULL,
     at REAL NOT NULL,

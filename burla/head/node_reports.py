@@ -22,6 +22,7 @@ from burla.head.scheduler import Scheduler
 from burla.head.steals import StolenReports, record_steal
 from burla.protocol import packed_results, wire
 from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_results import TIMING_BYTES, pack_indices, unpack_indices
 from burla.web.connection_guard import RateLimitedLog
 
 log = logging.getLogger("burla.head")
@@ -39,15 +40,24 @@ class ReportedTo(Protocol):
 
     def send_pushes(self, pushes: list[tuple[str, str, PackedInputs]]) -> None: ...
 
-    def accept_results(self, node_id: str | None, job: JobRecord, items: list) -> None: ...
+    def accept_results(self, node_id: str | None, job: JobRecord, items: list) -> list: ...
 
     def output(self, msg: wire.OutputBatch) -> None: ...
 
     def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None: ...
 
 
+MAX_CALL_RECORDS = 100_000  # per job: when each call ran, where, how long, in how many tries (history)
 HOLDS_BACK = "holds back calls"  # node events: its governor runs fewer calls than its jobs could use
 HOLDS_BACK_NO_MORE = "holds back no more"
+
+
+def calls_of(msg: wire.NodeResults, fresh: list) -> tuple[bytes, bytes, bytes]:
+    """The indices, failed indices and timings of the `fresh` results among those `msg` brought."""
+    position = {index: at for at, index in enumerate(unpack_indices(msg.indices))}
+    indices = [item[0] for item in fresh]
+    timings = b"".join(msg.timings[TIMING_BYTES * position[i]:TIMING_BYTES * (position[i] + 1)] for i in indices)
+    return pack_indices(indices), pack_indices([item[0] for item in fresh if not item[1]]), timings
 
 
 class NodeReports:
@@ -79,7 +89,9 @@ class NodeReports:
         if job is not None and job.status == RUNNING:
             if msg.failed or job.spec.detach or not self._pass_on(node_id, job, msg):
                 # Decoded, and checked against the indices and failures they came with, only here.
-                cluster.accept_results(node_id, job, msg.part().items("NodeResults"))
+                fresh = cluster.accept_results(node_id, job, msg.part().items("NodeResults"))
+                if fresh:
+                    self._record_calls(job, node_id, *calls_of(msg, fresh))
         if msg.credit:
             cluster.scheduler.grant(node_id, msg.job_id, msg.credit)
             cluster.send_pushes(cluster.scheduler.plan_for(node_id, msg.job_id))
@@ -95,7 +107,26 @@ class NodeReports:
         link = cluster.client_links.get(job.job_id)
         if link is not None:
             link.deliver_packed(len(indices), msg.packed)
+        self._record_calls(job, node_id, msg.indices, b"", msg.timings, indices)
         return True
+
+    def _record_calls(self, job: JobRecord, node_id: str, indices: bytes, failed: bytes, timings: bytes,
+                      index_list: list[int] | None = None) -> None:
+        """Per-call records for history: a job's first MAX_CALL_RECORDS calls."""
+        record = self._cluster.record
+        room = MAX_CALL_RECORDS - job.calls_recorded
+        if not record.keeps or room <= 0:
+            return
+        count = len(indices) // 4
+        if count > room:
+            indices, timings = indices[:4 * room], timings[:TIMING_BYTES * room]
+            count = room
+        job.calls_recorded += count
+        tries = None
+        if job.retried:
+            listed = index_list if index_list is not None else unpack_indices(indices)
+            tries = {i: job.retried[i] for i in listed if i in job.retried}
+        record.calls(job.job_id, node_id, indices, failed, timings, tries)
 
     def _on_output(self, node_id: str, msg: wire.OutputBatch) -> None:
         job = self._cluster.scheduler.jobs.get(msg.job_id)

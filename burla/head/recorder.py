@@ -28,6 +28,9 @@ class Recorder(Protocol):
 
     def failures(self, job_id: str, results: list) -> None: ...
 
+    def calls(self, job_id: str, node_id: str, indices: bytes, failed: bytes, timings: bytes,
+              tries: dict[int, int] | None) -> None: ...
+
     def keep_inputs(self, job_id: str, items: list) -> None: ...
 
     def keep_results(self, job_id: str, items: list) -> None: ...
@@ -62,6 +65,10 @@ class NoRecord:
         pass
 
     def failures(self, job_id: str, results: list) -> None:
+        pass
+
+    def calls(self, job_id: str, node_id: str, indices: bytes, failed: bytes, timings: bytes,
+              tries: dict[int, int] | None) -> None:
         pass
 
     def keep_inputs(self, job_id: str, items: list) -> None:

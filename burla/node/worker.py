@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
+from array import array
 from collections.abc import Callable, Sequence
 from itertools import count
 from typing import Any
@@ -77,6 +78,8 @@ class Worker:
         self._cancel_requested = False
         self.capture = OutputCapture(self._send_live_output)
         self._origin = ErrorOrigin(os.environ.get(ENV_NODE_ID, ""), socket.gethostname(), os.getpid())
+        # Per result not yet reported: when its call started, how long it ran, this worker's pid.
+        self._timings = array("d")
 
     # --- framing -------------------------------------------------------------------------
 
@@ -181,7 +184,7 @@ class Worker:
             os.environ[ENV_JOB_TOKEN] = self._job_tokens.get(job_id, "")  # and opens it with the job's token
         self.capture.begin_batch(job_id)
         results: list[list] = []
-        since = time.monotonic()  # when the calls of the last report began
+        since = time.perf_counter()  # when the calls of the last report began
         try:
             results, since = self._run_calls(job_id, indices, arguments, call, since)
         except CallCancelled:  # the signal landed between calls
@@ -192,19 +195,23 @@ class Worker:
         if self._cancel_requested:
             self._cancelled_jobs.add(job_id)
             results = []
-        self._flush(job_id, results, True, time.monotonic() - since)
+            del self._timings[:]
+        self._flush(job_id, results, True, time.perf_counter() - since)
 
     def _run_calls(self, job_id: str, indices: Sequence[int], arguments: list[bytes], call: Callable[[bytes], bytes],
                    started: float) -> tuple[list[list], float]:
         """Run the batch's calls (from `started`) until done or cancelled; returns the results not
         yet sent and when their calls began. This loop runs once per call: what it does per item
         is kept to the bare minimum."""
-        capture, mark_running, shm, monotonic = self.capture, _INDEX.pack_into, self._shm, time.monotonic
+        capture, mark_running, shm, clock = self.capture, _INDEX.pack_into, self._shm, time.perf_counter
         end_call = capture.call_ender()
         results: list[list] = []
+        timings, pid = self._timings, self._origin[2]
         pending_bytes = 0
         last_flush = started
         last = len(indices) - 1
+        began = clock()
+        wall = time.time() - began  # the wall clock of a perf_counter reading: one clock call per call
         for position, index, argument_bytes in zip(count(), indices, arguments):
             if self._cancel_requested:
                 break
@@ -222,10 +229,12 @@ class Worker:
             except Exception as e:  # the call broke the worker's own error handling (it may patch it)
                 ok, payload = False, self._plain_error(e)
             end_call()
+            now = clock()
             results.append([index, ok, payload])
+            timings.extend((wall + began, now - began, pid))
+            began = now
             pending_bytes += len(payload)
             if position < last:  # the batch's last results go with its end (one frame, not two)
-                now = monotonic()
                 if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
                     self._flush(job_id, results, False, now - last_flush)
                     results = []
@@ -290,7 +299,9 @@ class Worker:
             outputs = self.capture.take()
             if results or outputs or batch_done:
                 # Packed here: the node, and the head, pass them on as they are.
-                self._send(worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds))
+                timings = self._timings.tobytes()
+                del self._timings[:]
+                self._send(worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings))
 
 
 def _as_call_failure(exc: BaseException) -> BaseException:

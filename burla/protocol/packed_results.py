@@ -5,6 +5,8 @@ indices of those that failed; frames of them are bounded by `limits`."""
 from __future__ import annotations
 
 import struct
+import time
+from array import array
 from collections.abc import Sequence
 from operator import itemgetter
 
@@ -16,6 +18,22 @@ from burla.protocol.limits import BATCH_ITEMS, RESULT_FRAME_BYTES
 from burla.protocol.packed_inputs import pack_uints, unpack_uints
 
 INDEX = struct.Struct("<I")  # input indices are below MAX_INPUTS < 2**32 (packed as PackedInputs' are)
+# Per result, in `PackedResults.timings`: three doubles, when its call started (epoch seconds), how
+# long it ran (seconds) and the worker's pid (0: the node answered for it, it never ran).
+TIMING_VALUES = 3
+TIMING_BYTES = TIMING_VALUES * 8
+
+
+def untimed(count: int) -> bytes:
+    """Timings of results no call produced (a node's own word for inputs): now, no time, no worker."""
+    return array("d", (time.time(), 0.0, 0.0) * count).tobytes()
+
+
+def read_timings(timings: bytes) -> list[tuple[float, float, int]]:
+    """(started_at, seconds, worker pid) per result."""
+    values = array("d")
+    values.frombytes(timings)
+    return [(values[i], values[i + 1], int(values[i + 2])) for i in range(0, len(values), TIMING_VALUES)]
 
 
 def pack_indices(indices: list[int]) -> bytes:
@@ -46,25 +64,28 @@ class PackedResults:
     results so; nodes and the head pass them on without decoding each (a head decodes them only
     to sort out repeats and failures, and checks them then: `items`)."""
 
-    __slots__ = ("indices", "failed", "packed")
+    __slots__ = ("indices", "failed", "packed", "timings")
 
-    def __init__(self, indices: bytes, failed: bytes, packed: bytes) -> None:
+    def __init__(self, indices: bytes, failed: bytes, packed: bytes, timings: bytes) -> None:
         self.indices = indices
         self.failed = failed
         self.packed = packed
+        self.timings = timings  # TIMING_BYTES per result: when and how long its call ran, and where
 
     @classmethod
-    def of(cls, items: Sequence) -> PackedResults:
-        """These results ([[input_index, ok, payload], ...]) packed."""
+    def of(cls, items: Sequence, timings: bytes | None = None) -> PackedResults:
+        """These results ([[input_index, ok, payload], ...]) packed, with their calls' timings
+        (None: no call produced them; see `untimed`)."""
         failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
-        return cls(pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items))
+        return cls(pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items),
+                   untimed(len(items)) if timings is None else timings)
 
     @classmethod
     def join(cls, parts: Sequence[PackedResults]) -> PackedResults:
         if len(parts) == 1:
             return parts[0]
         return cls(b"".join(p.indices for p in parts), b"".join(p.failed for p in parts),
-                   b"".join(p.packed for p in parts))
+                   b"".join(p.packed for p in parts), b"".join(p.timings for p in parts))
 
     @property
     def count(self) -> int:
@@ -92,12 +113,14 @@ class PackedResults:
         return items
 
 
-def check_packed(name: str, indices: bytes, failed: bytes) -> None:
+def check_packed(name: str, indices: bytes, failed: bytes, timings: bytes) -> None:
     for field, value in (("indices", indices), ("failed", failed)):
         if len(value) % INDEX.size:
             raise ProtocolError(f"{name}.{field} must be packed {INDEX.size}-byte integers")
     if len(indices) > BATCH_ITEMS * INDEX.size:  # what one frame takes in one step of the head's loop
         raise ProtocolError(f"{name} carries more than {BATCH_ITEMS} results")
+    if len(timings) != len(indices) // INDEX.size * TIMING_BYTES:
+        raise ProtocolError(f"{name}.timings must hold {TIMING_VALUES} doubles per result")
     if len(failed) > len(indices):
         raise ProtocolError(f"{name} lists more failed results than results")
 

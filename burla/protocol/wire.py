@@ -173,16 +173,17 @@ class NodeResults(Message):
     failed: bytes
     packed: bytes
     credit: int  # inputs the node can take now, as in Credit
+    timings: bytes  # per result, when its call started, how long it ran, the worker's pid (packed_results)
 
     @classmethod
     def of(cls, job_id: str, part: PackedResults, credit: int) -> NodeResults:
-        return cls(job_id, part.indices, part.failed, part.packed, credit)
+        return cls(job_id, part.indices, part.failed, part.packed, credit, part.timings)
 
     def part(self) -> PackedResults:
-        return PackedResults(self.indices, self.failed, self.packed)
+        return PackedResults(self.indices, self.failed, self.packed, self.timings)
 
     def validate(self) -> None:
-        check_packed("NodeResults", self.indices, self.failed)
+        check_packed("NodeResults", self.indices, self.failed, self.timings)
         if self.credit < 0:
             raise ProtocolError("NodeResults.credit must not be negative")
 

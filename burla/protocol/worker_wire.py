@@ -49,19 +49,21 @@ class WorkerReport(Message):
     batch_done: bool  # the last report of a RunCalls batch
     # How long the worker spent on these results' calls (0: not measured). What a call takes,
     # without the node's round trip and the function's loading, sizes the node's next batches.
-    seconds: float = 0.0
+    seconds: float
+    timings: bytes  # per result, when its call started, how long it ran, the worker's pid (packed_results)
 
     @classmethod
-    def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool, seconds: float = 0.0) -> WorkerReport:
+    def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool, seconds: float = 0.0,
+           timings: bytes | None = None) -> WorkerReport:
         """The report of these results ([[input_index, ok, payload], ...]), packed."""
-        part = PackedResults.of(items)
-        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds)
+        part = PackedResults.of(items, timings)
+        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds, part.timings)
 
     def part(self) -> PackedResults:
-        return PackedResults(self.indices, self.failed, self.packed)
+        return PackedResults(self.indices, self.failed, self.packed, self.timings)
 
     def validate(self) -> None:
-        check_packed("WorkerReport", self.indices, self.failed)
+        check_packed("WorkerReport", self.indices, self.failed, self.timings)
         check_items("WorkerReport.outputs", self.outputs, (int, int, str))
 
 
