@@ -14,7 +14,7 @@ import pytest
 
 from tests import functions
 from tests.conftest import REPO
-from tests.helpers import PRELUDE
+from tests.helpers import PRELUDE, get_json
 
 CHROMIUM = os.environ.get("BURLA_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "tests" / "artifacts" / "screenshots"
@@ -155,6 +155,21 @@ def test_failed_calls_show_their_traceback(page, cluster, client):
     where = page.inner_text("details.failure[data-index='3'] .where")
     assert where.startswith("on node ") and "worker pid" in where
     _shot(page, "job-failures")
+
+
+def test_the_job_page_shows_each_calls_record_and_the_jobs_latency(page, cluster, client):
+    client.remote_parallel_map(functions.fail_on, range(5), raise_errors=False, spinner=False)
+    job_id = _latest_job(cluster, "fail_on")
+    page.goto(f"{cluster.url}/jobs/{job_id}")
+    page.wait_for_selector("#calls-summary:has-text('5 calls recorded')", timeout=60_000)
+    summary = page.inner_text("#calls-summary")
+    assert "80.0% succeeded" in summary and "took p50" in summary and "waited p50" in summary
+    page.wait_for_selector("#calls-rows tr[data-index='4']", timeout=60_000)
+    row = page.inner_text("#calls-rows tr[data-index='3']")
+    [node_id] = [node["node_id"] for node in get_json(cluster, "/v1/cluster")["nodes"]]
+    assert "failed" in row and node_id in row
+    assert "succeeded" in page.inner_text("#calls-rows tr[data-index='2']")
+    _shot(page, "job-calls")
 
 
 def test_a_printed_job_link_opens_that_job_read_only_again_and_again_and_outlives_the_head(browser, tmp_path):

@@ -150,7 +150,9 @@ function jobPage() {
     throughput: h("div", {class: "card"}), cpu: h("div", {class: "card"}), memory: h("div", {class: "card"}),
     network: h("div", {class: "card"}), gpu: h("div", {class: "card", id: "gpu-chart", hidden: true}),
     tree: h("div", {}), failures: h("div", {}), output: h("div", {class: "card"}),
+    calls: h("div", {class: "card", id: "calls"}),
   };
+  const calls = callsSection(jobId, shell.calls);
   const search = h("input", {id: "output-search", placeholder: "search every call's output", size: 32});
   const callIndex = h("input", {id: "output-index", type: "number", min: 0, placeholder: "input #", style: "width:90px"});
   const results = h("div", {id: "output-results"});
@@ -174,7 +176,8 @@ function jobPage() {
   shell.output.append(h("h2", {style: "margin-top:0"}, "Output"),
     h("div", {style: "display:flex;gap:8px;margin-bottom:8px"}, search, callIndex), results);
   main.replaceChildren(shell.header, shell.counts, shell.bar,
-    h("div", {class: "charts"}, shell.throughput, shell.cpu, shell.memory, shell.network, shell.gpu), shell.tree, shell.failures, shell.output);
+    h("div", {class: "charts"}, shell.throughput, shell.cpu, shell.memory, shell.network, shell.gpu), shell.calls,
+    shell.tree, shell.failures, shell.output);
   show();
   let lastFailures = "";
   live(`/v1/stream/jobs/${encodeURIComponent(jobId)}`, state => {
@@ -218,6 +221,7 @@ function jobPage() {
         {name: `${id} memory`, color: PALETTE[(2 * i + 1) % PALETTE.length], points: s.map(p => [p.at, p.gpu_mem_percent])},
       ]), {title: "GPU per node (use and memory)", yMax: 100, yUnit: "%"});
     }
+    calls.update(state.metrics.calls || {recorded: 0}, state.metrics.held_back || [], job.n_done);
     shell.tree.replaceChildren(...(state.children.length ? [h("h2", {}, "Nested jobs"), jobsTable(state.children)] : []));
     const failuresKey = JSON.stringify(state.failures.map(f => f.input_index));
     if (failuresKey !== lastFailures) {
@@ -230,6 +234,44 @@ function jobPage() {
           h("pre", {}, f.traceback)))] : []));
     }
   });
+}
+
+// A job's calls: latency and queue-wait percentiles, success rate, when nodes held calls back,
+// and each call's record (when, where, how long, in how many tries), a page at a time.
+function callsSection(jobId, card) {
+  const PAGE = 50;
+  let offset = 0, lastDone = -1;
+  const summary = h("div", {id: "calls-summary"}), held = h("div", {id: "calls-held-back"});
+  const rows = h("tbody", {id: "calls-rows"}), pageLabel = h("span", {class: "muted"});
+  const seconds = value => value === null || value === undefined ? "—" : `${(value * 1000).toFixed(1)} ms`;
+  const load = async () => {
+    try {
+      const page = await api(`/v1/jobs/${encodeURIComponent(jobId)}/calls?offset=${offset}&limit=${PAGE}`);
+      pageLabel.textContent = ` inputs ${offset}–${Math.min(offset + PAGE, page.total) - 1} of ${page.total}`;
+      rows.replaceChildren(...page.calls.map(c => h("tr", {"data-index": c.input_index},
+        h("td", {}, c.input_index), h("td", {}, c.outcome || c.state), h("td", {}, c.node_id || "—"),
+        h("td", {}, c.worker_pid || "—"), h("td", {}, when(c.started_at)), h("td", {}, seconds(c.duration_s)),
+        h("td", {}, c.attempts || "—"))));
+    } catch (error) { rows.replaceChildren(h("tr", {}, h("td", {colspan: 7, class: "muted"}, error.message))); }
+  };
+  const step = delta => h("button", {onclick: () => { offset = Math.max(0, offset + delta * PAGE); load(); }},
+    delta < 0 ? "Previous" : "Next");
+  card.append(h("h2", {style: "margin-top:0"}, "Calls"), summary, held,
+    h("table", {}, h("thead", {}, h("tr", {}, ["Input", "Outcome", "Node", "Worker", "Started", "Took", "Tries"]
+      .map(t => h("th", {}, t)))), rows),
+    h("div", {style: "margin-top:8px;display:flex;gap:8px;align-items:center"}, step(-1), step(1), pageLabel));
+  return {
+    update(stats, heldBack, done) {
+      summary.replaceChildren(stats.recorded ? h("span", {},
+        `${stats.recorded} calls recorded · ${(100 * stats.success_rate).toFixed(1)}% succeeded · took p50 ` +
+        `${seconds(stats.latency_s.p50)}, p95 ${seconds(stats.latency_s.p95)}, p99 ${seconds(stats.latency_s.p99)}` +
+        ` · waited p50 ${seconds(stats.queue_wait_s.p50)}, p95 ${seconds(stats.queue_wait_s.p95)}, ` +
+        `p99 ${seconds(stats.queue_wait_s.p99)}`) : h("span", {class: "muted"}, "No call recorded yet."));
+      held.replaceChildren(...heldBack.filter(e => e.held_back).map(e => h("div", {class: "muted"},
+        `${when(e.at)} node ${e.node_id} held calls back: ${e.why}`)));
+      if (done !== lastDone) { lastDone = done; load(); }
+    },
+  };
 }
 
 async function settingsPage() {
