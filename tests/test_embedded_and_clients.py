@@ -241,6 +241,12 @@ def _running_jobs(head) -> int:
         return sum(1 for j in json.load(response)["jobs"] if j["status"] == "RUNNING" and j["running"] > 0)
 
 
+def _script(script: str, cluster) -> subprocess.Popen:
+    """A client script running against `cluster`, its output read by the test."""
+    return subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_ctrl_c_cancels_the_job_frees_the_node_and_raises_keyboard_interrupt(cluster):
     # Fails on the previous code: Ctrl-C raised JobCanceled, which `except Exception` swallowed.
     script = PRELUDE + (
@@ -252,8 +258,7 @@ def test_ctrl_c_cancels_the_job_frees_the_node_and_raises_keyboard_interrupt(clu
         "except KeyboardInterrupt:\n"
         "    print('interrupted', flush=True)\n"
     )
-    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = _script(script, cluster)
     wait_until(lambda: _running_jobs(cluster) >= 1, what="job running")
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=60)
@@ -277,8 +282,7 @@ def test_ctrl_c_after_a_detached_jobs_upload_leaves_it_running(cluster):
         "except KeyboardInterrupt:\n"
         "    print('interrupted', flush=True)\n"
     )
-    client = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = _script(script, cluster)
     assert client.stderr is not None
     job_id = None
     while job_id is None:
