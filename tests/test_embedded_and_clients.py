@@ -20,7 +20,7 @@ import burla
 from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
 from tests.conftest import REPO, run_client, start_head, wait_for_nodes
 from tests.functions import double
-from tests.helpers import DETACHED, wait_until
+from tests.helpers import DETACHED, get_json, wait_until
 
 PRELUDE = (
     "import cloudpickle\n"
@@ -277,7 +277,7 @@ def test_ctrl_c_cancels_the_job_frees_the_node_and_raises_keyboard_interrupt(clu
 def test_ctrl_c_after_a_detached_jobs_upload_leaves_it_running(cluster):
     script = PRELUDE + (
         "try:\n"
-        "    remote_parallel_map(functions.sleep_then_return, [(i, 2) for i in range(3)], detach=True,\n"
+        "    remote_parallel_map(functions.sleep_then_return, [(0, 0.05), (1, 4), (2, 4)], detach=True,\n"
         "                        spinner=False)\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted', flush=True)\n"
@@ -290,6 +290,10 @@ def test_ctrl_c_after_a_detached_jobs_upload_leaves_it_running(cluster):
         assert line, "the client ended before its inputs were up"
         found = DETACHED.search(line)
         job_id = found.group(1) if found else None
+    # Fails on the previous code: the client had taken (and acknowledged) the first result when it
+    # stopped, so the head no longer had it for the next collector.
+    wait_until(lambda: get_json(cluster, f"/v1/jobs/{job_id}")["n_done"] >= 1, what="a first result")
+    time.sleep(0.5)  # it reaches the waiting client (which then holds it); the test holds either way
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=60)
     assert "interrupted" in out and "runs on (detached)" in err, (out, err)

@@ -452,8 +452,11 @@ class JobRunner:
         self._unacked_batches += 1
         self._unacked_bytes += self._frame_bytes
         now = time.monotonic()
-        if (self._remaining == 0 or self._unacked_batches >= ACK_AFTER_BATCHES
-                or self._unacked_bytes >= ACK_AFTER_BYTES or now - self._last_ack_at >= ACK_AFTER_S):
+        # A detached job's collector acknowledges only once it holds every result: what the head
+        # forgets once acknowledged would be lost to the next collector should this one stop early.
+        if self._remaining == 0 or (self.opening is not None and (
+                self._unacked_batches >= ACK_AFTER_BATCHES or self._unacked_bytes >= ACK_AFTER_BYTES
+                or now - self._last_ack_at >= ACK_AFTER_S)):
             await self._send(ws, wire.ResultAck(self.job_id, self._acked_seq))
             self._unacked_batches = self._unacked_bytes = 0
             self._last_ack_at = now
