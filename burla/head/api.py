@@ -10,6 +10,7 @@ from aiohttp import web
 
 from burla.errors import CloudRefused, SettingsError
 from burla.head.cluster import Cluster
+from burla.head.history_queries import summarize_calls
 from burla.head.keys import CLUSTER, FLEET, LOOP_MONITOR, SUPERVISOR
 from burla.head.node_reports import HOLDS_BACK, HOLDS_BACK_NO_MORE
 from burla.head.records import RUNNING
@@ -223,7 +224,7 @@ async def metrics_of(cluster: Cluster, view: JobView) -> dict:
         for event in await cluster.history.events_between(node_id, (HOLDS_BACK, HOLDS_BACK_NO_MORE), since, until):
             held_back.append({"node_id": node_id, "at": event["at"], "held_back": event["event"] == HOLDS_BACK,
                               "why": event["detail"]})
-    calls = await cluster.history.call_stats(view.job_id, view.started_at or 0.0)
+    calls = summarize_calls(await cluster.history.calls_of(view.job_id), view.started_at or 0.0)
     return {"job_id": view.job_id, "progress": progress, "nodes": nodes,
             "held_back": sorted(held_back, key=lambda e: e["at"]), "calls": calls}
 
@@ -273,7 +274,7 @@ async def list_calls(request: web.Request) -> web.Response:
             return "done" if live.is_done(index) else "pending"
         return "done" if view.status == JobStatus.COMPLETED else "unknown"
 
-    ran = await history.calls_in(job_id, min(page), max(page)) if history and page else {}
+    ran = {call["input_index"]: call for call in await history.calls_of(job_id)} if history and page else {}
     calls = []
     for index in page:
         call = {"input_index": index, "state": state(index), **_when_and_where(ran.get(index))}

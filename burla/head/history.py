@@ -244,7 +244,7 @@ class History(HistoryQueries):
     def calls(self, job_id: str, node_id: str, indices: bytes, failed: bytes, timings: bytes,
               tries: dict[int, int] | None) -> None:
         """Per-call records of these results (packed as they came: the rows are made when written)."""
-        self._calls.append((job_id, node_id, indices, failed, timings, tries))
+        self._calls.append((job_id, node_id, indices, failed, timings, json.dumps(tries) if tries else ""))
         self._call_rows += len(indices) // 4
         self._poke(0)
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import aiosqlite
 
+from burla.protocol.packed_results import read_timings, unpack_indices
+
 HEAD_STOPPED = "head stopped"  # a node event: connected when the head stopped (it is expected back)
 
 
@@ -99,29 +101,20 @@ class HistoryQueries:
         return await self._rows(
             "SELECT event, detail, at FROM node_events WHERE node_id = ? ORDER BY at DESC LIMIT ?", (node_id, limit))
 
-    async def calls_in(self, job_id: str, first: int, last: int) -> dict[int, dict[str, Any]]:
-        """The per-call records of inputs `first` to `last`, by index."""
-        rows = await self._rows(
-            "SELECT input_index, started_at, seconds, node_id, worker_pid, attempts, ok FROM calls "
-            "WHERE job_id = ? AND input_index BETWEEN ? AND ?", (job_id, first, last))
-        return {row["input_index"]: row for row in rows}
-
-    async def call_stats(self, job_id: str, job_started_at: float) -> dict[str, Any]:
-        """Over a job's recorded calls: how many, the share that succeeded, and the 50th, 95th and
-        99th percentiles of how long a call ran and of how long after the job opened it started."""
-        [row] = await self._rows("SELECT count(*) AS n, coalesce(sum(ok), 0) AS ok FROM calls WHERE job_id = ?",
-                                 (job_id,))
-        count = row["n"]
-        stats: dict[str, Any] = {"recorded": count, "success_rate": row["ok"] / count if count else None}
-        for name, column, given in (("latency_s", "seconds", ()), ("queue_wait_s", "max(0, started_at - ?)",
-                                                                       (job_started_at,))):
-            values = {}
-            for label, share in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
-                sql = f"SELECT {column} AS v FROM calls WHERE job_id = ? ORDER BY v LIMIT 1 OFFSET ?"
-                found = await self._rows(sql, (*given, job_id, int(share * max(0, count - 1))))
-                values[label] = found[0]["v"] if found else None
-            stats[name] = values
-        return stats
+    async def calls_of(self, job_id: str) -> list[dict[str, Any]]:
+        """Every recorded call of a job (history keeps its first 100,000): input index, when it
+        started, how long it ran, node, worker pid, tries, and whether it succeeded; by index."""
+        batches = await self._rows("SELECT node_id, indices, failed, timings, tries FROM call_batches "
+                                   "WHERE job_id = ?", (job_id,))
+        calls: dict[int, dict[str, Any]] = {}
+        for batch in batches:
+            failed = set(unpack_indices(batch["failed"]))
+            tries = {int(k): v for k, v in json.loads(batch["tries"]).items()} if batch["tries"] else {}
+            for index, (started, seconds, pid) in zip(unpack_indices(batch["indices"]), read_timings(batch["timings"])):
+                calls[index] = {"input_index": index, "started_at": started, "seconds": seconds,
+                                "node_id": batch["node_id"], "worker_pid": pid, "attempts": tries.get(index, 0) + 1,
+                                "ok": index not in failed}
+        return [calls[index] for index in sorted(calls)]
 
     async def events_between(self, node_id: str, events: tuple[str, ...], since: float, until: float
                              ) -> list[dict[str, Any]]:
@@ -155,3 +148,16 @@ class HistoryQueries:
     async def load_settings(self) -> dict[str, Any] | None:
         rows = await self._rows("SELECT data FROM settings WHERE id = 1")
         return json.loads(rows[0]["data"]) if rows else None
+
+
+def summarize_calls(calls: list[dict[str, Any]], job_started_at: float) -> dict[str, Any]:
+    """Over a job's recorded calls: how many, the share that succeeded, and the 50th, 95th and 99th
+    percentiles of how long a call ran and of how long after the job opened it started."""
+    count = len(calls)
+    stats: dict[str, Any] = {"recorded": count,
+                             "success_rate": sum(call["ok"] for call in calls) / count if count else None}
+    for name, values in (("latency_s", sorted(call["seconds"] for call in calls)),
+                         ("queue_wait_s", sorted(max(0.0, call["started_at"] - job_started_at) for call in calls))):
+        stats[name] = {label: values[int(share * (count - 1))] if count else None
+                       for label, share in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))}
+    return stats

@@ -18,7 +18,7 @@ MIGRATIONS = {2: ["ALTER TABLE jobs ADD COLUMN end_kind TEXT NOT NULL DEFAULT ''
                   *_GPU_SAMPLES],
               3: [*_WHERE_CALLS_FAILED, *_GPU_SAMPLES],
               4: _GPU_SAMPLES,
-              5: []}  # 6 added the calls table, which SCHEMA makes
+              5: []}  # 6 added the call_batches table, which SCHEMA makes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -79,17 +79,15 @@ CREATE TABLE IF NOT EXISTS node_samples (
     gpu_mem_percent REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS node_samples_node ON node_samples (node_id, at);
-CREATE TABLE IF NOT EXISTS calls (
+CREATE TABLE IF NOT EXISTS call_batches (
     job_id TEXT NOT NULL,
-    input_index INTEGER NOT NULL,
-    started_at REAL NOT NULL,
-    seconds REAL NOT NULL,
     node_id TEXT NOT NULL,
-    worker_pid INTEGER NOT NULL,
-    attempts INTEGER NOT NULL,
-    ok INTEGER NOT NULL,
-    PRIMARY KEY (job_id, input_index)
-) WITHOUT ROWID;
+    indices BLOB NOT NULL,
+    failed BLOB NOT NULL,
+    timings BLOB NOT NULL,
+    tries TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS call_batches_job ON call_batches (job_id);
 CREATE TABLE IF NOT EXISTS job_samples (
     job_id TEXT NOT NULL,
     at REAL NOT NULL,

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from burla.head.history_schema import JOB_COLUMNS
-from burla.protocol.packed_results import read_timings, unpack_indices
 
 
 @dataclass
@@ -34,25 +33,13 @@ class Rows:
     live: dict[str, bytes | None]
     kept_inputs: list[tuple]
     kept_results: list[tuple]
-    # Per-call records as results brought them: (job_id, node_id, indices, failed, timings,
-    # {index: tries} or None), expanded into rows here, off the head's loop (call_rows).
+    # Per-call records as results brought them, one row per result batch: (job_id, node_id, indices,
+    # failed, timings, tries as JSON): a row per call cost the head a third of a no-op call's time.
     calls: list[tuple]
 
     def __bool__(self) -> bool:
         return any((self.jobs, self.failures, self.output, self.events, self.samples, self.job_samples, self.live,
                     self.kept_inputs, self.kept_results, self.calls))
-
-
-def call_rows(batches: list[tuple]) -> list[tuple]:
-    """Rows of the calls table: (job_id, input_index, started_at, seconds, node_id, worker_pid,
-    attempts, ok) per result."""
-    rows = []
-    for job_id, node_id, indices, failed, timings, tries in batches:
-        failed_set = set(unpack_indices(failed)) if failed else ()
-        for index, (started, seconds, pid) in zip(unpack_indices(indices), read_timings(timings)):
-            attempts = tries.get(index, 0) + 1 if tries else 1
-            rows.append((job_id, index, started, seconds, node_id, pid, attempts, int(index not in failed_set)))
-    return rows
 
 
 class HistoryWriter:
@@ -132,7 +119,7 @@ class HistoryWriter:
               for table in ("live_jobs", "kept_inputs", "kept_results")],
             (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({placeholders})", rows.jobs),
             ("INSERT OR REPLACE INTO call_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows.failures),
-            ("INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?)", call_rows(rows.calls)),
+            ("INSERT INTO call_batches VALUES (?, ?, ?, ?, ?, ?)", rows.calls),
             ("INSERT INTO call_output VALUES (?, ?, ?, ?, ?)", output_rows),
             ("INSERT INTO node_events VALUES (?, ?, ?, ?)", rows.events),
             ("INSERT INTO node_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows.samples),
@@ -145,7 +132,7 @@ class HistoryWriter:
         self._transaction([
             (f"DELETE FROM call_output WHERE job_id IN ({old})", [(cutoff,)]),
             (f"DELETE FROM call_failures WHERE job_id IN ({old})", [(cutoff,)]),
-            (f"DELETE FROM calls WHERE job_id IN ({old})", [(cutoff,)]),
+            (f"DELETE FROM call_batches WHERE job_id IN ({old})", [(cutoff,)]),
             (f"DELETE FROM job_samples WHERE job_id IN ({old})", [(cutoff,)]),
             ("DELETE FROM jobs WHERE started_at < ? AND status != 'RUNNING'", [(cutoff,)]),
             ("DELETE FROM node_events WHERE at < ?", [(cutoff,)]),
