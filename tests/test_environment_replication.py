@@ -361,7 +361,7 @@ def test_nodes_install_wheels_only_unless_allowed_to_build_from_source(tmp_path,
 
 
 def test_extra_package_indexes_are_named_once_without_their_credentials(tmp_path, monkeypatch):
-    from burla.protocol.package_indexes import extra_index_hosts, extra_index_warning
+    from burla.protocol.package_indexes import extra_index_hosts, extra_index_urls, extra_index_warning
 
     config = tmp_path / "pip.conf"
     config.write_text("[global]\nindex-url = https://mirror.example/simple\n"
@@ -369,12 +369,12 @@ def test_extra_package_indexes_are_named_once_without_their_credentials(tmp_path
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://builder:s3cret@private.example/simple")
     monkeypatch.setenv("UV_INDEX", "internal=https://uv-index.example/simple")
-    extra_index_hosts.cache_clear()
+    extra_index_urls.cache_clear()
     try:
         hosts = extra_index_hosts()
     finally:
         monkeypatch.undo()
-        extra_index_hosts.cache_clear()
+        extra_index_urls.cache_clear()
     assert hosts == ("mirror.example", "other.example", "private.example", "uv-index.example")
     warning = extra_index_warning(hosts)
     assert warning is not None and "private.example" in warning and "s3cret" not in warning
@@ -390,3 +390,107 @@ async def test_a_source_distribution_by_url_is_not_built_without_leave():
     failed = await Environment(source_builds=False).install({"burla-src-pkg": f"0.1 @ {url}"}, said.append)
     assert list(failed) == [f"burla-src-pkg @ {url}"]
     assert "installs wheels only" in failed[f"burla-src-pkg @ {url}"] and "--allow-source-builds" in "".join(said)
+
+
+def _private_index(root: Path, wheel: Path) -> Path:
+    """A PEP 503 index (served from `root`) offering `wheel`, linked with its sha256."""
+    import hashlib
+
+    page = root / "simple" / "burla-demo-pkg"
+    page.mkdir(parents=True)
+    (root / "files").mkdir()
+    (root / "files" / wheel.name).write_bytes(wheel.read_bytes())
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (page / "index.html").write_text(f'<a href="/files/{wheel.name}#sha256={digest}">{wheel.name}</a>\n')
+    return root
+
+
+@pytest.mark.parametrize("the_nodes_index_serves", ["the same wheel", "an impostor of the same name"])
+def test_a_package_an_extra_index_offers_installs_on_a_node_only_as_that_indexs_file(tmp_path, wheel_dir,
+                                                                                      the_nodes_index_serves):
+    # Fails on the previous code: the node installed burla-demo-pkg==1.2.3 by name from its own index,
+    # whatever was published there under that name.
+    wheel = wheel_dir / "burla_demo_pkg-1.2.3-py3-none-any.whl"
+    private = _private_index(tmp_path / "private", wheel)
+    nodes_files = tmp_path / "nodes-index"
+    nodes_files.mkdir()
+    if the_nodes_index_serves == "the same wheel":
+        (nodes_files / wheel.name).write_bytes(wheel.read_bytes())
+    else:
+        write_wheel(str(nodes_files), "burla_demo_pkg", "burla-demo-pkg", "1.2.3",
+                    "__version__ = '1.2.3'\n\ndef answer():\n    return 'impostor'\n")
+    with _recording_server(private) as (index, asked), \
+            _cluster(tmp_path, wheel_dir, node_finds=nodes_files) as (client_python, env):
+        env = {**env, "PIP_EXTRA_INDEX_URL": f"{index}/simple", "BURLA_CONFIG_DIR": str(tmp_path / "client-config")}
+        (tmp_path / "some.py").write_text(SOME_CALLS_IMPORT_IT)
+        done = _run(str(client_python), "some.py", cwd=tmp_path, env=env)
+    assert "/simple/burla-demo-pkg/" in asked  # the client asked its extra index
+    assert "burla-demo-pkg==1.2.3 (pinned to the digests of the client's extra index)" in done.stderr
+    first, second = done.stdout.strip().splitlines()[-2:]
+    assert first == "0"
+    if the_nodes_index_serves == "the same wheel":
+        assert second.endswith(" int"), done.stdout  # it imported: the call returned its input
+    else:
+        assert second.endswith("ModuleNotFoundError"), done.stdout  # the impostor was refused, never imported
+        assert "this node could not install burla-demo-pkg==1.2.3" in done.stderr
+
+
+def test_index_pins_read_pep_691_json_send_credentials_as_basic_auth_and_are_cached(tmp_path):
+    import base64
+    import http.server
+    import threading
+
+    from burla.protocol.index_pins import CACHE_FILE, file_version, pin_to_indexes
+
+    seen: list[tuple[str, str]] = []
+    digest = "ab" * 32
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization", "")))
+            if self.path != "/simple/private-pkg/":
+                self.send_error(404)
+                return
+            body = json.dumps({"files": [
+                {"filename": "private_pkg-2.0-py3-none-any.whl", "hashes": {"sha256": digest}},
+                {"filename": "private_pkg-1.0-py3-none-any.whl", "hashes": {"sha256": "cd" * 32}},
+                {"filename": "private-pkg-2.0.tar.gz", "hashes": {"sha256": "not a digest"}},
+            ]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://builder:s3cret@127.0.0.1:{server.server_address[1]}/simple"
+        packages = {"private-pkg": "2.0", "public-pkg": "1.0", "by-url": "1.0 @ https://x/y.whl#sha256=" + "0" * 64}
+        pinned = pin_to_indexes(packages, (url,), tmp_path)
+        assert pinned == {**packages, "private-pkg": f"2.0#sha256={digest}"}
+        assert {path for path, _ in seen} == {"/simple/private-pkg/", "/simple/public-pkg/"}
+        assert all(auth == "Basic " + base64.b64encode(b"builder:s3cret").decode() for _, auth in seen)
+        assert "s3cret" not in (tmp_path / CACHE_FILE).read_text()
+        seen.clear()
+        assert pin_to_indexes(packages, (url,), tmp_path) == pinned and not seen  # a day's answers are kept
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert file_version("private_pkg-2.0-py3-none-any.whl", "private-pkg") == "2.0"
+    assert file_version("other_pkg-2.0-py3-none-any.whl", "private-pkg") is None
+    assert file_version("private-pkg-2.0.tar.gz", "private-pkg") == "2.0"
+
+
+def test_a_hash_pinned_package_is_a_requirements_file_line_for_the_node():
+    from burla.node.packages import requirement, shown, wanted_version
+    from burla.protocol.validation import packages_problem
+
+    entry = f"2.0#sha256={'ab' * 32},{'cd' * 32}"
+    assert packages_problem({"private-pkg": entry}) is None
+    assert packages_problem({"private-pkg": "2.0#sha256=ab --index-url http://x"}) is not None
+    line = requirement("private-pkg", entry)
+    assert line == f"private-pkg==2.0 --hash=sha256:{'ab' * 32} --hash=sha256:{'cd' * 32}"
+    assert wanted_version(entry) == "2.0" and shown(line).startswith("private-pkg==2.0 (pinned")

@@ -18,6 +18,7 @@ import json
 import logging
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 
 from burla.protocol.environment import canonical, environment_changed, installed_distributions
@@ -48,7 +49,7 @@ class Environment:
             return []
         have = dict(installed_distributions())
         wanted = [requirement(name, wanted) for name, wanted in sorted(packages.items())
-                  if have.get(canonical(name)) != wanted.split(" @ ", 1)[0]
+                  if have.get(canonical(name)) != wanted_version(wanted)
                   and requirement(name, wanted) not in self.unavailable]
         if not wanted:
             self._satisfied.add(self._digest(packages))
@@ -74,7 +75,8 @@ class Environment:
                 self._give_up(failed, on_line)
                 self._satisfied.add(self._digest(packages))
                 return failed
-            on_line(f"[burla] installing {len(requirements)} package(s) on this node: {', '.join(requirements)}\n")
+            on_line(f"[burla] installing {len(requirements)} package(s) on this node: "
+                    f"{', '.join(map(shown, requirements))}\n")
             ok, output = await self._run_installer(requirements, on_line, self._source_builds)
             if not ok:
                 for requirement in requirements if len(requirements) > 1 else []:
@@ -97,21 +99,41 @@ class Environment:
         for requirement, why in failed.items():
             reason = _last_line(why)
             self.unavailable[requirement] = reason
-            on_line(f"[burla] this node could not install {requirement} ({reason}); calls that import it "
+            on_line(f"[burla] this node could not install {shown(requirement)} ({reason}); calls that import it "
                     "fail. Make it installable on the nodes (a wheel on an index they reach, or PIP_FIND_LINKS; "
                     "a source distribution only on nodes started with --allow-source-builds) or install it "
                     "there by hand.\n")
 
-    @staticmethod
-    async def _run_installer(requirements: list[str], on_line: Callable[[str], None], source_builds: bool
+    @classmethod
+    async def _run_installer(cls, requirements: list[str], on_line: Callable[[str], None], source_builds: bool
                              ) -> tuple[bool, str]:
+        """Install these: plain ones as arguments, hash-pinned ones from a requirements file in a
+        run of their own (hash checking covers every requirement of a run; their dependencies
+        are entries of the job's packages too, installed by the other run)."""
+        hashed = [r for r in requirements if _hashed(r)]
+        plain = [r for r in requirements if not _hashed(r)]
+        ok, output = True, ""
+        if plain:
+            ok, output = await cls._install(plain, on_line, source_builds)
+        if hashed:
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="burla-pins-") as pins:
+                pins.write("\n".join(hashed) + "\n")
+                pins.flush()
+                pinned_ok, pinned_output = await cls._install(["-r", pins.name, "--no-deps", "--require-hashes"],
+                                                              on_line, source_builds)
+            ok, output = ok and pinned_ok, output + pinned_output
+        return ok, output
+
+    @staticmethod
+    async def _install(arguments: list[str], on_line: Callable[[str], None], source_builds: bool
+                       ) -> tuple[bool, str]:
         uv = shutil.which("uv")
         command = ([uv, "pip", "install", "--python", sys.executable] if uv else
                    [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"])
         if not source_builds:
             command += ["--only-binary", ":all:"]
         process = await asyncio.create_subprocess_exec(
-            *command, *requirements, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            *command, *arguments, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
         )
         lines: list[str] = []
@@ -124,10 +146,30 @@ class Environment:
 
 
 def requirement(name: str, wanted: str) -> str:
-    """What the installer is asked for: name==version from the index, or, for a package the client
-    installed from a direct URL, `name @ URL#sha256=DIGEST` (fetched from there and checked)."""
+    """What the installer is asked for: name==version from the index; for a package the client
+    installed from a direct URL, `name @ URL#sha256=DIGEST` (fetched from there and checked); for
+    one an extra index of the client's offers, `name==version --hash=sha256:D ...` (a requirements
+    file line: whatever the node's index serves must have one of those digests)."""
     version, _, url = wanted.partition(" @ ")
-    return f"{name} @ {url}" if url else f"{name}=={version}"
+    if url:
+        return f"{name} @ {url}"
+    version, _, hashes = version.partition("#sha256=")
+    return f"{name}=={version}" + "".join(f" --hash=sha256:{digest}" for digest in hashes.split(",") if digest)
+
+
+def wanted_version(wanted: str) -> str:
+    """The version a packages entry names, whatever else it says."""
+    return wanted.split(" @ ", 1)[0].split("#", 1)[0]
+
+
+def _hashed(requirement: str) -> bool:
+    return " --hash=" in requirement
+
+
+def shown(requirement: str) -> str:
+    """A requirement as messages name it (a hash-pinned one without its digests)."""
+    base, _, hashes = requirement.partition(" --hash=")
+    return f"{base} (pinned to the digests of the client's extra index)" if hashes else requirement
 
 
 def _source_by_url(requirement: str) -> bool:

@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from burla.protocol.package_indexes import extra_index_hosts, extra_index_warning
+from burla.protocol.package_indexes import extra_index_hosts, extra_index_urls, extra_index_warning
 from burla.protocol.validation import DIRECT_REFERENCE, matches, replicable_package
 
 # Never installed by a node: burla itself (the node runs its own), and packaging tools.
@@ -156,8 +156,15 @@ def client_packages() -> dict[str, str]:
         prefetch()
         assert _prefetch is not None
         skipped, references = not_installable_by_name(), direct_references()
-        _packages = {name: references.get(name, version) for name, version in _prefetch.result()
-                     if name not in skipped}
+        by_name = {name: references.get(name, version) for name, version in _prefetch.result()
+                   if name not in skipped}
+        urls = extra_index_urls()
+        if urls:  # what those indexes offer travels pinned to their files (index_pins)
+            from burla.config import config_dir
+            from burla.protocol.index_pins import pin_to_indexes
+
+            by_name = pin_to_indexes(by_name, urls, config_dir())
+        _packages = by_name
     return _packages
 
 

@@ -2,11 +2,11 @@
 
 Installers record nothing of the index a package came from, so a package from a private index
 looks like any other to the nodes, which ask their own index for it by name: where that is the
-public one, whoever publishes the name there runs code on every node (dependency confusion). The
-client can't tell which packages those are, so it names the extra indexes once and what to do.
-Read from pip's and uv's environment variables and pip's configuration files
-(pip.pypa.io/en/stable/topics/configuration/, docs.astral.sh/uv/reference/environment/); the
-hosts only, never credentials in a URL.
+public one, whoever publishes the name there runs code on every node (dependency confusion). So
+the client asks these indexes which of its packages they offer and pins those to their files'
+digests (`index_pins`), and names the indexes once. Read from pip's and uv's environment variables
+and pip's configuration files (pip.pypa.io/en/stable/topics/configuration/,
+docs.astral.sh/uv/reference/environment/); messages name the hosts only, never credentials.
 """
 
 from __future__ import annotations
@@ -34,22 +34,24 @@ def _config_files(environ: dict[str, str] | os._Environ) -> list[Path]:
     return files
 
 
-def _hosts(value: str) -> set[str]:
-    hosts = set()
+def _urls(value: str) -> set[str]:
+    """The index URLs in a setting's value (space-separated; uv's UV_INDEX entries may be NAME=URL)."""
+    urls = set()
     for url in value.split():
-        parts = urllib.parse.urlsplit(url.partition("=")[2] if "=" in url and "://" not in url.partition("=")[0]
-                                      else url)
-        if parts.hostname:
-            hosts.add(parts.hostname)
-    return hosts
+        if "=" in url and "://" not in url.partition("=")[0]:
+            url = url.partition("=")[2]
+        if urllib.parse.urlsplit(url).hostname:
+            urls.add(url)
+    return urls
 
 
 @functools.lru_cache(maxsize=1)
-def extra_index_hosts() -> tuple[str, ...]:
-    """Hosts of the indexes this client's pip or uv may install from besides the default one."""
+def extra_index_urls() -> tuple[str, ...]:
+    """The indexes this client's pip or uv may install from besides the default one, as configured
+    (with any credentials: the client queries them itself and never sends them anywhere)."""
     found: set[str] = set()
     for name in _VARIABLES:
-        found |= _hosts(os.environ.get(name, ""))
+        found |= _urls(os.environ.get(name, ""))
     for path in _config_files(os.environ):
         parser = configparser.ConfigParser(interpolation=None)
         try:
@@ -58,15 +60,19 @@ def extra_index_hosts() -> tuple[str, ...]:
             continue
         for section in parser.sections():
             for key in _KEYS:
-                found |= _hosts(parser.get(section, key, fallback=""))
-    return tuple(sorted(found - DEFAULT_HOSTS))
+                found |= _urls(parser.get(section, key, fallback=""))
+    return tuple(sorted(url for url in found if urllib.parse.urlsplit(url).hostname not in DEFAULT_HOSTS))
+
+
+def extra_index_hosts() -> tuple[str, ...]:
+    """Their hosts only (what messages name: never a credential in a URL)."""
+    return tuple(sorted({urllib.parse.urlsplit(url).hostname or "" for url in extra_index_urls()}))
 
 
 def extra_index_warning(hosts: tuple[str, ...]) -> str | None:
     if not hosts:
         return None
-    return (f"this machine's installers also use the package index(es) at {', '.join(hosts)}; which packages came "
-            "from there is not recorded, and nodes ask their own index for every package by name. Give the nodes the "
-            "same index settings (PIP_INDEX_URL or uv's on the nodes), or install private packages from a direct "
-            "URL (they then travel by that URL and digest), so that a package of the same name on another index is "
-            "never installed instead.")
+    return (f"this machine's installers also use the package index(es) at {', '.join(hosts)}. Packages those "
+            "indexes offer travel pinned to their files' digests: a node installs one only if its own index serves "
+            "the very same file, so a package of the same name published elsewhere is never installed instead. Give "
+            "the nodes the same index settings (PIP_INDEX_URL or uv's on the nodes) for them to find those files.")

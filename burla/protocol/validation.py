@@ -22,6 +22,11 @@ PACKAGE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}")
 # that URL, checked against the digest its installer recorded, never by name from an index.
 DIRECT_REFERENCE = re.compile(r"(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}) @ "
                               r"(?P<url>https?://[A-Za-z0-9._~:/?&=%+@!$'()*,;\[\]-]{1,2000}#sha256=[0-9a-f]{64})")
+# A package an extra index of the client's also offers travels as "VERSION#sha256=H1,H2,...": the
+# digests of that index's files of that version. Nodes install it by name only if what their own
+# index serves has one of those digests (an impostor of the same name there fails the check).
+HASHED_PIN = re.compile(r"(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99})#sha256="
+                        r"(?P<hashes>[0-9a-f]{64}(?:,[0-9a-f]{64}){0,199})")
 MAX_PACKAGES = 100_000
 GPU_CHOICES = ("T4", "A100", "A100_40G", "A100_80G", "H100", "H100_80G")
 
@@ -31,7 +36,8 @@ def matches(pattern: re.Pattern[str], value: object) -> bool:
 
 
 def replicable_package(name: str, version: str) -> bool:
-    return matches(PACKAGE_NAME, name) and (matches(PACKAGE_VERSION, version) or matches(DIRECT_REFERENCE, version))
+    return matches(PACKAGE_NAME, name) and (matches(PACKAGE_VERSION, version) or matches(DIRECT_REFERENCE, version)
+                                            or matches(HASHED_PIN, version))
 
 
 _last_valid_packages: dict = {}  # a client sends the same map with every job: checked once
@@ -49,6 +55,6 @@ def packages_problem(packages: object) -> str | None:
     for name, version in packages.items():
         if not replicable_package(name, version):
             return (f"packages entry {str(name)[:100]!r}: {str(version)[:100]!r} is not a canonical distribution "
-                    "name and a version (or 'VERSION @ URL#sha256=DIGEST')")
+                    "name and a version (or 'VERSION @ URL#sha256=DIGEST', or 'VERSION#sha256=DIGEST,...')")
     _last_valid_packages = packages
     return None
