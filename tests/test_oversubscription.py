@@ -158,10 +158,10 @@ def test_the_progress_line_says_when_calls_are_held_back():
     out, err = Terminal(), io.StringIO()
     display = Display(10, show_progress=True, stdout=out, stderr=err)
     why = "node n1 runs fewer calls at once than it could: machine 97% busy"
-    for _ in range(3):
-        display.progress(1, 0, 2, held_back=why)
+    for busy in (97, 98, 97):
+        display.progress(1, 0, 2, held_back=why.replace("97", str(busy)))
         display._draw(force=True)
-    assert err.getvalue().count(why) == 1  # said once, not at every update
+    assert err.getvalue().count("runs fewer calls at once") == 1  # said once, not at every update
     assert "fewer at once: machine busy" in out.getvalue()
     display.progress(2, 0, 2)
     display._draw(force=True)

@@ -40,6 +40,7 @@ class Display:
         self.booting = 0  # nodes still booting that the job waits for
         self.stages: dict[str, int] = {}  # of those, how many are at each boot stage
         self.held_back = ""  # why the job's nodes run fewer of its calls than they could (said once)
+        self._said_held_back = False
 
     def announce(self, text: str) -> None:
         """A line for the person running the job (its dashboard page), on stderr."""
@@ -64,8 +65,9 @@ class Display:
         self.done, self.failed, self.running = max(self.done, done), max(self.failed, failed), running
         self.booting = booting
         self.stages = stages or {}
-        if held_back and held_back != self.held_back:
-            self.announce(held_back)  # once per reason, on a terminal or not
+        if held_back and not self._said_held_back:
+            self.announce(held_back)  # once per job (its figures change with every state), on a terminal or not
+            self._said_held_back = True
         self.held_back = held_back
         self._draw()
 

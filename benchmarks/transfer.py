@@ -1,0 +1,191 @@
+"""Large payloads between machines: 100 x 10 MB inputs, and 100 x 10 MB results, through the
+chain a cloud cluster uses (client -> head -> node -> worker, over WebSockets), beside the
+physical anchor for that chain on this machine.
+
+The burla cluster's node has an input-file directory of its own (BURLA_INPUT_FILES_DIR), so it
+does not share the client's: inputs take the inline path they take between machines, not files
+in /dev/shm. The anchor is a plain relay: the same bytes through the same chain of four processes
+(client -> relay -> relay -> worker, and back) over TCP on 127.0.0.1 with 4 MB buffers and
+nothing else done to them. Both run in one process, alternating ROUNDS times (default 3); each
+figure is the median. Beside the MB/s, the CPU seconds per GB each of burla's processes spent
+(client, head, node, worker): where the time goes.
+
+Not measured yet (benchmarks/README.md, "Between machines"): the chain through the SSH tunnel of
+the cloud path, and the same anchor with its middle hop over an asyncssh forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from _common import environment
+from two_nodes import Run
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.cluster_runner import LocalCluster  # noqa: E402
+
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+COUNT = 100
+SIZE = 10 * 2**20
+TOTAL_MB = COUNT * SIZE / 2**20
+CHUNK = 4 * 2**20
+
+# One process of the anchor chain: `relay PORT NEXT_PORT` forwards both ways; `worker PORT` takes
+# COUNT payloads and answers each with a byte (inputs), or sends COUNT payloads (results).
+HOP = textwrap.dedent(f"""
+    import socket, sys, threading
+    CHUNK, SIZE, COUNT = {CHUNK}, {SIZE}, {COUNT}
+
+    def listen(port):
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen(1)
+        print(server.getsockname()[1], flush=True)
+        connection, _ = server.accept()
+        return connection
+
+    def tune(sock):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CHUNK)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def pump(source, target):
+        buffer = bytearray(CHUNK)
+        view = memoryview(buffer)
+        while True:
+            n = source.recv_into(buffer)
+            if not n:
+                target.shutdown(socket.SHUT_WR)
+                return
+            target.sendall(view[:n])
+
+    role = sys.argv[1]
+    upstream = tune(listen(0))
+    if role == "relay":
+        downstream = tune(socket.create_connection(("127.0.0.1", int(sys.argv[2]))))
+        back = threading.Thread(target=pump, args=(downstream, upstream))
+        back.start()
+        pump(upstream, downstream)
+        back.join()
+    else:
+        mode = upstream.recv(1)
+        buffer = bytearray(CHUNK)
+        if mode == b"i":
+            for _ in range(COUNT):
+                left = SIZE
+                while left:
+                    left -= upstream.recv_into(buffer, min(CHUNK, left))
+                upstream.sendall(b"k")
+        else:
+            payload = bytes(SIZE)
+            for _ in range(COUNT):
+                upstream.sendall(payload)
+        upstream.close()
+""")
+
+
+def _start(*arguments: str) -> tuple[subprocess.Popen, int]:
+    process = subprocess.Popen([sys.executable, "-c", HOP, *arguments], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    return process, int(process.stdout.readline())
+
+
+def anchor_mb_s(direction: str) -> float:
+    """MB/s of COUNT payloads through client -> relay -> relay -> worker (inputs), or back (results)."""
+    worker, port = _start("worker")
+    second, second_port = _start("relay", str(port))
+    first, first_port = _start("relay", str(second_port))
+    try:
+        sock = socket.create_connection(("127.0.0.1", first_port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CHUNK)
+        start = time.perf_counter()
+        buffer = bytearray(CHUNK)
+        if direction == "inputs":
+            sock.sendall(b"i")
+            payload = bytes(SIZE)
+            for _ in range(COUNT):
+                sock.sendall(payload)
+                sock.recv(1)
+        else:
+            sock.sendall(b"r")
+            left = COUNT * SIZE
+            while left:
+                received = sock.recv_into(buffer, min(CHUNK, left))
+                if not received:
+                    raise ConnectionError("the chain closed early")
+                left -= received
+        elapsed = time.perf_counter() - start
+        sock.close()
+        return TOTAL_MB / elapsed
+    finally:
+        for process in (first, second, worker):
+            process.kill()
+            process.wait()
+
+
+def payload_size(data: bytes) -> int:
+    return len(data)
+
+
+def payload_of(index: int) -> bytes:
+    return bytes([index % 256]) * SIZE
+
+
+def main() -> None:
+    from burla import remote_parallel_map
+
+    inputs = [bytes([i]) * SIZE for i in range(COUNT)]
+    indices = list(range(COUNT))
+    workloads = {
+        "inputs": lambda: remote_parallel_map(payload_size, inputs, spinner=False),
+        "results": lambda: remote_parallel_map(payload_of, indices, spinner=False),
+    }
+    burla_mb_s: dict[str, list[float]] = {name: [] for name in workloads}
+    anchor: dict[str, list[float]] = {name: [] for name in workloads}
+    with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
+        node_files = Path(directory) / "node-input-files"
+        node_files.mkdir()
+        # The cluster's processes get an input-file directory of their own: inputs travel inline.
+        with environment(BURLA_INPUT_FILES_DIR=str(node_files)):
+            cluster = LocalCluster(Path(directory) / "cluster", nodes=1, workers=2).__enter__()
+        try:
+            run = Run(cluster)
+            with environment(**cluster.env()):
+                remote_parallel_map(payload_size, inputs[:4], spinner=False)  # workers up, code warm
+            for _ in range(ROUNDS):
+                for name, workload in workloads.items():
+                    burla_mb_s[name].append(TOTAL_MB / run.timed(name, workload))
+                    anchor[name].append(anchor_mb_s(name))
+        finally:
+            cluster.stop()
+    gb = TOTAL_MB / 1024
+    print(json.dumps({
+        "benchmark": "transfer",
+        "cores": os.cpu_count(),
+        "rounds": ROUNDS,
+        "payloads": f"{COUNT} x {SIZE // 2**20} MB",
+        "burla_inline_mb_s": {name: round(statistics.median(v), 1) for name, v in burla_mb_s.items()},
+        "plain_relay_mb_s": {name: round(statistics.median(v), 1) for name, v in anchor.items()},
+        "burla_over_relay": {name: round(statistics.median(burla_mb_s[name]) / statistics.median(anchor[name]), 3)
+                             for name in workloads},
+        "burla_cpu_s_per_gb": {name: {role: round(ms / 1e3 / gb, 3) for role, ms in run.cpu_ms(name).items()}
+                               for name in workloads},
+        "target_burla_over_relay": 0.8,
+    }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
