@@ -40,11 +40,6 @@ def detect() -> Gpus:
     return Gpus(model_of_reported(names[0]), len(names))
 
 
-def visible_to(worker_slot: int, gpus: Gpus) -> str:
-    """CUDA_VISIBLE_DEVICES for the worker in `worker_slot` (0, 1, ...): its own GPU, or none."""
-    return str(worker_slot) if worker_slot < gpus.count else ""
-
-
 async def read_usage() -> tuple[float, float] | None:
     """(utilisation %, memory used %) over all GPUs, from nvidia-smi; None if it can't tell."""
     try:

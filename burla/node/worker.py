@@ -1,6 +1,6 @@
 """The worker process: loads each job's function once and runs calls, one at a time.
 
-Forked by its node (worker_fork) or the node's fork server (fork_server), or started as
+Forked by its node's fork server (fork_server, a fresh interpreter), or started as
 `python -m burla.node.worker SOCK_FD SHM_FD` where forking isn't possible. It talks to the node only
 over the inherited private socketpair (length-prefixed wire frames) and publishes the input
 index it is running in a shared 8-byte page, so the node can name the call that was running
