@@ -9,6 +9,7 @@ import click
 
 from burla._version import __version__
 from burla.cli import global_option
+from burla.cli.background_head import STOP_TIMEOUT_S
 from burla.cli.common import vm_setup_options
 from burla.cli.token_options import TOKEN_FILE_HELP, TOKEN_HELP, read_token_file, refuse_command_line_token
 from burla.config import (
@@ -214,7 +215,7 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
 
 
 @head.command()
-@click.option("--timeout", type=click.FloatRange(1.0, None), default=300.0, show_default=True,
+@click.option("--timeout", type=click.FloatRange(1.0, None), default=STOP_TIMEOUT_S, show_default=True,
               help="Seconds to wait for it to exit (it deletes its VMs first).")
 @click.option("--force", is_flag=True, help="Kill it if it has not exited by then.")
 def stop(timeout: float, force: bool) -> None:

@@ -15,6 +15,7 @@ import json
 import logging
 import sqlite3
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,7 @@ class History(HistoryQueries):
         self._jobs: dict[str, tuple] = {}  # latest row per job, upserted at the next flush
         self._failures: list[tuple] = []
         self._calls: list[tuple] = []  # per-call records as results brought them (Rows.calls)
+        self._calls_read: OrderedDict = OrderedDict()  # decoded call records of the jobs read last
         self._call_rows = 0
         self._output: dict[str, list] = {}  # job id -> [[index, stream, text], ...] since the last flush
         self._events: list[tuple] = []

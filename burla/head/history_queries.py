@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,12 +18,16 @@ from burla.protocol.packed_results import read_timings, unpack_indices
 HEAD_STOPPED = "head stopped"  # a node event: connected when the head stopped (it is expected back)
 
 
+CALLS_KEPT_FOR_JOBS = 4  # jobs whose decoded call records stay in memory between reads
+
+
 class HistoryQueries:
     """The reading half of History, which provides the connection and `flush`."""
 
     _db: aiosqlite.Connection | None
     _ready: asyncio.Event
     flush: Callable[[], Awaitable[None]]
+    _calls_read: OrderedDict[str, tuple[int, dict[int, dict[str, Any]]]]  # job -> (last rowid read, calls)
 
     async def _rows(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
         await self._ready.wait()
@@ -103,17 +108,23 @@ class HistoryQueries:
 
     async def calls_of(self, job_id: str) -> list[dict[str, Any]]:
         """Every recorded call of a job (history keeps its first 100,000): input index, when it
-        started, how long it ran, node, worker pid, tries, and whether it succeeded; by index."""
-        batches = await self._rows("SELECT node_id, indices, failed, timings, tries FROM call_batches "
-                                   "WHERE job_id = ?", (job_id,))
-        calls: dict[int, dict[str, Any]] = {}
+        started, how long it ran, node, worker pid, tries, and whether it succeeded; by index.
+        Only batches not read before are read and decoded: the job page asks every second."""
+        cache = self._calls_read
+        last, calls = cache.pop(job_id, (0, {}))
+        batches = await self._rows("SELECT rowid, node_id, indices, failed, timings, tries FROM call_batches "
+                                   "WHERE job_id = ? AND rowid > ? ORDER BY rowid", (job_id, last))
         for batch in batches:
+            last = batch["rowid"]
             failed = set(unpack_indices(batch["failed"]))
             tries = {int(k): v for k, v in json.loads(batch["tries"]).items()} if batch["tries"] else {}
             for index, (started, seconds, pid) in zip(unpack_indices(batch["indices"]), read_timings(batch["timings"])):
                 calls[index] = {"input_index": index, "started_at": started, "seconds": seconds,
                                 "node_id": batch["node_id"], "worker_pid": pid, "attempts": tries.get(index, 0) + 1,
                                 "ok": index not in failed}
+        cache[job_id] = (last, calls)
+        while len(cache) > CALLS_KEPT_FOR_JOBS:
+            cache.popitem(last=False)
         return [calls[index] for index in sorted(calls)]
 
     async def events_between(self, node_id: str, events: tuple[str, ...], since: float, until: float
