@@ -8,10 +8,11 @@ import msgpack
 import pytest
 
 from burla.errors import ProtocolError
-from burla.protocol import limits, wire, worker_wire
+from burla.protocol import framing, limits, wire, worker_wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import (
     PackedResults,
+    array_header_bytes,
     item_frames,
     pack_indices,
     pack_items,
@@ -79,7 +80,7 @@ def test_every_registered_message_has_a_sample():
 @pytest.mark.parametrize(
     "data, words",
     [
-        (b"\xc1\xc1\xc1", "not valid msgpack"),
+        (b"\xc0\xc1\xc1", "not valid msgpack"),
         (b"", "not valid msgpack"),
         (msgpack.packb({"a": 1}), "msgpack array"),
         (msgpack.packb([]), "msgpack array"),
@@ -278,3 +279,64 @@ def test_an_error_record_an_earlier_build_kept_is_still_read():
     for bad in (b"\x95\x01", msgpack.packb(full[:-5]), msgpack.packb([wire.ErrorRecord.TAG, 1, 2, 3, 4, 5, 6])):
         with pytest.raises(ProtocolError):
             wire.read_error(bad)
+
+def _bulk(header: list, *payloads: bytes) -> bytes:
+    packed = msgpack.packb(header)
+    return b"\xc1" + len(packed).to_bytes(4, "little") + packed + b"".join(payloads)
+
+
+@pytest.mark.parametrize(
+    "data,words",
+    [
+        (b"\xc1\x00", "shorter than its header's length"),
+        (b"\xc1\xff\x00\x00\x00\x90", "shorter than its header"),
+        (_bulk([4, "j", pack_indices([0]), pack_indices([3]), 4], b"abc"), "shorter than InputBatch.data's length"),
+        (_bulk([4, "j", pack_indices([0]), pack_indices([3]), 3], b"abcd"), "1 bytes past its fields"),
+        (_bulk([4, "j", pack_indices([0]), pack_indices([3]), -3], b"abc"), "must be a length"),
+        (_bulk([4, "j", pack_indices([0]), pack_indices([3]), b"abc"]), "must be a length"),
+        (_bulk([4, "j", pack_indices([0]), pack_indices([2]), 3], b"abc"), "not as long as its sizes"),
+        (_bulk([5, "j", 3], b"abc"), "Credit has no bulk fields"),
+        (_bulk([4, "j", b"", b""]), "needs 4 fields, got 3"),
+    ],
+)
+def test_malformed_bulk_frames_raise_protocol_error(data, words):
+    with pytest.raises(ProtocolError, match=words):
+        wire.decode(data)
+
+
+def test_bulk_frames_carry_payloads_as_views_of_the_frame():
+    # Payloads of BULK_MIN_BYTES or more travel after the header, written and read as they are.
+    big = bytes(range(256)) * 1024
+    msg = wire.InputBatch.of("j", PackedInputs.of([[0, big], [1, b"small"]]))
+    parts = msg.encode_parts()
+    assert parts[0][:1] == framing.BULK_MARK and parts[1] is msg.data and len(parts) == 2
+    frame = msg.encode()
+    decoded = wire.decode(frame, wire.CLIENT_TO_HEAD)
+    assert decoded == msg
+    assert type(decoded.data) is memoryview and decoded.data.obj is frame  # no copy of the payload
+    assert decoded.part().arguments() == [big, b"small"]
+    # Under the threshold, a plain msgpack frame, as before.
+    small = wire.InputBatch.of("j", PackedInputs.of([[0, b"x" * (framing.BULK_MIN_BYTES - 1)]]))
+    assert len(small.encode_parts()) == 1 and small.encode()[:1] != framing.BULK_MARK
+    assert wire.decode(small.encode()) == small
+    # A payload past the channel's bin limit is refused as a plain frame's would be.
+    tight = framing.Channel("tight", (wire.InputBatch,), framing.Limits(100, 100, 100, len(big), 1000))
+    with pytest.raises(ProtocolError, match="must be a length within"):
+        wire.decode(wire.InputBatch.of("j", PackedInputs.of([[0, big + b"x"]])).encode(), tight)
+
+
+def test_bulk_results_pass_through_a_head_unchanged():
+    payload = b"r" * (framing.BULK_MIN_BYTES * 2)
+    msg = _node_results([0, 1], [], [[0, True, payload], [1, True, b"s"]])
+    decoded = wire.decode(msg.encode(), wire.NODE_TO_HEAD)
+    assert type(decoded.packed) is memoryview
+    assert decoded.part().items("NodeResults") == [[0, True, payload], [1, True, b"s"]]
+    frame = wire.result_batch_frame("j", 1, 2, [decoded.packed])
+    assert wire.decode(frame).items == [[0, True, payload], [1, True, b"s"]]
+
+
+
+@pytest.mark.parametrize("sizes", [[70_000], [100, 70_000, 0], [300 * i for i in range(300)], [2**16, 2**16 - 1, 255, 256]])
+def test_large_results_pack_as_packb_would(sizes):
+    items = [[index * 1_000_003, index % 3 != 1, bytes([index % 256]) * size] for index, size in enumerate(sizes)]
+    assert pack_items(items) == msgpack.packb(items, use_bin_type=True)[array_header_bytes(len(items)):]

@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 
+from burla.protocol.framing import Payload
+
 _index_of = itemgetter(0)
 _data_of = itemgetter(1)
 
@@ -20,7 +22,7 @@ _data_of = itemgetter(1)
 class _Chunk:
     __slots__ = ("indices", "data", "start")
 
-    def __init__(self, indices: list[int], data: list[bytes]) -> None:
+    def __init__(self, indices: list[int], data: list[Payload]) -> None:
         self.indices = indices
         self.data = data
         self.start = 0  # what comes before was taken
@@ -36,7 +38,7 @@ class InputQueue:
     def __len__(self) -> int:
         return self._count
 
-    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+    def __iter__(self) -> Iterator[tuple[int, Payload]]:
         for chunk in self._chunks:
             yield from zip(chunk.indices[chunk.start:], chunk.data[chunk.start:])
 
@@ -45,19 +47,19 @@ class InputQueue:
         if items:
             self.extend_lists(list(map(_index_of, items)), list(map(_data_of, items)))
 
-    def extend_lists(self, indices: list[int], data: list[bytes]) -> None:
+    def extend_lists(self, indices: list[int], data: list[Payload]) -> None:
         """Queue inputs at the back, given as their indices and their data (lists this queue keeps)."""
         if indices:
             self._chunks.append(_Chunk(indices, data))
             self._count += len(indices)
 
-    def extend_front(self, items: Sequence[tuple[int, bytes]]) -> None:
+    def extend_front(self, items: Sequence[tuple[int, Payload]]) -> None:
         """Queue pairs at the front, in order (inputs coming back from a lost node go first)."""
         if items:
             self._chunks.appendleft(_Chunk([index for index, _ in items], [data for _, data in items]))
             self._count += len(items)
 
-    def take(self, count: int) -> tuple[list[int], list[bytes]]:
+    def take(self, count: int) -> tuple[list[int], list[Payload]]:
         """Up to `count` inputs from the front: their indices and their data."""
         chunks = self._chunks
         if not chunks or count <= 0:
@@ -84,7 +86,7 @@ class InputQueue:
         self._count -= len(indices)
         return indices, data
 
-    def keep(self, pairs: Iterable[tuple[int, bytes]]) -> None:
+    def keep(self, pairs: Iterable[tuple[int, Payload]]) -> None:
         """Replace the contents with `pairs` (a filtered iteration over this queue)."""
         kept = list(pairs)
         self.clear()

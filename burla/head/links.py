@@ -18,6 +18,7 @@ import msgpack
 from aiohttp import web
 
 from burla.protocol import limits, packed_results, wire
+from burla.protocol.framing import Payload
 
 MAX_BATCH_BYTES = limits.RESULT_FRAME_BYTES  # results per frame to a client
 MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit
@@ -94,17 +95,19 @@ class NodeLink:
         self.ws = ws
         self._transport = transport if transport is not None and not ws.compress else None
         self._turns = turns
-        self._frames: deque[bytes] = deque()
+        self._frames: deque[bytes | list[Payload]] = deque()
         self._wake = asyncio.Event()
         self._closing = False
         self.stop_reading: Callable[[], object] = lambda: None  # set by its connection's handler
         self.waiting_turn = False  # queued in its WriteTurns
 
     def send(self, msg: wire.Message) -> None:
-        self.send_frame(msg.encode())
+        parts = msg.encode_parts()
+        self.send_frame(parts[0] if len(parts) == 1 else parts)  # type: ignore[arg-type]
 
-    def send_frame(self, frame: bytes) -> None:
-        """Send an encoded message (one encoding may go to many nodes)."""
+    def send_frame(self, frame: bytes | list[Payload]) -> None:
+        """Send an encoded message (one encoding may go to many nodes), or a bulk frame's parts
+        (its payloads are written as they are: views of the frames they came in)."""
         if self._closing:
             return
         self._frames.append(frame)
@@ -126,6 +129,11 @@ class NodeLink:
                 self._turns.wait(self)
                 return
             frame = frames.popleft()
+            if isinstance(frame, list):
+                transport.write(binary_frame_header(sum(map(len, frame))) + frame[0])
+                for payload in frame[1:]:
+                    transport.write(payload)
+                continue
             header = binary_frame_header(len(frame))
             if len(frame) < _JOIN_BELOW:
                 transport.write(header + frame)
@@ -148,7 +156,8 @@ class NodeLink:
             if self._closing:
                 return
             while self._frames:
-                await self.ws.send_bytes(self._frames.popleft())
+                frame = self._frames.popleft()
+                await self.ws.send_bytes(b"".join(frame) if isinstance(frame, list) else frame)
             self.flush()  # anything that came meanwhile, straight to the socket again
 
 
@@ -167,7 +176,7 @@ class ClientLink:
         self.job_id = job_id
         self.ws: web.WebSocketResponse | None = None
         self.outputs: list = []
-        self.results: deque[tuple[int, bytes]] = deque()  # (count, packed items) not yet sent
+        self.results: deque[tuple[int, Payload]] = deque()  # (count, packed items) not yet sent
         self.queued_results = 0  # how many results `results` holds
         self._control: deque[bytes] = deque()
         self._wake = asyncio.Event()
@@ -195,7 +204,7 @@ class ClientLink:
             self._queue_results(results)
         self._wake.set()
 
-    def deliver_packed(self, count: int, packed: bytes) -> None:
+    def deliver_packed(self, count: int, packed: Payload) -> None:
         """`count` results as a node packed them (wire.NodeResults.packed: a frame's worth at most)."""
         self.results.append((count, packed))
         self.queued_results += count
@@ -262,7 +271,7 @@ class ClientLink:
                 pass
             self._writer = None
 
-    def _take_batch(self) -> tuple[int, list[bytes]]:
+    def _take_batch(self) -> tuple[int, list[Payload]]:
         """Packed parts of the next batch: limits.BATCH_ITEMS results at most, and MAX_BATCH_BYTES
         unless a single part is bigger."""
         results = self.results

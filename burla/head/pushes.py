@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from burla.head.records import Assignment
+from burla.protocol.framing import Payload
 from burla.protocol.limits import BATCH_ITEMS
 from burla.protocol.packed_inputs import PackedInputs
 
 MAX_PUSH_BYTES = 4 * 1024 * 1024  # inputs per InputBatch frame to a node, unless one is bigger
 
 
-def frames(indices: list[int], data: list[bytes]) -> list[PackedInputs]:
+def frames(indices: list[int], data: list[Payload]) -> list[PackedInputs]:
     """Inputs pushed to a node, packed in frames of at most BATCH_ITEMS inputs and about
     MAX_PUSH_BYTES (a frame ends with the input that reaches it). An input of MAX_PUSH_BYTES or
     more goes in a frame of its own: the node hands it to a worker, or a thief, as it came,

@@ -33,6 +33,7 @@ from burla.errors import CallExited
 from burla.node.output_capture import OutputCapture
 from burla.process.memory import freeze_inherited_objects
 from burla.protocol import local_code, wire, worker_context, worker_wire
+from burla.protocol.framing import Payload
 from burla.protocol.input_files import mapped_input
 from burla.protocol.packed_inputs import unpack_uints
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
@@ -54,7 +55,7 @@ class _CallFailed(Exception):
         self.payload = payload
 
 
-def _mapped_arguments(argument_bytes: bytes) -> Any:
+def _mapped_arguments(argument_bytes: Payload) -> Any:
     with mapped_input(argument_bytes) as pickled:
         return loads(pickled)
 
@@ -84,9 +85,10 @@ class Worker:
     # --- framing -------------------------------------------------------------------------
 
     def _send(self, msg: wire.Message) -> None:
-        data = msg.encode()
+        parts = worker_wire.framed([msg])
         with self.capture.send_lock:
-            self._sock.sendall(worker_wire.FRAME_HEADER.pack(len(data)) + data)
+            for part in parts:
+                self._sock.sendall(part)
 
     def _send_live_output(self, job_id: str, items: list) -> None:
         data = worker_wire.WorkerReport.of(job_id, [], outputs=items, batch_done=False).encode()
@@ -168,7 +170,7 @@ class Worker:
         local_code.install(code, directory)
         self._code = (digest, directory)
 
-    def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list[bytes]) -> None:
+    def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list[Payload]) -> None:
         if job_id in self._cancelled_jobs:
             self._send(worker_wire.WorkerReport.of(job_id, [], outputs=[], batch_done=True))
             return
@@ -198,8 +200,8 @@ class Worker:
             del self._timings[:]
         self._flush(job_id, results, True, time.perf_counter() - since)
 
-    def _run_calls(self, job_id: str, indices: Sequence[int], arguments: list[bytes], call: Callable[[bytes], bytes],
-                   started: float) -> tuple[list[list], float]:
+    def _run_calls(self, job_id: str, indices: Sequence[int], arguments: list[Payload],
+                   call: Callable[[Payload], bytes], started: float) -> tuple[list[list], float]:
         """Run the batch's calls (from `started`) until done or cancelled; returns the results not
         yet sent and when their calls began. This loop runs once per call: what it does per item
         is kept to the bare minimum."""
@@ -242,12 +244,12 @@ class Worker:
                     last_flush = now
         return results, last_flush
 
-    def _caller(self, function: Callable[..., Any]) -> Callable[[bytes], bytes]:
+    def _caller(self, function: Callable[..., Any]) -> Callable[[Payload], bytes]:
         """One call: its arguments unpickled, the function run, its result pickled. Returns the
         pickled result or raises _CallFailed with the packed error (CallCancelled passes)."""
         origin = self._origin
 
-        def call(argument_bytes: bytes) -> bytes:
+        def call(argument_bytes: Payload) -> bytes:
             self._in_call = True
             try:
                 if argument_bytes[:1] == b"\x00":  # a reference to the input's file (pickles start with \x80)
@@ -275,14 +277,14 @@ class Worker:
 
         return call
 
-    def _call_without_function(self, function: _LoadFailure | None) -> Callable[[bytes], bytes]:
+    def _call_without_function(self, function: _LoadFailure | None) -> Callable[[Payload], bytes]:
         if function is None:
             payload = pack_error(RuntimeError("this worker was given calls before the job's function"),
                                  origin=self._origin)
         else:
             payload = function.payload
 
-        def fail(argument_bytes: bytes) -> bytes:
+        def fail(argument_bytes: Payload) -> bytes:
             raise _CallFailed(payload)
 
         return fail

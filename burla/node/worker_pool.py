@@ -29,6 +29,7 @@ from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import limits, wire, worker_wire
+from burla.protocol.framing import Payload
 from burla.protocol.packed_inputs import UINT_BYTES, PackedInputs, unpack_uints
 
 Process = asyncio.subprocess.Process | ServedProcess
@@ -68,7 +69,7 @@ class Batch:
         self.part, self.reported = PackedInputs.of(left), 0
         return taken
 
-    def remaining_items(self) -> list[tuple[int, bytes]]:
+    def remaining_items(self) -> list[tuple[int, Payload]]:
         return self.part.items()[self.reported:]
 
     def remaining_indices(self) -> list[int]:
@@ -125,12 +126,10 @@ class WorkerHandle:
         return self.process.pid
 
     def send(self, *msgs: wire.Message) -> None:
-        """Frame and write these messages in one write (one syscall, one wake-up of the worker)."""
-        frames: list[bytes] = []
-        for msg in msgs:
-            data = msg.encode()
-            frames += (worker_wire.FRAME_HEADER.pack(len(data)), data)
-        self.writer.write(b"".join(frames))
+        """Frame and write these messages in one write (one syscall, one wake-up of the worker),
+        but for a bulk frame's payloads, which are written as they are."""
+        for part in worker_wire.framed(msgs):
+            self.writer.write(part)
 
     def current_index(self) -> int:
         return _INDEX.unpack_from(self.shm, 0)[0]

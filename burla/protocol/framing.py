@@ -5,6 +5,7 @@ per-channel limits, and `decode`, which turns a frame into its typed message or 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
@@ -36,6 +37,7 @@ _SIMPLE: dict[str, _Checker] = {
     "bool": lambda v: type(v) is bool,
     "str": lambda v: type(v) is str,
     "bytes": lambda v: type(v) is bytes,
+    "memoryview": lambda v: type(v) is memoryview,
     "list": lambda v: type(v) is list,
     "dict": lambda v: type(v) is dict,
 }
@@ -66,6 +68,19 @@ def _checker_for(annotation: str) -> _Checker:
     return check_union
 
 
+# Bulk frames: a message whose bulk fields (annotated `bytes | memoryview`: the payloads of
+# inputs and results) hold BULK_MIN_BYTES or more travels as BULK_MARK, the length of its header
+# (4 bytes), its header (the msgpack array of a plain frame, with each bulk field's length in the
+# field's place) and then those fields' bytes, end to end. Nothing packs or unpacks the payloads:
+# a sender writes them as they are, a receiver takes them as views of the frame it received, and
+# a head or node that passes them on writes those views. 0xC1 is the one byte msgpack never uses,
+# so no plain frame starts with it.
+BULK_MARK = b"\xc1"
+BULK_MIN_BYTES = 64 * 1024
+_HEADER_LENGTH = struct.Struct("<I")
+Payload = bytes | memoryview  # a bulk field's value: a view of the frame it came in, or bytes
+
+
 class Message:
     """Base of all wire messages. Subclasses are made by `message`: slotted classes with a TAG,
     built without the dataclasses machinery (which cost every process ~25 ms at import)."""
@@ -73,10 +88,25 @@ class Message:
     __slots__ = ()
     TAG: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
+    BULK: ClassVar[tuple[int, ...]]  # positions of the fields that may travel outside the header
     _checkers: ClassVar[tuple[_Checker, ...]]
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.TAG, *(getattr(self, f) for f in self.FIELDS)], use_bin_type=True)
+        parts = self.encode_parts()
+        return parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[return-value]
+
+    def encode_parts(self) -> list[Payload]:
+        """The frame in parts, to be written one after the other: the bulk fields' bytes are
+        parts of their own, never copied into a buffer (one part for a plain frame)."""
+        values = [getattr(self, f) for f in self.FIELDS]
+        if self.BULK:
+            blobs = [values[i] for i in self.BULK]
+            if sum(map(len, blobs)) >= BULK_MIN_BYTES:
+                for i in self.BULK:
+                    values[i] = len(values[i])
+                header = msgpack.packb([self.TAG, *values], use_bin_type=True)
+                return [BULK_MARK + _HEADER_LENGTH.pack(len(header)) + header, *blobs]
+        return [msgpack.packb([self.TAG, *values], use_bin_type=True)]
 
     def validate(self) -> None:
         """Deeper checks of list items; called after the field types passed."""
@@ -126,6 +156,7 @@ def message(tag: int) -> Callable[[type[M]], type[M]]:
         cls = cast("type[M]", type(cls.__name__, cls.__bases__, body))
         cls.TAG = tag
         cls.FIELDS = fields
+        cls.BULK = tuple(i for i, f in enumerate(fields) if "memoryview" in annotations[f])
         cls._checkers = tuple(_checker_for(annotations[f]) for f in fields)
         if tag in REGISTRY:
             raise RuntimeError(f"duplicate wire tag {tag}")
@@ -183,21 +214,19 @@ DEFAULT_LIMITS = Limits(max_array_len=10_000, max_map_len=10_000, max_str_len=1 
 
 
 def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[Message], ...] | None = None) -> Message:
-    """Decode one frame into its message, or raise ProtocolError saying what is wrong."""
+    """Decode one frame into its message, or raise ProtocolError saying what is wrong. A bulk
+    frame's payload fields are views of `data`, which they keep alive."""
     limits = allowed.limits if isinstance(allowed, Channel) else DEFAULT_LIMITS
-    hooks = {}
-    if len(data) > limits.max_items:  # every item takes a byte: smaller frames can't exceed the budget
-        budget = ItemBudget(limits.max_items)
-        hooks = {"list_hook": budget.array, "object_hook": budget.map}
-    try:
-        frame = msgpack.unpackb(
-            data, raw=False, use_list=True, strict_map_key=False, max_array_len=limits.max_array_len,
-            max_map_len=limits.max_map_len, max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
-            max_ext_len=0, **hooks,
-        )
-    except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"frame is not valid msgpack or is over this channel's limits "
-                            f"({type(e).__name__}: {e})") from None
+    bulk_at = -1
+    header: bytes | bytearray | memoryview = data
+    if data[:1] == BULK_MARK:
+        if len(data) < 1 + _HEADER_LENGTH.size:
+            raise ProtocolError("bulk frame is shorter than its header's length")
+        bulk_at = 1 + _HEADER_LENGTH.size + _HEADER_LENGTH.unpack_from(data, 1)[0]
+        if bulk_at > len(data):
+            raise ProtocolError("bulk frame is shorter than its header")
+        header = memoryview(data)[1 + _HEADER_LENGTH.size:bulk_at]
+    frame = _unpack(header, limits)
     if type(frame) is not list or not frame or type(frame[0]) is not int:
         raise ProtocolError("frame must be a msgpack array [tag, fields...]")
     cls = REGISTRY.get(frame[0])
@@ -208,12 +237,48 @@ def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[M
     values = frame[1:]
     if len(values) != len(cls.FIELDS):
         raise ProtocolError(f"{cls.__name__} needs {len(cls.FIELDS)} fields, got {len(values)}")
+    if bulk_at >= 0:
+        _take_bulk(cls, values, memoryview(data), bulk_at, limits)
     for name, check, value in zip(cls.FIELDS, cls._checkers, values):
         if not check(value):
             raise ProtocolError(f"{cls.__name__}.{name} has the wrong type ({type(value).__name__})")
     msg = cls(*values)
     msg.validate()
     return msg
+
+
+def _unpack(data: bytes | bytearray | memoryview, limits: Limits) -> Any:
+    hooks = {}
+    if len(data) > limits.max_items:  # every item takes a byte: smaller frames can't exceed the budget
+        budget = ItemBudget(limits.max_items)
+        hooks = {"list_hook": budget.array, "object_hook": budget.map}
+    try:
+        return msgpack.unpackb(
+            data, raw=False, use_list=True, strict_map_key=False, max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len, max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
+            max_ext_len=0, **hooks,
+        )
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"frame is not valid msgpack or is over this channel's limits "
+                            f"({type(e).__name__}: {e})") from None
+
+
+def _take_bulk(cls: type[Message], values: list, view: memoryview, at: int, limits: Limits) -> None:
+    """Put the views of a bulk frame's payloads in their fields' places (where the header has
+    their lengths)."""
+    if not cls.BULK:
+        raise ProtocolError(f"{cls.__name__} has no bulk fields")
+    for i in cls.BULK:
+        length = values[i]
+        if type(length) is not int or not 0 <= length <= limits.max_bin_len:
+            raise ProtocolError(f"{cls.__name__}.{cls.FIELDS[i]} must be a length within this channel's limits "
+                                f"in a bulk frame's header")
+        if at + length > len(view):
+            raise ProtocolError(f"bulk frame is shorter than {cls.__name__}.{cls.FIELDS[i]}'s length")
+        values[i] = view[at:at + length]
+        at += length
+    if at != len(view):
+        raise ProtocolError(f"bulk frame has {len(view) - at} bytes past its fields")
 
 
 def _items_match(items: list, shape: tuple[type, ...]) -> bool:

@@ -102,19 +102,19 @@ def _read_or_create_host_id(root: Path) -> str:
             os.unlink(candidate)
 
 
-def is_reference(data: bytes) -> bool:
-    return data[:1] == b"\x00" and data.startswith(REFERENCE_PREFIX)
+def is_reference(data: bytes | memoryview) -> bool:
+    return data[:1] == b"\x00" and bytes(data[:len(REFERENCE_PREFIX)]) == REFERENCE_PREFIX
 
 
 @contextlib.contextmanager
-def mapped_input(data: bytes) -> Iterator[bytes | memoryview]:
+def mapped_input(data: bytes | memoryview) -> Iterator[bytes | memoryview]:
     """An input's pickle: `data` itself, or its file mapped in memory when `data` is a reference
     (`path` relative to this machine's files_root(), resolved there and nowhere else)."""
     if not is_reference(data):
         yield data
         return
     root = files_root()
-    relative = data[len(REFERENCE_PREFIX):].decode(errors="replace")
+    relative = bytes(data[len(REFERENCE_PREFIX):]).decode(errors="replace")
     path = (root / relative).resolve() if root is not None else None
     if path is None or root is None or path.parent.parent != root.resolve():
         raise FileNotFoundError(f"this input was passed by file as {relative!r}, which is not in this machine's "

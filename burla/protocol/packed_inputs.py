@@ -45,7 +45,7 @@ class PackedInputs:
 
     __slots__ = ("indices", "sizes", "data")
 
-    def __init__(self, indices: bytes, sizes: bytes, data: bytes) -> None:
+    def __init__(self, indices: bytes, sizes: bytes, data: bytes | memoryview) -> None:
         self.indices = indices
         self.sizes = sizes
         self.data = data
@@ -56,8 +56,10 @@ class PackedInputs:
         return cls.of_lists(list(map(_index_of, items)), list(map(_data_of, items)))
 
     @classmethod
-    def of_lists(cls, indices: Sequence[int], data: Sequence[bytes]) -> PackedInputs:
-        return cls(pack_uints(indices), pack_uints(list(map(len, data))), b"".join(data))
+    def of_lists(cls, indices: Sequence[int], data: Sequence[bytes | memoryview]) -> PackedInputs:
+        # One input's bytes go as they are: a view of the frame they came in is not copied.
+        joined = data[0] if len(data) == 1 else b"".join(data)
+        return cls(pack_uints(indices), pack_uints(list(map(len, data))), joined)
 
     @property
     def count(self) -> int:
@@ -66,19 +68,19 @@ class PackedInputs:
     def __len__(self) -> int:
         return self.count
 
-    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+    def __iter__(self) -> Iterator[tuple[int, bytes | memoryview]]:
         return iter(self.items())
 
     def index_list(self) -> list[int]:
         return list(unpack_uints(self.indices))
 
-    def arguments(self) -> list[bytes]:
+    def arguments(self) -> list[bytes | memoryview]:
         """Each input's pickled arguments, in order (sliced at C speed)."""
         ends = list(accumulate(unpack_uints(self.sizes)))
         data = self.data
         return list(map(data.__getitem__, map(slice, [0, *ends[:-1]], ends)))
 
-    def items(self) -> list[tuple[int, bytes]]:
+    def items(self) -> list[tuple[int, bytes | memoryview]]:
         """[(input_index, pickled_args), ...]: for the rare paths (a lost worker, a steal)."""
         return list(zip(unpack_uints(self.indices), self.arguments()))
 
@@ -205,7 +207,10 @@ class _Run:
 
     def _compact(self) -> None:
         if self.left and (self.data_end - self.data_start) * 2 < len(self.part.data):
-            self._reset(self._slice(self.start, self.end, self.data_start, self.data_end))
+            rest = self._slice(self.start, self.end, self.data_start, self.data_end)
+            if type(rest.data) is memoryview:  # a view would keep the whole frame it came in alive
+                rest.data = bytes(rest.data)
+            self._reset(rest)
 
 
 def _fitting(sizes: Sequence[int], max_bytes: int, at_least_one: bool) -> tuple[int, int]:
@@ -236,7 +241,7 @@ class CarriesInputs(Message):
     job_id: str  # declared again by each message: `message` makes fields of a class's own annotations
     indices: bytes
     sizes: bytes
-    data: bytes
+    data: bytes | memoryview
 
     @classmethod
     def of(cls: type[_Carrier], job_id: str, part: PackedInputs) -> _Carrier:

@@ -13,7 +13,7 @@ from operator import itemgetter
 import msgpack
 
 from burla.errors import ProtocolError
-from burla.protocol.framing import ItemBudget, check_items
+from burla.protocol.framing import ItemBudget, Payload, check_items
 from burla.protocol.limits import BATCH_ITEMS, RESULT_FRAME_BYTES
 from burla.protocol.packed_inputs import pack_uints, unpack_uints
 
@@ -54,8 +54,32 @@ def pack_items(items: Sequence) -> bytes:
     """Items packed as they follow their array's header inside a frame. A head keeps the results
     it relays in this form until they go out in a ResultBatch (`result_batch_frame`): bytes, where
     a tuple per result would have been walked by the cyclic GC."""
+    try:
+        large = sum(map(len, map(_payload_of, items))) >= LARGE_PAYLOADS
+    except (LookupError, TypeError):  # not results at all: packb packs them as they are
+        large = False
+    if large:
+        return b"".join(_item_parts(items))  # each payload copied once, where packb copies it twice
     packed = msgpack.packb(items, use_bin_type=True)
     return packed[array_header_bytes(len(items)):]
+
+
+# Payloads from which pack_items writes each item's msgpack itself: packb copies them into its
+# buffer and then out of it, and the slice past the array's header copies them once more.
+LARGE_PAYLOADS = 64 * 1024
+_PACK_INDEX = msgpack.Packer().pack  # an item's index (an int of 64 bits at most, as packb packs it)
+
+
+def _item_parts(items: Sequence) -> list:
+    """The msgpack of [input_index, ok, payload] per item, in parts: each payload as it is."""
+    parts: list = []
+    for index, ok, payload in items:
+        size = len(payload)
+        length = bytes((0xC4, size)) if size < 256 else struct.pack("!BH", 0xC5, size) if size < 65536 \
+            else struct.pack("!BI", 0xC6, size)
+        parts.append(b"\x93" + _PACK_INDEX(index) + (b"\xc3" if ok else b"\xc2") + length)
+        parts.append(payload)
+    return parts
 
 
 class PackedResults:
@@ -66,7 +90,7 @@ class PackedResults:
 
     __slots__ = ("indices", "failed", "packed", "timings")
 
-    def __init__(self, indices: bytes, failed: bytes, packed: bytes, timings: bytes) -> None:
+    def __init__(self, indices: bytes, failed: bytes, packed: Payload, timings: bytes) -> None:
         self.indices = indices
         self.failed = failed
         self.packed = packed

@@ -33,7 +33,7 @@ from burla.protocol.framing import REGISTRY as REGISTRY  # every message class b
 from burla.protocol.framing import Channel as Channel
 from burla.protocol.framing import Limits as Limits
 from burla.protocol.framing import Message as Message
-from burla.protocol.framing import check_items, message
+from burla.protocol.framing import Payload, check_items, message
 from burla.protocol.framing import decode as decode
 from burla.protocol.job_options import OPTION_FIELDS, JobOptions
 from burla.protocol.limits import (
@@ -131,7 +131,7 @@ class InputBatch(CarriesInputs):
     job_id: str
     indices: bytes
     sizes: bytes
-    data: bytes
+    data: bytes | memoryview  # bulk: the inputs' pickles (framing.BULK_MARK)
 
 
 @message(5)
@@ -152,7 +152,7 @@ class ResultBatch(Message):
         check_items("ResultBatch", self.items, (int, bool, bytes))
 
 
-def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[bytes]) -> bytes:
+def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[Payload]) -> bytes:
     """The frame ResultBatch(job_id, seq, items).encode() would make, for `count` items packed in
     `parts` by pack_items."""
     head = msgpack.packb([ResultBatch.TAG, job_id, seq], use_bin_type=True)
@@ -171,7 +171,7 @@ class NodeResults(Message):
     job_id: str
     indices: bytes  # PackedResults' three parts
     failed: bytes
-    packed: bytes
+    packed: bytes | memoryview  # bulk: the results' payloads
     credit: int  # inputs the node can take now, as in Credit
     timings: bytes  # per result, when its call started, how long it ran, the worker's pid (packed_results)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from burla.protocol.framing import Channel, Message, check_items, message
+from burla.protocol.framing import Channel, Message, Payload, check_items, message
 from burla.protocol.limits import NODE_LINK, NODE_REPORTS
 from burla.protocol.packed_inputs import CarriesInputs
 from burla.protocol.packed_results import PackedResults, check_packed
@@ -31,7 +31,7 @@ class RunCalls(CarriesInputs):
     job_id: str
     indices: bytes
     sizes: bytes
-    data: bytes
+    data: bytes | memoryview  # bulk
 
 
 @message(33)
@@ -44,7 +44,7 @@ class WorkerReport(Message):
     job_id: str
     indices: bytes  # the results, as PackedResults' three parts (the node passes them on)
     failed: bytes
-    packed: bytes
+    packed: bytes | memoryview  # bulk
     outputs: list  # [[input_index, stream, text], ...] of the same job
     batch_done: bool  # the last report of a RunCalls batch
     # How long the worker spent on these results' calls (0: not measured). What a call takes,
@@ -81,3 +81,21 @@ NODE_TO_WORKER = Channel("node to worker", (LoadFunction, RunCalls, UnloadFuncti
 
 # Length prefix for frames on the worker socket.
 FRAME_HEADER = struct.Struct("!I")
+
+
+def framed(msgs: Sequence[Message]) -> list[Payload]:
+    """These messages as length-prefixed frames, in parts to write one after the other: small
+    parts joined, a bulk frame's payloads (framing.BULK_MARK) as they are, never copied."""
+    out: list[Payload] = []
+    small: list[Payload] = []
+    for msg in msgs:
+        parts = msg.encode_parts()
+        small.append(FRAME_HEADER.pack(sum(map(len, parts))))
+        small.append(parts[0])
+        for payload in parts[1:]:
+            out.append(b"".join(small))
+            small = []
+            out.append(payload)
+    if small:
+        out.append(b"".join(small))
+    return out
