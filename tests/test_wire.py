@@ -336,7 +336,8 @@ def test_bulk_results_pass_through_a_head_unchanged():
 
 
 
-@pytest.mark.parametrize("sizes", [[70_000], [100, 70_000, 0], [300 * i for i in range(300)], [2**16, 2**16 - 1, 255, 256]])
+@pytest.mark.parametrize("sizes", [[70_000], [100, 70_000, 0], [300 * i for i in range(300)],
+                                   [2**16, 2**16 - 1, 255, 256]])
 def test_large_results_pack_as_packb_would(sizes):
     items = [[index * 1_000_003, index % 3 != 1, bytes([index % 256]) * size] for index, size in enumerate(sizes)]
     assert pack_items(items) == msgpack.packb(items, use_bin_type=True)[array_header_bytes(len(items)):]
