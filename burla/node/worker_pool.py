@@ -27,6 +27,7 @@ from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import BurlaError, CallTimeout, OutOfMemory, ProtocolError
 from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
 from burla.node.gpus import ENV_VISIBLE, Gpus
+from burla.node.worker_link import WorkerLink
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import limits, wire, worker_wire
 from burla.protocol.framing import Payload
@@ -107,8 +108,8 @@ def kill_error(index: int, kill: MemoryKill | TimeoutKill) -> BurlaError | None:
 class WorkerHandle:
     number: int
     process: Process
-    writer: asyncio.StreamWriter
-    reader: asyncio.StreamReader
+    writer: asyncio.WriteTransport
+    reader: WorkerLink
     shm: mmap.mmap
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     loaded_jobs: set[str] = field(default_factory=set)
@@ -255,8 +256,9 @@ class WorkerPool:
 
     async def _handle(self, number: int, process: Process, node_end: socket.socket, shm: mmap.mmap) -> WorkerHandle:
         self._processes.add(process)
-        reader, writer = await asyncio.open_connection(sock=node_end, limit=limits.MAX_FRAME_BYTES)
-        handle = WorkerHandle(number, process, writer, reader, shm)
+        transport, link = await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: WorkerLink(limits.MAX_FRAME_BYTES), sock=node_end)
+        handle = WorkerHandle(number, process, transport, link, shm)
         if self._bound:
             self._start_reading(handle)
         return handle
@@ -281,11 +283,9 @@ class WorkerPool:
 
     async def _read(self, handle: WorkerHandle) -> None:
         try:
-            while True:
-                header = await handle.reader.readexactly(worker_wire.FRAME_HEADER.size)
-                (size,) = worker_wire.FRAME_HEADER.unpack(header)
-                self._on_message(handle, wire.decode(await handle.reader.readexactly(size), worker_wire.WORKER_TO_NODE))
-        except (asyncio.IncompleteReadError, ConnectionError):
+            while (frame := await handle.reader.read()) is not None:
+                self._on_message(handle, wire.decode(frame, worker_wire.WORKER_TO_NODE))
+        except ConnectionError:
             pass
         except ProtocolError as e:  # a worker that speaks garbage is broken: replace it
             log.error("worker %d sent a bad frame (%s); replacing it", handle.number, e)
