@@ -341,3 +341,35 @@ def test_bulk_results_pass_through_a_head_unchanged():
 def test_large_results_pack_as_packb_would(sizes):
     items = [[index * 1_000_003, index % 3 != 1, bytes([index % 256]) * size] for index, size in enumerate(sizes)]
     assert pack_items(items) == msgpack.packb(items, use_bin_type=True)[array_header_bytes(len(items)):]
+
+
+def test_large_results_reach_a_client_as_views_of_their_frame():
+    items = [[0, True, b"x" * 70_000], [5, False, b"e" * 20_000], [2**33, True, b""], [7, True, b"y" * 300]]
+    frame = wire.result_batch_frame("job-1", 2**40, len(items), [pack_items(items)])
+    msg = wire.decode(frame, wire.HEAD_TO_CLIENT)
+    assert msg == wire.ResultBatch("job-1", 2**40, items) == msgpack_decoded(frame)
+    assert all(type(payload) is memoryview and payload.obj is frame for _, _, payload in msg.items)
+    # Small results: msgpack's decoding, as before.
+    small = wire.result_batch_frame("j", 1, 100, [pack_items([[i, True, b"s" * 700] for i in range(100)])])
+    assert all(type(payload) is bytes for _, _, payload in wire.decode(small).items)
+    # Not accepted on a channel that does not carry it.
+    with pytest.raises(ProtocolError, match="ResultBatch is not accepted"):
+        wire.decode(frame, wire.CLIENT_TO_HEAD)
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda f: f[:-1], "not valid msgpack"),
+    (lambda f: f + b"\x00", "not valid msgpack"),
+    (lambda f: f.replace(b"\x93\x00\xc3", b"\x93\x00\xc0", 1), "must be arrays of"),
+    (lambda f: f.replace(b"\x93\x00\xc3", b"\x92\x00\xc3", 1), "not valid msgpack"),
+])
+def test_damaged_large_result_frames_are_refused_as_before(damage, words):
+    frame = wire.result_batch_frame("job-1", 3, 2, [pack_items([[0, True, b"x" * 70_000], [1, True, b"y"]])])
+    with pytest.raises(ProtocolError, match=words):
+        wire.decode(damage(frame), wire.HEAD_TO_CLIENT)
+
+
+def msgpack_decoded(frame: bytes) -> wire.ResultBatch:
+    tag, *fields = msgpack.unpackb(frame)
+    assert tag == wire.ResultBatch.TAG
+    return wire.ResultBatch(*fields)

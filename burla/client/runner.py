@@ -290,11 +290,15 @@ class JobRunner:
         import aiohttp
 
         headers = {"Authorization": f"Bearer {self.cluster.token}"}
+        from burla.web import ws_bulk
+
         try:
-            return await session.ws_connect(
+            ws = await session.ws_connect(
                 f"{self.cluster.url}/v1/jobs/ws", headers=headers, max_msg_size=limits.MAX_FRAME_BYTES,
                 heartbeat=HEARTBEAT_S,
             )
+            ws_bulk.install_client(ws, limits.MAX_FRAME_BYTES)  # large frames read with one copy
+            return ws
         except aiohttp.WSServerHandshakeError as e:
             if e.status == 401:
                 raise Unauthorized(
@@ -399,8 +403,10 @@ class JobRunner:
     async def _send(self, ws, msg: wire.Message) -> None:
         import aiohttp
 
+        from burla.web import ws_bulk
+
         try:
-            await ws.send_bytes(msg.encode())
+            await ws_bulk.send_bulk(ws, msg.encode_parts())
         except (aiohttp.ClientError, OSError, RuntimeError) as e:
             raise _ConnectionLost(str(e)) from None
 

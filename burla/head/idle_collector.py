@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from burla.process.memory import give_back_memory
+
 log = logging.getLogger("burla.head")
 
 QUIET_BEFORE_S = 2.0  # no job running for this long before collecting
@@ -44,6 +46,7 @@ class IdleCollector:
         self._changes = 0
         started = time.perf_counter()
         found = gc.collect()
+        give_back_memory()  # the heap's free pages: large inputs and results passed through meanwhile
         log.debug("collected %d objects while idle in %.1f ms", found, (time.perf_counter() - started) * 1000)
         return True
 

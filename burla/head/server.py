@@ -22,7 +22,7 @@ from burla.drivers.base import BootRequest
 from burla.drivers.local import LocalDriver, can_fork_nodes
 from burla.process.environ_block import erase_variable
 from burla.process.lifeline import wait_for_eof
-from burla.process.memory import freeze_startup_objects, release_large_blocks
+from burla.process.memory import freeze_startup_objects, keep_large_blocks
 from burla.web.aiohttp_import import import_aiohttp
 
 log = logging.getLogger("burla.head")
@@ -61,7 +61,7 @@ def url_of(sock: socket.socket, settings: HeadSettings) -> str:
 
 def serve(settings: HeadSettings) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s head %(levelname)s %(message)s")
-    release_large_blocks()  # inputs pass through the head: its memory must come back after big ones
+    keep_large_blocks()  # inputs and results pass through the head; its idle collector gives memory back
     allow_many_connections()
     # Read into the settings already: out of the environment its local nodes (and their calls) inherit.
     erase_variable(ENV_TOKEN)

@@ -27,7 +27,7 @@ from burla.process.loop_supervisor import end_tasks
 from burla.protocol import grants, limits, wire
 from burla.protocol.job_options import MAX_RETRIES, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from burla.protocol.validation import GPU_CHOICES, IMAGE, JOB_ID, REGION, matches, packages_problem
-from burla.web import scoped_tokens
+from burla.web import scoped_tokens, ws_bulk
 from burla.web.auth import CREDENTIAL, SCOPE
 from burla.web.json_io import error_response
 from burla.web.scoped_tokens import Scope
@@ -84,6 +84,7 @@ async def _upgrade(ws: web.WebSocketResponse, request: web.Request) -> None:
         await ws.prepare(request)
     except ValueError as e:
         raise web.HTTPBadRequest(text=f"malformed WebSocket handshake: {e}") from None
+    ws_bulk.install_server(ws, request, limits.MAX_FRAME_BYTES)  # large frames read with one copy
     sockets = request.app[OPEN_SOCKETS]
     sockets.add(ws)
     request.task.add_done_callback(lambda _: sockets.discard(ws))

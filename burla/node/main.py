@@ -20,7 +20,7 @@ from burla.node.fork_server import ForkServer, can_serve, start_fork_server
 from burla.node.gpus import Gpus
 from burla.node.worker_pool import WorkerPool
 from burla.process.environ_block import erase_variable
-from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, release_large_blocks
+from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, keep_large_blocks
 from burla.web.aiohttp_import import import_aiohttp
 
 
@@ -70,7 +70,7 @@ def run_node(settings: NodeSettings) -> int:
     # force: a node forked from its head inherits the head's logging setup.
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s",
                         force=True)
-    release_large_blocks()  # inputs and results pass through the node too
+    keep_large_blocks()  # inputs and results pass through the node too (given back when it is idle)
     freeze_inherited_objects()  # a local node is forked from its head
     exit_code = 0
 

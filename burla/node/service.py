@@ -35,10 +35,12 @@ from burla.node.worker_pool import WorkerPool
 from burla.process.build import build_hash
 from burla.process.lifeline import wait_for_eof
 from burla.process.loop_supervisor import LoopSupervisor
+from burla.process.memory import give_back_memory
 from burla.protocol import limits, packed_results, wire, worker_wire
 from burla.protocol.environment import installed_distributions
 from burla.protocol.serialization import pack_error
 from burla.protocol.states import NodeStatus
+from burla.web import ws_bulk
 from burla.web.connection_guard import ConnectionGuard, GuardedSite
 from burla.web.tls import node_server_context
 
@@ -85,6 +87,7 @@ class NodeService:
         self._outgoing = asyncio.Event()
         self._state_changed = asyncio.Event()
         self._status = NodeStatus.READY
+        self._worked = False  # ran calls since its memory was last given back
         self._stopping = asyncio.Event()
         self._leaving: str | None = None  # why this node stops on its own (None: the head asked, or silent)
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
@@ -249,6 +252,7 @@ class NodeService:
         return self.settings.head_url
 
     async def _serve_head(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        ws_bulk.install_client(ws, limits.MAX_FRAME_BYTES)  # large frames read with one copy
         s = self.settings
         register = wire.RegisterNode(
             node_id=s.node_id, url=self.url, slots=s.workers, cpus=s.cpus, ram_gb=float(s.ram_gb), gpu=s.gpu,
@@ -408,18 +412,19 @@ class NodeService:
         # limits.RESULT_FRAME_BYTES, which the head can pass on to a client as they are.
         frames = packed_results.packed_frames(results)
         for frame in frames[:-1]:
-            await ws.send_bytes(wire.NodeResults.of(job_id, frame, 0).encode())
+            await ws_bulk.send_bulk(ws, wire.NodeResults.of(job_id, frame, 0).encode_parts())
         if frames:
             # The credit its freed slots allow rides along (it used to be a frame of its own).
             job = self.dispatcher.jobs.get(job_id)
             due = job.credit_due(self.pool.size) if job is not None else 0
-            await ws.send_bytes(wire.NodeResults.of(job_id, frames[-1], due).encode())
+            await ws_bulk.send_bulk(ws, wire.NodeResults.of(job_id, frames[-1], due).encode_parts())
 
     def _set_status(self) -> None:
         busy = any(job.queue or job.inflight for job in self.dispatcher.jobs.values())
         status = NodeStatus.RUNNING if busy else NodeStatus.READY
         if status != self._status:
             self._status = status
+            self._worked = self._worked or busy
             self._state_changed.set()
 
     async def _state_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -430,6 +435,9 @@ class NodeService:
             except TimeoutError:
                 pass
             self._state_changed.clear()
+            if self._status == NodeStatus.READY and self._worked:
+                self._worked = False
+                give_back_memory()  # idle: the heap's free pages (inputs and results passed through)
             self.donor.expire(time.monotonic())
             await ws.send_bytes(self.state().encode())
 

@@ -1,35 +1,57 @@
-"""Keep a long-lived process's memory in check: freed large buffers go back to the operating
-system at once, and what is alive at startup is kept out of the cyclic GC's reach.
+"""Keep a long-lived process's memory in check: large buffers reused while a job moves data,
+given back to the operating system once it is idle, and what is alive at startup kept out of
+the cyclic GC's reach.
 
-glibc serves blocks over its mmap threshold with their own mappings, returned to the OS when
-freed, but it raises that threshold (up to 32 MB) each time such a block is freed. After one
-big input, every later 10 MB input then comes from the heap, and a head that relayed
-100 x 10 MB inputs stayed 230 MB above idle. Fixing the threshold stops the drift.
+glibc serves blocks over its mmap threshold with mappings of their own, returned to the OS when
+freed: each 10 MB input a head or node relayed was a new mapping, and the kernel's page faults
+filling it cost more than copying the bytes (a third of a node's CPU when results of 10 MB went
+through it). Below the threshold, blocks come from the heap and are reused, but glibc keeps what
+is freed there. So heads and nodes keep large blocks in the heap while they work
+(`keep_large_blocks`) and give the heap's free pages back when they go idle (`give_back_memory`).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
 import threading
+from typing import Any
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-LARGE_BLOCK_BYTES = 1024 * 1024
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
+M_MMAP_THRESHOLD = -3
+LARGE_BLOCK_BYTES = 32 * 1024 * 1024  # glibc's largest mmap threshold: a 200 MB input still gets its own mapping
+TRIM_ABOVE_BYTES = 64 * 1024 * 1024  # free memory at the heap's top past this goes back at once
 
 
-def release_large_blocks() -> bool:
-    """Pin the mmap threshold at 1 MB (Linux with glibc; elsewhere nothing changes)."""
+@functools.cache
+def _libc() -> Any:
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     import ctypes  # here: a client imports this module too, and never needs it
 
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # musl and others: no mallopt, and no such drift either
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES))
+        libc = ctypes.CDLL(None)
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    except (OSError, AttributeError):  # musl and others: no mallopt, and none of this either
+        return None
+    return libc
+
+
+def keep_large_blocks() -> bool:
+    """Serve blocks up to LARGE_BLOCK_BYTES from the heap (Linux with glibc; elsewhere nothing
+    changes), so that the buffers of large inputs and results are reused, not mapped anew."""
+    libc = _libc()
+    return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
+                and libc.mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE_BYTES))
+
+
+def give_back_memory() -> bool:
+    """Return the heap's free pages to the operating system (after a job, while idle)."""
+    libc = _libc()
+    return bool(libc is not None and libc.malloc_trim(0))
 
 
 GC_THRESHOLDS = (20_000, 10, 50)  # Python's default is (700, 10, 10)

@@ -217,22 +217,18 @@ def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[M
     """Decode one frame into its message, or raise ProtocolError saying what is wrong. A bulk
     frame's payload fields are views of `data`, which they keep alive."""
     limits = allowed.limits if isinstance(allowed, Channel) else DEFAULT_LIMITS
-    bulk_at = -1
-    header: bytes | bytearray | memoryview = data
-    if data[:1] == BULK_MARK:
-        if len(data) < 1 + _HEADER_LENGTH.size:
-            raise ProtocolError("bulk frame is shorter than its header's length")
-        bulk_at = 1 + _HEADER_LENGTH.size + _HEADER_LENGTH.unpack_from(data, 1)[0]
-        if bulk_at > len(data):
-            raise ProtocolError("bulk frame is shorter than its header")
-        header = memoryview(data)[1 + _HEADER_LENGTH.size:bulk_at]
+    if len(data) >= VIEWS_FROM_BYTES and data[:1] == b"\x94":
+        as_views = _decoded_as_views(data, allowed, limits)
+        if as_views is not None:
+            return as_views
+    bulk_at, header = _bulk_header(data)
     frame = _unpack(header, limits)
     if type(frame) is not list or not frame or type(frame[0]) is not int:
         raise ProtocolError("frame must be a msgpack array [tag, fields...]")
     cls = REGISTRY.get(frame[0])
     if cls is None:
         raise ProtocolError(f"unknown message tag {frame[0]}")
-    if allowed is not None and cls not in (allowed.messages if isinstance(allowed, Channel) else allowed):
+    if not _allows(allowed, cls):
         raise ProtocolError(f"{cls.__name__} is not accepted on this channel")
     values = frame[1:]
     if len(values) != len(cls.FIELDS):
@@ -245,6 +241,34 @@ def decode(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[M
     msg = cls(*values)
     msg.validate()
     return msg
+
+
+VIEWS_FROM_BYTES = 64 * 1024  # frames from which a message with `decode_views` reads its payloads as views
+
+
+def _decoded_as_views(data: bytes | bytearray | memoryview, allowed: Channel | tuple[type[Message], ...] | None,
+                      limits: Limits) -> Message | None:
+    """A 3-field message (0x94) whose class reads its payloads as views of the frame, if it can."""
+    viewer = getattr(REGISTRY.get(data[1]), "decode_views", None)
+    if viewer is None or not _allows(allowed, viewer.__self__):
+        return None
+    return viewer(memoryview(data), limits)
+
+
+def _bulk_header(data: bytes | bytearray | memoryview) -> tuple[int, bytes | bytearray | memoryview]:
+    """(where a bulk frame's payloads start, its header); (-1, data) for a plain frame."""
+    if data[:1] != BULK_MARK:
+        return -1, data
+    if len(data) < 1 + _HEADER_LENGTH.size:
+        raise ProtocolError("bulk frame is shorter than its header's length")
+    bulk_at = 1 + _HEADER_LENGTH.size + _HEADER_LENGTH.unpack_from(data, 1)[0]
+    if bulk_at > len(data):
+        raise ProtocolError("bulk frame is shorter than its header")
+    return bulk_at, memoryview(data)[1 + _HEADER_LENGTH.size:bulk_at]
+
+
+def _allows(allowed: Channel | tuple[type[Message], ...] | None, cls: type[Message]) -> bool:
+    return allowed is None or cls in (allowed.messages if isinstance(allowed, Channel) else allowed)
 
 
 def _unpack(data: bytes | bytearray | memoryview, limits: Limits) -> Any:

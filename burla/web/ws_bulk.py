@@ -1,0 +1,213 @@
+"""Large WebSocket frames read and written with one copy of their payload.
+
+aiohttp's reader keeps each read of a large frame as a slice, joins the slices, and for a masked
+frame (every frame from a client: RFC 6455 §5.3) copies the joined payload into a bytearray to
+unmask it and once more into bytes: up to four copies of every byte, most of the head's CPU when
+inputs and results of 10 MB went through it. Its client writer copies a frame to mask it and
+again to put the header in front of it.
+
+`BulkReader` sits in front of aiohttp's reader on one connection. It reads each frame's header
+itself; a final, uncompressed binary frame of LARGE_FRAME bytes or more is collected into one
+bytearray of its size (one copy), unmasked in place and queued as aiohttp would queue it.
+Everything else (small frames, control frames, fragments, compressed frames, frames over the
+size limit) goes through to aiohttp's reader byte for byte, which answers it as always.
+
+`send_bulk` writes a client's large frame from its parts: copied once into the masked buffer,
+written after its header. Both fall back to aiohttp's own path wherever its internals are not
+as expected (another aiohttp version), which costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+try:  # aiohttp >= 3.11
+    from aiohttp._websocket.helpers import websocket_mask as _mask
+except ImportError:  # pragma: no cover - older aiohttp
+    try:
+        from aiohttp.http_websocket import _websocket_mask as _mask  # type: ignore[attr-defined,no-redef]
+    except ImportError:
+        _mask = None  # type: ignore[assignment]
+
+LARGE_FRAME = 64 * 1024  # smaller frames take aiohttp's path, which is quick for them
+DRAIN_ABOVE = 4 * 1024 * 1024  # a client's large frames wait for its socket to drain past this
+_OP_BINARY = 0x2
+_NOT_HANDLED = (False, b"")
+_Mask = Callable[[bytes, bytearray], None]
+
+
+class BulkReader:
+    """A connection's frame reader: large binary frames here, the rest through `inner` (aiohttp's
+    reader, which shares our queue). Frames are handed on in the order they came."""
+
+    def __init__(self, inner: Any, queue: Any, max_msg_size: int, mask: _Mask) -> None:
+        self._inner = inner
+        self._queue = queue
+        self._max = max_msg_size
+        self._mask = mask
+        self._head = b""  # the start of a frame whose header is not all in yet
+        self._pass = 0  # bytes of the current frame still to go to the inner reader
+        self._frame: bytearray | None = None  # the large frame being collected
+        self._got = 0
+        self._key = b""  # its mask key (b"": unmasked)
+        self._fragmented = False  # the inner reader is inside a fragmented message
+
+    def feed_eof(self) -> None:
+        self._inner.feed_eof()
+
+    def feed_data(self, data: bytes | bytearray | memoryview) -> tuple[bool, bytes]:
+        view = memoryview(data)
+        at, end = 0, len(view)
+        while at < end:
+            if self._frame is not None:
+                at = self._collect(view, at)
+                continue
+            # A run of frames for the inner reader, fed to it in one piece: up to the next large
+            # frame, the end of the data, or a header not all in yet.
+            # A header begun in the last data (`_head`) goes to the inner reader with the rest of
+            # its frame, unless the frame is collected here.
+            start, prefix, collect = at, self._head, False
+            while at < end:
+                if self._pass:
+                    size = min(self._pass, end - at)
+                    self._pass -= size
+                    at += size
+                    continue
+                head = self._head + bytes(view[at:at + 14 - len(self._head)])
+                parsed = _header(head)
+                if parsed is None:  # kept until the rest of the header comes
+                    self._head = head
+                    end_of_run, at = at, end
+                    break
+                header_size, first, length, key = parsed
+                header_here = header_size - len(self._head)
+                self._head = b""
+                if self._collects(first, length):
+                    end_of_run = at
+                    if at == start:
+                        prefix = b""  # the header it began is this frame's
+                    self._frame, self._got, self._key = bytearray(length), 0, key
+                    at += header_here
+                    collect = True
+                    break
+                if first & 0x0F in (0x0, 0x1, 0x2):
+                    self._fragmented = not first & 0x80
+                self._pass = length
+                at += header_here
+            else:
+                end_of_run = at
+            if end_of_run > start or (prefix and not self._head and not collect):
+                result = self._inner.feed_data(prefix + bytes(view[start:end_of_run]))
+                if result[0]:
+                    return result  # the inner reader failed the connection
+            if not collect and self._head:
+                break
+        return _NOT_HANDLED
+
+    def _collects(self, first: int, length: int) -> bool:
+        """Whether the frame with this first byte and length is collected here."""
+        return bool(first & 0x80 and not first & 0x70 and first & 0x0F == _OP_BINARY and length >= LARGE_FRAME
+                and not self._fragmented and (not self._max or length <= self._max) and not _stalled(self._queue))
+
+    def _collect(self, view: memoryview, at: int) -> int:
+        frame = self._frame
+        assert frame is not None
+        size = min(len(frame) - self._got, len(view) - at)
+        frame[self._got:self._got + size] = view[at:at + size]
+        self._got += size
+        if self._got == len(frame):
+            if self._key:
+                self._mask(self._key, frame)
+            self._frame = None
+            self._queue.feed_data(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, frame, ""), len(frame))
+        return at + size
+
+
+def _header(data: bytes) -> tuple[int, int, int, bytes] | None:
+    """(header size, first byte, payload length, mask key) of the frame `data` starts, or None if
+    `data` does not hold its whole header."""
+    if len(data) < 2:
+        return None
+    first, second = data[0], data[1]
+    size, length = 2, second & 0x7F
+    if length == 126:
+        if len(data) < 4:
+            return None
+        size, length = 4, struct.unpack_from("!H", data, 2)[0]
+    elif length == 127:
+        if len(data) < 10:
+            return None
+        size, length = 10, struct.unpack_from("!Q", data, 2)[0]
+    key = b""
+    if second & 0x80:
+        if len(data) < size + 4:
+            return None
+        key, size = data[size:size + 4], size + 4
+    return size, first, length, key
+
+
+def _stalled(queue: Any) -> bool:
+    """aiohttp (3.14) parks a reader whose queue is full and parses its tail later: while it is
+    parked, frames go through it so that they keep their order."""
+    return getattr(queue, "_stalled_reader", None) is not None
+
+
+def install(protocol: Any, queue: Any, max_msg_size: int) -> bool:
+    """Put a BulkReader in front of the WebSocket reader of this aiohttp connection (its server's
+    RequestHandler or its client's ResponseHandler; `queue` its WebSocket's message queue), right
+    after the handshake. False (and nothing changed) where aiohttp's internals are not as this
+    module expects."""
+    inner = getattr(protocol, "_payload_parser", None)
+    if _mask is None or inner is None or not hasattr(queue, "feed_data") or isinstance(inner, BulkReader) \
+            or os.environ.get("BURLA_WS_BULK") == "0":
+        return False
+    protocol._payload_parser = BulkReader(inner, queue, max_msg_size, _mask)
+    return True
+
+
+def install_server(ws: web.WebSocketResponse, request: web.BaseRequest, max_msg_size: int) -> bool:
+    """`install` on the server's side of a WebSocket `ws` just prepared for `request`."""
+    return install(request.protocol, getattr(ws, "_reader", None), max_msg_size)
+
+
+def install_client(ws: aiohttp.ClientWebSocketResponse, max_msg_size: int) -> bool:
+    """`install` on a client's connection (its writer's protocol is the connection's)."""
+    return install(getattr(getattr(ws, "_writer", None), "protocol", None), getattr(ws, "_reader", None),
+                   max_msg_size)
+
+
+async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes | memoryview]) -> None:
+    """Send one binary frame made of these parts from a client: masked with a fresh random key
+    (RFC 6455 §5.3) in one buffer, the only copy of the payload."""
+    writer = getattr(ws, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    protocol = getattr(writer, "protocol", None)
+    drain = getattr(protocol, "_drain_helper", None)
+    length = sum(map(len, parts))
+    if (length < LARGE_FRAME or _mask is None or transport is None or drain is None or ws.compress
+            or os.environ.get("BURLA_WS_BULK") == "0"):
+        await ws.send_bytes(parts[0] if len(parts) == 1 else b"".join(parts))  # type: ignore[arg-type]
+        return
+    if ws.closed or transport.is_closing():
+        raise ConnectionResetError("Cannot write to closing transport")
+    payload = bytearray(length)
+    at = 0
+    for part in parts:
+        payload[at:at + len(part)] = part
+        at += len(part)
+    key = os.urandom(4)
+    _mask(key, payload)
+    if length < 65536:
+        header = struct.pack("!BBH", 0x80 | _OP_BINARY, 0x80 | 126, length)
+    else:
+        header = struct.pack("!BBQ", 0x80 | _OP_BINARY, 0x80 | 127, length)
+    transport.write(header + key)
+    transport.write(payload)
+    if transport.get_write_buffer_size() > DRAIN_ABOVE and getattr(protocol, "_paused", False):
+        await drain()

@@ -1,0 +1,154 @@
+"""Large WebSocket frames read and written with one copy (burla.web.ws_bulk): the reader in
+front of aiohttp's hands on exactly the messages aiohttp's alone would, in the same order,
+however the bytes are cut into reads; the writer's frames are what aiohttp reads back; and the
+real head, node and client connections use both."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import struct
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp._websocket.reader import WebSocketDataQueue, WebSocketReader
+
+from burla.web import ws_bulk
+
+
+class _Protocol:
+    _reading_paused = False
+
+    def pause_reading(self) -> None:
+        self._reading_paused = True
+
+    def resume_reading(self) -> None:
+        self._reading_paused = False
+
+
+def _frame(opcode: int, payload: bytes, fin: bool = True, masked: bool = True) -> bytes:
+    first = (0x80 if fin else 0) | opcode
+    length = len(payload)
+    mask_bit = 0x80 if masked else 0
+    if length < 126:
+        header = struct.pack("!BB", first, mask_bit | length)
+    elif length < 65536:
+        header = struct.pack("!BBH", first, mask_bit | 126, length)
+    else:
+        header = struct.pack("!BBQ", first, mask_bit | 127, length)
+    if not masked:
+        return header + payload
+    key = os.urandom(4)
+    masked_payload = bytes(b ^ key[i % 4] for i, b in enumerate(payload)) if length < 70_000 else \
+        (int.from_bytes(payload, "little") ^ int.from_bytes(key * (length // 4 + 1), "little")
+         % (1 << (8 * length))).to_bytes(length, "little")
+    return header + key + masked_payload
+
+
+def _stream(rng: random.Random, masked: bool) -> bytes:
+    frames = []
+    for _ in range(30):
+        kind = rng.choice(["small", "large", "text", "ping", "fragments", "large_text", "empty"])
+        if kind == "small":
+            frames.append(_frame(0x2, rng.randbytes(rng.choice([0, 1, 125, 126, 1000, 65535])), masked=masked))
+        elif kind == "large":
+            frames.append(_frame(0x2, rng.randbytes(rng.choice([65536, 70_000, 300_000])), masked=masked))
+        elif kind == "large_text":
+            frames.append(_frame(0x1, b"t" * 100_000, masked=masked))
+        elif kind == "text":
+            frames.append(_frame(0x1, "héllo".encode(), masked=masked))
+        elif kind == "ping":
+            frames.append(_frame(0x9, b"p", masked=masked))
+        elif kind == "empty":
+            frames.append(_frame(0x2, b"", masked=masked))
+        else:  # a fragmented message with a large middle part and a ping between its fragments
+            frames += [_frame(0x2, rng.randbytes(10), fin=False, masked=masked),
+                       _frame(0x9, b"q", masked=masked),
+                       _frame(0x0, rng.randbytes(80_000), fin=False, masked=masked),
+                       _frame(0x0, rng.randbytes(5), masked=masked)]
+    return b"".join(frames)
+
+
+def _messages(stream: bytes, cuts: list[int], bulk: bool) -> list:
+    loop = asyncio.new_event_loop()
+    try:
+        queue = WebSocketDataQueue(_Protocol(), 2**30, loop=loop)
+        reader = WebSocketReader(queue, 2**30, compress=False, decode_text=True)
+        parser = ws_bulk.BulkReader(reader, queue, 2**30, ws_bulk._mask) if bulk else reader
+        start = 0
+        for cut in [*cuts, len(stream)]:
+            assert parser.feed_data(stream[start:cut]) == (False, b"")
+            start = cut
+        return [(m.type, bytes(m.data) if isinstance(m.data, (bytes, bytearray)) else m.data, m.extra)
+                for m, _ in queue._buffer]
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("masked", [True, False])
+def test_the_reader_hands_on_what_aiohttps_alone_would(seed, masked):
+    rng = random.Random(seed)
+    stream = _stream(rng, masked)
+    cuts = sorted(rng.sample(range(1, len(stream)), 200)) if seed % 2 else \
+        list(range(1, min(len(stream), 3000))) + sorted(rng.sample(range(3000, len(stream)), 50))
+    expected = _messages(stream, [], bulk=False)
+    assert _messages(stream, cuts, bulk=True) == expected
+    assert _messages(stream, [], bulk=True) == expected
+    assert any(t == aiohttp.WSMsgType.BINARY and len(d) >= ws_bulk.LARGE_FRAME for t, d, _ in expected)
+
+
+def test_a_bad_frame_after_a_large_one_fails_as_aiohttp_fails_it():
+    stream = _frame(0x2, b"x" * 100_000) + _frame(0x3, b"reserved opcode")
+    loop = asyncio.new_event_loop()
+    try:
+        queue = WebSocketDataQueue(_Protocol(), 2**30, loop=loop)
+        parser = ws_bulk.BulkReader(WebSocketReader(queue, 2**30, compress=False, decode_text=True), queue, 2**30,
+                                    ws_bulk._mask)
+        assert parser.feed_data(stream) == (True, b"")
+        assert bytes(queue._buffer[0][0].data) == b"x" * 100_000
+        assert queue.exception() is not None
+    finally:
+        loop.close()
+
+
+async def test_client_frames_sent_in_parts_arrive_whole_on_a_real_server(aiohttp_port=0):
+    received: list[bytes] = []
+    installed: list[bool] = []
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=0)
+        await ws.prepare(request)
+        installed.append(ws_bulk.install_server(ws, request, 0))
+        async for message in ws:
+            received.append(message.data)
+            await ws.send_bytes(b"k" * 100_000 if len(received) % 2 else b"k")
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    sizes = [10, 65_535, 65_536, 3 * 2**20 + 1, 200, 20 * 2**20]
+    payloads = [os.urandom(size) for size in sizes]
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/",
+                                                                           max_msg_size=0) as ws:
+            assert ws_bulk.install_client(ws, 0)
+            answers = []
+            for payload in payloads:
+                await ws_bulk.send_bulk(ws, [payload[:7], memoryview(payload)[7:]])
+                answers.append((await asyncio.wait_for(ws.receive(), 60)).data)
+            assert [len(a) for a in answers] == [100_000 if n % 2 == 0 else 1 for n in range(len(sizes))]
+            # The large answers were collected by the client's BulkReader (aiohttp's reader makes bytes).
+            assert [type(a) for a in answers] == [bytearray if n % 2 == 0 else bytes for n in range(len(sizes))]
+    finally:
+        await runner.cleanup()
+    assert installed == [True]
+    assert received == payloads
+    assert [type(r) for r in received] == [bytearray if len(p) >= ws_bulk.LARGE_FRAME else bytes for p in payloads]
