@@ -14,6 +14,7 @@ from collections import deque
 
 from burla.errors import ProtocolError
 from burla.protocol import worker_wire
+from burla.protocol.buffers import unfilled
 
 _HEADER = worker_wire.FRAME_HEADER
 SCRATCH_BYTES = 256 * 1024
@@ -108,7 +109,7 @@ class WorkerLink(asyncio.BufferedProtocol):
                 start = body + size
                 continue
             if size >= _OWN_BUFFER_FROM or size > len(scratch) - _HEADER.size:
-                frame = bytearray(size)
+                frame = unfilled(size)
                 frame[:have] = view[body:filled]
                 self._frame, self._frame_got = frame, have
                 start = filled

@@ -202,7 +202,7 @@ def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[Payloa
     `parts` by pack_items."""
     head = msgpack.packb([ResultBatch.TAG, job_id, seq], use_bin_type=True)
     # [TAG, job_id, seq] is a 3-array (header 0x93); the frame is a 4-array (0x94) with items last.
-    return b"\x94" + head[1:] + array_header(count) + b"".join(parts)
+    return b"".join([b"\x94", head[1:], array_header(count), *parts])  # one copy of the results
 
 
 

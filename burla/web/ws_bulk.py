@@ -27,6 +27,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from burla.protocol.buffers import unfilled
+
 try:  # aiohttp >= 3.11
     from aiohttp._websocket.helpers import websocket_mask as _mask
 except ImportError:  # pragma: no cover - older aiohttp
@@ -92,7 +94,7 @@ class BulkReader:
                     end_of_run = at
                     if at == start:
                         prefix = b""  # the header it began is this frame's
-                    self._frame, self._got, self._key = bytearray(length), 0, key
+                    self._frame, self._got, self._key = unfilled(length), 0, key
                     at += header_here
                     collect = True
                     break
