@@ -78,7 +78,8 @@ def freeze_inherited_objects() -> None:
 
 
 class JobCollections:
-    """While a client runs jobs, its cyclic GC collects less often (GC_THRESHOLDS at least).
+    """While a client runs jobs, its cyclic GC collects less often (GC_THRESHOLDS at least), and
+    its large buffers are reused from the heap (`keep_large_blocks`) until the last job ends.
 
     A job makes a few short-lived lists and tuples per input and result: with Python's default
     thresholds a million-input job set off ~2,500 collections, twenty of them full ones over the
@@ -112,6 +113,9 @@ class JobCollections:
             self._jobs += 1
             if self._jobs > 1:
                 return
+            # A job's large inputs and results are reused from the heap (the state glibc itself
+            # reaches once it has freed a block of 32 MB); the last job's end gives them back.
+            keep_large_blocks()
             saved = gc.get_threshold()
             if saved[0] == 0:
                 self._saved = self._ours = None
@@ -123,7 +127,10 @@ class JobCollections:
     def job_ended(self) -> None:
         with self._lock:
             self._jobs -= 1
-            if self._jobs > 0 or self._saved is None:
+            if self._jobs > 0:
+                return
+            give_back_memory()
+            if self._saved is None:
                 return
             if gc.get_threshold() == self._ours:  # else the program set its own meanwhile: keep them
                 gc.set_threshold(*self._saved)
