@@ -27,7 +27,6 @@ from burla.head.pushes import frames, least_push
 from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord
 from burla.head.retries import retry
 from burla.protocol import limits, wire
-from burla.protocol.framing import Payload
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus, NodeStatus
 from burla.protocol.views import USAGE_FIELDS
@@ -238,7 +237,7 @@ class Scheduler:
         """Queue these inputs, [[input_index, pickled_args], ...]."""
         self.add_input_lists(job, list(map(_index_of, items)), list(map(_data_of, items)))
 
-    def add_input_lists(self, job: JobRecord, indices: list[int], data: list[Payload]) -> None:
+    def add_input_lists(self, job: JobRecord, indices: list[int], data: list[wire.Payload]) -> None:
         """Queue these inputs, given as their indices and their pickled arguments (lists the queue keeps)."""
         if job.status != RUNNING:
             return  # uploads still on their way when the job ended

@@ -47,6 +47,7 @@ from burla.web.tls import node_server_context
 log = logging.getLogger("burla.node")
 
 STATE_INTERVAL_S = 1.0
+IDLE_TRIMS = 3  # state ticks after a job that give the heap's free pages back
 # A change (a job starting or ending, say) is pushed this long after it happens, so that
 # back-to-back short jobs make one push, not two each; the machine's readings (psutil, about
 # 0.1 ms) are taken at most every MACHINE_READINGS_S.
@@ -87,7 +88,7 @@ class NodeService:
         self._outgoing = asyncio.Event()
         self._state_changed = asyncio.Event()
         self._status = NodeStatus.READY
-        self._worked = False  # ran calls since its memory was last given back
+        self._trims_due = 0  # idle state ticks left that give free memory back
         self._stopping = asyncio.Event()
         self._leaving: str | None = None  # why this node stops on its own (None: the head asked, or silent)
         self._pending_credit: set[str] = set()  # jobs whose credit should be recomputed
@@ -424,7 +425,7 @@ class NodeService:
         status = NodeStatus.RUNNING if busy else NodeStatus.READY
         if status != self._status:
             self._status = status
-            self._worked = self._worked or busy
+            self._trims_due = IDLE_TRIMS if busy else self._trims_due
             self._state_changed.set()
 
     async def _state_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -435,9 +436,11 @@ class NodeService:
             except TimeoutError:
                 pass
             self._state_changed.clear()
-            if self._status == NodeStatus.READY and self._worked:
-                self._worked = False
-                give_back_memory()  # idle: the heap's free pages (inputs and results passed through)
+            if self._status == NodeStatus.READY and self._trims_due:
+                # Idle: the heap's free pages (inputs and results passed through), for a few ticks
+                # (what a job held is let go of over its release, its acks, its workers' last reports).
+                self._trims_due -= 1
+                give_back_memory()
             self.donor.expire(time.monotonic())
             await ws.send_bytes(self.state().encode())
 

@@ -34,7 +34,8 @@ from burla.protocol.framing import REGISTRY as REGISTRY  # every message class b
 from burla.protocol.framing import Channel as Channel
 from burla.protocol.framing import Limits as Limits
 from burla.protocol.framing import Message as Message
-from burla.protocol.framing import Payload, check_items, message
+from burla.protocol.framing import Payload as Payload  # a bulk field's value (the wire's API)
+from burla.protocol.framing import check_items, message
 from burla.protocol.framing import decode as decode
 from burla.protocol.job_options import OPTION_FIELDS, JobOptions
 from burla.protocol.limits import (
