@@ -10,8 +10,8 @@ nothing else done to them. Both run in one process, alternating ROUNDS times (de
 figure is the median. Beside the MB/s, the CPU seconds per GB each of burla's processes spent
 (client, head, node, worker): where the time goes.
 
-Not measured yet (benchmarks/README.md, "Between machines"): the chain through the SSH tunnel of
-the cloud path, and the same anchor with its middle hop over an asyncssh forward.
+The chain through the SSH tunnel of the cloud path, beside the same anchor with its middle hop
+over an asyncssh forward, is transfer_tunnel.py.
 """
 
 from __future__ import annotations
@@ -96,40 +96,47 @@ HOP = textwrap.dedent(f"""
 """)
 
 
-def _start(*arguments: str) -> tuple[subprocess.Popen, int]:
+def start_hop(*arguments: str) -> tuple[subprocess.Popen, int]:
+    """One process of the anchor chain (HOP), and the port it listens on."""
     process = subprocess.Popen([sys.executable, "-c", HOP, *arguments], stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     return process, int(process.stdout.readline())
 
 
+def anchor_chain_mb_s(port: int, direction: str) -> float:
+    """The client's end of an anchor chain whose first hop listens on `port`: MB/s of COUNT payloads
+    sent to its worker (inputs) or received from it (results)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CHUNK)
+    start = time.perf_counter()
+    buffer = bytearray(CHUNK)
+    if direction == "inputs":
+        sock.sendall(b"i")
+        payload = bytes(SIZE)
+        for _ in range(COUNT):
+            sock.sendall(payload)
+            sock.recv(1)
+    else:
+        sock.sendall(b"r")
+        left = COUNT * SIZE
+        while left:
+            received = sock.recv_into(buffer, min(CHUNK, left))
+            if not received:
+                raise ConnectionError("the chain closed early")
+            left -= received
+    elapsed = time.perf_counter() - start
+    sock.close()
+    return TOTAL_MB / elapsed
+
+
 def anchor_mb_s(direction: str) -> float:
     """MB/s of COUNT payloads through client -> relay -> relay -> worker (inputs), or back (results)."""
-    worker, port = _start("worker")
-    second, second_port = _start("relay", str(port))
-    first, first_port = _start("relay", str(second_port))
+    worker, port = start_hop("worker")
+    second, second_port = start_hop("relay", str(port))
+    first, first_port = start_hop("relay", str(second_port))
     try:
-        sock = socket.create_connection(("127.0.0.1", first_port))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CHUNK)
-        start = time.perf_counter()
-        buffer = bytearray(CHUNK)
-        if direction == "inputs":
-            sock.sendall(b"i")
-            payload = bytes(SIZE)
-            for _ in range(COUNT):
-                sock.sendall(payload)
-                sock.recv(1)
-        else:
-            sock.sendall(b"r")
-            left = COUNT * SIZE
-            while left:
-                received = sock.recv_into(buffer, min(CHUNK, left))
-                if not received:
-                    raise ConnectionError("the chain closed early")
-                left -= received
-        elapsed = time.perf_counter() - start
-        sock.close()
-        return TOTAL_MB / elapsed
+        return anchor_chain_mb_s(first_port, direction)
     finally:
         for process in (first, second, worker):
             process.kill()

@@ -33,6 +33,11 @@ from burla.errors import BootstrapFailed
 from burla.process.build import BUILD_DIR, wheel_name
 
 CONNECT_TIMEOUT_S = 15.0
+# AES-GCM first: with the AES instructions every cloud VM and laptop has, it carries a tunnel's
+# bytes 1.6x as fast as asyncssh's default ChaCha20 (benchmarks/transfer_tunnel.py's anchor: 450
+# against 280 MB/s). The others stay allowed for a server that offers neither AES-GCM.
+TUNNEL_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
+                  "aes128-ctr", "aes256-ctr")
 RETRY_EVERY_S = 3.0
 FIRST_RETRY_S = 0.5  # the first retries come sooner (0.5, 1, 2 s)
 KEEPALIVE_S = 10.0
@@ -121,7 +126,7 @@ class SshLogin:
         return await asyncio.wait_for(asyncssh.connect(
             host, port, username=self.user, client_keys=[self.key_path], known_hosts=known_hosts,
             connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_MISSES,
-            agent_path=None, config=None,
+            agent_path=None, config=None, encryption_algs=list(TUNNEL_CIPHERS),
         ), CONNECT_TIMEOUT_S * 2)
 
     async def connect_until(self, address: str, deadline: float, pinned_host_key: str | None,

@@ -1,0 +1,209 @@
+"""Large payloads through the SSH tunnel of the cloud path: 100 x 10 MB inputs and 100 x 10 MB
+results between a client and a node on a cloud VM that a laptop head reaches over SSH, beside
+the physical anchor for that chain.
+
+The VM is the tests' stand-in (an SSH server on 127.0.0.1 in front of a home directory of its
+own): EC2 is moto, and the head boots the VM, uploads its build and starts the node through the
+real bootstrap, then the node reaches the head over the SSH connection's remote port forward, as
+on a real cloud. The client's inputs travel inline (it has an input-file directory of its own,
+which the node does not share). The anchor moves the same bytes through the same chain of
+processes: client -> relay -> [asyncssh forward -> SSH server] -> relay -> worker, that is the
+plain relay of transfer.py with its middle hop over a plain asyncssh port forward and an SSH
+server (with the ciphers burla's tunnels prefer), with nothing else done to the bytes. Each
+figure is the median of ROUNDS (default 3).
+
+Run: python3 transfer_tunnel.py (needs the test dependencies: moto, asyncssh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from _common import environment
+from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, payload_of, payload_size, start_hop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from burla.drivers.ssh_login import TUNNEL_CIPHERS  # noqa: E402
+
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+
+# The SSH server of the anchor (the VM's): no authentication, direct TCP forwards allowed.
+SSH_SERVER = textwrap.dedent("""
+    import asyncio, asyncssh, sys
+
+    class Server(asyncssh.SSHServer):
+        def begin_auth(self, username):
+            return False
+
+        def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
+            return True
+
+    async def main():
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        server = await asyncssh.listen("127.0.0.1", 0, server_factory=Server, server_host_keys=[key])
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+""")
+
+# The head's side of the anchor: an asyncssh client forwarding a local port to `host:port` as
+# seen from the SSH server.
+SSH_FORWARD = textwrap.dedent("""
+    import asyncio, asyncssh, sys
+
+    async def main():
+        ssh_port, target_port = int(sys.argv[1]), int(sys.argv[2])
+        async with asyncssh.connect("127.0.0.1", ssh_port, known_hosts=None, username="bench",
+                                    client_keys=None, agent_path=None,
+                                    encryption_algs=sys.argv[3].split(",")) as connection:
+            listener = await connection.forward_local_port("127.0.0.1", 0, "127.0.0.1", target_port)
+            print(listener.get_port(), flush=True)
+            await asyncio.Event().wait()
+
+    asyncio.run(main())
+""")
+
+
+def _start(source: str, *arguments: str) -> tuple[subprocess.Popen, int]:
+    process = subprocess.Popen([sys.executable, "-c", source, *arguments], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.wait(10)
+        raise RuntimeError("an anchor process failed to start")
+    return process, int(line)
+
+
+def ssh_anchor_mb_s(direction: str) -> float:
+    """MB/s of COUNT payloads through client -> [asyncssh forward -> SSH server] -> relay -> worker."""
+    worker, worker_port = start_hop("worker")
+    relay, relay_port = start_hop("relay", str(worker_port))
+    server, ssh_port = _start(SSH_SERVER)
+    forward, forward_port = _start(SSH_FORWARD, str(ssh_port), str(relay_port), ",".join(TUNNEL_CIPHERS))
+    try:
+        return anchor_chain_mb_s(forward_port, direction)
+    finally:
+        for process in (forward, server, relay, worker):
+            process.kill()
+            process.wait()
+
+
+class TunnelledCluster:
+    """A head on this machine whose one node runs on a stand-in EC2 VM it booted and reaches over SSH."""
+
+    def __init__(self, root: Path) -> None:
+        import boto3
+        import moto.server as moto_server
+        import pytest
+
+        from tests.conftest import start_head
+        from tests.fake_ec2 import Ec2Rules
+        from tests.vm_standin import MotoVmFarm
+        from tests.wheelhouse import build_wheelhouse
+
+        wheelhouse = build_wheelhouse(root / "wheelhouse")
+        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ENDPOINT_URL_EC2=endpoint, AWS_ACCESS_KEY_ID="testing",
+                          AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+        os.environ.pop("AWS_PROFILE", None)
+        self.patches = pytest.MonkeyPatch()
+        rules = Ec2Rules(vcpu_quotas={"L-1216C47A": 1000, "L-DB2E81BA": 0, "L-417A185B": 0})
+        rules.install(self.patches)
+        rules.publish_images()
+        ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+        self.farm = MotoVmFarm(ec2, root / "vms", rules=rules)
+        self.head = start_head(root / "config", local_nodes=0, workers=None, extra=[
+            "--driver", "ec2", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(self.farm.map_path)])
+        self.env = {"BURLA_CLUSTER_DASHBOARD_URL": self.head.url, "BURLA_CLUSTER_TOKEN": self.head.token,
+                    "BURLA_CONFIG_DIR": str(self.head.config_dir)}
+        cli_env = {**os.environ, **self.env}
+        for command in (["settings", "update", "--quantity", "1", "--machine-type", "m7i.large"],
+                        ["cluster", "start"]):
+            subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True, capture_output=True)
+        self._wait_for_node()
+
+    def _wait_for_node(self) -> None:
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.head.url}/v1/cluster",
+                                         headers={"Authorization": f"Bearer {self.head.token}"})
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if json.load(urllib.request.urlopen(request, timeout=10)).get("nodes"):
+                return
+            time.sleep(0.2)
+        raise TimeoutError("the stand-in VM's node did not register within 300 s")
+
+    def stop(self) -> None:
+        self.head.stop()
+        self.farm.close()
+        self.server.stop()
+        self.patches.undo()
+
+
+def main() -> None:
+    from burla import remote_parallel_map
+
+    inputs = [bytes([i]) * SIZE for i in range(COUNT)]
+    indices = list(range(COUNT))
+    workloads = {
+        "inputs": lambda: remote_parallel_map(payload_size, inputs, spinner=False),
+        "results": lambda: remote_parallel_map(payload_of, indices, spinner=False),
+    }
+    burla_mb_s: dict[str, list[float]] = {name: [] for name in workloads}
+    ssh_anchor: dict[str, list[float]] = {name: [] for name in workloads}
+    plain_anchor: dict[str, list[float]] = {name: [] for name in workloads}
+    with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
+        root = Path(directory)
+        (root / "client-input-files").mkdir()
+        cluster = TunnelledCluster(root)
+        try:
+            # The client's own input-file directory: the VM's node can't open its files, so inputs go inline.
+            with environment(**cluster.env, BURLA_INPUT_FILES_DIR=str(root / "client-input-files")):
+                remote_parallel_map(payload_size, inputs[:4], spinner=False)  # workers up, code warm
+                for _ in range(ROUNDS):
+                    for name, workload in workloads.items():
+                        started = time.perf_counter()
+                        workload()
+                        burla_mb_s[name].append(TOTAL_MB / (time.perf_counter() - started))
+                        ssh_anchor[name].append(ssh_anchor_mb_s(name))
+                        plain_anchor[name].append(anchor_mb_s(name))
+        finally:
+            cluster.stop()
+
+    def median(values: dict[str, list[float]]) -> dict[str, float]:
+        return {name: round(statistics.median(v), 1) for name, v in values.items()}
+
+    print(json.dumps({
+        "benchmark": "transfer_tunnel",
+        "cores": os.cpu_count(),
+        "rounds": ROUNDS,
+        "payloads": f"{COUNT} x {SIZE // 2**20} MB",
+        "burla_through_tunnel_mb_s": median(burla_mb_s),
+        "relay_over_asyncssh_mb_s": median(ssh_anchor),
+        "plain_relay_mb_s": median(plain_anchor),
+        "burla_over_asyncssh_relay": {name: round(statistics.median(burla_mb_s[name]) / statistics.median(v), 3)
+                                      for name, v in ssh_anchor.items()},
+        "asyncssh_relay_over_plain_relay": {name: round(statistics.median(v) / statistics.median(plain_anchor[name]), 3)
+                                            for name, v in ssh_anchor.items()},
+        "target_burla_over_asyncssh_relay": 0.8,
+    }))
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(None)
+    sys.exit(main())
