@@ -10,6 +10,10 @@ Rows (each measured for every tool that is installed; the others are listed unde
   warm_single_call_ms             a job of one call on a warm pool: milliseconds (median of 20)
   cold_start_s                    a fresh `python -c` process, from import to the first result of one call
                                   (best of 3); burla starts its own embedded cluster from a private config directory
+  between_machines_mb_s           100 x 10 MB inputs, and results, through a node that does not share the client's
+                                  input files (burla's path between machines: transfer.py, one round), beside a plain
+                                  socket relay through the same four processes; the peers move them through shared
+                                  memory on one machine, so they have no such row here
 
 Tools, each with cores() worker processes: burla (a warm local cluster), concurrent.futures.ProcessPoolExecutor,
 joblib (loky backend), Ray (ray.util.multiprocessing.Pool) and Dask (distributed.LocalCluster with Client.map).
@@ -91,6 +95,7 @@ class Report:
     rows: dict[str, dict[str, float]] = field(default_factory=lambda: {
         "noop_us_per_call": {}, "sleep_10ms_s": {}, "sleep_10ms_efficiency": {},
         "numpy_10mb_relative_throughput": {}, "warm_single_call_ms": {}, "cold_start_s": {},
+        "between_machines_mb_s": {},
     })
     numpy_seconds: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -394,6 +399,20 @@ def measure_tool(tool: Tool, sizes: Sizes, report: Report) -> None:
         report.add_error(tool.name, RuntimeError(f"cold start: {error}"))
 
 
+def measure_between_machines(sizes: Sizes, report: Report) -> None:
+    """burla's inline path and its anchor (transfer.py in a process of its own, one round)."""
+    env = {**os.environ, "ROUNDS": "1", "COUNT": str(sizes.arrays)}
+    finished = subprocess.run([sys.executable, str(BENCHMARKS_DIR / "transfer.py")], env=env, capture_output=True,
+                              text=True, timeout=COLD_START_TIMEOUT_S * 4)
+    if finished.returncode:
+        raise RuntimeError(f"transfer.py failed: {last_lines(finished.stderr)}")
+    measured = json.loads(finished.stdout.strip().splitlines()[-1])
+    row = report.rows["between_machines_mb_s"]
+    for direction in ("inputs", "results"):
+        row[f"burla {direction}"] = measured["burla_inline_mb_s"][direction]
+        row[f"plain relay {direction}"] = measured["plain_relay_mb_s"][direction]
+
+
 def finish_numpy_row(report: Report) -> None:
     if not numpy_installed():
         report.skipped["numpy_10mb_relative_throughput"] = f"numpy not installed ({INSTALL_HINT})"
@@ -470,6 +489,11 @@ def run(selected: list[str], sizes: Sizes) -> Report:
             report.skipped[tool.name] = f"not installed ({INSTALL_HINT})"
         else:
             measure_tool(tool, sizes, report)
+    if "burla" in selected:
+        try:
+            measure_between_machines(sizes, report)
+        except Exception as error:
+            report.add_error("burla", RuntimeError(f"between machines: {error}"))
     finish_numpy_row(report)
     return report
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.cluster_runner import LocalCluster  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
-COUNT = 100
+COUNT = int(os.environ.get("COUNT", "100"))  # payloads each way
 SIZE = 10 * 2**20
 TOTAL_MB = COUNT * SIZE / 2**20
 CHUNK = 4 * 2**20
