@@ -25,6 +25,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _common import environment
@@ -151,17 +152,24 @@ def payload_of(index: int) -> bytes:
     return bytes([index % 256]) * SIZE
 
 
-def main() -> None:
+def workloads() -> dict[str, Callable[[], object]]:
+    """The two jobs: COUNT inputs of SIZE bytes in, and COUNT results of SIZE bytes out."""
     from burla import remote_parallel_map
 
     inputs = [bytes([i]) * SIZE for i in range(COUNT)]
     indices = list(range(COUNT))
-    workloads = {
+    return {
         "inputs": lambda: remote_parallel_map(payload_size, inputs, spinner=False),
         "results": lambda: remote_parallel_map(payload_of, indices, spinner=False),
     }
-    burla_mb_s: dict[str, list[float]] = {name: [] for name in workloads}
-    anchor: dict[str, list[float]] = {name: [] for name in workloads}
+
+
+def main() -> None:
+    from burla import remote_parallel_map
+
+    jobs = workloads()
+    burla_mb_s: dict[str, list[float]] = {name: [] for name in jobs}
+    anchor: dict[str, list[float]] = {name: [] for name in jobs}
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         node_files = Path(directory) / "node-input-files"
         node_files.mkdir()
@@ -171,9 +179,9 @@ def main() -> None:
         try:
             run = Run(cluster)
             with environment(**cluster.env()):
-                remote_parallel_map(payload_size, inputs[:4], spinner=False)  # workers up, code warm
+                remote_parallel_map(payload_size, [bytes(SIZE)] * 4, spinner=False)  # workers up, code warm
             for _ in range(ROUNDS):
-                for name, workload in workloads.items():
+                for name, workload in jobs.items():
                     burla_mb_s[name].append(TOTAL_MB / run.timed(name, workload))
                     anchor[name].append(anchor_mb_s(name))
         finally:
@@ -187,9 +195,9 @@ def main() -> None:
         "burla_inline_mb_s": {name: round(statistics.median(v), 1) for name, v in burla_mb_s.items()},
         "plain_relay_mb_s": {name: round(statistics.median(v), 1) for name, v in anchor.items()},
         "burla_over_relay": {name: round(statistics.median(burla_mb_s[name]) / statistics.median(anchor[name]), 3)
-                             for name in workloads},
+                             for name in jobs},
         "burla_cpu_s_per_gb": {name: {role: round(ms / 1e3 / gb, 3) for role, ms in run.cpu_ms(name).items()}
-                               for name in workloads},
+                               for name in jobs},
         "target_burla_over_relay": 0.8,
     }))
 

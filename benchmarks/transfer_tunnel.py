@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from _common import environment
-from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, payload_of, payload_size, start_hop
+from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, payload_size, start_hop, workloads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -158,15 +158,10 @@ class TunnelledCluster:
 def main() -> None:
     from burla import remote_parallel_map
 
-    inputs = [bytes([i]) * SIZE for i in range(COUNT)]
-    indices = list(range(COUNT))
-    workloads = {
-        "inputs": lambda: remote_parallel_map(payload_size, inputs, spinner=False),
-        "results": lambda: remote_parallel_map(payload_of, indices, spinner=False),
-    }
-    burla_mb_s: dict[str, list[float]] = {name: [] for name in workloads}
-    ssh_anchor: dict[str, list[float]] = {name: [] for name in workloads}
-    plain_anchor: dict[str, list[float]] = {name: [] for name in workloads}
+    jobs = workloads()
+    burla_mb_s: dict[str, list[float]] = {name: [] for name in jobs}
+    ssh_anchor: dict[str, list[float]] = {name: [] for name in jobs}
+    plain_anchor: dict[str, list[float]] = {name: [] for name in jobs}
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         root = Path(directory)
         (root / "client-input-files").mkdir()
@@ -174,9 +169,9 @@ def main() -> None:
         try:
             # The client's own input-file directory: the VM's node can't open its files, so inputs go inline.
             with environment(**cluster.env, BURLA_INPUT_FILES_DIR=str(root / "client-input-files")):
-                remote_parallel_map(payload_size, inputs[:4], spinner=False)  # workers up, code warm
+                remote_parallel_map(payload_size, [bytes(SIZE)] * 4, spinner=False)  # workers up, code warm
                 for _ in range(ROUNDS):
-                    for name, workload in workloads.items():
+                    for name, workload in jobs.items():
                         started = time.perf_counter()
                         workload()
                         burla_mb_s[name].append(TOTAL_MB / (time.perf_counter() - started))

@@ -100,6 +100,20 @@ def test_the_reader_hands_on_what_aiohttps_alone_would(seed, masked):
     assert any(t == aiohttp.WSMsgType.BINARY and len(d) >= ws_bulk.LARGE_FRAME for t, d, _ in expected)
 
 
+def test_a_frame_over_the_limit_is_refused_by_aiohttps_reader():
+    loop = asyncio.new_event_loop()
+    try:
+        queue = WebSocketDataQueue(_Protocol(), 2**30, loop=loop)
+        parser = ws_bulk.BulkReader(WebSocketReader(queue, 100_000, compress=False, decode_text=True), queue,
+                                    100_000, ws_bulk._mask)
+        assert parser.feed_data(_frame(0x2, b"x" * 100_000)) == (False, b"")
+        assert parser.feed_data(_frame(0x2, b"x" * 100_001)) == (True, b"")
+        assert bytes(queue._buffer[0][0].data) == b"x" * 100_000
+        assert "exceeds limit" in str(queue.exception()) or "too big" in str(queue.exception()).lower()
+    finally:
+        loop.close()
+
+
 def test_a_bad_frame_after_a_large_one_fails_as_aiohttp_fails_it():
     stream = _frame(0x2, b"x" * 100_000) + _frame(0x3, b"reserved opcode")
     loop = asyncio.new_event_loop()
@@ -119,9 +133,9 @@ async def test_client_frames_sent_in_parts_arrive_whole_on_a_real_server(aiohttp
     installed: list[bool] = []
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=0)
+        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
         await ws.prepare(request)
-        installed.append(ws_bulk.install_server(ws, request, 0))
+        installed.append(ws_bulk.install_server(ws, request, 64 * 2**20))
         async for message in ws:
             received.append(message.data)
             await ws.send_bytes(b"k" * 100_000 if len(received) % 2 else b"k")
@@ -138,8 +152,8 @@ async def test_client_frames_sent_in_parts_arrive_whole_on_a_real_server(aiohttp
     payloads = [os.urandom(size) for size in sizes]
     try:
         async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/",
-                                                                           max_msg_size=0) as ws:
-            assert ws_bulk.install_client(ws, 0)
+                                                                           max_msg_size=64 * 2**20) as ws:
+            assert ws_bulk.install_client(ws, 64 * 2**20)
             answers = []
             for payload in payloads:
                 await ws_bulk.send_bulk(ws, [payload[:7], memoryview(payload)[7:]])

@@ -46,7 +46,9 @@ _Mask = Callable[[bytes, bytearray], None]
 
 class BulkReader:
     """A connection's frame reader: large binary frames here, the rest through `inner` (aiohttp's
-    reader, which shares our queue). Frames are handed on in the order they came."""
+    reader, which shares our queue). Frames are handed on in the order they came. Only frames
+    within `max_msg_size` are collected here (none if it is 0, unlimited): a larger one goes to
+    aiohttp's reader, which refuses it as always."""
 
     def __init__(self, inner: Any, queue: Any, max_msg_size: int, mask: _Mask) -> None:
         self._inner = inner
@@ -115,7 +117,7 @@ class BulkReader:
     def _collects(self, first: int, length: int) -> bool:
         """Whether the frame with this first byte and length is collected here."""
         return bool(first & 0x80 and not first & 0x70 and first & 0x0F == _OP_BINARY and length >= LARGE_FRAME
-                and not self._fragmented and (not self._max or length <= self._max) and not _stalled(self._queue))
+                and not self._fragmented and length <= self._max and not _stalled(self._queue))
 
     def _collect(self, view: memoryview, at: int) -> int:
         frame = self._frame
