@@ -363,3 +363,12 @@ def fail_first_tries(directory, x, failures, slow_s=0.0):
         else:
             raise ValueError(f"input {x} failed on try {tries}")
     return x
+
+
+def reversed_with_digest(data, hold_s=0.0):
+    """A result as large as the input: its bytes reversed, beside the input's digest."""
+    import hashlib
+    import time
+
+    time.sleep(hold_s)
+    return hashlib.sha256(data).hexdigest(), bytes(data[::-1])
