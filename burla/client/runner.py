@@ -289,9 +289,9 @@ class JobRunner:
     async def _connect(self, session):
         import aiohttp
 
-        headers = {"Authorization": f"Bearer {self.cluster.token}"}
         from burla.web import ws_bulk
 
+        headers = {"Authorization": f"Bearer {self.cluster.token}"}
         try:
             ws = await session.ws_connect(
                 f"{self.cluster.url}/v1/jobs/ws", headers=headers, max_msg_size=limits.MAX_FRAME_BYTES,
