@@ -162,7 +162,8 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
     "frames, kind, words",
     [
         (["hello"], "ProtocolError", "binary"),
-        ([b"\xc1garbage"], "ProtocolError", "msgpack"),
+        ([b"\xc0garbage"], "ProtocolError", "msgpack"),
+        ([b"\xc1garbage"], "ProtocolError", "bulk frame is shorter than its header"),  # 0xC1 marks a bulk frame
         ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
         ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 23 fields"),
         ([wire.InputBatch.of("j", PackedInputs.of([])).encode()], "ProtocolError", "not accepted on this channel"),
