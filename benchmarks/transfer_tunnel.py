@@ -9,7 +9,7 @@ on a real cloud. The client's inputs travel inline (it has an input-file directo
 which the node does not share). The anchor moves the same bytes through the same chain of
 processes: client -> relay -> [asyncssh forward -> SSH server] -> relay -> worker, that is the
 plain relay of transfer.py with its middle hop over a plain asyncssh port forward and an SSH
-server (with the ciphers, window and packet size of burla's tunnels), with nothing else done to the bytes. Each
+server (with the ciphers burla's tunnels prefer), with nothing else done to the bytes. Each
 figure is the median of ROUNDS (default 3).
 
 Run: python3 transfer_tunnel.py (needs the test dependencies: moto, asyncssh).
@@ -33,7 +33,7 @@ from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, payl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from burla.drivers.ssh_login import TUNNEL_CIPHERS, TUNNEL_MAX_PACKET_BYTES, TUNNEL_WINDOW_BYTES  # noqa: E402
+from burla.drivers.ssh_login import TUNNEL_CIPHERS  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 
@@ -66,8 +66,7 @@ SSH_FORWARD = textwrap.dedent("""
         ssh_port, target_port = int(sys.argv[1]), int(sys.argv[2])
         async with asyncssh.connect("127.0.0.1", ssh_port, known_hosts=None, username="bench",
                                     client_keys=None, agent_path=None,
-                                    encryption_algs=sys.argv[3].split(","), window=int(sys.argv[4]),
-                                    max_pktsize=int(sys.argv[5])) as connection:
+                                    encryption_algs=sys.argv[3].split(",")) as connection:
             listener = await connection.forward_local_port("127.0.0.1", 0, "127.0.0.1", target_port)
             print(listener.get_port(), flush=True)
             await asyncio.Event().wait()
@@ -91,8 +90,7 @@ def ssh_anchor_mb_s(direction: str) -> float:
     worker, worker_port = start_hop("worker")
     relay, relay_port = start_hop("relay", str(worker_port))
     server, ssh_port = _start(SSH_SERVER)
-    forward, forward_port = _start(SSH_FORWARD, str(ssh_port), str(relay_port), ",".join(TUNNEL_CIPHERS),
-                                   str(TUNNEL_WINDOW_BYTES), str(TUNNEL_MAX_PACKET_BYTES))
+    forward, forward_port = _start(SSH_FORWARD, str(ssh_port), str(relay_port), ",".join(TUNNEL_CIPHERS))
     try:
         return anchor_chain_mb_s(forward_port, direction)
     finally:

@@ -38,11 +38,6 @@ CONNECT_TIMEOUT_S = 15.0
 # against 280 MB/s). The others stay allowed for a server that offers neither AES-GCM.
 TUNNEL_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
                   "aes128-ctr", "aes256-ctr")
-# What the VM's side may send the head before it reads, and in packets of what size: asyncssh's
-# 2 MB and 32 KB made a tunnel's results (and a node's every frame) cost the head a packet per
-# 32 KB. 128 KB stays well inside the 256 KB that OpenSSH allows a whole packet.
-TUNNEL_WINDOW_BYTES = 4 * 1024 * 1024
-TUNNEL_MAX_PACKET_BYTES = 128 * 1024
 RETRY_EVERY_S = 3.0
 FIRST_RETRY_S = 0.5  # the first retries come sooner (0.5, 1, 2 s)
 KEEPALIVE_S = 10.0
@@ -131,8 +126,7 @@ class SshLogin:
         return await asyncio.wait_for(asyncssh.connect(
             host, port, username=self.user, client_keys=[self.key_path], known_hosts=known_hosts,
             connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_MISSES,
-            agent_path=None, config=None, encryption_algs=list(TUNNEL_CIPHERS), window=TUNNEL_WINDOW_BYTES,
-            max_pktsize=TUNNEL_MAX_PACKET_BYTES,
+            agent_path=None, config=None, encryption_algs=list(TUNNEL_CIPHERS),
         ), CONNECT_TIMEOUT_S * 2)
 
     async def connect_until(self, address: str, deadline: float, pinned_host_key: str | None,
