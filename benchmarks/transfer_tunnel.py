@@ -100,9 +100,9 @@ def ssh_anchor_mb_s(direction: str) -> float:
 
 
 class TunnelledCluster:
-    """A head on this machine whose one node runs on a stand-in EC2 VM it booted and reaches over SSH."""
+    """A head on this machine whose nodes run on stand-in EC2 VMs it booted and reaches over SSH."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, vms: int = 1, machine_type: str = "m7i.large") -> None:
         import boto3
         import moto.server as moto_server
         import pytest
@@ -131,22 +131,30 @@ class TunnelledCluster:
         self.env = {"BURLA_CLUSTER_DASHBOARD_URL": self.head.url, "BURLA_CLUSTER_TOKEN": self.head.token,
                     "BURLA_CONFIG_DIR": str(self.head.config_dir)}
         cli_env = {**os.environ, **self.env}
-        for command in (["settings", "update", "--quantity", "1", "--machine-type", "m7i.large"],
+        for command in (["settings", "update", "--quantity", str(vms), "--machine-type", machine_type],
                         ["cluster", "start"]):
             subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True, capture_output=True)
-        self._wait_for_node()
+        self._wait_for_nodes(vms)
 
-    def _wait_for_node(self) -> None:
+    def _wait_for_nodes(self, count: int) -> None:
         import urllib.request
 
         request = urllib.request.Request(f"{self.head.url}/v1/cluster",
                                          headers={"Authorization": f"Bearer {self.head.token}"})
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 300 + 30 * count
         while time.monotonic() < deadline:
-            if json.load(urllib.request.urlopen(request, timeout=10)).get("nodes"):
+            if len(json.load(urllib.request.urlopen(request, timeout=10)).get("nodes", [])) >= count:
                 return
             time.sleep(0.2)
-        raise TimeoutError("the stand-in VM's node did not register within 300 s")
+        raise TimeoutError(f"{count} stand-in VMs' nodes did not register in time")
+
+    def head_state(self, window_s: int) -> dict:
+        """GET /v1/head: the head's CPU seconds so far and its loop lag over the last `window_s`."""
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.head.url}/v1/head?window_s={window_s}",
+                                         headers={"Authorization": f"Bearer {self.head.token}"})
+        return json.load(urllib.request.urlopen(request, timeout=10))
 
     def stop(self) -> None:
         self.head.stop()
