@@ -128,7 +128,7 @@ def test_a_bad_frame_after_a_large_one_fails_as_aiohttp_fails_it():
         loop.close()
 
 
-async def test_client_frames_sent_in_parts_arrive_whole_on_a_real_server(aiohttp_port=0):
+async def test_client_frames_sent_in_parts_arrive_whole_on_a_real_server():
     received: list[bytes] = []
     installed: list[bool] = []
 
