@@ -8,9 +8,10 @@ idle, the head's CPU over IDLE_S seconds (per tunnel: that over N) and its loop 
 JOBS jobs of CALLS no-op calls, the head's CPU per call and its loop lag p99 during them. Run at
 two sizes and compare: what grows faster than the VMs do is what to fix.
 
-Run: python3 tunnel_scale.py --vms 10 (each VM is a node with its workers on this machine). Every
-node first installs the distributions the client has and it lacks (as on a real cloud): from an
-environment with extras (the peers of `.[bench]`), the first job waits for each VM to install them.
+Run: python3 tunnel_scale.py --vms 10 [--client-python PYTHON] (each VM is a node with its workers
+on this machine). Every node first installs the distributions the client has and it lacks (as on
+a real cloud), so the client runs in an interpreter of its own: given one whose environment holds
+burla alone (`python3 -m venv env && env/bin/pip install -e .`), no VM installs anything.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
-from _common import environment, noop
 from transfer_tunnel import TunnelledCluster
 
 IDLE_S = 20
@@ -32,33 +34,70 @@ JOBS = 3
 CALLS = 10_000
 
 
+# The jobs, run by the client in an interpreter of its own (`--client-python`): warm every node,
+# say so, wait for the word, then time the jobs.
+CLIENT = textwrap.dedent(f"""
+    import json, sys, time
+    from burla import remote_parallel_map
+
+    def noop(x):
+        return x
+
+    remote_parallel_map(noop, list(range(1000)), spinner=False)
+    print("WARM", flush=True)
+    sys.stdin.readline()
+    seconds = []
+    for _ in range({JOBS}):
+        begun = time.perf_counter()
+        remote_parallel_map(noop, list(range({CALLS})), spinner=False)
+        seconds.append(time.perf_counter() - begun)
+    print(json.dumps(seconds), flush=True)
+""")
+
+
+def run_jobs(python: str, env: dict[str, str],
+             cluster: TunnelledCluster) -> tuple[dict, float, list[float], dict, float]:
+    """(the head's state after IDLE_S idle, its CPU share then, the jobs' seconds, its state after
+    them, its CPU seconds before them)."""
+    client = subprocess.Popen([python, "-c", CLIENT], env={**os.environ, **env}, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        if client.stdout.readline().strip() != "WARM":
+            raise RuntimeError("the client failed before its warm-up job ended")
+        time.sleep(3)
+        before = cluster.head_state(IDLE_S)["cpu_s"]
+        time.sleep(IDLE_S)
+        idle = cluster.head_state(IDLE_S)
+        idle_cpu = (idle["cpu_s"] - before) / IDLE_S
+        cpu_before = cluster.head_state(1)["cpu_s"]
+        started = time.monotonic()
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        seconds = json.loads(client.stdout.readline())
+        during = cluster.head_state(max(1, math.ceil(time.monotonic() - started)))
+    finally:
+        client.kill()
+        client.wait()
+    return idle, idle_cpu, seconds, during, cpu_before
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vms", type=int, default=10)
     parser.add_argument("--machine-type", default="m7i.large")
+    parser.add_argument("--client-python", default=sys.executable,
+                        help="the client's interpreter: one whose environment holds burla alone spares every VM "
+                             "installing what this one has")
     arguments = parser.parse_args()
-    from burla import remote_parallel_map
 
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         started = time.perf_counter()
         cluster = TunnelledCluster(Path(directory), vms=arguments.vms, machine_type=arguments.machine_type)
         booted_s = time.perf_counter() - started
         try:
-            with environment(**cluster.env):
-                remote_parallel_map(noop, list(range(1000)), spinner=False)  # every node warm
-                time.sleep(3)
-                before = cluster.head_state(IDLE_S)["cpu_s"]
-                time.sleep(IDLE_S)
-                idle = cluster.head_state(IDLE_S)
-                idle_cpu = (idle["cpu_s"] - before) / IDLE_S
-                seconds = []
-                cpu_before = cluster.head_state(1)["cpu_s"]
-                job_started = time.monotonic()
-                for _ in range(JOBS):
-                    begun = time.perf_counter()
-                    remote_parallel_map(noop, list(range(CALLS)), spinner=False)
-                    seconds.append(time.perf_counter() - begun)
-                during = cluster.head_state(max(1, math.ceil(time.monotonic() - job_started)))
+            env = {**cluster.env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+            idle, idle_cpu, seconds, during, cpu_before = run_jobs(arguments.client_python, env, cluster)
         finally:
             cluster.stop()
     print(json.dumps({
@@ -68,10 +107,10 @@ def main() -> None:
         "boot_and_register_s": round(booted_s, 1),
         "idle_head_cpu_percent": round(idle_cpu * 100, 2),
         "idle_head_cpu_percent_per_tunnel": round(idle_cpu * 100 / arguments.vms, 3),
-        "idle_loop_lag_ms": idle["loop_lag_ms"],
         "calls_per_job": CALLS,
         "job_us_per_call": round(min(seconds) / CALLS * 1e6, 2),
         "head_cpu_us_per_call": round((during["cpu_s"] - cpu_before) / (JOBS * CALLS) * 1e6, 2),
+        "idle_loop_lag_ms": idle["loop_lag_ms"],
         "jobs_loop_lag_ms": during["loop_lag_ms"],
         "head_rss_mb": during["rss_mb"],
     }))
