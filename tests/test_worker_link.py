@@ -18,9 +18,22 @@ def _frame(body: bytes) -> bytes:
     return FRAME_HEADER.pack(len(body)) + body
 
 
+_OPEN: list = []  # every test's transports and sockets, closed after it (closing_links)
+
+
+@pytest.fixture(autouse=True)
+async def closing_links():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+    await asyncio.sleep(0)  # the transports' closing callbacks run
+
+
 async def _link(max_frame: int = 1 << 30) -> tuple[WorkerLink, socket.socket]:
     node_end, worker_end = socket.socketpair()
-    _, link = await asyncio.get_running_loop().connect_accepted_socket(lambda: WorkerLink(max_frame), sock=node_end)
+    transport, link = await asyncio.get_running_loop().connect_accepted_socket(lambda: WorkerLink(max_frame),
+                                                                               sock=node_end)
+    _OPEN.extend([worker_end, transport])
     return link, worker_end
 
 
@@ -48,16 +61,19 @@ async def test_frames_of_every_size_arrive_whole_and_in_order(piece):
 
 
 async def test_a_worker_that_sends_many_frames_at_once_is_paused_and_resumed():
-    bodies = [b"r%d" % n for n in range(10_000)]
+    bodies = [bytes([n % 256]) * 2000 + b"%d" % n for n in range(10_000)]  # 20 MB: more than the socket holds
     link, worker_end = await _link()
     sender = asyncio.create_task(_send(worker_end, b"".join(map(_frame, bodies)), 1 << 16))
-    received = []
-    for _ in bodies:
-        received.append(await asyncio.wait_for(link.read(), 60))
-        await asyncio.sleep(0) if len(received) % 1000 else await asyncio.sleep(0.01)  # a slow node
-    await sender
-    assert received == bodies
-    worker_end.close()
+    deadline = asyncio.get_running_loop().time() + 60
+    while not link._paused:  # nothing reads: the link stops reading once 64 frames wait
+        assert asyncio.get_running_loop().time() < deadline, "the link never paused its socket"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert not sender.done()  # held back by the paused socket, not buffered in the node
+    assert len(link._frames) < 1000
+    received = [await asyncio.wait_for(link.read(), 60) for _ in bodies]
+    await asyncio.wait_for(sender, 60)
+    assert received == bodies and not link._paused
 
 
 async def test_a_frame_over_the_limit_is_a_protocol_error():

@@ -19,6 +19,7 @@ from burla.protocol.buffers import unfilled
 _HEADER = worker_wire.FRAME_HEADER
 SCRATCH_BYTES = 256 * 1024
 _OWN_BUFFER_FROM = 64 * 1024  # a frame this big whose bytes are not all in yet gets a buffer of its own
+assert _OWN_BUFFER_FROM + worker_wire.FRAME_HEADER.size <= SCRATCH_BYTES
 _PAUSE_AT = 64  # frames read but not yet taken: past this the socket is not read until they are
 
 
@@ -108,7 +109,7 @@ class WorkerLink(asyncio.BufferedProtocol):
                 self._frames.append(bytes(view[body:body + size]))
                 start = body + size
                 continue
-            if size >= _OWN_BUFFER_FROM or size > len(scratch) - _HEADER.size:
+            if size >= _OWN_BUFFER_FROM:  # smaller frames always fit the scratch buffer
                 frame = unfilled(size)
                 frame[:have] = view[body:filled]
                 self._frame, self._frame_got = frame, have

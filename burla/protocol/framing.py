@@ -92,6 +92,8 @@ class Message:
     _checkers: ClassVar[tuple[_Checker, ...]]
 
     def encode(self) -> bytes:
+        if not self.BULK:  # most messages: one packb, as before bulk frames
+            return msgpack.packb([self.TAG, *(getattr(self, f) for f in self.FIELDS)], use_bin_type=True)
         parts = self.encode_parts()
         return parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[return-value]
 

@@ -107,7 +107,10 @@ class BulkReader:
             else:
                 end_of_run = at
             if end_of_run > start or (prefix and not self._head and not collect):
-                result = self._inner.feed_data(prefix + bytes(view[start:end_of_run]))
+                # The whole read goes through as it came (the usual case: small frames only).
+                run = data if start == 0 and end_of_run == end and not prefix else \
+                    prefix + bytes(view[start:end_of_run])
+                result = self._inner.feed_data(run)
                 if result[0]:
                     return result  # the inner reader failed the connection
             if not collect and self._head:
