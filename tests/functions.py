@@ -372,3 +372,9 @@ def reversed_with_digest(data, hold_s=0.0):
 
     time.sleep(hold_s)
     return hashlib.sha256(data).hexdigest(), bytes(data[::-1])
+
+
+def beyond_inline(x):
+    """Results of every kind the inline path treats apart, from inline inputs: small values, an int
+    past 64 bits, a lone surrogate, a long str, bytes (tests/test_inline_values.py)."""
+    return [x, 2**64 + x, "\ud800" * (x % 3), "y" * (x + 200), bytes([x % 256]), x % 2 == 0, x / 7, None][x % 8]

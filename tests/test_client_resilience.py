@@ -16,8 +16,9 @@ import pytest
 
 from burla import JobNotFound
 from burla.protocol import wire
+from burla.protocol.inline_values import VALUE, result_value
 from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.serialization import dumps, dumps_function, loads
+from burla.protocol.serialization import dumps, dumps_function
 from tests import functions
 from tests.conftest import REPO, own_head
 from tests.helpers import PRELUDE, get_json, start_detached, wait_until
@@ -188,7 +189,7 @@ def test_an_opening_on_a_connection_leaves_the_job_it_carried(quick_head):
                         return msg.items
 
     [[index, ok, payload]] = asyncio.run(both_on_one_connection())
-    assert (index, ok, loads(payload)) == (0, True, 42)
+    assert (index, ok, result_value(ok, payload)) == (0, VALUE, 42)
     wait_until(lambda: get_json(quick_head, f"/v1/jobs/{long_job.job_id}")["status"] == "CANCELED",
                what="the job left behind canceled")
     assert "did not come back" in get_json(quick_head, f"/v1/jobs/{long_job.job_id}")["reason"]

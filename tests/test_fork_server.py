@@ -16,6 +16,7 @@ from burla.protocol import wire
 from burla.protocol import worker_wire
 from burla.node.fork_server import NO_GPU, NO_GPUS, UNKNOWN_EXIT, ForkServer, start_fork_server
 from burla.protocol.packed_results import pack_indices
+from burla.protocol.inline_values import result_value
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import dumps_function
 
@@ -41,7 +42,7 @@ async def call(process, sock, shm):
         data = msg.encode()
         writer.write(worker_wire.FRAME_HEADER.pack(len(data)) + data)
     report = await frame(reader)
-    return writer, [pickle.loads(payload) for _, _, payload in report.part().items()]
+    return writer, [result_value(ok, payload) for _, ok, payload in report.part().items()]
 
 def name(pid):
     with open(f"/proc/{pid}/comm") as comm:

@@ -9,6 +9,7 @@ import pytest
 
 from burla.errors import ProtocolError
 from burla.protocol import framing, limits, wire, worker_wire
+from burla.protocol.inline_values import MAX_STR_BYTES, VALUE
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import (
     PackedResults,
@@ -129,9 +130,14 @@ def _node_results(indices: list, failed: list, items: list) -> wire.NodeResults:
         (wire.NodeResults("j", pack_indices([0]), b"", b"\xc1", 0, untimed(1)), "not 1 packed results"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, True]]), "NodeResults items must be arrays of 3"),
         (_node_results([0, 1], [], [[0, True, b"r"], {1: 0, b"r": 0}]), "not 2 packed results.*max_map_len"),
-        (_node_results([0, 1], [], [[0, True, b"r"], [1, True, "r"]]), "not 2 packed results.*max_str_len"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, VALUE, "r" * (MAX_STR_BYTES + 1)]]),
+         "not 2 packed results.*max_str_len"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, True, "r"]]), "payload has type str, expected bytes"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, True, 7]]), "expected bytes"),
-        (_node_results([0], [], [[0, 1, b"r"]]), "expected bool"),
+        (_node_results([0, 1], [], [[0, True, b"r"], [1, VALUE, b"r"]]), "value has type bytes"),
+        (_node_results([0], [], [[0, 1, b"r"]]), "ok-code is 1"),
+        (_node_results([0], [], [[0, None, b"r"]]), "ok-code is None"),
+        (_node_results([0], [], [["0", True, b"r"]]), "index has type str"),
         (_node_results([0, 2], [], [[0, True, b"r"], [1, True, b"r"]]), "other results than its indices name"),
         (_node_results([0, 1], [], [[0, True, b"r"], [1, False, b"e"]]), "does not name the failed results"),
         (_node_results([0, 1], [0], [[0, True, b"r"], [1, False, b"e"]]), "does not name the failed results"),
@@ -360,7 +366,7 @@ def test_large_results_reach_a_client_as_views_of_their_frame():
 @pytest.mark.parametrize("damage,words", [
     (lambda f: f[:-1], "not valid msgpack"),
     (lambda f: f + b"\x00", "not valid msgpack"),
-    (lambda f: f.replace(b"\x93\x00\xc3", b"\x93\x00\xc0", 1), "has type NoneType, expected bool"),
+    (lambda f: f.replace(b"\x93\x00\xc3", b"\x93\x00\xc0", 1), "ok-code is None"),
     (lambda f: f.replace(b"\x93\x00\xc3", b"\x92\x00\xc3", 1), "not valid msgpack"),
 ])
 def test_damaged_large_result_frames_are_refused_as_before(damage, words):

@@ -15,6 +15,7 @@ import psutil
 from burla.node.dispatcher import Dispatcher
 from burla.node.worker_pool import WorkerPool
 from burla.protocol import wire
+from burla.protocol.inline_values import result_value
 from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
 from tests.in_process import until
@@ -51,7 +52,8 @@ class Node:
 
     def results(self, job_id: str) -> dict[int, object]:
         job = self.dispatcher.jobs[job_id]
-        return {index: pickle.loads(payload) for part in job.out_results for index, ok, payload in part.items() if ok}
+        return {index: result_value(ok, payload)
+                for part in job.out_results for index, ok, payload in part.items() if ok}
 
 
 async def test_calls_run_on_the_pools_workers_and_their_results_wait_for_the_sender():

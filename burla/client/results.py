@@ -1,4 +1,4 @@
-"""Taking a job's results on the client: each input's first result only, unpickled, into the
+"""Taking a job's results on the client: each input's first result only, decoded, into the
 caller's list (values in input order) or as outcomes for the caller's thread."""
 
 from __future__ import annotations
@@ -46,16 +46,18 @@ def take_results(items: list, received: bytearray, results: list[Any] | None,
         if 0 <= index < n_inputs and not received[index]:
             taken.append(index)
             if ok:
-                try:
-                    value = loads(payload)
-                except Exception as e:
-                    error = _unpickling_error(index, e)
-                else:
+                if ok is True:  # a pickle; else (VALUE) the value itself, decoded with the frame
+                    try:
+                        payload = loads(payload)
+                    except Exception as e:
+                        error = _unpickling_error(index, e)
+                        ok = False
+                if ok:
                     received[index] = TAKEN_VALUE
                     if results is None:
-                        outcomes.append((index, True, value))
+                        outcomes.append((index, True, payload))
                     else:
-                        results[index] = value
+                        results[index] = payload
                     continue
             else:
                 error = _call_error(index, payload, packages)

@@ -1,4 +1,4 @@
-"""The client's upload side of one job: pickle inputs and send them within the head's window.
+"""The client's upload side of one job: encode inputs and send them within the head's window.
 
 The window counts the inputs that are out (sent, their result not yet back) and what they
 weigh; it frees as results return. A large input goes by file when the head allows it.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import pickle
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -17,10 +16,10 @@ from typing import Any
 from burla.client.progress import Display
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import InputTooBig, UnpicklableInput
-from burla.protocol import limits, wire
+from burla.protocol import inline_values, limits, wire
 from burla.protocol.input_files import INPUT_FILE_MIN_BYTES, InputFiles
 from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.serialization import PROTOCOL, dumps
+from burla.protocol.serialization import dumps
 
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = limits.BATCH_ITEMS
@@ -29,7 +28,6 @@ FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answe
 FIRST_BATCH_BYTES = 256 * 1024
 KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
 
-_SCALARS = frozenset({int, float, bool, type(None), complex})  # pickle small, always
 
 Send = Callable[[wire.Message], Awaitable[None]]
 
@@ -124,7 +122,12 @@ class Uploader:
             self.files_full = True  # those written so far stay until their results are back
             return data
 
-    # --- pickling and sending ------------------------------------------------------------
+    # --- encoding and sending ------------------------------------------------------------
+
+    def encoded_input(self, index: int) -> bytes:
+        """The input as it travels: a small plain value as msgpack (`inline_values`), else pickled."""
+        data = inline_values.pack_input(self.inputs[index])
+        return self.pickled_input(index) if data is None else data
 
     def pickled_input(self, index: int) -> bytes:
         ahead = self._pickled_ahead
@@ -147,7 +150,7 @@ class Uploader:
         batch: list = []
         size = 0
         for index in range(min(len(self.inputs), FIRST_BATCH_ITEMS)):
-            data = self.pickled_input(index)
+            data = self.encoded_input(index)
             size += len(data)
             if size > FIRST_BATCH_BYTES:
                 self._pickled_ahead = (index, data)  # the upload takes it from here
@@ -165,14 +168,15 @@ class Uploader:
         return len(batch)
 
     async def upload(self, send: Send, start: int) -> None:
-        """Pickle and send inputs from `start` while the window allows; a detaching client then
+        """Encode and send inputs from `start` while the window allows; a detaching client then
         waits until the head has saved them all."""
         job_id = self.job_id
-        batch: list[bytes] = []  # the batch's pickled inputs, and their indices beside them
+        batch: list[bytes] = []  # the batch's encoded inputs, and their indices beside them
         batch_indices: list[int] = []
         batch_bytes = 0
         inputs, received, sizes = self.inputs, self.received, self.sizes
-        dumps, scalars = pickle.dumps, _SCALARS
+        inline_types, max_chars, mark, pack = (inline_values.INLINE_TYPES, inline_values.MAX_STR_CHARS,
+                                               bytes((inline_values.INPUT_MARK,)), inline_values.pack_value)
         # The first batches are small, so the workers start while the rest is pickled; they double
         # up to UPLOAD_BATCH_ITEMS, where a frame's cost per input is already small.
         batch_items = FIRST_UPLOAD_BATCH_ITEMS
@@ -187,8 +191,12 @@ class Uploader:
                 if received[index]:
                     continue
                 value = inputs[index]
-                if type(value) in scalars:
-                    data = dumps(value, PROTOCOL)  # the common small input, without the checks
+                kind = type(value)
+                if kind in inline_types and (kind is not str or len(value) <= max_chars):
+                    try:  # the common small input: inline_values.pack_input, without its call
+                        data = mark + pack(value)
+                    except (OverflowError, UnicodeEncodeError):
+                        data = self.pickled_input(index)
                 else:
                     data = self.pickled_input(index)
                 size = len(data)  # what the input weighs in the window, whichever way it travels

@@ -33,6 +33,7 @@ from burla.head.history_schema import (
 )
 from burla.head.history_writer import HistoryWriter, Rows
 from burla.protocol import wire
+from burla.protocol.inline_values import loaded_result, stored_result
 from burla.protocol.states import EndKind, JobStatus, parse_state
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ class History(HistoryQueries):
         self._wake.set()
 
     def keep_results(self, job_id: str, items: list) -> None:
-        self._kept_results.extend((job_id, index, ok, payload) for index, ok, payload in items)
+        self._kept_results.extend((job_id, index, *stored_result(ok, payload)) for index, ok, payload in items)
         self._poke(len(items))
 
     async def kept_jobs(self) -> list[KeptJob]:
@@ -230,7 +231,7 @@ class History(HistoryQueries):
                 bytes(row["opening"]), row["started_at"], parse_state(JobStatus, row["status"], JobStatus.RUNNING),
                 row["reason"] or "", parse_state(EndKind, row["end_kind"], EndKind.NONE),
                 [[r["input_index"], bytes(r["data"])] for r in inputs],
-                [[r["input_index"], bool(r["ok"]), bytes(r["payload"])] for r in results],
+                [[r["input_index"], *loaded_result(r["ok"], bytes(r["payload"]))] for r in results],
             ))
         return kept
 

@@ -452,7 +452,7 @@ class Scheduler:
         is a repeat, in this batch or before). Returns the items, or None (nothing changed) if not."""
         if not cls._mark_fresh(job, assignment, list(map(_index_of, items))):
             return None
-        job.n_failed += len(items) - sum(map(_ok_of, items))
+        job.n_failed += list(map(_ok_of, items)).count(False)  # ok-codes: True, False, VALUE (2)
         return items
 
     @staticmethod

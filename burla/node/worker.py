@@ -32,8 +32,9 @@ from burla.config import ENV_JOB_TOKEN, ENV_NODE_ID, ENV_PARENT_JOB
 from burla.errors import CallExited
 from burla.node.output_capture import OutputCapture
 from burla.process.memory import freeze_inherited_objects
-from burla.protocol import local_code, wire, worker_context, worker_wire
+from burla.protocol import inline_values, local_code, wire, worker_context, worker_wire
 from burla.protocol.framing import Payload
+from burla.protocol.inline_values import VALUE
 from burla.protocol.input_files import mapped_input
 from burla.protocol.packed_inputs import unpack_uints
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
@@ -55,9 +56,16 @@ class _CallFailed(Exception):
         self.payload = payload
 
 
-def _mapped_arguments(argument_bytes: Payload) -> Any:
-    with mapped_input(argument_bytes) as pickled:
-        return loads(pickled)
+def _decoded_arguments(argument_bytes: Payload) -> Any:
+    """An input's arguments as it travelled: a pickle (0x80), a small value (`inline_values`) or a
+    reference to its file (0x00)."""
+    first = argument_bytes[0]
+    if first == inline_values.INPUT_MARK:
+        return inline_values.unpack_input(argument_bytes)
+    if first == 0:
+        with mapped_input(argument_bytes) as pickled:
+            return loads(pickled)
+    return loads(argument_bytes)
 
 
 class _LoadFailure:
@@ -126,9 +134,13 @@ class Worker:
             if msg is None:
                 return
             if isinstance(msg, worker_wire.RunCalls):
-                job_id, indices, arguments = msg.job_id, unpack_uints(msg.indices), msg.part().arguments()
-                msg = None  # the batch's arguments, sliced apart now, are not kept twice while they run
-                self._run_batch(job_id, indices, arguments)
+                part = msg.part()
+                job_id, indices = msg.job_id, unpack_uints(msg.indices)
+                values = inline_values.unpack_inputs(part.data, part.count)
+                arguments = part.arguments() if values is None else values
+                msg = None  # the batch's arguments, taken apart now, are not kept twice while they run
+                del part
+                self._run_batch(job_id, indices, arguments, values is not None)
             elif isinstance(msg, worker_wire.LoadFunction):
                 self._load(msg.job_id, msg.function_bytes, msg.local_code)
                 self._job_tokens[msg.job_id] = msg.job_token
@@ -170,7 +182,8 @@ class Worker:
         local_code.install(code, directory)
         self._code = (digest, directory)
 
-    def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list[Payload]) -> None:
+    def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list, decoded: bool = False) -> None:
+        """Run a batch's calls; `arguments` are as they travelled, or their values if `decoded`."""
         if job_id in self._cancelled_jobs:
             self._send(worker_wire.WorkerReport.of(job_id, [], outputs=[], batch_done=True))
             return
@@ -178,7 +191,7 @@ class Worker:
         if isinstance(function, _LoadFailure) or function is None:
             call = self._call_without_function(function)
         else:
-            call = self._caller(function)
+            call = self._caller(function, decoded)
         self._batch_job = job_id
         self._cancel_requested = False
         if os.environ.get(ENV_PARENT_JOB) != job_id:
@@ -200,8 +213,8 @@ class Worker:
             del self._timings[:]
         self._flush(job_id, results, True, time.perf_counter() - since)
 
-    def _run_calls(self, job_id: str, indices: Sequence[int], arguments: list[Payload],
-                   call: Callable[[Payload], bytes], started: float) -> tuple[list[list], float]:
+    def _run_calls(self, job_id: str, indices: Sequence[int], arguments: list,
+                   call: Callable[[Any], Any], started: float) -> tuple[list[list], float]:
         """Run the batch's calls (from `started`) until done or cancelled; returns the results not
         yet sent and when their calls began. This loop runs once per call: what it does per item
         is kept to the bare minimum."""
@@ -214,14 +227,14 @@ class Worker:
         last = len(indices) - 1
         began = clock()
         wall = time.time() - began  # the wall clock of a perf_counter reading: one clock call per call
-        for position, index, argument_bytes in zip(count(), indices, arguments):
+        for position, index, argument in zip(count(), indices, arguments):
             if self._cancel_requested:
                 break
             mark_running(shm, 0, index)
             capture.running = index
             try:
-                payload = call(argument_bytes)
-                ok = True
+                payload = call(argument)
+                ok = True if type(payload) is bytes else VALUE
             except CallCancelled:
                 self._cancel_requested = True
                 end_call()
@@ -235,7 +248,8 @@ class Worker:
             results.append([index, ok, payload])
             timings.extend((wall + began, now - began, pid))
             began = now
-            pending_bytes += len(payload)
+            if ok is not VALUE:  # an inline value is small
+                pending_bytes += len(payload)
             if position < last:  # the batch's last results go with its end (one frame, not two)
                 if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
                     self._flush(job_id, results, False, now - last_flush)
@@ -244,18 +258,18 @@ class Worker:
                     last_flush = now
         return results, last_flush
 
-    def _caller(self, function: Callable[..., Any]) -> Callable[[Payload], bytes]:
-        """One call: its arguments unpickled, the function run, its result pickled. Returns the
-        pickled result or raises _CallFailed with the packed error (CallCancelled passes)."""
+    def _caller(self, function: Callable[..., Any], decoded: bool) -> Callable[[Any], Any]:
+        """One call: its arguments decoded (unless they are already), the function run. Returns
+        its value where it travels as itself (`inline_values`), else its pickle; or raises
+        _CallFailed with the packed error (CallCancelled passes)."""
         origin = self._origin
+        inline, max_chars = inline_values.INLINE_TYPES, inline_values.MAX_STR_CHARS
 
-        def call(argument_bytes: Payload) -> bytes:
+        def call(arguments: Any) -> Any:
             self._in_call = True
             try:
-                if argument_bytes[:1] == b"\x00":  # a reference to the input's file (pickles start with \x80)
-                    arguments = _mapped_arguments(argument_bytes)
-                else:
-                    arguments = loads(argument_bytes)
+                if not decoded:
+                    arguments = _decoded_arguments(arguments)
                 if type(arguments) is tuple:
                     value = function(*arguments)
                 else:
@@ -267,7 +281,10 @@ class Worker:
                 raise _CallFailed(pack_error(_as_call_failure(e), skip_frames=1, origin=origin)) from None
             finally:
                 self._in_call = False
-            if type(value) in _PLAIN_RESULTS:
+            kind = type(value)
+            if kind in inline and (kind is not str or len(value) <= max_chars):
+                return value
+            if kind in _PLAIN_RESULTS:
                 return pickle.dumps(value, PROTOCOL)
             try:
                 return dumps_result(value)
@@ -303,7 +320,13 @@ class Worker:
                 # Packed here: the node, and the head, pass them on as they are.
                 timings = self._timings.tobytes()
                 del self._timings[:]
-                self._send(worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings))
+                try:
+                    report = worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings)
+                except (OverflowError, UnicodeEncodeError):  # an inline value msgpack refused: pickle those
+                    results = [[index, True, pickle.dumps(payload, PROTOCOL)] if ok is VALUE else [index, ok, payload]
+                               for index, ok, payload in results]
+                    report = worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings)
+                self._send(report)
 
 
 def _as_call_failure(exc: BaseException) -> BaseException:

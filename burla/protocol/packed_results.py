@@ -13,7 +13,8 @@ from operator import itemgetter
 import msgpack
 
 from burla.errors import ProtocolError
-from burla.protocol.framing import ItemBudget, Payload, check_items
+from burla.protocol.framing import ItemBudget, Payload
+from burla.protocol.inline_values import MAX_STR_BYTES, check_results
 from burla.protocol.limits import BATCH_ITEMS, RESULT_FRAME_BYTES
 from burla.protocol.packed_inputs import pack_uints, unpack_uints
 
@@ -53,9 +54,10 @@ _payload_of = itemgetter(2)
 def pack_items(items: Sequence) -> bytes:
     """Items packed as they follow their array's header inside a frame. A head keeps the results
     it relays in this form until they go out in a ResultBatch (`result_batch_frame`): bytes, where
-    a tuple per result would have been walked by the cyclic GC."""
+    a tuple per result would have been walked by the cyclic GC. Raises OverflowError or
+    UnicodeEncodeError for an inline value msgpack can't pack (`inline_values`)."""
     try:
-        large = sum(map(len, map(_payload_of, items))) >= LARGE_PAYLOADS
+        large = payload_bytes(items) >= LARGE_PAYLOADS
     except (LookupError, TypeError):  # not results at all: packb packs them as they are
         large = False
     if large:
@@ -64,16 +66,35 @@ def pack_items(items: Sequence) -> bytes:
     return packed[array_header_bytes(len(items)):]
 
 
+def payload_bytes(items: Sequence) -> int:
+    """What results' payloads weigh in a frame (an inline value as much as its msgpack at most)."""
+    try:
+        return sum(map(len, map(_payload_of, items)))  # the common case: bytes, or short strs
+    except TypeError:  # numbers, True, None among them (inline_values)
+        return sum(map(_payload_size, map(_payload_of, items)))
+
+
+def _payload_size(payload: object) -> int:
+    kind = type(payload)
+    if kind is bytes or kind is memoryview:
+        return len(payload)  # type: ignore[arg-type]
+    return 5 + 4 * len(payload) if kind is str else 9  # type: ignore[arg-type]
+
+
 # Payloads from which pack_items writes each item's msgpack itself: packb copies them into its
 # buffer and then out of it, and the slice past the array's header copies them once more.
 LARGE_PAYLOADS = 64 * 1024
 _PACK_INDEX = msgpack.Packer().pack  # an item's index (an int of 64 bits at most, as packb packs it)
+_PACK_VALUE = msgpack.Packer(use_bin_type=True).pack
 
 
 def _item_parts(items: Sequence) -> list:
     """The msgpack of [input_index, ok, payload] per item, in parts: each payload as it is."""
     parts: list = []
     for index, ok, payload in items:
+        if type(ok) is int:  # VALUE (True and False are bools)
+            parts.append(b"\x93" + _PACK_INDEX(index) + b"\x02" + _PACK_VALUE(payload))
+            continue
         size = len(payload)
         length = bytes((0xC4, size)) if size < 256 else struct.pack("!BH", 0xC5, size) if size < 65536 \
             else struct.pack("!BI", 0xC6, size)
@@ -125,11 +146,11 @@ class PackedResults:
         budget = ItemBudget(4 * count)
         try:
             items = msgpack.unpackb(array_header(count) + self.packed, raw=False, use_list=True,
-                                    max_array_len=max(count, 3), max_map_len=0, max_str_len=0, max_ext_len=0,
-                                    max_bin_len=len(self.packed), list_hook=budget.array)
+                                    max_array_len=max(count, 3), max_map_len=0, max_str_len=MAX_STR_BYTES,
+                                    max_ext_len=0, max_bin_len=len(self.packed), list_hook=budget.array)
         except Exception as e:  # msgpack raises several unrelated types on garbage
             raise ProtocolError(f"{name}.packed is not {count} packed results ({type(e).__name__}: {e})") from None
-        check_items(name, items, (int, bool, bytes))
+        check_results(name, items)
         if list(map(_index_of, items)) != indices:
             raise ProtocolError(f"{name}.packed holds other results than its indices name")
         if [item[0] for item in items if not item[1]] != unpack_indices(self.failed):
@@ -152,14 +173,14 @@ def check_packed(name: str, indices: bytes, failed: bytes, timings: bytes) -> No
 def item_frames(items: Sequence) -> list[Sequence]:
     """Results in frames of at most BATCH_ITEMS and RESULT_FRAME_BYTES of payloads, unless one
     result is bigger."""
-    if len(items) <= BATCH_ITEMS and sum(map(len, map(_payload_of, items))) <= RESULT_FRAME_BYTES:
+    if len(items) <= BATCH_ITEMS and payload_bytes(items) <= RESULT_FRAME_BYTES:
         return [items] if items else []  # the common case: one frame
     frames, start, size = [], 0, 0
     for end, item in enumerate(items):
-        size += len(item[2])
+        size += _payload_size(item[2])
         if end > start and (end - start >= BATCH_ITEMS or size > RESULT_FRAME_BYTES):
             frames.append(items[start:end])
-            start, size = end, len(item[2])
+            start, size = end, _payload_size(item[2])
     frames.append(items[start:])
     return frames
 

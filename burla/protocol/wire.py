@@ -37,6 +37,7 @@ from burla.protocol.framing import Message as Message
 from burla.protocol.framing import Payload as Payload  # a bulk field's value (the wire's API)
 from burla.protocol.framing import check_items, message
 from burla.protocol.framing import decode as decode
+from burla.protocol.inline_values import check_results
 from burla.protocol.job_options import OPTION_FIELDS, JobOptions
 from burla.protocol.limits import (
     CLIENT_FRAME_RESULTS,
@@ -148,7 +149,7 @@ class Credit(Message):
 class ResultBatch(Message):
     job_id: str
     seq: int
-    items: list  # [[input_index, ok, payload], ...]
+    items: list  # [[input_index, ok, payload], ...]; ok: True (a pickle), False (an error), VALUE (inline_values)
 
     @classmethod
     def decode_views(cls, view: memoryview, limits: Limits) -> ResultBatch | None:
@@ -166,7 +167,7 @@ class ResultBatch(Message):
         return None if items is None else cls(job_id, seq, items)
 
     def validate(self) -> None:
-        check_items("ResultBatch", self.items, (int, bool, bytes))
+        check_results("ResultBatch", self.items)
 
 
 VIEWS_FROM_BYTES_PER_RESULT = 16 * 1024  # results at least this large on average are read as views
