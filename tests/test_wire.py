@@ -9,7 +9,7 @@ import pytest
 
 from burla.errors import ProtocolError
 from burla.protocol import framing, limits, wire, worker_wire
-from burla.protocol.inline_values import MAX_STR_BYTES, VALUE
+from burla.protocol.inline_values import MAX_STR_BYTES, MAX_STR_CHARS, VALUE
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import (
     PackedResults,
@@ -361,6 +361,23 @@ def test_large_results_reach_a_client_as_views_of_their_frame():
     # Not accepted on a channel that does not carry it.
     with pytest.raises(ProtocolError, match="ResultBatch is not accepted"):
         wire.decode(frame, wire.CLIENT_TO_HEAD)
+
+
+def test_large_results_beside_inline_values_still_reach_a_client_as_views():
+    items = [[0, True, b"x" * 90_000], [1, VALUE, None], [2, VALUE, 2**64 - 1], [3, VALUE, "é" * 256],
+             [4, VALUE, -1.5], [5, VALUE, False], [6, True, b"y" * 40_000]]
+    frame = wire.result_batch_frame("job-1", 1, len(items), [pack_items(items)])
+    msg = wire.decode(frame, wire.HEAD_TO_CLIENT)
+    assert msg == wire.ResultBatch("job-1", 1, items) == msgpack_decoded(frame)
+    assert [type(payload) for _, _, payload in msg.items] == [memoryview, type(None), int, str, float, bool, memoryview]
+
+
+@pytest.mark.parametrize("value", [[1], {"a": 1}, b"bin", "s" * (MAX_STR_BYTES + 1), "s" * (MAX_STR_CHARS + 1)])
+def test_large_result_frames_with_a_value_that_is_not_inline_are_refused(value):
+    items = [[0, True, b"x" * 90_000], [1, VALUE, value]]
+    frame = wire.result_batch_frame("job-1", 1, len(items), [msgpack.packb(items, use_bin_type=True)[1:]])
+    with pytest.raises(ProtocolError):
+        wire.decode(frame, wire.HEAD_TO_CLIENT)
 
 
 @pytest.mark.parametrize("damage,words", [

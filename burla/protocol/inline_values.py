@@ -98,6 +98,8 @@ def check_results(name: str, items: list) -> None:
                 if type(payload) not in inline:
                     raise ProtocolError(f"{name} item's value has type {type(payload).__name__}, "
                                         f"expected one of int, float, bool, None, str")
+                if type(payload) is str and len(payload) > MAX_STR_CHARS:
+                    raise ProtocolError(f"{name} item's value is a str longer than {MAX_STR_CHARS} characters")
             else:
                 raise ProtocolError(f"{name} item's ok-code is {ok!r}: expected true, false or {VALUE}")
     except ValueError:  # an item of another length

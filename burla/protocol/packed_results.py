@@ -14,7 +14,7 @@ import msgpack
 
 from burla.errors import ProtocolError
 from burla.protocol.framing import ItemBudget, Payload
-from burla.protocol.inline_values import MAX_STR_BYTES, check_results
+from burla.protocol.inline_values import INLINE_TYPES, MAX_STR_BYTES, MAX_STR_CHARS, VALUE, check_results
 from burla.protocol.limits import BATCH_ITEMS, RESULT_FRAME_BYTES
 from burla.protocol.packed_inputs import pack_uints, unpack_uints
 
@@ -237,6 +237,23 @@ def read_int(view: memoryview, at: int) -> tuple[int, int]:
     return form.unpack_from(view, at + 1)[0], at + 1 + form.size
 
 
+def _read_inline_value(view: memoryview, at: int) -> tuple[object, int]:
+    """The inline value at `at` and where what follows it starts (ValueError if it is not one)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=_INLINE_MAX_BYTES, max_str_len=MAX_STR_BYTES,
+                                max_bin_len=0, max_array_len=0, max_map_len=0, max_ext_len=0)
+    unpacker.feed(view[at:at + _INLINE_MAX_BYTES])
+    try:
+        value = unpacker.unpack()
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise ValueError(f"not an inline value: {e}") from None
+    if type(value) not in INLINE_TYPES or (type(value) is str and len(value) > MAX_STR_CHARS):
+        raise ValueError("not an inline value")
+    return value, at + unpacker.tell()
+
+
+_INLINE_MAX_BYTES = MAX_STR_BYTES + 5  # a str's header is at most 5 bytes
+
+
 def items_as_views(view: memoryview, at: int, count: int) -> list | None:
     """`count` packed results ([input_index, ok, payload] each, as pack_items packs them) from `at`
     to the end of `view`, each payload a view of it; None if they are not exactly that (the
@@ -248,6 +265,10 @@ def items_as_views(view: memoryview, at: int, count: int) -> list | None:
             if view[at] != 0x93:
                 return None
             index, at = read_int(view, at + 1)
+            if view[at] == VALUE:  # a value of its own (inline_values): small, read by msgpack
+                value, at = _read_inline_value(view, at + 1)
+                items.append([index, VALUE, value])
+                continue
             ok = _BOOLS[view[at]]
             length = _BIN_LENGTHS[view[at + 1]]
             at += 2 + length.size
