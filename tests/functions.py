@@ -378,3 +378,35 @@ def beyond_inline(x):
     """Results of every kind the inline path treats apart, from inline inputs: small values, an int
     past 64 bits, a lone surrogate, a long str, bytes (tests/test_inline_values.py)."""
     return [x, 2**64 + x, "\ud800" * (x % 3), "y" * (x + 200), bytes([x % 256]), x % 2 == 0, x / 7, None][x % 8]
+
+
+def writes_its_index(x):
+    """Writes its input, one of six ways by x % 6 (Python with and without a newline, fd 1, C's
+    write to fd 2, a child process, a thread), for per-call output attribution."""
+    kind = x % 6
+    if kind == 0:
+        print(f"py {x}")
+    elif kind == 1:
+        print(f"partial {x}", end="")
+    elif kind == 2:
+        os.write(1, f"fd {x}\n".encode())
+    elif kind == 3:
+        import ctypes
+
+        line = f"c {x}\n".encode()
+        ctypes.CDLL(None).write(2, line, len(line))
+    elif kind == 4:
+        import subprocess
+
+        subprocess.run(["echo", f"child {x}"], check=True)
+    else:
+        thread = threading.Thread(target=os.write, args=(1, f"thread {x}\n".encode()))
+        thread.start()
+        thread.join()
+    return x
+
+
+def written_by(x) -> str:
+    """What writes_its_index(x) writes."""
+    return {0: f"py {x}\n", 1: f"partial {x}", 2: f"fd {x}\n", 3: f"c {x}\n", 4: f"child {x}\n",
+            5: f"thread {x}\n"}[x % 6]
