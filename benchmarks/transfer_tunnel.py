@@ -131,10 +131,17 @@ class TunnelledCluster:
         self.env = {"BURLA_CLUSTER_DASHBOARD_URL": self.head.url, "BURLA_CLUSTER_TOKEN": self.head.token,
                     "BURLA_CONFIG_DIR": str(self.head.config_dir)}
         cli_env = {**os.environ, **self.env}
-        for command in (["settings", "update", "--quantity", str(vms), "--machine-type", machine_type],
-                        ["cluster", "start"]):
-            subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True, capture_output=True)
-        self._wait_for_nodes(vms)
+        try:
+            # Nodes stay however long the last VMs take to boot (a cloud node idle 600 s goes by default).
+            for command in (["settings", "update", "--quantity", str(vms), "--machine-type", machine_type,
+                             "--inactivity-timeout", "86400"],
+                            ["cluster", "start"]):
+                subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True,
+                               capture_output=True)
+            self._wait_for_nodes(vms)
+        except BaseException:  # interrupted or timed out while booting: stop what runs already
+            self.stop()
+            raise
 
     def _wait_for_nodes(self, count: int) -> None:
         import urllib.request
