@@ -32,6 +32,10 @@ _FIONREAD_BUF = bytearray(4)
 OutputItem = list  # [input_index, stream, text]
 
 
+def _nothing() -> None:
+    pass
+
+
 class OutputCapture:
     def __init__(self, on_live_output: Callable[[str, list[OutputItem]], None], interval_s: float = 0.05,
                  use_ring: bool = True) -> None:
@@ -92,9 +96,11 @@ class OutputCapture:
         A closure over the lock and the poller (taken once per batch): a method's lookups and calls
         were a third of a no-op call's cost in the worker."""
         acquire, release, poll, drain = self._lock.acquire, self._lock.release, self._poll.poll, self._drain_locked
-        ring = self._ring
-        if ring is not None and not ring.broken:
-            return self._ring_ender(ring)
+        ring = self._ring if self._ring is not None and not self._ring.broken else None
+        # With the ring, whether the pipes got anything since they were last drained is two loads
+        # from memory (see output_ring); without it, one epoll_wait.
+        view, tail, head = (ring.view, ring.tail, ring.head) if ring is not None else (None, 0, 0)
+        rearm = ring.rearm if ring is not None else _nothing
 
         def end() -> None:
             try:  # looked up each time: a call may have replaced sys.stdout
@@ -104,31 +110,12 @@ class OutputCapture:
                 pass
             acquire()
             try:
-                if poll(0):  # nothing, in the common case: the call wrote no output
+                if view is not None:
+                    if view[tail] != view[head]:  # a poll fired: output came (the watchdog may have taken it)
+                        drain()
+                        rearm()
+                elif poll(0):  # nothing, in the common case: the call wrote no output
                     drain()
-                self.running = -1
-            finally:
-                release()
-
-        return end
-
-    def _ring_ender(self, ring: OutputRing) -> Callable[[], None]:
-        """call_ender's end(), told by the ring whether the pipes got anything since they were
-        last drained (two loads from memory; see `output_ring`)."""
-        acquire, release, drain, rearm = self._lock.acquire, self._lock.release, self._drain_locked, ring.rearm
-        view, tail, head = ring.view, ring.tail, ring.head
-
-        def end() -> None:
-            try:  # looked up each time: a call may have replaced sys.stdout
-                sys.stdout.flush()
-                sys.stderr.flush()
-            except Exception:
-                pass
-            acquire()
-            try:
-                if view[tail] != view[head]:  # a poll fired: the pipes got output (the watchdog may have taken it)
-                    drain()
-                    rearm()
                 self.running = -1
             finally:
                 release()
