@@ -209,6 +209,42 @@ def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_pa
         farm.close()
 
 
+def test_a_refused_remote_forward_is_asked_again_and_a_vm_that_never_grants_one_fails_saying_so(
+        moto, tmp_path, wheelhouse, client_venv):
+    # Refused twice, then granted (a port the sshd could not bind, a busy daemon): the node joins.
+    farm = MotoVmFarm(moto, tmp_path / "vms", refuse_forwards=2)
+    head = _cloud_head(tmp_path, farm, wheelhouse)
+    try:
+        assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
+        [node_id] = _cli(head, "cluster", "start")["data"]["booted"]
+        wait_for_nodes(head, 1, timeout=240)
+        logs = json.dumps(_cli(head, "nodes", "logs", node_id))
+        assert logs.count("refused the tunnel's remote port forward") == 2 and "asking again in 2 s" in logs, logs
+        assert farm.vm(node_id).refuse_forwards == 0
+    finally:
+        head.stop()
+        farm.close()
+    # Refused every time (AllowTcpForwarding no): setting the VM up fails saying so, long before the
+    # boot deadline, and the job's error names it.
+    farm = MotoVmFarm(moto, tmp_path / "vms-refusing", refuse_forwards=-1)
+    head = _cloud_head(tmp_path / "second", farm, wheelhouse, "--boot-deadline", "600")
+    try:
+        [outcome] = run_client_in(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            try:
+                remote_parallel_map(abs, [-1], grow=True, spinner=False)
+            except Exception as e:
+                print(json.dumps([type(e).__name__, str(e)]))
+        """, tmp_path)
+        assert outcome[0] == "NoNodes" and "refused the tunnel's remote port forward (asked 4 times" in outcome[1], \
+            outcome
+        assert "AllowTcpForwarding" in outcome[1]
+    finally:
+        head.stop()
+        farm.close()
+
+
 def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, wheelhouse, tmp_path):
     head = _cloud_head(tmp_path, farm, wheelhouse, "--tls-self-signed")
     try:

@@ -158,6 +158,10 @@ class StandinVm:
             (self.shims / shim).chmod(0o755)
         self.authorized_key = authorized_key
         self.public_key = asyncssh.import_public_key(authorized_key)
+        # How many remote forward requests (RFC 4254 §7.1 "tcpip-forward") its sshd refuses before
+        # it grants one: a port it could not bind, a busy daemon. -1: every one, as sshd does with
+        # `AllowTcpForwarding no` or `local` (sshd_config(5); the default is yes).
+        self.refuse_forwards = 0
         self.refused_users: list[str] = []
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self.connections: set[asyncssh.SSHServerConnection] = set()
@@ -307,6 +311,9 @@ class StandinVm:
                 return key.public_data in vm.authorized_keys()
 
             def server_requested(self, listen_host: str, listen_port: int) -> bool:
+                if vm.refuse_forwards:
+                    vm.refuse_forwards -= 1 if vm.refuse_forwards > 0 else 0
+                    return False  # SSH_MSG_REQUEST_FAILURE
                 return listen_host in ("127.0.0.1", "localhost")  # remote forwards on the VM's loopback
 
             def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
@@ -413,8 +420,10 @@ class VmFarm:
     Subclasses read the API's instances and do what the cloud does when a VM shuts itself down."""
 
     def __init__(self, root: Path, authorize: bool = True, answer: bool = True,
-                 vm_environment: dict[str, str] | None = None, host_keys: str = "reported") -> None:
+                 vm_environment: dict[str, str] | None = None, host_keys: str = "reported",
+                 refuse_forwards: int = 0) -> None:
         self.root = root
+        self.refuse_forwards = refuse_forwards  # each VM's sshd refuses this many remote forwards (see StandinVm)
         # What the cloud reports of a VM's SSH host key once it booted: its own ("reported"),
         # another one ("impostor": someone else answers at its address), or nothing ("unreported").
         self.host_keys = host_keys
@@ -488,6 +497,7 @@ class VmFarm:
                        record.login_user, record.image, record.gpus)
         if record.restore is not None:
             vm.restore(record.restore)
+        vm.refuse_forwards = self.refuse_forwards
         port = self._loop.run(vm.start())
         if self.host_keys != "unreported":  # cloud-init prints the keys it made (or the cloud has another's)
             key = vm.host_key if self.host_keys == "reported" else asyncssh.generate_private_key("ssh-ed25519")

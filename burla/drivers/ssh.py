@@ -60,6 +60,7 @@ log = logging.getLogger("burla.ssh")
 ADDRESS_POLL_S = 2.0
 DEAD_MAN_DEADLINES = 2  # a VM's power-off timer, in boot deadlines
 TRANSCRIPT_LIMIT = 20_000
+FORWARD_TRIES = 4  # asks for the tunnel's remote forward, the last three 1, 2 and 4 s after a refusal
 
 NodeEvent = Callable[[str, str, str], None]  # (node_id, kind, detail)
 
@@ -185,7 +186,7 @@ class VmSession:
             tail = "\n".join(completed_output(script).splitlines()[-15:])
             raise BootstrapFailed(f"the bootstrap exited with {script.exit_status}: {tail}")
         if self.owner.settings.tunnel:
-            await self._forward()
+            await self._forward(deadline)
         await self._start_node()
         self.stage = "the node was started over SSH but has not registered (see node.log in ~/.burla on the VM)"
         self.phase = BootStage.STARTING
@@ -200,22 +201,42 @@ class VmSession:
                                settings.head_cert, script, installed_tag(self.request.python_version))
         self.note(f"uploaded the build {build_hash()}, the node's token and the bootstrap")
 
-    async def _forward(self) -> None:
-        """The tunnel: a port on the VM's loopback forwarded to the head. A reconnect asks for the same
-        port; if the VM's sshd still holds it (it has not noticed the old connection died), another
-        one, written to the file the node reads its head URL from."""
+    async def _forward(self, deadline: float | None = None) -> None:
+        """The tunnel: a port on the VM's loopback forwarded to the head, written to the file the
+        node reads its head URL from."""
         scheme, host, port = _head_endpoint(self.owner.settings.head_url)
-        try:
-            listener = await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
-        except Exception as e:  # noqa: BLE001 - asyncssh raises a plain ChannelListenError
-            if not self.remote_port:
-                raise
-            self.note(f"port {self.remote_port} is still taken on the VM ({e}); taking another")
-            listener = await self._connection.forward_remote_port("127.0.0.1", 0, host, port)
+        listener = await self._remote_listener(host, port, deadline)
         self.remote_port = listener.get_port()
         async with self._connection.start_sftp_client() as sftp:
             await write_private(sftp, remote(HEAD_URL_FILE), f"{scheme}://127.0.0.1:{self.remote_port}\n")
         self.note(f"tunnel: 127.0.0.1:{self.remote_port} on the VM reaches the head at {host}:{port}")
+
+    async def _remote_listener(self, host: str, port: int, deadline: float | None) -> Any:
+        """The remote forward's listener. A reconnect asks for the same port; if the VM's sshd still
+        holds it (it has not noticed the old connection died), another one. A request the sshd
+        refuses (RFC 4254 §7.1: it could not bind, or is busy) is asked again 1, 2 and 4 s later;
+        refused each time, setting the VM up fails saying so, where it had crashed and left the VM
+        waiting out the boot deadline."""
+        from asyncssh import ChannelListenError
+
+        for attempt in range(FORWARD_TRIES):
+            try:
+                return await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
+            except ChannelListenError as e:
+                if self.remote_port:
+                    self.note(f"port {self.remote_port} is still taken on the VM ({e}); taking another")
+                    self.remote_port = 0
+                    continue
+                pause = 2.0 ** attempt
+                if attempt == FORWARD_TRIES - 1 or (deadline is not None and time.monotonic() + pause > deadline):
+                    raise BootstrapFailed(
+                        f"the VM's sshd refused the tunnel's remote port forward (asked {attempt + 1} times: {e}); "
+                        "its sshd_config must allow it (AllowTcpForwarding, yes by default)") from None
+                refused = f"the VM's sshd refused the tunnel's remote port forward ({e}); asking again in {pause:g} s"
+                self.note(refused)
+                self.owner.event(self.node_id, "ssh", refused)
+                await asyncio.sleep(pause)
+        raise BootstrapFailed(f"the VM's sshd refused the tunnel's remote port forward (asked {FORWARD_TRIES} times)")
 
     def _join_args(self) -> list[str]:
         settings = self.owner.settings
