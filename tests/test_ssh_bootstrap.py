@@ -47,6 +47,19 @@ def _cloud_head(tmp_path, farm, wheelhouse, *extra: str):
         *extra])
 
 
+def _grown_job_outcome(client_venv, head, tmp_path) -> list:
+    """[exception type, message] of a one-call job that asks the head for a node (grow=True)."""
+    [outcome] = run_client_in(client_venv, head, """
+        import json
+        from burla import remote_parallel_map
+        try:
+            remote_parallel_map(abs, [-1], grow=True, spinner=False)
+        except Exception as e:
+            print(json.dumps([type(e).__name__, str(e)]))
+    """, tmp_path)
+    return outcome
+
+
 def _cli(head, *args: str) -> dict:
     env = client_env(head)
     if head.url.startswith("https://"):
@@ -186,14 +199,7 @@ def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_pa
     farm = MotoVmFarm(moto, tmp_path / "vms", **broken)
     head = _cloud_head(tmp_path, farm, wheelhouse, "--boot-deadline", "12")
     try:
-        [outcome] = run_client_in(client_venv, head, """
-            import json
-            from burla import remote_parallel_map
-            try:
-                remote_parallel_map(abs, [-1], grow=True, spinner=False)
-            except Exception as e:
-                print(json.dumps([type(e).__name__, str(e)]))
-        """, tmp_path)
+        outcome = _grown_job_outcome(client_venv, head, tmp_path)
         assert outcome[0] == "NoNodes" and words in outcome[1], outcome
         wait_until(lambda: not _instances(moto, "pending", "running"), timeout=60, what="the VM deleted")
         [instance] = _instances(moto)
@@ -229,14 +235,7 @@ def test_a_refused_remote_forward_is_asked_again_and_a_vm_that_never_grants_one_
     farm = MotoVmFarm(moto, tmp_path / "vms-refusing", refuse_forwards=-1)
     head = _cloud_head(tmp_path / "second", farm, wheelhouse, "--boot-deadline", "600")
     try:
-        [outcome] = run_client_in(client_venv, head, """
-            import json
-            from burla import remote_parallel_map
-            try:
-                remote_parallel_map(abs, [-1], grow=True, spinner=False)
-            except Exception as e:
-                print(json.dumps([type(e).__name__, str(e)]))
-        """, tmp_path)
+        outcome = _grown_job_outcome(client_venv, head, tmp_path)
         assert outcome[0] == "NoNodes" and "refused the tunnel's remote port forward (asked 4 times" in outcome[1], \
             outcome
         assert "AllowTcpForwarding" in outcome[1]
