@@ -122,3 +122,17 @@ def start_detached(call: str, env: dict[str, str], timeout: float = 120) -> str:
         client.wait(60)
         if client.stderr is not None:
             client.stderr.close()
+
+
+def result_value(ok: bool | int, payload: object) -> object:
+    """A successful result's value as a client takes it: the value itself (VALUE), or its pickle
+    unpickled (True). The head never unpickles: this lives with the tests, not in burla.protocol."""
+    import pickle
+
+    from burla.protocol.inline_values import VALUE
+
+    if ok is True:
+        return pickle.loads(payload)  # type: ignore[arg-type]
+    if type(ok) is int and ok == VALUE:
+        return payload
+    raise ValueError(f"not a successful result's ok-code: {ok!r}")

@@ -16,12 +16,12 @@ import pytest
 
 from burla import JobNotFound
 from burla.protocol import wire
-from burla.protocol.inline_values import VALUE, result_value
+from burla.protocol.inline_values import VALUE
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import dumps, dumps_function
 from tests import functions
 from tests.conftest import REPO, own_head
-from tests.helpers import PRELUDE, get_json, start_detached, wait_until
+from tests.helpers import PRELUDE, get_json, result_value, start_detached, wait_until
 from tests.proxy import CuttableProxy
 from tests.test_security_and_bad_input import open_job
 

@@ -16,7 +16,7 @@ from burla.protocol import wire
 from burla.protocol import worker_wire
 from burla.node.fork_server import NO_GPU, NO_GPUS, UNKNOWN_EXIT, ForkServer, start_fork_server
 from burla.protocol.packed_results import pack_indices
-from burla.protocol.inline_values import result_value
+from tests.helpers import result_value
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import dumps_function
 

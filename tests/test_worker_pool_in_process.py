@@ -15,9 +15,9 @@ import psutil
 from burla.node.dispatcher import Dispatcher
 from burla.node.worker_pool import WorkerPool
 from burla.protocol import wire
-from burla.protocol.inline_values import result_value
 from burla.protocol.packed_inputs import PackedInputs
 from tests import functions
+from tests.helpers import result_value
 from tests.in_process import until
 
 cloudpickle.register_pickle_by_value(functions)

@@ -17,7 +17,6 @@ Nodes and the head never look inside an input; the head checks results' shapes (
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, Final
 
 import msgpack
@@ -48,9 +47,6 @@ def pack_input(value: Any) -> bytes | None:
         return None
 
 
-def is_packed_input(data: bytes | memoryview) -> bool:
-    return len(data) > 1 and data[0] == INPUT_MARK
-
 
 def unpack_input(data: bytes | memoryview) -> Any:
     """One input `pack_input` made."""
@@ -73,12 +69,6 @@ def unpack_inputs(data: bytes | memoryview, count: int) -> list | None:
         return None
     return decoded[1::2]
 
-
-def inline_result(value: Any) -> bool:
-    """Whether a call's value travels as itself (`VALUE`); the frame's packing may still refuse it
-    (an int past 64 bits, a str with lone surrogates), and then it is pickled after all."""
-    tp = type(value)
-    return tp in INLINE_TYPES and (tp is not str or len(value) <= MAX_STR_CHARS)
 
 
 def check_results(name: str, items: list) -> None:
@@ -105,14 +95,6 @@ def check_results(name: str, items: list) -> None:
     except ValueError:  # an item of another length
         raise ProtocolError(f"{name} items must be arrays of 3 values") from None
 
-
-def result_value(ok: bool | int, payload: Any) -> Any:
-    """A successful result's value: the value itself (VALUE), or its pickle unpickled (True)."""
-    if ok is True:
-        return pickle.loads(payload)
-    if type(ok) is int and ok == VALUE:
-        return payload
-    raise ValueError(f"not a successful result's ok-code: {ok!r}")
 
 
 def stored_result(ok: bool | int, payload: Any) -> tuple[int, bytes]:
