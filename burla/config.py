@@ -23,6 +23,7 @@ ENV_PARENT_JOB = "BURLA_PARENT_JOB_ID"
 # that job's tree (burla.web.scoped_tokens). Workers never see BURLA_CLUSTER_TOKEN.
 ENV_JOB_TOKEN = "BURLA_JOB_TOKEN"
 ENV_NODE_ID = "BURLA_NODE_ID"  # set for a node's workers: a failed call says where it ran
+ENV_CODE_ROOT = "BURLA_CODE_ROOT"  # set for a node's workers: where they unpack shipped modules (the node removes it)
 ENV_CLOUD = "BURLA_CLOUD"
 # "0" (or `burla config set background_head false`): a script with no head running starts one for
 # itself that stops with it, instead of a background head that outlives it.

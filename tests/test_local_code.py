@@ -83,3 +83,28 @@ def test_a_local_package_whose_name_starts_with_burla_is_shipped(tmp_path, monke
         assert shipped == ["burla_lookalike/__init__.py"]  # only burla's own modules stay behind
     finally:
         sys.modules.pop("burla_lookalike", None)
+
+
+def test_shipped_modules_leave_nothing_behind_once_the_cluster_stops(tmp_path):
+    from burla.config import ENV_CONFIG_DIR, ENV_TOKEN
+    from tests.conftest import launch_head, wait_for_nodes
+
+    scratch = tmp_path / "scratch"  # the cluster's temporary directory: where workers unpack modules
+    scratch.mkdir()
+    config_dir = tmp_path / "config"
+    head = launch_head(["head", "serve", "--port", "0", "--local-nodes", "1", "--local-node-workers", "2"],
+                       {ENV_CONFIG_DIR: str(config_dir), ENV_TOKEN: "test-token", "TMPDIR": str(scratch)}, config_dir)
+    try:
+        wait_for_nodes(head, 1)
+        project = tmp_path / "project"
+        project.mkdir()
+        _project(project, 3)
+        done = subprocess.run([sys.executable, "client.py"], cwd=project, capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, **head.env()))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-2:] == ["[3, 6]", "[9]"]
+        unpacked = list(scratch.rglob("helpers_here.py"))
+        assert unpacked, "the workers unpacked the modules elsewhere: this test checks nothing"
+    finally:
+        head.stop()
+    assert not [path.name for path in scratch.iterdir() if path.name.startswith("burla-")]

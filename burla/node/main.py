@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 
 from burla._version import __version__
-from burla.config import ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
+from burla.config import ENV_CODE_ROOT, ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
 from burla.node.fork_server import ForkServer, can_serve, start_fork_server
 from burla.node.gpus import Gpus
 from burla.node.worker_pool import WorkerPool
@@ -80,6 +82,7 @@ def run_node(settings: NodeSettings) -> int:
     env = dict(os.environ)
     env[ENV_HEAD_URL] = settings.head_url
     env[ENV_NODE_ID] = settings.node_id
+    code_root = env[ENV_CODE_ROOT] = tempfile.mkdtemp(prefix="burla-node-code-")
     # Workers are never forked from this process: they would inherit its memory, and with it the
     # node's token (and a local node's head's cluster token). They come from a fresh interpreter.
     pool = WorkerPool(settings.workers, env, Gpus(settings.gpu, settings.gpu_count),
@@ -102,5 +105,8 @@ def run_node(settings: NodeSettings) -> int:
         finally:
             exit_code = service.exit_code
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        shutil.rmtree(code_root, ignore_errors=True)
     return exit_code

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from itertools import count
 from typing import Any
 
-from burla.config import ENV_JOB_TOKEN, ENV_NODE_ID, ENV_PARENT_JOB
+from burla.config import ENV_CODE_ROOT, ENV_JOB_TOKEN, ENV_NODE_ID, ENV_PARENT_JOB
 from burla.errors import CallExited
 from burla.node.output_capture import OutputCapture
 from burla.process.memory import freeze_inherited_objects
@@ -180,11 +180,21 @@ class Worker:
                     del sys.modules[name]
             if directory in sys.path:
                 sys.path.remove(directory)
+            self.remove_code()
+        # Under the node's own directory: what a killed worker leaves, the node removes when it stops.
+        directory = tempfile.mkdtemp(prefix="burla-code-", dir=os.environ.get(ENV_CODE_ROOT) or None)
+        try:
+            local_code.install(code, directory)
+        except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
-            self._code = None
-        directory = tempfile.mkdtemp(prefix="burla-code-")
-        local_code.install(code, directory)
+            raise
         self._code = (digest, directory)
+
+    def remove_code(self) -> None:
+        """Remove the shipped modules' directory, if any."""
+        if self._code is not None:
+            shutil.rmtree(self._code[1], ignore_errors=True)
+            self._code = None
 
     def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list, decoded: bool = False) -> None:
         """Run a batch's calls; `arguments` are as they travelled, or their values if `decoded`."""
@@ -376,6 +386,8 @@ def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
             text = f"burla worker {os.getpid()} failed:\n" + "".join(traceback.format_exception(e))
             os.write(worker.capture.diagnostics_fd, text.encode(errors="replace"))
     finally:
+        with contextlib.suppress(BaseException):
+            worker.remove_code()
         # Exit without running atexit hooks or joining threads a user function left behind.
         sys.stdout.flush()
         os._exit(code)
