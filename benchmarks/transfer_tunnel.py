@@ -102,7 +102,10 @@ def ssh_anchor_mb_s(direction: str) -> float:
 class TunnelledCluster:
     """A head on this machine whose nodes run on stand-in EC2 VMs it booted and reaches over SSH."""
 
-    def __init__(self, root: Path, vms: int = 1, machine_type: str = "m7i.large") -> None:
+    def __init__(self, root: Path, vms: int = 1, machine_type: str = "m7i.large", wave: int | None = None) -> None:
+        """Boot `vms` stand-in VMs, `wave` at a time if given: each VM installs the runtime, which
+        takes seconds of CPU, so on a small machine a hundred at once would not all be set up
+        within the boot deadline (`SshSettings.boot_deadline_s`, 900 s)."""
         import boto3
         import moto.server as moto_server
         import pytest
@@ -133,12 +136,14 @@ class TunnelledCluster:
         cli_env = {**os.environ, **self.env}
         try:
             # Nodes stay however long the last VMs take to boot (a cloud node idle 600 s goes by default).
-            for command in (["settings", "update", "--quantity", str(vms), "--machine-type", machine_type,
-                             "--inactivity-timeout", "86400"],
-                            ["cluster", "start"]):
-                subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True,
-                               capture_output=True)
-            self._wait_for_nodes(vms)
+            for count in range(wave or vms, vms + (wave or vms), wave or vms):
+                count = min(count, vms)
+                for command in (["settings", "update", "--quantity", str(count), "--machine-type", machine_type,
+                                 "--inactivity-timeout", "86400"],
+                                ["cluster", "start"]):
+                    subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True,
+                                   capture_output=True)
+                self._wait_for_nodes(count)
         except BaseException:  # interrupted or timed out while booting: stop what runs already
             self.stop()
             raise

@@ -17,9 +17,11 @@ burla alone (`python3 -m venv env && env/bin/pip install -e .`), no VM installs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,11 +91,18 @@ def main() -> None:
     parser.add_argument("--client-python", default=sys.executable,
                         help="the client's interpreter: one whose environment holds burla alone spares every VM "
                              "installing what this one has")
+    parser.add_argument("--wave", type=int, default=25, help="boot this many VMs at a time (each installs the runtime)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="work in this directory and keep it (the head's and VMs' logs), not a temporary one")
     arguments = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the cluster's VMs and nodes are stopped too
 
-    with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
+    with contextlib.nullcontext(str(arguments.keep)) if arguments.keep else \
+            tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        cluster = TunnelledCluster(Path(directory), vms=arguments.vms, machine_type=arguments.machine_type)
+        cluster = TunnelledCluster(Path(directory), vms=arguments.vms, machine_type=arguments.machine_type,
+                                   wave=arguments.wave)
         booted_s = time.perf_counter() - started
         try:
             env = {**cluster.env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}

@@ -15,11 +15,18 @@ from burla.head.records import RUNNING, JobRecord, NodeRecord
 from burla.head.scheduler import Scheduler
 from burla.head.steals import record_steal
 from burla.protocol import limits, wire
+from burla.protocol.packed_inputs import PackedInputs, gather
 from burla.protocol.packed_results import pack_indices, unpack_indices
 
 
 def node(node_id="n1", slots=4, cpus=4, ram_gb=16.0, gpu=None, gpu_count=0, image=None, region="local", python="3.11"):
     return NodeRecord(node_id, "http://x", slots, cpus, ram_gb, gpu, gpu_count, image, region, python, "0.1.0")
+
+
+def held_bytes(job: JobRecord, node_id: str) -> dict[int, bytes]:
+    """What the head keeps of each input in flight on a node: its bytes, should the node be lost."""
+    inflight = job.assignments[node_id].inflight
+    return dict(gather(inflight.items()).items()) if inflight else {}
 
 
 def spec(job_id="j", n=10, **kw):
@@ -478,7 +485,7 @@ def test_a_node_back_after_a_restart_keeps_what_it_holds():
     assert job.node_held == {0: "a", 1: "a", 2: "a"}
     mark_client_held(job, zlib.compress(bytes(6)))  # the client has no result yet and uploads all six
     s.add_inputs(job, _inputs(range(6)))
-    assert job.assignments["a"].inflight == {0: b"x0", 1: b"x1", 2: b"x2"}  # bytes in case "a" dies
+    assert held_bytes(job, "a") == {0: b"x0", 1: b"x1", 2: b"x2"}  # bytes in case "a" dies
     assert [item[0] for item in job.pending] == [3, 4, 5] and job.received == 6 and not job.node_held
     s.grant("a", "j", 10)
     s.grant("b", "j", 10)
@@ -498,7 +505,7 @@ def test_inputs_queued_again_go_back_to_the_node_that_holds_them():
     s.add_node(node("a", slots=2))
     adopt_held(job, "a", [1, 3])  # it came back still holding two of them
     assert [item[0] for item in job.pending] == [0, 2]
-    assert job.assignments["a"].inflight == {1: b"x1", 3: b"x3"} and job.node_losses == {0: 1, 2: 1}
+    assert held_bytes(job, "a") == {1: b"x1", 3: b"x3"} and job.node_losses == {0: 1, 2: 1}
 
 
 def test_a_node_back_may_say_it_holds_only_inputs_it_was_given():
@@ -525,7 +532,7 @@ def test_a_node_back_may_say_it_holds_only_inputs_it_was_given():
     s.add_node(node("a", slots=2))
     job.lost_holdings.clear()
     adopt_held(job, "a", list(range(8)))
-    assert job.assignments["a"].inflight == {}
+    assert held_bytes(job, "a") == {}
 
 
 def test_after_a_restart_a_node_back_is_believed_for_a_window_at_most():
@@ -553,7 +560,7 @@ def test_results_before_the_client_is_back_are_merged_with_what_it_holds():
     assert held == 2 and states == bytes([1, 0, 0, 0, 2, 0])
     assert (job.n_done, job.n_failed, job.upload_prefix) == (4, 2, 3)
     s.add_inputs(job, _inputs([0, 1, 2, 3, 4, 5]))  # sending again what it lacks results for is fine
-    assert [item[0] for item in job.pending] == [3, 5] and job.assignments["a"].inflight == {}
+    assert [item[0] for item in job.pending] == [3, 5] and held_bytes(job, "a") == {}
     assert job.node_held == {}
 
 
@@ -563,7 +570,7 @@ def test_a_held_input_stolen_before_its_bytes_arrive_follows_the_thief():
     record_steal("b", job, "a", [1])
     mark_client_held(job, zlib.compress(bytes(6)))
     s.add_inputs(job, _inputs([0, 1]))
-    assert job.assignments["a"].inflight == {0: b"x0"} and job.assignments["b"].inflight == {1: b"x1"}
+    assert held_bytes(job, "a") == {0: b"x0"} and held_bytes(job, "b") == {1: b"x1"}
 
 
 def test_a_restored_job_pushes_nothing_while_it_waits_for_its_nodes():
@@ -620,11 +627,14 @@ def test_a_clients_machine_is_no_requirement_for_growth_or_errors():
 
 
 def test_a_large_input_is_pushed_in_a_frame_of_its_own():
-    from burla.head.pushes import MAX_PUSH_BYTES, frames
+    from burla.head.input_queue import MAX_PUSH_BYTES, InputQueue
 
     sizes = [10, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES, 10, MAX_PUSH_BYTES + 1, MAX_PUSH_BYTES // 2, MAX_PUSH_BYTES // 2]
-    frames = frames(list(range(len(sizes))), [b"x" * size for size in sizes])
+    queue = InputQueue()
+    queue.append(PackedInputs.of([[i, b"x" * size] for i, size in enumerate(sizes)]))
+    frames = queue.take(len(sizes))
     assert [part.index_list() for part in frames] == [[0, 1], [2], [3], [4], [5, 6]]
+    assert [len(part.data) for part in frames[1:4]] == sizes[2:5]
 
 
 def test_a_node_is_believed_only_for_results_of_inputs_it_holds():

@@ -347,10 +347,9 @@ class Cluster:
     def add_inputs(self, job: JobRecord, part: PackedInputs) -> None:
         if job.status != RUNNING:
             return
-        indices, data = part.index_list(), part.arguments()
-        self.scheduler.add_input_lists(job, indices, data)
+        self.scheduler.add_packed(job, part)
         if job.spec.detach:  # its client won't be there to send them again
-            self.record.keep_inputs(job.job_id, list(zip(indices, data)))
+            self.record.keep_inputs(job.job_id, part.items())
             if job.received >= job.n_inputs:
                 self._confirm_inputs_kept(job)
         self.pump()

@@ -9,6 +9,7 @@ import zlib
 from burla.errors import ProtocolError
 from burla.head.records import RUNNING, JobRecord
 from burla.protocol import limits
+from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import unpack_indices
 
 _ANY_RESULT = bytes([0] + [1] * 255)  # bytes.translate table: any nonzero state -> 1
@@ -62,7 +63,7 @@ def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:
         rest = []
         for index, data in job.pending:
             if index in holding:
-                assignment.inflight[index] = data
+                assignment.inflight[index] = PackedInputs.of_lists([index], [data])
                 holding.discard(index)
                 losses = job.node_losses.pop(index, 0)  # its node was not lost after all
                 if losses > 1:

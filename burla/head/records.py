@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from burla.head.input_queue import InputQueue
 from burla.protocol import wire
-from burla.protocol.framing import Payload
+from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus
 from burla.protocol.views import NodeDescription, NodeUsage
 
@@ -57,7 +57,8 @@ class Assignment:
     def first(cls, node: NodeRecord, parallelism: int, slots: int) -> Assignment:
         """A new share, with the credit a node's first window gives (initial_credit)."""
         return cls(parallelism, slots, initial_credit(slots))
-    inflight: dict[int, Payload] = field(default_factory=dict)  # sent, result not yet in
+    # Sent, result not yet in: each input's index -> the frame it went in (its bytes, should the node be lost).
+    inflight: dict[int, PackedInputs] = field(default_factory=dict)
 
 
 @dataclass

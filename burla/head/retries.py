@@ -8,18 +8,19 @@ from __future__ import annotations
 from burla.errors import ProtocolError
 from burla.head.records import Assignment, JobRecord
 from burla.protocol import wire
+from burla.protocol.packed_inputs import gather
 
 
 def retry(job: JobRecord, assignment: Assignment, index: int) -> bool:
     """A failed try of input `index`: queue it again if the job's retries allow and its bytes are
     still here (in flight on the node that answered); True if it was."""
     tries = job.retried.get(index, 0)
-    data = assignment.inflight.get(index)
-    if tries >= job.spec.retries or data is None:
+    run = assignment.inflight.get(index)
+    if tries >= job.spec.retries or run is None:
         return False
     del assignment.inflight[index]
     job.retried[index] = tries + 1
-    job.pending.extend_front([(index, data)])
+    job.pending.prepend(gather([(index, run)]))
     return True
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
 
@@ -23,11 +24,11 @@ from burla.head.eligibility import (
     placement_order,
     share,
 )
-from burla.head.pushes import frames, least_push
+from burla.head.pushes import least_push
 from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord
 from burla.head.retries import retry
 from burla.protocol import limits, wire
-from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_inputs import PackedInputs, gather, unpack_uints
 from burla.protocol.states import EndKind, JobStatus, NodeStatus
 from burla.protocol.views import USAGE_FIELDS
 
@@ -113,7 +114,7 @@ class Scheduler:
                     del job.node_held[index]
             if job.status == RUNNING:
                 back = []
-                for index, data in assignment.inflight.items():
+                for index, run in assignment.inflight.items():
                     if job.done[index]:
                         continue
                     losses = job.node_losses.get(index, 0) + 1
@@ -121,8 +122,9 @@ class Scheduler:
                     if losses >= MAX_NODE_LOSSES:
                         given_up.append(index)
                     else:
-                        back.append((index, data))
-                job.pending.extend_front(back)
+                        back.append((index, run))
+                if back:
+                    job.pending.prepend(gather(back))
                 job.lost_holdings[node_id] = {index for index, _ in back}
             affected.append((job, given_up))
         return affected
@@ -235,42 +237,46 @@ class Scheduler:
 
     def add_inputs(self, job: JobRecord, items: list) -> None:
         """Queue these inputs, [[input_index, pickled_args], ...]."""
-        self.add_input_lists(job, list(map(_index_of, items)), list(map(_data_of, items)))
+        if items:
+            self.add_packed(job, PackedInputs.of(items))
 
-    def add_input_lists(self, job: JobRecord, indices: list[int], data: list[wire.Payload]) -> None:
-        """Queue these inputs, given as their indices and their pickled arguments (lists the queue keeps)."""
+    def add_packed(self, job: JobRecord, part: PackedInputs) -> None:
+        """Queue a run of inputs as it came (checked: `PackedInputs.check`); the queue keeps it."""
         if job.status != RUNNING:
             return  # uploads still on their way when the job ended
+        indices = unpack_uints(part.indices)
         n = job.n_inputs
         if indices and 0 <= min(indices) and max(indices) < n:
             job.cover(max(indices) + 1)
         seen = job.seen
         if job.node_held or job.lenient_uploads:
-            items = list(zip(indices, data))
+            items = part.items()
             if job.node_held:
                 items = self._to_holders(job, items)
             if job.lenient_uploads:  # taken up from history: its client may send again what was kept
                 items = [item for item in items if not (0 <= item[0] < len(seen) and seen[item[0]])]
-            indices, data = list(map(_index_of, items)), list(map(_data_of, items))
+            if not items:
+                return
+            part, indices = PackedInputs.of(items), tuple(map(_index_of, items))
         if not indices:
             return
         first, end = indices[0], indices[0] + len(indices)
         prefix = job.upload_prefix
         if 0 <= first and end <= len(seen) and indices[-1] == end - 1 and seen.find(1, first, end) < 0 \
-                and indices == list(range(first, end)):
+                and indices == tuple(range(first, end)):
             seen[first:end] = b"\x01" * len(indices)  # the common case, a new run of inputs: at C speed
             if prefix == first:
                 prefix = end
         else:
             self._mark_uploaded(job, indices)
         job.received += len(indices)
-        job.pending.extend_lists(indices, data)
+        job.pending.append(part)
         while prefix < len(seen) and seen[prefix]:
             prefix += 1
         job.upload_prefix = prefix
 
     @staticmethod
-    def _mark_uploaded(job: JobRecord, indices: list[int]) -> None:
+    def _mark_uploaded(job: JobRecord, indices: Sequence[int]) -> None:
         """Mark each input uploaded; one outside the job or uploaded before is the client's error."""
         n, seen = job.n_inputs, job.seen
         outside = next((index for index in indices if not 0 <= index < n), None)
@@ -293,7 +299,7 @@ class Scheduler:
             if assignment is None or (item[0] < len(job.seen) and job.seen[item[0]]):
                 rest.append(item)
                 continue
-            assignment.inflight[item[0]] = item[1]
+            assignment.inflight[item[0]] = PackedInputs.of_lists([item[0]], [item[1]])
             job.cover(item[0] + 1)
             job.seen[item[0]] = 1
             job.received += 1
@@ -367,10 +373,10 @@ class Scheduler:
     def _push(self, job: JobRecord, node_id: str, assignment: Assignment, wanted: int, pushes: list,
               withdraw: bool = True) -> None:
         count = min(assignment.credit, wanted, len(job.pending))
-        indices, data = job.pending.take(count)
-        assignment.inflight.update(zip(indices, data))
-        for batch in frames(indices, data):
-            pushes.append((node_id, job.job_id, batch))
+        inflight = assignment.inflight
+        for frame in job.pending.take(count):
+            inflight.update(zip(unpack_uints(frame.indices), repeat(frame)))  # each input's bytes, by its frame
+            pushes.append((node_id, job.job_id, frame))
         assignment.credit -= count
         if not job.pending and job.received >= job.n_inputs and not job.all_pushed:
             job.all_pushed = True
@@ -464,12 +470,11 @@ class Scheduler:
         if not all(map(assignment.inflight.__contains__, indices)):  # at C speed
             return False
         done = job.done
-        for position, index in enumerate(indices):  # the one loop per result
-            if done[index]:
-                for earlier in indices[:position]:
-                    done[earlier] = 0
-                return False
-            done[index] = 1
+        first, end = indices[0], indices[0] + len(indices)
+        if indices[-1] == end - 1 and done.find(1, first, end) < 0 and indices == list(range(first, end)):
+            done[first:end] = b"\x01" * len(indices)  # the common case, a run of calls' results: at C speed
+        elif not _mark_each(done, indices):
+            return False
         deque(map(assignment.inflight.pop, indices, repeat(None)), maxlen=0)
         job.n_done += len(indices)
         return True
@@ -498,3 +503,14 @@ class Scheduler:
     def forget(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)
         self.running.pop(job_id, None)
+
+
+def _mark_each(done: bytearray, indices: list[int]) -> bool:
+    """Mark these inputs done one by one, if none is yet (nor twice among them); else change nothing."""
+    for position, index in enumerate(indices):
+        if done[index]:
+            for earlier in indices[:position]:
+                done[earlier] = 0
+            return False
+        done[index] = 1
+    return True

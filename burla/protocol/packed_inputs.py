@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 import sys
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from operator import itemgetter
 from typing import TypeVar
@@ -100,11 +100,14 @@ class InputRuns:
     unpacked, once, when it is queued; its arguments stay as they came until a slice of them
     goes to a worker."""
 
-    __slots__ = ("_runs", "_count")
+    __slots__ = ("_runs", "_count", "_compact")
 
-    def __init__(self) -> None:
+    def __init__(self, compact: bool = True) -> None:
         self._runs: list[_Run] = []  # few: one per push from the head, in order
         self._count = 0
+        # Whether a run mostly taken copies out its rest (see _Run). Not where what was taken
+        # stays alive anyway, holding its frame: on the head, until each input's result is in.
+        self._compact = compact
 
     def __len__(self) -> int:
         return self._count
@@ -134,7 +137,7 @@ class InputRuns:
         parts: list[PackedInputs] = []
         while count > 0 and self._runs:
             run = self._runs[end]
-            part = run.take(count, max_bytes, at_least_one=not parts, from_back=from_back)
+            part = run.take(count, max_bytes, at_least_one=not parts, from_back=from_back, compact=self._compact)
             if not part.count:
                 break  # the next input would not fit
             count -= part.count
@@ -149,6 +152,10 @@ class InputRuns:
 
     def index_list(self) -> list[int]:
         return [index for run in self._runs for index in run.indices[run.start:run.end]]
+
+    def items(self) -> list[tuple[int, bytes | memoryview]]:
+        """[(input_index, pickled_args), ...] of what is queued, in order: for the rare paths."""
+        return [item for run in self._runs for item in run.remaining().items()]
 
     def take_all(self) -> PackedInputs:
         return self.take(self._count, max_bytes=sys.maxsize)
@@ -179,7 +186,11 @@ class _Run:
     def left(self) -> int:
         return self.end - self.start
 
-    def take(self, count: int, max_bytes: int, at_least_one: bool, from_back: bool) -> PackedInputs:
+    def remaining(self) -> PackedInputs:
+        return self._slice(self.start, self.end, self.data_start, self.data_end)
+
+    def take(self, count: int, max_bytes: int, at_least_one: bool, from_back: bool,
+             compact: bool = True) -> PackedInputs:
         """Up to `count` inputs from the front (or the back) of what is left, as many as fit in
         `max_bytes` of arguments (at least one if `at_least_one`)."""
         if from_back:
@@ -194,7 +205,8 @@ class _Run:
             stop, data_stop = self.start + taken, self.data_start + size
             part = self._slice(self.start, stop, self.data_start, data_stop)
             self.start, self.data_start = stop, data_stop
-        self._compact()
+        if compact:
+            self._compact()
         return part
 
     def _slice(self, start: int, stop: int, data_start: int, data_stop: int) -> PackedInputs:
@@ -207,7 +219,7 @@ class _Run:
 
     def _compact(self) -> None:
         if self.left and (self.data_end - self.data_start) * 2 < len(self.part.data):
-            rest = self._slice(self.start, self.end, self.data_start, self.data_end)
+            rest = self.remaining()
             if type(rest.data) is memoryview:  # a view would keep the whole frame it came in alive
                 rest.data = bytes(rest.data)
             self._reset(rest)
@@ -222,6 +234,23 @@ def _fitting(sizes: Sequence[int], max_bytes: int, at_least_one: bool) -> tuple[
     ends = list(accumulate(sizes))
     fit = max(bisect_right(ends, max_bytes), 1 if at_least_one else 0)
     return fit, ends[fit - 1] if fit else 0
+
+
+def gather(wanted: Iterable[tuple[int, PackedInputs]]) -> PackedInputs:
+    """Inputs named with the runs they travelled in ([(input_index, run), ...]), each cut out of
+    its run, in the order named: for the rare paths (inputs of a lost node queued again)."""
+    places: dict[int, dict[int, tuple[int, int]]] = {}  # id(run) -> index -> its arguments' span
+    indices: list[int] = []
+    data: list[bytes | memoryview] = []
+    for index, run in wanted:
+        spans = places.get(id(run))
+        if spans is None:
+            ends = list(accumulate(unpack_uints(run.sizes)))
+            spans = places[id(run)] = dict(zip(unpack_uints(run.indices), zip([0, *ends[:-1]], ends)))
+        start, end = spans[index]
+        indices.append(index)
+        data.append(run.data[start:end])
+    return PackedInputs.of_lists(indices, data) if indices else PackedInputs(b"", b"", b"")
 
 
 def join(parts: Sequence[PackedInputs]) -> PackedInputs:
