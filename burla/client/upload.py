@@ -87,12 +87,19 @@ class Uploader:
         """These inputs have their results: they leave the window (and their files go)."""
         sizes = self.sizes
         freed_inputs = freed_bytes = 0
-        for index in indices:
-            size = sizes[index]
-            if size:
-                sizes[index] = 0
-                freed_inputs += 1
-                freed_bytes += size
+        if indices and len(indices) == indices[-1] - indices[0] + 1 == max(indices) - min(indices) + 1:
+            # A run of inputs (the indices are distinct: each is a result taken once): at C speed.
+            first, end = indices[0], indices[-1] + 1
+            run = sizes[first:end]
+            freed_inputs, freed_bytes = len(run) - run.count(0), sum(run)
+            sizes[first:end] = _no_sizes(len(run))
+        else:
+            for index in indices:
+                size = sizes[index]
+                if size:
+                    sizes[index] = 0
+                    freed_inputs += 1
+                    freed_bytes += size
         self.outstanding_inputs -= freed_inputs
         self.outstanding_bytes -= freed_bytes
         files = self.files

@@ -1,0 +1,107 @@
+"""The client takes each input's first result only, whichever way a batch of them comes: a run of
+values in index order goes into the caller's list with one slice, anything else one by one, and
+the upload window frees exactly what was out."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import random
+
+from burla.client.progress import Display
+from burla.client.results import NOT_TAKEN, TAKEN_FAILURE, TAKEN_VALUE, take_results
+from burla.client.upload import Uploader
+from burla.protocol.inline_values import VALUE
+from burla.protocol.serialization import pack_error
+
+
+def _batch(rng: random.Random, n: int) -> list:
+    """A batch as the head sends it: mostly runs of values in order, sometimes out of order,
+    repeated, out of range, pickled, or failed."""
+    first = rng.randrange(-2, n)
+    items = [[i, VALUE, i * 10] for i in range(first, min(n + 2, first + rng.randint(1, 40)))]
+    shape = rng.random()
+    if shape < 0.15:
+        rng.shuffle(items)
+    elif shape < 0.3 and items:
+        items[rng.randrange(len(items))] = [items[0][0], True, pickle.dumps(items[0][0] * 10)]
+    elif shape < 0.4 and items:
+        index = items[-1][0]
+        items[-1] = [index, False, pack_error(ValueError(f"input {index} failed"))]
+    elif shape < 0.5:
+        items.append(list(items[0]))  # the head sent one again
+    return items
+
+
+def _expected(batches: list, n: int) -> tuple[list, bytearray]:
+    """What taking them one by one, first result per input, leaves in the list."""
+    results: list = [None] * n
+    received = bytearray(n)
+    for items in batches:
+        for index, ok, payload in items:
+            if 0 <= index < n and not received[index]:
+                received[index] = TAKEN_VALUE if ok else TAKEN_FAILURE
+                results[index] = "failed" if not ok else payload if ok == VALUE else pickle.loads(payload)
+    return results, received
+
+
+def test_every_input_keeps_its_first_result_whatever_the_batches_look_like():
+    for seed in range(300):
+        rng = random.Random(seed)
+        n = rng.randint(1, 120)
+        batches = [_batch(rng, n) for _ in range(rng.randint(1, 12))]
+        results: list = [None] * n
+        received = bytearray(n)
+        taken_all: list[int] = []
+        for items in batches:
+            taken, outcomes, failed = take_results([list(item) for item in items], received, results, {})
+            assert len(set(taken)) == len(taken) and not set(taken) & set(taken_all), seed
+            assert failed == sum(1 for index, ok, _ in outcomes if not ok)
+            taken_all += taken
+        expected, expected_received = _expected(batches, n)
+        assert received == expected_received, seed
+        got = ["failed" if isinstance(value, BaseException) else value for value in results]
+        assert got == expected, seed
+
+
+def test_a_run_of_values_fills_the_list_and_marks_them_taken():
+    results: list = [None] * 6
+    received = bytearray(6)
+    taken, outcomes, failed = take_results([[1, VALUE, "a"], [2, VALUE, 2.5], [3, VALUE, None]], received, results, {})
+    assert (taken, outcomes, failed) == ([1, 2, 3], [], 0)
+    assert results == [None, "a", 2.5, None, None, None] and received == bytearray([0, 1, 1, 1, 0, 0])
+    # The same run again (sent twice by the head): nothing is taken twice, nothing changes.
+    assert take_results([[1, VALUE, "x"], [2, VALUE, "y"]], received, results, {}) == ([], [], 0)
+    assert results[1:3] == ["a", 2.5]
+    # A run that reaches past the job, or holds one already taken, is sorted out one by one.
+    assert take_results([[4, VALUE, 4], [5, VALUE, 5], [6, VALUE, 6]], received, results, {})[0] == [4, 5]
+    assert received.count(NOT_TAKEN) == 1
+
+
+def _uploader(n: int) -> Uploader:
+    display = Display(n, show_progress=False, stdout=io.StringIO(), stderr=io.StringIO())
+    return Uploader("j", list(range(n)), bytearray(n), display, False)
+
+
+def test_results_free_exactly_the_window_their_inputs_took():
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randint(1, 60)
+        uploader = _uploader(n)
+        out = {i: rng.randint(1, 1000) for i in range(n) if rng.random() < 0.8}
+        for index, size in out.items():
+            uploader.sizes[index] = size
+        uploader.outstanding_inputs, uploader.outstanding_bytes = len(out), sum(out.values())
+        indices = list(range(n))
+        rng.shuffle(indices)
+        while indices:
+            cut = rng.randint(1, len(indices))
+            chunk, indices = indices[:cut], indices[cut:]
+            if rng.random() < 0.5:
+                chunk.sort()  # a run, mostly
+            uploader.results_in(chunk)
+            gone = set(chunk)
+            for index in gone:
+                out.pop(index, None)
+            assert uploader.outstanding_inputs == len(out) and uploader.outstanding_bytes == sum(out.values())
+            assert all(uploader.sizes[i] == (out.get(i, 0)) for i in range(n))
