@@ -131,6 +131,27 @@ class LoopThread:
         self.loop.close()
 
 
+def _forward_request(vm: StandinVm, conn: asyncssh.SSHServerConnection, host: str, port: int) -> Any:
+    """A VM's sshd answering a remote forward request (RFC 4254 §7.1 "tcpip-forward")."""
+    if vm.refuse_forwards:
+        vm.refuse_forwards -= 1 if vm.refuse_forwards > 0 else 0
+        return False  # SSH_MSG_REQUEST_FAILURE
+    if host not in ("127.0.0.1", "localhost"):  # remote forwards on the VM's loopback only
+        return False
+    return _open_forward(vm, conn, host, port)
+
+
+async def _open_forward(vm: StandinVm, conn: asyncssh.SSHServerConnection, host: str, port: int) -> Any:
+    """The forward's listener, as asyncssh opens it for `True`; why one could not be opened is
+    kept, as sshd logs it (asyncssh only answers the request's failure)."""
+    try:
+        return await conn.forward_local_port(host, port, host, port)
+    except OSError as e:
+        vm.forward_failures.append(f"{host}:{port}: {e!r}")
+        print(f"stand-in VM {vm.name}: remote forward {host}:{port} failed: {e!r}", file=sys.stderr, flush=True)
+        raise
+
+
 class StandinVm:
     def __init__(self, root: Path, authorized_key: str, name: str, environment: dict[str, str] | None = None,
                  login_user: str | None = None, image: StandinImage | None = None, gpus: tuple[str, ...] = ()) -> None:
@@ -162,6 +183,7 @@ class StandinVm:
         # it grants one: a port it could not bind, a busy daemon. -1: every one, as sshd does with
         # `AllowTcpForwarding no` or `local` (sshd_config(5); the default is yes).
         self.refuse_forwards = 0
+        self.forward_failures: list[str] = []  # remote forwards granted whose listener could not be opened
         self.refused_users: list[str] = []
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self.connections: set[asyncssh.SSHServerConnection] = set()
@@ -310,11 +332,8 @@ class StandinVm:
                     return False
                 return key.public_data in vm.authorized_keys()
 
-            def server_requested(self, listen_host: str, listen_port: int) -> bool:
-                if vm.refuse_forwards:
-                    vm.refuse_forwards -= 1 if vm.refuse_forwards > 0 else 0
-                    return False  # SSH_MSG_REQUEST_FAILURE
-                return listen_host in ("127.0.0.1", "localhost")  # remote forwards on the VM's loopback
+            def server_requested(self, listen_host: str, listen_port: int) -> Any:
+                return _forward_request(vm, self._conn, listen_host, listen_port)
 
             def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
                 return dest_host in ("127.0.0.1", "localhost")  # local forwards to the VM's loopback (sshd's default)

@@ -271,9 +271,8 @@ class Scheduler:
             self._mark_uploaded(job, indices)
         job.received += len(indices)
         job.pending.append(part)
-        while prefix < len(seen) and seen[prefix]:
-            prefix += 1
-        job.upload_prefix = prefix
+        missing = seen.find(0, prefix)  # the first input not uploaded yet, found at C speed
+        job.upload_prefix = len(seen) if missing < 0 else missing
 
     @staticmethod
     def _mark_uploaded(job: JobRecord, indices: Sequence[int]) -> None:
