@@ -99,6 +99,9 @@ def ssh_anchor_mb_s(direction: str) -> float:
             process.wait()
 
 
+BOOT_ROUNDS = 3  # `cluster start`s per wave, each booting again what failed to
+
+
 class TunnelledCluster:
     """A head on this machine whose nodes run on stand-in EC2 VMs it booted and reaches over SSH."""
 
@@ -138,25 +141,35 @@ class TunnelledCluster:
             # Nodes stay however long the last VMs take to boot (a cloud node idle 600 s goes by default).
             for count in range(wave or vms, vms + (wave or vms), wave or vms):
                 count = min(count, vms)
-                for command in (["settings", "update", "--quantity", str(count), "--machine-type", machine_type,
-                                 "--inactivity-timeout", "86400"],
-                                ["cluster", "start"]):
-                    subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True,
-                                   capture_output=True)
-                self._wait_for_nodes(count)
+                # A VM that failed to boot (the head says why in its log) is booted again by the next start.
+                for _ in range(BOOT_ROUNDS):
+                    for command in (["settings", "update", "--quantity", str(count), "--machine-type", machine_type,
+                                     "--inactivity-timeout", "86400"],
+                                    ["cluster", "start"]):
+                        subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True,
+                                       capture_output=True)
+                    if self._wait_for_nodes(count):
+                        break
+                else:
+                    raise RuntimeError(f"fewer than {count} stand-in VMs' nodes registered after {BOOT_ROUNDS} "
+                                       f"starts: see {self.head.log_path}")
         except BaseException:  # interrupted or timed out while booting: stop what runs already
             self.stop()
             raise
 
-    def _wait_for_nodes(self, count: int) -> None:
+    def _wait_for_nodes(self, count: int) -> bool:
+        """Wait until `count` nodes registered (True) or none is booting any more (False)."""
         import urllib.request
 
         request = urllib.request.Request(f"{self.head.url}/v1/cluster",
                                          headers={"Authorization": f"Bearer {self.head.token}"})
         deadline = time.monotonic() + 300 + 30 * count
         while time.monotonic() < deadline:
-            if len(json.load(urllib.request.urlopen(request, timeout=10)).get("nodes", [])) >= count:
-                return
+            cluster = json.load(urllib.request.urlopen(request, timeout=10))
+            if len(cluster.get("nodes", [])) >= count:
+                return True
+            if not cluster.get("booting"):
+                return False
             time.sleep(0.2)
         raise TimeoutError(f"{count} stand-in VMs' nodes did not register in time")
 
