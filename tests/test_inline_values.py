@@ -123,6 +123,37 @@ def test_results_of_the_wrong_shape_are_refused(items, words):
         check_results("ResultBatch", items)
 
 
+def _well_shaped(item: list) -> bool:
+    """Whether one result item is of a shape `check_results` takes, written out plainly."""
+    if type(item) is not list or len(item) != 3 or type(item[0]) is not int:
+        return False
+    ok, payload = item[1], item[2]
+    if ok is True or ok is False:
+        return type(payload) in (bytes, memoryview)
+    if type(ok) is int and ok == VALUE:
+        return type(payload) in (int, float, bool, type(None)) or (type(payload) is str
+                                                                   and len(payload) <= MAX_STR_CHARS)
+    return False
+
+
+def test_a_batch_is_refused_exactly_when_one_of_its_results_is_of_the_wrong_shape():
+    # Mostly batches of one common shape (the ones checked at C speed), with one odd item or none.
+    rng = random.Random(13)
+    odd = [[0, VALUE, b"x"], [0, 2.0, 1], [0, True, 5], [True, True, b""], [1.0, VALUE, 1], [0, VALUE, [1]],
+           [0, 1, b"x"], [0, VALUE, "x" * (MAX_STR_CHARS + 1)], [0, False, 3], [0, True], [0, VALUE, 1, 2],
+           [0, VALUE, "ok"], [0, False, b"err"], [0, True, memoryview(b"p")], [0, VALUE, None], [0, VALUE, False]]
+    for _ in range(2000):
+        common = rng.choice([lambda i: [i, VALUE, rng.choice([i, 1.5, True, None])], lambda i: [i, True, b"p"]])
+        items = [common(i) for i in range(rng.randint(1, 30))]
+        if rng.random() < 0.7:
+            items.insert(rng.randrange(len(items) + 1), list(rng.choice(odd)))
+        if all(map(_well_shaped, items)):
+            check_results("ResultBatch", items)
+        else:
+            with pytest.raises(ProtocolError):
+                check_results("ResultBatch", items)
+
+
 def test_result_value_refuses_a_failure():
     with pytest.raises(ValueError):
         result_value(False, b"")

@@ -37,7 +37,6 @@ _REPORTED_USAGE = tuple(name for name in USAGE_FIELDS if name != "status")
 MAX_NODE_LOSSES = 3  # an input whose node died this many times ends in NodeDisconnected
 
 _index_of = itemgetter(0)
-_data_of = itemgetter(1)
 _ok_of = itemgetter(1)
 
 
