@@ -100,6 +100,7 @@ def ssh_anchor_mb_s(direction: str) -> float:
 
 
 BOOT_ROUNDS = 3  # `cluster start`s per wave, each booting again what failed to
+STALL_S = 240  # a wave none of whose booting VMs registered this long is measured as it is
 
 
 class TunnelledCluster:
@@ -141,37 +142,51 @@ class TunnelledCluster:
             # Nodes stay however long the last VMs take to boot (a cloud node idle 600 s goes by default).
             for count in range(wave or vms, vms + (wave or vms), wave or vms):
                 count = min(count, vms)
-                # A VM that failed to boot (the head says why in its log) is booted again by the next start.
+                # A VM that failed to boot (the head says why in its log) is booted again by the next start;
+                # one that stalls (its stand-in never answers) is left to the head's boot deadline.
                 for _ in range(BOOT_ROUNDS):
                     for command in (["settings", "update", "--quantity", str(count), "--machine-type", machine_type,
                                      "--inactivity-timeout", "86400"],
                                     ["cluster", "start"]):
                         subprocess.run([sys.executable, "-m", "burla", *command], env=cli_env, check=True,
                                        capture_output=True)
-                    if self._wait_for_nodes(count):
+                    if self._wait_for_nodes(count) != "failed":
                         break
-                else:
-                    raise RuntimeError(f"fewer than {count} stand-in VMs' nodes registered after {BOOT_ROUNDS} "
-                                       f"starts: see {self.head.log_path}")
+            self.registered = len(self._cluster()["nodes"])
         except BaseException:  # interrupted or timed out while booting: stop what runs already
             self.stop()
             raise
 
-    def _wait_for_nodes(self, count: int) -> bool:
-        """Wait until `count` nodes registered (True) or none is booting any more (False)."""
+    def _cluster(self) -> dict:
+        """GET /v1/cluster, asked again while the head is too busy to answer (a hundred VMs
+        installing at once leave it little of this machine)."""
+        import urllib.error
         import urllib.request
 
         request = urllib.request.Request(f"{self.head.url}/v1/cluster",
                                          headers={"Authorization": f"Bearer {self.head.token}"})
-        deadline = time.monotonic() + 300 + 30 * count
-        while time.monotonic() < deadline:
-            cluster = json.load(urllib.request.urlopen(request, timeout=10))
+        for _ in range(9):
+            try:
+                return json.load(urllib.request.urlopen(request, timeout=60))
+            except (TimeoutError, urllib.error.URLError):
+                time.sleep(5)
+        return json.load(urllib.request.urlopen(request, timeout=60))
+
+    def _wait_for_nodes(self, count: int) -> str:
+        """Wait until `count` nodes registered ("all"), none is booting any more ("failed"), or
+        none registered for STALL_S while some still boot ("stalled")."""
+        registered, progress_at = -1, time.monotonic()
+        while True:
+            cluster = self._cluster()
             if len(cluster.get("nodes", [])) >= count:
-                return True
+                return "all"
             if not cluster.get("booting"):
-                return False
-            time.sleep(0.2)
-        raise TimeoutError(f"{count} stand-in VMs' nodes did not register in time")
+                return "failed"
+            if len(cluster["nodes"]) != registered:
+                registered, progress_at = len(cluster["nodes"]), time.monotonic()
+            elif time.monotonic() - progress_at > STALL_S:
+                return "stalled"
+            time.sleep(0.5)
 
     def head_state(self, window_s: int) -> dict:
         """GET /v1/head: the head's CPU seconds so far and its loop lag over the last `window_s`."""
@@ -179,7 +194,7 @@ class TunnelledCluster:
 
         request = urllib.request.Request(f"{self.head.url}/v1/head?window_s={window_s}",
                                          headers={"Authorization": f"Bearer {self.head.token}"})
-        return json.load(urllib.request.urlopen(request, timeout=10))
+        return json.load(urllib.request.urlopen(request, timeout=60))
 
     def stop(self) -> None:
         self.head.stop()

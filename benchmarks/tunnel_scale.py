@@ -11,7 +11,9 @@ two sizes and compare: what grows faster than the VMs do is what to fix.
 Run: python3 tunnel_scale.py --vms 10 [--client-python PYTHON] (each VM is a node with its workers
 on this machine). Every node first installs the distributions the client has and it lacks (as on
 a real cloud), so the client runs in an interpreter of its own: given one whose environment holds
-burla alone (`python3 -m venv env && env/bin/pip install -e .`), no VM installs anything.
+burla alone, at the versions of this one (`python3 -m venv env && pip freeze --exclude-editable > c.txt &&
+env/bin/pip install -e . -c c.txt`), no VM installs anything. (Where its versions differ, a hundred VMs
+install at once on this machine, and the head gets too little of it to answer.)
 """
 
 from __future__ import annotations
@@ -113,9 +115,10 @@ def main() -> None:
         "benchmark": "tunnel_scale",
         "cores": os.cpu_count(),
         "vms": arguments.vms,
+        "vms_registered": cluster.registered,
         "boot_and_register_s": round(booted_s, 1),
         "idle_head_cpu_percent": round(idle_cpu * 100, 2),
-        "idle_head_cpu_percent_per_tunnel": round(idle_cpu * 100 / arguments.vms, 3),
+        "idle_head_cpu_percent_per_tunnel": round(idle_cpu * 100 / cluster.registered, 3),
         "calls_per_job": CALLS,
         "job_us_per_call": round(min(seconds) / CALLS * 1e6, 2),
         "head_cpu_us_per_call": round((during["cpu_s"] - cpu_before) / (JOBS * CALLS) * 1e6, 2),
