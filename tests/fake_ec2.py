@@ -238,8 +238,10 @@ class Ec2Rules:
     def vcpus_running(self, backend: Any, bucket: str) -> int:
         from moto.ec2.models.instance_types import INSTANCE_TYPES
 
+        # A snapshot: the moto server serves each request in a thread of its own, and another's
+        # RunInstances may add a reservation meanwhile.
         return sum(INSTANCE_TYPES[i.instance_type]["VCpuInfo"]["DefaultVCpus"]
-                   for reservation in backend.reservations.values() for i in reservation.instances
+                   for reservation in list(backend.reservations.values()) for i in list(reservation.instances)
                    if i.state in ("pending", "running") and bucket_of(i.instance_type) == bucket
                    and not i.lifecycle == "spot")
 
