@@ -171,9 +171,12 @@ async def _ask_credit(ws, job: NodeJob) -> None:
 
 
 async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts) -> None:
-    from burla.protocol import packed_results, wire
+    from burla.protocol import inline_values, packed_results, wire
+    from burla.protocol.inline_values import INPUT_MARK, VALUE
 
-    results = [[index, True, data] for index, data in msg.part().items()]  # a no-op returns its input
+    # A no-op returns its input: as a pickle, or as the value itself for one that travelled inline.
+    results = [[index, VALUE, inline_values.unpack_input(data)] if data[:1] == bytes((INPUT_MARK,))
+               else [index, True, data] for index, data in msg.part().items()]
     job.calls_done(len(results), seconds_per_call)
     counts.results += len(results)
     # The credit the freed slots allow rides along, by the real node's rule.
