@@ -1,8 +1,11 @@
-"""What the head knows of each node and job: plain records, which the scheduler changes."""
+"""What the head knows of each node and job: plain records, which the scheduler changes (and
+`mark_fresh`, how a run of results marks its inputs done)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from burla.head.input_queue import InputQueue
 from burla.protocol import wire
@@ -122,3 +125,32 @@ class JobRecord:
 
     def inflight(self) -> int:
         return sum(len(a.inflight) for a in self.assignments.values())
+
+
+def mark_fresh(job: JobRecord, assignment: Assignment, indices: list[int]) -> bool:
+    """Mark these inputs done if none is yet (nor twice among them) and the node holds every one;
+    else change nothing."""
+    if min(indices) < 0 or max(indices) >= len(job.done):
+        return False
+    if not all(map(assignment.inflight.__contains__, indices)):  # at C speed
+        return False
+    done = job.done
+    first, end = indices[0], indices[0] + len(indices)
+    if indices[-1] == end - 1 and done.find(1, first, end) < 0 and indices == list(range(first, end)):
+        done[first:end] = b"\x01" * len(indices)  # the common case, a run of calls' results: at C speed
+    elif not _mark_each(done, indices):
+        return False
+    deque(map(assignment.inflight.pop, indices, repeat(None)), maxlen=0)
+    job.n_done += len(indices)
+    return True
+
+
+def _mark_each(done: bytearray, indices: list[int]) -> bool:
+    """Mark these inputs done one by one, if none is yet (nor twice among them); else change nothing."""
+    for position, index in enumerate(indices):
+        if done[index]:
+            for earlier in indices[:position]:
+                done[earlier] = 0
+            return False
+        done[index] = 1
+    return True

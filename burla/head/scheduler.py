@@ -8,7 +8,6 @@ Keeping it pure makes every scheduling rule testable in microseconds.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
@@ -25,7 +24,7 @@ from burla.head.eligibility import (
     share,
 )
 from burla.head.pushes import least_push
-from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord
+from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord, mark_fresh
 from burla.head.retries import retry
 from burla.protocol import limits, wire
 from burla.protocol.packed_inputs import PackedInputs, gather, unpack_uints
@@ -448,34 +447,16 @@ class Scheduler:
         assignment = job.assignments.get(node_id)
         if job.status != RUNNING or assignment is None or job.node_held or job.restored or not indices:
             return False
-        return self._mark_fresh(job, assignment, indices)
+        return mark_fresh(job, assignment, indices)
 
     @classmethod
     def _all_fresh(cls, job: JobRecord, assignment: Assignment, items: list) -> list | None:
         """The common case at C speed where it can be: every result is the first for its input (none
         is a repeat, in this batch or before). Returns the items, or None (nothing changed) if not."""
-        if not cls._mark_fresh(job, assignment, list(map(_index_of, items))):
+        if not mark_fresh(job, assignment, list(map(_index_of, items))):
             return None
         job.n_failed += list(map(_ok_of, items)).count(False)  # ok-codes: True, False, VALUE (2)
         return items
-
-    @staticmethod
-    def _mark_fresh(job: JobRecord, assignment: Assignment, indices: list[int]) -> bool:
-        """Mark these inputs done if none is yet (nor twice among them) and the node holds every one;
-        else change nothing."""
-        if min(indices) < 0 or max(indices) >= len(job.done):
-            return False
-        if not all(map(assignment.inflight.__contains__, indices)):  # at C speed
-            return False
-        done = job.done
-        first, end = indices[0], indices[0] + len(indices)
-        if indices[-1] == end - 1 and done.find(1, first, end) < 0 and indices == list(range(first, end)):
-            done[first:end] = b"\x01" * len(indices)  # the common case, a run of calls' results: at C speed
-        elif not _mark_each(done, indices):
-            return False
-        deque(map(assignment.inflight.pop, indices, repeat(None)), maxlen=0)
-        job.n_done += len(indices)
-        return True
 
     def finish(self, job: JobRecord, status: JobStatus, reason: str = "") -> list[str]:
         """End a job; returns the nodes that should release it."""
@@ -502,13 +483,3 @@ class Scheduler:
         self.jobs.pop(job_id, None)
         self.running.pop(job_id, None)
 
-
-def _mark_each(done: bytearray, indices: list[int]) -> bool:
-    """Mark these inputs done one by one, if none is yet (nor twice among them); else change nothing."""
-    for position, index in enumerate(indices):
-        if done[index]:
-            for earlier in indices[:position]:
-                done[earlier] = 0
-            return False
-        done[index] = 1
-    return True
