@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -82,7 +83,9 @@ def run_node(settings: NodeSettings) -> int:
     env = dict(os.environ)
     env[ENV_HEAD_URL] = settings.head_url
     env[ENV_NODE_ID] = settings.node_id
-    code_root = env[ENV_CODE_ROOT] = tempfile.mkdtemp(prefix="burla-node-code-")
+    # Named now, made by the first worker that unpacks shipped modules: a node that runs none
+    # leaves nothing behind, even killed.
+    code_root = env[ENV_CODE_ROOT] = os.path.join(tempfile.gettempdir(), f"burla-node-code-{secrets.token_hex(8)}")
     # Workers are never forked from this process: they would inherit its memory, and with it the
     # node's token (and a local node's head's cluster token). They come from a fresh interpreter.
     pool = WorkerPool(settings.workers, env, Gpus(settings.gpu, settings.gpu_count),

@@ -19,6 +19,7 @@ import pickle
 import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -182,7 +183,7 @@ class Worker:
                 sys.path.remove(directory)
             self.remove_code()
         # Under the node's own directory: what a killed worker leaves, the node removes when it stops.
-        directory = tempfile.mkdtemp(prefix="burla-code-", dir=os.environ.get(ENV_CODE_ROOT) or None)
+        directory = tempfile.mkdtemp(prefix="burla-code-", dir=_code_root())
         try:
             local_code.install(code, directory)
         except BaseException:
@@ -341,6 +342,18 @@ class Worker:
                                for index, ok, payload in results]
                     report = worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings)
                 self._send(report)
+
+
+def _code_root() -> str | None:
+    """The node's directory for shipped modules, made by the first worker that needs it; None
+    (the temporary directory itself) without one, or if what is there is not this user's own."""
+    root = os.environ.get(ENV_CODE_ROOT)
+    if not root:
+        return None
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(root, 0o700)
+    found = os.lstat(root)
+    return root if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() else None
 
 
 def _timings_of(marks: array, wall: float, pid: int, count: int) -> bytes:
