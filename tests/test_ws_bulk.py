@@ -166,3 +166,111 @@ async def test_client_frames_sent_in_parts_arrive_whole_on_a_real_server():
     assert installed == [True]
     assert received == payloads
     assert [type(r) for r in received] == [bytearray if len(p) >= ws_bulk.LARGE_FRAME else bytes for p in payloads]
+
+
+class _PassThrough(asyncio.Protocol):
+    """A protocol in front of aiohttp's that only passes everything on (as the head's connection
+    guard does): frames are still read straight into their buffers behind it."""
+
+    def __init__(self, inner: asyncio.Protocol) -> None:
+        self.inner = inner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+
+async def _server(handler, wrapped: bool = False) -> tuple[tuple[web.AppRunner, asyncio.Server], int]:
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    factory = runner.server
+    assert factory is not None
+    server = await loop.create_server((lambda: _PassThrough(factory())) if wrapped else factory, "127.0.0.1", 0)
+    return (runner, server), server.sockets[0].getsockname()[1]
+
+
+async def _stop(serving: tuple[web.AppRunner, asyncio.Server]) -> None:
+    runner, server = serving
+    server.close()
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+async def test_the_rest_of_a_large_frame_is_read_straight_into_its_buffer(monkeypatch, wrapped):
+    filled: list[int] = []
+    real = ws_bulk._FrameFiller.buffer_updated
+
+    def counting(self, nbytes: int) -> None:
+        filled.append(nbytes)
+        real(self, nbytes)
+
+    monkeypatch.setattr(ws_bulk._FrameFiller, "buffer_updated", counting)
+    received: list[bytes] = []
+    protocols_after: list[bool] = []
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
+        await ws.prepare(request)
+        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        async for message in ws:
+            received.append(message.data)
+            transport = request.transport
+            assert transport is not None
+            outer = transport.get_protocol()
+            protocols_after.append(outer is request.protocol or getattr(outer, "inner", None) is request.protocol)
+            await ws.send_bytes(b"ok")
+        return ws
+
+    runner, port = await _server(handler, wrapped)
+    payloads = [os.urandom(size) for size in (8 * 2**20, 100, 3 * 2**20, 70_000)]
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/",
+                                                                           max_msg_size=64 * 2**20) as ws:
+            for payload in payloads:
+                await ws_bulk.send_bulk(ws, [payload])
+                assert (await asyncio.wait_for(ws.receive(), 60)).data == b"ok"
+    finally:
+        await _stop(runner)
+    assert received == payloads
+    assert protocols_after == [True] * len(payloads)  # the connection's own protocol is back after each
+    # Most of the 11 MB of large frames came through the filler, each read into the frame itself.
+    assert sum(filled) > 8 * 2**20
+
+
+async def test_a_connection_lost_inside_a_large_frame_ends_the_server_side():
+    ended = asyncio.Event()
+    messages: list[object] = []
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
+        await ws.prepare(request)
+        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        async for message in ws:
+            messages.append(message.type)
+        ended.set()
+        return ws
+
+    runner, port = await _server(handler)
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/") as ws:
+            transport = ws._writer.transport  # type: ignore[attr-defined]
+            # Half of a 4 MB masked frame, then the connection drops.
+            frame = _frame(0x2, b"z" * (4 * 2**20))
+            transport.write(frame[:2 * 2**20])
+            await asyncio.sleep(0.2)
+            transport.abort()
+        await asyncio.wait_for(ended.wait(), 60)
+    finally:
+        await _stop(runner)
+    assert messages == []  # the partial frame was never handed on

@@ -8,7 +8,10 @@ again to put the header in front of it.
 
 `BulkReader` sits in front of aiohttp's reader on one connection. It reads each frame's header
 itself; a final, uncompressed binary frame of LARGE_FRAME bytes or more is collected into one
-bytearray of its size (one copy), unmasked in place and queued as aiohttp would queue it.
+bytearray of its size, unmasked in place and queued as aiohttp would queue it. Once the read
+that began the frame is used up, the rest of the frame is read straight into that bytearray: the
+connection's transport reads through a `_FrameFiller` (asyncio's BufferedProtocol) until the
+frame is whole, so those bytes are never a bytes object of their own nor copied out of one.
 Everything else (small frames, control frames, fragments, compressed frames, frames over the
 size limit) goes through to aiohttp's reader byte for byte, which answers it as always.
 
@@ -19,6 +22,7 @@ as expected (another aiohttp version), which costs speed, never correctness.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 from collections.abc import Callable, Sequence
@@ -50,8 +54,9 @@ class BulkReader:
     within `max_msg_size` are collected here (none if it is 0, unlimited): a larger one goes to
     aiohttp's reader, which refuses it as always."""
 
-    def __init__(self, inner: Any, queue: Any, max_msg_size: int, mask: _Mask) -> None:
+    def __init__(self, inner: Any, queue: Any, max_msg_size: int, mask: _Mask, protocol: Any = None) -> None:
         self._inner = inner
+        self._protocol = protocol  # the connection's aiohttp protocol; None: frames only fed
         self._queue = queue
         self._max = max_msg_size
         self._mask = mask
@@ -66,6 +71,12 @@ class BulkReader:
         self._inner.feed_eof()
 
     def feed_data(self, data: bytes | bytearray | memoryview) -> tuple[bool, bytes]:
+        result = self._feed(data)
+        if self._frame is not None and not result[0]:
+            self._fill_directly()
+        return result
+
+    def _feed(self, data: bytes | bytearray | memoryview) -> tuple[bool, bytes]:
         view = memoryview(data)
         at, end = 0, len(view)
         while at < end:
@@ -117,6 +128,32 @@ class BulkReader:
                 break
         return _NOT_HANDLED
 
+    def _fill_directly(self) -> None:
+        """Have the transport read the rest of the frame being collected straight into it."""
+        transport = getattr(self._protocol, "transport", None)
+        if transport is None or transport.is_closing():
+            return
+        outer = transport.get_protocol()  # aiohttp's, or a wrapper that only passes reads on to it
+        if outer is not self._protocol and getattr(outer, "inner", None) is not self._protocol:
+            return
+        try:
+            transport.set_protocol(_FrameFiller(self, self._protocol, outer, transport))
+        except (AttributeError, NotImplementedError):  # a transport that cannot change its protocol
+            return
+
+    def _rest(self) -> memoryview:
+        """The part of the frame being collected that is not read yet."""
+        assert self._frame is not None
+        return memoryview(self._frame)[self._got:]
+
+    def _filled(self, size: int) -> bool:
+        """`size` more bytes of the frame were read into `_rest()`; True once it is whole (and queued)."""
+        self._got += size
+        if self._frame is None or self._got < len(self._frame):
+            return False
+        self._finish()
+        return True
+
     def _collects(self, first: int, length: int) -> bool:
         """Whether the frame with this first byte and length is collected here."""
         return bool(first & 0x80 and not first & 0x70 and first & 0x0F == _OP_BINARY and length >= LARGE_FRAME
@@ -129,11 +166,60 @@ class BulkReader:
         frame[self._got:self._got + size] = view[at:at + size]
         self._got += size
         if self._got == len(frame):
-            if self._key:
-                self._mask(self._key, frame)
-            self._frame = None
-            self._queue.feed_data(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, frame, ""), len(frame))
+            self._finish()
         return at + size
+
+    def _finish(self) -> None:
+        frame = self._frame
+        assert frame is not None
+        if self._key:
+            self._mask(self._key, frame)
+        self._frame = None
+        self._queue.feed_data(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, frame, ""), len(frame))
+
+
+class _FrameFiller(asyncio.BufferedProtocol):
+    """The connection's protocol while the rest of a large frame is read: each read lands in the
+    frame's own buffer. When the frame is whole, the connection's own protocol (aiohttp's, or the
+    head's connection guard in front of it) is put back, so the bytes after the frame reach it as
+    before. Everything else a transport tells a
+    protocol goes on to aiohttp's, and each read counts as its progress (its read timeout and
+    heartbeat), as its own reads do."""
+
+    def __init__(self, reader: BulkReader, protocol: Any, outer: Any, transport: asyncio.BaseTransport) -> None:
+        self._reader = reader
+        self._protocol = protocol  # aiohttp's: told of each read's progress
+        self._outer = outer  # the transport's own protocol, given back after the frame
+        self._transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader._rest()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        for progress in ("_reschedule_timeout", "_data_received_cb"):
+            callback = getattr(self._protocol, progress, None)
+            if callback is not None:
+                callback()
+        if self._reader._filled(nbytes):
+            self._give_back()
+
+    def _give_back(self) -> None:
+        if self._transport.get_protocol() is self:
+            self._transport.set_protocol(self._outer)
+
+    def eof_received(self) -> bool | None:
+        self._give_back()
+        return self._outer.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._give_back()
+        self._outer.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._outer.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._outer.resume_writing()
 
 
 def _header(data: bytes) -> tuple[int, int, int, bytes] | None:
@@ -174,7 +260,7 @@ def install(protocol: Any, queue: Any, max_msg_size: int) -> bool:
     if _mask is None or inner is None or not hasattr(queue, "feed_data") or isinstance(inner, BulkReader) \
             or os.environ.get("BURLA_WS_BULK") == "0":
         return False
-    protocol._payload_parser = BulkReader(inner, queue, max_msg_size, _mask)
+    protocol._payload_parser = BulkReader(inner, queue, max_msg_size, _mask, protocol)
     return True
 
 
@@ -203,7 +289,7 @@ async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes |
         return
     if ws.closed or transport.is_closing():
         raise ConnectionResetError("Cannot write to closing transport")
-    payload = bytearray(length)
+    payload = unfilled(length)
     at = 0
     for part in parts:
         payload[at:at + len(part)] = part
