@@ -54,7 +54,13 @@ async def main():
     *started, (broken, broken_sock, _) = started
     results = []
     writers = []
+    import socket
+    from burla.node.fork_server import WORKER_SOCKET_BUFFER
+    with open("/proc/sys/net/core/wmem_max") as limit:
+        widest = 2 * min(WORKER_SOCKET_BUFFER, int(limit.read()))  # Linux doubles what it grants
     for worker, sock, shm in started:
+        # Large inputs go to a worker in as few writes as the system allows.
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == widest
         writer, result = await call(worker, sock, shm)
         writers.append(writer)
         results.extend(result)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import BurlaError, CallTimeout, OutOfMemory, ProtocolError
-from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess
+from burla.node.fork_server import NO_GPU, NO_GPUS, ForkServer, ServedProcess, worker_socketpair
 from burla.node.gpus import ENV_VISIBLE, Gpus
 from burla.node.worker_link import WorkerLink
 from burla.process.loop_supervisor import end_tasks
@@ -234,7 +234,7 @@ class WorkerPool:
         env = self._env
         if self._gpus.count:  # each worker sees its own GPU, or none
             env = {**env, ENV_VISIBLE: "" if gpu is None else str(gpu)}
-        node_end, worker_end = socket.socketpair()
+        node_end, worker_end = worker_socketpair()
         with tempfile.TemporaryFile() as page:
             page.truncate(mmap.PAGESIZE)
             shm = mmap.mmap(page.fileno(), mmap.PAGESIZE)
