@@ -410,3 +410,7 @@ def written_by(x) -> str:
     """What writes_its_index(x) writes."""
     return {0: f"py {x}\n", 1: f"partial {x}", 2: f"fd {x}\n", 3: f"c {x}\n", 4: f"child {x}\n",
             5: f"thread {x}\n"}[x % 6]
+
+
+def large_result(index, size):
+    return bytes([index % 256]) * size

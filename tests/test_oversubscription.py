@@ -85,6 +85,7 @@ def test_the_governor_grows_only_when_every_worker_waits_on_something_else():
     assert grown_size(_sample(cpu_per_busy_worker=0.9), max_size=16) == 2  # CPU-bound calls
     assert grown_size(_sample(machine_cpu=0.7), max_size=16) == 2  # the machine is busy anyway
     assert grown_size(_sample(could_run_more=0), max_size=16) == 2
+    assert grown_size(_sample(results_full=True), max_size=16) == 2  # its calls wait on the head
     # Calls using a fifth of a CPU each: about as many as bring the machine to GROW_TO.
     grown = grown_size(_sample(cpu_per_busy_worker=0.2, machine_cpu=0.2), max_size=16)
     assert 2 < grown < 16 and (grown - 2) * 0.2 / 2 <= GROW_TO - 0.2

@@ -76,6 +76,22 @@ async def test_a_worker_that_sends_many_frames_at_once_is_paused_and_resumed():
     assert received == bodies and not link._paused
 
 
+async def test_large_frames_pause_the_socket_by_their_bytes_not_their_count():
+    bodies = [bytes([n]) * (3 * 2**20) for n in range(12)]  # 36 MB in 12 frames, far below 64 frames
+    link, worker_end = await _link()
+    sender = asyncio.create_task(_send(worker_end, b"".join(map(_frame, bodies)), 1 << 20))
+    deadline = asyncio.get_running_loop().time() + 60
+    while not link._paused:  # nothing reads: the link stops reading once 8 MB of frames wait
+        assert asyncio.get_running_loop().time() < deadline, "the link never paused its socket"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert not sender.done()
+    assert sum(map(len, link._frames)) < 12 * 2**20  # the rest waits in the worker, not in the node
+    received = [await asyncio.wait_for(link.read(), 60) for _ in bodies]
+    await asyncio.wait_for(sender, 60)
+    assert [bytes(frame) for frame in received] == bodies and not link._paused
+
+
 async def test_a_frame_over_the_limit_is_a_protocol_error():
     link, worker_end = await _link(max_frame=1000)
     await _send(worker_end, _frame(b"ok") + _frame(b"x" * 1001), 1 << 16)

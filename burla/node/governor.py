@@ -47,11 +47,14 @@ class Sample:
     cpus: int
     could_run_more: int  # queued calls that more workers would start (Dispatcher.could_run_more)
     memory_room: int  # more workers memory allows, at what a worker uses now
+    # The node holds all the results it may (ResultWindow): its calls wait on the head, not on
+    # something more workers would overlap, and more workers would only make more to hold.
+    results_full: bool = False
 
 
 def grown_size(sample: Sample, max_size: int) -> int:
     """The size to grow to, or `sample.size` if the node should not run more calls."""
-    if sample.could_run_more <= 0 or sample.busy < sample.size or sample.size >= max_size:
+    if sample.could_run_more <= 0 or sample.busy < sample.size or sample.size >= max_size or sample.results_full:
         return sample.size
     if sample.cpu_per_busy_worker >= WAITING_CALL or sample.machine_cpu >= GROW_BELOW:
         return sample.size
@@ -88,8 +91,10 @@ class Governor:
     CPUs saturate. Owned by the node service, which runs `run()` in its task group."""
 
     def __init__(self, pool: WorkerPool, dispatcher: Dispatcher, memory: MemoryGuard, cpus: int,
-                 on_grow: Callable[[], None], on_change: Callable[[], None] = lambda: None) -> None:
+                 on_grow: Callable[[], None], on_change: Callable[[], None] = lambda: None,
+                 results_full: Callable[[], bool] = lambda: False) -> None:
         self._pool = pool
+        self._results_full = results_full
         self._dispatcher = dispatcher
         self._memory = memory
         self._cpus = max(1, cpus)
@@ -140,7 +145,7 @@ class Governor:
         return Sample(
             size=self._pool.size, busy=len(used), cpu_per_busy_worker=sum(used) / len(used) if used else 1.0,
             machine_cpu=self._machine_cpu(), cpus=self._cpus, could_run_more=self._dispatcher.could_run_more(),
-            memory_room=memory_room,
+            memory_room=memory_room, results_full=self._results_full(),
         )
 
     def check(self, elapsed: float) -> None:

@@ -25,11 +25,12 @@ from burla.node.call_timeouts import CallTimeouts
 from burla.node.cpu import CpuGuard
 from burla.node.dispatcher import HARD_KILL_AFTER_S, Dispatcher
 from burla.node.governor import Governor
-from burla.node.gpus import read_usage as read_gpu_usage
 from burla.node.http import build_node_app
 from burla.node.listen import LOOPBACK_HOSTS, bind_address
 from burla.node.memory import MemoryGuard
 from burla.node.packages import Environment
+from burla.node.readings import MachineReadings
+from burla.node.result_window import ResultWindow
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
 from burla.process.build import build_hash
@@ -49,11 +50,8 @@ log = logging.getLogger("burla.node")
 STATE_INTERVAL_S = 1.0
 IDLE_TRIMS = 3  # state ticks after a job that give the heap's free pages back
 # A change (a job starting or ending, say) is pushed this long after it happens, so that
-# back-to-back short jobs make one push, not two each; the machine's readings (psutil, about
-# 0.1 ms) are taken at most every MACHINE_READINGS_S.
+# back-to-back short jobs make one push, not two each.
 STATE_SETTLE_S = 0.05
-MACHINE_READINGS_S = 0.5
-GPU_READINGS_S = 2.0  # nvidia-smi takes tens of ms a run
 RECONNECT_DELAY_S = 0.05
 MAX_FAILED_SESSION_DELAY_S = 30.0
 STOLEN_REPORT_TIMEOUT_S = 10.0
@@ -71,7 +69,10 @@ class NodeService:
         self._failed_sessions = 0  # sessions with the head a bug ended, in a row
         self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender, settings.node_id,
                                      socket.gethostname(), lambda: self.pool.size)
-        pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump())
+        self._sending_bytes = 0  # of the results the sender took and is sending
+        self.results_window = ResultWindow(self._held_result_bytes)
+        pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump(),
+                  self.results_window.room)
         self.cpu = CpuGuard(self.pool, self.dispatcher)
         self.donor = Donor(settings.node_id, self.dispatcher, settings.steal_ack_timeout_s)
         self.memory = MemoryGuard(
@@ -79,7 +80,7 @@ class NodeService:
         )
         self.timeouts = CallTimeouts(lambda: self.pool.workers, self.dispatcher, lambda: self._state_changed.set())
         self.governor = Governor(self.pool, self.dispatcher, self.memory, settings.cpus, self._ask_for_more,
-                                 lambda: self._state_changed.set())
+                                 lambda: self._state_changed.set(), self.results_window.full)
         self.thief = Thief(settings.node_id, self.dispatcher, self._report_stolen)
         self._control: list[tuple[wire.Message, asyncio.Future]] = []  # sent before data, awaited
         self.url = ""
@@ -95,9 +96,7 @@ class NodeService:
         self.exit_code = 0
         self.environment = Environment(settings.source_builds)
         self._installs: set[asyncio.Task] = set()
-        self._last_network: tuple[float, int, int] = (0.0, 0, 0)
-        self._readings: tuple[float, float, float, float] | None = None  # the last machine readings
-        self._gpu_usage: tuple[float, float] = (0.0, 0.0)  # GPU utilisation and memory %, when it has GPUs
+        self.readings = MachineReadings()
         self._head_lost_at: float | None = None  # monotonic time the last head session ended
         self._head_token = settings.token  # the cluster's or this node's token, then the one the head gives it
 
@@ -132,7 +131,7 @@ class NodeService:
                 self.loops.start("cpu-guard", self.cpu.run)
                 self.loops.start("governor", self.governor.run)
                 if self.settings.gpu_count and shutil.which("nvidia-smi"):
-                    self.loops.start("gpu-readings", self._watch_gpus)
+                    self.loops.start("gpu-readings", self.readings.watch_gpus)
                 group.create_task(self._stop_when_asked(group))
         except* _Stop:
             pass
@@ -357,6 +356,11 @@ class NodeService:
 
     # --- upward traffic ------------------------------------------------------------------
 
+    def _held_result_bytes(self) -> int:
+        """Bytes of the results waiting to be sent, and of those being sent."""
+        waiting = sum(len(part.packed) for job in self.dispatcher.jobs.values() for part in job.out_results)
+        return waiting + self._sending_bytes
+
     def _wake_sender(self) -> None:
         self._outgoing.set()
 
@@ -386,15 +390,18 @@ class NodeService:
                 if not done.done():
                     done.set_result(None)
             taken = self.dispatcher.take_outgoing()
+            self._sending_bytes = sum(len(part.packed) for _, _, results in taken for part in results)
             while taken:
                 try:
                     await self._send_results(ws, *taken[0])
                 except BaseException:
                     # The session ended mid-send: what may not have gone out goes on the next one
                     # (the head keeps a result once), instead of running again elsewhere.
+                    self._sending_bytes = 0
                     self.dispatcher.give_back(taken)
                     raise
-                taken.pop(0)
+                self._sending_bytes -= sum(len(part.packed) for part in taken.pop(0)[2])
+                self.results_window.sent()
             credit_jobs, self._pending_credit = self._pending_credit, set()
             for job_id in credit_jobs:
                 job = self.dispatcher.jobs.get(job_id)
@@ -447,39 +454,13 @@ class NodeService:
     def state(self) -> wire.NodeState:
         d = self.dispatcher
         jobs = [[j.job_id, d.running_calls(j), len(j.queue), j.done] for j in d.jobs.values()]
-        cpu_percent, mem_percent, sent_bps, recv_bps = self._machine_readings()
+        cpu_percent, mem_percent, sent_bps, recv_bps = self.readings.machine()
         return wire.NodeState(
             node_id=self.settings.node_id, status=self._status, workers_alive=self.pool.alive_count(), jobs=jobs,
             cpu_percent=cpu_percent, mem_percent=mem_percent, net_sent_bps=sent_bps, net_recv_bps=recv_bps,
-            gpu_percent=self._gpu_usage[0], gpu_mem_percent=self._gpu_usage[1], held_back=self.governor.held_back,
+            gpu_percent=self.readings.gpu_usage[0], gpu_mem_percent=self.readings.gpu_usage[1],
+            held_back=self.governor.held_back,
         )
-
-    async def _watch_gpus(self) -> None:
-        """GPU utilisation and memory, read with nvidia-smi every GPU_READINGS_S (it is slow)."""
-        while True:
-            usage = await read_gpu_usage()
-            if usage is not None:
-                self._gpu_usage = usage
-            await asyncio.sleep(GPU_READINGS_S)
-
-    def _machine_readings(self) -> tuple[float, float, float, float]:
-        """CPU and memory percent, bytes per second sent and received by this machine (taken
-        again only once MACHINE_READINGS_S has passed)."""
-        now = time.monotonic()
-        last_at, last_sent, last_recv = self._last_network
-        if self._readings is not None and now - last_at < MACHINE_READINGS_S:
-            return self._readings
-        counters = psutil.net_io_counters()
-        self._last_network = (now, counters.bytes_sent, counters.bytes_recv)
-        elapsed = now - last_at
-        if elapsed <= 0 or last_at == 0.0:
-            sent_bps = recv_bps = 0.0
-        else:
-            sent_bps = (counters.bytes_sent - last_sent) / elapsed
-            recv_bps = (counters.bytes_recv - last_recv) / elapsed
-        self._readings = (float(psutil.cpu_percent(interval=None)), float(psutil.virtual_memory().percent),
-                          sent_bps, recv_bps)
-        return self._readings
 
     # --- worker callbacks ----------------------------------------------------------------
 

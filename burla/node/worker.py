@@ -33,7 +33,7 @@ from typing import Any
 from burla.config import ENV_CODE_ROOT, ENV_JOB_TOKEN, ENV_NODE_ID, ENV_PARENT_JOB
 from burla.errors import CallExited
 from burla.node.output_capture import OutputCapture
-from burla.process.memory import freeze_inherited_objects
+from burla.process.memory import freeze_inherited_objects, give_back_memory, keep_large_blocks
 from burla.protocol import inline_values, local_code, wire, worker_context, worker_wire
 from burla.protocol.framing import Payload
 from burla.protocol.inline_values import VALUE
@@ -45,6 +45,7 @@ from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, lo
 _INDEX = struct.Struct("q")
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
 _FLUSH_BYTES = 1 << 20
+LARGE_VALUE_BYTES = 1 << 20  # a value this big has its worker give free memory back when the job ends there
 _PLAIN_RESULTS = frozenset({int, float, str, bytes, bool, type(None)})  # pickled without checks
 
 
@@ -80,6 +81,7 @@ class Worker:
     def __init__(self, sock: socket.socket, shm: mmap.mmap) -> None:
         self._sock = sock
         self._reader = sock.makefile("rb", buffering=1 << 16)
+        self._held_large = False  # values of 1 MB or more went through since memory was last given back
         self._shm = shm
         self._functions: dict[str, Callable[..., Any] | _LoadFailure] = {}
         self._job_tokens: dict[str, str] = {}  # job id -> the token its calls open nested jobs with
@@ -102,6 +104,8 @@ class Worker:
         with self.capture.send_lock:
             for part in parts:
                 self._sock.sendall(part)
+                if len(part) >= LARGE_VALUE_BYTES:
+                    self._held_large = True
 
     def _send_live_output(self, job_id: str, items: list) -> None:
         data = worker_wire.WorkerReport.of(job_id, [], outputs=items, batch_done=False).encode()
@@ -141,6 +145,7 @@ class Worker:
             if isinstance(msg, worker_wire.RunCalls):
                 part = msg.part()
                 job_id, indices = msg.job_id, unpack_uints(msg.indices)
+                self._held_large |= len(part.data) >= LARGE_VALUE_BYTES
                 values = inline_values.unpack_inputs(part.data, part.count)
                 arguments = part.arguments() if values is None else values
                 msg = None  # the batch's arguments, taken apart now, are not kept twice while they run
@@ -153,6 +158,9 @@ class Worker:
                 self._functions.pop(msg.job_id, None)
                 self._job_tokens.pop(msg.job_id, None)
                 self._cancelled_jobs.discard(msg.job_id)
+                if self._held_large:  # a job that moved large values ended here: its free pages go back
+                    self._held_large = False
+                    give_back_memory()
 
     def _load(self, job_id: str, function_bytes: bytes, code: bytes) -> None:
         try:
@@ -387,6 +395,7 @@ def _as_call_failure(exc: BaseException) -> BaseException:
 def serve_worker(sock: socket.socket, shm: mmap.mmap) -> None:
     """Run a worker on its socket to the node until the node closes it; never returns."""
     freeze_inherited_objects()  # what it was forked with, or imported: not the user's objects
+    keep_large_blocks()  # a call's large values reuse freed blocks; given back when a job ends here
     worker = Worker(sock, shm)
     code = 0
     try:

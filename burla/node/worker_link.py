@@ -21,6 +21,7 @@ SCRATCH_BYTES = 256 * 1024
 _OWN_BUFFER_FROM = 64 * 1024  # a frame this big whose bytes are not all in yet gets a buffer of its own
 assert _OWN_BUFFER_FROM + worker_wire.FRAME_HEADER.size <= SCRATCH_BYTES
 _PAUSE_AT = 64  # frames read but not yet taken: past this the socket is not read until they are
+_PAUSE_BYTES = 8 * 1024 * 1024  # or past this many bytes of them (a large result pauses it alone)
 
 
 class WorkerLink(asyncio.BufferedProtocol):
@@ -33,6 +34,7 @@ class WorkerLink(asyncio.BufferedProtocol):
         self._frame: bytearray | None = None  # the large frame being read into, and how far
         self._frame_got = 0
         self._frames: deque[bytes | bytearray] = deque()
+        self._frames_bytes = 0  # their bytes
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._error: ProtocolError | None = None
@@ -54,6 +56,7 @@ class WorkerLink(asyncio.BufferedProtocol):
             self._frame_got += nbytes
             if self._frame_got == len(self._frame):
                 self._frames.append(self._frame)
+                self._frames_bytes += len(self._frame)
                 self._frame = None
                 self._wake()
             return
@@ -89,7 +92,9 @@ class WorkerLink(asyncio.BufferedProtocol):
             finally:
                 self._waiter = None
         frame = self._frames.popleft()
-        if self._paused and len(self._frames) < _PAUSE_AT // 2 and self.transport is not None:
+        self._frames_bytes -= len(frame)
+        if self._paused and len(self._frames) < _PAUSE_AT // 2 and self._frames_bytes < _PAUSE_BYTES // 2 \
+                and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
         return frame
@@ -107,6 +112,7 @@ class WorkerLink(asyncio.BufferedProtocol):
             have = filled - body
             if have >= size:
                 self._frames.append(bytes(view[body:body + size]))
+                self._frames_bytes += size
                 start = body + size
                 continue
             if size >= _OWN_BUFFER_FROM:  # smaller frames always fit the scratch buffer
@@ -123,7 +129,8 @@ class WorkerLink(asyncio.BufferedProtocol):
             self._wake()
 
     def _wake(self) -> None:
-        if len(self._frames) >= _PAUSE_AT and not self._paused and self.transport is not None:
+        if (len(self._frames) >= _PAUSE_AT or self._frames_bytes >= _PAUSE_BYTES) and not self._paused \
+                and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
         if self._waiter is not None and not self._waiter.done():

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from burla.config import MAX_CALLS_PER_SLOT
@@ -175,6 +175,7 @@ class WorkerPool:
         self._on_report: ReportHandler = _unbound
         self._on_exit: ExitHandler = _unbound
         self._on_ready: ReadyHandler = _unbound
+        self._room: Callable[[int], Awaitable[None] | None] = lambda read: None
         self.workers: list[WorkerHandle] = []
         self._closing = False
         self._spawns: set[asyncio.Task] = set()
@@ -184,10 +185,14 @@ class WorkerPool:
         self._first_gpus: dict[int, int | None] = {}  # the GPUs of the workers asked for early
         self._bound = False
 
-    def bind(self, on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler) -> None:
+    def bind(self, on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler,
+             room: Callable[[int], Awaitable[None] | None] = lambda read: None) -> None:
         """Hand the workers' frames and exits to the node from now on (what they sent before
-        waits in their sockets: a forked worker is ready before the node is)."""
+        waits in their sockets: a forked worker is ready before the node is). Before each frame
+        it reads from a worker, a reader asks `room` (told the bytes it read since), and awaits
+        what that returns (the node's ResultWindow holding back its workers)."""
         self._on_report, self._on_exit, self._on_ready = on_report, on_exit, on_ready
+        self._room = room
         self._bound = True
         for handle in self.workers:
             self._start_reading(handle)
@@ -283,8 +288,15 @@ class WorkerPool:
 
     async def _read(self, handle: WorkerHandle) -> None:
         try:
-            while (frame := await handle.reader.read()) is not None:
+            read = 0
+            while True:
+                room = self._room(read)
+                if room is not None:
+                    await room
+                if (frame := await handle.reader.read()) is None:
+                    break
                 self._on_message(handle, wire.decode(frame, worker_wire.WORKER_TO_NODE))
+                read = len(frame)
         except ConnectionError:
             pass
         except ProtocolError as e:  # a worker that speaks garbage is broken: replace it
