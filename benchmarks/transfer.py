@@ -8,7 +8,8 @@ in /dev/shm. The anchor is a plain relay: the same bytes through the same chain 
 (client -> relay -> relay -> worker, and back) over TCP on 127.0.0.1 with 4 MB buffers and
 nothing else done to them. Both run in one process, alternating ROUNDS times (default 3); each
 figure is the median. Beside the MB/s, the CPU seconds per GB each of burla's processes spent
-(client, head, node, worker): where the time goes.
+(client, head, node, worker), and each of the anchor's in the same place of its chain: where the
+time goes.
 
 The chain through the SSH tunnel of the cloud path, beside the same anchor with its middle hop
 over an asyncssh forward, is transfer_tunnel.py.
@@ -44,7 +45,7 @@ CHUNK = 4 * 2**20
 # One process of the anchor chain: `relay PORT NEXT_PORT` forwards both ways; `worker PORT` takes
 # COUNT payloads and answers each with a byte (inputs), or sends COUNT payloads (results).
 HOP = textwrap.dedent(f"""
-    import socket, sys, threading
+    import os, socket, sys, threading
     CHUNK, SIZE, COUNT = {CHUNK}, {SIZE}, {COUNT}
 
     def listen(port):
@@ -80,6 +81,8 @@ HOP = textwrap.dedent(f"""
         back.start()
         pump(upstream, downstream)
         back.join()
+        times = os.times()
+        print(times.user + times.system, flush=True)  # the CPU seconds it spent, once the chain closed
     else:
         mode = upstream.recv(1)
         buffer = bytearray(CHUNK)
@@ -94,6 +97,8 @@ HOP = textwrap.dedent(f"""
             for _ in range(COUNT):
                 upstream.sendall(payload)
         upstream.close()
+        times = os.times()
+        print(times.user + times.system, flush=True)
 """)
 
 
@@ -104,9 +109,10 @@ def start_hop(*arguments: str) -> tuple[subprocess.Popen, int]:
     return process, int(process.stdout.readline())
 
 
-def anchor_chain_mb_s(port: int, direction: str) -> float:
+def anchor_chain_mb_s(port: int, direction: str) -> tuple[float, float]:
     """The client's end of an anchor chain whose first hop listens on `port`: MB/s of COUNT payloads
-    sent to its worker (inputs) or received from it (results)."""
+    sent to its worker (inputs) or received from it (results), and the CPU seconds it spent."""
+    cpu_before = time.process_time()
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CHUNK)
@@ -128,16 +134,26 @@ def anchor_chain_mb_s(port: int, direction: str) -> float:
             left -= received
     elapsed = time.perf_counter() - start
     sock.close()
-    return TOTAL_MB / elapsed
+    return TOTAL_MB / elapsed, time.process_time() - cpu_before
 
 
-def anchor_mb_s(direction: str) -> float:
-    """MB/s of COUNT payloads through client -> relay -> relay -> worker (inputs), or back (results)."""
+def cpu_seconds_of(process: subprocess.Popen) -> float:
+    """The CPU seconds an anchor hop spent, which it prints once its chain closed."""
+    assert process.stdout is not None
+    return float(process.stdout.readline())
+
+
+def anchor_mb_s(direction: str) -> tuple[float, dict[str, float]]:
+    """MB/s of COUNT payloads through client -> relay -> relay -> worker (inputs), or back (results),
+    and the CPU seconds of each process, named by the place it takes in burla's chain."""
     worker, port = start_hop("worker")
     second, second_port = start_hop("relay", str(port))
     first, first_port = start_hop("relay", str(second_port))
     try:
-        return anchor_chain_mb_s(first_port, direction)
+        mb_s, client_cpu = anchor_chain_mb_s(first_port, direction)
+        cpu = {"client": client_cpu, "head": cpu_seconds_of(first), "nodes": cpu_seconds_of(second),
+               "workers": cpu_seconds_of(worker)}
+        return mb_s, cpu
     finally:
         for process in (first, second, worker):
             process.kill()
@@ -170,6 +186,7 @@ def main() -> None:
     jobs = workloads()
     burla_mb_s: dict[str, list[float]] = {name: [] for name in jobs}
     anchor: dict[str, list[float]] = {name: [] for name in jobs}
+    anchor_cpu: dict[str, dict[str, float]] = {name: {} for name in jobs}  # seconds per role, summed
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         node_files = Path(directory) / "node-input-files"
         node_files.mkdir()
@@ -183,7 +200,10 @@ def main() -> None:
             for _ in range(ROUNDS):
                 for name, workload in jobs.items():
                     burla_mb_s[name].append(TOTAL_MB / run.timed(name, workload))
-                    anchor[name].append(anchor_mb_s(name))
+                    mb_s, cpu = anchor_mb_s(name)
+                    anchor[name].append(mb_s)
+                    for role, seconds in cpu.items():
+                        anchor_cpu[name][role] = anchor_cpu[name].get(role, 0.0) + seconds
         finally:
             cluster.stop()
     gb = TOTAL_MB / 1024
@@ -198,6 +218,8 @@ def main() -> None:
                              for name in jobs},
         "burla_cpu_s_per_gb": {name: {role: round(ms / 1e3 / gb, 3) for role, ms in run.cpu_ms(name).items()}
                                for name in jobs},
+        "plain_relay_cpu_s_per_gb": {name: {role: round(seconds / ROUNDS / gb, 3) for role, seconds in cpu.items()}
+                                     for name, cpu in anchor_cpu.items()},
         "target_burla_over_relay": 0.8,
     }))
 

@@ -92,7 +92,7 @@ def ssh_anchor_mb_s(direction: str) -> float:
     server, ssh_port = _start(SSH_SERVER)
     forward, forward_port = _start(SSH_FORWARD, str(ssh_port), str(relay_port), ",".join(TUNNEL_CIPHERS))
     try:
-        return anchor_chain_mb_s(forward_port, direction)
+        return anchor_chain_mb_s(forward_port, direction)[0]
     finally:
         for process in (forward, server, relay, worker):
             process.kill()
@@ -224,7 +224,7 @@ def main() -> None:
                         workload()
                         burla_mb_s[name].append(TOTAL_MB / (time.perf_counter() - started))
                         ssh_anchor[name].append(ssh_anchor_mb_s(name))
-                        plain_anchor[name].append(anchor_mb_s(name))
+                        plain_anchor[name].append(anchor_mb_s(name)[0])
         finally:
             cluster.stop()
 

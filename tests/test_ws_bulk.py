@@ -274,3 +274,38 @@ async def test_a_connection_lost_inside_a_large_frame_ends_the_server_side():
     finally:
         await _stop(runner)
     assert messages == []  # the partial frame was never handed on
+
+
+async def test_frames_sent_back_to_back_reuse_the_mask_buffer_and_arrive_as_sent():
+    received: list[bytes] = []
+    done = asyncio.Event()
+    sizes = [5 * 2**20, 5 * 2**20, 4 * 2**20, 3 * 2**20 + 7, 5 * 2**20, 100_000, 5 * 2**20]
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
+        await ws.prepare(request)
+        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        async for message in ws:
+            await asyncio.sleep(0.05)  # a slow reader: the client's socket backs up
+            received.append(bytes(message.data))
+            if len(received) == len(sizes):
+                done.set()
+        return ws
+
+    serving, port = await _server(handler)
+    payloads = [bytes([n + 1]) * size for n, size in enumerate(sizes)]
+    reused = []
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/",
+                                                                           max_msg_size=64 * 2**20) as ws:
+            transport = ws._writer.transport  # type: ignore[attr-defined]
+            for payload in payloads:  # no waiting for answers: each frame's buffer may still be unsent
+                before = ws_bulk._mask_buffers.get(transport)
+                await ws_bulk.send_bulk(ws, [payload])
+                reused.append(ws_bulk._mask_buffers.get(transport) is before)
+            await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await _stop(serving)
+    assert received == payloads
+    if ws_bulk._COPIES_UNSENT:  # Python 3.11: its transport never keeps the buffer, so it is reused
+        assert reused == [False, True, True, True, False, False, False]

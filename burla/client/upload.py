@@ -19,7 +19,8 @@ from burla.errors import InputTooBig, UnpicklableInput
 from burla.protocol import inline_values, limits, wire
 from burla.protocol.input_files import INPUT_FILE_MIN_BYTES, InputFiles
 from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.serialization import dumps
+from burla.protocol.pickle_parts import PickleParts
+from burla.protocol.serialization import dumps_input
 
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = limits.BATCH_ITEMS
@@ -32,7 +33,7 @@ KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say 
 Send = Callable[[wire.Message], Awaitable[None]]
 
 
-def _input_batch(job_id: str, indices: list[int], data: list[bytes]) -> wire.InputBatch:
+def _input_batch(job_id: str, indices: list[int], data: list[bytes | PickleParts]) -> wire.InputBatch:
     return wire.InputBatch.of(job_id, PackedInputs.of_lists(indices, data))
 
 
@@ -65,7 +66,7 @@ class Uploader:
         self.kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
         self.files: InputFiles | None = None  # where large inputs go when the head allows it
         self.files_full = False  # a file could not be written: the rest go inline
-        self._pickled_ahead: tuple[int, bytes] | None = None  # first_batch's one that did not fit
+        self._pickled_ahead: tuple[int, bytes | PickleParts] | None = None  # first_batch's one that did not fit
 
     # --- the window ----------------------------------------------------------------------
 
@@ -118,7 +119,7 @@ class Uploader:
         if self.files is not None:
             self.files.close()
 
-    def _by_file(self, index: int, data: bytes) -> bytes:
+    def _by_file(self, index: int, data: bytes | PickleParts) -> bytes | PickleParts:
         """The reference to send for a large input, or its bytes if its file can't be written
         (the directory is full, say): then it, and the rest of the job, go inline."""
         assert self.files is not None
@@ -131,18 +132,20 @@ class Uploader:
 
     # --- encoding and sending ------------------------------------------------------------
 
-    def encoded_input(self, index: int) -> bytes:
+    def encoded_input(self, index: int) -> bytes | PickleParts:
         """The input as it travels: a small plain value as msgpack (`inline_values`), else pickled."""
         data = inline_values.pack_input(self.inputs[index])
         return self.pickled_input(index) if data is None else data
 
-    def pickled_input(self, index: int) -> bytes:
+    def pickled_input(self, index: int) -> bytes | PickleParts:
+        """The input pickled: in parts if it holds a large buffer (pickle_parts: sent without a copy
+        of its own)."""
         ahead = self._pickled_ahead
         if ahead is not None and ahead[0] == index:  # pickled by first_batch: a large input, once
             self._pickled_ahead = None
             return ahead[1]
         try:
-            data = dumps(self.inputs[index])
+            data = dumps_input(self.inputs[index])
         except Exception as e:
             raise UnpicklableInput(index, f"{type(e).__name__}: {e}") from e
         if len(data) > MAX_INPUT_BYTES:
@@ -178,7 +181,7 @@ class Uploader:
         """Encode and send inputs from `start` while the window allows; a detaching client then
         waits until the head has saved them all."""
         job_id = self.job_id
-        batch: list[bytes] = []  # the batch's encoded inputs, and their indices beside them
+        batch: list[bytes | PickleParts] = []  # the batch's encoded inputs, and their indices beside them
         batch_indices: list[int] = []
         batch_bytes = 0
         inputs, received, sizes = self.inputs, self.received, self.sizes

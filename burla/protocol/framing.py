@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 import msgpack
 
 from burla.errors import ProtocolError
+from burla.protocol.pickle_parts import PickleParts
 
 _Checker = Callable[[Any], bool]
 
@@ -107,7 +108,16 @@ class Message:
                 for i in self.BULK:
                     values[i] = len(values[i])
                 header = msgpack.packb([self.TAG, *values], use_bin_type=True)
-                return [BULK_MARK + _HEADER_LENGTH.pack(len(header)) + header, *blobs]
+                parts: list[Payload] = [BULK_MARK + _HEADER_LENGTH.pack(len(header)) + header]
+                for blob in blobs:  # a client's input pickled in parts (pickle_parts) goes as its parts
+                    if isinstance(blob, PickleParts):
+                        parts.extend(blob.parts)
+                    else:
+                        parts.append(blob)
+                return parts
+            for i in self.BULK:
+                if isinstance(values[i], PickleParts):
+                    values[i] = values[i].joined()
         return [msgpack.packb([self.TAG, *values], use_bin_type=True)]
 
     def validate(self) -> None:

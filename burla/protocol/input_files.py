@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from burla.config import ENV_INPUT_FILES_DIR
+from burla.protocol.pickle_parts import PickleParts
 
 INPUT_FILE_MIN_BYTES = 1024 * 1024  # below this, the bytes travel inline (a file costs more than it saves)
 REFERENCE_PREFIX = b"\x00burla-input-file:"  # never the start of a pickle (those begin with 0x80)
@@ -179,7 +180,7 @@ class InputFiles:
             raise
         self._lock_fd = lock_fd
 
-    def write(self, index: int, data: bytes) -> bytes:
+    def write(self, index: int, data: bytes | PickleParts) -> bytes:
         """Keep an input's pickle in a file; returns the reference to send in its place. An input
         written before (sent again after a head restart) keeps its file: a worker may be reading it."""
         path = self._paths.get(index)
@@ -193,9 +194,10 @@ class InputFiles:
             try:
                 fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    for part in data.parts if isinstance(data, PickleParts) else (data,):
+                        view = memoryview(part).cast("B")
+                        while view:
+                            view = view[os.write(fd, view):]
                 finally:
                     os.close(fd)
                 os.replace(partial, path)

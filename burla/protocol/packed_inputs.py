@@ -22,6 +22,7 @@ from typing import TypeVar
 from burla.errors import ProtocolError
 from burla.protocol.framing import Message
 from burla.protocol.limits import BATCH_ITEMS
+from burla.protocol.pickle_parts import PickleParts
 
 _UINT = struct.Struct("<I")  # an input index (below MAX_INPUTS < 2**32), or a pickle's size (at most 200 MB)
 UINT_BYTES = _UINT.size
@@ -56,10 +57,14 @@ class PackedInputs:
         return cls.of_lists(list(map(_index_of, items)), list(map(_data_of, items)))
 
     @classmethod
-    def of_lists(cls, indices: Sequence[int], data: Sequence[bytes | memoryview]) -> PackedInputs:
-        # One input's bytes go as they are: a view of the frame they came in is not copied.
-        joined = data[0] if len(data) == 1 else b"".join(data)
-        return cls(pack_uints(indices), pack_uints(list(map(len, data))), joined)
+    def of_lists(cls, indices: Sequence[int], data: Sequence[bytes | memoryview | PickleParts]) -> PackedInputs:
+        # One input's bytes go as they are: a view of the frame they came in is not copied, nor
+        # the parts of a client's input pickled in parts (they are sent one after another).
+        if len(data) == 1:
+            joined = data[0]
+        else:
+            joined = b"".join([part for d in data for part in (d.parts if isinstance(d, PickleParts) else (d,))])
+        return cls(pack_uints(indices), pack_uints(list(map(len, data))), joined)  # type: ignore[arg-type]
 
     @property
     def count(self) -> int:

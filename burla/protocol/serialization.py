@@ -18,6 +18,7 @@ import cloudpickle
 from burla import errors
 from burla.errors import ProtocolError, RemoteError, UnpicklableFunction
 from burla.protocol import wire
+from burla.protocol.pickle_parts import PickleParts, dumps_in_parts, likely_large
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 _DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for functions pickled by value
@@ -38,6 +39,14 @@ def dumps(value: Any) -> bytes:
     if _is_plain(value):
         return pickle.dumps(value, PROTOCOL)
     return cloudpickle.dumps(value, PROTOCOL)
+
+
+def dumps_input(value: Any) -> bytes | PickleParts:
+    """Pickle a user's input: in parts where it holds a large buffer (pickle_parts), else as
+    `dumps`. Raises the pickling error unchanged."""
+    if not likely_large(value):
+        return dumps(value)
+    return dumps_in_parts(value, pickle.Pickler if _is_plain(value) else cloudpickle.Pickler, PROTOCOL)
 
 
 def dumps_result(value: Any) -> bytes:
