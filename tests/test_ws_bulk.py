@@ -309,3 +309,35 @@ async def test_frames_sent_back_to_back_reuse_the_mask_buffer_and_arrive_as_sent
     assert received == payloads
     if ws_bulk._COPIES_UNSENT:  # Python 3.11: its transport never keeps the buffer, so it is reused
         assert reused == [False, True, True, True, False, False, False]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+async def test_a_servers_frame_sent_in_parts_arrives_whole(compress, monkeypatch):
+    headers: list[int] = []  # frames written by hand, part by part (their lengths)
+    real_header = ws_bulk._frame_header
+    monkeypatch.setattr(ws_bulk, "_frame_header", lambda length, masked: headers.append(length) or
+                        real_header(length, masked))
+    rng = random.Random(5)
+    frames = [[rng.randbytes(3), memoryview(rng.randbytes(4 * 2**20)), rng.randbytes(70_000)],
+              [b"tiny", b"parts"],  # under LARGE_FRAME: aiohttp's own writer
+              [rng.randbytes(2 * 2**20)] * 3]
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=64 * 2**20, compress=compress)
+        await ws.prepare(request)
+        for parts in frames:
+            await ws_bulk.send_bulk_from_server(ws, parts)
+        await ws.receive()  # until the client closes
+        return ws
+
+    serving, port = await _server(handler)
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(
+                f"http://127.0.0.1:{port}/", max_msg_size=64 * 2**20, compress=15 if compress else 0) as ws:
+            assert bool(ws.compress) == compress
+            received = [bytes((await asyncio.wait_for(ws.receive(), 60)).data) for _ in frames]
+    finally:
+        await _stop(serving)
+    assert received == [b"".join(bytes(part) for part in parts) for parts in frames]
+    # Uncompressed, the large frames went part by part; compressed, all through aiohttp's writer.
+    assert headers == ([] if compress else [len(received[0]), len(received[2])])

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from burla.protocol import limits, packed_results, wire
 from burla.protocol.framing import Payload
+from burla.web import ws_bulk
 
 MAX_BATCH_BYTES = limits.RESULT_FRAME_BYTES  # results per frame to a client
 MAX_OUTPUTS_PER_FRAME = 200_000  # output chunks per frame to a client, well inside its array limit
@@ -181,7 +182,7 @@ class ClientLink:
         self._control: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._seq = 0
-        self._unacked: dict[int, tuple[int, bytes]] = {}  # batch seq -> (results, frame) until acked
+        self._unacked: dict[int, tuple[int, list[Payload]]] = {}  # batch seq -> (results, frame's parts) until acked
         self._resend: list[int] = []
         self.acked = 0
         self.dropped_output = 0
@@ -295,7 +296,7 @@ class ClientLink:
             while self._resend:
                 seq = self._resend.pop(0)
                 if seq in self._unacked:
-                    await ws.send_bytes(memoryview(self._unacked[seq][1]))  # type: ignore[arg-type]
+                    await ws_bulk.send_bulk_from_server(ws, self._unacked[seq][1])
                     slice_end = await _take_turn(slice_end)
             while True:
                 while self.outputs:  # output goes out before the results that follow it
@@ -306,11 +307,10 @@ class ClientLink:
                     break
                 count, parts = self._take_batch()
                 self._seq += 1
-                frame = wire.result_batch_frame(self.job_id, self._seq, count, parts)
+                # Sent as parts: the results are the nodes' frames as they came, never joined.
+                frame = wire.result_batch_parts(self.job_id, self._seq, count, parts)
                 self._unacked[self._seq] = (count, frame)
-                # A view (aiohttp takes any bytes-like, though typed bytes): the part a socket does not
-                # take at once is sliced off it without a copy.
-                await ws.send_bytes(memoryview(frame))  # type: ignore[arg-type]
+                await ws_bulk.send_bulk_from_server(ws, frame)
                 slice_end = await _take_turn(slice_end)
             while self._control and not (self.results or self.outputs):  # after what came before them
                 await ws.send_bytes(self._control.popleft())

@@ -199,12 +199,17 @@ def _read_array_header(view: memoryview, at: int) -> tuple[int, int]:
     raise ValueError("not an array")
 
 
-def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[Payload]) -> bytes:
+def result_batch_parts(job_id: str, seq: int, count: int, parts: Sequence[Payload]) -> list[Payload]:
     """The frame ResultBatch(job_id, seq, items).encode() would make, for `count` items packed in
-    `parts` by pack_items."""
+    `parts` by pack_items, in parts: its start, then `parts` as they are."""
     head = msgpack.packb([ResultBatch.TAG, job_id, seq], use_bin_type=True)
     # [TAG, job_id, seq] is a 3-array (header 0x93); the frame is a 4-array (0x94) with items last.
-    return b"".join([b"\x94", head[1:], array_header(count), *parts])  # one copy of the results
+    return [b"\x94" + head[1:] + array_header(count), *parts]
+
+
+def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[Payload]) -> bytes:
+    """`result_batch_parts` joined."""
+    return b"".join(result_batch_parts(job_id, seq, count, parts))
 
 
 

@@ -304,20 +304,42 @@ def _mask_buffer(transport: Any, length: int) -> bytearray:
     return buffer
 
 
-async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes | memoryview]) -> None:
-    """Send one binary frame made of these parts from a client: masked with a fresh random key
-    (RFC 6455 §5.3) in one buffer, the only copy of the payload."""
+def _bulk_writer(ws: Any, length: int) -> tuple[Any, Any] | None:
+    """(transport, protocol) of `ws` to write a frame of `length` bytes to by hand, or None where
+    aiohttp's own writer must (a small frame, compression, internals not as expected)."""
     writer = getattr(ws, "_writer", None)
     transport = getattr(writer, "transport", None)
     protocol = getattr(writer, "protocol", None)
-    drain = getattr(protocol, "_drain_helper", None)
-    length = sum(map(len, parts))
-    if (length < LARGE_FRAME or _mask is None or transport is None or drain is None or ws.compress
-            or os.environ.get("BURLA_WS_BULK") == "0"):
-        await ws.send_bytes(parts[0] if len(parts) == 1 else b"".join(parts))  # type: ignore[arg-type]
-        return
+    if (length < LARGE_FRAME or _mask is None or transport is None or getattr(protocol, "_drain_helper", None) is None
+            or ws.compress or os.environ.get("BURLA_WS_BULK") == "0"):
+        return None
     if ws.closed or transport.is_closing():
         raise ConnectionResetError("Cannot write to closing transport")
+    return transport, protocol
+
+
+def _frame_header(length: int, masked: bool) -> bytes:
+    """A final binary frame's header (RFC 6455 §5.2) for a payload of LARGE_FRAME bytes or more."""
+    mask_bit = 0x80 if masked else 0
+    if length < 65536:
+        return struct.pack("!BBH", 0x80 | _OP_BINARY, mask_bit | 126, length)
+    return struct.pack("!BBQ", 0x80 | _OP_BINARY, mask_bit | 127, length)
+
+
+async def _drained(transport: Any, protocol: Any) -> None:
+    if transport.get_write_buffer_size() > DRAIN_ABOVE and getattr(protocol, "_paused", False):
+        await protocol._drain_helper()
+
+
+async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes | memoryview]) -> None:
+    """Send one binary frame made of these parts from a client: masked with a fresh random key
+    (RFC 6455 §5.3) in one buffer, the only copy of the payload."""
+    length = sum(map(len, parts))
+    found = _bulk_writer(ws, length)
+    if found is None:
+        await ws.send_bytes(parts[0] if len(parts) == 1 else b"".join(parts))  # type: ignore[arg-type]
+        return
+    transport, protocol = found
     payload = _mask_buffer(transport, length)
     at = 0
     for part in parts:
@@ -325,13 +347,23 @@ async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes |
         at += len(part)
     key = os.urandom(4)
     _mask(key, payload)
-    if length < 65536:
-        header = struct.pack("!BBH", 0x80 | _OP_BINARY, 0x80 | 126, length)
-    else:
-        header = struct.pack("!BBQ", 0x80 | _OP_BINARY, 0x80 | 127, length)
-    transport.write(header + key)
+    transport.write(_frame_header(length, masked=True) + key)
     # A view: what a socket does not take at once is sliced off it without a copy (Python 3.11's
     # transport slices its argument, then copies the slice into its own buffer).
     transport.write(memoryview(payload))
-    if transport.get_write_buffer_size() > DRAIN_ABOVE and getattr(protocol, "_paused", False):
-        await drain()
+    await _drained(transport, protocol)
+
+
+async def send_bulk_from_server(ws: web.WebSocketResponse, parts: Sequence[bytes | memoryview]) -> None:
+    """Send one binary frame made of these parts from a server: unmasked (RFC 6455 §5.1), so its
+    header and then each part as it is, with no copy at all."""
+    length = sum(map(len, parts))
+    found = _bulk_writer(ws, length)
+    if found is None:
+        await ws.send_bytes(parts[0] if len(parts) == 1 else b"".join(parts))  # type: ignore[arg-type]
+        return
+    transport, protocol = found
+    transport.write(_frame_header(length, masked=False))
+    for part in parts:
+        transport.write(memoryview(part))
+    await _drained(transport, protocol)
