@@ -128,6 +128,36 @@ def test_a_bad_frame_after_a_large_one_fails_as_aiohttp_fails_it():
         loop.close()
 
 
+def test_a_frames_buffer_is_reused_only_once_nothing_refers_to_it():
+    loop = asyncio.new_event_loop()
+    try:
+        queue = WebSocketDataQueue(_Protocol(), 2**30, loop=loop)
+        parser = ws_bulk.BulkReader(WebSocketReader(queue, 2**30, compress=False, decode_text=True), queue, 2**30,
+                                    ws_bulk._mask)
+
+        def frame_of(byte: bytes, size: int) -> bytearray:
+            assert parser.feed_data(_frame(0x2, byte * size)) == (False, b"")
+            return queue._buffer.popleft()[0].data
+
+        first = frame_of(b"a", 100_000)
+        view = memoryview(first)[10:20]
+        del first  # only a view of it is left
+        second = frame_of(b"b", 100_000)
+        assert bytes(view) == b"a" * 10  # not written over
+        second_id = id(second)
+        third = frame_of(b"c", 100_000)  # the last frame is still held: a new buffer
+        assert id(third) != second_id and bytes(second) == b"b" * 100_000
+        third_id = id(third)
+        del second, third, view  # the last one stays alive in the reader, held by nothing else
+        fourth = frame_of(b"d", 90_000)  # so it is reused, cut to size
+        assert bytes(fourth) == b"d" * 90_000 and len(fourth) == 90_000
+        assert id(fourth) == third_id or ws_bulk._only_here is ws_bulk._never
+        fifth = frame_of(b"e", 300_000)  # larger than the last: a new buffer
+        assert bytes(fifth) == b"e" * 300_000 and bytes(fourth) == b"d" * 90_000
+    finally:
+        loop.close()
+
+
 async def test_client_frames_sent_in_parts_arrive_whole_on_a_real_server():
     received: list[bytes] = []
     installed: list[bool] = []

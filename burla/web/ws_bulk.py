@@ -68,6 +68,7 @@ class BulkReader:
         self._got = 0
         self._key = b""  # its mask key (b"": unmasked)
         self._fragmented = False  # the inner reader is inside a fragmented message
+        self._spare: bytearray | None = None  # the last large frame, reused once nobody holds it
 
     def feed_eof(self) -> None:
         self._inner.feed_eof()
@@ -109,7 +110,7 @@ class BulkReader:
                     end_of_run = at
                     if at == start:
                         prefix = b""  # the header it began is this frame's
-                    self._frame, self._got, self._key = unfilled(length), 0, key
+                    self._frame, self._got, self._key = self._buffer_for(length), 0, key
                     at += header_here
                     collect = True
                     break
@@ -129,6 +130,22 @@ class BulkReader:
             if not collect and self._head:
                 break
         return _NOT_HANDLED
+
+    def _buffer_for(self, length: int) -> bytearray:
+        """A buffer for a frame of `length` bytes: the last frame's once nothing else refers to it
+        (every view of it gone: CPython's reference count says so), if it is large enough and not
+        twice too large; else a new one. A client's new 10 MB buffer cost more in page faults than
+        reading the frame into it."""
+        spare, self._spare = self._spare, None
+        if spare is not None and length <= len(spare) < 2 * length and _only_here(spare):
+            del spare[length:]
+            buffer = spare
+        else:
+            del spare
+            buffer = unfilled(length)
+        if _only_here is not _never and length <= KEEP_MASK_BUFFER_UP_TO:
+            self._spare = buffer
+        return buffer
 
     def _fill_directly(self) -> None:
         """Have the transport read the rest of the frame being collected straight into it."""
@@ -222,6 +239,32 @@ class _FrameFiller(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._outer.resume_writing()
+
+
+def _never(buffer: bytearray) -> bool:
+    return False
+
+
+def _references(buffer: bytearray) -> int:
+    return sys.getrefcount(buffer)
+
+
+def _alone_count() -> int:
+    """What `_references` says, called with a local name, of a buffer nothing else refers to
+    (interpreters differ in what they count)."""
+    buffer = bytearray(1)
+    return _references(buffer)
+
+
+def _held_by_the_caller_alone(buffer: bytearray) -> bool:
+    """Whether nothing but the caller's local name refers to `buffer`: a view of it, a message, a
+    list would each hold a reference. This frame's name for it counts like `_references`' own."""
+    return sys.getrefcount(buffer) == _ALONE
+
+
+# Reuse needs CPython's exact reference counts; elsewhere each frame gets a new buffer.
+_ALONE = _alone_count() if sys.implementation.name == "cpython" else -1
+_only_here = _held_by_the_caller_alone if _ALONE > 0 else _never
 
 
 def _header(data: bytes) -> tuple[int, int, int, bytes] | None:
