@@ -242,7 +242,7 @@ async def test_a_job_waiting_for_booting_nodes_says_so_to_its_client_and_in_its_
 def _held_results(link) -> list:
     items = []
     for count, packed in link.results:
-        items.extend(wire.decode(wire.result_batch_frame("j", 0, count, [packed]), wire.HEAD_TO_CLIENT).items)
+        items.extend(wire.decode(b"".join(wire.result_batch_parts("j", 0, count, [packed])), wire.HEAD_TO_CLIENT).items)
     return items
 
 

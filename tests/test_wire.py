@@ -236,7 +236,7 @@ def test_results_packed_in_parts_make_the_frame_a_result_batch_would(count):
     items = [[i, i % 3 != 0, bytes(i % 50)] for i in range(count)]
     cut = count // 3
     parts = [pack_items(items[:cut]), pack_items(items[cut:])]
-    frame = wire.result_batch_frame("job-7", 9, count, parts)
+    frame = b"".join(wire.result_batch_parts("job-7", 9, count, parts))
     assert frame == wire.ResultBatch("job-7", 9, items).encode()
     assert wire.decode(frame, wire.HEAD_TO_CLIENT).items == items
 
@@ -337,7 +337,7 @@ def test_bulk_results_pass_through_a_head_unchanged():
     decoded = wire.decode(msg.encode(), wire.NODE_TO_HEAD)
     assert type(decoded.packed) is memoryview
     assert decoded.part().items("NodeResults") == [[0, True, payload], [1, True, b"s"]]
-    frame = wire.result_batch_frame("j", 1, 2, [decoded.packed])
+    frame = b"".join(wire.result_batch_parts("j", 1, 2, [decoded.packed]))
     assert wire.decode(frame).items == [[0, True, payload], [1, True, b"s"]]
 
 
@@ -351,12 +351,12 @@ def test_large_results_pack_as_packb_would(sizes):
 
 def test_large_results_reach_a_client_as_views_of_their_frame():
     items = [[0, True, b"x" * 70_000], [5, False, b"e" * 20_000], [2**33, True, b""], [7, True, b"y" * 300]]
-    frame = wire.result_batch_frame("job-1", 2**40, len(items), [pack_items(items)])
+    frame = b"".join(wire.result_batch_parts("job-1", 2**40, len(items), [pack_items(items)]))
     msg = wire.decode(frame, wire.HEAD_TO_CLIENT)
     assert msg == wire.ResultBatch("job-1", 2**40, items) == msgpack_decoded(frame)
     assert all(type(payload) is memoryview and payload.obj is frame for _, _, payload in msg.items)
     # Small results: msgpack's decoding, as before.
-    small = wire.result_batch_frame("j", 1, 100, [pack_items([[i, True, b"s" * 700] for i in range(100)])])
+    small = b"".join(wire.result_batch_parts("j", 1, 100, [pack_items([[i, True, b"s" * 700] for i in range(100)])]))
     assert all(type(payload) is bytes for _, _, payload in wire.decode(small).items)
     # Not accepted on a channel that does not carry it.
     with pytest.raises(ProtocolError, match="ResultBatch is not accepted"):
@@ -366,7 +366,7 @@ def test_large_results_reach_a_client_as_views_of_their_frame():
 def test_large_results_beside_inline_values_still_reach_a_client_as_views():
     items = [[0, True, b"x" * 90_000], [1, VALUE, None], [2, VALUE, 2**64 - 1], [3, VALUE, "é" * 256],
              [4, VALUE, -1.5], [5, VALUE, False], [6, True, b"y" * 40_000]]
-    frame = wire.result_batch_frame("job-1", 1, len(items), [pack_items(items)])
+    frame = b"".join(wire.result_batch_parts("job-1", 1, len(items), [pack_items(items)]))
     msg = wire.decode(frame, wire.HEAD_TO_CLIENT)
     assert msg == wire.ResultBatch("job-1", 1, items) == msgpack_decoded(frame)
     assert [type(payload) for _, _, payload in msg.items] == [memoryview, type(None), int, str, float, bool, memoryview]
@@ -375,7 +375,7 @@ def test_large_results_beside_inline_values_still_reach_a_client_as_views():
 @pytest.mark.parametrize("value", [[1], {"a": 1}, b"bin", "s" * (MAX_STR_BYTES + 1), "s" * (MAX_STR_CHARS + 1)])
 def test_large_result_frames_with_a_value_that_is_not_inline_are_refused(value):
     items = [[0, True, b"x" * 90_000], [1, VALUE, value]]
-    frame = wire.result_batch_frame("job-1", 1, len(items), [msgpack.packb(items, use_bin_type=True)[1:]])
+    frame = b"".join(wire.result_batch_parts("job-1", 1, len(items), [msgpack.packb(items, use_bin_type=True)[1:]]))
     with pytest.raises(ProtocolError):
         wire.decode(frame, wire.HEAD_TO_CLIENT)
 
@@ -387,7 +387,7 @@ def test_large_result_frames_with_a_value_that_is_not_inline_are_refused(value):
     (lambda f: f.replace(b"\x93\x00\xc3", b"\x92\x00\xc3", 1), "not valid msgpack"),
 ])
 def test_damaged_large_result_frames_are_refused_as_before(damage, words):
-    frame = wire.result_batch_frame("job-1", 3, 2, [pack_items([[0, True, b"x" * 70_000], [1, True, b"y"]])])
+    frame = b"".join(wire.result_batch_parts("job-1", 3, 2, [pack_items([[0, True, b"x" * 70_000], [1, True, b"y"]])]))
     with pytest.raises(ProtocolError, match=words):
         wire.decode(damage(frame), wire.HEAD_TO_CLIENT)
 

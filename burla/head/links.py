@@ -233,7 +233,7 @@ class ClientLink:
         """Drop queued results for inputs the client already holds (a nonzero state byte)."""
         parts, self.results, self.queued_results = self.results, deque(), 0
         for count, packed in parts:
-            items = msgpack.unpackb(wire.result_batch_frame("", 0, count, [packed]))[-1]
+            items = msgpack.unpackb(b"".join(wire.result_batch_parts("", 0, count, [packed])))[-1]
             kept = [item for item in items if not client_states[item[0]]]
             if kept:
                 self._queue_results(kept)

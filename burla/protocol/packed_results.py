@@ -53,7 +53,7 @@ _payload_of = itemgetter(2)
 
 def pack_items(items: Sequence) -> bytes:
     """Items packed as they follow their array's header inside a frame. A head keeps the results
-    it relays in this form until they go out in a ResultBatch (`result_batch_frame`): bytes, where
+    it relays in this form until they go out in a ResultBatch (`result_batch_parts`): bytes, where
     a tuple per result would have been walked by the cyclic GC. Raises OverflowError or
     UnicodeEncodeError for an inline value msgpack can't pack (`inline_values`)."""
     try:

@@ -207,11 +207,6 @@ def result_batch_parts(job_id: str, seq: int, count: int, parts: Sequence[Payloa
     return [b"\x94" + head[1:] + array_header(count), *parts]
 
 
-def result_batch_frame(job_id: str, seq: int, count: int, parts: Sequence[Payload]) -> bytes:
-    """`result_batch_parts` joined."""
-    return b"".join(result_batch_parts(job_id, seq, count, parts))
-
-
 
 @message(39)
 class NodeResults(Message):
