@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import ssl
 import struct
 
 import aiohttp
@@ -218,7 +219,8 @@ class _PassThrough(asyncio.Protocol):
         self.inner.connection_lost(exc)
 
 
-async def _server(handler, wrapped: bool = False) -> tuple[tuple[web.AppRunner, asyncio.Server], int]:
+async def _server(handler, wrapped: bool = False, tls: ssl.SSLContext | None = None
+                  ) -> tuple[tuple[web.AppRunner, asyncio.Server], int]:
     app = web.Application()
     app.router.add_get("/", handler)
     runner = web.AppRunner(app)
@@ -226,7 +228,8 @@ async def _server(handler, wrapped: bool = False) -> tuple[tuple[web.AppRunner, 
     loop = asyncio.get_running_loop()
     factory = runner.server
     assert factory is not None
-    server = await loop.create_server((lambda: _PassThrough(factory())) if wrapped else factory, "127.0.0.1", 0)
+    server = await loop.create_server((lambda: _PassThrough(factory())) if wrapped else factory, "127.0.0.1", 0,
+                                      ssl=tls)
     return (runner, server), server.sockets[0].getsockname()[1]
 
 
@@ -371,3 +374,42 @@ async def test_a_servers_frame_sent_in_parts_arrives_whole(compress, monkeypatch
     assert received == [b"".join(bytes(part) for part in parts) for parts in frames]
     # Uncompressed, the large frames went part by part; compressed, all through aiohttp's writer.
     assert headers == ([] if compress else [len(received[0]), len(received[2])])
+
+
+async def test_large_frames_over_tls_are_read_straight_into_their_buffers(monkeypatch):
+    from burla.web.tls import node_server_context
+
+    filled: list[int] = []
+    real = ws_bulk._FrameFiller.buffer_updated
+
+    def counting(self, nbytes: int) -> None:
+        filled.append(nbytes)
+        real(self, nbytes)
+
+    monkeypatch.setattr(ws_bulk._FrameFiller, "buffer_updated", counting)
+    received: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
+        await ws.prepare(request)
+        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        async for message in ws:
+            received.append(bytes(message.data))
+            await ws_bulk.send_bulk_from_server(ws, [b"echo:", message.data])
+        return ws
+
+    context, _ = node_server_context("127.0.0.1")
+    serving, port = await _server(handler, tls=context)
+    payloads = [os.urandom(6 * 2**20), os.urandom(100), os.urandom(300_000)]
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(
+                f"https://127.0.0.1:{port}/", max_msg_size=64 * 2**20, ssl=False) as ws:
+            assert ws_bulk.install_client(ws, 64 * 2**20)
+            echoes = []
+            for payload in payloads:
+                await ws_bulk.send_bulk(ws, [payload])
+                echoes.append(bytes((await asyncio.wait_for(ws.receive(), 60)).data))
+    finally:
+        await _stop(serving)
+    assert received == payloads and echoes == [b"echo:" + payload for payload in payloads]
+    assert sum(filled) > 2 * 6 * 2**20 * 0.8  # both ends read most of the large frames through the filler
