@@ -41,7 +41,7 @@ class CallTimeouts:
                 continue
             timeout = self._jobs.timeout_of(worker.batches[0].job_id)
             index = worker.current_index()
-            if timeout is None or index < 0:
+            if timeout is None or index < 0 or worker.reporting():  # reporting: its call is over
                 continue
             key = (index, id(worker.batches[0]))
             before = self._seen.get(worker)

@@ -42,7 +42,8 @@ from burla.protocol.packed_inputs import unpack_uints
 from burla.protocol.packed_results import TIMING_BYTES, TIMING_VALUES
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
-_INDEX = struct.Struct("q")
+_INDEX = struct.Struct("q")  # in the shared page: the input whose call runs (-1: none)
+REPORTING_AT = _INDEX.size  # then 1 while the worker reports results between two calls of a batch
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
 _FLUSH_BYTES = 1 << 20
 LARGE_VALUE_BYTES = 1 << 20  # a value this big has its worker give free memory back when the job ends there
@@ -276,7 +277,12 @@ class Worker:
                 pending_bytes += len(payload)
             if position < last:  # the batch's last results go with its end (one frame, not two)
                 if now - last_flush > _FLUSH_AFTER_S or pending_bytes > _FLUSH_BYTES:
+                    # A node holding back its results (ResultWindow) may keep this report waiting:
+                    # that time is no call's, for its timeout (the index stays: a crash here is
+                    # still the finished call's).
+                    mark_running(shm, REPORTING_AT, 1)
                     self._flush(job_id, results, False, now - last_flush)
+                    mark_running(shm, REPORTING_AT, 0)
                     results = []
                     pending_bytes = 0
                     last_flush = now

@@ -135,6 +135,10 @@ class WorkerHandle:
     def current_index(self) -> int:
         return _INDEX.unpack_from(self.shm, 0)[0]
 
+    def reporting(self) -> bool:
+        """Whether it is sending results between two calls (worker.REPORTING_AT)."""
+        return _INDEX.unpack_from(self.shm, _INDEX.size)[0] != 0
+
     def batch_job(self) -> str | None:
         return self.batches[0].job_id if self.batches else None
 
