@@ -233,29 +233,41 @@ async def _server(handler, wrapped: bool = False, tls: ssl.SSLContext | None = N
     return (runner, server), server.sockets[0].getsockname()[1]
 
 
+async def _bulk_ws(request: web.Request) -> web.WebSocketResponse:
+    """The server's side of a test connection, prepared, with its BulkReader in place."""
+    ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
+    await ws.prepare(request)
+    assert ws_bulk.install_server(ws, request, 64 * 2**20)
+    return ws
+
+
 async def _stop(serving: tuple[web.AppRunner, asyncio.Server]) -> None:
     runner, server = serving
     server.close()
     await runner.cleanup()
 
 
-@pytest.mark.parametrize("wrapped", [False, True])
-async def test_the_rest_of_a_large_frame_is_read_straight_into_its_buffer(monkeypatch, wrapped):
-    filled: list[int] = []
+@pytest.fixture
+def filled(monkeypatch) -> list[int]:
+    """The size of each read a _FrameFiller took into a frame's buffer, in this test."""
+    reads: list[int] = []
     real = ws_bulk._FrameFiller.buffer_updated
 
     def counting(self, nbytes: int) -> None:
-        filled.append(nbytes)
+        reads.append(nbytes)
         real(self, nbytes)
 
     monkeypatch.setattr(ws_bulk._FrameFiller, "buffer_updated", counting)
+    return reads
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+async def test_the_rest_of_a_large_frame_is_read_straight_into_its_buffer(filled, wrapped):
     received: list[bytes] = []
     protocols_after: list[bool] = []
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
-        await ws.prepare(request)
-        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        ws = await _bulk_ws(request)
         async for message in ws:
             received.append(message.data)
             transport = request.transport
@@ -286,9 +298,7 @@ async def test_a_connection_lost_inside_a_large_frame_ends_the_server_side():
     messages: list[object] = []
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
-        await ws.prepare(request)
-        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        ws = await _bulk_ws(request)
         async for message in ws:
             messages.append(message.type)
         ended.set()
@@ -315,9 +325,7 @@ async def test_frames_sent_back_to_back_reuse_the_mask_buffer_and_arrive_as_sent
     sizes = [5 * 2**20, 5 * 2**20, 4 * 2**20, 3 * 2**20 + 7, 5 * 2**20, 100_000, 5 * 2**20]
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
-        await ws.prepare(request)
-        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        ws = await _bulk_ws(request)
         async for message in ws:
             await asyncio.sleep(0.05)  # a slow reader: the client's socket backs up
             received.append(bytes(message.data))
@@ -376,23 +384,13 @@ async def test_a_servers_frame_sent_in_parts_arrives_whole(compress, monkeypatch
     assert headers == ([] if compress else [len(received[0]), len(received[2])])
 
 
-async def test_large_frames_over_tls_are_read_straight_into_their_buffers(monkeypatch):
+async def test_large_frames_over_tls_are_read_straight_into_their_buffers(filled):
     from burla.web.tls import node_server_context
 
-    filled: list[int] = []
-    real = ws_bulk._FrameFiller.buffer_updated
-
-    def counting(self, nbytes: int) -> None:
-        filled.append(nbytes)
-        real(self, nbytes)
-
-    monkeypatch.setattr(ws_bulk._FrameFiller, "buffer_updated", counting)
     received: list[bytes] = []
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=64 * 2**20)
-        await ws.prepare(request)
-        assert ws_bulk.install_server(ws, request, 64 * 2**20)
+        ws = await _bulk_ws(request)
         async for message in ws:
             received.append(bytes(message.data))
             await ws_bulk.send_bulk_from_server(ws, [b"echo:", message.data])

@@ -347,18 +347,20 @@ def _mask_buffer(transport: Any, length: int) -> bytearray:
     return buffer
 
 
-def _bulk_writer(ws: Any, length: int) -> tuple[Any, Any] | None:
-    """(transport, protocol) of `ws` to write a frame of `length` bytes to by hand, or None where
-    aiohttp's own writer must (a small frame, compression, internals not as expected)."""
+async def _hand_writer(ws: Any, parts: Sequence[bytes | memoryview]) -> tuple[Any, Any, int] | None:
+    """(transport, protocol, length) of `ws` to write the frame of these parts to by hand; or None
+    once aiohttp's own writer sent it (a small frame, compression, internals not as expected)."""
+    length = sum(map(len, parts))
     writer = getattr(ws, "_writer", None)
     transport = getattr(writer, "transport", None)
     protocol = getattr(writer, "protocol", None)
     if (length < LARGE_FRAME or _mask is None or transport is None or getattr(protocol, "_drain_helper", None) is None
             or ws.compress or os.environ.get("BURLA_WS_BULK") == "0"):
+        await ws.send_bytes(parts[0] if len(parts) == 1 else b"".join(parts))
         return None
     if ws.closed or transport.is_closing():
         raise ConnectionResetError("Cannot write to closing transport")
-    return transport, protocol
+    return transport, protocol, length
 
 
 def _frame_header(length: int, masked: bool) -> bytes:
@@ -377,12 +379,10 @@ async def _drained(transport: Any, protocol: Any) -> None:
 async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes | memoryview]) -> None:
     """Send one binary frame made of these parts from a client: masked with a fresh random key
     (RFC 6455 §5.3) in one buffer, the only copy of the payload."""
-    length = sum(map(len, parts))
-    found = _bulk_writer(ws, length)
+    found = await _hand_writer(ws, parts)
     if found is None:
-        await ws.send_bytes(parts[0] if len(parts) == 1 else b"".join(parts))  # type: ignore[arg-type]
         return
-    transport, protocol = found
+    transport, protocol, length = found
     payload = _mask_buffer(transport, length)
     at = 0
     for part in parts:
@@ -400,12 +400,10 @@ async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes |
 async def send_bulk_from_server(ws: web.WebSocketResponse, parts: Sequence[bytes | memoryview]) -> None:
     """Send one binary frame made of these parts from a server: unmasked (RFC 6455 §5.1), so its
     header and then each part as it is, with no copy at all."""
-    length = sum(map(len, parts))
-    found = _bulk_writer(ws, length)
+    found = await _hand_writer(ws, parts)
     if found is None:
-        await ws.send_bytes(parts[0] if len(parts) == 1 else b"".join(parts))  # type: ignore[arg-type]
         return
-    transport, protocol = found
+    transport, protocol, length = found
     transport.write(_frame_header(length, masked=False))
     for part in parts:
         transport.write(memoryview(part))
