@@ -18,6 +18,17 @@ from burla.protocol.serialization import dumps_input
 MB = 1024 * 1024
 
 
+class _Broken:
+    """Its nbytes fails: it is pickled the plain way, as before."""
+
+    @property
+    def nbytes(self) -> int:
+        raise RuntimeError("no size here")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Broken)
+
+
 class _Sized:
     """Says it is large (nbytes) but pickles small: it goes as plain bytes."""
 
@@ -50,8 +61,8 @@ def test_a_numpy_arrays_memory_is_a_part_as_it_is():
 
 
 def test_values_with_nothing_large_pickle_as_plain_bytes():
-    for value in [b"x" * (LIKELY_LARGE_BYTES - 1), (1, 2, "three"), [b"a"] * 100, _Sized(), bytearray(10),
-                  np.zeros(10)]:
+    for value in [b"x" * (LIKELY_LARGE_BYTES - 1), (1, 2, "three"), [b"a"] * 100, _Sized(), _Broken(),
+                  bytearray(10), np.zeros(10)]:
         pickled = dumps_input(value)
         assert type(pickled) is bytes, value
         loaded = pickle.loads(pickled)

@@ -79,7 +79,12 @@ def _large_buffer(value: Any) -> bool:
         return len(value) >= LIKELY_LARGE_BYTES
     if kind is memoryview:
         return value.nbytes >= LIKELY_LARGE_BYTES
-    size = getattr(value, "nbytes", None) if kind.__module__ != "builtins" else None
+    if kind.__module__ == "builtins":
+        return False
+    try:
+        size = getattr(value, "nbytes", None)
+    except Exception:  # a property of the user's that fails: it is pickled the plain way
+        return False
     return isinstance(size, int) and size >= LIKELY_LARGE_BYTES
 
 
