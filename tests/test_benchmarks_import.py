@@ -1,9 +1,12 @@
 """The benchmark scripts still import (they share helpers with the package and the tests, which
-change under them), and the one that needs no cluster runs and prints its JSON line."""
+change under them); the one that needs no cluster, and small runs of the transfer, tunnel and
+head-scale ones, run and print their JSON lines (an import alone had let head_scale.py stay
+broken for a while)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -28,3 +31,35 @@ def test_the_worker_loop_benchmark_prints_its_json_line():
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stderr.strip().splitlines()[-1])  # stdout is captured by the worker loop itself
     assert result["benchmark"] == "worker_loop" and result["us_per_call"] > 0
+
+
+def _json_line(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_transfer_benchmark_runs_small_and_prints_its_json_line():
+    env = {**os.environ, "COUNT": "3", "ROUNDS": "1"}
+    result = _json_line(subprocess.run([sys.executable, "transfer.py"], cwd=BENCHMARKS, capture_output=True,
+                                       text=True, timeout=300, env=env))
+    assert result["benchmark"] == "transfer" and result["payloads"] == "3 x 10 MB"
+    for figures in (result["burla_inline_mb_s"], result["plain_relay_mb_s"]):
+        assert figures["inputs"] > 0 and figures["results"] > 0
+    roles = {"client", "head", "nodes", "workers"}
+    assert set(result["burla_cpu_s_per_gb"]["inputs"]) == roles == set(result["plain_relay_cpu_s_per_gb"]["results"])
+
+
+@pytest.mark.timeout(600)
+def test_the_tunnel_transfer_benchmark_runs_small_and_prints_its_json_line():
+    env = {**os.environ, "COUNT": "2", "ROUNDS": "1"}
+    result = _json_line(subprocess.run([sys.executable, "transfer_tunnel.py"], cwd=BENCHMARKS, capture_output=True,
+                                       text=True, timeout=540, env=env))
+    assert result["benchmark"] == "transfer_tunnel"
+    assert result["burla_through_tunnel_mb_s"]["inputs"] > 0 and result["relay_over_asyncssh_mb_s"]["results"] > 0
+
+
+def test_the_head_scale_benchmark_runs_small_and_prints_its_json_line():
+    result = _json_line(subprocess.run(
+        [sys.executable, "head_scale.py", "--nodes", "3", "--slots", "2", "--calls", "2000", "--idle", "0.5", "--json"],
+        cwd=BENCHMARKS, capture_output=True, text=True, timeout=300))
+    assert result["benchmark"] == "head_scale"

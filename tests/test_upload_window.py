@@ -148,8 +148,8 @@ def test_the_opening_carries_only_small_first_inputs(monkeypatch):
     # A large first input goes later, by itself (or by file): the opening stays small. It is
     # pickled once, not again by the upload.
     pickled = []
-    dumps = upload.dumps
-    monkeypatch.setattr(upload, "dumps", lambda value: pickled.append(value) or dumps(value))
+    dumps_input = upload.dumps_input
+    monkeypatch.setattr(upload, "dumps_input", lambda value: pickled.append(value) or dumps_input(value))
     large = _uploader([b"x" * (FIRST_BATCH_BYTES + 1), 1, 2])
     assert large.first_batch() == []
     assert pickle.loads(large.pickled_input(0)) == large.inputs[0]
