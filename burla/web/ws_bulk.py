@@ -23,6 +23,7 @@ as expected (another aiohttp version), which costs speed, never correctness.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import struct
 import sys
@@ -44,6 +45,7 @@ except ImportError:  # pragma: no cover - older aiohttp
         _mask = None  # type: ignore[assignment]
 
 LARGE_FRAME = 64 * 1024  # smaller frames take aiohttp's path, which is quick for them
+KEEP_BUFFERS_UP_TO = 64 * 1024 * 1024  # a larger frame's buffer is not kept for the next one
 DRAIN_ABOVE = 4 * 1024 * 1024  # a client's large frames wait for its socket to drain past this
 _OP_BINARY = 0x2
 _NOT_HANDLED = (False, b"")
@@ -143,7 +145,7 @@ class BulkReader:
         else:
             del spare
             buffer = unfilled(length)
-        if _only_here is not _never and length <= KEEP_MASK_BUFFER_UP_TO:
+        if _only_here is not _never and length <= KEEP_BUFFERS_UP_TO:
             self._spare = buffer
         return buffer
 
@@ -201,9 +203,8 @@ class _FrameFiller(asyncio.BufferedProtocol):
     """The connection's protocol while the rest of a large frame is read: each read lands in the
     frame's own buffer. When the frame is whole, the connection's own protocol (aiohttp's, or the
     head's connection guard in front of it) is put back, so the bytes after the frame reach it as
-    before. Everything else a transport tells a
-    protocol goes on to aiohttp's, and each read counts as its progress (its read timeout and
-    heartbeat), as its own reads do."""
+    before. Everything else a transport tells a protocol goes on to that one, and each read counts
+    as aiohttp's progress (its read timeout and heartbeat), as its own reads do."""
 
     def __init__(self, reader: BulkReader, protocol: Any, outer: Any, transport: asyncio.BaseTransport) -> None:
         self._reader = reader
@@ -324,7 +325,6 @@ def install_client(ws: aiohttp.ClientWebSocketResponse, max_msg_size: int) -> bo
 # 3.12's keep a view of the caller's buffer until it is sent, and TLS transports keep it until
 # they encrypt it.
 _COPIES_UNSENT = {"asyncio.selector_events._SelectorSocketTransport"} if sys.version_info < (3, 12) else set()
-KEEP_MASK_BUFFER_UP_TO = 64 * 1024 * 1024
 _mask_buffers: weakref.WeakKeyDictionary[Any, bytearray] = weakref.WeakKeyDictionary()
 
 
@@ -333,7 +333,10 @@ def _mask_buffer(transport: Any, length: int) -> bytearray:
     nothing of it any more and it is large enough (cut to `length`, which keeps its memory when it
     shrinks by less than half), else a new one. A new buffer of 10 MB cost more in page faults
     than the copy into it."""
-    buffer = _mask_buffers.get(transport)
+    try:
+        buffer = _mask_buffers.get(transport)
+    except TypeError:
+        buffer = None
     kind = type(transport)
     reusable = buffer is not None and length <= len(buffer) < 2 * length and (
         transport.get_write_buffer_size() == 0 or f"{kind.__module__}.{kind.__qualname__}" in _COPIES_UNSENT)
@@ -342,8 +345,9 @@ def _mask_buffer(transport: Any, length: int) -> bytearray:
         del buffer[length:]
         return buffer
     buffer = unfilled(length)
-    if length <= KEEP_MASK_BUFFER_UP_TO:
-        _mask_buffers[transport] = buffer
+    if length <= KEEP_BUFFERS_UP_TO:
+        with contextlib.suppress(TypeError):  # a transport that cannot be weakly referred to keeps none
+            _mask_buffers[transport] = buffer
     return buffer
 
 
