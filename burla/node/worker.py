@@ -20,7 +20,6 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import sys
 import tempfile
 import time
@@ -42,8 +41,8 @@ from burla.protocol.packed_inputs import unpack_uints
 from burla.protocol.packed_results import TIMING_BYTES, TIMING_VALUES
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
-_INDEX = struct.Struct("q")  # in the shared page: the input whose call runs (-1: none)
-REPORTING_AT = _INDEX.size  # then 1 while the worker reports results between two calls of a batch
+_INDEX = worker_wire.PAGE_SLOT  # the shared page's layout: worker_wire
+REPORTING_AT = worker_wire.REPORTING_AT
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
 _FLUSH_BYTES = 1 << 20
 LARGE_VALUE_BYTES = 1 << 20  # a value this big has its worker give free memory back when the job ends there

@@ -15,7 +15,6 @@ import mmap
 import os
 import signal
 import socket
-import struct
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from burla.protocol.packed_inputs import UINT_BYTES, PackedInputs, unpack_uints
 Process = asyncio.subprocess.Process | ServedProcess
 
 log = logging.getLogger("burla.node")
-_INDEX = struct.Struct("q")
+_INDEX = worker_wire.PAGE_SLOT  # the shared page's layout: worker_wire
 CLOSE_WAIT_S = 5.0
 
 
@@ -136,8 +135,8 @@ class WorkerHandle:
         return _INDEX.unpack_from(self.shm, 0)[0]
 
     def reporting(self) -> bool:
-        """Whether it is sending results between two calls (worker.REPORTING_AT)."""
-        return _INDEX.unpack_from(self.shm, _INDEX.size)[0] != 0
+        """Whether it is sending results between two calls (worker_wire.REPORTING_AT)."""
+        return _INDEX.unpack_from(self.shm, worker_wire.REPORTING_AT)[0] != 0
 
     def batch_job(self) -> str | None:
         return self.batches[0].job_id if self.batches else None

@@ -10,6 +10,11 @@ from burla.protocol.limits import NODE_LINK, NODE_REPORTS
 from burla.protocol.packed_inputs import CarriesInputs
 from burla.protocol.packed_results import PackedResults, check_packed
 
+# A worker's shared page, which its node maps too: the input whose call runs (-1: none) at
+# RUNNING_AT, and 1 at REPORTING_AT while it reports results between two calls of a batch.
+PAGE_SLOT = struct.Struct("q")
+RUNNING_AT, REPORTING_AT = 0, PAGE_SLOT.size
+
 
 @message(30)
 class WorkerReady(Message):
