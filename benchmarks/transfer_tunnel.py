@@ -6,7 +6,10 @@ The VM is the tests' stand-in (an SSH server on 127.0.0.1 in front of a home dir
 own): EC2 is moto, and the head boots the VM, uploads its build and starts the node through the
 real bootstrap, then the node reaches the head over the SSH connection's remote port forward, as
 on a real cloud. The client's inputs travel inline (it has an input-file directory of its own,
-which the node does not share). The anchor moves the same bytes through the same chain of
+which the node does not share). The client is a process of its own, as the user's program is: the
+VM's SSH server runs in this script's process, which does nothing else while payloads move.
+Beside the MB/s, the CPU seconds per GB of each of burla's processes: client, head, the VM's
+SSH server, node and worker. The anchor moves the same bytes through the same chain of
 processes: client -> relay -> [asyncssh forward -> SSH server] -> relay -> worker, that is the
 plain relay of transfer.py with its middle hop over a plain asyncssh port forward and an SSH
 server (with the ciphers burla's tunnels prefer), with nothing else done to the bytes. Each
@@ -17,6 +20,7 @@ Run: python3 transfer_tunnel.py (needs the test dependencies: moto, asyncssh).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -28,8 +32,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from _common import environment
-from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, payload_size, start_hop, workloads
+import psutil
+from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, start_hop, workloads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -73,6 +77,77 @@ SSH_FORWARD = textwrap.dedent("""
 
     asyncio.run(main())
 """)
+
+
+# The user's program: warms the cluster up, then runs each workload named on its stdin and answers
+# with its wall seconds and its own CPU seconds.
+CLIENT = textwrap.dedent("""
+    import json, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from transfer import SIZE, payload_size, workloads
+    from burla import remote_parallel_map
+
+    remote_parallel_map(payload_size, [bytes(SIZE)] * 4, spinner=False)  # workers up, code warm
+    jobs = workloads()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cpu, started = time.process_time(), time.perf_counter()
+        jobs[line.strip()]()
+        print(json.dumps([time.perf_counter() - started, time.process_time() - cpu]), flush=True)
+""")
+
+
+class Client:
+    """The client's process, given the cluster's environment."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", CLIENT, str(Path(__file__).resolve().parent)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, **env})
+        assert self._line() == "ready"
+
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client exited with {self.process.wait(60)}")
+        return line.strip()
+
+    def run(self, name: str) -> tuple[float, float]:
+        """(wall seconds, the client's CPU seconds) of one workload."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(name + "\n")
+        self.process.stdin.flush()
+        wall, cpu = json.loads(self._line())
+        return wall, cpu
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(60)
+
+
+def cluster_cpu(head_pid: int, vm_root: Path) -> dict[str, float]:
+    """CPU seconds so far of the head, the VMs' SSH servers (this process) and the VMs' nodes and
+    workers (the processes running the runtime installed under `vm_root`: their supervisor
+    detaches them from the SSH server that started them)."""
+    def seconds(process: psutil.Process) -> float:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return times.user + times.system
+
+    cpu = collections.Counter({"head": seconds(psutil.Process(head_pid)), "vm_sshd": seconds(psutil.Process())})
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or ())
+        if str(vm_root) not in command:
+            continue
+        if "node join" in command:
+            cpu["node"] += seconds(process)
+        elif "burla.node.fork_server" in command or "burla.node.worker" in command:
+            cpu["worker"] += seconds(process)
+    return dict(cpu)
 
 
 def _start(source: str, *arguments: str) -> tuple[subprocess.Popen, int]:
@@ -204,33 +279,39 @@ class TunnelledCluster:
 
 
 def main() -> None:
-    from burla import remote_parallel_map
-
-    jobs = workloads()
-    burla_mb_s: dict[str, list[float]] = {name: [] for name in jobs}
-    ssh_anchor: dict[str, list[float]] = {name: [] for name in jobs}
-    plain_anchor: dict[str, list[float]] = {name: [] for name in jobs}
+    names = list(workloads())
+    burla_mb_s: dict[str, list[float]] = {name: [] for name in names}
+    burla_cpu: dict[str, collections.Counter] = {name: collections.Counter() for name in names}
+    ssh_anchor: dict[str, list[float]] = {name: [] for name in names}
+    plain_anchor: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         root = Path(directory)
         (root / "client-input-files").mkdir()
         cluster = TunnelledCluster(root)
         try:
             # The client's own input-file directory: the VM's node can't open its files, so inputs go inline.
-            with environment(**cluster.env, BURLA_INPUT_FILES_DIR=str(root / "client-input-files")):
-                remote_parallel_map(payload_size, [bytes(SIZE)] * 4, spinner=False)  # workers up, code warm
+            client = Client({**cluster.env, "BURLA_INPUT_FILES_DIR": str(root / "client-input-files")})
+            try:
                 for _ in range(ROUNDS):
-                    for name, workload in jobs.items():
-                        started = time.perf_counter()
-                        workload()
-                        burla_mb_s[name].append(TOTAL_MB / (time.perf_counter() - started))
+                    for name in names:
+                        before = cluster_cpu(cluster.head.process.pid, root / "vms")
+                        wall, client_cpu = client.run(name)
+                        after = cluster_cpu(cluster.head.process.pid, root / "vms")
+                        burla_mb_s[name].append(TOTAL_MB / wall)
+                        burla_cpu[name]["client"] += client_cpu
+                        for role, seconds in after.items():
+                            burla_cpu[name][role] += seconds - before.get(role, 0.0)
                         ssh_anchor[name].append(ssh_anchor_mb_s(name))
                         plain_anchor[name].append(anchor_mb_s(name)[0])
+            finally:
+                client.close()
         finally:
             cluster.stop()
 
     def median(values: dict[str, list[float]]) -> dict[str, float]:
         return {name: round(statistics.median(v), 1) for name, v in values.items()}
 
+    gb = TOTAL_MB / 1024
     print(json.dumps({
         "benchmark": "transfer_tunnel",
         "cores": os.cpu_count(),
@@ -243,6 +324,8 @@ def main() -> None:
                                       for name, v in ssh_anchor.items()},
         "asyncssh_relay_over_plain_relay": {name: round(statistics.median(v) / statistics.median(plain_anchor[name]), 3)
                                             for name, v in ssh_anchor.items()},
+        "burla_cpu_s_per_gb": {name: {role: round(seconds / ROUNDS / gb, 3) for role, seconds in cpu.items()}
+                               for name, cpu in burla_cpu.items()},
         "target_burla_over_asyncssh_relay": 0.8,
     }))
 

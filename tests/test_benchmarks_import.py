@@ -56,6 +56,10 @@ def test_the_tunnel_transfer_benchmark_runs_small_and_prints_its_json_line():
                                        text=True, timeout=540, env=env))
     assert result["benchmark"] == "transfer_tunnel"
     assert result["burla_through_tunnel_mb_s"]["inputs"] > 0 and result["relay_over_asyncssh_mb_s"]["results"] > 0
+    # Every process of the chain spent CPU moving the payloads (the client is a process of its own).
+    for direction in ("inputs", "results"):
+        cpu = result["burla_cpu_s_per_gb"][direction]
+        assert set(cpu) == {"client", "head", "vm_sshd", "node", "worker"} and min(cpu.values()) > 0, cpu
 
 
 def test_the_head_scale_benchmark_runs_small_and_prints_its_json_line():

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from burla.web.scoped_tokens import node_token
@@ -60,6 +61,15 @@ def _grown_job_outcome(client_venv, head, tmp_path) -> list:
     return outcome
 
 
+def _connections_to_itself(head) -> int:
+    """TCP connections the head's process opened to its own port: a tunnel forwarded through a
+    loopback socket (a node's connection served on its SSH channel has none)."""
+    port = int(head.url.rsplit(":", 1)[1])
+    process = psutil.Process(head.process.pid)
+    connections = process.net_connections("tcp") if hasattr(process, "net_connections") else process.connections("tcp")
+    return sum(1 for c in connections if c.raddr and c.raddr.port == port)
+
+
 def _cli(head, *args: str) -> dict:
     env = client_env(head)
     if head.url.startswith("https://"):
@@ -94,6 +104,8 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         [node] = get_json(head, "/v1/cluster")["nodes"]
         assert node["node_id"] == node_id
         assert any("node supervise" in c and "--head http://127.0.0.1:" in c for c in vm.commands), vm.commands
+        # The head serves the node's connection on the SSH channel itself, with no loopback socket.
+        assert _connections_to_itself(head) == 0
         # Peers reach it at its private address, where it listens (the stand-in's machine lacks that
         # address, so there it listens on all of its own: burla.node.listen.bind_address).
         private = instance["PrivateIpAddress"]
@@ -257,6 +269,8 @@ def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, whe
         assert pinned.read_text() == (head.config_dir / "head-cert.pem").read_text()
         [start] = [c for c in vm.commands if "node supervise" in c]
         assert "--head https://127.0.0.1:" in start and '--head-cert "$B"/head-cert.pem' in start
+        # A TLS head's tunnel forwards to its port, where asyncio's TLS runs on a real socket.
+        assert _connections_to_itself(head) >= 1
     finally:
         head.stop()
 

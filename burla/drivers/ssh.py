@@ -53,6 +53,7 @@ from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.build import build_hash, build_wheel
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol.states import BootStage
+from burla.web.channel_server import ChannelServer
 from burla.web.scoped_tokens import node_token
 
 log = logging.getLogger("burla.ssh")
@@ -209,7 +210,8 @@ class VmSession:
         self.remote_port = listener.get_port()
         async with self._connection.start_sftp_client() as sftp:
             await write_private(sftp, remote(HEAD_URL_FILE), f"{scheme}://127.0.0.1:{self.remote_port}\n")
-        self.note(f"tunnel: 127.0.0.1:{self.remote_port} on the VM reaches the head at {host}:{port}")
+        self.note(f"tunnel: 127.0.0.1:{self.remote_port} on the VM reaches the head "
+                  + ("on the SSH channel itself" if self.owner.channels is not None else f"at {host}:{port}"))
 
     async def _remote_listener(self, host: str, port: int, deadline: float | None) -> Any:
         """The remote forward's listener. A reconnect asks for the same port; if the VM's sshd still
@@ -219,8 +221,12 @@ class VmSession:
         waiting out the boot deadline."""
         from asyncssh import ChannelListenError
 
+        channels = self.owner.channels
         for attempt in range(FORWARD_TRIES):
             try:
+                if channels is not None:
+                    return await self._connection.create_server(
+                        channels.session_factory(f"{self.node_id} over SSH"), "127.0.0.1", self.remote_port)
                 return await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
             except ChannelListenError as e:
                 if self.remote_port:
@@ -317,8 +323,11 @@ class VmSession:
 class SshBootstrapDriver(Driver):
     """A cloud driver whose VMs the head sets up over SSH (see the module docstring)."""
 
-    def __init__(self, inner: Any, settings: SshSettings) -> None:
+    def __init__(self, inner: Any, settings: SshSettings, channels: ChannelServer | None = None) -> None:
         self.inner = inner
+        # Where a plain-http head serves its tunnels' connections, on the SSH channels themselves;
+        # without it (a TLS head), a tunnel forwards each connection to the head's port.
+        self.channels = channels
         self.name = inner.name
         self.settings = settings
         logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one line per packet exchange otherwise

@@ -26,6 +26,7 @@ from burla.head.dashboard import add_dashboard_routes, login_needed
 from burla.head.fleet import Fleet
 from burla.head.history import History
 from burla.head.keys import (
+    CHANNELS,
     CLIENT_CONNECTIONS,
     CLUSTER,
     FLEET,
@@ -43,6 +44,7 @@ from burla.head.sockets import close_open_sockets, job_socket, node_socket
 from burla.process.loop_supervisor import LoopSupervisor, run_every_step
 from burla.protocol import input_files
 from burla.web.auth import Sessions, token_middleware
+from burla.web.channel_server import ChannelServer
 from burla.web.connection_guard import ConnectionGuard
 from burla.web.json_io import json_errors, json_response, require_text_urls
 
@@ -68,8 +70,11 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
     driver.on_boot_failed = cluster.node_boot_failed
     head_cert = settings.tls_cert.read_text() if settings.tls_cert is not None else None
     fleet_driver: Driver = driver
+    channels = ChannelServer()
     if settings.cloud is not None:
-        fleet_driver = _cloud_driver(settings, url, head_cert, cluster.record)
+        # A plain-http head serves its cloud nodes' tunnels on their SSH channels, once its site serves.
+        fleet_driver = _cloud_driver(settings, url, head_cert, cluster.record,
+                                     channels if settings.tls_cert is None else None)
     defaults = ClusterSettings(
         quantity=settings.local_nodes, workers_per_node=settings.local_node_workers,
         inactivity_timeout_s=settings.inactivity_timeout_s,
@@ -82,6 +87,7 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
                     HeadLimits(settings.max_open_jobs, settings.max_client_connections))
     lifecycle = _Lifecycle(settings, app, history, driver, fleet_driver)
     app.on_startup.append(lifecycle.start)
+    app[CHANNELS] = channels
     app[SHUT_DOWN] = lifecycle.stop
     app.on_shutdown.insert(0, lambda _app: lifecycle.stop())  # before the sockets close: nodes and clients hear
     app.on_cleanup.append(lifecycle.close_history)
@@ -211,7 +217,8 @@ class _Lifecycle:
             await run_every_step(log, [("history", self._history.close)])
 
 
-def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, record: Recorder) -> Driver:
+def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, record: Recorder,
+                  channels: ChannelServer | None) -> Driver:
     """The configured cloud's driver, its VMs set up over SSH by this head."""
     from burla.drivers.bootstrap import PackageSource
     from burla.drivers.registry import cloud_driver
@@ -226,6 +233,6 @@ def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, recor
         orphan_timeout_s=settings.orphan_timeout_s, boot_deadline_s=settings.boot_deadline_s,
         address_map=settings.ssh_address_map,
     )
-    wrapped = SshBootstrapDriver(cloud_driver(settings.cloud), ssh)
+    wrapped = SshBootstrapDriver(cloud_driver(settings.cloud), ssh, channels if ssh.tunnel else None)
     wrapped.on_event = record.node_event
     return wrapped

@@ -13,6 +13,7 @@ from burla.head.fleet import Fleet
 from burla.head.loop_monitor import LoopMonitor
 from burla.process.loop_supervisor import LoopSupervisor
 from burla.web.auth import Sessions
+from burla.web.channel_server import ChannelServer
 from burla.web.connection_guard import ConnectionGuard
 
 CLUSTER = web.AppKey("cluster", Cluster)
@@ -20,6 +21,9 @@ FLEET = web.AppKey("fleet", Fleet)
 LOOP_MONITOR = web.AppKey("loop_monitor", LoopMonitor)
 SUPERVISOR = web.AppKey("supervisor", LoopSupervisor)  # the head's background loops
 GUARD = web.AppKey("guard", ConnectionGuard)
+# Where cloud nodes' tunnels are served on their SSH channels: the server's guarded protocol while
+# a plain-http site serves (`head/server.py`).
+CHANNELS = web.AppKey("channels", ChannelServer)
 STOP = web.AppKey("stop", asyncio.Event)  # set to stop the head
 # Stop the head's loops, jobs, nodes and drivers (once; run again it does nothing), while the
 # site still serves. The app's on_shutdown runs it too, for a runner cleaned up directly.

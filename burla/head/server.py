@@ -113,7 +113,7 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
     from aiohttp import web
 
     from burla.head.app import create_head_app
-    from burla.head.keys import GUARD, SHUT_DOWN, STOP
+    from burla.head.keys import CHANNELS, GUARD, SHUT_DOWN, STOP
     from burla.web.connection_guard import GuardedSite
 
     app = create_head_app(settings, driver, url, booted)
@@ -132,6 +132,9 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
             ssl_context = server_context(settings.tls_cert, settings.tls_key)
         site = GuardedSite(runner, app[GUARD], sock=sock, ssl_context=ssl_context)
         await site.start()
+        if ssl_context is None:
+            assert runner.server is not None
+            app[CHANNELS].serve(app[GUARD].wrap(runner.server))
         freeze_startup_objects()
         if settings.lifeline_fd is not None:
             lifeline = asyncio.create_task(wait_for_eof(settings.lifeline_fd), name="lifeline")
@@ -156,4 +159,5 @@ async def _serve(settings: HeadSettings, sock: socket.socket, url: str, driver: 
         # the head is stopping; /health answers while VMs are deleted); then the site stops, the
         # sockets close and history is written and closed.
         await app[SHUT_DOWN]()
+        app[CHANNELS].close()
         await runner.cleanup()
