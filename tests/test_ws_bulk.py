@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import ssl
 import struct
 
@@ -291,6 +292,47 @@ async def test_the_rest_of_a_large_frame_is_read_straight_into_its_buffer(filled
     assert protocols_after == [True] * len(payloads)  # the connection's own protocol is back after each
     # Most of the 11 MB of large frames came through the filler, each read into the frame itself.
     assert sum(filled) > 8 * 2**20
+
+
+async def test_a_large_frame_written_in_small_pieces_is_read_in_few_large_reads(filled):
+    """A writer that sends a frame in 32 KB pieces (an sshd forwarding its packets) wakes the
+    reader once per WAKE_AFTER bytes, not per piece; the frame's tail, shorter than that, still
+    comes at once, and after the frame the connection wakes for each byte again (a small frame
+    next is answered)."""
+    received: list[bytes] = []
+    low_water_after: list[int] = []
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = await _bulk_ws(request)
+        async for message in ws:
+            received.append(message.data)
+            transport = request.transport
+            assert transport is not None
+            low_water_after.append(transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET,
+                                                                                 socket.SO_RCVLOWAT))
+            await ws.send_bytes(b"ok")
+        return ws
+
+    runner, port = await _server(handler)
+    payload = os.urandom(4 * 2**20 + 1000)
+    frame = _frame(0x2, payload)
+    pieces = range(0, len(frame), 32 * 1024)
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/",
+                                                                           max_msg_size=64 * 2**20) as ws:
+            transport = ws._writer.transport  # type: ignore[attr-defined]
+            for start in pieces:
+                transport.write(frame[start:start + 32 * 1024])
+                await asyncio.sleep(0.001)
+            assert (await asyncio.wait_for(ws.receive(), 60)).data == b"ok"
+            await ws.send_bytes(b"small")
+            assert (await asyncio.wait_for(ws.receive(), 60)).data == b"ok"
+    finally:
+        await _stop(runner)
+    assert received == [payload, b"small"]
+    assert ws_bulk.WAKE_AFTER == 256 * 1024
+    assert len(pieces) == 129 and len(filled) <= 20, filled  # 4 MB in reads of 256 KB or more, not 129
+    assert low_water_after == [1, 1]
 
 
 async def test_a_connection_lost_inside_a_large_frame_ends_the_server_side():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import struct
 import sys
 import weakref
@@ -47,6 +48,7 @@ except ImportError:  # pragma: no cover - older aiohttp
 LARGE_FRAME = 64 * 1024  # smaller frames take aiohttp's path, which is quick for them
 KEEP_BUFFERS_UP_TO = 64 * 1024 * 1024  # a larger frame's buffer is not kept for the next one
 DRAIN_ABOVE = 4 * 1024 * 1024  # a client's large frames wait for its socket to drain past this
+WAKE_AFTER = 256 * 1024  # while a large frame is read, its connection wakes once this much came
 _OP_BINARY = 0x2
 _NOT_HANDLED = (False, b"")
 _Mask = Callable[[bytes, bytearray], None]
@@ -157,15 +159,21 @@ class BulkReader:
         outer = transport.get_protocol()  # aiohttp's, or a wrapper that only passes reads on to it
         if outer is not self._protocol and getattr(outer, "inner", None) is not self._protocol:
             return
+        filler = _FrameFiller(self, self._protocol, outer, transport)
         try:
-            transport.set_protocol(_FrameFiller(self, self._protocol, outer, transport))
+            transport.set_protocol(filler)
         except (AttributeError, NotImplementedError):  # a transport that cannot change its protocol
             return
+        filler.wake_later(self._left())
 
     def _rest(self) -> memoryview:
         """The part of the frame being collected that is not read yet."""
         assert self._frame is not None
         return memoryview(self._frame)[self._got:]
+
+    def _left(self) -> int:
+        """Bytes of the frame being collected that are not read yet."""
+        return len(self._frame) - self._got if self._frame is not None else 0
 
     def _filled(self, size: int) -> bool:
         """`size` more bytes of the frame were read into `_rest()`; True once it is whole (and queued)."""
@@ -211,6 +219,33 @@ class _FrameFiller(asyncio.BufferedProtocol):
         self._protocol = protocol  # aiohttp's: told of each read's progress
         self._outer = outer  # the transport's own protocol, given back after the frame
         self._transport = transport
+        self._socket: Any = None  # the TCP socket whose low-water mark is raised while filling
+        self._low_water = 1
+
+    def wake_later(self, left: int) -> None:
+        """Have the loop wake this connection only once WAKE_AFTER bytes of the frame (or all it
+        still lacks) are in the socket (SO_RCVLOWAT, which epoll honours for TCP), rather than at
+        each arrival: a writer that sends a frame in small pieces (an sshd forwarding 32 KB
+        packets) had cost a loop turn and a read per piece. Plain TCP sockets only: a TLS
+        socket's bytes are not the frame's, and a channel has no socket."""
+        sock = self._transport.get_extra_info("socket")
+        if sock is None or self._transport.get_extra_info("sslcontext") is not None \
+                or sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return
+        self._socket = sock
+        self._lower_water(left)
+
+    def _lower_water(self, left: int) -> None:
+        """Set the socket's low-water mark to what the frame still lacks, at most WAKE_AFTER: it
+        never waits for bytes the frame will not bring."""
+        mark = max(1, min(WAKE_AFTER, left))
+        if mark != self._low_water and self._socket is not None:
+            try:
+                self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+            except OSError:  # a socket that refuses it is read at each arrival, as before
+                self._socket = None
+                return
+            self._low_water = mark
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._reader._rest()
@@ -222,8 +257,11 @@ class _FrameFiller(asyncio.BufferedProtocol):
                 callback()
         if self._reader._filled(nbytes):
             self._give_back()
+        elif self._socket is not None:
+            self._lower_water(self._reader._left())
 
     def _give_back(self) -> None:
+        self._lower_water(1)
         if self._transport.get_protocol() is self:
             self._transport.set_protocol(self._outer)
 
