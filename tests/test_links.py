@@ -60,6 +60,14 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, count: int) -> list[wire.Me
 @pytest.mark.asyncio
 async def test_node_frames_written_directly_arrive_in_order_also_when_the_socket_backs_up(monkeypatch):
     monkeypatch.setattr(links, "DIRECT_WRITE_LIMIT", 64 * 1024)  # back up after a few frames
+    sent_in_parts: list[int] = []  # frames the writer task wrote from their parts, never joined
+    real_send = links.ws_bulk.send_bulk_from_server
+
+    async def counting(ws, parts):
+        sent_in_parts.append(len(parts))
+        await real_send(ws, parts)
+
+    monkeypatch.setattr(links.ws_bulk, "send_bulk_from_server", counting)
     async with OneSocket() as server, aiohttp.ClientSession() as session:
         async with session.ws_connect(server.url, max_msg_size=limits.MAX_FRAME_BYTES) as client:
             ws, transport = await server.ready
@@ -72,6 +80,7 @@ async def test_node_frames_written_directly_arrive_in_order_also_when_the_socket
             assert link._frames, "the socket never backed up: the writer task's path went untested"
             got = await _read(client, len(sizes))
             assert [(i, len(data)) for m in got for i, data in m.part().items()] == list(enumerate(sizes))
+            assert sent_in_parts and min(sent_in_parts) > 1
             link.send(wire.ReleaseJob("j"))  # and straight to the socket again once it drained
             assert not link._frames
             assert await _read(client, 1) == [wire.ReleaseJob("j")]

@@ -158,7 +158,10 @@ class NodeLink:
                 return
             while self._frames:
                 frame = self._frames.popleft()
-                await self.ws.send_bytes(b"".join(frame) if isinstance(frame, list) else frame)
+                if isinstance(frame, list):  # a message's parts: written as they are, never joined
+                    await ws_bulk.send_bulk_from_server(self.ws, frame)
+                else:
+                    await self.ws.send_bytes(frame)
             self.flush()  # anything that came meanwhile, straight to the socket again
 
 
