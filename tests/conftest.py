@@ -285,6 +285,23 @@ def moto(monkeypatch, ec2_rules):
         server.stop()
 
 
+@pytest.fixture
+def filled(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each read a large WebSocket frame's filler (burla.web.ws_bulk) took into the
+    frame's own buffer, in this test."""
+    from burla.web import ws_bulk
+
+    reads: list[int] = []
+    real = ws_bulk._FrameFiller.buffer_updated
+
+    def counting(self: ws_bulk._FrameFiller, nbytes: int) -> None:
+        reads.append(nbytes)
+        real(self, nbytes)
+
+    monkeypatch.setattr(ws_bulk._FrameFiller, "buffer_updated", counting)
+    return reads
+
+
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """burla's dependencies as wheels, made once from this environment (stand-in VMs install from it)."""

@@ -86,20 +86,6 @@ async def _bulk_ws(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-@pytest.fixture
-def filled(monkeypatch) -> list[int]:
-    """The size of each read a large frame's filler took into the frame's buffer, in this test."""
-    reads: list[int] = []
-    real = ws_bulk._FrameFiller.buffer_updated
-
-    def counting(self, nbytes: int) -> None:
-        reads.append(nbytes)
-        real(self, nbytes)
-
-    monkeypatch.setattr(ws_bulk._FrameFiller, "buffer_updated", counting)
-    return reads
-
-
 async def test_requests_and_large_frames_both_ways_reach_the_servers_own_protocol(tunnel, filled):
     seen: dict[str, Any] = {}
 

@@ -248,20 +248,6 @@ async def _stop(serving: tuple[web.AppRunner, asyncio.Server]) -> None:
     await runner.cleanup()
 
 
-@pytest.fixture
-def filled(monkeypatch) -> list[int]:
-    """The size of each read a _FrameFiller took into a frame's buffer, in this test."""
-    reads: list[int] = []
-    real = ws_bulk._FrameFiller.buffer_updated
-
-    def counting(self, nbytes: int) -> None:
-        reads.append(nbytes)
-        real(self, nbytes)
-
-    monkeypatch.setattr(ws_bulk._FrameFiller, "buffer_updated", counting)
-    return reads
-
-
 @pytest.mark.parametrize("wrapped", [False, True])
 async def test_the_rest_of_a_large_frame_is_read_straight_into_its_buffer(filled, wrapped):
     received: list[bytes] = []
@@ -302,14 +288,15 @@ async def test_a_large_frame_written_in_small_pieces_is_read_in_few_large_reads(
     received: list[bytes] = []
     low_water_after: list[int] = []
 
+    def low_water(request: web.Request) -> int:
+        sock = request.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+
     async def handler(request: web.Request) -> web.WebSocketResponse:
         ws = await _bulk_ws(request)
         async for message in ws:
             received.append(message.data)
-            transport = request.transport
-            assert transport is not None
-            low_water_after.append(transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET,
-                                                                                 socket.SO_RCVLOWAT))
+            low_water_after.append(low_water(request))
             await ws.send_bytes(b"ok")
         return ws
 
