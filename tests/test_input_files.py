@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from burla.process.locked_dirs import ORPHAN_UNLOCKED_S
 from burla.protocol.input_files import (
     INPUT_FILE_MIN_BYTES,
-    ORPHAN_UNLOCKED_S,
     REFERENCE_PREFIX,
     InputFiles,
     files_root,

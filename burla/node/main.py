@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from pathlib import Path
 
 from burla._version import __version__
 from burla.config import ENV_CODE_ROOT, ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
@@ -23,6 +24,7 @@ from burla.node.fork_server import ForkServer, can_serve, start_fork_server
 from burla.node.gpus import Gpus
 from burla.node.worker_pool import WorkerPool
 from burla.process.environ_block import erase_variable
+from burla.process.locked_dirs import make_locked, remove_abandoned
 from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, keep_large_blocks
 from burla.web.aiohttp_import import import_aiohttp
 
@@ -83,9 +85,10 @@ def run_node(settings: NodeSettings) -> int:
     env = dict(os.environ)
     env[ENV_HEAD_URL] = settings.head_url
     env[ENV_NODE_ID] = settings.node_id
-    # Named now, made by the first worker that unpacks shipped modules: a node that runs none
-    # leaves nothing behind, even killed.
-    code_root = env[ENV_CODE_ROOT] = os.path.join(tempfile.gettempdir(), f"burla-node-code-{secrets.token_hex(8)}")
+    # Shipped modules are unpacked under a directory of the node's, locked while it lives: a node
+    # killed before it could remove its own leaves it to the next node on the machine.
+    code_root, code_lock = _claim_code_root()
+    env[ENV_CODE_ROOT] = str(code_root)
     # Workers are never forked from this process: they would inherit its memory, and with it the
     # node's token (and a local node's head's cluster token). They come from a fresh interpreter.
     pool = WorkerPool(settings.workers, env, Gpus(settings.gpu, settings.gpu_count),
@@ -112,4 +115,23 @@ def run_node(settings: NodeSettings) -> int:
         asyncio.run(main())
     finally:
         shutil.rmtree(code_root, ignore_errors=True)
+        if code_lock >= 0:
+            os.close(code_lock)
     return exit_code
+
+
+CODE_ROOT_PREFIX = "burla-node-code-"
+
+
+def _claim_code_root() -> tuple[Path, int]:
+    """(the node's directory for shipped modules, the fd of its lock), after removing those of
+    nodes that died on this machine. Where it can't be made and locked, the fd is -1 and the
+    first worker that needs the directory makes it, as its own."""
+    parent = Path(tempfile.gettempdir())
+    code_root = parent / f"{CODE_ROOT_PREFIX}{secrets.token_hex(8)}"
+    try:
+        remove_abandoned(parent, lambda name: name.startswith(CODE_ROOT_PREFIX))
+        return code_root, make_locked(code_root)
+    except OSError as e:
+        logging.getLogger("burla.node").warning("could not lock a directory for shipped modules in %s: %s", parent, e)
+        return code_root, -1

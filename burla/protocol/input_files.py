@@ -15,24 +15,21 @@ same directory, so it can open the client's files; anything else gets the bytes 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
 import os
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from burla.config import ENV_INPUT_FILES_DIR
+from burla.process.locked_dirs import make_locked, remove_abandoned
 from burla.protocol.pickle_parts import PickleParts
 
 INPUT_FILE_MIN_BYTES = 1024 * 1024  # below this, the bytes travel inline (a file costs more than it saves)
 REFERENCE_PREFIX = b"\x00burla-input-file:"  # never the start of a pickle (those begin with 0x80)
 _HOST_ID_FILE = "host-id"
-_LOCK_FILE = ".lock"
-ORPHAN_UNLOCKED_S = 60.0  # a job directory without its lock file this old is a leftover
 _roots: dict[str | None, Path | None] = {}  # BURLA_INPUT_FILES_DIR -> the directory found for it
 _host_ids: dict[Path, str] = {}  # per directory (tests point processes at different ones)
 
@@ -155,7 +152,7 @@ class InputFiles:
         if root not in _swept:  # the first job here that may pass files clears what dead clients left
             _swept.add(root)
             with contextlib.suppress(OSError):  # a root that went away: files fail later, and go inline
-                _remove_abandoned(root)
+                remove_abandoned(root)
         self.root = root
         self.directory = root / f"{os.getpid()}.{job_id}"
         self._lock_fd = -1
@@ -164,21 +161,8 @@ class InputFiles:
 
     def _make_directory(self) -> None:
         """Raises OSError if it can't be made (then no file is written)."""
-        _remove_abandoned(self.root)
-        # Made under a dot-name and renamed once locked: a sweep never sees it unlocked.
-        making = self.root / f".{self.directory.name}.making"
-        making.mkdir(mode=0o700)
-        lock_fd = -1
-        try:
-            lock_fd = os.open(making / _LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            os.rename(making, self.directory)
-        except OSError:
-            if lock_fd >= 0:
-                os.close(lock_fd)
-            shutil.rmtree(making, ignore_errors=True)
-            raise
-        self._lock_fd = lock_fd
+        remove_abandoned(self.root)
+        self._lock_fd = make_locked(self.directory)
 
     def write(self, index: int, data: bytes | PickleParts) -> bytes:
         """Keep an input's pickle in a file; returns the reference to send in its place. An input
@@ -228,30 +212,3 @@ class InputFiles:
         shutil.rmtree(self.directory, ignore_errors=True)
         os.close(self._lock_fd)
         self._lock_fd = -1
-
-
-def _remove_abandoned(root: Path) -> None:
-    """Directories of clients that died without cleaning up: their lock is free."""
-    for entry in root.iterdir():
-        if not entry.is_dir() or entry.is_symlink():
-            continue
-        try:
-            fd = -1 if entry.name.startswith(".") else os.open(entry / _LOCK_FILE, os.O_RDONLY)
-        except FileNotFoundError:
-            fd = -1
-        except OSError:
-            continue
-        if fd < 0:
-            # Being made (under a dot-name until it is locked), or left by a crash meanwhile.
-            with contextlib.suppress(OSError):
-                if time.time() - entry.stat().st_mtime > ORPHAN_UNLOCKED_S:
-                    shutil.rmtree(entry, ignore_errors=True)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue  # its client is alive
-        else:
-            shutil.rmtree(entry, ignore_errors=True)
-        finally:
-            os.close(fd)
