@@ -283,6 +283,7 @@ class HeadSettings:
     node_index_url: str | None = None  # where VMs get burla's dependencies (default: pip's own index)
     node_wheelhouse: Path | None = None  # or only from these wheels, uploaded to every VM
     ssh_address_map: Path | None = None  # JSON {vm address: "host:port"} to dial instead (stand-in VMs)
+    tunnel_program: str | None = None  # OpenSSH's client carrying the tunnels (None: asyncssh, in the head)
     header_timeout_s: float = 30.0  # a connection must send a whole request head within this
     max_open_jobs: int = 4096  # jobs running at once (burla.head.budget)
     max_client_connections: int = 4096  # job connections per credential

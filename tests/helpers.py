@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 # A client script's opening: test helpers are pickled by value, like a user's __main__.
 PRELUDE = (
@@ -18,6 +21,16 @@ PRELUDE = (
     "from tests import functions\n"
     "cloudpickle.register_pickle_by_value(functions)\n"
 )
+
+
+def require_openssh() -> None:
+    """Tests of tunnels carried by OpenSSH's client skip without one, with a reason; where CI sets
+    BURLA_REQUIRE_OPENSSH=1 (it installs openssh-client) a missing client is a failure."""
+    if shutil.which("ssh") is not None:
+        return
+    if os.environ.get("BURLA_REQUIRE_OPENSSH") == "1":
+        pytest.fail("these tests need OpenSSH's client: apt-get install -y openssh-client")
+    pytest.skip("no ssh program; `apt-get install -y openssh-client` runs these")
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition") -> None:

@@ -87,3 +87,12 @@ def test_head_serve_on_a_busy_port_fails_clearly(tmp_path):
 def test_bad_option_values_are_usage_errors():
     done = burla("head", "serve", "--local-nodes", "-3")
     assert done.returncode == 2 and "local-nodes" in done.stderr
+
+
+def test_head_serve_asked_for_openssh_tunnels_without_ssh_names_the_fix(tmp_path):
+    empty = tmp_path / "bin"  # a PATH with no ssh program on it
+    empty.mkdir()
+    env = {"PATH": str(empty), "BURLA_CONFIG_DIR": str(tmp_path), "BURLA_CLUSTER_TOKEN": "t", "HOME": str(tmp_path)}
+    done = burla("head", "serve", "--port", "0", "--tunnel-client", "openssh", env=env)
+    assert done.returncode == 2 and "no ssh program on PATH" in done.stderr, done
+    assert "--tunnel-client asyncssh" in done.stderr

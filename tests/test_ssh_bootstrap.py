@@ -22,7 +22,15 @@ import pytest
 
 from burla.web.scoped_tokens import node_token
 from tests.conftest import start_head, wait_for_nodes
-from tests.helpers import client_env, finish_client, get_json, run_client_in, start_client, wait_until
+from tests.helpers import (
+    client_env,
+    finish_client,
+    get_json,
+    require_openssh,
+    run_client_in,
+    start_client,
+    wait_until,
+)
 from tests.vm_standin import MotoVmFarm
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,6 +78,21 @@ def _connections_to_itself(head) -> int:
     return sum(1 for c in connections if c.raddr and c.raddr.port == port)
 
 
+def _tunnel_clients(head_pid: int) -> list[psutil.Process]:
+    """The OpenSSH clients carrying a head's tunnels (`ssh ... -R ...`), its children."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "ppid"]):
+        command = process.info["cmdline"] or []
+        if command and os.path.basename(command[0]) == "ssh" and "-R" in command and process.info["ppid"] == head_pid:
+            found.append(process)
+    return found
+
+
+def _connections_from(process: psutil.Process, port: int) -> int:
+    connections = process.net_connections("tcp") if hasattr(process, "net_connections") else process.connections("tcp")
+    return sum(1 for c in connections if c.raddr and c.raddr.port == port)
+
+
 def _cli(head, *args: str) -> dict:
     env = client_env(head)
     if head.url.startswith("https://"):
@@ -80,6 +103,7 @@ def _cli(head, *args: str) -> dict:
 
 def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(moto, farm, wheelhouse, client_venv,
                                                                                 tmp_path):
+    require_openssh()
     head = _cloud_head(tmp_path, farm, wheelhouse)
     try:
         assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
@@ -104,8 +128,14 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         [node] = get_json(head, "/v1/cluster")["nodes"]
         assert node["node_id"] == node_id
         assert any("node supervise" in c and "--head http://127.0.0.1:" in c for c in vm.commands), vm.commands
-        # The head serves the node's connection on the SSH channel itself, with no loopback socket.
-        assert _connections_to_itself(head) == 0
+        # OpenSSH's client carries the tunnel, in a process of its own: the node's connections come
+        # to the head's port from it, as any other connection does.
+        [tunnel] = _tunnel_clients(head.process.pid)
+        head_port = int(head.url.rsplit(":", 1)[1])
+        assert _connections_from(tunnel, head_port) >= 1
+        command = tunnel.cmdline()
+        assert "-F" in command and command[command.index("-F") + 1] == "none"  # nothing of the user's config
+        assert f"HostKeyAlias={node_id}" in command and "StrictHostKeyChecking=yes" in command
         # Peers reach it at its private address, where it listens (the stand-in's machine lacks that
         # address, so there it listens on all of its own: burla.node.listen.bind_address).
         private = instance["PrivateIpAddress"]
@@ -132,8 +162,9 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
         events = get_json(head, f"/v1/nodes/{node_id}/events")["events"]
         assert any(e["event"] == "ssh host key" for e in events), events
 
-        # Cutting the SSH connection mid-job loses nothing: the head reconnects, the tunnel comes
-        # back on the same port and the node's link resumes.
+        # Cutting the SSH connection mid-job loses nothing: the head reconnects and the node's link
+        # resumes. The VM's sshd has not noticed the cut, so the tunnel's port is still taken there:
+        # the tunnel comes back on another, which the node reads before it reconnects.
         marker = tmp_path / "first-result"
         client = start_client(client_venv, head, f"""
             import json, pathlib, time
@@ -148,11 +179,28 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
             print(json.dumps(sorted(collected)))
         """, tmp_path)
         wait_until(marker.exists, timeout=120, what="the first result")
-        assert farm.drop_connections() >= 1
+        head_url_file = vm.home / ".burla" / "head-url"
+        first_url = head_url_file.read_text().strip()
+        assert farm.drop_connections(hold_forwards=True) >= 1
         [collected] = finish_client(client)
         assert collected == [x * 2 for x in range(40)]
-        wait_until(lambda: any("reconnected" in e["detail"] for e in get_json(
-            head, f"/v1/nodes/{node_id}/events")["events"]), timeout=60, what="the SSH connection back")
+        reconnections = lambda: [e["detail"] for e in get_json(  # noqa: E731
+            head, f"/v1/nodes/{node_id}/events")["events"] if "reconnected" in e["detail"]]
+        wait_until(lambda: len(reconnections()) >= 1, timeout=60, what="the SSH connection back")
+        moved_url = head_url_file.read_text().strip()
+        assert moved_url != first_url and reconnections()[0].endswith(f"tunnel on port {moved_url.rsplit(':', 1)[1]}")
+        # The tunnel's client killed: the head starts another and the node's link resumes.
+        [tunnel] = _tunnel_clients(head.process.pid)
+        tunnel.kill()
+        wait_until(lambda: len(reconnections()) >= 2, timeout=60, what="the tunnel back after its client was killed")
+        [again] = _tunnel_clients(head.process.pid)
+        assert again.pid != tunnel.pid
+        [tripled] = run_client_in(client_venv, head, """
+            import json
+            from burla import remote_parallel_map
+            print(json.dumps(remote_parallel_map(lambda x: x * 3, range(5), spinner=False)))
+        """, tmp_path)
+        assert tripled == [0, 3, 6, 9, 12]
 
         # A stopping head deletes what it booted.
         head.process.send_signal(signal.SIGTERM)
@@ -163,16 +211,21 @@ def test_a_laptop_head_sets_up_its_vm_over_ssh_and_runs_jobs_through_the_tunnel(
 
 
 def test_a_node_without_its_head_powers_its_vm_off(moto, farm, wheelhouse, tmp_path):
+    require_openssh()
     head = _cloud_head(tmp_path, farm, wheelhouse, "--keep-nodes", "--orphan-timeout", "10")
     try:
         assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
         assert _cli(head, "cluster", "start")["ok"]
         wait_for_nodes(head, 1, timeout=240)
+        [tunnel] = _tunnel_clients(head.process.pid)
     finally:
         head.process.kill()  # gone without a word: nothing deletes the VM but the VM itself
         head.process.wait(30)
-    # The tunnel died with the head; after the orphan timeout the supervisor shuts the VM down,
-    # which EC2 turns into termination.
+    # The tunnel died with the head: its client's input ended, the VM's command with it, then the
+    # client. After the orphan timeout the supervisor shuts the VM down, which EC2 turns into
+    # termination.
+    wait_until(lambda: not tunnel.is_running() or tunnel.status() == psutil.STATUS_ZOMBIE, timeout=60,
+               what="the tunnel's client gone with its head")
     wait_until(lambda: farm.powered_off, timeout=120, what="the VM powered itself off")
     assert _instances(moto, "terminated")
 
@@ -230,8 +283,10 @@ def test_a_vm_that_cannot_be_set_up_is_deleted_and_the_job_says_why(moto, tmp_pa
 def test_a_refused_remote_forward_is_asked_again_and_a_vm_that_never_grants_one_fails_saying_so(
         moto, tmp_path, wheelhouse, client_venv):
     # Refused twice, then granted (a port the sshd could not bind, a busy daemon): the node joins.
+    # Here asyncssh carries the tunnel in the head's own process, as on a machine without OpenSSH's
+    # client: a plain-http head serves the node's connection on the SSH channel itself.
     farm = MotoVmFarm(moto, tmp_path / "vms", refuse_forwards=2)
-    head = _cloud_head(tmp_path, farm, wheelhouse)
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--tunnel-client", "asyncssh")
     try:
         assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
         [node_id] = _cli(head, "cluster", "start")["data"]["booted"]
@@ -239,6 +294,7 @@ def test_a_refused_remote_forward_is_asked_again_and_a_vm_that_never_grants_one_
         logs = json.dumps(_cli(head, "nodes", "logs", node_id))
         assert logs.count("refused the tunnel's remote port forward") == 2 and "asking again in 2 s" in logs, logs
         assert farm.vm(node_id).refuse_forwards == 0
+        assert _tunnel_clients(head.process.pid) == [] and _connections_to_itself(head) == 0
     finally:
         head.stop()
         farm.close()
@@ -256,8 +312,11 @@ def test_a_refused_remote_forward_is_asked_again_and_a_vm_that_never_grants_one_
         farm.close()
 
 
-def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, wheelhouse, tmp_path):
-    head = _cloud_head(tmp_path, farm, wheelhouse, "--tls-self-signed")
+@pytest.mark.parametrize("tunnel_client", ["auto", "asyncssh"])
+def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, wheelhouse, tmp_path, tunnel_client):
+    if tunnel_client == "auto":
+        require_openssh()
+    head = _cloud_head(tmp_path, farm, wheelhouse, "--tls-self-signed", "--tunnel-client", tunnel_client)
     try:
         assert head.url.startswith("https://127.0.0.1:")
         assert _cli(head, "settings", "update", "--quantity", "1")["ok"]
@@ -269,8 +328,13 @@ def test_an_https_head_is_pinned_by_its_nodes_through_the_tunnel(moto, farm, whe
         assert pinned.read_text() == (head.config_dir / "head-cert.pem").read_text()
         [start] = [c for c in vm.commands if "node supervise" in c]
         assert "--head https://127.0.0.1:" in start and '--head-cert "$B"/head-cert.pem' in start
-        # A TLS head's tunnel forwards to its port, where asyncio's TLS runs on a real socket.
-        assert _connections_to_itself(head) >= 1
+        # A TLS head's tunnel forwards to its port, where asyncio's TLS runs on a real socket: from
+        # OpenSSH's client, or without one from the head's own process.
+        if tunnel_client == "asyncssh":
+            assert _tunnel_clients(head.process.pid) == [] and _connections_to_itself(head) >= 1
+        else:
+            [tunnel] = _tunnel_clients(head.process.pid)
+            assert _connections_from(tunnel, int(head.url.rsplit(":", 1)[1])) >= 1
     finally:
         head.stop()
 

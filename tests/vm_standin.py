@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -145,11 +147,13 @@ async def _open_forward(vm: StandinVm, conn: asyncssh.SSHServerConnection, host:
     """The forward's listener, as asyncssh opens it for `True`; why one could not be opened is
     kept, as sshd logs it (asyncssh only answers the request's failure)."""
     try:
-        return await conn.forward_local_port(host, port, host, port)
+        listener = await conn.forward_local_port(host, port, host, port)
     except OSError as e:
         vm.forward_failures.append(f"{host}:{port}: {e!r}")
         print(f"stand-in VM {vm.name}: remote forward {host}:{port} failed: {e!r}", file=sys.stderr, flush=True)
         raise
+    vm.forward_ports.setdefault(conn, []).append(listener.get_port())
+    return listener
 
 
 class StandinVm:
@@ -184,12 +188,16 @@ class StandinVm:
         # `AllowTcpForwarding no` or `local` (sshd_config(5); the default is yes).
         self.refuse_forwards = 0
         self.forward_failures: list[str] = []  # remote forwards granted whose listener could not be opened
+        self.forward_ports: dict[asyncssh.SSHServerConnection, list[int]] = {}  # each connection's forwards
+        self.stale_forwards: list[socket.socket] = []  # ports of dropped connections it has not noticed
         self.refused_users: list[str] = []
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self.connections: set[asyncssh.SSHServerConnection] = set()
         self.logins: list[str] = []  # user names that logged in
         self.commands: list[str] = []
         self.children: set[subprocess.Popen] = set()  # commands running now
+        # Threads that wait on commands: a tunnel's command runs as long as its tunnel.
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"vm-{name}")
         self.port = 0
         self._server: asyncssh.SSHAcceptor | None = None
 
@@ -317,6 +325,7 @@ class StandinVm:
 
             def connection_lost(self, exc: Exception | None) -> None:
                 vm.connections.discard(self._conn)
+                vm.forward_ports.pop(self._conn, None)
 
             def begin_auth(self, username: str) -> bool:
                 vm.logins.append(username)
@@ -359,26 +368,62 @@ class StandinVm:
     async def _run(self, process: asyncssh.SSHServerProcess) -> None:
         command = process.command or "true"
         self.commands.append(command)
-        # A plain process waited on in a thread, not an asyncio subprocess: a session cut while its
+        # A plain process waited on in threads, not an asyncio subprocess: a session cut while its
         # command runs (the VM deleted mid-bootstrap) leaves no pipe transport behind, and the
-        # command itself (its own process group) dies with the VM.
+        # command itself (its own process group) dies with the VM. Its input is the session's, as
+        # sshd gives it: a command may read it until the client sends EOF or goes away.
         child = subprocess.Popen(["/bin/bash", "-c", command], cwd=self.home, env=self.environment(),
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  start_new_session=True)
         self.children.add(child)
+        loop = asyncio.get_running_loop()
+        feeding = asyncio.create_task(self._feed(process, child))
         try:
-            out, err = await asyncio.get_running_loop().run_in_executor(None, child.communicate)
+            assert child.stdout is not None and child.stderr is not None
+            await asyncio.gather(self._relay(child.stdout, process.stdout), self._relay(child.stderr, process.stderr))
+            await loop.run_in_executor(self._threads, child.wait)
         finally:
             self.children.discard(child)
-        process.stdout.write(out)
-        process.stderr.write(err)
-        process.exit(child.returncode or 0)
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
+            for pipe in (child.stdin, child.stdout, child.stderr):
+                with contextlib.suppress(OSError):
+                    pipe.close()  # type: ignore[union-attr]
+        with contextlib.suppress(OSError, asyncssh.Error):  # the client may be gone
+            process.exit(child.returncode or 0)
 
-    def drop_connections(self) -> int:
-        """Cut every SSH connection (as a network failure would); returns how many there were."""
+    async def _relay(self, source: Any, sink: asyncssh.SSHWriter) -> None:
+        """A command's output to its session as it comes, as sshd sends it."""
+        loop = asyncio.get_running_loop()
+        while chunk := await loop.run_in_executor(self._threads, source.read1, 65536):
+            with contextlib.suppress(OSError, asyncssh.Error):  # the client may be gone; read on to the end
+                sink.write(chunk)
+
+    async def _feed(self, process: asyncssh.SSHServerProcess, child: subprocess.Popen) -> None:
+        """The session's input into the command's, closed at the session's EOF."""
+        assert child.stdin is not None
+        loop = asyncio.get_running_loop()
+        try:
+            while data := await process.stdin.read(65536):
+                await loop.run_in_executor(self._threads, child.stdin.write, data)
+                await loop.run_in_executor(self._threads, child.stdin.flush)
+        except (OSError, asyncssh.Error):
+            pass  # the command stopped reading, or the session was cut
+        finally:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+
+    async def drop_connections(self, hold_forwards: bool = False) -> int:
+        """Cut every SSH connection (as a network failure would); returns how many there were.
+        hold_forwards: the sshd has not noticed (a client gone silent is only found out by its
+        ClientAlive or TCP keepalives, sshd_config(5)), so the ports its remote forwards listen on
+        stay taken."""
         connections = list(self.connections)
+        held = [port for connection in connections for port in self.forward_ports.get(connection, [])]
         for connection in connections:
             connection.abort()
+        for port in held if hold_forwards else ():
+            self.stale_forwards.append(await _take_port(port))
         return len(connections)
 
     def node_process(self, timeout: float = 60.0):
@@ -406,7 +451,9 @@ class StandinVm:
 
     async def close_ssh(self) -> None:
         """Nothing listens on port 22 any more (the VM itself runs on)."""
-        self.drop_connections()
+        await self.drop_connections()
+        for stale in self.stale_forwards:
+            stale.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -414,6 +461,11 @@ class StandinVm:
     async def stop(self) -> None:
         await self.close_ssh()
         self.kill_processes()
+        loop = asyncio.get_running_loop()
+        for child in list(self.children):  # reaped, as init would
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await loop.run_in_executor(None, child.wait, 10)
+        self._threads.shutdown(wait=False)
 
 
 @dataclass(frozen=True)
@@ -544,10 +596,10 @@ class VmFarm:
         if vm is not None:
             self._loop.run(vm.stop())
 
-    def drop_connections(self) -> int:
+    def drop_connections(self, hold_forwards: bool = False) -> int:
         with self._lock:
             vms = list(self.vms.values())
-        return sum(self._loop.run(_call(vm.drop_connections)) for vm in vms)
+        return sum(self._loop.run(vm.drop_connections(hold_forwards)) for vm in vms)
 
     def close(self) -> None:
         self._stop.set()
@@ -775,8 +827,22 @@ def _kill_tree(pid: int) -> None:
             member.kill()
 
 
-async def _call(function):
-    return function()
+async def _take_port(port: int, timeout: float = 10.0) -> socket.socket:
+    """A listening socket on 127.0.0.1:port, once whatever held it let it go."""
+    deadline = time.monotonic() + timeout
+    while True:
+        taken = socket.socket()
+        # Connections it forwarded may linger in TIME_WAIT on the port; no other socket listens there.
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("127.0.0.1", port))
+            taken.listen()
+            return taken
+        except OSError:
+            taken.close()
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 def _closed_port() -> int:

@@ -22,6 +22,19 @@ from burla.config import (
 from burla.drivers.registry import DRIVER_NAMES
 
 
+def _tunnel_program(tunnel_client: str) -> str | None:
+    """The ssh program that carries the tunnels, or None for asyncssh in the head's process."""
+    from burla.drivers.ssh_tunnel import find_ssh_program
+
+    if tunnel_client == "asyncssh":
+        return None
+    program = find_ssh_program()
+    if program is None and tunnel_client == "openssh":
+        raise click.UsageError("--tunnel-client openssh: no ssh program on PATH; install OpenSSH's client "
+                               "or pass --tunnel-client asyncssh")
+    return program
+
+
 def _driver_name(chosen: str | None) -> str:
     """--driver, else the cloud `burla config set cloud` chose, else the one cloud signed in here."""
     import os
@@ -127,6 +140,10 @@ def head() -> None:
 @click.option("--node-link", type=click.Choice(["tunnel", "direct"]), default="tunnel", show_default=True,
               help="How cloud nodes reach this head: through a port forward on the head's SSH connection to "
                    "their VM (a laptop, a head behind NAT), or directly at --url (a head inside the cloud network).")
+@click.option("--tunnel-client", type=click.Choice(["auto", "openssh", "asyncssh"]), default="auto",
+              show_default=True,
+              help="What carries the tunnels: OpenSSH's ssh client, a process per VM (faster, and off the head's "
+                   "own core), or asyncssh in the head's process. auto: ssh if this machine has it.")
 @click.option("--orphan-timeout", type=click.FloatRange(10.0, None), default=600.0, show_default=True,
               help="Seconds a cloud node may be without its head before it powers its VM off.")
 @vm_setup_options
@@ -162,7 +179,7 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
           token: str | None, token_file: str | None, node_deadline: float, client_deadline: float,
           inactivity_timeout: float | None,
           history_path: Path | None, no_history: bool, history_retention_days: float, driver: str | None,
-          keep_nodes: bool, node_link: str, orphan_timeout: float, node_index_url: str | None,
+          keep_nodes: bool, node_link: str, tunnel_client: str, orphan_timeout: float, node_index_url: str | None,
           node_wheelhouse: Path | None, ssh_address_map: Path | None, region: str | None, boot_deadline: float,
           tls_cert: Path | None, tls_key: Path | None, tls_self_signed: bool, no_tls: bool, public_url: str | None,
           header_timeout: float, max_open_jobs: int, max_client_connections: int,
@@ -181,6 +198,7 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
     if node_link == "direct" and driver != "local" and loopback and public_url is None:
         raise click.UsageError("--node-link direct needs a head cloud VMs can reach: listen on their network "
                                "(--host 0.0.0.0, --url https://PRIVATE-ADDRESS:{port}) or keep the default tunnel")
+    tunnel_program = _tunnel_program(tunnel_client)
     if no_tls and (tls_cert or tls_self_signed):
         raise click.UsageError("--no-tls contradicts --tls-cert / --tls-self-signed")
     if not loopback and tls_cert is None and not no_tls:
@@ -205,7 +223,8 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
         tls_cert=tls_cert, tls_key=tls_key, public_url=public_url,
         version=__version__, keep_nodes=keep_nodes, node_link=node_link, orphan_timeout_s=orphan_timeout,
         node_index_url=node_index_url, node_wheelhouse=node_wheelhouse, ssh_address_map=ssh_address_map,
-        header_timeout_s=header_timeout, max_open_jobs=max_open_jobs, max_client_connections=max_client_connections,
+        tunnel_program=tunnel_program, header_timeout_s=header_timeout, max_open_jobs=max_open_jobs,
+        max_client_connections=max_client_connections,
     )
     try:
         run_head(settings)

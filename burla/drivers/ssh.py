@@ -4,7 +4,9 @@ When a VM's address appears the head connects (retrying until the boot deadline)
 exact build, the token and its certificate over SFTP (0600 files in ~/.burla), runs the
 bootstrap, and starts `burla node join` under its supervisor. When the VMs can't reach the
 head's URL (a laptop behind NAT, a loopback head) the node reaches it through a remote port
-forward on that same connection, which is held open and re-established when it drops.
+forward to the VM, held open and re-established when it drops: carried by OpenSSH's client in a
+process of its own where this machine has one (`burla.drivers.ssh_tunnel`), else on the asyncssh
+connection that set the VM up.
 
 Logging in, host keys and the upload are in `burla.drivers.ssh_login`.
 """
@@ -49,6 +51,7 @@ from burla.drivers.ssh_login import (
     upload_setup,
     write_private,
 )
+from burla.drivers.ssh_tunnel import ForwardRefused, OpenSshTunnel
 from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.build import build_hash, build_wheel
 from burla.process.loop_supervisor import end_tasks
@@ -78,6 +81,7 @@ class SshSettings:
     orphan_timeout_s: float = 600.0
     boot_deadline_s: float = 900.0
     address_map: Path | None = None  # JSON {address: "host:port"}: where to dial a VM's port 22 instead
+    tunnel_program: str | None = None  # OpenSSH's client, carrying each tunnel (None: asyncssh, in this process)
 
 
 def _head_endpoint(head_url: str) -> tuple[str, str, int]:
@@ -101,7 +105,8 @@ class VmSession:
         self.phase = BootStage.REQUESTED  # and as a stage
         self.transcript: list[str] = []
         self.remote_port = 0  # the tunnel's port on the VM (kept across reconnections)
-        self._connection: Any = None
+        self._connection: Any = None  # asyncssh's: setting the VM up, and the tunnel without OpenSSH's client
+        self._tunnel: OpenSshTunnel | None = None
         self._address: VmAddress | None = None
         # Logged in as the user of the VM's own image (images of different publishers differ).
         self.login = dataclasses.replace(owner.login, user=owner.inner.login_user(node_id))
@@ -125,8 +130,8 @@ class VmSession:
                 self.owner.on_boot_failed(self.node_id, self.problem)
             return
         finally:
-            if not settings.tunnel:
-                await self._close_connection()
+            if not settings.tunnel or settings.tunnel_program is not None:
+                await self._close_connection()  # the tunnel, if any, has a connection of its own
         if settings.tunnel:
             await self._hold()
 
@@ -206,29 +211,27 @@ class VmSession:
         """The tunnel: a port on the VM's loopback forwarded to the head, written to the file the
         node reads its head URL from."""
         scheme, host, port = _head_endpoint(self.owner.settings.head_url)
-        listener = await self._remote_listener(host, port, deadline)
-        self.remote_port = listener.get_port()
+        self.remote_port = await self._open_tunnel(host, port, deadline)
         async with self._connection.start_sftp_client() as sftp:
             await write_private(sftp, remote(HEAD_URL_FILE), f"{scheme}://127.0.0.1:{self.remote_port}\n")
-        self.note(f"tunnel: 127.0.0.1:{self.remote_port} on the VM reaches the head "
-                  + ("on the SSH channel itself" if self.owner.channels is not None else f"at {host}:{port}"))
+        if self._tunnel is not None:
+            carrier = f"at {host}:{port}, by OpenSSH's client (pid {self._tunnel.pid})"
+        elif self.owner.channels is not None:
+            carrier = "on the SSH channel itself"
+        else:
+            carrier = f"at {host}:{port}"
+        self.note(f"tunnel: 127.0.0.1:{self.remote_port} on the VM reaches the head {carrier}")
 
-    async def _remote_listener(self, host: str, port: int, deadline: float | None) -> Any:
-        """The remote forward's listener. A reconnect asks for the same port; if the VM's sshd still
-        holds it (it has not noticed the old connection died), another one. A request the sshd
-        refuses (RFC 4254 §7.1: it could not bind, or is busy) is asked again 1, 2 and 4 s later;
-        refused each time, setting the VM up fails saying so, where it had crashed and left the VM
-        waiting out the boot deadline."""
-        from asyncssh import ChannelListenError
-
-        channels = self.owner.channels
+    async def _open_tunnel(self, host: str, port: int, deadline: float | None) -> int:
+        """The remote forward, and the port it listens on. A reconnect asks for the same port; if
+        the VM's sshd still holds it (it has not noticed the old connection died), another one. A
+        request the sshd refuses (RFC 4254 §7.1: it could not bind, or is busy) is asked again 1, 2
+        and 4 s later; refused each time, setting the VM up fails saying so, where it had crashed
+        and left the VM waiting out the boot deadline."""
         for attempt in range(FORWARD_TRIES):
             try:
-                if channels is not None:
-                    return await self._connection.create_server(
-                        channels.session_factory(f"{self.node_id} over SSH"), "127.0.0.1", self.remote_port)
-                return await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
-            except ChannelListenError as e:
+                return await self._ask_forward(host, port)
+            except ForwardRefused as e:
                 if self.remote_port:
                     self.note(f"port {self.remote_port} is still taken on the VM ({e}); taking another")
                     self.remote_port = 0
@@ -243,6 +246,32 @@ class VmSession:
                 self.owner.event(self.node_id, "ssh", refused)
                 await asyncio.sleep(pause)
         raise BootstrapFailed(f"the VM's sshd refused the tunnel's remote port forward (asked {FORWARD_TRIES} times)")
+
+    async def _ask_forward(self, host: str, port: int) -> int:
+        """Ask the VM's sshd once for the forward at `self.remote_port` (0: any); ForwardRefused
+        if it says no."""
+        program = self.owner.settings.tunnel_program
+        if program is not None:
+            await self._close_tunnel()
+            host_key = self.owner.host_keys.get(self.node_id)
+            assert self._address is not None and host_key is not None  # pinned at the first connection
+            tunnel = OpenSshTunnel(program, self.login, self._dial_address(self._address), self.node_id, host_key,
+                                   self.owner.tunnel_known_hosts(self.node_id), (host, port), self.note)
+            remote_port = await tunnel.open(self.remote_port)
+            self._tunnel = tunnel
+            return remote_port
+        from asyncssh import ChannelListenError
+
+        channels = self.owner.channels
+        try:
+            if channels is not None:
+                listener = await self._connection.create_server(
+                    channels.session_factory(f"{self.node_id} over SSH"), "127.0.0.1", self.remote_port)
+            else:
+                listener = await self._connection.forward_remote_port("127.0.0.1", self.remote_port, host, port)
+        except ChannelListenError as e:
+            raise ForwardRefused(str(e)) from None
+        return int(listener.get_port())
 
     def _join_args(self) -> list[str]:
         settings = self.owner.settings
@@ -289,13 +318,13 @@ class VmSession:
     # --- holding the tunnel --------------------------------------------------------------------
 
     async def _hold(self) -> None:
-        """Keep the connection (and with it the node's tunnel) up; reconnect when it drops."""
+        """Keep the node's tunnel up; reconnect when it drops."""
         assert self._address is not None
         address = self._dial_address(self._address)
         while True:
-            await self._connection.wait_closed()
-            self.note("the SSH connection dropped; reconnecting")
-            self.owner.event(self.node_id, "ssh", "the connection dropped; reconnecting")
+            why = await self._tunnel_closed()
+            self.note(f"the SSH connection dropped ({why}); reconnecting")
+            self.owner.event(self.node_id, "ssh", f"the connection dropped ({why}); reconnecting")
             while True:
                 try:
                     self._connection = await self.login.connect(address, self.owner.host_keys.get(self.node_id))
@@ -304,10 +333,25 @@ class VmSession:
                     await self._start_node()  # starts the supervisor again only if it is gone
                     break
                 except Exception as e:  # noqa: BLE001 - keep trying: the head reaps a node silent too long
+                    await self._close_tunnel()
                     await self._close_connection()
                     self.note(f"reconnect failed: {explain(e, address, self.login.user)}")
                     await asyncio.sleep(RETRY_EVERY_S)
+            if self._tunnel is not None:
+                await self._close_connection()
             self.owner.event(self.node_id, "ssh", f"reconnected; tunnel on port {self.remote_port}")
+
+    async def _tunnel_closed(self) -> str:
+        """Wait until the tunnel's connection ends; why, as far as it is known."""
+        if self._tunnel is not None:
+            return f"OpenSSH's client ended, {await self._tunnel.wait_closed()}"
+        await self._connection.wait_closed()
+        return "asyncssh's connection closed"
+
+    async def _close_tunnel(self) -> None:
+        tunnel, self._tunnel = self._tunnel, None
+        if tunnel is not None:
+            await tunnel.close()
 
     async def _close_connection(self) -> None:
         connection, self._connection = self._connection, None
@@ -317,6 +361,7 @@ class VmSession:
                 await connection.wait_closed()
 
     async def close(self) -> None:
+        await self._close_tunnel()
         await self._close_connection()
 
 
@@ -341,6 +386,10 @@ class SshBootstrapDriver(Driver):
         self.on_boot_failed: Callable[[str, str], None] | None = None  # (node_id, why): delete it now
         self._sessions: dict[str, VmSession] = {}
         self._tasks: dict[str, asyncio.Task] = {}
+
+    def tunnel_known_hosts(self, node_id: str) -> Path:
+        """The VM's pinned host key, as OpenSSH's client reads it (see burla.drivers.ssh_tunnel)."""
+        return self.settings.config_dir / "ssh" / f"tunnel-hosts-{self.settings.cluster_id}" / node_id
 
     def event(self, node_id: str, kind: str, detail: str) -> None:
         if self.on_event is not None:
@@ -422,6 +471,7 @@ class SshBootstrapDriver(Driver):
             await session.close()
         if forget:  # the VM is gone; a new one may come back at this name
             self.host_keys.forget(node_id)
+            self.tunnel_known_hosts(node_id).unlink(missing_ok=True)
 
     async def delete(self, node_id: str) -> bool:
         await self._end_session(node_id)

@@ -72,7 +72,8 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
     fleet_driver: Driver = driver
     channels = ChannelServer()
     if settings.cloud is not None:
-        # A plain-http head serves its cloud nodes' tunnels on their SSH channels, once its site serves.
+        # A plain-http head whose tunnels run on asyncssh in its own process serves them on their SSH
+        # channels, once its site serves.
         fleet_driver = _cloud_driver(settings, url, head_cert, cluster.record,
                                      channels if settings.tls_cert is None else None)
     defaults = ClusterSettings(
@@ -231,8 +232,9 @@ def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, recor
         packages=PackageSource(settings.node_index_url,
                                str(settings.node_wheelhouse) if settings.node_wheelhouse else None),
         orphan_timeout_s=settings.orphan_timeout_s, boot_deadline_s=settings.boot_deadline_s,
-        address_map=settings.ssh_address_map,
+        address_map=settings.ssh_address_map, tunnel_program=settings.tunnel_program,
     )
-    wrapped = SshBootstrapDriver(cloud_driver(settings.cloud), ssh, channels if ssh.tunnel else None)
+    in_process = ssh.tunnel and ssh.tunnel_program is None
+    wrapped = SshBootstrapDriver(cloud_driver(settings.cloud), ssh, channels if in_process else None)
     wrapped.on_event = record.node_event
     return wrapped

@@ -58,6 +58,10 @@ STOLEN_REPORT_TIMEOUT_S = 10.0
 # Without a head (it restarts, or the network is cut) a node keeps running what it holds this long,
 # then reports it to the head it reaches again; past it, the head has given the inputs to others.
 KEEP_JOBS_WITHOUT_HEAD_S = 120.0
+# Connecting and registering with the head: a tunnel's port left behind on the VM (its sshd has not
+# noticed the old connection died) accepts and then says nothing; after this the node reads its
+# head URL again, where the head has put the tunnel's new port.
+HEAD_HANDSHAKE_TIMEOUT_S = 20.0
 
 
 class NodeService:
@@ -188,13 +192,15 @@ class NodeService:
         async with aiohttp.ClientSession(connector=head_connector(self.settings.head_cert)) as session:
             while True:
                 try:
-                    async with session.ws_connect(
-                        f"{self._head_url()}/v1/nodes/ws",
-                        headers={"Authorization": f"Bearer {self._head_token}"},
-                        max_msg_size=limits.MAX_FRAME_BYTES,
-                        heartbeat=None,
-                        autoping=True,
-                    ) as ws:
+                    async with asyncio.timeout(HEAD_HANDSHAKE_TIMEOUT_S):
+                        ws = await session.ws_connect(
+                            f"{self._head_url()}/v1/nodes/ws",
+                            headers={"Authorization": f"Bearer {self._head_token}"},
+                            max_msg_size=limits.MAX_FRAME_BYTES,
+                            heartbeat=None,
+                            autoping=True,
+                        )
+                    async with ws:
                         await self._serve_head(ws)
                         deadline = time.monotonic() + self.settings.register_deadline_s
                 except aiohttp.WSServerHandshakeError as e:
@@ -260,7 +266,7 @@ class NodeService:
             build=build_hash(), cert_sha256=self.cert_sha256, held=self.dispatcher.held(), host_id=s.host_id,
         )
         await ws.send_bytes(register.encode())
-        first = await ws.receive()
+        first = await ws.receive(HEAD_HANDSHAKE_TIMEOUT_S)
         if first.type != aiohttp.WSMsgType.BINARY:
             return
         reply = wire.decode(first.data, wire.HEAD_TO_NODE)
