@@ -4,23 +4,28 @@ the physical anchor for that chain.
 
 The VM is the tests' stand-in (an SSH server on 127.0.0.1 in front of a home directory of its
 own): EC2 is moto, and the head boots the VM, uploads its build and starts the node through the
-real bootstrap, then the node reaches the head over the SSH connection's remote port forward, as
-on a real cloud. The client's inputs travel inline (it has an input-file directory of its own,
-which the node does not share). The client is a process of its own, as the user's program is: the
-VM's SSH server runs in this script's process, which does nothing else while payloads move.
-Beside the MB/s, the CPU seconds per GB of each of burla's processes: client, head, the VM's
-SSH server, node and worker. The anchor moves the same bytes through the same chain of
-processes: client -> relay -> [asyncssh forward -> SSH server] -> relay -> worker, that is the
-plain relay of transfer.py with its middle hop over a plain asyncssh port forward and an SSH
-server (with the ciphers burla's tunnels prefer), with nothing else done to the bytes. Each
-figure is the median of ROUNDS (default 3).
+real bootstrap, then the node reaches the head over the tunnel's remote port forward, as on a
+real cloud. The tunnel is carried by OpenSSH's client, a process of the head's, and then, with a
+cluster of its own, by asyncssh in the head's process (TUNNEL_CLIENTS). The client's inputs
+travel inline (it has an input-file directory of its own, which the node does not share). The
+client is a process of its own, as the user's program is: the VM's SSH server runs in this
+script's process, which does nothing else while payloads move. Beside the MB/s, the CPU seconds
+per GB of each of burla's processes: client, head, the tunnel's client, the VM's SSH server,
+node and worker.
 
-Run: python3 transfer_tunnel.py (needs the test dependencies: moto, asyncssh).
+The anchors move the same bytes with nothing else done to them: a plain relay chain (client ->
+relay -> relay -> worker, as in transfer.py), and client -> [SSH forward -> SSH server] -> relay
+-> worker, the forward being an asyncssh client or OpenSSH's `ssh -L`, the server the same
+asyncssh one as the stand-in VM's, with the ciphers burla's tunnels prefer. Each figure is the
+median of ROUNDS (default 3).
+
+Run: python3 transfer_tunnel.py (needs the test dependencies: moto, asyncssh; and OpenSSH's client).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import socket
@@ -29,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -38,8 +44,11 @@ from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, star
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from burla.drivers.ssh_login import TUNNEL_CIPHERS  # noqa: E402
+from burla.drivers.ssh_tunnel import find_ssh_program  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+# What carries the head's tunnels, each measured with a cluster of its own (`burla head serve --tunnel-client`).
+TUNNEL_CLIENTS = os.environ.get("TUNNEL_CLIENTS", "openssh,asyncssh").split(",")
 
 # The SSH server of the anchor (the VM's): no authentication, direct TCP forwards allowed.
 SSH_SERVER = textwrap.dedent("""
@@ -128,7 +137,8 @@ class Client:
 
 
 def cluster_cpu(head_pid: int, vm_root: Path) -> dict[str, float]:
-    """CPU seconds so far of the head, the VMs' SSH servers (this process) and the VMs' nodes and
+    """CPU seconds so far of the head, its tunnels' OpenSSH clients, the VMs' SSH servers (this
+    process) and the VMs' nodes and
     workers (the processes running the runtime installed under `vm_root`: their supervisor
     detaches them from the SSH server that started them)."""
     def seconds(process: psutil.Process) -> float:
@@ -138,7 +148,12 @@ def cluster_cpu(head_pid: int, vm_root: Path) -> dict[str, float]:
             return 0.0
         return times.user + times.system
 
-    cpu = collections.Counter({"head": seconds(psutil.Process(head_pid)), "vm_sshd": seconds(psutil.Process())})
+    head = psutil.Process(head_pid)
+    cpu = collections.Counter({"head": seconds(head), "vm_sshd": seconds(psutil.Process())})
+    for child in head.children():  # the tunnels' OpenSSH clients
+        with contextlib.suppress(psutil.Error):
+            if child.name() == "ssh":
+                cpu["tunnel"] += seconds(child)
     for process in psutil.process_iter(["cmdline"]):
         command = " ".join(process.info["cmdline"] or ())
         if str(vm_root) not in command:
@@ -160,16 +175,43 @@ def _start(source: str, *arguments: str) -> tuple[subprocess.Popen, int]:
     return process, int(line)
 
 
-def ssh_anchor_mb_s(direction: str) -> float:
-    """MB/s of COUNT payloads through client -> [asyncssh forward -> SSH server] -> relay -> worker."""
+def _start_openssh_forward(ssh_port: int, target_port: int) -> tuple[subprocess.Popen, int]:
+    """`ssh -L` to the anchor's SSH server, as burla's tunnel client is started (no user
+    configuration, the tunnels' ciphers), forwarding a local port to `target_port`."""
+    with socket.socket() as probe:  # a free port for the forward to listen on
+        probe.bind(("127.0.0.1", 0))
+        local_port = probe.getsockname()[1]
+    ssh = find_ssh_program()
+    assert ssh is not None
+    process = subprocess.Popen(
+        [ssh, "-v", "-N", "-T", "-F", "none", "-p", str(ssh_port), "-l", "bench", "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ExitOnForwardFailure=yes",
+         "-o", f"Ciphers={','.join(TUNNEL_CIPHERS)}", "-L", f"127.0.0.1:{local_port}:127.0.0.1:{target_port}",
+         "127.0.0.1"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "new port-listener" in line:  # listening (it says "Local forwarding listening" before listen())
+            # Its debug output goes on for as long as it runs: read it, or the client blocks.
+            threading.Thread(target=process.stderr.read, daemon=True).start()
+            return process, local_port
+    process.wait(10)
+    raise RuntimeError(f"ssh -L failed to start (exit {process.returncode})")
+
+
+def ssh_anchor_mb_s(direction: str, forward: str) -> float:
+    """MB/s of COUNT payloads through client -> [forward -> SSH server] -> relay -> worker, the
+    forward being an asyncssh client or OpenSSH's."""
     worker, worker_port = start_hop("worker")
     relay, relay_port = start_hop("relay", str(worker_port))
     server, ssh_port = _start(SSH_SERVER)
-    forward, forward_port = _start(SSH_FORWARD, str(ssh_port), str(relay_port), ",".join(TUNNEL_CIPHERS))
+    if forward == "openssh":
+        client, forward_port = _start_openssh_forward(ssh_port, relay_port)
+    else:
+        client, forward_port = _start(SSH_FORWARD, str(ssh_port), str(relay_port), ",".join(TUNNEL_CIPHERS))
     try:
         return anchor_chain_mb_s(forward_port, direction)[0]
     finally:
-        for process in (forward, server, relay, worker):
+        for process in (client, server, relay, worker):
             process.kill()
             process.wait()
 
@@ -181,7 +223,8 @@ STALL_S = 240  # a wave none of whose booting VMs registered this long is measur
 class TunnelledCluster:
     """A head on this machine whose nodes run on stand-in EC2 VMs it booted and reaches over SSH."""
 
-    def __init__(self, root: Path, vms: int = 1, machine_type: str = "m7i.large", wave: int | None = None) -> None:
+    def __init__(self, root: Path, vms: int = 1, machine_type: str = "m7i.large", wave: int | None = None,
+                 tunnel_client: str = "auto") -> None:
         """Boot `vms` stand-in VMs, `wave` at a time if given: each VM installs the runtime, which
         takes seconds of CPU, so on a small machine a hundred at once would not all be set up
         within the boot deadline (`SshSettings.boot_deadline_s`, 900 s)."""
@@ -209,7 +252,8 @@ class TunnelledCluster:
         ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
         self.farm = MotoVmFarm(ec2, root / "vms", rules=rules)
         self.head = start_head(root / "config", local_nodes=0, workers=None, extra=[
-            "--driver", "ec2", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(self.farm.map_path)])
+            "--driver", "ec2", "--node-wheelhouse", str(wheelhouse), "--ssh-address-map", str(self.farm.map_path),
+            "--tunnel-client", tunnel_client])
         self.env = {"BURLA_CLUSTER_DASHBOARD_URL": self.head.url, "BURLA_CLUSTER_TOKEN": self.head.token,
                     "BURLA_CONFIG_DIR": str(self.head.config_dir)}
         cli_env = {**os.environ, **self.env}
@@ -278,16 +322,18 @@ class TunnelledCluster:
         self.patches.undo()
 
 
-def main() -> None:
-    names = list(workloads())
-    burla_mb_s: dict[str, list[float]] = {name: [] for name in names}
-    burla_cpu: dict[str, collections.Counter] = {name: collections.Counter() for name in names}
-    ssh_anchor: dict[str, list[float]] = {name: [] for name in names}
-    plain_anchor: dict[str, list[float]] = {name: [] for name in names}
+Measured = tuple[dict[str, list[float]], dict[str, collections.Counter]]
+
+
+def measure_burla(tunnel_client: str, names: list[str]) -> Measured:
+    """MB/s per round and CPU seconds per role of each workload, through tunnels carried by
+    `tunnel_client`."""
+    mb_s: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, collections.Counter] = {name: collections.Counter() for name in names}
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         root = Path(directory)
         (root / "client-input-files").mkdir()
-        cluster = TunnelledCluster(root)
+        cluster = TunnelledCluster(root, tunnel_client=tunnel_client)
         try:
             # The client's own input-file directory: the VM's node can't open its files, so inputs go inline.
             client = Client({**cluster.env, "BURLA_INPUT_FILES_DIR": str(root / "client-input-files")})
@@ -297,19 +343,31 @@ def main() -> None:
                         before = cluster_cpu(cluster.head.process.pid, root / "vms")
                         wall, client_cpu = client.run(name)
                         after = cluster_cpu(cluster.head.process.pid, root / "vms")
-                        burla_mb_s[name].append(TOTAL_MB / wall)
-                        burla_cpu[name]["client"] += client_cpu
+                        mb_s[name].append(TOTAL_MB / wall)
+                        cpu[name]["client"] += client_cpu
                         for role, seconds in after.items():
-                            burla_cpu[name][role] += seconds - before.get(role, 0.0)
-                        ssh_anchor[name].append(ssh_anchor_mb_s(name))
-                        plain_anchor[name].append(anchor_mb_s(name)[0])
+                            cpu[name][role] += seconds - before.get(role, 0.0)
             finally:
                 client.close()
         finally:
             cluster.stop()
+    return mb_s, cpu
 
-    def median(values: dict[str, list[float]]) -> dict[str, float]:
-        return {name: round(statistics.median(v), 1) for name, v in values.items()}
+
+def main() -> None:
+    names = list(workloads())
+    clients = TUNNEL_CLIENTS if find_ssh_program() is not None else ["asyncssh"]
+    burla = {client: measure_burla(client, names) for client in clients}
+    anchors: dict[str, dict[str, list[float]]] = {
+        anchor: {name: [] for name in names} for anchor in ("plain", *clients)}
+    for _ in range(ROUNDS):
+        for name in names:
+            anchors["plain"][name].append(anchor_mb_s(name)[0])
+            for client in clients:
+                anchors[client][name].append(ssh_anchor_mb_s(name, client))
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
 
     gb = TOTAL_MB / 1024
     print(json.dumps({
@@ -317,15 +375,18 @@ def main() -> None:
         "cores": os.cpu_count(),
         "rounds": ROUNDS,
         "payloads": f"{COUNT} x {SIZE // 2**20} MB",
-        "burla_through_tunnel_mb_s": median(burla_mb_s),
-        "relay_over_asyncssh_mb_s": median(ssh_anchor),
-        "plain_relay_mb_s": median(plain_anchor),
-        "burla_over_asyncssh_relay": {name: round(statistics.median(burla_mb_s[name]) / statistics.median(v), 3)
-                                      for name, v in ssh_anchor.items()},
-        "asyncssh_relay_over_plain_relay": {name: round(statistics.median(v) / statistics.median(plain_anchor[name]), 3)
-                                            for name, v in ssh_anchor.items()},
-        "burla_cpu_s_per_gb": {name: {role: round(seconds / ROUNDS / gb, 3) for role, seconds in cpu.items()}
-                               for name, cpu in burla_cpu.items()},
+        "burla_through_tunnel_mb_s": {client: {name: round(median(v), 1) for name, v in mb_s.items()}
+                                      for client, (mb_s, _) in burla.items()},
+        "relay_over_ssh_forward_mb_s": {client: {name: round(median(v), 1) for name, v in anchors[client].items()}
+                                        for client in clients},
+        "plain_relay_mb_s": {name: round(median(v), 1) for name, v in anchors["plain"].items()},
+        # The issue's target: burla's tunnel (by default OpenSSH's client) against the asyncssh chain.
+        "burla_over_asyncssh_relay": {client: {name: round(median(v) / median(anchors["asyncssh"][name]), 3)
+                                               for name, v in mb_s.items()} for client, (mb_s, _) in burla.items()},
+        "burla_over_same_client_relay": {client: {name: round(median(v) / median(anchors[client][name]), 3)
+                                                  for name, v in mb_s.items()} for client, (mb_s, _) in burla.items()},
+        "burla_cpu_s_per_gb": {client: {name: {role: round(seconds / ROUNDS / gb, 3) for role, seconds in c.items()}
+                                        for name, c in cpu.items()} for client, (_, cpu) in burla.items()},
         "target_burla_over_asyncssh_relay": 0.8,
     }))
 

@@ -5,8 +5,10 @@ head's CPU per call and loop lag during no-op jobs, at a given number of stand-i
 real bootstrap, which installs the runtime from the uploaded wheelhouse) are booted by a real head
 through the `ec2` driver; each node reaches the head over its VM's SSH remote port forward. Then:
 idle, the head's CPU over IDLE_S seconds (per tunnel: that over N) and its loop lag p99; and over
-JOBS jobs of CALLS no-op calls, the head's CPU per call and its loop lag p99 during them. Run at
-two sizes and compare: what grows faster than the VMs do is what to fix.
+JOBS jobs of CALLS no-op calls, the head's CPU per call and its loop lag p99 during them. Where
+OpenSSH's client carries the tunnels (`--tunnel-client`), a process of the head's per VM, their
+CPU and memory beside the head's. Run at two sizes and compare: what grows faster than the VMs do
+is what to fix.
 
 Run: python3 tunnel_scale.py --vms 10 [--client-python PYTHON] (each VM is a node with its workers
 on this machine). Every node first installs the distributions the client has and it lacks (as on
@@ -31,6 +33,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 from transfer_tunnel import TunnelledCluster
 
 IDLE_S = 20
@@ -59,10 +62,27 @@ CLIENT = textwrap.dedent(f"""
 """)
 
 
+def tunnel_clients(head_pid: int) -> dict[str, float]:
+    """The head's tunnel clients (OpenSSH's, a process per VM): how many, their CPU seconds so
+    far, and their memory: resident, and their own (USS: what ending them would give back)."""
+    totals = {"processes": 0.0, "cpu_s": 0.0, "rss_mb": 0.0, "uss_mb": 0.0}
+    for child in psutil.Process(head_pid).children():
+        with contextlib.suppress(psutil.Error):
+            if child.name() != "ssh":
+                continue
+            times, memory = child.cpu_times(), child.memory_full_info()
+            totals["processes"] += 1
+            totals["cpu_s"] += times.user + times.system
+            totals["rss_mb"] += memory.rss / 2**20
+            totals["uss_mb"] += memory.uss / 2**20
+    return totals
+
+
 def run_jobs(python: str, env: dict[str, str],
-             cluster: TunnelledCluster) -> tuple[dict, float, list[float], dict, float]:
+             cluster: TunnelledCluster) -> tuple[dict, float, list[float], dict, float, dict[str, float]]:
     """(the head's state after IDLE_S idle, its CPU share then, the jobs' seconds, its state after
-    them, its CPU seconds before them)."""
+    them, its CPU seconds before them, and its tunnel clients' CPU share idle and CPU seconds during
+    the jobs)."""
     client = subprocess.Popen([python, "-c", CLIENT], env={**os.environ, **env}, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert client.stdin is not None and client.stdout is not None
@@ -70,9 +90,9 @@ def run_jobs(python: str, env: dict[str, str],
         if client.stdout.readline().strip() != "WARM":
             raise RuntimeError("the client failed before its warm-up job ended")
         time.sleep(3)
-        before = cluster.head_state(IDLE_S)["cpu_s"]
+        before, tunnels_before = cluster.head_state(IDLE_S)["cpu_s"], tunnel_clients(cluster.head.process.pid)
         time.sleep(IDLE_S)
-        idle = cluster.head_state(IDLE_S)
+        idle, tunnels_idle = cluster.head_state(IDLE_S), tunnel_clients(cluster.head.process.pid)
         idle_cpu = (idle["cpu_s"] - before) / IDLE_S
         cpu_before = cluster.head_state(1)["cpu_s"]
         started = time.monotonic()
@@ -81,10 +101,13 @@ def run_jobs(python: str, env: dict[str, str],
         seconds = json.loads(client.stdout.readline())
         during = cluster.head_state(max(1, math.ceil(time.monotonic() - started)))
         during["elapsed_s"] = time.monotonic() - started
+        tunnels_after = tunnel_clients(cluster.head.process.pid)
     finally:
         client.kill()
         client.wait()
-    return idle, idle_cpu, seconds, during, cpu_before
+    tunnels = {**tunnels_idle, "idle_cpu": (tunnels_idle["cpu_s"] - tunnels_before["cpu_s"]) / IDLE_S,
+               "jobs_cpu_s": tunnels_after["cpu_s"] - tunnels_idle["cpu_s"]}
+    return idle, idle_cpu, seconds, during, cpu_before, tunnels
 
 
 def main() -> None:
@@ -94,6 +117,8 @@ def main() -> None:
     parser.add_argument("--client-python", default=sys.executable,
                         help="the client's interpreter: one whose environment holds burla alone spares every VM "
                              "installing what this one has")
+    parser.add_argument("--tunnel-client", choices=["auto", "openssh", "asyncssh"], default="auto",
+                        help="what carries the tunnels (burla head serve --tunnel-client)")
     parser.add_argument("--wave", type=int, default=25, help="boot this many VMs at a time (each installs the runtime)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="work in this directory and keep it (the head's and VMs' logs), not a temporary one")
@@ -105,11 +130,11 @@ def main() -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         cluster = TunnelledCluster(Path(directory), vms=arguments.vms, machine_type=arguments.machine_type,
-                                   wave=arguments.wave)
+                                   wave=arguments.wave, tunnel_client=arguments.tunnel_client)
         booted_s = time.perf_counter() - started
         try:
             env = {**cluster.env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-            idle, idle_cpu, seconds, during, cpu_before = run_jobs(arguments.client_python, env, cluster)
+            idle, idle_cpu, seconds, during, cpu_before, tunnels = run_jobs(arguments.client_python, env, cluster)
         finally:
             cluster.stop()
     print(json.dumps({
@@ -131,6 +156,12 @@ def main() -> None:
         "idle_loop_lag_ms": idle["loop_lag_ms"],
         "jobs_loop_lag_ms": during["loop_lag_ms"],
         "head_rss_mb": during["rss_mb"],
+        # OpenSSH's clients, a process per tunnel (none when asyncssh carries them in the head).
+        "tunnel_clients": int(tunnels["processes"]),
+        "tunnel_clients_idle_cpu_percent": round(tunnels["idle_cpu"] * 100, 2),
+        "tunnel_clients_cpu_us_per_call": round(tunnels["jobs_cpu_s"] / (JOBS * CALLS) * 1e6, 2),
+        "tunnel_client_rss_mb_each": round(tunnels["rss_mb"] / max(1, tunnels["processes"]), 2),
+        "tunnel_client_uss_mb_each": round(tunnels["uss_mb"] / max(1, tunnels["processes"]), 2),
     }))
 
 
