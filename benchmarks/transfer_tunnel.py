@@ -234,7 +234,7 @@ class TunnelledCluster:
 
         from tests.conftest import start_head
         from tests.fake_ec2 import Ec2Rules
-        from tests.vm_standin import MotoVmFarm
+        from tests.vm_farms import MotoVmFarm
         from tests.wheelhouse import build_wheelhouse
 
         wheelhouse = build_wheelhouse(root / "wheelhouse")

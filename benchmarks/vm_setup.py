@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 from burla.process.build import build_wheel  # noqa: E402
 from tests.conftest import start_head  # noqa: E402
 from tests.fake_ec2 import Ec2Rules  # noqa: E402
-from tests.vm_standin import MotoVmFarm  # noqa: E402
+from tests.vm_farms import MotoVmFarm  # noqa: E402
 from tests.wheelhouse import build_wheelhouse  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from burla.drivers.base import BootRequest
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_azure import FakeAzure
 from tests.helpers import get_json, run_client_in, wait_until
-from tests.vm_standin import AzureVmFarm
+from tests.vm_farms import AzureVmFarm
 
 SUBSCRIPTION = "3f6d2b1c-0a4e-4d7b-9c55-2e8f7a1b6c90"
 TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.helpers import client_env, wait_until
-from tests.vm_standin import MotoVmFarm
+from tests.vm_farms import MotoVmFarm
 
 KEY_TAG = "burla-image-key"
 

@@ -28,7 +28,7 @@ from tests.conftest import REPO
 from tests.helpers import run_client_in, wait_until
 from tests.test_azure_driver import azure  # noqa: F401 - fixture
 from tests.test_gce_driver import gce  # noqa: F401 - fixture
-from tests.vm_standin import AzureVmFarm, GceVmFarm, MotoVmFarm
+from tests.vm_farms import AzureVmFarm, GceVmFarm, MotoVmFarm
 
 pytestmark = pytest.mark.timeout(400)
 

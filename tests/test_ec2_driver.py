@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.helpers import client_env, finish_client, get_json, run_client_in, start_client, wait_until
-from tests.vm_standin import MotoVmFarm
+from tests.vm_farms import MotoVmFarm
 
 
 def _instances(ec2, state: str | None = None) -> list[dict]:

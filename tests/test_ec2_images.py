@@ -123,7 +123,7 @@ def test_the_vcpu_quota_is_a_quota_refusal_in_ec2s_words(moto, ec2_rules):
 
 def _ec2_head(moto, tmp_path, wheelhouse):
     from tests.conftest import start_head
-    from tests.vm_standin import MotoVmFarm
+    from tests.vm_farms import MotoVmFarm
 
     farm = MotoVmFarm(moto, tmp_path / "vms")
     head = start_head(tmp_path / "config", local_nodes=0, extra=[
@@ -265,7 +265,7 @@ def test_grow_fails_fast_naming_a_missing_permission_and_its_fix(moto, ec2_rules
 
 def test_a_failed_boot_names_its_stage(moto, tmp_path, wheelhouse, client_venv, monkeypatch):
     from tests.conftest import start_head
-    from tests.vm_standin import MotoVmFarm
+    from tests.vm_farms import MotoVmFarm
 
     monkeypatch.setenv("BURLA_AWS_IMAGE_FAMILY", "debian-12")  # needs python3-venv installed as root
     farm = MotoVmFarm(moto, tmp_path / "vms", vm_environment={"STANDIN_NO_SUDO": "1"})

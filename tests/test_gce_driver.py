@@ -17,7 +17,7 @@ from burla.drivers.base import BootRequest
 from tests.conftest import REPO, start_head, wait_for_nodes
 from tests.fake_gce import FakeGce
 from tests.helpers import get_json, run_client_in, wait_until
-from tests.vm_standin import GceVmFarm
+from tests.vm_farms import GceVmFarm
 
 PROJECT = "burla-test"
 

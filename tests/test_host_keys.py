@@ -7,7 +7,7 @@ import pytest
 
 from burla.drivers.host_keys import check_host_key, console_host_keys, fingerprint
 from burla.errors import BootstrapFailed
-from tests.vm_standin import cloud_init_console
+from tests.vm_farms import cloud_init_console
 
 
 def _key() -> str:

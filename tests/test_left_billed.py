@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import start_head
 from tests.helpers import wait_until
-from tests.vm_standin import MotoVmFarm
+from tests.vm_farms import MotoVmFarm
 
 
 def _instances(ec2, state: str | None = None) -> list[dict]:

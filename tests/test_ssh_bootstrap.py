@@ -31,7 +31,7 @@ from tests.helpers import (
     start_client,
     wait_until,
 )
-from tests.vm_standin import MotoVmFarm
+from tests.vm_farms import MotoVmFarm
 
 pytestmark = pytest.mark.timeout(300)
 
