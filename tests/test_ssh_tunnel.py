@@ -79,6 +79,7 @@ async def test_a_port_on_the_vm_reaches_the_head_until_the_tunnel_is_closed(setu
     tunnel = setup.tunnel()
     port = await tunnel.open(0)  # the VM's sshd chose it, and ssh said which
     assert port > 0 and f"Allocated port {port}" in tunnel.said()
+    assert any(f"Allocated port {port}" in note for note in setup.notes)  # the VM's transcript has it too
     payload = bytes(range(256)) * 4096  # 1 MiB each way, across SSH packets
     assert await _round_trip(port, payload) == payload
     assert setup.vm.commands == [REMOTE_COMMAND] and setup.vm.logins == ["ec2-user"]

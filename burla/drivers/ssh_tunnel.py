@@ -145,6 +145,7 @@ class OpenSshTunnel:
             if not line:
                 continue
             self._stderr.append(line)
+            self._note(f"tunnel's ssh: {line}")  # its warnings and why it ended, in the VM's transcript
             allocated = ALLOCATED.search(line)
             if allocated and self._allocated is not None and not self._allocated.done():
                 self._allocated.set_result(int(allocated.group(1)))
