@@ -381,9 +381,10 @@ def beyond_inline(x):
 
 
 def writes_its_index(x):
-    """Writes its input, one of six ways by x % 6 (Python with and without a newline, fd 1, C's
-    write to fd 2, a child process, a thread), for per-call output attribution."""
-    kind = x % 6
+    """Writes its input, one of nine ways by x % 9 (Python with and without a newline, fd 1, C's
+    write to fd 2, a child process, a thread, Python's stderr and binary stdout without a newline,
+    sys.__stdout__), for per-call output attribution."""
+    kind = x % 9
     if kind == 0:
         print(f"py {x}")
     elif kind == 1:
@@ -399,17 +400,23 @@ def writes_its_index(x):
         import subprocess
 
         subprocess.run(["echo", f"child {x}"], check=True)
-    else:
+    elif kind == 5:
         thread = threading.Thread(target=os.write, args=(1, f"thread {x}\n".encode()))
         thread.start()
         thread.join()
+    elif kind == 6:
+        sys.stderr.write(f"err {x}")
+    elif kind == 7:
+        sys.stdout.buffer.write(f"bin {x}".encode())
+    else:
+        print(f"dunder {x}", end="", file=sys.__stdout__)
     return x
 
 
 def written_by(x) -> str:
     """What writes_its_index(x) writes."""
     return {0: f"py {x}\n", 1: f"partial {x}", 2: f"fd {x}\n", 3: f"c {x}\n", 4: f"child {x}\n",
-            5: f"thread {x}\n"}[x % 6]
+            5: f"thread {x}\n", 6: f"err {x}", 7: f"bin {x}", 8: f"dunder {x}"}[x % 9]
 
 
 def large_result(index, size):

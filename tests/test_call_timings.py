@@ -12,11 +12,11 @@ from tests.helpers import get_json, wait_until
 
 
 def test_timings_are_built_from_the_calls_boundaries_report_by_report():
-    marks = array("d", [10.0, 11.0, 13.0, 16.0])  # the first call's start, then each call's end
-    assert read_timings(_timings_of(marks, 1000.0, 42, 2)) == [(1010.0, 1.0, 42), (1011.0, 2.0, 42)]
-    assert list(marks) == [13.0, 16.0]  # the next report's first call starts where the last one ended
-    assert read_timings(_timings_of(marks, 1000.0, 42, 1)) == [(1013.0, 3.0, 42)]
-    assert list(marks) == [16.0]
+    marks = array("d", [1010.0, 1011.0, 1013.0, 1016.0])  # the first call's start, then each call's end
+    assert read_timings(_timings_of(marks, 42, 2)) == [(1010.0, 1.0, 42), (1011.0, 2.0, 42)]
+    assert list(marks) == [1013.0, 1016.0]  # the next report's first call starts where the last one ended
+    assert read_timings(_timings_of(marks, 42, 1)) == [(1013.0, 3.0, 42)]
+    assert list(marks) == [1016.0]
 
 
 def test_each_calls_record_covers_its_call_and_a_workers_calls_do_not_overlap(cluster, client):

@@ -17,6 +17,7 @@ from burla.protocol.inline_values import (
     VALUE,
     check_results,
     pack_input,
+    pack_run,
     unpack_input,
     unpack_inputs,
 )
@@ -58,6 +59,22 @@ def test_a_batch_of_inline_inputs_decodes_in_one_call():
     part = PackedInputs.of_lists(list(range(len(values))), [pack_input(v) for v in values])
     decoded = unpack_inputs(part.data, part.count)
     assert decoded is not None and all(map(_same, decoded, values))
+
+
+def test_a_run_of_plain_values_packs_as_each_would_up_to_the_first_that_is_not():
+    """`pack_run` is `pack_input` of each value from `start` until the first one `pack_input`
+    leaves to pickle (or `end`): random mixtures, many seeds."""
+    for seed in range(400):
+        rng = random.Random(seed)
+        values = [rng.choice(INLINE if rng.random() < 0.9 else PICKLED) for _ in range(rng.randint(1, 60))]
+        start = rng.randrange(len(values))
+        end = rng.randint(start, len(values))
+        expected = []
+        for value in values[start:end]:
+            if pack_input(value) is None:
+                break
+            expected.append(pack_input(value))
+        assert pack_run(values, start, end) == expected, seed
 
 
 def _entry(rng: random.Random, value) -> bytes:

@@ -125,6 +125,55 @@ async def test_a_detaching_client_sends_everything_whatever_the_window():
     assert [pickle.loads(uploader.pickled_input(i)) for i in (0, 29)] == [0, 29]
 
 
+def _mixed_inputs() -> list:
+    """Runs of small plain values (taken together) broken by values that are not: pickled ones,
+    an int past 64 bits, a str too long or not encodable as UTF-8."""
+    inputs: list = []
+    for run in range(12):
+        inputs += [run * 1000 + i for i in range(37 * run)]
+        inputs += [1.5, None, True, "short", "x" * 256][: run % 6]
+        inputs.append([(2**70, b"bytes"), "x" * 257, "lone \udc80 surrogate", 2**64, -(2**63) - 1][run % 5])
+    return inputs
+
+
+async def test_runs_of_small_plain_inputs_go_together_and_others_one_by_one():
+    from burla.node.worker import _decoded_arguments
+
+    inputs = _mixed_inputs()
+    for window in ((50, 1 << 20), (1000, 600), (10**6, 1 << 20)):  # full by count, by bytes; roomy
+        uploader = _uploader(inputs)
+        head = Head(uploader)
+        arguments: dict[int, object] = {}
+
+        async def keep(msg: wire.Message, uploader: Uploader = uploader, head: Head = head,
+                       arguments: dict = arguments) -> None:
+            assert isinstance(msg, wire.InputBatch)
+            part = msg.part()
+            for index, data in part.items():
+                arguments[index] = _decoded_arguments(data)
+                assert uploader.sizes[index] == len(data)  # what it weighs in the window
+            await head.send(msg)  # which checks the window
+
+        uploader.resume(0, window)
+        upload = asyncio.create_task(uploader.upload(keep, 0))
+        while not upload.done():
+            await _settle()
+            head.answer(7)
+        await upload
+        assert head.sent == list(range(len(inputs)))  # each once, in order
+        assert [arguments[i] for i in range(len(inputs))] == inputs
+
+
+async def test_a_run_skips_inputs_whose_results_are_in():
+    uploader = _uploader(list(range(300)))
+    head = Head(uploader)
+    for index in (0, 17, 18, 150, 299):
+        uploader.received[index] = 1  # their results came in before a reconnect
+    uploader.resume(0, (1000, 1 << 20))
+    await uploader.upload(head.send, 0)
+    assert head.sent == [i for i in range(300) if i not in (0, 17, 18, 150, 299)]
+
+
 class Unpicklable:
     def __reduce__(self):
         raise TypeError("this object refuses to be pickled")

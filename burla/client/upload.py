@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import math
 from array import array
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ UPLOAD_BATCH_ITEMS = limits.BATCH_ITEMS
 FIRST_UPLOAD_BATCH_ITEMS = 256  # the upload loop's first batch after the opening; each next one doubles
 FIRST_BATCH_ITEMS = 256  # inputs sent with the opening, before the head's answer (well inside any window)
 FIRST_BATCH_BYTES = 256 * 1024
+_RUN_MIN_ITEMS = 16  # a run of small plain inputs shorter than this is taken one by one
 KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say its inputs are saved
 
 
@@ -185,8 +188,6 @@ class Uploader:
         batch_indices: list[int] = []
         batch_bytes = 0
         inputs, received, sizes = self.inputs, self.received, self.sizes
-        inline_types, max_chars, mark, pack = (inline_values.INLINE_TYPES, inline_values.MAX_STR_CHARS,
-                                               bytes((inline_values.INPUT_MARK,)), inline_values.pack_value)
         # The first batches are small, so the workers start while the rest is pickled; they double
         # up to UPLOAD_BATCH_ITEMS, where a frame's cost per input is already small.
         batch_items = FIRST_UPLOAD_BATCH_ITEMS
@@ -196,37 +197,45 @@ class Uploader:
         room_inputs, room_bytes = self._room()
         taken_inputs = taken_bytes = 0
         last = start - 1
+        index, n_inputs = start - 1, len(inputs)
+        one_by_one_until = start  # inputs before this go one by one (a run of them was not all plain)
         try:
-            for index in range(start, len(inputs)):  # once per input: kept to the bare minimum
-                if received[index]:
-                    continue
-                value = inputs[index]
-                kind = type(value)
-                if kind in inline_types and (kind is not str or len(value) <= max_chars):
-                    try:  # the common small input: inline_values.pack_input, without its call
-                        data = mark + pack(value)
-                    except (OverflowError, UnicodeEncodeError):
-                        data = self.pickled_input(index)
-                else:
-                    data = self.pickled_input(index)
-                size = len(data)  # what the input weighs in the window, whichever way it travels
-                if size >= INPUT_FILE_MIN_BYTES and self.files is not None and not self.files_full:
-                    data = self._by_file(index, data)
-                if taken_inputs >= room_inputs or taken_bytes + size > room_bytes:
-                    self._count_out(taken_inputs, taken_bytes, last)
-                    taken_inputs = taken_bytes = 0
-                    if batch:
-                        await send(_input_batch(job_id, batch_indices, batch))
-                        batch, batch_indices, batch_bytes = [], [], 0
-                    await self._room_for(size)
-                    room_inputs, room_bytes = self._room()
-                taken_inputs += 1
-                taken_bytes += size
-                last = index
-                sizes[index] = size
-                batch.append(data)
-                batch_indices.append(index)
-                batch_bytes += len(data)
+            while index + 1 < n_inputs:  # once per input, or per run of small plain ones
+                index += 1
+                if index >= one_by_one_until:
+                    # A run of small plain values within the batch's and the window's room: encoded
+                    # together at C speed, where the rest go one by one.
+                    encoded = self._plain_run(index, min(n_inputs, index + batch_items - len(batch)),
+                                              room_inputs - taken_inputs, room_bytes - taken_bytes)
+                    if encoded:
+                        run_bytes = sum(map(len, encoded))
+                        taken_inputs += len(encoded)
+                        taken_bytes += run_bytes
+                        batch.extend(encoded)
+                        batch_indices.extend(range(index, index + len(encoded)))
+                        batch_bytes += run_bytes
+                        index = last = index + len(encoded) - 1
+                    else:
+                        one_by_one_until = index + _RUN_MIN_ITEMS
+                if index != last:  # not taken in a run: this input by itself
+                    if received[index]:
+                        continue
+                    data, size = self._encoded(index)
+                    if taken_inputs >= room_inputs or taken_bytes + size > room_bytes:
+                        self._count_out(taken_inputs, taken_bytes, last)
+                        taken_inputs = taken_bytes = 0
+                        if batch:
+                            await send(_input_batch(job_id, batch_indices, batch))
+                            batch, batch_indices, batch_bytes = [], [], 0
+                        await self._room_for(size)
+                        room_inputs, room_bytes = self._room()
+                    taken_inputs += 1
+                    taken_bytes += size
+                    last = index
+                    sizes[index] = size
+                    batch.append(data)
+                    batch_indices.append(index)
+                    batch_bytes += len(data)
                 if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
                     self._count_out(taken_inputs, taken_bytes, last)
                     taken_inputs = taken_bytes = 0
@@ -243,6 +252,33 @@ class Uploader:
             self._count_out(taken_inputs, taken_bytes, last)  # an input that can't be sent ends the upload
         if self.detaching:
             await self._wait_until_kept()
+
+    def _plain_run(self, start: int, end: int, room_inputs: float, room_bytes: float) -> list[bytes]:
+        """The longest run of inputs from `start` (up to `end`) that are small plain values whose
+        results are not in yet, as they travel, if it is at least _RUN_MIN_ITEMS long and the
+        window has room for it (their sizes noted); else empty. None goes by file: an inline
+        value is far smaller than INPUT_FILE_MIN_BYTES."""
+        # Each such input weighs at least 2 bytes (its mark and one byte of msgpack).
+        end = start + int(min(room_inputs, room_bytes // 2, end - start))
+        received = self.received[start:end]
+        end = start + len(received) - len(received.lstrip(b"\0"))  # up to the first input whose result is in
+        if end - start < _RUN_MIN_ITEMS:
+            return []
+        encoded = inline_values.pack_run(self.inputs, start, end)
+        sizes = array("I", map(len, encoded))
+        fit = bisect_right(list(accumulate(sizes)), room_bytes)  # as many as the window's bytes take
+        if fit < _RUN_MIN_ITEMS:
+            return []
+        self.sizes[start:start + fit] = sizes[:fit]
+        return encoded[:fit]
+
+    def _encoded(self, index: int) -> tuple[bytes | PickleParts, int]:
+        """One input as it travels (inline, pickled or by file), and what it weighs in the window."""
+        data = self.encoded_input(index)
+        size = len(data)
+        if size >= INPUT_FILE_MIN_BYTES and self.files is not None and not self.files_full:
+            return self._by_file(index, data), size
+        return data, size
 
     def _room(self) -> tuple[float, float]:
         """How many more inputs, and bytes, the window takes now (a detaching client's is endless)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import fcntl
+import io
 import os
 import select
 import sys
@@ -36,6 +37,43 @@ def _nothing() -> None:
     pass
 
 
+# Whether Python's streams for fd 1 and 2 (installed by `OutputCapture.install`) were written
+# since a call last ended: when not, that call's end flushes nothing. Two flushes of empty
+# streams were a sixth of a no-op call's cost in the worker.
+_written = [False]
+
+
+class _TrackedBuffer(io.BufferedWriter):
+    """fd 1's or fd 2's binary stream, noting that it was written (`_written`)."""
+
+    def write(self, data: Any) -> int:
+        _written[0] = True
+        return super().write(data)
+
+
+class _TrackedText(io.TextIOWrapper):
+    """sys.stdout or sys.stderr, line-buffered, noting that it was written (`_written`)."""
+
+    def write(self, text: str) -> int:
+        _written[0] = True
+        return super().write(text)
+
+
+def _tracked(stream: Any, fd: int) -> _TrackedText:
+    """A line-buffered text stream to `fd` like `stream` (its encoding and errors), tracked."""
+    buffer = _TrackedBuffer(io.FileIO(fd, "w", closefd=False))
+    return _TrackedText(buffer, encoding=getattr(stream, "encoding", None) or "utf-8",
+                        errors=getattr(stream, "errors", None) or "backslashreplace", line_buffering=True)
+
+
+def _flush(*streams: Any) -> None:
+    for stream in dict.fromkeys(streams):  # each once
+        try:
+            stream.flush()
+        except Exception:  # a stream a call put in place that can't flush, or closed
+            pass
+
+
 class OutputCapture:
     def __init__(self, on_live_output: Callable[[str, list[OutputItem]], None], interval_s: float = 0.05,
                  use_ring: bool = True) -> None:
@@ -56,6 +94,9 @@ class OutputCapture:
         self._stop = threading.Event()
         self.send_lock = threading.RLock()
         self._watchdog: threading.Thread | None = None
+        # Python's streams for fd 1 and 2 once installed (tracked), and the interpreter's own.
+        self._streams: tuple[Any, ...] = (None, None)
+        self._originals: tuple[Any, ...] = ()
         # Keep a copy of the original stderr for the worker's own fatal diagnostics.
         self.diagnostics_fd = os.dup(2)
 
@@ -77,8 +118,15 @@ class OutputCapture:
             except OSError:  # RingUnavailable among them: epoll it is
                 self._ring = None
         # Line buffering: Python prints reach the pipe at each newline, in order with C output.
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        # The streams a call finds are tracked ones (the interpreter's own stay, line-buffered, for
+        # whatever kept a reference to them; a call's end flushes those too).
+        for original in (sys.stdout, sys.stderr):
+            original.flush()
+            original.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        self._originals = (sys.stdout, sys.stderr)
+        sys.stdout = sys.__stdout__ = _tracked(sys.stdout, 1)  # type: ignore[misc]
+        sys.stderr = sys.__stderr__ = _tracked(sys.stderr, 2)  # type: ignore[misc]
+        self._streams = (sys.stdout, sys.stderr)
         self._watchdog = threading.Thread(target=self._watch, name="burla-output", daemon=True)
         self._watchdog.start()
 
@@ -102,12 +150,15 @@ class OutputCapture:
         view, tail, head = (ring.view, ring.tail, ring.head) if ring is not None else (None, 0, 0)
         rearm = ring.rearm if ring is not None else _nothing
 
+        out, err = self._streams
+        written = _written
+
         def end() -> None:
-            try:  # looked up each time: a call may have replaced sys.stdout
-                sys.stdout.flush()
-                sys.stderr.flush()
-            except Exception:
-                pass
+            # Python's buffered output first, if there can be any: the streams a call replaced
+            # sys.stdout or sys.stderr with are flushed as they are (looked up each time).
+            if written[0] or sys.stdout is not out or sys.stderr is not err:
+                written[0] = False
+                _flush(out, err, sys.stdout, sys.stderr, *self._originals)
             acquire()
             try:
                 if view is not None:

@@ -41,8 +41,10 @@ from burla.protocol.packed_inputs import unpack_uints
 from burla.protocol.packed_results import TIMING_BYTES, TIMING_VALUES
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
-_INDEX = worker_wire.PAGE_SLOT  # the shared page's layout: worker_wire
-REPORTING_AT = worker_wire.REPORTING_AT
+# The shared page's slots (worker_wire's layout), written as a memoryview's items: a store,
+# where struct's pack_into cost twice as much once per call.
+_RUNNING_SLOT = worker_wire.RUNNING_AT // worker_wire.PAGE_SLOT.size
+_REPORTING_SLOT = worker_wire.REPORTING_AT // worker_wire.PAGE_SLOT.size
 _FLUSH_AFTER_S = 0.002  # results wait at most this long for company before going out
 _FLUSH_BYTES = 1 << 20
 LARGE_VALUE_BYTES = 1 << 20  # a value this big has its worker give free memory back when the job ends there
@@ -82,7 +84,7 @@ class Worker:
         self._sock = sock
         self._reader = sock.makefile("rb", buffering=1 << 16)
         self._held_large = False  # values of 1 MB or more went through since memory was last given back
-        self._shm = shm
+        self._page = memoryview(shm).cast("q")  # worker_wire.PAGE_SLOT's slots; the worker never closes `shm`
         self._functions: dict[str, Callable[..., Any] | _LoadFailure] = {}
         self._job_tokens: dict[str, str] = {}  # job id -> the token its calls open nested jobs with
         self._cancelled_jobs: set[str] = set()
@@ -92,10 +94,10 @@ class Worker:
         self._cancel_requested = False
         self.capture = OutputCapture(self._send_live_output)
         self._origin = ErrorOrigin(os.environ.get(ENV_NODE_ID, ""), socket.gethostname(), os.getpid())
-        # The running batch's call boundaries (perf_counter) not yet reported: the first unreported
-        # call's start, then each call's end (one append per call; see _timings_of).
+        # The running batch's call boundaries not yet reported, on the wall clock (perf_counter's
+        # readings plus the wall clock at its zero): the first unreported call's start, then each
+        # call's end (one append per call; see _timings_of).
         self._marks = array("d")
-        self._wall = 0.0  # the wall clock at perf_counter's zero, for this batch
 
     # --- framing -------------------------------------------------------------------------
 
@@ -228,7 +230,7 @@ class Worker:
         except CallCancelled:  # the signal landed between calls
             self._cancel_requested = True
         finally:
-            _INDEX.pack_into(self._shm, 0, -1)
+            self._page[_RUNNING_SLOT] = -1
             self._batch_job = None
         if self._cancel_requested:
             self._cancelled_jobs.add(job_id)
@@ -241,21 +243,23 @@ class Worker:
         """Run the batch's calls (from `started`) until done or cancelled; returns the results not
         yet sent and when their calls began. This loop runs once per call: what it does per item
         is kept to the bare minimum."""
-        capture, mark_running, shm, clock = self.capture, _INDEX.pack_into, self._shm, time.perf_counter
+        capture, page, clock = self.capture, self._page, time.perf_counter
         end_call = capture.call_ender()
         results: list[list] = []
         pending_bytes = 0
-        last_flush = started
         last = len(indices) - 1
         began = clock()
-        self._wall = time.time() - began  # the wall clock of a perf_counter reading: one clock call per call
+        # The wall clock at perf_counter's zero: a call's boundary is one monotonic reading plus
+        # this, where the report's start times would otherwise be a pass of additions per report.
+        wall = time.time() - began
+        last_flush = started + wall
         marks = self._marks
         del marks[:]
-        marks.append(began)
+        marks.append(began + wall)
         for position, index, argument in zip(count(), indices, arguments):
             if self._cancel_requested:
                 break
-            mark_running(shm, 0, index)
+            page[_RUNNING_SLOT] = index
             capture.running = index
             try:
                 payload = call(argument)
@@ -269,7 +273,7 @@ class Worker:
             except Exception as e:  # the call broke the worker's own error handling (it may patch it)
                 ok, payload = False, self._plain_error(e)
             end_call()
-            now = clock()
+            now = clock() + wall
             results.append([index, ok, payload])
             marks.append(now)
             if ok is not VALUE:  # an inline value is small
@@ -279,13 +283,13 @@ class Worker:
                     # A node holding back its results (ResultWindow) may keep this report waiting:
                     # that time is no call's, for its timeout (the index stays: a crash here is
                     # still the finished call's).
-                    mark_running(shm, REPORTING_AT, 1)
+                    page[_REPORTING_SLOT] = 1
                     self._flush(job_id, results, False, now - last_flush)
-                    mark_running(shm, REPORTING_AT, 0)
+                    page[_REPORTING_SLOT] = 0
                     results = []
                     pending_bytes = 0
                     last_flush = now
-        return results, last_flush
+        return results, last_flush - wall
 
     def _caller(self, function: Callable[..., Any], decoded: bool) -> Callable[[Any], Any]:
         """One call: its arguments decoded (unless they are already), the function run. Returns
@@ -347,7 +351,7 @@ class Worker:
             outputs = self.capture.take()
             if results or outputs or batch_done:
                 # Packed here: the node, and the head, pass them on as they are.
-                timings = _timings_of(self._marks, self._wall, self._origin[2], len(results)) if results else b""
+                timings = _timings_of(self._marks, self._origin[2], len(results)) if results else b""
                 try:
                     report = worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings)
                 except (OverflowError, UnicodeEncodeError):  # an inline value msgpack refused: pickle those
@@ -369,14 +373,15 @@ def _code_root() -> str | None:
     return root if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() else None
 
 
-def _timings_of(marks: array, wall: float, pid: int, count: int) -> bytes:
+def _timings_of(marks: array, pid: int, count: int) -> bytes:
     """The first `count` calls' timings as reports carry them (when each started, on the wall
-    clock; how long it ran; this worker's pid), from their boundaries: `marks` holds the first
-    one's start and then each one's end. Takes them off `marks`, which keeps the last end, the
-    next call's start. Built with a few passes at C speed where a tuple per call cost more."""
+    clock; how long it ran; this worker's pid), from their boundaries on the wall clock: `marks`
+    holds the first one's start and then each one's end. Takes them off `marks`, which keeps the
+    last end, the next call's start. Built with a few passes at C speed where a tuple per call
+    cost more. (A duration is a difference of wall-clock doubles: exact to a quarter of a µs.)"""
     starts, ends = marks[:count], marks[1:count + 1]
     values = array("d", bytes(TIMING_BYTES * count))
-    values[0::TIMING_VALUES] = array("d", map(wall.__add__, starts))
+    values[0::TIMING_VALUES] = starts
     values[1::TIMING_VALUES] = array("d", map(operator.sub, ends, starts))
     values[2::TIMING_VALUES] = array("d", (float(pid),)) * count
     del marks[:count]
