@@ -63,7 +63,7 @@ def test_a_batch_of_inline_inputs_decodes_in_one_call():
 
 def test_a_run_of_plain_values_packs_as_each_would_up_to_the_first_that_is_not():
     """`pack_run` is `pack_input` of each value from `start` until the first one `pack_input`
-    leaves to pickle (or `end`): random mixtures, many seeds."""
+    leaves to pickle (or `end`), end to end, with each one's size: random mixtures, many seeds."""
     for seed in range(400):
         rng = random.Random(seed)
         values = [rng.choice(INLINE if rng.random() < 0.9 else PICKLED) for _ in range(rng.randint(1, 60))]
@@ -74,7 +74,8 @@ def test_a_run_of_plain_values_packs_as_each_would_up_to_the_first_that_is_not()
             if pack_input(value) is None:
                 break
             expected.append(pack_input(value))
-        assert pack_run(values, start, end) == expected, seed
+        data, sizes = pack_run(values, start, end)
+        assert (data, list(sizes)) == (b"".join(expected), list(map(len, expected))), seed
 
 
 def _entry(rng: random.Random, value) -> bytes:

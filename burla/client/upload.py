@@ -36,8 +36,40 @@ KEPT_CONFIRM_S = 60.0  # a detaching client waits this long for the head to say 
 Send = Callable[[wire.Message], Awaitable[None]]
 
 
-def _input_batch(job_id: str, indices: list[int], data: list[bytes | PickleParts]) -> wire.InputBatch:
-    return wire.InputBatch.of(job_id, PackedInputs.of_lists(indices, data))
+class _Batch:
+    """The inputs of the next InputBatch: their indices, sizes and bytes as PackedInputs carries
+    them, a run of small plain inputs as one segment."""
+
+    __slots__ = ("indices", "sizes", "segments", "bytes")
+
+    def __init__(self) -> None:
+        self.indices = array("I")
+        self.sizes = array("I")
+        self.segments: list[bytes | PickleParts] = []
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def add(self, index: int, data: bytes | PickleParts) -> None:
+        self.indices.append(index)
+        self.sizes.append(len(data))
+        self.segments.append(data)
+        self.bytes += len(data)
+
+    def add_run(self, start: int, data: bytes, sizes: array) -> None:
+        self.indices.extend(range(start, start + len(sizes)))
+        self.sizes.extend(sizes)
+        self.segments.append(data)
+        self.bytes += len(data)
+
+    def message(self, job_id: str) -> wire.InputBatch:
+        # One segment goes as it is: the parts of an input pickled in parts are sent one after another.
+        segments = self.segments
+        data = segments[0] if len(segments) == 1 else \
+            b"".join([part for s in segments for part in (s.parts if isinstance(s, PickleParts) else (s,))])
+        # PackedInputs' data may be an input's PickleParts (as of_lists makes it).
+        return wire.InputBatch.of(job_id, PackedInputs(self.indices.tobytes(), self.sizes.tobytes(), data))  # type: ignore[arg-type]
 
 
 def _no_sizes(n_inputs: int) -> array:
@@ -184,9 +216,7 @@ class Uploader:
         """Encode and send inputs from `start` while the window allows; a detaching client then
         waits until the head has saved them all."""
         job_id = self.job_id
-        batch: list[bytes | PickleParts] = []  # the batch's encoded inputs, and their indices beside them
-        batch_indices: list[int] = []
-        batch_bytes = 0
+        batch = _Batch()
         inputs, received, sizes = self.inputs, self.received, self.sizes
         # The first batches are small, so the workers start while the rest is pickled; they double
         # up to UPLOAD_BATCH_ITEMS, where a frame's cost per input is already small.
@@ -205,16 +235,13 @@ class Uploader:
                 if index >= one_by_one_until:
                     # A run of small plain values within the batch's and the window's room: encoded
                     # together at C speed, where the rest go one by one.
-                    encoded = self._plain_run(index, min(n_inputs, index + batch_items - len(batch)),
-                                              room_inputs - taken_inputs, room_bytes - taken_bytes)
-                    if encoded:
-                        run_bytes = sum(map(len, encoded))
-                        taken_inputs += len(encoded)
-                        taken_bytes += run_bytes
-                        batch.extend(encoded)
-                        batch_indices.extend(range(index, index + len(encoded)))
-                        batch_bytes += run_bytes
-                        index = last = index + len(encoded) - 1
+                    run, run_sizes = self._plain_run(index, min(n_inputs, index + batch_items - len(batch)),
+                                                     room_inputs - taken_inputs, room_bytes - taken_bytes)
+                    if run_sizes:
+                        taken_inputs += len(run_sizes)
+                        taken_bytes += len(run)
+                        batch.add_run(index, run, run_sizes)
+                        index = last = index + len(run_sizes) - 1
                     else:
                         one_by_one_until = index + _RUN_MIN_ITEMS
                 if index != last:  # not taken in a run: this input by itself
@@ -225,52 +252,52 @@ class Uploader:
                         self._count_out(taken_inputs, taken_bytes, last)
                         taken_inputs = taken_bytes = 0
                         if batch:
-                            await send(_input_batch(job_id, batch_indices, batch))
-                            batch, batch_indices, batch_bytes = [], [], 0
+                            await send(batch.message(job_id))
+                            batch = _Batch()
                         await self._room_for(size)
                         room_inputs, room_bytes = self._room()
                     taken_inputs += 1
                     taken_bytes += size
                     last = index
                     sizes[index] = size
-                    batch.append(data)
-                    batch_indices.append(index)
-                    batch_bytes += len(data)
-                if batch_bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
+                    batch.add(index, data)
+                if batch.bytes >= UPLOAD_BATCH_BYTES or len(batch) >= batch_items:
                     self._count_out(taken_inputs, taken_bytes, last)
                     taken_inputs = taken_bytes = 0
-                    await send(_input_batch(job_id, batch_indices, batch))
-                    batch, batch_indices, batch_bytes = [], [], 0
+                    await send(batch.message(job_id))
+                    batch = _Batch()
                     batch_items = min(UPLOAD_BATCH_ITEMS, batch_items * 2)
                     await asyncio.sleep(0)  # results that came back meanwhile are taken between batches
                     room_inputs, room_bytes = self._room()
             self._count_out(taken_inputs, taken_bytes, last)
             taken_inputs = taken_bytes = 0
             if batch:
-                await send(_input_batch(job_id, batch_indices, batch))
+                await send(batch.message(job_id))
         finally:
             self._count_out(taken_inputs, taken_bytes, last)  # an input that can't be sent ends the upload
         if self.detaching:
             await self._wait_until_kept()
 
-    def _plain_run(self, start: int, end: int, room_inputs: float, room_bytes: float) -> list[bytes]:
+    def _plain_run(self, start: int, end: int, room_inputs: float, room_bytes: float) -> tuple[bytes, array]:
         """The longest run of inputs from `start` (up to `end`) that are small plain values whose
-        results are not in yet, as they travel, if it is at least _RUN_MIN_ITEMS long and the
-        window has room for it (their sizes noted); else empty. None goes by file: an inline
-        value is far smaller than INPUT_FILE_MIN_BYTES."""
+        results are not in yet, as they travel (end to end, and each one's size), if it is at least
+        _RUN_MIN_ITEMS long and the window has room for it (their sizes noted); else nothing. None
+        goes by file: an inline value is far smaller than INPUT_FILE_MIN_BYTES."""
         # Each such input weighs at least 2 bytes (its mark and one byte of msgpack).
         end = start + int(min(room_inputs, room_bytes // 2, end - start))
         received = self.received[start:end]
         end = start + len(received) - len(received.lstrip(b"\0"))  # up to the first input whose result is in
         if end - start < _RUN_MIN_ITEMS:
-            return []
-        encoded = inline_values.pack_run(self.inputs, start, end)
-        sizes = array("I", map(len, encoded))
-        fit = bisect_right(list(accumulate(sizes)), room_bytes)  # as many as the window's bytes take
-        if fit < _RUN_MIN_ITEMS:
-            return []
-        self.sizes[start:start + fit] = sizes[:fit]
-        return encoded[:fit]
+            return b"", array("I")
+        data, sizes = inline_values.pack_run(self.inputs, start, end)
+        if len(data) > room_bytes:  # as many as the window's bytes take
+            ends = list(accumulate(sizes))
+            fit = bisect_right(ends, room_bytes)
+            data, sizes = data[:ends[fit - 1] if fit else 0], sizes[:fit]
+        if len(sizes) < _RUN_MIN_ITEMS:
+            return b"", array("I")
+        self.sizes[start:start + len(sizes)] = sizes
+        return data, sizes
 
     def _encoded(self, index: int) -> tuple[bytes | PickleParts, int]:
         """One input as it travels (inline, pickled or by file), and what it weighs in the window."""

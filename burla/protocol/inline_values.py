@@ -17,9 +17,10 @@ Nodes and the head never look inside an input; the head checks results' shapes (
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
-from itertools import compress, count
-from operator import itemgetter, not_
+from itertools import compress, count, repeat
+from operator import add, itemgetter, not_
 from typing import Any, Final
 
 import msgpack
@@ -51,26 +52,30 @@ def pack_input(value: Any) -> bytes | None:
 
 
 
-def pack_run(values: Sequence[Any], start: int, end: int) -> list[bytes]:
+def pack_run(values: Sequence[Any], start: int, end: int) -> tuple[bytes, array]:
     """`pack_input` of each value of the longest run from `values[start]` (up to `end`) that all
-    travel so: found and encoded at C speed, where a Python loop over a no-op job's inputs was a
-    third of the client's CPU per call. Empty if `values[start]` is not such a value."""
-    kinds = map(type, map(values.__getitem__, range(start, end)))
-    stop = next(compress(count(start), map(not_, map(INLINE_TYPES.__contains__, kinds))), end)
-    run = values[start:stop]
-    if str in set(map(type, run)):  # up to the first str too long to go inline
+    travel so, end to end, and each one's size: found and encoded at C speed, where a Python loop
+    over a no-op job's inputs was a third of the client's CPU per call. Empty if `values[start]`
+    is not such a value."""
+    run = values[start:end]
+    kinds = set(map(type, run))
+    if not kinds <= INLINE_TYPES:  # up to the first that is not
+        run = run[:next(compress(count(), map(not_, map(INLINE_TYPES.__contains__, map(type, run)))))]
+    if str in kinds:  # up to the first str too long to go inline
         run = run[:next((at for at, value in enumerate(run) if type(value) is str and len(value) > MAX_STR_CHARS),
                         len(run))]
     try:
-        return list(map(_MARK_BYTES.__add__, map(pack_value, run)))
+        packed = list(map(pack_value, run))
     except (OverflowError, UnicodeEncodeError):  # an int past 64 bits, a lone surrogate: up to it
         packed = []
         for value in run:
-            encoded = pack_input(value)
-            if encoded is None:
+            try:
+                packed.append(pack_value(value))
+            except (OverflowError, UnicodeEncodeError):
                 break
-            packed.append(encoded)
-        return packed
+    if not packed:
+        return b"", array("I")
+    return _MARK_BYTES + _MARK_BYTES.join(packed), array("I", map(add, map(len, packed), repeat(1)))
 
 
 def unpack_input(data: bytes | memoryview) -> Any:
