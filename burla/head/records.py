@@ -146,11 +146,9 @@ def mark_fresh(job: JobRecord, assignment: Assignment, indices: list[int]) -> bo
 
 
 def _mark_each(done: bytearray, indices: list[int]) -> bool:
-    """Mark these inputs done one by one, if none is yet (nor twice among them); else change nothing."""
-    for position, index in enumerate(indices):
-        if done[index]:
-            for earlier in indices[:position]:
-                done[earlier] = 0
-            return False
-        done[index] = 1
+    """Mark these inputs done one by one, if none is yet (nor twice among them); else change
+    nothing. At C speed: results from a node's several workers interleave their indices."""
+    if any(map(done.__getitem__, indices)) or len(set(indices)) != len(indices):
+        return False
+    deque(map(done.__setitem__, indices, repeat(1)), maxlen=0)
     return True
