@@ -64,12 +64,8 @@ class _Batch:
         self.bytes += len(data)
 
     def message(self, job_id: str) -> wire.InputBatch:
-        # One segment goes as it is: the parts of an input pickled in parts are sent one after another.
-        segments = self.segments
-        data = segments[0] if len(segments) == 1 else \
-            b"".join([part for s in segments for part in (s.parts if isinstance(s, PickleParts) else (s,))])
-        # PackedInputs' data may be an input's PickleParts (as of_lists makes it).
-        return wire.InputBatch.of(job_id, PackedInputs(self.indices.tobytes(), self.sizes.tobytes(), data))  # type: ignore[arg-type]
+        return wire.InputBatch.of(job_id, PackedInputs.of_segments(self.indices.tobytes(), self.sizes.tobytes(),
+                                                                   self.segments))
 
 
 def _no_sizes(n_inputs: int) -> array:

@@ -139,8 +139,9 @@ class OutputCapture:
         """What the worker calls as each call ends: attribute everything written so far to the
         running call, then clear it.
 
-        Taking the lock waits out a drain the watchdog began during the call, so the call's output
-        is all pending before its result goes out; the next call's index is set only after this.
+        After output (the ring fired, or always without the ring), taking the lock waits out a drain
+        the watchdog began during the call, so the call's output is all pending before its result
+        goes out; the next call's index is set only after this.
         A closure over the lock and the poller (taken once per batch): a method's lookups and calls
         were a third of a no-op call's cost in the worker."""
         acquire, release, poll, drain = self._lock.acquire, self._lock.release, self._poll.poll, self._drain_locked

@@ -58,13 +58,19 @@ class PackedInputs:
 
     @classmethod
     def of_lists(cls, indices: Sequence[int], data: Sequence[bytes | memoryview | PickleParts]) -> PackedInputs:
-        # One input's bytes go as they are: a view of the frame they came in is not copied, nor
-        # the parts of a client's input pickled in parts (they are sent one after another).
-        if len(data) == 1:
-            joined = data[0]
+        return cls.of_segments(pack_uints(indices), pack_uints(list(map(len, data))), data)
+
+    @classmethod
+    def of_segments(cls, indices: bytes, sizes: bytes,
+                    segments: Sequence[bytes | memoryview | PickleParts]) -> PackedInputs:
+        """From packed indices and sizes, and the arguments in segments (an input's, or a run's end
+        to end). One segment goes as it is: a view of the frame it came in is not copied, nor the
+        parts of a client's input pickled in parts (they are sent one after another)."""
+        if len(segments) == 1:
+            joined = segments[0]
         else:
-            joined = b"".join([part for d in data for part in (d.parts if isinstance(d, PickleParts) else (d,))])
-        return cls(pack_uints(indices), pack_uints(list(map(len, data))), joined)  # type: ignore[arg-type]
+            joined = b"".join([part for s in segments for part in (s.parts if isinstance(s, PickleParts) else (s,))])
+        return cls(indices, sizes, joined)  # type: ignore[arg-type]
 
     @property
     def count(self) -> int:
