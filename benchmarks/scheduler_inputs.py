@@ -23,7 +23,7 @@ from burla.head.records import JobRecord, NodeRecord  # noqa: E402
 from burla.head.scheduler import Scheduler  # noqa: E402
 from burla.protocol import wire  # noqa: E402
 from burla.protocol.inline_values import pack_input  # noqa: E402
-from burla.protocol.packed_inputs import PackedInputs, unpack_uints  # noqa: E402
+from burla.protocol.packed_inputs import PackedInputs  # noqa: E402
 
 
 def _job(scheduler: Scheduler, job_id: str, n: int) -> JobRecord:
@@ -45,7 +45,7 @@ def one_job(runs: list[PackedInputs], n: int, index: int) -> tuple[float, float,
         pushes = scheduler.plan_for("n1", job.job_id)
         pushed = time.perf_counter()
         for _, _, frame in pushes:
-            if not scheduler.record_successes("n1", job, list(unpack_uints(frame.indices))):
+            if not scheduler.record_successes("n1", job, frame.indices):
                 raise RuntimeError("a push's results were not taken as the common case")
         queue_s += queued - began
         push_s += pushed - queued

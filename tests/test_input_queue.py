@@ -8,7 +8,7 @@ import random
 from burla.head.input_queue import MAX_PUSH_BYTES, InputQueue
 from burla.head.scheduler import Scheduler
 from burla.protocol import limits
-from burla.protocol.packed_inputs import PackedInputs, gather
+from burla.protocol.packed_inputs import PackedInputs, gather, pack_uints
 from tests.test_scheduler import node, spec
 
 
@@ -147,7 +147,7 @@ class _Trial:
         held = list(job.assignments[node_id].inflight)
         first = rng.randrange(len(held))
         answered = held[first:first + rng.randint(1, 300)]
-        if rng.random() < 0.6 and self.s.record_successes(node_id, job, answered):
+        if rng.random() < 0.6 and self.s.record_successes(node_id, job, pack_uints(answered)):
             self._count(answered)
             return
         items = [[index, rng.random() < 0.8, b"r"] for index in answered]

@@ -644,13 +644,13 @@ def test_a_node_is_believed_only_for_results_of_inputs_it_holds():
     on_b = sorted(job.assignments["b"].inflight)
     assert on_a and on_b
     # Node b answers for a's inputs (packed, as the common case; then decoded): neither is taken.
-    assert not s.record_successes("b", job, on_a)
+    assert not s.record_successes("b", job, pack_indices(on_a))
     assert s.record_results("b", job, [[i, True, b"forged"] for i in on_a]) == []
     assert job.n_done == 0 and sorted(job.assignments["a"].inflight) == on_a
     # A node the job was never given to is not believed either.
     assert s.record_results("stranger", job, [[on_a[0], True, b"forged"]]) == []
     # Its own results are, and a mixed frame keeps only its own.
-    assert s.record_successes("a", job, on_a[:1])
+    assert s.record_successes("a", job, pack_indices(on_a[:1]))
     taken = s.record_results("b", job, [[on_b[0], True, b"ok"], [on_a[1], True, b"forged"]])
     assert [item[0] for item in taken] == [on_b[0]] and job.n_done == 2
 

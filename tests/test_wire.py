@@ -93,14 +93,20 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", [[0]], b"", b""]), "InputBatch.indices has the wrong type"),
         (msgpack.packb([4, "j", b"", b"", "x"]), "InputBatch.data has the wrong type"),
         (wire.InputBatch.of("j", PackedInputs.of([[0, b"x"]])).encode()[:-2], "not valid msgpack"),
-        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), -1, untimed(1)]),
+        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), -1, untimed(1), b""]),
          "credit must not be negative"),
-        (msgpack.packb([39, "j", b"\x00\x00\x00", b"", b"", 0, b""]), "NodeResults.indices must be packed"),
-        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), 0, b"\x00" * 8]),
+        (msgpack.packb([39, "j", pack_indices([0, 1]), b"", pack_items([[0, True, b"r"], [1, True, b"r"]]), 0,
+                        untimed(2), pack_indices([1, 2])]), "runs must be packed 4-byte counts adding up"),
+        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), 0, untimed(1), b"\x01"]),
+         "runs must be packed 4-byte counts"),
+        (msgpack.packb([39, "j", b"\x00\x00\x00", b"", b"", 0, b"", b""]), "NodeResults.indices must be packed"),
+        (msgpack.packb([39, "j", pack_indices([0]), b"", pack_items([[0, True, b"r"]]), 0, b"\x00" * 8, b""]),
          "timings must hold 3 doubles per result"),
-        (msgpack.packb([39, "j", pack_indices([0]), b"\x00", b"", 0, untimed(1)]), "NodeResults.failed must be packed"),
-        (msgpack.packb([39, "j", pack_indices([0]), pack_indices([0, 0]), b"", 0, untimed(1)]), "more failed results"),
-        (msgpack.packb([39, "j", [[0, True, b"r"]], 0]), "needs 6 fields"),
+        (msgpack.packb([39, "j", pack_indices([0]), b"\x00", b"", 0, untimed(1), b""]),
+         "NodeResults.failed must be packed"),
+        (msgpack.packb([39, "j", pack_indices([0]), pack_indices([0, 0]), b"", 0, untimed(1), b""]),
+         "more failed results"),
+        (msgpack.packb([39, "j", [[0, True, b"r"]], 0]), "needs 7 fields"),
         (msgpack.packb([4, "j", b"\x00\x00\x00", b"\x00\x00\x00", b""]), "a 4-byte index and a 4-byte size"),
         (msgpack.packb([4, "j", pack_indices([0, 1]), pack_indices([1]), b"x"]), "a 4-byte index and"),
         (msgpack.packb([4, "j", pack_indices([0]), pack_indices([2]), b"x"]), "not as long as its sizes"),
@@ -173,7 +179,7 @@ def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_d
     # More results than a frame carries, whatever they are.
     many = pack_indices(list(range(limits.BATCH_ITEMS + 1)))
     with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
-        wire.decode(msgpack.packb([39, "j", many, b"", b"", 0, b""]), wire.NODE_TO_HEAD)
+        wire.decode(msgpack.packb([39, "j", many, b"", b"", 0, b"", b""]), wire.NODE_TO_HEAD)
     with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
         wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0, b""]), worker_wire.WORKER_TO_NODE)
 

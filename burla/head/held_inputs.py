@@ -63,7 +63,7 @@ def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:
         rest = []
         for index, data in job.pending:
             if index in holding:
-                assignment.inflight[index] = PackedInputs.of_lists([index], [data])
+                assignment.inflight.add(index, PackedInputs.of_lists([index], [data]))
                 holding.discard(index)
                 losses = job.node_losses.pop(index, 0)  # its node was not lost after all
                 if losses > 1:
@@ -71,9 +71,9 @@ def adopt_held(job: JobRecord, node_id: str, indices: list[int]) -> None:
             else:
                 rest.append((index, data))
         job.pending.keep(rest)
-    for other_id, other in job.assignments.items():
-        if other_id != node_id and holding:
-            holding.difference_update(other.inflight)  # already pushed elsewhere: both run it, first wins
+    # Already pushed elsewhere: both run it, first wins.
+    holder, mine = job.holders.holder, assignment.inflight.number
+    holding = {index for index in holding if holder(index) in (0, mine)}
     seen = job.seen
     for index in holding:
         if index in assignment.inflight:

@@ -20,7 +20,7 @@ from burla.head.recorder import Recorder
 from burla.head.records import RUNNING, JobRecord
 from burla.head.scheduler import Scheduler
 from burla.head.steals import StolenReports, record_steal
-from burla.protocol import packed_results, wire
+from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import TIMING_BYTES, pack_indices, unpack_indices
 from burla.web.connection_guard import RateLimitedLog
@@ -101,17 +101,15 @@ class NodeReports:
         the node holds, go to the client as the node packed them. False (nothing changed) when
         they need a closer look."""
         cluster = self._cluster
-        indices = packed_results.unpack_indices(msg.indices)
-        if not cluster.scheduler.record_successes(node_id, job, indices):
+        if not cluster.scheduler.record_successes(node_id, job, msg.indices, msg.runs):
             return False
         link = cluster.client_links.get(job.job_id)
         if link is not None:
-            link.deliver_packed(len(indices), msg.packed)
-        self._record_calls(job, node_id, msg.indices, b"", msg.timings, indices)
+            link.deliver_packed(len(msg.indices) // 4, msg.packed)
+        self._record_calls(job, node_id, msg.indices, b"", msg.timings)
         return True
 
-    def _record_calls(self, job: JobRecord, node_id: str, indices: bytes, failed: bytes, timings: bytes,
-                      index_list: list[int] | None = None) -> None:
+    def _record_calls(self, job: JobRecord, node_id: str, indices: bytes, failed: bytes, timings: bytes) -> None:
         """Per-call records for history: a job's first MAX_CALL_RECORDS calls."""
         record = self._cluster.record
         room = MAX_CALL_RECORDS - job.calls_recorded
@@ -124,8 +122,7 @@ class NodeReports:
         job.calls_recorded += count
         tries = None
         if job.retried:
-            listed = index_list if index_list is not None else unpack_indices(indices)
-            tries = {i: job.retried[i] for i in listed if i in job.retried}
+            tries = {i: job.retried[i] for i in unpack_indices(indices) if i in job.retried}
         record.calls(job.job_id, node_id, indices, failed, timings, tries)
 
     def _on_output(self, node_id: str, msg: wire.OutputBatch) -> None:

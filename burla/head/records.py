@@ -7,9 +7,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
 
+from burla.head.inflight import Holders, InFlight
 from burla.head.input_queue import InputQueue
 from burla.protocol import wire
-from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_inputs import UINT_BYTES, pack_uints, run_first, unpack_uints
 from burla.protocol.states import EndKind, JobStatus
 from burla.protocol.views import NodeDescription, NodeUsage
 
@@ -54,14 +55,14 @@ class Assignment:
 
     parallelism: int  # at most this many of its calls run there at once
     slots: int  # how many run at once before the node oversubscribes its CPUs (func_cpu="dynamic")
+    inflight: InFlight  # sent, result not yet in: each input, and the frame it went in (should the node be lost)
     credit: int = 0  # inputs the node asked for and has not been sent yet
 
     @classmethod
-    def first(cls, node: NodeRecord, parallelism: int, slots: int) -> Assignment:
-        """A new share, with the credit a node's first window gives (initial_credit)."""
-        return cls(parallelism, slots, initial_credit(slots))
-    # Sent, result not yet in: each input's index -> the frame it went in (its bytes, should the node be lost).
-    inflight: dict[int, PackedInputs] = field(default_factory=dict)
+    def first(cls, holders: Holders, parallelism: int, slots: int) -> Assignment:
+        """A new share of a job (whose inputs' `holders`), with the credit a node's first window
+        gives (initial_credit)."""
+        return cls(parallelism, slots, holders.new_share(), initial_credit(slots))
 
 
 @dataclass
@@ -98,6 +99,7 @@ class JobRecord:
     waits_for_nodes: bool = False
     lenient_uploads: bool = False  # inputs uploaded again are ignored (a job taken up from history)
     failed_here: set[int] = field(default_factory=set)  # failures recorded before a restored job's client is back
+    holders: Holders = field(default_factory=Holders)  # per input, the node share it is in flight on
 
     @property
     def job_id(self) -> str:
@@ -116,6 +118,7 @@ class JobRecord:
         grown = min(self.spec.n_inputs, max(end, 2 * have, 4096))
         self.seen.extend(bytes(grown - have))
         self.done.extend(bytes(grown - have))
+        self.holders.cover(grown)
 
     def is_done(self, index: int) -> bool:
         return index < len(self.done) and self.done[index] == 1
@@ -123,32 +126,58 @@ class JobRecord:
     def running(self, nodes: dict[str, NodeRecord]) -> int:
         return sum(nodes[n].running_by_job.get(self.job_id, 0) for n in self.assignments if n in nodes)
 
-    def inflight(self) -> int:
-        return sum(len(a.inflight) for a in self.assignments.values())
 
-
-def mark_fresh(job: JobRecord, assignment: Assignment, indices: list[int]) -> bool:
-    """Mark these inputs done if none is yet (nor twice among them) and the node holds every one;
-    else change nothing."""
-    if min(indices) < 0 or max(indices) >= len(job.done):
+def mark_fresh(job: JobRecord, assignment: Assignment, packed: bytes, runs: bytes = b"") -> bool:
+    """Mark these inputs (their packed indices, in the parts `runs` counts: PackedResults.runs)
+    done if none is yet (nor twice among them) and the node holds every one; else change nothing."""
+    count = len(packed) // UINT_BYTES
+    if not count or len(packed) % UINT_BYTES:
         return False
-    if not all(map(assignment.inflight.__contains__, indices)):  # at C speed
-        return False
-    done = job.done
-    first, end = indices[0], indices[0] + len(indices)
-    if indices[-1] == end - 1 and done.find(1, first, end) < 0 and indices == list(range(first, end)):
-        done[first:end] = b"\x01" * len(indices)  # the common case, a run of calls' results: at C speed
-    elif not _mark_each(done, indices):
-        return False
-    deque(map(assignment.inflight.pop, indices, repeat(None)), maxlen=0)
-    job.n_done += len(indices)
+    spans = _spans(packed, runs)
+    if spans is None:  # a part is not a run: a steal took inputs from between, or tries ran again
+        indices = sorted(unpack_uints(packed))
+        first = run_first(pack_uints(indices))
+        if first < 0:
+            return _mark_each(job, assignment, indices)
+        spans = [(first, first + count)]
+    done, inflight = job.done, assignment.inflight
+    for first, end in spans:
+        if end > len(done) or done.find(1, first, end) >= 0 or not inflight.holds(first, end):
+            return False
+    inflight.release(spans)
+    for first, end in spans:
+        done[first:end] = b"\x01" * (end - first)  # the common case, runs of calls' results: at C speed
+    job.n_done += count
     return True
 
 
-def _mark_each(done: bytearray, indices: list[int]) -> bool:
-    """Mark these inputs done one by one, if none is yet (nor twice among them); else change
-    nothing. At C speed: results from a node's several workers interleave their indices."""
-    if any(map(done.__getitem__, indices)) or len(set(indices)) != len(indices):
+def _spans(packed: bytes, runs: bytes) -> list[tuple[int, int]] | None:
+    """Each part's inputs as [first, end), in order, if every part is a run and none overlaps
+    another; else None."""
+    if not runs:
+        first = run_first(packed)
+        return None if first < 0 else [(first, first + len(packed) // UINT_BYTES)]
+    spans = []
+    at = 0
+    for length in unpack_uints(runs):
+        first = run_first(packed[at:at + UINT_BYTES * length])
+        if first < 0:
+            return None
+        spans.append((first, first + length))
+        at += UINT_BYTES * length
+    spans.sort()
+    if at != len(packed) or any(spans[k][1] > spans[k + 1][0] for k in range(len(spans) - 1)):
+        return None
+    return spans
+
+
+def _mark_each(job: JobRecord, assignment: Assignment, indices: list[int]) -> bool:
+    """mark_fresh for inputs that are not one run (`indices` sorted), one by one at C speed."""
+    done = job.done
+    if indices[-1] >= len(done) or any(map(done.__getitem__, indices)) or len(set(indices)) != len(indices):
+        return False
+    if not assignment.inflight.release_each(indices):
         return False
     deque(map(done.__setitem__, indices, repeat(1)), maxlen=0)
+    job.n_done += len(indices)
     return True

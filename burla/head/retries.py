@@ -15,10 +15,11 @@ def retry(job: JobRecord, assignment: Assignment, index: int) -> bool:
     """A failed try of input `index`: queue it again if the job's retries allow and its bytes are
     still here (in flight on the node that answered); True if it was."""
     tries = job.retried.get(index, 0)
-    run = assignment.inflight.get(index)
-    if tries >= job.spec.retries or run is None:
+    if tries >= job.spec.retries:
         return False
-    del assignment.inflight[index]
+    run = assignment.inflight.take(index)
+    if run is None:
+        return False
     job.retried[index] = tries + 1
     job.pending.prepend(gather([(index, run)]))
     return True

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import repeat
 from operator import itemgetter
 
 from burla.errors import NoCompatibleNodes, NoNodes, ProtocolError
@@ -27,7 +26,7 @@ from burla.head.pushes import least_push
 from burla.head.records import RUNNING, Assignment, JobRecord, NodeRecord, mark_fresh
 from burla.head.retries import retry
 from burla.protocol import limits, wire
-from burla.protocol.packed_inputs import PackedInputs, gather, unpack_uints
+from burla.protocol.packed_inputs import PackedInputs, gather, pack_uints, run_first, unpack_uints
 from burla.protocol.states import EndKind, JobStatus, NodeStatus
 from burla.protocol.views import USAGE_FIELDS
 
@@ -72,7 +71,7 @@ class Scheduler:
                 continue
             parallelism, slots = share(node, node_parallelism(node, job.spec), job, Given(job), job.job_id in holding)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
+                job.assignments[node.node_id] = Assignment.first(job.holders, parallelism, slots)
                 joins.append((job, parallelism))
         return joins
 
@@ -89,7 +88,7 @@ class Scheduler:
                 continue
             parallelism, slots = share(node, node_parallelism(node, job.spec), job, given)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
+                job.assignments[node.node_id] = Assignment.first(job.holders, parallelism, slots)
                 given.add(parallelism, slots)
                 joined.append((node.node_id, parallelism))
         return joined
@@ -110,9 +109,10 @@ class Scheduler:
             if job.node_held:  # the client's upload of these now goes to the queue
                 for index in [i for i, holder in job.node_held.items() if holder == node_id]:
                     del job.node_held[index]
+            held = assignment.inflight.close()
             if job.status == RUNNING:
                 back = []
-                for index, run in assignment.inflight.items():
+                for index, run in held.items():
                     if job.done[index]:
                         continue
                     losses = job.node_losses.get(index, 0) + 1
@@ -191,7 +191,7 @@ class Scheduler:
         for node, ceiling in ordered:
             parallelism, slots = share(node, min(ceiling, node.slots), job, given)
             if parallelism > 0:
-                job.assignments[node.node_id] = Assignment.first(node, parallelism, slots)
+                job.assignments[node.node_id] = Assignment.first(job.holders, parallelism, slots)
                 given.add(parallelism, slots)
         for node, ceiling in ordered:
             assignment = job.assignments.get(node.node_id)
@@ -242,35 +242,38 @@ class Scheduler:
         """Queue a run of inputs as it came (checked: `PackedInputs.check`); the queue keeps it."""
         if job.status != RUNNING:
             return  # uploads still on their way when the job ended
-        indices = unpack_uints(part.indices)
-        n = job.n_inputs
-        if indices and 0 <= min(indices) and max(indices) < n:
-            job.cover(max(indices) + 1)
-        seen = job.seen
         if job.node_held or job.lenient_uploads:
-            items = part.items()
-            if job.node_held:
-                items = self._to_holders(job, items)
-            if job.lenient_uploads:  # taken up from history: its client may send again what was kept
-                items = [item for item in items if not (0 <= item[0] < len(seen) and seen[item[0]])]
-            if not items:
-                return
-            part, indices = PackedInputs.of(items), tuple(map(_index_of, items))
-        if not indices:
+            part = self._not_held(job, part)
+        count = part.count
+        if not count:
             return
-        first, end = indices[0], indices[0] + len(indices)
+        first = run_first(part.indices)  # -1 if not a run
+        end = first + count
+        seen = job.seen
         prefix = job.upload_prefix
-        if 0 <= first and end <= len(seen) and indices[-1] == end - 1 and seen.find(1, first, end) < 0 \
-                and indices == tuple(range(first, end)):
-            seen[first:end] = b"\x01" * len(indices)  # the common case, a new run of inputs: at C speed
+        if 0 <= first and end <= job.n_inputs:
+            job.cover(end)
+        if 0 <= first and end <= len(seen) and seen.find(1, first, end) < 0:
+            seen[first:end] = b"\x01" * count  # the common case, a new run of inputs: at C speed
             if prefix == first:
                 prefix = end
         else:
-            self._mark_uploaded(job, indices)
-        job.received += len(indices)
+            self._mark_uploaded(job, unpack_uints(part.indices))
+        job.received += count
         job.pending.append(part)
         missing = seen.find(0, prefix)  # the first input not uploaded yet, found at C speed
         job.upload_prefix = len(seen) if missing < 0 else missing
+
+    def _not_held(self, job: JobRecord, part: PackedInputs) -> PackedInputs:
+        """Of an upload to a job taken up after a restart, what is to be queued: inputs a node
+        holds already become its in-flight inputs, and those uploaded before are ignored."""
+        items = part.items()
+        if job.node_held:
+            items = self._to_holders(job, items)
+        if job.lenient_uploads:  # taken up from history: its client may send again what was kept
+            seen = job.seen
+            items = [item for item in items if not (0 <= item[0] < len(seen) and seen[item[0]])]
+        return PackedInputs.of(items) if items else PackedInputs(b"", b"", b"")
 
     @staticmethod
     def _mark_uploaded(job: JobRecord, indices: Sequence[int]) -> None:
@@ -296,8 +299,8 @@ class Scheduler:
             if assignment is None or (item[0] < len(job.seen) and job.seen[item[0]]):
                 rest.append(item)
                 continue
-            assignment.inflight[item[0]] = PackedInputs.of_lists([item[0]], [item[1]])
             job.cover(item[0] + 1)
+            assignment.inflight.add(item[0], PackedInputs.of_lists([item[0]], [item[1]]))
             job.seen[item[0]] = 1
             job.received += 1
         return rest
@@ -372,7 +375,7 @@ class Scheduler:
         count = min(assignment.credit, wanted, len(job.pending))
         inflight = assignment.inflight
         for frame in job.pending.take(count):
-            inflight.update(zip(unpack_uints(frame.indices), repeat(frame)))  # each input's bytes, by its frame
+            inflight.add_run(frame)
             pushes.append((node_id, job.job_id, frame))
         assignment.credit -= count
         if not job.pending and job.received >= job.n_inputs and not job.all_pushed:
@@ -409,8 +412,7 @@ class Scheduler:
             return False  # not this node's input: the node that holds it answers
         if not ok and assignment is not None and retry(job, assignment, index):
             return False
-        if assignment is not None:
-            assignment.inflight.pop(index, None)
+        job.holders.set(index, 0)  # in flight nowhere now
         if job.node_held:
             job.node_held.pop(index, None)
         job.done[index] = 1
@@ -440,20 +442,21 @@ class Scheduler:
             job.cover(index + 1)
         return not job.done[index]
 
-    def record_successes(self, node_id: str, job: JobRecord, indices: list[int]) -> bool:
-        """record_results' common case, for results known to have all succeeded, by their indices:
-        True (and recorded) when every one is the first for its input, as the node's own results
-        of a running job; False (nothing changed) when record_results must sort them out."""
+    def record_successes(self, node_id: str, job: JobRecord, indices: bytes, runs: bytes = b"") -> bool:
+        """record_results' common case, for results known to have all succeeded, by their packed
+        indices (in the parts `runs` counts: PackedResults.runs): True (and recorded) when every
+        one is the first for its input, as the node's own results of a running job; False
+        (nothing changed) when record_results must sort them out."""
         assignment = job.assignments.get(node_id)
         if job.status != RUNNING or assignment is None or job.node_held or job.restored or not indices:
             return False
-        return mark_fresh(job, assignment, indices)
+        return mark_fresh(job, assignment, indices, runs)
 
     @classmethod
     def _all_fresh(cls, job: JobRecord, assignment: Assignment, items: list) -> list | None:
         """The common case at C speed where it can be: every result is the first for its input (none
         is a repeat, in this batch or before). Returns the items, or None (nothing changed) if not."""
-        if not mark_fresh(job, assignment, list(map(_index_of, items))):
+        if not mark_fresh(job, assignment, pack_uints(list(map(_index_of, items)))):
             return None
         job.n_failed += list(map(_ok_of, items)).count(False)  # ok-codes: True, False, VALUE (2)
         return items
@@ -466,8 +469,8 @@ class Scheduler:
         self.running.pop(job.job_id, None)
         job.pending.clear()
         nodes = list(job.assignments)
+        job.holders.clear()
         for assignment in job.assignments.values():
-            assignment.inflight.clear()
             assignment.credit = 0
         # An ended job keeps only its counts and arguments (the head keeps the last 1,000): its
         # per-input state and the function's bytes would otherwise stay for each of them.

@@ -46,9 +46,9 @@ def record_steal(thief_id: str, job: JobRecord, donor_id: str, indices: list[int
         if index in job.node_held:  # its bytes are still to come from the client: they go to the thief
             job.node_held[index] = thief_id
             continue
-        data = donor.inflight.pop(index, None) if donor is not None else None
+        data = donor.inflight.take(index) if donor is not None else None
         if data is not None:
-            thief.inflight[index] = data
+            thief.inflight.add(index, data)
             job.stolen += 1
 
 

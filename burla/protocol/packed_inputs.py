@@ -41,6 +41,36 @@ def unpack_uints(packed: bytes | memoryview) -> tuple[int, ...]:
     return struct.unpack(f"<{len(packed) // _UINT.size}I", packed)
 
 
+def _run_keys(count: int) -> tuple[int, int]:
+    """What `run_first` compares with for runs of `count` indices: sum(2**(32k)) and
+    sum(k * 2**(32k)) over k < count."""
+    return int.from_bytes(_UINT.pack(1) * count, "little"), int.from_bytes(pack_uints(range(count)), "little")
+
+
+_KEYED = BATCH_ITEMS  # a frame's most: runs up to this long cut these keys to their length
+_KEYS = _run_keys(_KEYED)
+
+
+def _keys(count: int) -> tuple[int, int]:
+    if count > _KEYED:
+        return _run_keys(count)
+    mask = (1 << (32 * count)) - 1
+    return _KEYS[0] & mask, _KEYS[1] & mask
+
+
+def run_first(packed: bytes | memoryview) -> int:
+    """The first index if these packed indices are a run (first, first + 1, first + 2, ... in
+    order), else -1. At C speed, with no object per index: read as one little-endian integer, the
+    run of n indices from `first` is first * sum(2**(32k)) + sum(k * 2**(32k)), so a conversion,
+    a product and a comparison tell. (Words can't carry: a run past 2**32 - 1 needs more bytes.)"""
+    count = len(packed) // _UINT.size
+    if not count or len(packed) % _UINT.size:
+        return -1
+    ones, steps = _keys(count)
+    first: int = _UINT.unpack_from(packed)[0]
+    return first if int.from_bytes(packed, "little") == first * ones + steps else -1
+
+
 class PackedInputs:
     """A run of inputs: `indices`, `sizes` and `data` as the module docstring says."""
 

@@ -116,13 +116,17 @@ class PackedResults:
     results so; nodes and the head pass them on without decoding each (a head decodes them only
     to sort out repeats and failures, and checks them then: `items`)."""
 
-    __slots__ = ("indices", "failed", "packed", "timings")
+    __slots__ = ("indices", "failed", "packed", "timings", "runs")
 
-    def __init__(self, indices: bytes, failed: bytes, packed: Payload, timings: bytes) -> None:
+    def __init__(self, indices: bytes, failed: bytes, packed: Payload, timings: bytes, runs: bytes = b"") -> None:
         self.indices = indices
         self.failed = failed
         self.packed = packed
         self.timings = timings  # TIMING_BYTES per result: when and how long its call ran, and where
+        # How many results each part joined here holds, in order (4-byte counts; empty: one part).
+        # A worker reports its calls in its batch's order, so a part is mostly a run of indices,
+        # which a head checks and marks done at C speed (records.mark_fresh).
+        self.runs = runs
 
     @classmethod
     def of(cls, items: Sequence, timings: bytes | None = None) -> PackedResults:
@@ -137,7 +141,8 @@ class PackedResults:
         if len(parts) == 1:
             return parts[0]
         return cls(b"".join(p.indices for p in parts), b"".join(p.failed for p in parts),
-                   b"".join(p.packed for p in parts), b"".join(p.timings for p in parts))
+                   b"".join(p.packed for p in parts), b"".join(p.timings for p in parts),
+                   b"".join(p.runs or INDEX.pack(p.count) for p in parts))
 
     @property
     def count(self) -> int:
@@ -165,7 +170,7 @@ class PackedResults:
         return items
 
 
-def check_packed(name: str, indices: bytes, failed: bytes, timings: bytes) -> None:
+def check_packed(name: str, indices: bytes, failed: bytes, timings: bytes, runs: bytes = b"") -> None:
     for field, value in (("indices", indices), ("failed", failed)):
         if len(value) % INDEX.size:
             raise ProtocolError(f"{name}.{field} must be packed {INDEX.size}-byte integers")
@@ -175,6 +180,8 @@ def check_packed(name: str, indices: bytes, failed: bytes, timings: bytes) -> No
         raise ProtocolError(f"{name}.timings must hold {TIMING_VALUES} doubles per result")
     if len(failed) > len(indices):
         raise ProtocolError(f"{name} lists more failed results than results")
+    if runs and (len(runs) % INDEX.size or sum(unpack_uints(runs)) != len(indices) // INDEX.size):
+        raise ProtocolError(f"{name}.runs must be packed {INDEX.size}-byte counts adding up to its results")
 
 
 def item_frames(items: Sequence) -> list[Sequence]:

@@ -221,16 +221,17 @@ class NodeResults(Message):
     packed: bytes | memoryview  # bulk: the results' payloads
     credit: int  # inputs the node can take now, as in Credit
     timings: bytes  # per result, when its call started, how long it ran, the worker's pid (packed_results)
+    runs: bytes = b""  # how many results each part the node joined holds (PackedResults.runs)
 
     @classmethod
     def of(cls, job_id: str, part: PackedResults, credit: int) -> NodeResults:
-        return cls(job_id, part.indices, part.failed, part.packed, credit, part.timings)
+        return cls(job_id, part.indices, part.failed, part.packed, credit, part.timings, part.runs)
 
     def part(self) -> PackedResults:
-        return PackedResults(self.indices, self.failed, self.packed, self.timings)
+        return PackedResults(self.indices, self.failed, self.packed, self.timings, self.runs)
 
     def validate(self) -> None:
-        check_packed("NodeResults", self.indices, self.failed, self.timings)
+        check_packed("NodeResults", self.indices, self.failed, self.timings, self.runs)
         if self.credit < 0:
             raise ProtocolError("NodeResults.credit must not be negative")
 
