@@ -29,16 +29,17 @@ def noop(x):
 
 def main() -> None:
     from burla.node.worker import Worker
+    from burla.protocol.packed_inputs import pack_uints
 
     node_end, worker_end = socket.socketpair()
     threading.Thread(target=lambda: [None for _ in iter(lambda: node_end.recv(1 << 20), b"")], daemon=True).start()
     worker = Worker(worker_end, mmap.mmap(-1, mmap.PAGESIZE))
     worker.capture.install()  # fd 1 and 2 now go to the worker's pipes, as in a real worker
     worker._functions["job"] = noop
-    indices, arguments = list(range(CALLS)), [pickle.dumps(i, 5) for i in range(CALLS)]
+    indices, arguments = pack_uints(range(CALLS)), [pickle.dumps(i, 5) for i in range(CALLS)]
     start = time.perf_counter()
     for first in range(0, CALLS, BATCH):
-        worker._run_batch("job", indices[first:first + BATCH], arguments[first:first + BATCH])
+        worker._run_batch("job", indices[4 * first:4 * (first + BATCH)], arguments[first:first + BATCH])
     elapsed = time.perf_counter() - start
     line = json.dumps({"benchmark": "worker_loop", "calls": CALLS, "us_per_call": round(elapsed / CALLS * 1e6, 2)})
     os.write(worker.capture.diagnostics_fd, (line + "\n").encode())  # stdout is captured by now

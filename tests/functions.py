@@ -208,6 +208,17 @@ def pause_then_double(x, seconds=0.3):
     return x * 2
 
 
+def pause_then_answer(x, seconds=0.003):
+    """A call long enough that a worker reports after each (its flush interval is 2 ms): a plain
+    value, a pickled one or a failure, by the input."""
+    import time
+
+    time.sleep(seconds)
+    if x % 7 == 3:
+        raise ValueError(f"input {x} fails")
+    return [x] if x % 5 == 1 else x * 2
+
+
 class _RunsCodeWhenLoaded:
     """A pickle that, when anyone loads it, appends that process's pid to a file."""
 

@@ -37,3 +37,17 @@ def test_each_calls_record_covers_its_call_and_a_workers_calls_do_not_overlap(cl
         runs.sort(key=lambda call: call["started_at"])
         for before, after in zip(runs, runs[1:]):
             assert after["started_at"] >= before["ended_at"] - 1e-3, (before, after)
+
+
+def test_reports_cut_from_a_batch_name_their_own_results(cluster, client):
+    # Each call outlasts a worker's flush interval, so a batch goes out in many reports: each
+    # names its results' inputs by a slice of the batch's indices, and the inputs that failed.
+    inputs = list(range(300))
+    results = client.remote_parallel_map(functions.pause_then_answer, inputs, raise_errors=False, spinner=False)
+    for x, result in zip(inputs, results):
+        if x % 7 == 3:
+            assert isinstance(result, ValueError) and result.burla_input_index == x, (x, result)
+        else:
+            assert result == ([x] if x % 5 == 1 else x * 2), (x, result)
+    job = next(j for j in get_json(cluster, "/v1/jobs?limit=50")["jobs"] if j["function_name"] == "pause_then_answer")
+    assert job["n_failed"] == sum(x % 7 == 3 for x in inputs)  # the head counted each report's failures

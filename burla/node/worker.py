@@ -25,7 +25,7 @@ import tempfile
 import time
 import traceback
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from itertools import count
 from typing import Any
 
@@ -37,8 +37,8 @@ from burla.protocol import inline_values, local_code, wire, worker_context, work
 from burla.protocol.framing import Payload
 from burla.protocol.inline_values import VALUE
 from burla.protocol.input_files import mapped_input
-from burla.protocol.packed_inputs import unpack_uints
-from burla.protocol.packed_results import TIMING_BYTES, TIMING_VALUES
+from burla.protocol.packed_inputs import UINT_BYTES, unpack_uints
+from burla.protocol.packed_results import LARGE_PAYLOADS, TIMING_BYTES, TIMING_VALUES, PackedResults
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
 # The shared page's slots (worker_wire's layout), written as a memoryview's items: a store,
@@ -146,13 +146,13 @@ class Worker:
                 return
             if isinstance(msg, worker_wire.RunCalls):
                 part = msg.part()
-                job_id, indices = msg.job_id, unpack_uints(msg.indices)
+                job_id, packed_indices = msg.job_id, msg.indices
                 self._held_large |= len(part.data) >= LARGE_VALUE_BYTES
                 values = inline_values.unpack_inputs(part.data, part.count)
                 arguments = part.arguments() if values is None else values
                 msg = None  # the batch's arguments, taken apart now, are not kept twice while they run
                 del part
-                self._run_batch(job_id, indices, arguments, values is not None)
+                self._run_batch(job_id, packed_indices, arguments, values is not None)
             elif isinstance(msg, worker_wire.LoadFunction):
                 self._load(msg.job_id, msg.function_bytes, msg.local_code)
                 self._job_tokens[msg.job_id] = msg.job_token
@@ -207,8 +207,9 @@ class Worker:
             shutil.rmtree(self._code[1], ignore_errors=True)
             self._code = None
 
-    def _run_batch(self, job_id: str, indices: Sequence[int], arguments: list, decoded: bool = False) -> None:
-        """Run a batch's calls; `arguments` are as they travelled, or their values if `decoded`."""
+    def _run_batch(self, job_id: str, packed_indices: bytes, arguments: list, decoded: bool = False) -> None:
+        """Run a batch's calls (inputs `packed_indices`); `arguments` are as they travelled, or
+        their values if `decoded`."""
         if job_id in self._cancelled_jobs:
             self._send(worker_wire.WorkerReport.of(job_id, [], outputs=[], batch_done=True))
             return
@@ -223,10 +224,10 @@ class Worker:
             os.environ[ENV_PARENT_JOB] = job_id  # a nested remote_parallel_map records its parent
             os.environ[ENV_JOB_TOKEN] = self._job_tokens.get(job_id, "")  # and opens it with the job's token
         self.capture.begin_batch(job_id)
-        results: list[list] = []
+        unreported = _NONE_UNREPORTED
         since = time.perf_counter()  # when the calls of the last report began
         try:
-            results, since = self._run_calls(job_id, indices, arguments, call, since)
+            unreported, since = self._run_calls(job_id, packed_indices, arguments, call, since)
         except CallCancelled:  # the signal landed between calls
             self._cancel_requested = True
         finally:
@@ -234,19 +235,22 @@ class Worker:
             self._batch_job = None
         if self._cancel_requested:
             self._cancelled_jobs.add(job_id)
-            results = []
+            unreported = _NONE_UNREPORTED
             del self._marks[:]
-        self._flush(job_id, results, True, time.perf_counter() - since)
+        self._flush(job_id, unreported, True, time.perf_counter() - since)
 
-    def _run_calls(self, job_id: str, indices: Sequence[int], arguments: list,
-                   call: Callable[[Any], Any], started: float) -> tuple[list[list], float]:
+    def _run_calls(self, job_id: str, packed_indices: bytes, arguments: list,
+                   call: Callable[[Any], Any], started: float) -> tuple[_Unreported, float]:
         """Run the batch's calls (from `started`) until done or cancelled; returns the results not
         yet sent and when their calls began. This loop runs once per call: what it does per item
         is kept to the bare minimum."""
         capture, page, clock = self.capture, self._page, time.perf_counter
         end_call = capture.call_ender()
+        indices = unpack_uints(packed_indices)
         results: list[list] = []
         pending_bytes = 0
+        reported = 0  # the batch's calls before this one have been reported
+        any_failed = False
         last = len(indices) - 1
         began = clock()
         # The wall clock at perf_counter's zero: a call's boundary is one monotonic reading plus
@@ -269,9 +273,9 @@ class Worker:
                 end_call()
                 break
             except _CallFailed as failure:
-                ok, payload = False, failure.payload
+                ok, payload, any_failed = False, failure.payload, True
             except Exception as e:  # the call broke the worker's own error handling (it may patch it)
-                ok, payload = False, self._plain_error(e)
+                ok, payload, any_failed = False, self._plain_error(e), True
             end_call()
             now = clock() + wall
             results.append([index, ok, payload])
@@ -284,12 +288,15 @@ class Worker:
                     # that time is no call's, for its timeout (the index stays: a crash here is
                     # still the finished call's).
                     page[_REPORTING_SLOT] = 1
-                    self._flush(job_id, results, False, now - last_flush)
+                    self._flush(job_id, _Unreported(results, packed_indices, reported, any_failed, pending_bytes),
+                                False, now - last_flush)
                     page[_REPORTING_SLOT] = 0
+                    reported += len(results)
                     results = []
                     pending_bytes = 0
+                    any_failed = False
                     last_flush = now
-        return results, last_flush - wall
+        return _Unreported(results, packed_indices, reported, any_failed, pending_bytes), last_flush - wall
 
     def _caller(self, function: Callable[..., Any], decoded: bool) -> Callable[[Any], Any]:
         """One call: its arguments decoded (unless they are already), the function run. Returns
@@ -345,20 +352,45 @@ class Worker:
         return wire.ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), text, None, None,
                                 *self._origin).encode()
 
-    def _flush(self, job_id: str, results: list, batch_done: bool, seconds: float) -> None:
+    def _flush(self, job_id: str, unreported: _Unreported, batch_done: bool, seconds: float) -> None:
         """Report these results, which took `seconds` of calls."""
+        results = unreported.results
         with self.capture.send_lock:
             outputs = self.capture.take()
             if results or outputs or batch_done:
                 # Packed here: the node, and the head, pass them on as they are.
                 timings = _timings_of(self._marks, self._origin[2], len(results)) if results else b""
+                indices = unreported.packed_indices()
+                large = unreported.payload_bytes >= LARGE_PAYLOADS
                 try:
-                    report = worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings)
+                    part = PackedResults.of_calls(results, timings, indices, unreported.any_failed, large)
                 except (OverflowError, UnicodeEncodeError):  # an inline value msgpack refused: pickle those
                     results = [[index, True, pickle.dumps(payload, PROTOCOL)] if ok is VALUE else [index, ok, payload]
                                for index, ok, payload in results]
-                    report = worker_wire.WorkerReport.of(job_id, results, outputs, batch_done, seconds, timings)
-                self._send(report)
+                    part = PackedResults.of_calls(results, timings, indices, unreported.any_failed, large)
+                self._send(worker_wire.WorkerReport.of_part(job_id, part, outputs, batch_done, seconds))
+
+
+class _Unreported:
+    """A batch's results not reported yet: those of its calls from position `first` on, their
+    payloads' bytes (inline values not counted) and whether any failed."""
+
+    __slots__ = ("results", "batch_indices", "first", "any_failed", "payload_bytes")
+
+    def __init__(self, results: list, batch_indices: bytes, first: int, any_failed: bool, payload_bytes: int) -> None:
+        self.results = results
+        self.batch_indices = batch_indices
+        self.first = first
+        self.any_failed = any_failed
+        self.payload_bytes = payload_bytes
+
+    def packed_indices(self) -> bytes:
+        """The results' input indices, packed: a slice of their batch's (one result per call, in order)."""
+        size = UINT_BYTES
+        return self.batch_indices[size * self.first:size * (self.first + len(self.results))]
+
+
+_NONE_UNREPORTED = _Unreported([], b"", 0, False, 0)
 
 
 def _code_root() -> str | None:

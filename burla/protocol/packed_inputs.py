@@ -192,7 +192,8 @@ class InputRuns:
         return join(parts)
 
     def index_list(self) -> list[int]:
-        return [index for run in self._runs for index in run.indices[run.start:run.end]]
+        return [index for run in self._runs for index in unpack_uints(run.part.indices[
+            UINT_BYTES * run.start:UINT_BYTES * run.end])]
 
     def items(self) -> list[tuple[int, bytes | memoryview]]:
         """[(input_index, pickled_args), ...] of what is queued, in order: for the rare paths."""
@@ -209,19 +210,26 @@ class InputRuns:
 class _Run:
     """One packed run and the part of it still queued: inputs [start, end), their arguments at
     data [data_start, data_end). Once most of its bytes are taken, what is left is copied out,
-    so that a large input taken from it is not kept alive by the inputs still queued."""
+    so that a large input taken from it is not kept alive by the inputs still queued. Its
+    arguments' sizes are unpacked only when a take cuts it (what is left is taken whole, or does
+    not fit), its indices never."""
 
-    __slots__ = ("part", "indices", "sizes", "start", "end", "data_start", "data_end")
+    __slots__ = ("part", "_sizes", "start", "end", "data_start", "data_end")
 
     def __init__(self, part: PackedInputs) -> None:
         self._reset(part)
 
     def _reset(self, part: PackedInputs) -> None:
         self.part = part
-        self.indices = unpack_uints(part.indices)
-        self.sizes = unpack_uints(part.sizes)
-        self.start, self.end = 0, len(self.indices)
+        self._sizes: tuple[int, ...] | None = None
+        self.start, self.end = 0, part.count
         self.data_start, self.data_end = 0, len(part.data)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        if self._sizes is None:
+            self._sizes = unpack_uints(self.part.sizes)
+        return self._sizes
 
     @property
     def left(self) -> int:
@@ -234,7 +242,10 @@ class _Run:
              compact: bool = True) -> PackedInputs:
         """Up to `count` inputs from the front (or the back) of what is left, as many as fit in
         `max_bytes` of arguments (at least one if `at_least_one`)."""
-        if from_back:
+        if count >= self.left and self.data_end - self.data_start <= max_bytes:  # all that is left: no sizes to add
+            part = self._slice(self.start, self.end, self.data_start, self.data_end)
+            self.start, self.data_start = self.end, self.data_end
+        elif from_back:
             first = max(self.start, self.end - count)
             taken, size = _fitting(self.sizes[first:self.end][::-1], max_bytes, at_least_one)
             start, data_start = self.end - taken, self.data_end - size
@@ -252,7 +263,7 @@ class _Run:
 
     def _slice(self, start: int, stop: int, data_start: int, data_stop: int) -> PackedInputs:
         part = self.part
-        if start == 0 and stop == len(self.indices):
+        if start == 0 and stop == self.part.count:
             return part  # the whole run, as it came: no copy
         size = UINT_BYTES
         return PackedInputs(part.indices[start * size:stop * size], part.sizes[start * size:stop * size],

@@ -51,15 +51,17 @@ _ok_of = itemgetter(1)
 _payload_of = itemgetter(2)
 
 
-def pack_items(items: Sequence) -> bytes:
+def pack_items(items: Sequence, large: bool | None = None) -> bytes:
     """Items packed as they follow their array's header inside a frame. A head keeps the results
     it relays in this form until they go out in a ResultBatch (`result_batch_parts`): bytes, where
-    a tuple per result would have been walked by the cyclic GC. Raises OverflowError or
+    a tuple per result would have been walked by the cyclic GC. `large`: whether their payloads
+    add up to LARGE_PAYLOADS, if the caller knows (None: weighed here). Raises OverflowError or
     UnicodeEncodeError for an inline value msgpack can't pack (`inline_values`)."""
-    try:
-        large = payload_bytes(items) >= LARGE_PAYLOADS
-    except (LookupError, TypeError):  # not results at all: packb packs them as they are
-        large = False
+    if large is None:
+        try:
+            large = payload_bytes(items) >= LARGE_PAYLOADS
+        except (LookupError, TypeError):  # not results at all: packb packs them as they are
+            large = False
     if large:
         return b"".join(_item_parts(items))  # each payload copied once, where packb copies it twice
     packed = msgpack.packb(items, use_bin_type=True)
@@ -135,6 +137,14 @@ class PackedResults:
         failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
         return cls(pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items),
                    untimed(len(items)) if timings is None else timings)
+
+    @classmethod
+    def of_calls(cls, items: Sequence, timings: bytes, indices: bytes, any_failed: bool, large: bool
+                 ) -> PackedResults:
+        """`of`, for results whose maker knows their packed indices, whether any failed and whether
+        their payloads are large (a worker, of its calls): no pass over them for each."""
+        failed = [item[0] for item in items if not item[1]] if any_failed else []
+        return cls(indices, pack_indices(failed), pack_items(items, large), timings)
 
     @classmethod
     def join(cls, parts: Sequence[PackedResults]) -> PackedResults:

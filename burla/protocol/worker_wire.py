@@ -61,7 +61,11 @@ class WorkerReport(Message):
     def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool, seconds: float = 0.0,
            timings: bytes | None = None) -> WorkerReport:
         """The report of these results ([[input_index, ok, payload], ...]), packed."""
-        part = PackedResults.of(items, timings)
+        return cls.of_part(job_id, PackedResults.of(items, timings), outputs, batch_done, seconds)
+
+    @classmethod
+    def of_part(cls, job_id: str, part: PackedResults, outputs: list, batch_done: bool, seconds: float = 0.0
+                ) -> WorkerReport:
         return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds, part.timings)
 
     def part(self) -> PackedResults:
