@@ -5,6 +5,7 @@ a dict of which share holds each input. Also `run_first`, which the fast paths r
 from __future__ import annotations
 
 import random
+import zlib
 
 import pytest
 
@@ -184,6 +185,39 @@ def test_a_share_drops_only_frames_it_holds_nothing_of():
     held = share.close()
     assert sorted(held) == sorted(kept)
     assert all(_bytes_of(i, frame) == f"args {i}".encode() for i, frame in held.items())
+
+
+def test_the_rare_paths_table_keeps_no_frame_that_went():
+    # A steady job where a try runs again now and then: what the table names stays near what is
+    # in flight, not everything pushed since the share last ran empty.
+    holders = Holders()
+    holders.cover(100_000)
+    share = holders.new_share()
+    for first in range(0, 50_000, 100):
+        share.add_run(_frame(list(range(first, first + 100))))
+        if first >= 300:
+            done = first - 300
+            if done % 1000 == 0:  # one input of the oldest frame fails and is queued again
+                assert _bytes_of(done, share.take(done)) == f"args {done}".encode()
+                assert share.release_each(list(range(done + 1, done + 100)))
+            else:
+                share.release([(done, done + 100)])
+    assert len(share) == 300 and len(share._sent) <= 4 and len(share._lookup) <= 400
+    assert all(_bytes_of(i, share.take(i)) == f"args {i}".encode() for i in (49_700, 49_999))
+
+
+def test_a_resumed_jobs_holders_cover_its_inputs():
+    from burla.head.held_inputs import mark_client_held
+
+    job = JobRecord(spec(n=1000))
+    job.restored = True
+    mark_client_held(job, zlib.compress(bytes(1000)))
+    assert len(job.holders.numbers) >= 1000
+    share = Assignment.first(job.holders, 2, 2).inflight
+    share.add_run(_frame(list(range(200, 300))))
+    assert share.holds(200, 300) and share._sent[0][1] == 200  # kept as a run
+    with pytest.raises(ValueError, match="negative"):
+        job.holders.set(-1, share.number)
 
 
 def test_an_ended_job_holds_nothing():

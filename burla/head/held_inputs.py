@@ -108,6 +108,7 @@ def mark_client_held(job: JobRecord, held: bytes) -> tuple[int, bytes]:
     job.failed_here.clear()
     job.seen = bytearray(flags)
     job.done = flags
+    job.holders.cover(n)  # `cover` extends them together from here on
     job.n_done = held_count + done_here
     job.n_failed = failed
     job.received = job.n_done

@@ -52,6 +52,8 @@ class Holders:
 
     def set(self, index: int, number: int) -> None:
         """Input `index` is in flight on share `number` now (0: on none)."""
+        if index < 0:
+            raise ValueError(f"input index {index} is negative")
         numbers = self.numbers
         if index >= len(numbers):
             self.cover(index + 1)
@@ -85,11 +87,14 @@ class InFlight:
         self.number = number
         self.count = 0
         # (sequence, first, end, frame): inputs first..end-1 went in `frame`; first -1: all the
-        # frame's inputs, which are not one run. Entries with no input held here any more go.
+        # frame's inputs, which are not one run. The oldest go once none of their inputs is held
+        # (`_forget_front`), any other once none is held here (`_prune`).
         self._sent: deque[tuple[int, int, int, PackedInputs]] = deque()
         self._sequence = 0  # entries made so far
         self._indexed = 0  # `_lookup` covers the entries made before this one
-        self._lookup: dict[int, PackedInputs] = {}  # input index -> a frame with its bytes (rare paths)
+        # Input index -> a frame with its bytes (rare paths), built as they ask; emptied whenever
+        # frames go, so it names none that went.
+        self._lookup: dict[int, PackedInputs] = {}
         self._prune_at = _PRUNE_FLOOR
 
     def __len__(self) -> int:
@@ -198,14 +203,16 @@ class InFlight:
         """Drop the oldest entries none of whose inputs are held any more: results mostly come in
         the order inputs went, so this keeps the entries near what is in flight."""
         sent, numbers = self._sent, self._holders.numbers
+        dropped = False
         while sent:
             _, first, end, _ = sent[0]
             if first < 0 or numbers[first:end] != _NONE * (end - first):
                 break
             sent.popleft()
-        if not sent:
+            dropped = True
+        if dropped and self._lookup:  # a rare path asks again: what is in flight is indexed anew
             self._lookup.clear()
-            self._indexed = self._sequence
+            self._indexed = sent[0][0] if sent else self._sequence
 
     def _prune(self) -> None:
         """Drop every entry none of whose inputs is held here any more. Called when the entries

@@ -22,7 +22,7 @@ from burla.head.scheduler import Scheduler
 from burla.head.steals import StolenReports, record_steal
 from burla.protocol import wire
 from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.packed_results import TIMING_BYTES, pack_indices, unpack_indices
+from burla.protocol.packed_results import INDEX, TIMING_BYTES, pack_indices, unpack_indices
 from burla.web.connection_guard import RateLimitedLog
 
 log = logging.getLogger("burla.head")
@@ -105,7 +105,7 @@ class NodeReports:
             return False
         link = cluster.client_links.get(job.job_id)
         if link is not None:
-            link.deliver_packed(len(msg.indices) // 4, msg.packed)
+            link.deliver_packed(len(msg.indices) // INDEX.size, msg.packed)
         self._record_calls(job, node_id, msg.indices, b"", msg.timings)
         return True
 
@@ -115,9 +115,9 @@ class NodeReports:
         room = MAX_CALL_RECORDS - job.calls_recorded
         if not record.keeps or room <= 0:
             return
-        count = len(indices) // 4
+        count = len(indices) // INDEX.size
         if count > room:
-            indices, timings = indices[:4 * room], timings[:TIMING_BYTES * room]
+            indices, timings = indices[:INDEX.size * room], timings[:TIMING_BYTES * room]
             count = room
         job.calls_recorded += count
         tries = None

@@ -60,8 +60,8 @@ class Assignment:
 
     @classmethod
     def first(cls, holders: Holders, parallelism: int, slots: int) -> Assignment:
-        """A new share of a job (whose inputs' `holders`), with the credit a node's first window
-        gives (initial_credit)."""
+        """A node's new share of a job, numbered in the job's `holders`, with the credit a node's
+        first window gives (initial_credit)."""
         return cls(parallelism, slots, holders.new_share(), initial_credit(slots))
 
 
@@ -110,8 +110,8 @@ class JobRecord:
         return self.spec.n_inputs
 
     def cover(self, end: int) -> None:
-        """Make `seen` and `done` reach index `end - 1` (at most n_inputs), growing them at least
-        twofold so a job's uploads extend them a logarithmic number of times."""
+        """Make `seen`, `done` and the holders reach index `end - 1` (at most n_inputs), growing
+        them at least twofold so a job's uploads extend them a logarithmic number of times."""
         have = len(self.seen)
         if end <= have:
             return

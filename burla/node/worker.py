@@ -367,7 +367,7 @@ class Worker:
                 except (OverflowError, UnicodeEncodeError):  # an inline value msgpack refused: pickle those
                     results = [[index, True, pickle.dumps(payload, PROTOCOL)] if ok is VALUE else [index, ok, payload]
                                for index, ok, payload in results]
-                    part = PackedResults.of_calls(results, timings, indices, unreported.any_failed, large)
+                    part = PackedResults.of_calls(results, timings, indices, unreported.any_failed, None)
                 self._send(worker_wire.WorkerReport.of_part(job_id, part, outputs, batch_done, seconds))
 
 

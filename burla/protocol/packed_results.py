@@ -139,10 +139,11 @@ class PackedResults:
                    untimed(len(items)) if timings is None else timings)
 
     @classmethod
-    def of_calls(cls, items: Sequence, timings: bytes, indices: bytes, any_failed: bool, large: bool
+    def of_calls(cls, items: Sequence, timings: bytes, indices: bytes, any_failed: bool, large: bool | None
                  ) -> PackedResults:
         """`of`, for results whose maker knows their packed indices, whether any failed and whether
-        their payloads are large (a worker, of its calls): no pass over them for each."""
+        their payloads are large (a worker, of its calls; None: weighed here): no pass over them
+        for each."""
         failed = [item[0] for item in items if not item[1]] if any_failed else []
         return cls(indices, pack_indices(failed), pack_items(items, large), timings)
 
