@@ -147,10 +147,15 @@ def test_shares_agree_with_a_dict_of_holders(seed):
     model.check()
 
 
-def test_a_share_keeps_few_frames_while_results_come_in_order():
+def _share(inputs: int) -> InFlight:
+    """A node's share of a job of this many inputs, holding none yet."""
     holders = Holders()
-    holders.cover(100_000)
-    share = holders.new_share()
+    holders.cover(inputs)
+    return holders.new_share()
+
+
+def test_a_share_keeps_few_frames_while_results_come_in_order():
+    share = _share(100_000)
     for first in range(0, 100_000, 10):
         share.add_run(_frame(list(range(first, first + 10))))
         if first >= 50:
@@ -168,9 +173,7 @@ def test_a_share_drops_only_frames_it_holds_nothing_of():
     # Each frame keeps one input in flight, not its first: the oldest can't go, so the share
     # looks through them all, again and again as they double, and must keep every one.
     rng = random.Random(3)
-    holders = Holders()
-    holders.cover(10_000)
-    share = holders.new_share()
+    share = _share(10_000)
     kept = set()
     for first in range(0, 10_000, 10):
         frame = list(range(first, first + 10)) if first % 20 else rng.sample(range(first, first + 10), 10)
@@ -190,9 +193,7 @@ def test_a_share_drops_only_frames_it_holds_nothing_of():
 def test_the_rare_paths_table_keeps_no_frame_that_went():
     # A steady job where a try runs again now and then: what the table names stays near what is
     # in flight, not everything pushed since the share last ran empty.
-    holders = Holders()
-    holders.cover(100_000)
-    share = holders.new_share()
+    share = _share(100_000)
     for first in range(0, 50_000, 100):
         share.add_run(_frame(list(range(first, first + 100))))
         if first >= 300:

@@ -134,9 +134,8 @@ class PackedResults:
     def of(cls, items: Sequence, timings: bytes | None = None) -> PackedResults:
         """These results ([[input_index, ok, payload], ...]) packed, with their calls' timings
         (None: no call produced them; see `untimed`)."""
-        failed = [] if all(map(_ok_of, items)) else [item[0] for item in items if not item[1]]
-        return cls(pack_indices(list(map(_index_of, items))), pack_indices(failed), pack_items(items),
-                   untimed(len(items)) if timings is None else timings)
+        return cls.of_calls(items, untimed(len(items)) if timings is None else timings,
+                            pack_indices(list(map(_index_of, items))), not all(map(_ok_of, items)), None)
 
     @classmethod
     def of_calls(cls, items: Sequence, timings: bytes, indices: bytes, any_failed: bool, large: bool | None
