@@ -34,3 +34,16 @@ def test_a_key_the_cloud_does_not_report_is_refused_naming_both_fingerprints():
         check_host_key(presented, [reported], "VM n", "1.2.3.4")
     assert fingerprint(presented) in str(refused.value) and fingerprint(reported) in str(refused.value)
     assert fingerprint(presented).startswith("ssh-ed25519 SHA256:")
+
+
+def test_burla_loads_its_ssh_library_without_a_warning_even_where_warnings_are_errors():
+    """cryptography 51 warns when asyncssh names its DSA classes; a head's first SSH login must not
+    print (or, under -W error, raise) it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from burla.drivers.ssh_login import ssh_library; "
+            "assert 'asyncssh' not in sys.modules; print(ssh_library().__name__)")
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "asyncssh", done.stderr
+    assert done.stderr == ""

@@ -48,6 +48,7 @@ from burla.drivers.ssh_login import (
     completed_output,
     explain,
     host_key_of,
+    ssh_library,
     upload_setup,
     write_private,
 )
@@ -260,7 +261,7 @@ class VmSession:
             remote_port = await tunnel.open(self.remote_port)
             self._tunnel = tunnel
             return remote_port
-        from asyncssh import ChannelListenError
+        ChannelListenError = ssh_library().ChannelListenError
 
         channels = self.owner.channels
         try:

@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from burla.config import TOKEN_FILE, write_private_file
@@ -44,9 +46,20 @@ KEEPALIVE_S = 10.0
 KEEPALIVE_MISSES = 3
 
 
+def ssh_library() -> ModuleType:
+    """asyncssh, imported without the deprecation warning cryptography (from 51) gives whenever
+    asyncssh names its DSA key classes at import: burla's own keys are ed25519, so the warning would
+    only be noise on every head's first SSH login. burla's first import of asyncssh is always this one
+    (a channel server's needs it only on a connection made here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DSA is deprecated", module=r"asyncssh\.")
+        import asyncssh
+    return asyncssh
+
+
 def cluster_key(config_dir: Path, cluster_id: str) -> tuple[Path, str]:
     """The cluster's ed25519 key (created once, 0600) and its public half in OpenSSH form."""
-    import asyncssh
+    asyncssh = ssh_library()
 
     path = config_dir / "ssh" / f"burla-{cluster_id}"
     if not path.exists():
@@ -81,7 +94,7 @@ class HostKeys:
 
 def explain(error: BaseException, address: str, user: str) -> str:
     """What a failed SSH attempt means for the user, and what to check."""
-    import asyncssh
+    asyncssh = ssh_library()
 
     if isinstance(error, asyncssh.PermissionDenied):
         return (f"the VM at {address} refused the cluster's SSH key for user {user!r}; check that the image "
@@ -118,7 +131,7 @@ class SshLogin:
 
     async def connect(self, address: str, pinned_host_key: str | None) -> Any:
         """One connection; with a pinned host key, only a server presenting it is accepted."""
-        import asyncssh
+        asyncssh = ssh_library()
 
         host, port = self.endpoint(address)
         known_hosts: tuple[list[Any], list[Any], list[Any]] | None = (
@@ -132,7 +145,7 @@ class SshLogin:
     async def connect_until(self, address: str, deadline: float, pinned_host_key: str | None,
                             note: Callable[[str], None]) -> Any:
         """Connect, retrying until the deadline; BootstrapFailed says what kept failing."""
-        import asyncssh
+        asyncssh = ssh_library()
 
         attempts = 0
         noted = ""
@@ -161,7 +174,7 @@ def host_key_of(connection: Any) -> str:
 
 async def write_private(sftp: Any, path: str, text: str) -> None:
     """A file only its owner reads (0600) on the VM."""
-    import asyncssh
+    asyncssh = ssh_library()
 
     async with sftp.open(path, "w", attrs=asyncssh.SFTPAttrs(permissions=0o600)) as handle:
         await handle.write(text)
@@ -173,7 +186,7 @@ async def upload_setup(sftp: Any, wheel: Path, packages: PackageSource, token: s
     """~/.burla (0700) with the token (0600), the head's certificate, the build and the bootstrap.
     The build and the wheelhouse go only when that build is not installed there yet (`tag`, see
     bootstrap.installed_tag). An image builder gets no token."""
-    import asyncssh
+    asyncssh = ssh_library()
 
     attrs = asyncssh.SFTPAttrs(permissions=0o700)
     for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
