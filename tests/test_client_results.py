@@ -1,4 +1,4 @@
-"""The client takes each input's first result only, whichever way a batch of them comes: a run of
+"""The client takes each input's first result only, whichever way a batch of them comes: each run of
 values in index order goes into the caller's list with one slice, anything else one by one, and
 the upload window frees exactly what was out."""
 
@@ -11,15 +11,23 @@ import random
 from burla.client.progress import Display
 from burla.client.results import NOT_TAKEN, TAKEN_FAILURE, TAKEN_VALUE, take_results
 from burla.client.upload import Uploader
-from burla.protocol.inline_values import VALUE
+from burla.protocol.inline_values import VALUE, value_columns
 from burla.protocol.serialization import pack_error
 
 
-def _batch(rng: random.Random, n: int) -> list:
-    """A batch as the head sends it: mostly runs of values in order, sometimes out of order,
-    repeated, out of range, pickled, or failed."""
+def _run(rng: random.Random, n: int) -> list:
     first = rng.randrange(-2, n)
-    items = [[i, VALUE, i * 10] for i in range(first, min(n + 2, first + rng.randint(1, 40)))]
+    return [[i, VALUE, i * 10] for i in range(first, min(n + 2, first + rng.randint(1, 40)))]
+
+
+def _batch(rng: random.Random, n: int) -> list:
+    """A batch as the head sends it: a run of values in order or several joined (a worker's report
+    each, in any order, some overlapping), sometimes out of order, repeated, out of range, pickled,
+    or failed."""
+    items = _run(rng, n)
+    if rng.random() < 0.5:
+        for _ in range(rng.choice((1, 2, 3, 80))):
+            items += _run(rng, n)
     shape = rng.random()
     if shape < 0.15:
         rng.shuffle(items)
@@ -54,7 +62,8 @@ def test_every_input_keeps_its_first_result_whatever_the_batches_look_like():
         received = bytearray(n)
         taken_all: list[int] = []
         for items in batches:
-            taken, outcomes, failed = take_results([list(item) for item in items], received, results, {})
+            items = [list(item) for item in items]
+            taken, outcomes, failed = take_results(items, received, results, {}, value_columns("t", items))
             assert len(set(taken)) == len(taken) and not set(taken) & set(taken_all), seed
             assert failed == sum(1 for index, ok, _ in outcomes if not ok)
             taken_all += taken
@@ -64,18 +73,37 @@ def test_every_input_keeps_its_first_result_whatever_the_batches_look_like():
         assert got == expected, seed
 
 
+def _take(items: list, received: bytearray, results: list) -> tuple:
+    """As the client takes a frame's results: with their columns where all are values."""
+    taken, outcomes, failed = take_results(items, received, results, {}, value_columns("t", items))
+    return list(taken), outcomes, failed
+
+
 def test_a_run_of_values_fills_the_list_and_marks_them_taken():
     results: list = [None] * 6
     received = bytearray(6)
-    taken, outcomes, failed = take_results([[1, VALUE, "a"], [2, VALUE, 2.5], [3, VALUE, None]], received, results, {})
+    taken, outcomes, failed = _take([[1, VALUE, "a"], [2, VALUE, 2.5], [3, VALUE, None]], received, results)
     assert (taken, outcomes, failed) == ([1, 2, 3], [], 0)
     assert results == [None, "a", 2.5, None, None, None] and received == bytearray([0, 1, 1, 1, 0, 0])
     # The same run again (sent twice by the head): nothing is taken twice, nothing changes.
-    assert take_results([[1, VALUE, "x"], [2, VALUE, "y"]], received, results, {}) == ([], [], 0)
+    assert _take([[1, VALUE, "x"], [2, VALUE, "y"]], received, results) == ([], [], 0)
     assert results[1:3] == ["a", 2.5]
     # A run that reaches past the job, or holds one already taken, is sorted out one by one.
-    assert take_results([[4, VALUE, 4], [5, VALUE, 5], [6, VALUE, 6]], received, results, {})[0] == [4, 5]
+    assert _take([[4, VALUE, 4], [5, VALUE, 5], [6, VALUE, 6]], received, results)[0] == [4, 5]
     assert received.count(NOT_TAKEN) == 1
+
+
+def test_runs_joined_in_one_batch_each_fill_their_part_of_the_list():
+    results: list = [None] * 10
+    received = bytearray(10)
+    items = [[i, VALUE, i] for i in (6, 7, 8, 0, 1, 2, 3, 9)]  # three workers' reports, in any order
+    assert _take(items, received, results) == ([6, 7, 8, 0, 1, 2, 3, 9], [], 0)
+    assert results == [0, 1, 2, 3, None, None, 6, 7, 8, 9] and received.count(TAKEN_VALUE) == 8
+    # Two runs that overlap (a result sent again) take each input once, the first result only.
+    results, received = [None] * 10, bytearray(10)
+    items = [[i, VALUE, "first"] for i in (2, 3, 4)] + [[i, VALUE, "again"] for i in (4, 5)]
+    assert _take(items, received, results)[0] == [2, 3, 4, 5]
+    assert results[2:6] == ["first", "first", "first", "again"]
 
 
 def _uploader(n: int) -> Uploader:

@@ -20,6 +20,7 @@ from burla.protocol.inline_values import (
     pack_run,
     unpack_input,
     unpack_inputs,
+    value_columns,
 )
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import LARGE_PAYLOADS, PackedResults, pack_items
@@ -139,6 +140,8 @@ def test_an_inline_value_msgpack_refuses_fails_the_packing_loudly(value):
 def test_results_of_the_wrong_shape_are_refused(items, words):
     with pytest.raises(ProtocolError, match=words):
         check_results("ResultBatch", items)
+    with pytest.raises(ProtocolError, match=words):
+        value_columns("ResultBatch", items)
 
 
 def _well_shaped(item: list) -> bool:
@@ -167,9 +170,17 @@ def test_a_batch_is_refused_exactly_when_one_of_its_results_is_of_the_wrong_shap
             items.insert(rng.randrange(len(items) + 1), list(rng.choice(odd)))
         if all(map(_well_shaped, items)):
             check_results("ResultBatch", items)
+            # The client's check: columns exactly where every result is a value.
+            columns = value_columns("ResultBatch", items)
+            if all(type(ok) is int for _, ok, _ in items):
+                assert columns == (tuple(i for i, _, _ in items), tuple(v for _, _, v in items))
+            else:
+                assert columns is None
         else:
             with pytest.raises(ProtocolError):
                 check_results("ResultBatch", items)
+            with pytest.raises(ProtocolError):
+                value_columns("ResultBatch", items)
 
 
 def test_result_value_refuses_a_failure():

@@ -3,12 +3,11 @@ caller's list (values in input order) or as outcomes for the caller's thread."""
 
 from __future__ import annotations
 
-from operator import itemgetter
+from collections.abc import Sequence
 from typing import Any, Final
 
 from burla.errors import RemoteError
 from burla.protocol.environment import missing_package_note
-from burla.protocol.inline_values import VALUE
 from burla.protocol.serialization import loads, unpack_error
 
 # (input index, ok, the result or the exception the call raised). A plain tuple: a million are
@@ -35,15 +34,17 @@ class AllIn:
 ALL_IN: Final = AllIn()
 
 
-def take_results(items: list, received: bytearray, results: list[Any] | None,
-                 packages: dict[str, str]) -> tuple[list[int], list[Outcome], int]:
+def take_results(items: list, received: bytearray, results: list[Any] | None, packages: dict[str, str],
+                 values: tuple[tuple, tuple] | None = None) -> tuple[Sequence[int], list[Outcome], int]:
     """The results not taken before (the head may resend): their indices, the outcomes for the
     caller's thread (each one, or with `results` only the failures: values go into the list),
-    and how many failed. `packages` (the client's) explains a failure to import on a node."""
-    if results is not None and items:
-        taken_run = _take_run_of_values(items, received, results)
-        if taken_run is not None:
-            return taken_run, [], 0
+    and how many failed. `packages` (the client's) explains a failure to import on a node.
+    `values`: where every result is a value that travelled as itself, their indices and values
+    (ResultBatch.values)."""
+    if results is not None and values is not None:
+        taken_runs = _take_runs_of_values(*values, received, results)
+        if taken_runs is not None:
+            return taken_runs, [], 0
     n_inputs = len(received)
     taken: list[int] = []
     outcomes: list[Outcome] = []
@@ -75,27 +76,67 @@ def take_results(items: list, received: bytearray, results: list[Any] | None,
     return taken, outcomes, failed
 
 
-_index_of = itemgetter(0)
-_ok_of = itemgetter(1)
-_payload_of = itemgetter(2)
+MAX_RUNS = 64  # a frame of more, shorter runs is quicker taken one result at a time
 
 
-def _take_run_of_values(items: list, received: bytearray, results: list[Any]) -> list[int] | None:
-    """The common case at C speed: a run of results, in index order, none taken before, each a
-    value that travelled as itself (`inline_values`): they go into the list with one slice.
-    Returns their indices, or None (nothing changed) for `take_results`' loop to sort out."""
-    first, count = items[0][0], len(items)
-    end = first + count
-    if not (type(first) is int and 0 <= first and end <= len(received) and items[-1][0] == end - 1):
+def _take_runs_of_values(indices: tuple, values: tuple, received: bytearray, results: list[Any]
+                         ) -> tuple | None:
+    """The common case at C speed: runs of values in index order (a frame holds a run per
+    worker's report, as nodes and the head join them), none taken before: each run goes into the
+    list with one slice. Returns their indices, or None (nothing changed) for `take_results`' loop
+    to sort out."""
+    spans = index_runs(indices)
+    if spans is None:
         return None
-    if list(map(_ok_of, items)).count(VALUE) != count or received.count(NOT_TAKEN, first, end) != count:
-        return None
-    indices = list(map(_index_of, items))
-    if indices != list(range(first, end)):
-        return None
-    results[first:end] = map(_payload_of, items)
-    received[first:end] = bytes((TAKEN_VALUE,)) * count
+    n_inputs, end_before = len(received), -1
+    for _, first, length in sorted(spans, key=_first_of_span):
+        # In the job, none taken, no index in two runs (the head may send one again).
+        if first < 0 or first < end_before or first + length > n_inputs \
+                or received.count(NOT_TAKEN, first, first + length) != length:
+            return None
+        end_before = first + length
+    for at, first, length in spans:
+        end = first + length
+        results[first:end] = values[at:at + length]
+        received[first:end] = bytes((TAKEN_VALUE,)) * length
     return indices
+
+
+def _first_of_span(span: tuple[int, int, int]) -> int:
+    return span[1]
+
+
+MAX_RUNS = 64  # indices in more, shorter runs are quicker gone through one by one
+
+
+def index_runs(indices: Sequence[int]) -> list[tuple[int, int, int]] | None:
+    """Input indices (a list or a tuple of ints) cut into runs (first, first+1, ...): where each
+    starts in `indices`, its first index and its length; None for more than MAX_RUNS runs. Each
+    run's end is found by bisection, then the run checked whole at C speed (where indices that
+    are no runs misled the bisection, that check fails: None)."""
+    spans: list[tuple[int, int, int]] = []
+    at, count = 0, len(indices)
+    same_kind = tuple if type(indices) is tuple else list
+    while at < count:
+        if len(spans) == MAX_RUNS:
+            return None
+        first = indices[at]
+        offset = first - at  # indices[k] == k + offset all through the run
+        end = count
+        if indices[-1] != count - 1 + offset:
+            inside, outside = at, count - 1  # indices[inside] is in the run, indices[outside] is not
+            while outside - inside > 1:
+                middle = (inside + outside) // 2
+                if indices[middle] == middle + offset:
+                    inside = middle
+                else:
+                    outside = middle
+            end = inside + 1
+        if indices[at:end] != same_kind(range(first, end + offset)):
+            return None
+        spans.append((at, first, end - at))
+        at = end
+    return spans
 
 
 def _call_error(index: int, payload: bytes, packages: dict[str, str]) -> BaseException:

@@ -443,7 +443,7 @@ class JobRunner:
     async def _on_results(self, ws, msg: wire.ResultBatch) -> bool:
         """Hand a batch of results over, then acknowledge it; True once every result is in."""
         taken, outcomes, failed = take_results(msg.items, self._received, self.results,
-                                               self.opening.packages if self.opening else {})
+                                               self.opening.packages if self.opening else {}, msg.values())
         # Hand the results over before acknowledging them: once acked, the head forgets them.
         self.display.count_results(len(taken), failed)
         self.upload.results_in(taken)

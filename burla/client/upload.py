@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from burla.client.progress import Display
+from burla.client.results import index_runs
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import InputTooBig, UnpicklableInput
 from burla.protocol import inline_values, limits, wire
@@ -119,12 +120,16 @@ class Uploader:
         """These inputs have their results: they leave the window (and their files go)."""
         sizes = self.sizes
         freed_inputs = freed_bytes = 0
-        if indices and len(indices) == indices[-1] - indices[0] + 1 == max(indices) - min(indices) + 1:
-            # A run of inputs (the indices are distinct: each is a result taken once): at C speed.
-            first, end = indices[0], indices[-1] + 1
-            run = sizes[first:end]
-            freed_inputs, freed_bytes = len(run) - run.count(0), sum(run)
-            sizes[first:end] = _no_sizes(len(run))
+        spans = index_runs(indices) if indices else None
+        if spans is not None:
+            # Runs of inputs (a worker's report each): at C speed. An input in two runs (a result
+            # the head sent again) is freed once: the first run left its size at 0.
+            for _, first, length in spans:
+                end = first + length
+                run = sizes[first:end]
+                freed_inputs += len(run) - run.count(0)
+                freed_bytes += sum(run)
+                sizes[first:end] = _no_sizes(len(run))
         else:
             for index in indices:
                 size = sizes[index]

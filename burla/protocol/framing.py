@@ -164,7 +164,9 @@ def message(tag: int) -> Callable[[type[M]], type[M]]:
         defaults = {f: cls.__dict__[f] for f in fields if f in cls.__dict__}
         body = {key: value for key, value in cls.__dict__.items()
                 if key not in fields and key not in ("__dict__", "__weakref__")}
-        body.update(_methods(cls.__name__, fields, defaults), __slots__=fields, __hash__=None)
+        # CACHED: slots a message fills as it is checked (never sent, compared or shown)
+        body.update(_methods(cls.__name__, fields, defaults), __slots__=fields + cls.__dict__.get("CACHED", ()),
+                    __hash__=None)
         cls = cast("type[M]", type(cls.__name__, cls.__bases__, body))
         cls.TAG = tag
         cls.FIELDS = fields

@@ -128,6 +128,25 @@ def check_results(name: str, items: list) -> None:
         raise ProtocolError(f"{name} items must be arrays of 3 values") from None
 
 
+def value_columns(name: str, items: list) -> tuple[tuple, tuple] | None:
+    """`check_results`; and where every result is a value that travelled as itself (ok-code VALUE:
+    a no-op's or a number's, the common case), their indices and values, as two tuples made in
+    one transposition at C speed: the client takes the values from there, with no other pass per
+    result. None where any result is another kind (checked all the same)."""
+    if items and set(map(type, items)) == {list}:
+        try:
+            indices, oks, values = zip(*items, strict=True)
+        except ValueError:  # an item of another length: check_results says which
+            pass
+        else:
+            if set(map(type, indices)) == {int} and set(map(type, oks)) == {int} and oks.count(VALUE) == len(oks):
+                kinds = set(map(type, values))
+                if kinds <= _SHORT_INLINE_TYPES or (
+                        kinds <= INLINE_TYPES and max(len(v) for v in values if type(v) is str) <= MAX_STR_CHARS):
+                    return indices, values
+    check_results(name, items)
+    return None
+
 
 _index_of = itemgetter(0)
 _ok_of = itemgetter(1)

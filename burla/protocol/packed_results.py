@@ -248,6 +248,34 @@ _BIN_LENGTHS = {0xC4: struct.Struct(">B"), 0xC5: struct.Struct(">H"), 0xC6: stru
 _BOOLS = {0xC2: False, 0xC3: True}
 
 
+def read_str(view: memoryview, at: int) -> tuple[int, str]:
+    """A msgpack str of up to 64 KiB at `at`: (where it ends, the str)."""
+    first = view[at]
+    if 0xA0 <= first <= 0xBF:
+        start, size = at + 1, first & 0x1F
+    elif first == 0xD9:
+        start, size = at + 2, view[at + 1]
+    elif first == 0xDA:
+        start, size = at + 3, struct.unpack_from(">H", view, at + 1)[0]
+    else:
+        raise ValueError("not a short string")
+    if start + size > len(view):
+        raise ValueError("string past the frame's end")
+    return start + size, bytes(view[start:start + size]).decode()
+
+
+def read_array_header(view: memoryview, at: int) -> tuple[int, int]:
+    """A msgpack array's header at `at`: (where its items start, how many)."""
+    first = view[at]
+    if 0x90 <= first <= 0x9F:
+        return at + 1, first & 0x0F
+    if first == 0xDC:
+        return at + 3, struct.unpack_from(">H", view, at + 1)[0]
+    if first == 0xDD:
+        return at + 5, struct.unpack_from(">I", view, at + 1)[0]
+    raise ValueError("not an array")
+
+
 def read_int(view: memoryview, at: int) -> tuple[int, int]:
     """The msgpack integer at `at`, and where what follows it starts (ValueError if none is)."""
     first = view[at]

@@ -37,7 +37,7 @@ from burla.protocol.framing import Message as Message
 from burla.protocol.framing import Payload as Payload  # a bulk field's value (the wire's API)
 from burla.protocol.framing import check_items, message
 from burla.protocol.framing import decode as decode
-from burla.protocol.inline_values import check_results
+from burla.protocol.inline_values import value_columns
 from burla.protocol.job_options import OPTION_FIELDS, JobOptions
 from burla.protocol.limits import (
     CLIENT_FRAME_RESULTS,
@@ -49,7 +49,16 @@ from burla.protocol.limits import (
     TEXT_BYTES,
 )
 from burla.protocol.packed_inputs import CarriesInputs
-from burla.protocol.packed_results import INDEX, PackedResults, array_header, check_packed, items_as_views, read_int
+from burla.protocol.packed_results import (
+    INDEX,
+    PackedResults,
+    array_header,
+    check_packed,
+    items_as_views,
+    read_array_header,
+    read_int,
+    read_str,
+)
 from burla.protocol.states import NodeStatus
 from burla.protocol.steal_wire import StealAck as StealAck
 from burla.protocol.steal_wire import StealGrant as StealGrant
@@ -156,9 +165,9 @@ class ResultBatch(Message):
         """The frame with each payload a view of it, where its results are large (None: decode it
         as any other frame). A frame of many small results is quicker to decode with msgpack."""
         try:
-            at, job_id = _read_str(view, 2)
+            at, job_id = read_str(view, 2)
             seq, at = read_int(view, at)
-            at, count = _read_array_header(view, at)
+            at, count = read_array_header(view, at)
         except (IndexError, ValueError, UnicodeDecodeError, struct.error):
             return None
         if count > limits.max_array_len or len(view) - at < count * VIEWS_FROM_BYTES_PER_RESULT:
@@ -166,37 +175,22 @@ class ResultBatch(Message):
         items = items_as_views(view, at, count)
         return None if items is None else cls(job_id, seq, items)
 
+    CACHED = ("_values",)
+
     def validate(self) -> None:
-        check_results("ResultBatch", self.items)
+        self._values = value_columns("ResultBatch", self.items)
+
+    def values(self) -> tuple[tuple, tuple] | None:
+        """Where every result is a value that travelled as itself: their indices and values
+        (`value_columns`, found as the frame was checked)."""
+        try:
+            return self._values
+        except AttributeError:  # made here, or read as views (decode_views): not checked yet
+            self.validate()
+            return self._values
 
 
 VIEWS_FROM_BYTES_PER_RESULT = 16 * 1024  # results at least this large on average are read as views
-
-
-def _read_str(view: memoryview, at: int) -> tuple[int, str]:
-    first = view[at]
-    if 0xA0 <= first <= 0xBF:
-        start, size = at + 1, first & 0x1F
-    elif first == 0xD9:
-        start, size = at + 2, view[at + 1]
-    elif first == 0xDA:
-        start, size = at + 3, struct.unpack_from(">H", view, at + 1)[0]
-    else:
-        raise ValueError("not a short string")
-    if start + size > len(view):
-        raise ValueError("string past the frame's end")
-    return start + size, bytes(view[start:start + size]).decode()
-
-
-def _read_array_header(view: memoryview, at: int) -> tuple[int, int]:
-    first = view[at]
-    if 0x90 <= first <= 0x9F:
-        return at + 1, first & 0x0F
-    if first == 0xDC:
-        return at + 3, struct.unpack_from(">H", view, at + 1)[0]
-    if first == 0xDD:
-        return at + 5, struct.unpack_from(">I", view, at + 1)[0]
-    raise ValueError("not an array")
 
 
 def result_batch_parts(job_id: str, seq: int, count: int, parts: Sequence[Payload]) -> list[Payload]:
