@@ -106,15 +106,35 @@ def run_client_in(python, head, script: str, cwd, timeout: float = 200) -> list:
 
 REPO = Path(__file__).resolve().parent.parent
 DETACHED = re.compile(r"Done uploading inputs! Job (\S+) runs on")
+# A client process that freezes as it says its inputs are up (its stderr, then SIGSTOP), before it
+# could go on to collect; start_detached then kills it.
+WALKS_AWAY = (
+    "import os, signal, sys\n"
+    "class _WalksAway:\n"
+    "    def __init__(self, stream):\n"
+    "        self._stream, self._said = stream, False\n"
+    "    def write(self, text):\n"
+    "        written = self._stream.write(text)\n"
+    "        self._said = self._said or 'Done uploading inputs!' in text\n"
+    "        if self._said and '\\n' in text:  # the line is whole (print writes its end apart)\n"
+    "            self._stream.flush()\n"
+    "            os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "        return written\n"
+    "    def __getattr__(self, name):\n"
+    "        return getattr(self._stream, name)\n"
+    "sys.stderr = _WalksAway(sys.stderr)\n"
+)
 
 
 def start_detached(call: str, env: dict[str, str], timeout: float = 120) -> str:
     """Run `remote_parallel_map(..., detach=True)` (the expression `call`, after PRELUDE) in a client
     process, and kill that process as soon as it says its inputs are up, as a user who walks
-    away would; returns the job's id, read from that message."""
+    away would; returns the job's id, read from that message. The process stops itself (SIGSTOP)
+    as it writes that message: a process that stays collects the results itself, and a short job's
+    would be collected in the moment before the kill lands."""
     import sys
 
-    script = PRELUDE + f"{call}\n"
+    script = PRELUDE + WALKS_AWAY + f"{call}\n"
     client = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, **env), cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
