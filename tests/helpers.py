@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -109,14 +110,15 @@ DETACHED = re.compile(r"Done uploading inputs! Job (\S+) runs on")
 # A client process that freezes as it says its inputs are up (its stderr, then SIGSTOP), before it
 # could go on to collect; start_detached then kills it.
 WALKS_AWAY = (
-    "import os, signal, sys\n"
+    "import os, re, signal, sys\n"
     "class _WalksAway:\n"
+    f"    said = re.compile({DETACHED.pattern!r})\n"
     "    def __init__(self, stream):\n"
-    "        self._stream, self._said = stream, False\n"
+    "        self._stream, self._pending = stream, ''\n"
     "    def write(self, text):\n"
     "        written = self._stream.write(text)\n"
-    "        self._said = self._said or 'Done uploading inputs!' in text\n"
-    "        if self._said and '\\n' in text:  # the line is whole (print writes its end apart)\n"
+    "        *lines, self._pending = (self._pending + text).split('\\n')\n"
+    "        if any(self.said.search(line) for line in lines):  # that line is whole\n"
     "            self._stream.flush()\n"
     "            os.kill(os.getpid(), signal.SIGSTOP)\n"
     "        return written\n"
@@ -139,6 +141,9 @@ def start_detached(call: str, env: dict[str, str], timeout: float = 120) -> str:
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     deadline = time.monotonic() + timeout
+    # A client that stopped without saying so would leave readline waiting: killed, its pipe ends.
+    watchdog = threading.Timer(timeout, client.kill)
+    watchdog.start()
     try:
         assert client.stderr is not None
         while time.monotonic() < deadline:
@@ -151,6 +156,7 @@ def start_detached(call: str, env: dict[str, str], timeout: float = 120) -> str:
                 return found.group(1)
         raise AssertionError("the client never said its inputs were up:\n" + "".join(lines))
     finally:
+        watchdog.cancel()
         client.kill()
         client.wait(60)
         if client.stderr is not None:

@@ -9,8 +9,9 @@ import pickle
 import random
 
 from burla.client.progress import Display
-from burla.client.results import NOT_TAKEN, TAKEN_FAILURE, TAKEN_VALUE, take_results
+from burla.client.results import MAX_RUNS, NOT_TAKEN, TAKEN_FAILURE, TAKEN_VALUE, index_runs, take_results
 from burla.client.upload import Uploader
+from burla.protocol import wire
 from burla.protocol.inline_values import VALUE, value_columns
 from burla.protocol.serialization import pack_error
 
@@ -106,6 +107,52 @@ def test_runs_joined_in_one_batch_each_fill_their_part_of_the_list():
     assert results[2:6] == ["first", "first", "first", "again"]
 
 
+def _spans_by_hand(indices: list) -> list:
+    spans, at = [], 0
+    for k in range(1, len(indices) + 1):
+        if k == len(indices) or indices[k] != indices[k - 1] + 1:
+            spans.append((at, indices[at], k - at))
+            at = k
+    return spans
+
+
+def test_indices_are_cut_into_their_runs_whatever_order_the_runs_come_in():
+    rng = random.Random(5)
+    # Runs in their own place misled by later ones (blocks 1 and 2 swapped), and random shapes.
+    assert index_runs([*range(5), *range(10, 15), *range(5, 10), *range(15, 20)]) == [
+        (0, 0, 5), (5, 10, 5), (10, 5, 5), (15, 15, 5)]
+    for _ in range(3000):
+        blocks, start = [], rng.randrange(-3, 5)
+        for _ in range(rng.randint(1, 8)):
+            length = rng.randint(1, 9)
+            blocks.append(list(range(start, start + length)))
+            start += length + rng.choice((0, 0, 1, 5, -length - 3))
+        rng.shuffle(blocks)
+        indices = [i for block in blocks for i in block]
+        if rng.random() < 0.2 and len(indices) > 2:  # not runs at all, in places
+            indices[rng.randrange(len(indices))] = rng.randrange(-5, 60)
+        expected = _spans_by_hand(indices)
+        assert index_runs(indices) == expected and index_runs(tuple(indices)) == expected, indices
+    assert index_runs(list(range(0, 2 * (MAX_RUNS + 1), 2))) is None  # too many runs: one by one
+
+
+def test_a_frame_of_values_is_taken_by_its_runs_from_the_columns_found_as_it_was_checked():
+    items = [[i, VALUE, i] for i in (*range(4, 8), *range(0, 4), *range(12, 16))]
+    msg = wire.decode(wire.ResultBatch("j", 1, items).encode(), wire.HEAD_TO_CLIENT)
+    assert isinstance(msg, wire.ResultBatch)
+    columns = msg.values()
+    assert columns == (tuple(i for i, _, _ in items), tuple(v for _, _, v in items))
+    results: list = [None] * 16
+    received = bytearray(16)
+    taken, outcomes, failed = take_results(msg.items, received, results, {}, columns)
+    assert taken is columns[0] and (outcomes, failed) == ([], 0)  # the runs' path, not the loop
+    assert results == [*range(8), None, None, None, None, *range(12, 16)]
+    # A frame with a pickle among its values, and one built here: no columns, or found when asked.
+    mixed = wire.decode(wire.ResultBatch("j", 2, [[0, VALUE, 1], [1, True, b"p"]]).encode(), wire.HEAD_TO_CLIENT)
+    assert isinstance(mixed, wire.ResultBatch) and mixed.values() is None
+    assert wire.ResultBatch("j", 3, [[0, VALUE, 1]]).values() == ((0,), (1,))
+
+
 def _uploader(n: int) -> Uploader:
     display = Display(n, show_progress=False, stdout=io.StringIO(), stderr=io.StringIO())
     return Uploader("j", list(range(n)), bytearray(n), display, False)
@@ -127,6 +174,8 @@ def test_results_free_exactly_the_window_their_inputs_took():
             chunk, indices = indices[:cut], indices[cut:]
             if rng.random() < 0.5:
                 chunk.sort()  # a run, mostly
+            if rng.random() < 0.2:
+                chunk += chunk[:rng.randint(0, len(chunk))]  # some again: freed once
             uploader.results_in(chunk)
             gone = set(chunk)
             for index in gone:

@@ -4,6 +4,9 @@ caller's list (values in input order) or as outcomes for the caller's thread."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress
+from itertools import count as count_from
+from operator import ne
 from typing import Any, Final
 
 from burla.errors import RemoteError
@@ -76,9 +79,6 @@ def take_results(items: list, received: bytearray, results: list[Any] | None, pa
     return taken, outcomes, failed
 
 
-MAX_RUNS = 64  # a frame of more, shorter runs is quicker taken one result at a time
-
-
 def _take_runs_of_values(indices: tuple, values: tuple, received: bytearray, results: list[Any]
                          ) -> tuple | None:
     """The common case at C speed: runs of values in index order (a frame holds a run per
@@ -112,8 +112,9 @@ MAX_RUNS = 64  # indices in more, shorter runs are quicker gone through one by o
 def index_runs(indices: Sequence[int]) -> list[tuple[int, int, int]] | None:
     """Input indices (a list or a tuple of ints) cut into runs (first, first+1, ...): where each
     starts in `indices`, its first index and its length; None for more than MAX_RUNS runs. Each
-    run's end is found by bisection, then the run checked whole at C speed (where indices that
-    are no runs misled the bisection, that check fails: None)."""
+    run's end is found by bisection, then the run checked whole at C speed; where indices further
+    on misled the bisection (a later run that happens to sit in this one's place), the run ends at
+    its first mismatch (the bisection's end is never short of the true one)."""
     spans: list[tuple[int, int, int]] = []
     at, count = 0, len(indices)
     same_kind = tuple if type(indices) is tuple else list
@@ -132,8 +133,9 @@ def index_runs(indices: Sequence[int]) -> list[tuple[int, int, int]] | None:
                 else:
                     outside = middle
             end = inside + 1
-        if indices[at:end] != same_kind(range(first, end + offset)):
-            return None
+        run, expected = indices[at:end], same_kind(range(first, end + offset))
+        if run != expected:
+            end = at + next(compress(count_from(), map(ne, run, expected)))
         spans.append((at, first, end - at))
         at = end
     return spans

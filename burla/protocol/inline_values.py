@@ -133,7 +133,8 @@ def value_columns(name: str, items: list) -> tuple[tuple, tuple] | None:
     a no-op's or a number's, the common case), their indices and values, as two tuples made in
     one transposition at C speed: the client takes the values from there, with no other pass per
     result. None where any result is another kind (checked all the same)."""
-    if items and set(map(type, items)) == {list}:
+    # The first result's ok-code tells a frame of pickles or failures at once: no transposition.
+    if items and set(map(type, items)) == {list} and len(items[0]) > 1 and type(items[0][1]) is int:
         try:
             indices, oks, values = zip(*items, strict=True)
         except ValueError:  # an item of another length: check_results says which
