@@ -79,6 +79,26 @@ def test_a_run_of_plain_values_packs_as_each_would_up_to_the_first_that_is_not()
         assert (data, list(sizes)) == (b"".join(expected), list(map(len, expected))), seed
 
 
+def test_a_run_of_numbers_alone_packs_as_each_would():
+    """Runs of only ints or only floats take one msgpack call (`_pack_numbers`): the same entries
+    and sizes as each packed alone, across every size boundary of msgpack's ints and of its
+    arrays' headers; a negative int or one past 64 bits sends the run the general way."""
+    rng = random.Random(3)
+    edges = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63, 2**64 - 1]
+    pools = [edges, [rng.randrange(2**64) for _ in range(50)], [0.0, -0.0, 1.5, float("inf"), float("nan"), -2.5e300],
+             edges + [-1], edges + [-33, -2**40], edges + [2**64]]
+    for length in (1, 7, 8, 9, 100, 32767, 32768, 32769):
+        for pool in pools:
+            values = [rng.choice(pool) for _ in range(length)]
+            expected = []
+            for value in values:
+                if pack_input(value) is None:
+                    break
+                expected.append(pack_input(value))
+            data, sizes = pack_run(values, 0, len(values))
+            assert data == b"".join(expected) and list(sizes) == list(map(len, expected)), (length, pool[:3])
+
+
 def _entry(rng: random.Random, value) -> bytes:
     kind = rng.random()
     if kind < 0.7 and pack_input(value) is not None:

@@ -64,6 +64,8 @@ def pack_run(values: Sequence[Any], start: int, end: int) -> tuple[bytes, array]
     if str in kinds:  # up to the first str too long to go inline
         run = run[:next((at for at, value in enumerate(run) if type(value) is str and len(value) > MAX_STR_CHARS),
                         len(run))]
+    if run and (kinds == _INTS and 0 <= min(run) and max(run) < 1 << 64 or kinds == _FLOATS):
+        return _pack_numbers(run, kinds)
     try:
         packed = list(map(pack_value, run))
     except (OverflowError, UnicodeEncodeError):  # an int past 64 bits, a lone surrogate: up to it
@@ -76,6 +78,29 @@ def pack_run(values: Sequence[Any], start: int, end: int) -> tuple[bytes, array]
     if not packed:
         return b"", array("I")
     return _MARK_BYTES + _MARK_BYTES.join(packed), array("I", map(add, map(len, packed), repeat(1)))
+
+
+_INTS: Final = {int}
+_FLOATS: Final = {float}
+# An entry's size (its mark and its msgpack) by a non-negative int's bit length: a positive fixint
+# up to 7 bits, then uint 8, 16, 32 and 64 (1, 2, 3, 5 and 9 bytes after the mark).
+_INT_ENTRY_SIZES: Final = bytes(2 if bits <= 7 else 3 if bits <= 8 else 4 if bits <= 16 else 6 if bits <= 32 else 10
+                                for bits in range(65)) + bytes(256 - 65)
+_FLOAT_ENTRY_SIZE: Final = 10  # the mark and a float 64
+
+
+def _pack_numbers(run: Sequence[Any], kinds: set[type]) -> tuple[bytes, array]:
+    """`pack_run` of a run of non-negative ints (each below 2**64) or of floats, in one msgpack call:
+    the array [None, v0, None, v1, ...] is the entries end to end behind its header (the mark is
+    msgpack's nil), and each one's size follows from its value's bit length (a float's is fixed)."""
+    interleaved = [None] * (2 * len(run))
+    interleaved[1::2] = run
+    packed = pack_value(interleaved)
+    items = len(interleaved)
+    data = packed[1 if items < 16 else 3 if items < 1 << 16 else 5:]  # past the array's header
+    if kinds == _FLOATS:
+        return data, array("I", (_FLOAT_ENTRY_SIZE,)) * len(run)
+    return data, array("I", array("B", bytes(map(int.bit_length, run)).translate(_INT_ENTRY_SIZES)))
 
 
 def unpack_input(data: bytes | memoryview) -> Any:
