@@ -6,7 +6,8 @@ import struct
 from collections import deque
 
 from burla.node import dispatcher
-from burla.node.dispatcher import MAX_BATCH, Dispatcher, NodeJob
+from burla.node.dispatcher import MAX_BATCH, Dispatcher
+from burla.node.node_job import NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle
 from burla.protocol import limits, wire, worker_wire
 from burla.protocol.packed_inputs import PackedInputs

@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from burla.client.direct_sender import DirectSender
 from burla.client.local_cluster import ClusterHandle
 from burla.client.loop import ClientLoop, client_loop
 from burla.client.progress import Display
@@ -95,6 +96,8 @@ class JobRunner:
         self._session_over = False  # set on the loop once `_run` stops taking side tasks
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self.upload = Uploader(job_id, inputs, self._received, display, self._detaching)
+        self.direct = DirectSender(job_id, self.upload.direct_pending, lambda msg: self._send(self._ws, msg),
+                                   lambda: client_loop().session(None))
         self._remaining = self.n_inputs
         self._acked_seq = 0  # the last result batch taken (acknowledged, or soon)
         self._unacked_batches = self._unacked_bytes = 0
@@ -191,6 +194,7 @@ class JobRunner:
             for task in list(self._side_tasks):
                 with contextlib.suppress(Exception):
                     await task
+            await self.direct.close()
             self.upload.close_files()
 
     async def _session(self) -> None:
@@ -328,6 +332,7 @@ class JobRunner:
             root = files_root() if msg.inputs_by_file else None
             if root is not None:
                 self.upload.use_files(root)
+            self.upload.direct = msg.direct_inputs
         if isinstance(msg, wire.JobResumed) and not self.opened.is_set():
             self.n_inputs = msg.n_inputs  # collecting a job this process did not start
             self._received = bytearray(msg.n_inputs)
@@ -427,9 +432,6 @@ class JobRunner:
             if isinstance(msg, wire.ResultBatch):
                 if collect and await self._on_results(ws, msg):
                     return  # the last acknowledgement completes the job on the head: no need to hear JobEnded
-            elif isinstance(msg, wire.InputsKept):
-                if msg.count >= self.n_inputs:
-                    self.upload.kept.set()
             elif isinstance(msg, wire.OutputBatch):
                 display.output(msg.items)
             elif isinstance(msg, wire.Progress):
@@ -439,6 +441,10 @@ class JobRunner:
                 return
             elif isinstance(msg, wire.ErrorReply):
                 raise error_from_wire(msg.kind, msg.message)
+            elif isinstance(msg, wire.UploadDirect):
+                self.direct.on_upload(msg)
+            elif isinstance(msg, wire.InputsKept) and msg.count >= self.n_inputs:
+                self.upload.kept.set()
 
     async def _on_results(self, ws, msg: wire.ResultBatch) -> bool:
         """Hand a batch of results over, then acknowledge it; True once every result is in."""

@@ -51,6 +51,7 @@ def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int
         packages=client_packages(),
         # A detached job's inputs must outlive this process: they travel inline.
         client_host="" if options.detach else input_files.host_id(),
+        direct_inputs=not options.detach,  # large inputs straight to their nodes, where the head allows
     )
 
 

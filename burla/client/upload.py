@@ -1,7 +1,8 @@
 """The client's upload side of one job: encode inputs and send them within the head's window.
 
 The window counts the inputs that are out (sent, their result not yet back) and what they
-weigh; it frees as results return. A large input goes by file when the head allows it.
+weigh; it frees as results return. A large input goes by file, or as a placeholder whose bytes
+go straight to its node (burla.client.direct_sender), when the head allows it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from burla.client.progress import Display
 from burla.client.results import index_runs
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import InputTooBig, UnpicklableInput
-from burla.protocol import inline_values, limits, wire
+from burla.protocol import direct_inputs, inline_values, limits, wire
 from burla.protocol.input_files import INPUT_FILE_MIN_BYTES, InputFiles
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.pickle_parts import PickleParts
@@ -98,6 +99,10 @@ class Uploader:
         self.kept = asyncio.Event()  # detaching: the head says every input is saved (InputsKept)
         self.files: InputFiles | None = None  # where large inputs go when the head allows it
         self.files_full = False  # a file could not be written: the rest go inline
+        # Large inputs sent as placeholders (direct_inputs), each kept until its result is in: the
+        # head may name their node again (a node lost, a connection cut).
+        self.direct = False
+        self.direct_pending: dict[int, bytes | PickleParts] = {}
         self._pickled_ahead: tuple[int, bytes | PickleParts] | None = None  # first_batch's one that did not fit
 
     # --- the window ----------------------------------------------------------------------
@@ -139,6 +144,10 @@ class Uploader:
                     freed_bytes += size
         self.outstanding_inputs -= freed_inputs
         self.outstanding_bytes -= freed_bytes
+        pending = self.direct_pending
+        if pending:
+            for index in indices:
+                pending.pop(index, None)
         files = self.files
         if files is not None and files.written:
             for index in indices:
@@ -306,6 +315,9 @@ class Uploader:
         size = len(data)
         if size >= INPUT_FILE_MIN_BYTES and self.files is not None and not self.files_full:
             return self._by_file(index, data), size
+        if size >= direct_inputs.DIRECT_MIN_BYTES and self.direct:
+            self.direct_pending[index] = data
+            return direct_inputs.placeholder(size), size
         return data, size
 
     def _room(self) -> tuple[float, float]:

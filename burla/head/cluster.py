@@ -15,6 +15,7 @@ from collections import OrderedDict
 from burla.errors import BurlaError, HeadUnreachable, JobNotFound, ProtocolError, Unauthorized
 from burla.head import messages
 from burla.head.client_watch import ClientWatch
+from burla.head.direct_uploads import DirectUploads
 from burla.head.held_inputs import mark_client_held, take_up_held
 from burla.head.history import History
 from burla.head.history_queries import HEAD_STOPPED
@@ -65,6 +66,7 @@ class Cluster:
         self.clients = ClientWatch(self)  # progress to clients and history, and clients that left
         self.machines: Machines = NoMachines()  # the fleet, once it is made (use_machines)
         self.recovery = RestartRecovery(self)  # jobs kept in history, taken up after a restart
+        self.direct = DirectUploads(self)  # large inputs a client sends straight to their nodes
         self.stopping = False  # set by shut_down: connections that close now are not node losses
 
     # --- pushing inputs ------------------------------------------------------------------
@@ -73,10 +75,14 @@ class Cluster:
         self.send_pushes(self.scheduler.plan())
 
     def send_pushes(self, pushes: list[tuple[str, str, PackedInputs]]) -> None:
+        jobs = self.scheduler.jobs
         for node_id, job_id, part in pushes:
             link = self.node_links.get(node_id)
             if link is not None:
                 link.send(wire.InputBatch.of(job_id, part))
+                job = jobs.get(job_id)
+                if job is not None and job.spec.direct_inputs:
+                    self.direct.pushed(node_id, job, part)
         for node_id, job_id, inputs in self.scheduler.take_withdrawn():  # after the inputs they go with
             link = self.node_links.get(node_id)
             if link is not None:

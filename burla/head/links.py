@@ -192,6 +192,7 @@ class ClientLink:
         self.last_progress: tuple | None = None  # the last Progress sent (done, failed, ..., stages)
         self.detached_since: float | None = None  # monotonic time the client left
         self.patience_s: float | None = None  # how long to wait for it to come back (None: the head's default)
+        self.client_local = False  # its connection comes from this machine's loopback (direct_uploads)
         self._writer: asyncio.Task | None = None
 
     @property

@@ -22,7 +22,7 @@ def assign_message(spec: wire.OpenJob, assignment: Assignment, cluster_token: st
         parallelism=assignment.parallelism, func_ram=spec.func_ram, func_cpu=spec.func_cpu,
         local_code=spec.local_code, packages=spec.packages, credit=initial_credit(assignment.slots),
         func_gpu=spec.func_gpu, n_inputs=spec.n_inputs, job_token=scoped_tokens.job_token(cluster_token, spec.job_id),
-        timeout=spec.timeout,
+        timeout=spec.timeout, direct_inputs=spec.direct_inputs,
     )
 
 
@@ -31,7 +31,8 @@ def accepted_message(job: JobRecord, cluster_token: str) -> wire.JobAccepted:
     slots = sum(a.slots for a in job.assignments.values())
     return wire.JobAccepted(job_id=job.job_id, window_inputs=CLIENT_WINDOW_INPUTS, window_bytes=CLIENT_WINDOW_BYTES,
                             n_nodes=len(job.assignments), n_slots=slots, inputs_by_file=bool(job.spec.client_host),
-                            job_secret=scoped_tokens.job_secret(cluster_token, job.job_id))
+                            job_secret=scoped_tokens.job_secret(cluster_token, job.job_id),
+                            direct_inputs=job.spec.direct_inputs)
 
 
 def resumed_message(job: JobRecord) -> wire.JobResumed:

@@ -159,6 +159,10 @@ class Scheduler:
         # (and none is booting elsewhere); the job then stays on that machine's nodes.
         if spec.client_host and not self._all_on(spec.client_host, [node for node, _ in eligible]):
             spec = spec.replace(client_host="")
+        # Large inputs straight to their nodes, unless they go by file, or the client leaves (a
+        # detached job's inputs must be kept on the head).
+        if spec.direct_inputs and (spec.client_host or spec.detach):
+            spec = spec.replace(direct_inputs=False)
         return self._create(spec, eligible)
 
     def _all_on(self, host_id: str, eligible: list[NodeRecord]) -> bool:

@@ -19,6 +19,7 @@ from burla.errors import BurlaError, ProtocolError, VersionMismatch
 from burla.head.access import check_job_message
 from burla.head.budget import HeadLimits, check_open_job
 from burla.head.cluster import Cluster
+from burla.head.direct_uploads import is_loopback
 from burla.head.keys import CLIENT_CONNECTIONS, CLUSTER, LIMITS, OPEN_SOCKETS
 from burla.head.links import ClientLink, NodeLink
 from burla.head.messages import accepted_message
@@ -313,15 +314,16 @@ async def job_socket(request: web.Request) -> web.StreamResponse:
         # Handed over in a list the job's code empties: an opening may carry the first inputs, which
         # must not stay referenced here for as long as the job runs.
         handover = [await _first_frame(ws, wire.JOB_OPENING)]
+        client_local = is_loopback(request.remote)
         while handover[0] is not None:
-            handover = [await _serve_job(cluster, ws, handover, head_limits, request.get(SCOPE))]
+            handover = [await _serve_job(cluster, ws, handover, head_limits, request.get(SCOPE), client_local)]
         return ws
     finally:
         connections.give_back(credential)
 
 
 async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list, head_limits: HeadLimits,
-                     scope: Scope | None) -> wire.Message | None:
+                     scope: Scope | None, client_local: bool) -> wire.Message | None:
     """Open or resume the job the message in `handover` names and serve it until the connection
     ends (None) or the client opens its next job on it (that opening is returned)."""
     first = handover.pop()
@@ -340,7 +342,10 @@ async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list
         await link.detach(ws, time.monotonic())
         cluster.client_left(job, link)
         return None
+    link.client_local = client_local
     link.attach(ws)
+    if isinstance(reply, wire.JobResumed):
+        cluster.direct.client_back(job)
     try:
         return await _client_frames(cluster, ws, job)
     finally:
@@ -390,6 +395,8 @@ async def _client_frames(cluster: Cluster, ws: web.WebSocketResponse, job: JobRe
             msg = wire.decode(frame.data, wire.CLIENT_TO_HEAD)
             if isinstance(msg, wire.InputBatch):
                 cluster.add_inputs(job, msg.part())
+            elif isinstance(msg, wire.DirectFallback):
+                cluster.direct.fallback(job, msg)
             elif isinstance(msg, wire.ResultAck):
                 cluster.ack(job, msg.seq)
             elif isinstance(msg, wire.CancelJob):

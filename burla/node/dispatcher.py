@@ -13,109 +13,22 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from burla.errors import BurlaError, WorkerCrashed
+from burla.node.node_job import NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle, kill_error
-from burla.protocol import limits, packed_results, wire, worker_wire
-from burla.protocol.packed_inputs import InputRuns, PackedInputs
+from burla.protocol import direct_inputs, packed_results, wire, worker_wire
+from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import ErrorOrigin, pack_error
 
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
 MIN_SHARE_S = 0.001  # at a job's end, batches are cut to even shares, but not below this long
-TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
 PREFETCH_BELOW_S = 0.05  # give workers a second batch only when calls are this short
-# Per call reported, how much of the previous estimate of a call's time is kept (EWMA).
-CALL_TIME_KEPT = 0.7
 MAX_BATCH = 1024  # at most limits.BATCH_ITEMS: a worker's report holds up to a batch's results
-MAX_WINDOW = limits.MAX_NODE_WINDOW
-WINDOW_BYTES = 64 * 1024 * 1024
 MAX_CRASH_ATTEMPTS = 2  # a call whose worker dies runs once more, then fails
 HARD_KILL_AFTER_S = 1.5  # a cancelled call that ignores SIGUSR1 this long is killed
 MAX_HELD_OUTPUTS = 100_000  # output chunks a job keeps while the head is away (results are always kept)
-
-
-@dataclass
-class NodeJob:
-    job_id: str
-    function_bytes: bytes
-    parallelism: int
-    func_ram: float | None = None
-    func_cpu: int | None = None
-    local_code: bytes = b""
-    job_token: str = ""  # what its calls hold for nested jobs (never the cluster token)
-    timeout_s: float | None = None  # how long one call may run (call_timeouts.py stops it past that)
-    ready: bool = True  # False while the node installs packages the job needs
-    failed_payload: bytes | None = None  # why every call of the job fails here (installation failed)
-    queue: InputRuns = field(default_factory=InputRuns)  # as the head pushed them, packed
-    workers: set[WorkerHandle] = field(default_factory=set)
-    call_seconds: float | None = None  # EWMA of one call's duration
-    mean_input_bytes: float = 0.0
-    credit_unused: int = 0  # granted to the head and not yet filled
-    n_inputs: int = 0  # the job's size, if the head said (0: unknown)
-    all_pushed: bool = False  # the head has pushed every input of the job (InputsPushed)
-    gpu: bool = False  # its calls run only on workers that have a GPU (one each)
-    done: int = 0
-    inflight: int = 0
-    crash_attempts: dict[int, int] = field(default_factory=dict)
-    cancelled: bool = False
-    out_results: list[packed_results.PackedResults] = field(default_factory=list)  # results not yet sent, as packed
-    out_outputs: list = field(default_factory=list)
-    dropped_outputs: int = 0  # chunks over MAX_HELD_OUTPUTS since the last send
-
-    def window(self, workers: int) -> int:
-        """How many inputs to hold here, queued or running, with `workers` workers computing."""
-        running = max(1, min(self.parallelism, workers))
-        if self.call_seconds is None:
-            want = running * 4
-        else:
-            want = int(running * TARGET_QUEUE_S / max(self.call_seconds, 1e-6))
-        if self.mean_input_bytes:
-            want = min(want, int(WINDOW_BYTES / self.mean_input_bytes))
-        return max(running * 2, min(want, MAX_WINDOW))
-
-    def took_inputs(self, part: PackedInputs) -> None:
-        """Inputs from the head: they fill granted credit, and their size bounds the window."""
-        self.credit_unused = max(0, self.credit_unused - part.count)
-        size = len(part.data) / max(1, part.count)
-        self.mean_input_bytes = size if not self.mean_input_bytes else 0.8 * self.mean_input_bytes + 0.2 * size
-
-    def calls_done(self, count: int, seconds_per_call: float) -> None:
-        """Calls finished, and what each took (it sizes the window)."""
-        self.inflight -= count
-        self.done += count
-        if self.call_seconds is None:
-            self.call_seconds = seconds_per_call
-        else:  # an average over calls, not reports: a report of many calls outweighs one of a few
-            kept = CALL_TIME_KEPT ** count
-            self.call_seconds = kept * self.call_seconds + (1 - kept) * seconds_per_call
-
-    def still_to_run(self) -> int:
-        """Inputs this node may yet start: those queued and those its credit will bring (until the
-        head says every input is pushed), no more than the job has left. Batches are cut to an
-        even share of these: whole while inputs flow in, smaller only at the end (cut by the queue
-        alone, with every worker holding two batches, they halved from one batch to the next, and
-        their frames were most of a short call's cost)."""
-        coming = len(self.queue) + (0 if self.all_pushed else self.credit_unused)
-        if self.n_inputs:
-            coming = min(coming, self.n_inputs - self.done - self.inflight)
-        return max(coming, len(self.queue))
-
-    def credit_due(self, workers: int) -> int:
-        """How many more inputs to ask the head for now, counted as granted (0 if the window is
-        nearly full: asking in chunks of at least a quarter window keeps frames few)."""
-        if self.cancelled:
-            return 0
-        window = self.window(workers)
-        if self.n_inputs:  # a small job: asking for room it can never fill would cost a frame each way
-            window = min(window, self.n_inputs)
-        held = len(self.queue) + self.inflight + self.credit_unused
-        deficit = window - held
-        if deficit <= 0 or (held > 0 and deficit < window // 4):
-            return 0
-        self.credit_unused += deficit
-        return deficit
 
 
 class WorkerEffects(Protocol):
@@ -158,6 +71,7 @@ class Dispatcher:
         self._node_id = node_id  # where the calls it fails itself failed (a crashed worker, OOM)
         self._host = host
         self.jobs: dict[str, NodeJob] = {}
+        self.filled = {True: 0, False: 0}  # inputs whose placeholders were filled: sent straight here, or not
         self._rr = 0
 
     # --- from the head -------------------------------------------------------------------
@@ -175,19 +89,40 @@ class Dispatcher:
         job.credit_unused += msg.credit  # the head pushes this much without being asked
         job.n_inputs = msg.n_inputs
         job.gpu = msg.func_gpu is not None
+        job.direct = msg.direct_inputs
         return job
 
     def add_inputs(self, job_id: str, part: PackedInputs) -> bool:
         job = self.jobs.get(job_id)
         if job is None or job.cancelled:
             return False
-        job.took_inputs(part)
+        placeholders = direct_inputs.placeholders_in(part) if job.direct else []
+        job.took_inputs(part, sum(size - direct_inputs.PLACEHOLDER_BYTES for _, size in placeholders))
         if job.failed_payload is not None:
             self._fail_all(job, part.index_list())
             return True
+        if placeholders:  # their bytes come apart (fill): they wait aside until then
+            job.awaited.update(placeholders)
+            part = direct_inputs.without(part, placeholders)
+            if not part.count:
+                return True
         job.queue.append(part)
         self.pump()
         return True
+
+    def fill(self, job_id: str, part: PackedInputs, straight: bool) -> int:
+        """The bytes of placeholders pushed here, sent `straight` here by the client or through the
+        head: those still awaited are queued (each once), the rest dropped. Returns how many were taken."""
+        job = self.jobs.get(job_id)
+        if job is None or job.cancelled or not job.awaited:
+            return 0
+        awaited = job.awaited
+        taken = [(index, data) for index, data in part.items() if awaited.pop(index, None) is not None]
+        if taken:
+            job.queue.append(part if len(taken) == part.count else PackedInputs.of(taken))  # as it came, mostly
+            self.filled[straight] += len(taken)
+            self.pump()
+        return len(taken)
 
     def inputs_pushed(self, job_id: str) -> None:
         """Every input of the job is on its nodes: this node's credit brings no more (NodeJob.still_to_run)."""
@@ -469,6 +404,9 @@ class Dispatcher:
         for job in self.jobs.values():
             job.credit_unused = 0
             job.all_pushed = False
+            # Placeholders whose bytes never came are not held (`held`): the head pushes them again,
+            # and their client is told again where to send them.
+            job.awaited.clear()
 
     def take_outgoing(self) -> list[tuple[str, list, list[packed_results.PackedResults]]]:
         out = []

@@ -1,4 +1,5 @@
-"""The node's HTTP endpoints: a health check, its state, and the donor side of stealing."""
+"""The node's HTTP endpoints: a health check, its state, the donor side of stealing, and a
+client's large inputs sent straight here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from aiohttp import web
 
 from burla.config import NodeSettings
 from burla.errors import GrantRefused, ProtocolError
+from burla.node.direct_route import Receiver, direct_socket
+from burla.node.dispatcher import Dispatcher
 from burla.node.steal import Donor, Thief
 from burla.protocol import wire
 from burla.web.auth import token_middleware
@@ -17,16 +20,18 @@ from burla.web.connection_guard import ConnectionGuard
 from burla.web.json_io import error_response, json_errors, json_response, read_body, require_text_urls
 
 MAX_BODY = 64 * 1024
-# Transfers between nodes carry the head's grant instead of the token (burla.protocol.grants).
-TRANSFER_PATH = re.compile(r"/v1/jobs/[^/]+/steal(?:/ack)?")
+# Transfers between nodes, and a client's inputs sent here, carry the head's grant instead of the
+# token (burla.protocol.grants).
+TRANSFER_PATH = re.compile(r"/v1/jobs/[^/]+/(?:steal|steal/ack|direct)")
 
 
-class ServedNode(Protocol):
+class ServedNode(Receiver, Protocol):
     """What the routes use of the node (node/service.py's `NodeService`)."""
 
     settings: NodeSettings
     donor: Donor
     thief: Thief
+    dispatcher: Dispatcher
 
     def state(self) -> wire.NodeState: ...
 
@@ -45,7 +50,12 @@ def build_node_app(service: ServedNode, guard: ConnectionGuard) -> web.Applicati
     app.router.add_get("/v1/state", state)
     app.router.add_post("/v1/jobs/{job_id}/steal", steal)
     app.router.add_post("/v1/jobs/{job_id}/steal/ack", steal_ack)
+    app.router.add_get("/v1/jobs/{job_id}/direct", direct)
     return app
+
+
+async def direct(request: web.Request) -> web.WebSocketResponse:
+    return await direct_socket(request, request.app[SERVICE])
 
 
 async def health(request: web.Request) -> web.Response:
@@ -64,6 +74,8 @@ async def state(request: web.Request) -> web.Response:
             "cpu_percent": s.cpu_percent,
             "mem_percent": s.mem_percent,
             "stolen": service.thief.stolen,
+            "direct_inputs": {"straight": service.dispatcher.filled[True],
+                              "through_head": service.dispatcher.filled[False]},
         }
     )
 

@@ -39,6 +39,7 @@ from burla.process.loop_supervisor import LoopSupervisor
 from burla.process.memory import give_back_memory
 from burla.protocol import limits, packed_results, wire, worker_wire
 from burla.protocol.environment import installed_distributions
+from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import pack_error
 from burla.protocol.states import NodeStatus
 from burla.web import ws_bulk
@@ -321,6 +322,8 @@ class NodeService:
         if isinstance(msg, wire.InputBatch):
             if d.add_inputs(msg.job_id, msg.part()):
                 self._set_status()
+        elif isinstance(msg, wire.DirectFill):  # a client's large inputs that came through the head
+            self.inputs_arrived(msg.job_id, msg.part(), straight=False)
         elif isinstance(msg, wire.AssignJob):
             job = d.assign(msg)
             if self.environment.missing(msg.packages):
@@ -432,6 +435,15 @@ class NodeService:
             job = self.dispatcher.jobs.get(job_id)
             due = job.credit_due(self.pool.size) if job is not None else 0
             await ws_bulk.send_bulk(ws, wire.NodeResults.of(job_id, frames[-1], due).encode_parts())
+
+    def upload_key(self) -> tuple[str, bytes]:
+        return self.settings.node_id, self.donor.key
+
+    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> int:
+        taken = self.dispatcher.fill(job_id, part, straight)
+        if taken:
+            self._set_status()
+        return taken
 
     def _set_status(self) -> None:
         busy = any(job.queue or job.inflight for job in self.dispatcher.jobs.values())

@@ -10,6 +10,10 @@ The donor answers with the inputs it gives and a receipt: its signature, with th
 the transfer and exactly those input indices. The thief shows the receipt in its `Stolen` report,
 so the head moves to the thief only what the donor gave, never more inputs of the donor's than
 that.
+
+Upload grants work alike for a client's large inputs (`burla.protocol.direct_inputs`): the head
+signs (job, node, the inputs' indices, expiry) with the node's key, and the node takes from the
+client exactly those inputs of that job, and only before the grant expires.
 """
 
 from __future__ import annotations
@@ -43,14 +47,34 @@ def receipt(key: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: 
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
+def sign_upload(key: bytes, job_id: str, node_id: str, indices: bytes, expires_at: float) -> bytes:
+    """The head's permission for a client to send these inputs (packed indices) of a job to a node."""
+    message = msgpack.packb(["upload", job_id, node_id, indices, expires_at], use_bin_type=True)
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
 def refusal(key: bytes, grant: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: str,
             expires_at: float, now: float) -> str | None:
     """Why this grant does not open this transfer (None: it does)."""
     if not key:
-        return "this node has no grant key yet (not registered with a head)"
-    expected = sign(key, job_id, donor_id, thief_id, transfer_id, expires_at)
-    if not hmac.compare_digest(expected, grant):
+        return _NO_KEY
+    if not hmac.compare_digest(sign(key, job_id, donor_id, thief_id, transfer_id, expires_at), grant):
         return "the transfer grant is not the head's for this donor, thief, job and transfer"
-    if now > expires_at + CLOCK_SKEW_S:
-        return "the transfer grant has expired"
-    return None
+    return _expired("transfer", expires_at, now)
+
+
+def upload_refusal(key: bytes, grant: bytes, job_id: str, node_id: str, indices: bytes, expires_at: float,
+                   now: float) -> str | None:
+    """Why this grant does not let a client send these inputs here (None: it does)."""
+    if not key:
+        return _NO_KEY
+    if not hmac.compare_digest(sign_upload(key, job_id, node_id, indices, expires_at), grant):
+        return "the upload grant is not the head's for this node, job and these inputs"
+    return _expired("upload", expires_at, now)
+
+
+_NO_KEY = "this node has no grant key yet (not registered with a head)"
+
+
+def _expired(kind: str, expires_at: float, now: float) -> str | None:
+    return f"the {kind} grant has expired" if now > expires_at + CLOCK_SKEW_S else None

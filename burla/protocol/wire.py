@@ -11,11 +11,13 @@ checks every result it takes.
 
 Channels (the Channel objects at the end list exactly what each direction accepts):
   client <-> head   OpenJob, ResumeJob, JobAccepted, JobResumed, InputBatch, InputsKept,
-                    ResultBatch, ResultAck, OutputBatch, Progress, CancelJob, JobEnded, ErrorReply
+                    ResultBatch, ResultAck, OutputBatch, Progress, CancelJob, JobEnded, ErrorReply,
+                    UploadDirect, DirectFallback
   node   <-> head   RegisterNode, NodeRegistered, AssignJob, InputBatch, Credit, NodeResults,
                     OutputBatch, NodeState, Stolen, NodeLeaving, StealHint, CancelJob, ReleaseJob,
-                    ShutdownNode, ErrorReply
+                    ShutdownNode, ErrorReply, DirectFill
   node   <-> node   StealRequest, StealGrant, StealAck
+  client <-> node   DirectInputs, DirectReceived, ErrorReply (large inputs straight to their node)
   worker <-> node   in `worker_wire`
 
 Frame sizes are bounded by `burla.protocol.limits`; runs of inputs and results travel packed
@@ -30,6 +32,15 @@ from collections.abc import Sequence
 import msgpack
 
 from burla.errors import ProtocolError
+from burla.protocol.direct_wire import DirectFallback as DirectFallback
+from burla.protocol.direct_wire import DirectFill as DirectFill
+from burla.protocol.direct_wire import DirectInputs as DirectInputs
+from burla.protocol.direct_wire import DirectReceived as DirectReceived
+from burla.protocol.direct_wire import UploadDirect as UploadDirect
+from burla.protocol.error_record import ERROR_RECORD as ERROR_RECORD
+from burla.protocol.error_record import ErrorRecord as ErrorRecord
+from burla.protocol.error_record import describe_error as describe_error
+from burla.protocol.error_record import read_error as read_error
 from burla.protocol.framing import REGISTRY as REGISTRY  # every message class by tag (the wire's API)
 from burla.protocol.framing import Channel as Channel
 from burla.protocol.framing import Limits as Limits
@@ -104,6 +115,7 @@ class OpenJob(Message):
     # The client's input_files.host_id() when it may pass large inputs by file ("" if not). The head
     # keeps it only if every node for the job shares that host, and the job then runs only there.
     client_host: str = ""
+    direct_inputs: bool = False  # it may send large inputs straight to their nodes (direct_inputs)
     # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
     # one frame. The head takes them as an InputBatch right after admitting the job.
     first_inputs: list = []  # (shared: messages are never changed in place)
@@ -126,6 +138,7 @@ class JobAccepted(Message):
     n_slots: int
     inputs_by_file: bool = False  # large inputs may go as references to files on the client's machine
     job_secret: str = ""  # what attaching to or resuming this job takes (ResumeJob.secret)
+    direct_inputs: bool = False  # large inputs go as placeholders, their bytes straight to their nodes
 
 
 @message(3)
@@ -362,6 +375,7 @@ class AssignJob(Message):
     n_inputs: int = 0  # the job's size (0: unknown): no node holds credit for more inputs than that
     job_token: str = ""  # what the job's calls hold instead of the cluster token (burla.web.scoped_tokens)
     timeout: float | None = None  # seconds a call may run (JobOptions.timeout)
+    direct_inputs: bool = False  # its pushes may hold placeholders, whose bytes come apart (direct_inputs)
 
 
 @message(23)
@@ -427,66 +441,22 @@ class InputsPushed(Message):
     job_id: str
 
 
-@message(37)
-class ErrorRecord(Message):
-    """A failed call's error, as a result payload. The head, CLI and dashboard read the typed
-    fields; only the client unpickles `exception`, so a failing call can't run code in the head."""
-
-    type_name: str  # the class's qualified name
-    module: str  # the class's module
-    message: str
-    traceback: str  # formatted, as the worker saw it
-    exception: bytes | None  # the cloudpickled exception, None if it can't travel
-    frames: dict | None  # tblib's dict of the traceback, to re-raise with the remote frames
-    node_id: str = ""  # where the call failed ("" where not known)
-    host: str = ""
-    worker_pid: int = 0  # 0: the node itself (a crashed worker's pid is given when known)
-    attempts: int = 1  # how many times the call ran (the head counts retries)
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.module}.{self.type_name}" if self.module and self.module != "builtins" else self.type_name
-
-
-def describe_error(exc: BaseException) -> bytes:
-    """An error payload without a pickled object, for errors the head raises itself: the client
-    re-creates exceptions of burla.errors from their name and message."""
-    return ErrorRecord(type(exc).__qualname__, type(exc).__module__, str(exc), "", None, None).encode()
-
-
-def read_error(payload: bytes) -> ErrorRecord:
-    """The typed fields of an error payload, also one an earlier build wrote (kept in history) with
-    fewer trailing fields, which take their defaults; raises ProtocolError if it is not one."""
-    try:
-        record = decode(payload, ERROR_RECORD)
-    except ProtocolError:
-        try:
-            frame = msgpack.unpackb(payload, raw=False) if payload and 0x90 <= payload[0] <= 0x9f else None
-        except (ValueError, msgpack.UnpackException):
-            frame = None
-        defaults = ErrorRecord.__init__.__defaults__ or ()
-        missing = len(ErrorRecord.FIELDS) + 1 - len(frame) if isinstance(frame, list) else 0
-        if not frame or frame[0] != ErrorRecord.TAG or not 0 < missing <= len(defaults):
-            raise
-        record = decode(msgpack.packb([*frame, *defaults[len(defaults) - missing:]]), ERROR_RECORD)
-    assert isinstance(record, ErrorRecord)
-    return record
-
-
 # A call's output text per chunk, and the longest traceback or message worth carrying.
-CLIENT_TO_HEAD = Channel("client to head", (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob),
+CLIENT_TO_HEAD = Channel("client to head", (OpenJob, ResumeJob, InputBatch, ResultAck, CancelJob, DirectFallback),
                          Limits(200_000, 100_000, 1 << 20, MAX_FRAME_BYTES, 600_000))
 NODE_TO_HEAD = Channel("node to head", (RegisterNode, Credit, NodeResults, OutputBatch, NodeState, Stolen, NodeLeaving),
                        NODE_REPORTS)
 HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, CreditWithdrawn, InputsPushed,
-                                        CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint),
+                                        CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint, DirectFill),
                        NODE_LINK)
 HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, ResultBatch, OutputBatch,
-                                            Progress, JobEnded, InputsKept),
+                                            Progress, JobEnded, InputsKept, UploadDirect),
                          Limits(CLIENT_FRAME_RESULTS, 10_000, TEXT_BYTES, MAX_FRAME_BYTES, 4 * CLIENT_FRAME_RESULTS))
 # The first frame of each link, with the limits of the link it opens.
 JOB_OPENING = Channel("job opening", (OpenJob, ResumeJob), CLIENT_TO_HEAD.limits)
 NODE_OPENING = Channel("node registration", (RegisterNode,), NODE_TO_HEAD.limits)
 # Transfers between nodes: small requests, grants as big as the inputs they carry.
 NODE_TO_NODE = Channel("node to node", (StealRequest, StealGrant, StealAck), NODE_LINK)
-ERROR_RECORD = Channel("error record", (ErrorRecord,), Limits(10_000, 10_000, TEXT_BYTES, MAX_FRAME_BYTES, 1_000_000))
+# A client's large inputs straight to their node (burla.protocol.direct_inputs), and the node's answers.
+CLIENT_TO_NODE = Channel("client to node", (DirectInputs,), NODE_LINK)
+NODE_TO_CLIENT = Channel("node to client", (DirectReceived, ErrorReply), NODE_LINK)

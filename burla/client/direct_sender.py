@@ -1,0 +1,130 @@
+"""The client's side of large inputs sent straight to their node (burla.protocol.direct_inputs).
+
+The head says where each placeholder went (`UploadDirect`); this sends the inputs' bytes there,
+one WebSocket per node, frame after frame, each answered by the node once its inputs are queued.
+A node the head gives no address for, or that can't be reached or refuses, gets the bytes
+through the head instead (`DirectFallback`), and for the rest of the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from burla.errors import ProtocolError
+from burla.protocol import limits, wire
+from burla.protocol.packed_inputs import PackedInputs, unpack_uints
+from burla.protocol.pickle_parts import PickleParts
+
+log = logging.getLogger("burla.client")
+
+CONNECT_TIMEOUT_S = 5.0  # a node that does not answer this soon gets its inputs through the head
+RECEIPT_TIMEOUT_S = 60.0  # a node that takes a frame and says nothing this long is given up on
+
+
+class DirectSender:
+    """Sends one job's large inputs to their nodes. `pending` (the uploader's) holds each input
+    sent as a placeholder until its result is in; `via_head` sends a message on the job's
+    connection to the head; `session` is an HTTP session of the client's loop."""
+
+    def __init__(self, job_id: str, pending: dict[int, bytes | PickleParts],
+                 via_head: Callable[[wire.Message], Awaitable[None]], session: Callable[[], Any]) -> None:
+        self.job_id = job_id
+        self._pending = pending
+        self._via_head = via_head
+        self._session = session
+        self._queues: dict[str, deque[wire.UploadDirect]] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._unreachable: set[str] = set()  # nodes whose inputs go through the head from now on
+        self.sent_direct = 0  # inputs a node confirmed it holds
+        self.sent_via_head = 0
+
+    def on_upload(self, msg: wire.UploadDirect) -> None:
+        """The head pushed these placeholders to `msg.node_id`: send their bytes after the ones
+        that node is owed already."""
+        self._queues.setdefault(msg.node_id, deque()).append(msg)
+        task = self._tasks.get(msg.node_id)
+        if task is None or task.done():
+            self._tasks[msg.node_id] = asyncio.create_task(self._serve(msg.node_id), name=f"direct-{msg.node_id}")
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    async def _serve(self, node_id: str) -> None:
+        queue = self._queues[node_id]
+        ws = None
+        try:
+            while queue:
+                msg = queue.popleft()
+                part = self._still_pending(msg)
+                if part is None:
+                    continue  # every result is in already (the head told the client again)
+                if msg.url and node_id not in self._unreachable:
+                    try:
+                        ws = ws if ws is not None and not ws.closed else await self._connect(msg)
+                        await self._send_direct(ws, msg, part)
+                        self.sent_direct += part.count
+                        continue
+                    except Exception as e:  # unreachable, refused, cut: this node's inputs go through the head
+                        log.info("job %s: sending inputs to node %s through the head instead (%s)", self.job_id,
+                                 node_id, e)
+                        self._unreachable.add(node_id)
+                        if ws is not None:
+                            with contextlib.suppress(Exception):
+                                await ws.close()
+                            ws = None
+                try:
+                    await self._via_head(wire.DirectFallback(self.job_id, part.indices, part.sizes, part.data, node_id))
+                    self.sent_via_head += part.count
+                except Exception:  # the connection to the head is down: it tells again when the client is back
+                    pass
+        finally:
+            if ws is not None:
+                with contextlib.suppress(Exception):
+                    await ws.close()
+
+    def _still_pending(self, msg: wire.UploadDirect) -> PackedInputs | None:
+        pending = self._pending
+        indices = [index for index in unpack_uints(msg.indices) if index in pending]
+        if not indices:
+            return None
+        return PackedInputs.of_lists(indices, [pending[index] for index in indices])
+
+    async def _connect(self, msg: wire.UploadDirect) -> Any:
+        import aiohttp
+
+        from burla.web import ws_bulk
+
+        pin = aiohttp.Fingerprint(msg.cert_sha256) if msg.cert_sha256 else True
+        ws = await asyncio.wait_for(self._session().ws_connect(
+            f"{msg.url}/v1/jobs/{self.job_id}/direct", ssl=pin, max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=None),
+            CONNECT_TIMEOUT_S)
+        ws_bulk.install_client(ws, limits.MAX_FRAME_BYTES)
+        return ws
+
+    async def _send_direct(self, ws: Any, msg: wire.UploadDirect, part: PackedInputs) -> None:
+        import aiohttp
+
+        from burla.web import ws_bulk
+
+        frame = wire.DirectInputs(self.job_id, part.indices, part.sizes, part.data, msg.indices, msg.expires_at,
+                                  msg.grant)
+        await ws_bulk.send_bulk(ws, frame.encode_parts())
+        reply = await asyncio.wait_for(ws.receive(), RECEIPT_TIMEOUT_S)
+        if reply.type != aiohttp.WSMsgType.BINARY:
+            raise ConnectionError(f"the node closed the connection ({reply.type.name})")
+        answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
+        if isinstance(answer, wire.ErrorReply):
+            raise ConnectionError(f"the node refused them: {answer.message}")
+        if not isinstance(answer, wire.DirectReceived) or answer.indices != part.indices:
+            raise ProtocolError("the node answered with something other than a receipt for these inputs")

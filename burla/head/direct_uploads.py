@@ -1,0 +1,102 @@
+"""The head's side of large inputs sent straight to their node (burla.protocol.direct_inputs).
+
+Placeholders go through the head as any input. Once it has pushed some to a node, it tells the
+job's client where they went (`UploadDirect`), with a grant signed with that node's key for
+exactly those inputs; the client sends their bytes there. The head offers a node's address only
+where the client can reach that very node: a node serving https (the client pins its
+certificate, so no other machine at that address can take the bytes), or one on this machine's
+loopback when the client is on it too. Otherwise, and wherever the client's sending fails, the
+bytes come through the head (`DirectFallback`), which passes on those still in flight on that
+node (`DirectFill`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import Protocol
+
+from yarl import URL
+
+from burla.head.links import ClientLink, NodeLink
+from burla.head.records import JobRecord, NodeRecord
+from burla.head.scheduler import Scheduler
+from burla.protocol import grants, wire
+from burla.protocol.direct_inputs import placeholders_in, upload_groups
+from burla.protocol.direct_wire import UPLOAD_GRANT_TTL_S
+from burla.protocol.packed_inputs import PackedInputs, gather, pack_uints
+
+
+class Links(Protocol):
+    """What the head's side of direct uploads uses of the cluster (head/cluster.py's `Cluster`)."""
+
+    scheduler: Scheduler
+    node_links: dict[str, NodeLink]
+    client_links: dict[str, ClientLink]
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def reachable_url(node: NodeRecord, client_local: bool) -> str:
+    """The node's address if the job's client may send it inputs there ("" if not)."""
+    if not node.url:
+        return ""
+    if node.cert_sha256:
+        return node.url
+    return node.url if client_local and is_loopback(URL(node.url).host) else ""
+
+
+class DirectUploads:
+    def __init__(self, cluster: Links) -> None:
+        self._cluster = cluster
+
+    def pushed(self, node_id: str, job: JobRecord, part: PackedInputs) -> None:
+        """A push to a node: tell the client where its placeholders went."""
+        found = placeholders_in(part)
+        if found:
+            self._tell_client(job, node_id, found)
+
+    def client_back(self, job: JobRecord) -> None:
+        """A client back on its job: where every placeholder in flight went, once more (those whose
+        bytes came already are sent again and dropped by their node: a connection that was cut may
+        have lost what the head had told it)."""
+        if not job.spec.direct_inputs:
+            return
+        for node_id, assignment in job.assignments.items():
+            found = placeholders_in(gather(assignment.inflight.items()))
+            if found:
+                self._tell_client(job, node_id, found)
+
+    def fallback(self, job: JobRecord, msg: wire.DirectFallback) -> None:
+        """Inputs the client could not send to their node: passed on if still in flight there."""
+        assignment = job.assignments.get(msg.node_id)
+        link = self._cluster.node_links.get(msg.node_id)
+        if assignment is None or link is None:
+            return  # the node is gone: its placeholders were pushed again (and the client told again)
+        inflight = assignment.inflight
+        items = [(index, data) for index, data in msg.part().items() if index in inflight]
+        if items:
+            link.send(wire.DirectFill.of(job.job_id, PackedInputs.of(items)))
+
+    def _tell_client(self, job: JobRecord, node_id: str, found: list[tuple[int, int]]) -> None:
+        link = self._cluster.client_links.get(job.job_id)
+        node = self._cluster.scheduler.nodes.get(node_id)
+        if link is None or node is None:
+            return
+        url = reachable_url(node, link.client_local)
+        sizes = dict(found)
+        for group in upload_groups(found):
+            indices = pack_uints(group)
+            expires_at = time.time() + UPLOAD_GRANT_TTL_S
+            grant = grants.sign_upload(node.grant_key, job.job_id, node_id, indices, expires_at) if url else b""
+            link.send(wire.UploadDirect(job.job_id, indices, pack_uints([sizes[index] for index in group]), b"",
+                                        node_id, url, node.cert_sha256 if url else b"", expires_at, grant))

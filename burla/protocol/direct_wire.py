@@ -1,0 +1,94 @@
+"""The messages of large inputs sent straight to their node (the wire's API re-exports them:
+`wire.UploadDirect`...; `burla.protocol.direct_inputs` says how they go)."""
+
+from __future__ import annotations
+
+from burla.errors import ProtocolError
+from burla.protocol.framing import message
+from burla.protocol.packed_inputs import UINT_BYTES, CarriesInputs
+
+UPLOAD_GRANT_TTL_S = 600.0  # an upload grant is good this long (a client sends a node's inputs in turn)
+
+
+@message(44)
+class UploadDirect(CarriesInputs):
+    """Head to client: these inputs (the placeholders the head pushed to `node_id`) go to that node.
+    With a `url`, the client sends them there itself under `grant` (the head's signature with the
+    node's key over job, node, these indices and `expires_at`, the head's wall clock), pinning
+    `cert_sha256` if the node serves https; without one (the client can't reach that node), and
+    wherever that fails, through the head (DirectFallback). `sizes` are the inputs' real sizes,
+    and `data` is empty."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes
+    node_id: str
+    url: str
+    cert_sha256: bytes
+    expires_at: float
+    grant: bytes
+
+    def validate(self) -> None:
+        if len(self.indices) % UINT_BYTES or len(self.sizes) != len(self.indices) or self.data:
+            raise ProtocolError("UploadDirect must list a 4-byte index and a 4-byte size per input, and no data")
+        if len(self.cert_sha256) not in (0, 32):
+            raise ProtocolError("UploadDirect.cert_sha256 must be empty or a 32-byte SHA-256 digest")
+
+
+@message(45)
+class DirectInputs(CarriesInputs):
+    """Client to node (on the node's `/v1/jobs/{job_id}/direct` WebSocket): inputs one UploadDirect
+    named (`granted`, its indices: those whose results are in already are left out), under its
+    grant."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes | memoryview  # bulk: the inputs' pickles
+    granted: bytes
+    expires_at: float
+    grant: bytes
+
+    def validate(self) -> None:
+        CarriesInputs.validate(self)
+        if len(self.granted) % UINT_BYTES:
+            raise ProtocolError("DirectInputs.granted must be packed 4-byte indices")
+
+
+@message(46)
+class DirectReceived(CarriesInputs):
+    """Node to client: it holds the inputs of the DirectInputs frame with these indices (`sizes`
+    and `data` empty): the client need not send them through the head."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes
+
+    def validate(self) -> None:
+        if len(self.indices) % UINT_BYTES or self.sizes or self.data:
+            raise ProtocolError("DirectReceived lists 4-byte indices only")
+
+
+@message(47)
+class DirectFallback(CarriesInputs):
+    """Client to head: inputs the head had told it to send to `node_id`, which it could not reach;
+    the head passes them on to that node if they are still in flight there (DirectFill)."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes | memoryview  # bulk
+    node_id: str
+
+
+@message(48)
+class DirectFill(CarriesInputs):
+    """Head to node: the bytes of placeholders it pushed there, which the client sent through the
+    head. The node takes those it still awaits and no other."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes | memoryview  # bulk
