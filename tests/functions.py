@@ -432,3 +432,11 @@ def written_by(x) -> str:
 
 def large_result(index, size):
     return bytes([index % 256]) * size
+
+
+def digest_after(data, hold_s=0.0):
+    """An input's size and SHA-256, after `hold_s` seconds."""
+    import hashlib
+
+    time.sleep(hold_s)
+    return len(data), hashlib.sha256(data).hexdigest()

@@ -10,7 +10,7 @@ import pytest
 from burla.errors import ProtocolError
 from burla.protocol import framing, limits, wire, worker_wire
 from burla.protocol.inline_values import MAX_STR_BYTES, MAX_STR_CHARS, VALUE
-from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_inputs import PackedInputs, pack_uints
 from burla.protocol.packed_results import (
     PackedResults,
     array_header_bytes,
@@ -65,6 +65,12 @@ SAMPLES: list[wire.Message] = [
     worker_wire.RunCalls.of("j-1", PackedInputs.of([[0, b"a"], [5, b"bc"]])),
     wire.InputBatch.of("j-1", PackedInputs.of([[2, b"xyz"], [3, b""]])),
     worker_wire.UnloadFunction("j-1"),
+    wire.UploadDirect("j-1", pack_uints([4, 5]), pack_uints([2**21, 2**22]), b"", "n1", "https://127.0.0.1:3",
+                      b"d" * 32, 1.8e9, b"g" * 32),
+    wire.DirectInputs("j-1", pack_uints([4]), pack_uints([3]), b"abc", pack_uints([4, 5]), 1.8e9, b"g" * 32),
+    wire.DirectReceived("j-1", pack_uints([4]), b"", b""),
+    wire.DirectFallback("j-1", pack_uints([5]), pack_uints([2]), b"de", "n1"),
+    wire.DirectFill("j-1", pack_uints([5]), pack_uints([2]), b"de"),
     worker_wire.WorkerReport.of("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
 ]
 

@@ -1,0 +1,365 @@
+"""Large inputs sent straight to their node (DESIGN.md §3): a placeholder goes through the head, the
+bytes to the node the head pushed it to, under a grant only that node accepts; through the head
+where the client can't reach that node, and again after a node is lost or a connection is cut.
+
+The clusters here run on 127.0.0.1 with an input-file directory that is not the client's, so
+large inputs can't go by file: the inline path between machines."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import ssl
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from burla.config import ENV_INPUT_FILES_DIR
+from burla.errors import ProtocolError
+from burla.head.direct_uploads import reachable_url
+from burla.head.records import NodeRecord
+from burla.node.dispatcher import Dispatcher
+from burla.protocol import direct_inputs, grants, wire
+from burla.protocol.inline_values import pack_input
+from burla.protocol.packed_inputs import PackedInputs, pack_uints
+from burla.protocol.packed_results import unpack_indices
+from burla.protocol.serialization import dumps
+from burla.web.scoped_tokens import node_token
+from tests import functions
+from tests.cluster_runner import LocalCluster
+from tests.conftest import own_head, start_head, wait_for_nodes
+from tests.proxy import CuttableProxy
+
+LARGE = 2 * 2**20  # over direct_inputs.DIRECT_MIN_BYTES
+
+
+def _inputs(large: int, small: int) -> list[bytes]:
+    """Large inputs (each its own bytes) among small ones."""
+    mixed: list[bytes] = [bytes([i % 251]) * (LARGE + i) for i in range(large)]
+    for i in range(small):
+        mixed.insert((i * 3) % (len(mixed) + 1), f"small-{i}".encode())
+    return mixed
+
+
+def _expected(inputs: list[bytes]) -> list[tuple[int, str]]:
+    return [(len(data), hashlib.sha256(data).hexdigest()) for data in inputs]
+
+
+def _get(url: str, token: str) -> dict:
+    """A GET as this test reads state: an https head's or node's own certificate is not checked here
+    (the client under test pins them)."""
+    context = ssl._create_unverified_context() if url.startswith("https") else None
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        return json.load(response)
+
+
+def _ready_nodes(head_url: str, token: str, count: int) -> list[dict]:
+    deadline = time.monotonic() + 60
+    while True:
+        nodes = [n for n in _get(head_url + "/v1/cluster", token)["nodes"] if n["workers_alive"] >= 1]
+        if len(nodes) >= count or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.05)
+
+
+def _direct_counts(node: dict, cluster_token: str, own_token: bool = True) -> dict:
+    """What a node says it was sent straight and through the head. A head's local nodes hold a token
+    of their own (`own_token`); nodes that joined by hand, the cluster's."""
+    token = node_token(cluster_token, node["node_id"]) if own_token else cluster_token
+    return _get(node["url"] + "/v1/state", token)["direct_inputs"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def apart(tmp_path, monkeypatch):
+    """Call with True before starting a cluster (its processes get an input-file directory of their
+    own), then with False for the client's (this process's) directory."""
+
+    def choose(cluster: bool) -> None:
+        name = "cluster-files" if cluster else "client-files"
+        (tmp_path / name).mkdir(exist_ok=True)
+        monkeypatch.setenv(ENV_INPUT_FILES_DIR, str(tmp_path / name))
+
+    return choose
+
+
+# --- whole clusters ------------------------------------------------------------------------
+
+
+def test_large_inputs_go_straight_to_their_node(tmp_path, apart):
+    apart(True)
+    with own_head(tmp_path) as head:
+        apart(False)
+        inputs = _inputs(6, 10)
+        results = head.client().remote_parallel_map(functions.digest_after, inputs, spinner=False)
+        assert [tuple(r) for r in results] == _expected(inputs)
+        node = wait_for_nodes(head, 1)[0]
+        assert _direct_counts(node, head.token) == {"straight": 6, "through_head": 0}
+
+
+def test_a_detached_job_sends_its_large_inputs_through_the_head(tmp_path, apart):
+    """Its inputs must outlive the client on the head, so no placeholder stands for one."""
+    apart(True)
+    with own_head(tmp_path) as head:
+        apart(False)
+        inputs = _inputs(3, 2)
+        # In a process that stays, a detached job's results are collected as any other's.
+        results = head.client().remote_parallel_map(functions.digest_after, inputs, detach=True, spinner=False)
+        assert [tuple(r) for r in results] == _expected(inputs)
+        node = wait_for_nodes(head, 1)[0]
+        assert _direct_counts(node, head.token) == {"straight": 0, "through_head": 0}
+
+
+def test_a_node_the_client_cant_reach_gets_its_inputs_through_the_head(tmp_path, apart):
+    apart(True)
+    port = _free_port()
+    with LocalCluster(tmp_path / "cluster", nodes=0, workers=2) as cluster:
+        # It tells the head an address nothing listens on: the client's connections there fail.
+        cluster.add_node("node-0", "--port", str(port), "--advertise-url", f"http://127.0.0.1:{_free_port()}")
+        cluster.wait_for_nodes(1)
+        apart(False)
+        inputs = _inputs(4, 3)
+        results = cluster.client().remote_parallel_map(functions.digest_after, inputs, spinner=False)
+        assert [tuple(r) for r in results] == _expected(inputs)
+        node = {"node_id": "node-0", "url": f"http://127.0.0.1:{port}"}  # where it really listens
+        assert _direct_counts(node, cluster.token, own_token=False) == {"straight": 0, "through_head": 4}
+
+
+def test_inputs_of_a_node_lost_mid_job_go_to_another_node(tmp_path, apart):
+    apart(True)
+    with LocalCluster(tmp_path / "cluster", nodes=2, workers=2) as cluster:
+        apart(False)
+        inputs = _inputs(16, 0)
+        stream = cluster.client().remote_parallel_map(functions.digest_after, [(data, 0.4) for data in inputs],
+                                                      generator=True, spinner=False)
+        results = [next(stream)]
+        cluster.signal_node("node-1", signal.SIGKILL)  # it and its workers, with what they held
+        results.extend(stream)
+        assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
+        survivor = next(n for n in cluster.get("/v1/cluster")["nodes"] if n["node_id"] == "node-0")
+        assert _direct_counts(survivor, cluster.token, own_token=False)["straight"] >= 8
+
+
+def test_a_client_cut_off_mid_job_is_told_again_where_its_inputs_go(tmp_path, apart):
+    apart(True)
+    with own_head(tmp_path) as head:
+        apart(False)
+        parsed = urllib.parse.urlsplit(head.url)
+        proxy = CuttableProxy(parsed.hostname, parsed.port)
+        inputs = _inputs(10, 0)
+        try:
+            stream = head.client(head_url=proxy.url).remote_parallel_map(
+                functions.digest_after, [(data, 0.2) for data in inputs], generator=True, spinner=False)
+            results = [next(stream)]
+            proxy.cut()  # an outage of about a second
+            time.sleep(1.0)
+            proxy.restore()
+            results.extend(stream)
+        finally:
+            proxy.close()
+        assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
+        assert proxy.connections >= 2
+
+
+def test_an_https_node_takes_inputs_from_a_client_that_pins_its_certificate(tmp_path, apart):
+    apart(True)
+    head = start_head(tmp_path / "config", extra=["--tls-self-signed"])
+    try:
+        [node] = _ready_nodes(head.url, head.token, 1)
+        assert node["url"].startswith("https://")
+        apart(False)
+        inputs = _inputs(3, 1)
+        client = head.client(head_cert=str(head.config_dir / "head-cert.pem"))
+        results = client.remote_parallel_map(functions.digest_after, inputs, spinner=False)
+        assert [tuple(r) for r in results] == _expected(inputs)
+        assert _direct_counts(node, head.token) == {"straight": 3, "through_head": 0}
+    finally:
+        head.stop()
+
+
+def test_a_node_takes_inputs_only_under_its_heads_grant(cluster):
+    """The route needs no token, only a grant: a forged one, one for other inputs and a malformed
+    frame are refused, each with its reason, and the connection closed."""
+    node_url = wait_for_nodes(cluster, 1)[0]["url"]
+    part = PackedInputs.of([[0, dumps(b"x")]])
+    forged = wire.DirectInputs("j-1", part.indices, part.sizes, part.data, part.indices, time.time() + 60,
+                               b"g" * 32)
+    beyond = wire.DirectInputs("j-1", pack_uints([0, 1]), pack_uints([1, 1]), b"ab", part.indices,
+                               time.time() + 60, b"g" * 32)
+
+    async def answer(frame: bytes) -> tuple[wire.Message, aiohttp.WSMsgType]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{node_url}/v1/jobs/j-1/direct") as ws:
+            await ws.send_bytes(frame)
+            reply = await ws.receive(timeout=30)
+            after = await ws.receive(timeout=30)
+            return wire.decode(reply.data, wire.NODE_TO_CLIENT), after.type
+
+    for frame, kind, words in [(forged.encode(), "GrantRefused", "not the head's"),
+                               (beyond.encode(), "GrantRefused", "not the head's"),
+                               (b"\x93junk", "ProtocolError", ""),
+                               (wire.DirectInputs("j-2", part.indices, part.sizes, part.data, part.indices, 1.0,
+                                                  b"g").encode(), "ProtocolError", "does not match the URL")]:
+        reply, after = asyncio.run(answer(frame))
+        assert isinstance(reply, wire.ErrorReply) and reply.kind == kind and words in reply.message
+        assert reply.status == (403 if kind == "GrantRefused" else 400)
+        assert after in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    # Every other route still wants the token.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{node_url}/v1/state", timeout=10)
+    assert refused.value.code == 401
+    refused.value.close()
+
+
+# --- the parts -----------------------------------------------------------------------------
+
+
+def test_placeholders_are_found_among_entries_of_every_size():
+    """Only whole entries that are placeholders: not a 5-byte inline value, nor the bytes of a
+    placeholder's size spanning two sizes (an entry of 1,280 bytes before an empty one)."""
+    entries = [
+        (0, pack_input("abc")),  # 5 bytes, 0xC0 first
+        (1, direct_inputs.placeholder(3 * 2**20)),
+        (2, b"\x80" + b"p" * 1279),  # size 0x500: its bytes and the next size read 05 00 00 00 misaligned
+        (3, b""),
+        (4, dumps(list(range(50)))),
+        (9, direct_inputs.placeholder(2**20)),
+        (5, b"\x01abcd"),  # 5 bytes with the mark: a placeholder of size 0x64636261, by construction
+    ]
+    part = PackedInputs.of(entries)
+    assert direct_inputs.placeholders_in(part) == [(1, 3 * 2**20), (9, 2**20), (5, 0x64636261)]
+    rest = direct_inputs.without(part, direct_inputs.placeholders_in(part))
+    assert rest.items() == [(i, data) for i, data in entries if i not in (1, 9, 5)]
+    assert direct_inputs.placeholders_in(PackedInputs.of([(i, d) for i, d in entries if i in (0, 2, 3, 4)])) == []
+
+
+def test_upload_groups_stay_within_their_bytes_and_keep_order():
+    mb = 2**20
+    groups = direct_inputs.upload_groups([(0, 20 * mb), (1, 10 * mb), (2, 5 * mb), (3, 100 * mb), (4, mb)])
+    assert groups == [[0, 1], [2], [3], [4]]
+    assert direct_inputs.upload_groups([]) == []
+
+
+def test_an_upload_grant_opens_exactly_its_node_job_and_inputs_until_it_expires():
+    key, now = grants.new_key(), time.time()
+    indices = pack_uints([3, 4])
+    grant = grants.sign_upload(key, "j", "n1", indices, now + 60)
+    assert grants.upload_refusal(key, grant, "j", "n1", indices, now + 60, now) is None
+    assert "not the head's" in grants.upload_refusal(grants.new_key(), grant, "j", "n1", indices, now + 60, now)
+    assert "not the head's" in grants.upload_refusal(key, grant, "j", "n2", indices, now + 60, now)
+    assert "not the head's" in grants.upload_refusal(key, grant, "j2", "n1", indices, now + 60, now)
+    assert "not the head's" in grants.upload_refusal(key, grant, "j", "n1", pack_uints([3]), now + 60, now)
+    assert "expired" in grants.upload_refusal(key, grant, "j", "n1", indices, now + 60, now + 60 + 121)
+    assert "no grant key" in grants.upload_refusal(b"", grant, "j", "n1", indices, now + 60, now)
+    # A steal grant with the same key is no upload grant.
+    steal = grants.sign(key, "j", "n1", "n2", "t", now + 60)
+    assert grants.upload_refusal(key, steal, "j", "n1", indices, now + 60, now) is not None
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: wire.UploadDirect("j", pack_uints([1]), pack_uints([9]), b"x", "n", "", b"", 1.0, b""), "no data"),
+    (lambda: wire.UploadDirect("j", pack_uints([1]), b"", b"", "n", "", b"", 1.0, b""), "4-byte size"),
+    (lambda: wire.UploadDirect("j", pack_uints([1]), pack_uints([9]), b"", "n", "u", b"d" * 31, 1.0, b""),
+     "SHA-256"),
+    (lambda: wire.DirectReceived("j", pack_uints([1]), pack_uints([1]), b""), "indices only"),
+    (lambda: wire.DirectInputs("j", pack_uints([1]), pack_uints([1]), b"a", b"abc", 1.0, b""), "granted"),
+    (lambda: wire.DirectInputs("j", pack_uints([1]), pack_uints([2]), b"a", pack_uints([1]), 1.0, b""),
+     "as long as"),
+    (lambda: wire.DirectFallback("j", pack_uints([1]), pack_uints([2]), b"a", "n"), "as long as"),
+])
+def test_malformed_direct_messages_are_refused_by_name(make, words):
+    with pytest.raises(ProtocolError, match=words):
+        wire.decode(make().encode())
+
+
+def test_a_node_sends_inputs_to_clients_only_where_they_reach_that_very_node():
+    https = NodeRecord("n", "https://10.0.0.5:8443", 2, 2, 4.0, None, 0, None, "r", "3.11", cert_sha256=b"d" * 32)
+    local = NodeRecord("n", "http://127.0.0.1:9000", 2, 2, 4.0, None, 0, None, "r", "3.11")
+    lan = NodeRecord("n", "http://10.0.0.5:9000", 2, 2, 4.0, None, 0, None, "r", "3.11")
+    assert reachable_url(https, client_local=False) == "https://10.0.0.5:8443"  # pinned: no other machine passes
+    assert reachable_url(local, client_local=True) == "http://127.0.0.1:9000"
+    assert reachable_url(local, client_local=False) == ""  # that loopback is not the client's
+    assert reachable_url(lan, client_local=True) == ""  # plain http to an address another machine may hold
+
+
+def _direct_job(d: Dispatcher) -> None:
+    d.assign(wire.AssignJob("j", "f", b"fn", 2, None, None, b"", {}, 4, direct_inputs=True))
+
+
+def test_a_node_keeps_placeholders_aside_until_their_bytes_come_once():
+    d = Dispatcher(lambda: [], lambda: None)
+    _direct_job(d)
+    d.add_inputs("j", PackedInputs.of([[0, b"a"], [1, direct_inputs.placeholder(LARGE)], [2, b"b"],
+                                      [3, direct_inputs.placeholder(LARGE)]]))
+    job = d.jobs["j"]
+    assert job.queue.index_list() == [0, 2] and job.awaited == {1: LARGE, 3: LARGE}
+    assert job.mean_input_bytes > LARGE / 3  # the window counts the inputs, not their placeholders
+    due = job.credit_due(2)
+    job.credit_unused -= due
+    assert len(job.queue) + len(job.awaited) + job.credit_unused + due == job.window(2)  # awaited count as held
+    # Held for a head that registers again: only what the node has the bytes of.
+    assert {job_id: unpack_indices(packed) for job_id, packed in d.held()} == {"j": [0, 2]}
+    # Bytes for an awaited input and for one that is not: only the first is queued, and only once.
+    assert d.fill("j", PackedInputs.of([[1, b"one"], [7, b"stray"]]), straight=True) == 1
+    assert d.fill("j", PackedInputs.of([[1, b"one again"]]), straight=False) == 0
+    assert job.queue.index_list() == [0, 2, 1] and job.awaited == {3: LARGE}
+    assert d.filled == {True: 1, False: 0}
+    # A new head session: placeholders whose bytes never came are pushed (and sent) again.
+    d.new_head_session()
+    assert job.awaited == {} and d.fill("j", PackedInputs.of([[3, b"late"]]), straight=True) == 0
+
+
+def test_a_node_scans_only_jobs_whose_client_may_send_placeholders():
+    d = Dispatcher(lambda: [], lambda: None)
+    d.assign(wire.AssignJob("j", "f", b"fn", 2, None, None, b"", {}, 4))
+    d.add_inputs("j", PackedInputs.of([[0, b"\x01abcd"]]))  # an entry of another kind: queued as it is
+    assert d.jobs["j"].queue.index_list() == [0] and not d.jobs["j"].awaited
+
+
+def test_the_uploader_keeps_a_placeholders_input_until_its_result_is_in():
+    from burla.client.progress import Display
+    from burla.client.upload import Uploader
+
+    data = [b"z" * LARGE, b"small"]
+    uploader = Uploader("j", data, bytearray(2), Display(total=2, show_progress=False), detaching=False)
+    uploader.direct = True
+    sent: list[wire.Message] = []
+
+    async def send(msg: wire.Message) -> None:
+        sent.append(msg)
+
+    uploader.resume(0, (10, 1 << 30))
+    asyncio.run(uploader.upload(send, 0))
+    (batch,) = sent
+    assert isinstance(batch, wire.InputBatch)
+    entries = dict(batch.part().items())
+    assert direct_inputs.is_placeholder(entries[0]) and direct_inputs.real_size(entries[0]) >= LARGE
+    assert not direct_inputs.is_placeholder(entries[1])
+    assert list(uploader.direct_pending) == [0]
+    assert uploader.outstanding_bytes > LARGE  # the window weighs the input, not its placeholder
+    uploader.results_in([0, 1])
+    assert uploader.direct_pending == {} and uploader.outstanding_bytes == 0
+
+
+def test_an_input_file_directory_apart_is_what_these_tests_rely_on(tmp_path, apart):
+    """The client's input-file directory differs from the cluster's, so its host id does too."""
+    from burla.protocol import input_files
+
+    apart(True)
+    cluster_host = input_files.host_id()
+    apart(False)
+    assert input_files.host_id() not in ("", cluster_host)
+    assert Path(os.environ[ENV_INPUT_FILES_DIR]).name == "client-files"
