@@ -28,6 +28,9 @@ ENV_CLOUD = "BURLA_CLOUD"
 # "0" (or `burla config set background_head false`): a script with no head running starts one for
 # itself that stops with it, instead of a background head that outlives it.
 ENV_BACKGROUND_HEAD = "BURLA_BACKGROUND_HEAD"
+# "0" (or `burla config set direct_inputs false`): large inputs always go through the head, never
+# straight to the node that runs them (burla.protocol.direct_inputs).
+ENV_DIRECT_INPUTS = "BURLA_DIRECT_INPUTS"
 _NO = ("0", "false", "no", "off")
 ENV_HEAD_CERT = "BURLA_HEAD_CERT"
 ENV_NODE_INDEX_URL = "BURLA_NODE_INDEX_URL"
@@ -230,6 +233,7 @@ class ClientSettings:
     cloud: str | None = None  # where heads this client starts boot nodes (None: this machine)
     head_cert: str | None = None  # an https head's pinned certificate (BURLA_HEAD_CERT)
     background_head: bool = True  # with no head running, start one that outlives this process
+    direct_inputs: bool = True  # large inputs may go straight to their nodes, where the head allows
 
     @classmethod
     def resolve(cls) -> ClientSettings:
@@ -241,9 +245,6 @@ class ClientSettings:
         if head_url is None and deployment is not None:  # the head `burla deploy` started
             head_url, token = deployment.head_url, token or deployment.token
         token = token or read_token(directory)
-        background = os.environ.get(ENV_BACKGROUND_HEAD)
-        if background is None:
-            background = str(read_client_config(directory).get("background_head", "true"))
         return cls(
             config_dir=directory,
             head_url=head_url.rstrip("/") if head_url else None,
@@ -251,8 +252,17 @@ class ClientSettings:
             parent_job_id=os.environ.get(ENV_PARENT_JOB) or None,
             cloud=cloud if isinstance(cloud, str) else None,
             head_cert=head_cert_file(directory, deployment),
-            background_head=background.strip().lower() not in _NO,
+            background_head=_switch(ENV_BACKGROUND_HEAD, "background_head", directory),
+            direct_inputs=_switch(ENV_DIRECT_INPUTS, "direct_inputs", directory),
         )
+
+
+def _switch(env: str, key: str, directory: Path) -> bool:
+    """A setting that is on unless its environment variable (or else the config file) says no."""
+    value = os.environ.get(env)
+    if value is None:
+        value = str(read_client_config(directory).get(key, "true"))
+    return value.strip().lower() not in _NO
 
 
 @dataclass(frozen=True)

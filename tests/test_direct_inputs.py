@@ -124,6 +124,18 @@ def test_a_detached_job_sends_its_large_inputs_through_the_head(tmp_path, apart)
         assert _direct_counts(node, head.token) == {"straight": 0, "through_head": 0}
 
 
+def test_a_client_told_not_to_sends_every_input_through_the_head(tmp_path, apart):
+    """`burla config set direct_inputs false` (or BURLA_DIRECT_INPUTS=0): no placeholder at all."""
+    apart(True)
+    with own_head(tmp_path) as head:
+        apart(False)
+        inputs = _inputs(3, 2)
+        results = head.client(direct_inputs=False).remote_parallel_map(functions.digest_after, inputs, spinner=False)
+        assert [tuple(r) for r in results] == _expected(inputs)
+        node = wait_for_nodes(head, 1)[0]
+        assert _direct_counts(node, head.token) == {"straight": 0, "through_head": 0}
+
+
 def test_a_node_the_client_cant_reach_gets_its_inputs_through_the_head(tmp_path, apart):
     apart(True)
     port = _free_port()

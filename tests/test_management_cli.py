@@ -182,6 +182,14 @@ def test_config_and_auth(cluster, tmp_path):
     assert code == 0 and doc["data"]["config"] == {"cloud": "gcp", "background_head": False}
     code, doc = burla(cluster, "config", "set", "background_head", "sometimes", env=env)
     assert code == 2 and "true or false" in doc["error"]["message"]
+    code, doc = burla(cluster, "config", "set", "direct_inputs", "FALSE", env=env)
+    assert code == 0 and doc["data"]["config"]["direct_inputs"] is False
+    code, doc = burla(cluster, "config", "set", "direct_inputs", "no", env=env)
+    assert code == 2 and "direct_inputs must be true or false" in doc["error"]["message"]
+    settings = subprocess.run([sys.executable, "-c", "from burla.config import ClientSettings as S; "
+                               "print(S.resolve().direct_inputs, S.resolve().background_head)"],
+                              env={**os.environ, **env}, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert settings.stdout.split() == ["False", "False"], settings.stderr
     code, doc = burla(cluster, "auth", "status")
     assert code == 0 and doc["data"]["authorized"] and doc["data"]["head_url"] == cluster.url
     assert doc["data"]["token_source"] == ENV_TOKEN

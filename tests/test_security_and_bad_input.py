@@ -165,7 +165,7 @@ def _error(replies: list[wire.Message]) -> wire.ErrorReply:
         ([b"\xc0garbage"], "ProtocolError", "msgpack"),
         ([b"\xc1garbage"], "ProtocolError", "bulk frame is shorter than its header"),  # 0xC1 marks a bulk frame
         ([open_job().encode()[:-3]], "ProtocolError", "msgpack"),
-        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", "needs 23 fields"),
+        ([msgpack.packb([1, "only-a-job-id"])], "ProtocolError", f"needs {len(wire.OpenJob.FIELDS)} fields"),
         ([wire.InputBatch.of("j", PackedInputs.of([])).encode()], "ProtocolError", "not accepted on this channel"),
         ([open_job(n_inputs=0).encode()], "ProtocolError", "n_inputs"),
         ([open_job(max_parallelism=0).encode()], "ProtocolError", "max_parallelism"),

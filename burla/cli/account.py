@@ -29,21 +29,22 @@ def get() -> None:
 
 
 @config.command("set")
-@click.argument("key", type=click.Choice(["cloud", "background_head"]))
+@click.argument("key", type=click.Choice(["cloud", "background_head", "direct_inputs"]))
 @click.argument("value")
 def set_value(key: str, value: str) -> None:
-    """Set a value: `burla config set cloud aws` (where heads this machine starts boot VMs), or
-    `burla config set background_head false` (a script starts a head that stops with it)."""
+    """Set a value: `burla config set cloud aws` (where heads this machine starts boot VMs),
+    `burla config set background_head false` (a script starts a head that stops with it), or
+    `burla config set direct_inputs false` (large inputs always go through the head)."""
 
     def action() -> dict:
         stored: str | bool = value
         if key == "cloud" and value not in CLOUDS:
             raise CliError("bad_usage", f"cloud must be one of {', '.join(CLOUDS)}, got {value!r}",
                            "e.g. `burla config set cloud aws`", 2)
-        if key == "background_head":
+        if key != "cloud":
             if value.lower() not in ("true", "false"):
-                raise CliError("bad_usage", f"background_head must be true or false, got {value!r}",
-                               "e.g. `burla config set background_head false`", 2)
+                raise CliError("bad_usage", f"{key} must be true or false, got {value!r}",
+                               f"e.g. `burla config set {key} false`", 2)
             stored = value.lower() == "true"
         data = _read_config()
         data[key] = stored

@@ -30,7 +30,8 @@ from burla.protocol.worker_context import waiting_on_children
 _ok_of = itemgetter(1)
 
 
-def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int, options: JobOptions) -> wire.OpenJob:
+def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int, options: JobOptions,
+            direct_inputs: bool = True) -> wire.OpenJob:
     """The frame that opens the job; raises FunctionTooBig or UnpicklableFunction."""
     function_bytes = dumps_function(function_)
     if len(function_bytes) > MAX_FUNCTION_BYTES:
@@ -51,7 +52,7 @@ def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int
         packages=client_packages(),
         # A detached job's inputs must outlive this process: they travel inline.
         client_host="" if options.detach else input_files.host_id(),
-        direct_inputs=not options.detach,  # large inputs straight to their nodes, where the head allows
+        direct_inputs=direct_inputs and not options.detach,  # large inputs straight to their nodes, where allowed
     )
 
 
