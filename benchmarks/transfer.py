@@ -11,6 +11,12 @@ figure is the median. Beside the MB/s, the CPU seconds per GB each of burla's pr
 (client, head, node, worker), and each of the anchor's in the same place of its chain: where the
 time goes.
 
+Large inputs go straight from the client to the node that runs them (client -> node -> worker:
+the head relays only their placeholders, burla.protocol.direct_inputs); `inputs_through_head` is
+the same job with that turned off (BURLA_DIRECT_INPUTS=0), so every byte crosses the head. Beside
+the four-process anchor, a three-process one (client -> relay -> worker) is the chain the
+straight path crosses.
+
 The chain through the SSH tunnel of the cloud path, beside the same anchor with its middle hop
 over an asyncssh forward, is transfer_tunnel.py.
 """
@@ -143,19 +149,23 @@ def cpu_seconds_of(process: subprocess.Popen) -> float:
     return float(process.stdout.readline())
 
 
-def anchor_mb_s(direction: str) -> tuple[float, dict[str, float]]:
+def anchor_mb_s(direction: str, relays: int = 2) -> tuple[float, dict[str, float]]:
     """MB/s of COUNT payloads through client -> relay -> relay -> worker (inputs), or back (results),
-    and the CPU seconds of each process, named by the place it takes in burla's chain."""
+    or with one relay (client -> relay -> worker), and the CPU seconds of each process, named by the
+    place it takes in burla's chain."""
     worker, port = start_hop("worker")
-    second, second_port = start_hop("relay", str(port))
-    first, first_port = start_hop("relay", str(second_port))
+    hops = [worker]
+    for _ in range(relays):
+        relay, port = start_hop("relay", str(port))
+        hops.append(relay)
     try:
-        mb_s, client_cpu = anchor_chain_mb_s(first_port, direction)
-        cpu = {"client": client_cpu, "head": cpu_seconds_of(first), "nodes": cpu_seconds_of(second),
+        mb_s, client_cpu = anchor_chain_mb_s(port, direction)
+        places = ["head", "nodes"][2 - relays:]  # one relay stands where the node does (the straight path)
+        cpu = {"client": client_cpu, **{place: cpu_seconds_of(hop) for place, hop in zip(places, reversed(hops))},
                "workers": cpu_seconds_of(worker)}
         return mb_s, cpu
     finally:
-        for process in (first, second, worker):
+        for process in hops:
             process.kill()
             process.wait()
 
@@ -169,15 +179,25 @@ def payload_of(index: int) -> bytes:
 
 
 def workloads() -> dict[str, Callable[[], object]]:
-    """The two jobs: COUNT inputs of SIZE bytes in, and COUNT results of SIZE bytes out."""
+    """The jobs: COUNT inputs of SIZE bytes in (straight to the node, and through the head), and
+    COUNT results of SIZE bytes out."""
     from burla import remote_parallel_map
 
     inputs = [bytes([i]) * SIZE for i in range(COUNT)]
     indices = list(range(COUNT))
+
+    def through_head() -> object:
+        with environment(BURLA_DIRECT_INPUTS="0"):
+            return remote_parallel_map(payload_size, inputs, spinner=False)
+
     return {
         "inputs": lambda: remote_parallel_map(payload_size, inputs, spinner=False),
+        "inputs_through_head": through_head,
         "results": lambda: remote_parallel_map(payload_of, indices, spinner=False),
     }
+
+
+DIRECTION = {"inputs": "inputs", "inputs_through_head": "inputs", "results": "results"}  # each job's anchor
 
 
 def main() -> None:
@@ -185,8 +205,9 @@ def main() -> None:
 
     jobs = workloads()
     burla_mb_s: dict[str, list[float]] = {name: [] for name in jobs}
-    anchor: dict[str, list[float]] = {name: [] for name in jobs}
-    anchor_cpu: dict[str, dict[str, float]] = {name: {} for name in jobs}  # seconds per role, summed
+    anchors = ("inputs", "results", "inputs_one_relay")
+    anchor: dict[str, list[float]] = {name: [] for name in anchors}
+    anchor_cpu: dict[str, dict[str, float]] = {name: {} for name in anchors}  # seconds per role, summed
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
         node_files = Path(directory) / "node-input-files"
         node_files.mkdir()
@@ -200,7 +221,8 @@ def main() -> None:
             for _ in range(ROUNDS):
                 for name, workload in jobs.items():
                     burla_mb_s[name].append(TOTAL_MB / run.timed(name, workload))
-                    mb_s, cpu = anchor_mb_s(name)
+                for name in anchors:
+                    mb_s, cpu = anchor_mb_s(DIRECTION.get(name, "inputs"), relays=1 if name.endswith("relay") else 2)
                     anchor[name].append(mb_s)
                     for role, seconds in cpu.items():
                         anchor_cpu[name][role] = anchor_cpu[name].get(role, 0.0) + seconds
@@ -214,8 +236,10 @@ def main() -> None:
         "payloads": f"{COUNT} x {SIZE // 2**20} MB",
         "burla_inline_mb_s": {name: round(statistics.median(v), 1) for name, v in burla_mb_s.items()},
         "plain_relay_mb_s": {name: round(statistics.median(v), 1) for name, v in anchor.items()},
-        "burla_over_relay": {name: round(statistics.median(burla_mb_s[name]) / statistics.median(anchor[name]), 3)
-                             for name in jobs},
+        "burla_over_relay": {name: round(statistics.median(burla_mb_s[name])
+                                         / statistics.median(anchor[DIRECTION[name]]), 3) for name in jobs},
+        "straight_inputs_over_one_relay": round(statistics.median(burla_mb_s["inputs"])
+                                                / statistics.median(anchor["inputs_one_relay"]), 3),
         "burla_cpu_s_per_gb": {name: {role: round(ms / 1e3 / gb, 3) for role, ms in run.cpu_ms(name).items()}
                                for name in jobs},
         "plain_relay_cpu_s_per_gb": {name: {role: round(seconds / ROUNDS / gb, 3) for role, seconds in cpu.items()}

@@ -17,11 +17,12 @@ from typing import Any
 
 from burla.errors import ProtocolError
 from burla.protocol import limits, wire
-from burla.protocol.packed_inputs import PackedInputs, unpack_uints
+from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
 from burla.protocol.pickle_parts import PickleParts
 
 log = logging.getLogger("burla.client")
 
+PIPELINE_FRAMES = 4  # inputs sent to a node ahead of its receipts
 CONNECT_TIMEOUT_S = 5.0  # a node that does not answer this soon gets its inputs through the head
 RECEIPT_TIMEOUT_S = 60.0  # a node that takes a frame and says nothing this long is given up on
 
@@ -40,8 +41,6 @@ class DirectSender:
         self._queues: dict[str, deque[wire.UploadDirect]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._unreachable: set[str] = set()  # nodes whose inputs go through the head from now on
-        self.sent_direct = 0  # inputs a node confirmed it holds
-        self.sent_via_head = 0
 
     def on_upload(self, msg: wire.UploadDirect) -> None:
         """The head pushed these placeholders to `msg.node_id`: send their bytes after the ones
@@ -62,43 +61,48 @@ class DirectSender:
 
     async def _serve(self, node_id: str) -> None:
         queue = self._queues[node_id]
-        ws = None
+        pipe: _Pipe | None = None
         try:
             while queue:
                 msg = queue.popleft()
-                part = self._still_pending(msg)
-                if part is None:
+                inputs = self._still_pending(msg)
+                if not inputs:
                     continue  # every result is in already (the head told the client again)
                 if msg.url and node_id not in self._unreachable:
+                    sent = 0
                     try:
-                        ws = ws if ws is not None and not ws.closed else await self._connect(msg)
-                        await self._send_direct(ws, msg, part)
-                        self.sent_direct += part.count
+                        if pipe is None:
+                            pipe = _Pipe(await self._connect(msg), self.job_id)
+                        for index, data in inputs:
+                            sent += 1
+                            await pipe.send(msg, index, data)
+                        if not queue:  # nothing more to send for now: the node's word for what is out
+                            await pipe.confirm(0)
                         continue
                     except Exception as e:  # unreachable, refused, cut: this node's inputs go through the head
                         log.info("job %s: sending inputs to node %s through the head instead (%s)", self.job_id,
                                  node_id, e)
                         self._unreachable.add(node_id)
-                        if ws is not None:
-                            with contextlib.suppress(Exception):
-                                await ws.close()
-                            ws = None
-                try:
-                    await self._via_head(wire.DirectFallback(self.job_id, part.indices, part.sizes, part.data, node_id))
-                    self.sent_via_head += part.count
-                except Exception:  # the connection to the head is down: it tells again when the client is back
-                    pass
+                        inputs = [*(pipe.unconfirmed if pipe is not None else ()), *inputs[sent:]]
+                        if pipe is not None:
+                            await pipe.close()
+                            pipe = None
+                await self._through_head(node_id, inputs)
         finally:
-            if ws is not None:
-                with contextlib.suppress(Exception):
-                    await ws.close()
+            if pipe is not None:
+                await pipe.close()
 
-    def _still_pending(self, msg: wire.UploadDirect) -> PackedInputs | None:
+    async def _through_head(self, node_id: str, inputs: list[tuple[int, bytes | PickleParts]]) -> None:
+        for index, data in inputs:
+            try:
+                part = PackedInputs.of_lists([index], [data])  # one segment: as it is, never joined
+                await self._via_head(wire.DirectFallback(self.job_id, part.indices, part.sizes, part.data, node_id))
+            except Exception:  # the connection to the head is down: the head tells again when the client is back
+                return
+
+    def _still_pending(self, msg: wire.UploadDirect) -> list[tuple[int, bytes | PickleParts]]:
         pending = self._pending
-        indices = [index for index in unpack_uints(msg.indices) if index in pending]
-        if not indices:
-            return None
-        return PackedInputs.of_lists(indices, [pending[index] for index in indices])
+        return [(index, pending[index]) for index in unpack_uints(msg.indices) if index in pending]
 
     async def _connect(self, msg: wire.UploadDirect) -> Any:
         import aiohttp
@@ -112,19 +116,41 @@ class DirectSender:
         ws_bulk.install_client(ws, limits.MAX_FRAME_BYTES)
         return ws
 
-    async def _send_direct(self, ws: Any, msg: wire.UploadDirect, part: PackedInputs) -> None:
-        import aiohttp
 
+class _Pipe:
+    """One node's connection: a frame per input, up to PIPELINE_FRAMES of them sent ahead of the
+    node's receipts, which come in order."""
+
+    def __init__(self, ws: Any, job_id: str) -> None:
+        self.ws = ws
+        self.job_id = job_id
+        self.unconfirmed: deque[tuple[int, bytes | PickleParts]] = deque()
+
+    async def send(self, msg: wire.UploadDirect, index: int, data: bytes | PickleParts) -> None:
         from burla.web import ws_bulk
 
+        part = PackedInputs.of_lists([index], [data])  # one segment: as it is, never joined
         frame = wire.DirectInputs(self.job_id, part.indices, part.sizes, part.data, msg.indices, msg.expires_at,
                                   msg.grant)
-        await ws_bulk.send_bulk(ws, frame.encode_parts())
-        reply = await asyncio.wait_for(ws.receive(), RECEIPT_TIMEOUT_S)
-        if reply.type != aiohttp.WSMsgType.BINARY:
-            raise ConnectionError(f"the node closed the connection ({reply.type.name})")
-        answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
-        if isinstance(answer, wire.ErrorReply):
-            raise ConnectionError(f"the node refused them: {answer.message}")
-        if not isinstance(answer, wire.DirectReceived) or answer.indices != part.indices:
-            raise ProtocolError("the node answered with something other than a receipt for these inputs")
+        self.unconfirmed.append((index, data))
+        await ws_bulk.send_bulk(self.ws, frame.encode_parts())
+        await self.confirm(PIPELINE_FRAMES)
+
+    async def confirm(self, ahead: int) -> None:
+        """Read the node's receipts until at most `ahead` frames are unconfirmed."""
+        import aiohttp
+
+        while len(self.unconfirmed) > ahead:
+            reply = await asyncio.wait_for(self.ws.receive(), RECEIPT_TIMEOUT_S)
+            if reply.type != aiohttp.WSMsgType.BINARY:
+                raise ConnectionError(f"the node closed the connection ({reply.type.name})")
+            answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
+            if isinstance(answer, wire.ErrorReply):
+                raise ConnectionError(f"the node refused them: {answer.message}")
+            if not isinstance(answer, wire.DirectReceived) or answer.indices != pack_uints([self.unconfirmed[0][0]]):
+                raise ProtocolError("the node answered with something other than a receipt for the next input")
+            self.unconfirmed.popleft()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close()
