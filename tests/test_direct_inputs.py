@@ -26,8 +26,10 @@ from burla.config import ENV_INPUT_FILES_DIR
 from burla.errors import ProtocolError
 from burla.head.direct_uploads import reachable_url
 from burla.head.records import NodeRecord
+from burla.node.direct_route import direct_socket
 from burla.node.dispatcher import Dispatcher
 from burla.protocol import direct_inputs, grants, wire
+from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
 from burla.protocol.inline_values import pack_input
 from burla.protocol.packed_inputs import PackedInputs, pack_uints
 from burla.protocol.packed_results import unpack_indices
@@ -187,6 +189,23 @@ def test_a_client_cut_off_mid_job_is_told_again_where_its_inputs_go(tmp_path, ap
         assert proxy.connections >= 2
 
 
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_head_restarted_mid_job_has_its_placeholders_filled_again(tmp_path, apart, how):
+    """The nodes drop placeholders whose bytes never came when they register again; the restarted
+    head pushes them anew and tells the resumed client where: every input runs, and right."""
+    apart(True)
+    with LocalCluster(tmp_path / "cluster", nodes=2, workers=1) as cluster:
+        apart(False)
+        inputs = _inputs(12, 2)
+        stream = cluster.client().remote_parallel_map(functions.digest_after, [(data, 0.3) for data in inputs],
+                                                      generator=True, spinner=False)
+        results = [next(stream)]
+        cluster.stop_head(how)
+        cluster.start_head()
+        results.extend(stream)
+        assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
+
+
 def test_an_https_node_takes_inputs_from_a_client_that_pins_its_certificate(tmp_path, apart):
     apart(True)
     head = start_head(tmp_path / "config", extra=["--tls-self-signed"])
@@ -203,37 +222,85 @@ def test_an_https_node_takes_inputs_from_a_client_that_pins_its_certificate(tmp_
         head.stop()
 
 
-def test_a_node_takes_inputs_only_under_its_heads_grant(cluster):
-    """The route needs no token, only a grant: a forged one, one for other inputs and a malformed
-    frame are refused, each with its reason, and the connection closed."""
-    node_url = wait_for_nodes(cluster, 1)[0]["url"]
-    part = PackedInputs.of([[0, dumps(b"x")]])
-    forged = wire.DirectInputs("j-1", part.indices, part.sizes, part.data, part.indices, time.time() + 60,
-                               b"g" * 32)
-    beyond = wire.DirectInputs("j-1", pack_uints([0, 1]), pack_uints([1, 1]), b"ab", part.indices,
-                               time.time() + 60, b"g" * 32)
+def test_a_node_opens_a_connection_for_inputs_only_with_its_heads_grant(cluster):
+    """The route needs no token, only the head's grant for this node and job, checked before the
+    WebSocket opens (no frame is read without it); every other route still wants the token."""
+    node = wait_for_nodes(cluster, 1)[0]
+    expires = time.time() + 60
 
-    async def answer(frame: bytes) -> tuple[wire.Message, aiohttp.WSMsgType]:
-        async with aiohttp.ClientSession() as session, session.ws_connect(f"{node_url}/v1/jobs/j-1/direct") as ws:
-            await ws.send_bytes(frame)
-            reply = await ws.receive(timeout=30)
-            after = await ws.receive(timeout=30)
-            return wire.decode(reply.data, wire.NODE_TO_CLIENT), after.type
+    async def status(headers: dict[str, str]) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.ws_connect(f"{node['url']}/v1/jobs/j-1/direct", headers=headers):
+                    return 101, ""
+            except aiohttp.WSServerHandshakeError as e:
+                return e.status, str(e.message)
 
-    for frame, kind, words in [(forged.encode(), "GrantRefused", "not the head's"),
-                               (beyond.encode(), "GrantRefused", "not the head's"),
-                               (b"\x93junk", "ProtocolError", ""),
-                               (wire.DirectInputs("j-2", part.indices, part.sizes, part.data, part.indices, 1.0,
-                                                  b"g").encode(), "ProtocolError", "does not match the URL")]:
-        reply, after = asyncio.run(answer(frame))
-        assert isinstance(reply, wire.ErrorReply) and reply.kind == kind and words in reply.message
-        assert reply.status == (403 if kind == "GrantRefused" else 400)
-        assert after in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-    # Every other route still wants the token.
+    forged = {GRANT_HEADER: (b"g" * 32).hex(), EXPIRES_HEADER: repr(expires)}
+    assert asyncio.run(status(forged))[0] == 403
+    assert asyncio.run(status({}))[0] == 400
+    assert asyncio.run(status({GRANT_HEADER: "not hex", EXPIRES_HEADER: "soon"}))[0] == 400
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{node_url}/v1/state", timeout=10)
+        urllib.request.urlopen(f"{node['url']}/v1/state", timeout=10)
     assert refused.value.code == 401
     refused.value.close()
+
+
+class _Receiver:
+    """A node as the route sees it, with a grant key the test holds (the head's, in a cluster)."""
+
+    def __init__(self) -> None:
+        self.key = grants.new_key()
+        self.arrived: list[tuple[str, list[int], bool]] = []
+
+    def upload_key(self) -> tuple[str, bytes]:
+        return "n1", self.key
+
+    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> int:
+        self.arrived.append((job_id, part.index_list(), straight))
+        return part.count
+
+
+def test_the_direct_route_takes_frames_of_its_job_and_refuses_the_rest_by_name():
+    receiver = _Receiver()
+
+    async def scenario() -> list:
+        async def route(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+            return await direct_socket(request, receiver)
+
+        app = aiohttp.web.Application()
+        app.router.add_get("/v1/jobs/{job_id}/direct", route)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        expires = time.time() + 60
+        headers = {GRANT_HEADER: grants.sign_upload(receiver.key, "j-1", "n1", expires).hex(),
+                   EXPIRES_HEADER: repr(expires)}
+        seen = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{port}/v1/jobs/j-1/direct"
+                for frame in (wire.DirectInputs.of("j-1", PackedInputs.of([[4, b"abc"]])).encode(),
+                              wire.DirectInputs.of("j-2", PackedInputs.of([[5, b"d"]])).encode(), b"\x93junk"):
+                    async with session.ws_connect(url, headers=headers) as ws:
+                        await ws.send_bytes(frame)
+                        seen.append(wire.decode((await ws.receive(timeout=30)).data, wire.NODE_TO_CLIENT))
+                # A grant for another job opens nothing.
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await session.ws_connect(url.replace("j-1", "j-2"), headers=headers)
+                seen.append(refused.value.status)
+        finally:
+            await runner.cleanup()
+        return seen
+
+    received, other_job, junk, refused = asyncio.run(scenario())
+    assert isinstance(received, wire.DirectReceived) and received.indices == pack_uints([4])
+    assert isinstance(other_job, wire.ErrorReply) and "does not match the URL" in other_job.message
+    assert isinstance(junk, wire.ErrorReply) and junk.kind == "ProtocolError" and junk.status == 400
+    assert refused == 403
+    assert receiver.arrived == [("j-1", [4], True)]
 
 
 # --- the parts -----------------------------------------------------------------------------
@@ -258,27 +325,19 @@ def test_placeholders_are_found_among_entries_of_every_size():
     assert direct_inputs.placeholders_in(PackedInputs.of([(i, d) for i, d in entries if i in (0, 2, 3, 4)])) == []
 
 
-def test_upload_groups_stay_within_their_bytes_and_keep_order():
-    mb = 2**20
-    groups = direct_inputs.upload_groups([(0, 20 * mb), (1, 10 * mb), (2, 5 * mb), (3, 100 * mb), (4, mb)])
-    assert groups == [[0, 1], [2], [3], [4]]
-    assert direct_inputs.upload_groups([]) == []
-
-
-def test_an_upload_grant_opens_exactly_its_node_job_and_inputs_until_it_expires():
+def test_an_upload_grant_opens_exactly_its_node_and_job_until_it_expires():
     key, now = grants.new_key(), time.time()
-    indices = pack_uints([3, 4])
-    grant = grants.sign_upload(key, "j", "n1", indices, now + 60)
-    assert grants.upload_refusal(key, grant, "j", "n1", indices, now + 60, now) is None
-    assert "not the head's" in grants.upload_refusal(grants.new_key(), grant, "j", "n1", indices, now + 60, now)
-    assert "not the head's" in grants.upload_refusal(key, grant, "j", "n2", indices, now + 60, now)
-    assert "not the head's" in grants.upload_refusal(key, grant, "j2", "n1", indices, now + 60, now)
-    assert "not the head's" in grants.upload_refusal(key, grant, "j", "n1", pack_uints([3]), now + 60, now)
-    assert "expired" in grants.upload_refusal(key, grant, "j", "n1", indices, now + 60, now + 60 + 121)
-    assert "no grant key" in grants.upload_refusal(b"", grant, "j", "n1", indices, now + 60, now)
+    grant = grants.sign_upload(key, "j", "n1", now + 60)
+    assert grants.upload_refusal(key, grant, "j", "n1", now + 60, now) is None
+    assert "not the head's" in grants.upload_refusal(grants.new_key(), grant, "j", "n1", now + 60, now)
+    assert "not the head's" in grants.upload_refusal(key, grant, "j", "n2", now + 60, now)
+    assert "not the head's" in grants.upload_refusal(key, grant, "j2", "n1", now + 60, now)
+    assert "not the head's" in grants.upload_refusal(key, grant, "j", "n1", now + 61, now)  # its expiry is signed
+    assert "expired" in grants.upload_refusal(key, grant, "j", "n1", now + 60, now + 60 + 121)
+    assert "no grant key" in grants.upload_refusal(b"", grant, "j", "n1", now + 60, now)
     # A steal grant with the same key is no upload grant.
     steal = grants.sign(key, "j", "n1", "n2", "t", now + 60)
-    assert grants.upload_refusal(key, steal, "j", "n1", indices, now + 60, now) is not None
+    assert grants.upload_refusal(key, steal, "j", "n1", now + 60, now) is not None
 
 
 @pytest.mark.parametrize("make, words", [
@@ -287,9 +346,7 @@ def test_an_upload_grant_opens_exactly_its_node_job_and_inputs_until_it_expires(
     (lambda: wire.UploadDirect("j", pack_uints([1]), pack_uints([9]), b"", "n", "u", b"d" * 31, 1.0, b""),
      "SHA-256"),
     (lambda: wire.DirectReceived("j", pack_uints([1]), pack_uints([1]), b""), "indices only"),
-    (lambda: wire.DirectInputs("j", pack_uints([1]), pack_uints([1]), b"a", b"abc", 1.0, b""), "granted"),
-    (lambda: wire.DirectInputs("j", pack_uints([1]), pack_uints([2]), b"a", pack_uints([1]), 1.0, b""),
-     "as long as"),
+    (lambda: wire.DirectInputs("j", pack_uints([1]), pack_uints([2]), b"a"), "as long as"),
     (lambda: wire.DirectFallback("j", pack_uints([1]), pack_uints([2]), b"a", "n"), "as long as"),
 ])
 def test_malformed_direct_messages_are_refused_by_name(make, words):

@@ -67,7 +67,7 @@ SAMPLES: list[wire.Message] = [
     worker_wire.UnloadFunction("j-1"),
     wire.UploadDirect("j-1", pack_uints([4, 5]), pack_uints([2**21, 2**22]), b"", "n1", "https://127.0.0.1:3",
                       b"d" * 32, 1.8e9, b"g" * 32),
-    wire.DirectInputs("j-1", pack_uints([4]), pack_uints([3]), b"abc", pack_uints([4, 5]), 1.8e9, b"g" * 32),
+    wire.DirectInputs("j-1", pack_uints([4]), pack_uints([3]), b"abc"),
     wire.DirectReceived("j-1", pack_uints([4]), b"", b""),
     wire.DirectFallback("j-1", pack_uints([5]), pack_uints([2]), b"de", "n1"),
     wire.DirectFill("j-1", pack_uints([5]), pack_uints([2]), b"de"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from burla.errors import ProtocolError
 from burla.protocol import limits, wire
+from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
 from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
 from burla.protocol.pickle_parts import PickleParts
 
@@ -75,7 +76,7 @@ class DirectSender:
                             pipe = _Pipe(await self._connect(msg), self.job_id)
                         for index, data in inputs:
                             sent += 1
-                            await pipe.send(msg, index, data)
+                            await pipe.send(index, data)
                         if not queue:  # nothing more to send for now: the node's word for what is out
                             await pipe.confirm(0)
                         continue
@@ -110,9 +111,10 @@ class DirectSender:
         from burla.web import ws_bulk
 
         pin = aiohttp.Fingerprint(msg.cert_sha256) if msg.cert_sha256 else True
+        headers = {GRANT_HEADER: msg.grant.hex(), EXPIRES_HEADER: repr(msg.expires_at)}
         ws = await asyncio.wait_for(self._session().ws_connect(
-            f"{msg.url}/v1/jobs/{self.job_id}/direct", ssl=pin, max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=None),
-            CONNECT_TIMEOUT_S)
+            f"{msg.url}/v1/jobs/{self.job_id}/direct", ssl=pin, headers=headers, max_msg_size=limits.MAX_FRAME_BYTES,
+            heartbeat=None), CONNECT_TIMEOUT_S)
         ws_bulk.install_client(ws, limits.MAX_FRAME_BYTES)
         return ws
 
@@ -126,12 +128,11 @@ class _Pipe:
         self.job_id = job_id
         self.unconfirmed: deque[tuple[int, bytes | PickleParts]] = deque()
 
-    async def send(self, msg: wire.UploadDirect, index: int, data: bytes | PickleParts) -> None:
+    async def send(self, index: int, data: bytes | PickleParts) -> None:
         from burla.web import ws_bulk
 
         part = PackedInputs.of_lists([index], [data])  # one segment: as it is, never joined
-        frame = wire.DirectInputs(self.job_id, part.indices, part.sizes, part.data, msg.indices, msg.expires_at,
-                                  msg.grant)
+        frame = wire.DirectInputs.of(self.job_id, part)
         self.unconfirmed.append((index, data))
         await ws_bulk.send_bulk(self.ws, frame.encode_parts())
         await self.confirm(PIPELINE_FRAMES)

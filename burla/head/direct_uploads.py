@@ -22,7 +22,7 @@ from burla.head.links import ClientLink, NodeLink
 from burla.head.records import JobRecord, NodeRecord
 from burla.head.scheduler import Scheduler
 from burla.protocol import grants, wire
-from burla.protocol.direct_inputs import placeholders_in, upload_groups
+from burla.protocol.direct_inputs import placeholders_in
 from burla.protocol.direct_wire import UPLOAD_GRANT_TTL_S
 from burla.protocol.packed_inputs import PackedInputs, gather, pack_uints
 
@@ -93,10 +93,8 @@ class DirectUploads:
         if link is None or node is None:
             return
         url = reachable_url(node, link.client_local)
-        sizes = dict(found)
-        for group in upload_groups(found):
-            indices = pack_uints(group)
-            expires_at = time.time() + UPLOAD_GRANT_TTL_S
-            grant = grants.sign_upload(node.grant_key, job.job_id, node_id, indices, expires_at) if url else b""
-            link.send(wire.UploadDirect(job.job_id, indices, pack_uints([sizes[index] for index in group]), b"",
-                                        node_id, url, node.cert_sha256 if url else b"", expires_at, grant))
+        expires_at = time.time() + UPLOAD_GRANT_TTL_S
+        grant = grants.sign_upload(node.grant_key, job.job_id, node_id, expires_at) if url else b""
+        indices, sizes = zip(*found)
+        link.send(wire.UploadDirect(job.job_id, pack_uints(indices), pack_uints(sizes), b"", node_id, url,
+                                    node.cert_sha256 if url else b"", expires_at, grant))

@@ -1,5 +1,5 @@
 """The node's side of a client's large inputs sent straight to it (burla.protocol.direct_inputs):
-one WebSocket per client and job, each frame a DirectInputs under the head's upload grant, each
+one WebSocket per client and job, opened with the head's upload grant; each frame a DirectInputs,
 answered with a DirectReceived once its inputs are queued here."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from typing import Protocol
 
 from aiohttp import WSMsgType, web
 
-from burla.errors import GrantRefused, ProtocolError
+from burla.errors import ProtocolError
 from burla.protocol import grants, limits, wire
-from burla.protocol.packed_inputs import PackedInputs, unpack_uints
+from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
+from burla.protocol.packed_inputs import PackedInputs
 from burla.web import ws_bulk
+from burla.web.json_io import error_response
 
 log = logging.getLogger("burla.node")
 
@@ -28,9 +30,13 @@ class Receiver(Protocol):
         """Queue the awaited inputs among these (sent `straight` here, or through the head); how many were."""
 
 
-async def direct_socket(request: web.Request, receiver: Receiver) -> web.WebSocketResponse:
-    """`GET /v1/jobs/{job_id}/direct`: the grant in each frame is the authentication (no token)."""
+async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamResponse:
+    """`GET /v1/jobs/{job_id}/direct`: the upload grant in its headers is the authentication (no
+    token), checked before a frame is read."""
     job_id = request.match_info["job_id"]
+    refused = _refusal(request, job_id, receiver)
+    if refused is not None:
+        return refused
     ws = web.WebSocketResponse(max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=None)
     try:
         await ws.prepare(request)
@@ -41,29 +47,31 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.WebSock
         if frame.type != WSMsgType.BINARY:
             break
         try:
-            msg = _granted(frame.data, job_id, receiver)
-        except (ProtocolError, GrantRefused) as e:
-            status = 403 if isinstance(e, GrantRefused) else 400
-            await ws.send_bytes(wire.ErrorReply(type(e).__name__, str(e), status).encode())
+            msg = wire.decode(frame.data, wire.CLIENT_TO_NODE)
+            if getattr(msg, "job_id", None) != job_id:
+                raise ProtocolError("the frame's job_id does not match the URL")
+        except ProtocolError as e:
+            await ws.send_bytes(wire.ErrorReply("ProtocolError", str(e), 400).encode())
             await ws.close(message=b"refused")
             break
-        taken = receiver.inputs_arrived(job_id, msg.part(), straight=True)
-        if taken < msg.part().count:
+        assert isinstance(msg, wire.DirectInputs)  # the channel's only message
+        part = msg.part()
+        taken = receiver.inputs_arrived(job_id, part, straight=True)
+        if taken < part.count:
             log.info("job %s: %d of %d inputs sent here were not awaited (sent twice, or pushed elsewhere since)",
-                     job_id, msg.part().count - taken, msg.part().count)
+                     job_id, part.count - taken, part.count)
         await ws.send_bytes(wire.DirectReceived(job_id, msg.indices, b"", b"").encode())
     return ws
 
 
-def _granted(data: bytes, job_id: str, receiver: Receiver) -> wire.DirectInputs:
-    msg = wire.decode(data, wire.CLIENT_TO_NODE)
-    assert isinstance(msg, wire.DirectInputs)  # the channel's only message
-    if msg.job_id != job_id:
-        raise ProtocolError("the frame's job_id does not match the URL")
+def _refusal(request: web.Request, job_id: str, receiver: Receiver) -> web.Response | None:
+    """The answer to a connection without the head's grant for this node and job (None: it has one)."""
+    try:
+        grant = bytes.fromhex(request.headers.get(GRANT_HEADER, ""))
+        expires_at = float(request.headers.get(EXPIRES_HEADER, ""))
+    except ValueError:
+        return error_response(400, "ProtocolError", f"send the upload grant in {GRANT_HEADER} (hex) and its "
+                              f"expiry in {EXPIRES_HEADER} (seconds), as the head gave them")
     node_id, key = receiver.upload_key()
-    problem = grants.upload_refusal(key, msg.grant, job_id, node_id, msg.granted, msg.expires_at, time.time())
-    if problem is None and not set(unpack_uints(msg.indices)) <= set(unpack_uints(msg.granted)):
-        problem = "the frame carries inputs its grant does not name"
-    if problem is not None:
-        raise GrantRefused(problem)
-    return msg
+    problem = grants.upload_refusal(key, grant, job_id, node_id, expires_at, time.time())
+    return None if problem is None else error_response(403, "GrantRefused", problem)

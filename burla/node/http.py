@@ -54,7 +54,7 @@ def build_node_app(service: ServedNode, guard: ConnectionGuard) -> web.Applicati
     return app
 
 
-async def direct(request: web.Request) -> web.WebSocketResponse:
+async def direct(request: web.Request) -> web.StreamResponse:
     return await direct_socket(request, request.app[SERVICE])
 
 

@@ -7,7 +7,8 @@ The head queues, pushes, requeues and counts placeholders as it does any input, 
 credit, node losses and restarts stay as they are. When it pushes placeholders to a node it tells
 the client where they went (`UploadDirect`, with a grant the head signed with that node's key),
 and the client sends their bytes to that node itself (`DirectInputs`), or through the head
-(`DirectFallback`, passed on as `DirectFill`) where it can't reach the node. A node keeps the
+(`DirectFallback`, passed on as `DirectFill`) where it can't reach the node. The node opens the
+client's connection only with that grant, before it reads a byte. A node keeps the
 placeholders it was pushed aside, as awaited, until their bytes come, and queues them then.
 
 A placeholder begins with 0x01: never the start of a pickle (0x80), of an inline value (0xC0)
@@ -22,7 +23,10 @@ from itertools import accumulate
 from burla.protocol.packed_inputs import UINT_BYTES, PackedInputs, pack_uints, unpack_uints
 
 DIRECT_MIN_BYTES = 1024 * 1024  # below this, an input travels through the head (a round trip costs more)
-UPLOAD_BYTES = 32 * 1024 * 1024  # the inputs one UploadDirect names weigh at most this (one larger alone)
+# How a client opens its connection to a node: the head's upload grant (hex) and its expiry (the
+# head's wall clock, seconds), as UploadDirect gave them.
+GRANT_HEADER = "X-Burla-Upload-Grant"
+EXPIRES_HEADER = "X-Burla-Upload-Expires"
 _PLACEHOLDER = struct.Struct("<BI")  # the mark and the input's real size
 PLACEHOLDER_BYTES = _PLACEHOLDER.size
 _MARK = 0x01
@@ -73,20 +77,3 @@ def without(part: PackedInputs, placeholders: list[tuple[int, int]]) -> PackedIn
     left_out = {index for index, _ in placeholders}
     kept = [(index, data) for index, data in part.items() if index not in left_out]
     return PackedInputs.of(kept) if kept else PackedInputs(b"", b"", b"")
-
-
-def upload_groups(placeholders: list[tuple[int, int]]) -> list[list[int]]:
-    """Placeholders cut into the groups one UploadDirect names each: UPLOAD_BYTES of real inputs
-    at most, one larger input alone."""
-    groups: list[list[int]] = []
-    group: list[int] = []
-    weight = 0
-    for index, size in placeholders:
-        if group and weight + size > UPLOAD_BYTES:
-            groups.append(group)
-            group, weight = [], 0
-        group.append(index)
-        weight += size
-    if group:
-        groups.append(group)
-    return groups

@@ -13,11 +13,11 @@ UPLOAD_GRANT_TTL_S = 600.0  # an upload grant is good this long (a client sends 
 @message(44)
 class UploadDirect(CarriesInputs):
     """Head to client: these inputs (the placeholders the head pushed to `node_id`) go to that node.
-    With a `url`, the client sends them there itself under `grant` (the head's signature with the
-    node's key over job, node, these indices and `expires_at`, the head's wall clock), pinning
-    `cert_sha256` if the node serves https; without one (the client can't reach that node), and
-    wherever that fails, through the head (DirectFallback). `sizes` are the inputs' real sizes,
-    and `data` is empty."""
+    With a `url`, the client sends them there itself, opening its connection with `grant` (the
+    head's signature with the node's key over job, node and `expires_at`, the head's wall clock)
+    and pinning `cert_sha256` if the node serves https; without one (the client can't reach that
+    node), and wherever that fails, through the head (DirectFallback). `sizes` are the inputs'
+    real sizes, and `data` is empty."""
 
     job_id: str
     indices: bytes
@@ -38,22 +38,13 @@ class UploadDirect(CarriesInputs):
 
 @message(45)
 class DirectInputs(CarriesInputs):
-    """Client to node (on the node's `/v1/jobs/{job_id}/direct` WebSocket): inputs one UploadDirect
-    named (`granted`, its indices: those whose results are in already are left out), under its
-    grant."""
+    """Client to node, on the node's `/v1/jobs/{job_id}/direct` WebSocket (opened with an upload
+    grant): inputs the head said went there."""
 
     job_id: str
     indices: bytes
     sizes: bytes
     data: bytes | memoryview  # bulk: the inputs' pickles
-    granted: bytes
-    expires_at: float
-    grant: bytes
-
-    def validate(self) -> None:
-        CarriesInputs.validate(self)
-        if len(self.granted) % UINT_BYTES:
-            raise ProtocolError("DirectInputs.granted must be packed 4-byte indices")
 
 
 @message(46)

@@ -12,8 +12,10 @@ so the head moves to the thief only what the donor gave, never more inputs of th
 that.
 
 Upload grants work alike for a client's large inputs (`burla.protocol.direct_inputs`): the head
-signs (job, node, the inputs' indices, expiry) with the node's key, and the node takes from the
-client exactly those inputs of that job, and only before the grant expires.
+signs (job, node, expiry) with the node's key, and the node opens a connection for that job's
+inputs only to whoever shows one before it expires (its job's client: the head sends the grant
+nowhere else), before it reads a byte of them. It takes from it only inputs the head pushed
+there as placeholders.
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ def receipt(key: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: 
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
-def sign_upload(key: bytes, job_id: str, node_id: str, indices: bytes, expires_at: float) -> bytes:
-    """The head's permission for a client to send these inputs (packed indices) of a job to a node."""
-    message = msgpack.packb(["upload", job_id, node_id, indices, expires_at], use_bin_type=True)
+def sign_upload(key: bytes, job_id: str, node_id: str, expires_at: float) -> bytes:
+    """The head's permission for a job's client to send that job's inputs to a node."""
+    message = msgpack.packb(["upload", job_id, node_id, expires_at], use_bin_type=True)
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
@@ -63,13 +65,12 @@ def refusal(key: bytes, grant: bytes, job_id: str, donor_id: str, thief_id: str,
     return _expired("transfer", expires_at, now)
 
 
-def upload_refusal(key: bytes, grant: bytes, job_id: str, node_id: str, indices: bytes, expires_at: float,
-                   now: float) -> str | None:
-    """Why this grant does not let a client send these inputs here (None: it does)."""
+def upload_refusal(key: bytes, grant: bytes, job_id: str, node_id: str, expires_at: float, now: float) -> str | None:
+    """Why this grant does not let a client send a job's inputs here (None: it does)."""
     if not key:
         return _NO_KEY
-    if not hmac.compare_digest(sign_upload(key, job_id, node_id, indices, expires_at), grant):
-        return "the upload grant is not the head's for this node, job and these inputs"
+    if not hmac.compare_digest(sign_upload(key, job_id, node_id, expires_at), grant):
+        return "the upload grant is not the head's for this node and job"
     return _expired("upload", expires_at, now)
 
 
