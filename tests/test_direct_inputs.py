@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from burla.client.loop import client_loop
 from burla.config import ENV_INPUT_FILES_DIR
 from burla.errors import ProtocolError
 from burla.head.direct_uploads import reachable_url
@@ -143,7 +144,8 @@ def test_a_node_the_client_cant_reach_gets_its_inputs_through_the_head(tmp_path,
     port = _free_port()
     with LocalCluster(tmp_path / "cluster", nodes=0, workers=2) as cluster:
         # It tells the head an address nothing listens on: the client's connections there fail.
-        cluster.add_node("node-0", "--port", str(port), "--advertise-url", f"http://127.0.0.1:{_free_port()}")
+        advertised = f"http://127.0.0.1:{_free_port()}"
+        cluster.add_node("node-0", "--port", str(port), "--advertise-url", advertised)
         cluster.wait_for_nodes(1)
         apart(False)
         inputs = _inputs(4, 3)
@@ -151,6 +153,8 @@ def test_a_node_the_client_cant_reach_gets_its_inputs_through_the_head(tmp_path,
         assert [tuple(r) for r in results] == _expected(inputs)
         node = {"node_id": "node-0", "url": f"http://127.0.0.1:{port}"}  # where it really listens
         assert _direct_counts(node, cluster.token, own_token=False) == {"straight": 0, "through_head": 4}
+        # This process's next jobs don't wait out a connection to it again.
+        assert advertised in client_loop().unreachable_nodes
 
 
 def test_inputs_of_a_node_lost_mid_job_go_to_another_node(tmp_path, apart):
@@ -355,13 +359,21 @@ def test_malformed_direct_messages_are_refused_by_name(make, words):
 
 
 def test_a_node_sends_inputs_to_clients_only_where_they_reach_that_very_node():
-    https = NodeRecord("n", "https://10.0.0.5:8443", 2, 2, 4.0, None, 0, None, "r", "3.11", cert_sha256=b"d" * 32)
-    local = NodeRecord("n", "http://127.0.0.1:9000", 2, 2, 4.0, None, 0, None, "r", "3.11")
-    lan = NodeRecord("n", "http://10.0.0.5:9000", 2, 2, 4.0, None, 0, None, "r", "3.11")
+    def node(url: str, peer: str, https: bool = False) -> NodeRecord:
+        return NodeRecord("n", url, 2, 2, 4.0, None, 0, None, "r", "3.11", cert_sha256=b"d" * 32 if https else b"",
+                          peer_host=peer)
+
+    https = node("https://10.0.0.5:8443", "10.0.0.5", https=True)
     assert reachable_url(https, client_local=False) == "https://10.0.0.5:8443"  # pinned: no other machine passes
+    local = node("http://127.0.0.1:9000", "127.0.0.1")
     assert reachable_url(local, client_local=True) == "http://127.0.0.1:9000"
     assert reachable_url(local, client_local=False) == ""  # that loopback is not the client's
-    assert reachable_url(lan, client_local=True) == ""  # plain http to an address another machine may hold
+    assert reachable_url(node("http://10.0.0.5:9000", "10.0.0.5"), client_local=True) == ""  # plain http afar
+    # A laptop head's VM: its node gives its private address, its connection comes out of a tunnel.
+    assert reachable_url(node("https://10.0.0.5:8443", "127.0.0.1", https=True), client_local=True) == ""
+    assert reachable_url(node("https://10.0.0.5:8443", "", https=True), client_local=True) == ""
+    assert reachable_url(node("https://[::1]:8443", "::1", https=True), client_local=True) == "https://[::1]:8443"
+    assert reachable_url(node("", "127.0.0.1"), client_local=True) == ""
 
 
 def _direct_job(d: Dispatcher) -> None:

@@ -3,7 +3,8 @@
 The head says where each placeholder went (`UploadDirect`); this sends the inputs' bytes there,
 one WebSocket per node, frame after frame, each answered by the node once its inputs are queued.
 A node the head gives no address for, or that can't be reached or refuses, gets the bytes
-through the head instead (`DirectFallback`), and for the rest of the job.
+through the head instead (`DirectFallback`), and so it does for this process's jobs for ten
+minutes (a job should not wait out a connection each time).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from burla.client.loop import ClientLoop
 from burla.errors import ProtocolError
 from burla.protocol import limits, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
@@ -25,23 +28,24 @@ log = logging.getLogger("burla.client")
 
 PIPELINE_FRAMES = 4  # inputs sent to a node ahead of its receipts
 CONNECT_TIMEOUT_S = 5.0  # a node that does not answer this soon gets its inputs through the head
+UNREACHABLE_FOR_S = 600.0  # and so do this process's later jobs' inputs for it, this long
 RECEIPT_TIMEOUT_S = 60.0  # a node that takes a frame and says nothing this long is given up on
 
 
 class DirectSender:
     """Sends one job's large inputs to their nodes. `pending` (the uploader's) holds each input
     sent as a placeholder until its result is in; `via_head` sends a message on the job's
-    connection to the head; `session` is an HTTP session of the client's loop."""
+    connection to the head; `shared` is this process's client loop (its HTTP session, and the
+    nodes it could not reach)."""
 
     def __init__(self, job_id: str, pending: dict[int, bytes | PickleParts],
-                 via_head: Callable[[wire.Message], Awaitable[None]], session: Callable[[], Any]) -> None:
+                 via_head: Callable[[wire.Message], Awaitable[None]], shared: Callable[[], ClientLoop]) -> None:
         self.job_id = job_id
         self._pending = pending
         self._via_head = via_head
-        self._session = session
+        self._shared = shared
         self._queues: dict[str, deque[wire.UploadDirect]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
-        self._unreachable: set[str] = set()  # nodes whose inputs go through the head from now on
 
     def on_upload(self, msg: wire.UploadDirect) -> None:
         """The head pushed these placeholders to `msg.node_id`: send their bytes after the ones
@@ -69,7 +73,7 @@ class DirectSender:
                 inputs = self._still_pending(msg)
                 if not inputs:
                     continue  # every result is in already (the head told the client again)
-                if msg.url and node_id not in self._unreachable:
+                if msg.url and self._reachable(msg.url):
                     sent = 0
                     try:
                         if pipe is None:
@@ -83,7 +87,7 @@ class DirectSender:
                     except Exception as e:  # unreachable, refused, cut: this node's inputs go through the head
                         log.info("job %s: sending inputs to node %s through the head instead (%s)", self.job_id,
                                  node_id, e)
-                        self._unreachable.add(node_id)
+                        self._shared().unreachable_nodes[msg.url] = time.monotonic() + UNREACHABLE_FOR_S
                         inputs = [*(pipe.unconfirmed if pipe is not None else ()), *inputs[sent:]]
                         if pipe is not None:
                             await pipe.close()
@@ -101,6 +105,12 @@ class DirectSender:
             except Exception:  # the connection to the head is down: the head tells again when the client is back
                 return
 
+    def _reachable(self, url: str) -> bool:
+        """Not known to fail from this process: a node it could not reach is tried again only
+        after UNREACHABLE_FOR_S."""
+        until = self._shared().unreachable_nodes.get(url)
+        return until is None or time.monotonic() > until
+
     def _still_pending(self, msg: wire.UploadDirect) -> list[tuple[int, bytes | PickleParts]]:
         pending = self._pending
         return [(index, pending[index]) for index in unpack_uints(msg.indices) if index in pending]
@@ -112,7 +122,7 @@ class DirectSender:
 
         pin = aiohttp.Fingerprint(msg.cert_sha256) if msg.cert_sha256 else True
         headers = {GRANT_HEADER: msg.grant.hex(), EXPIRES_HEADER: repr(msg.expires_at)}
-        ws = await asyncio.wait_for(self._session().ws_connect(
+        ws = await asyncio.wait_for(self._shared().session(None).ws_connect(
             f"{msg.url}/v1/jobs/{self.job_id}/direct", ssl=pin, headers=headers, max_msg_size=limits.MAX_FRAME_BYTES,
             heartbeat=None), CONNECT_TIMEOUT_S)
         ws_bulk.install_client(ws, limits.MAX_FRAME_BYTES)

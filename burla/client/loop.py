@@ -32,6 +32,9 @@ class ClientLoop:
         self.loop = asyncio.new_event_loop()
         self._sessions: dict[str | None, Any] = {}  # pinned certificate -> aiohttp.ClientSession
         self._connections: dict[tuple[str, str, str | None], JobConnections] = {}  # per head
+        # Node address -> until when (monotonic) this process sends its large inputs through the head:
+        # it could not reach it (direct_sender), and a job should not wait out a connection again.
+        self.unreachable_nodes: dict[str, float] = {}
         self._thread = threading.Thread(target=self._main, name="burla-client-loop", daemon=True)
         self._thread.start()
 

@@ -97,7 +97,7 @@ class JobRunner:
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self.upload = Uploader(job_id, inputs, self._received, display, self._detaching)
         self.direct = DirectSender(job_id, self.upload.direct_pending, lambda msg: self._send(self._ws, msg),
-                                   lambda: client_loop().session(None))
+                                   client_loop)
         self._remaining = self.n_inputs
         self._acked_seq = 0  # the last result batch taken (acknowledged, or soon)
         self._unacked_batches = self._unacked_bytes = 0

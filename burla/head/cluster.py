@@ -98,7 +98,8 @@ class Cluster:
 
     # --- nodes ---------------------------------------------------------------------------
 
-    def node_registered(self, msg: wire.RegisterNode, link: NodeLink, grant_key: bytes) -> NodeRecord:
+    def node_registered(self, msg: wire.RegisterNode, link: NodeLink, grant_key: bytes,
+                        peer_host: str = "") -> NodeRecord:
         old = self.node_links.get(msg.node_id)
         if old is not None:
             # Back before its old connection's end was noticed: that session ends now. Its inputs go
@@ -107,7 +108,7 @@ class Cluster:
             old.close()
             self.booting_ids.add(msg.node_id)
             self.node_lost(msg.node_id, pump=False, replace=False)
-        node = NodeRecord.from_register(msg, grant_key)
+        node = NodeRecord.from_register(msg, grant_key, peer_host)
         self.node_links[msg.node_id] = link
         self.watch.heard(msg.node_id)
         self.booting_ids.discard(msg.node_id)

@@ -3,7 +3,8 @@
 Placeholders go through the head as any input. Once it has pushed some to a node, it tells the
 job's client where they went (`UploadDirect`), with a grant signed with that node's key for
 exactly those inputs; the client sends their bytes there. The head offers a node's address only
-where the client can reach that very node: a node serving https (the client pins its
+where the client can reach that very node: one the node's own connection to the head came from
+(not a tunnel's end, nor a NAT's), and then a node serving https (the client pins its
 certificate, so no other machine at that address can take the bytes), or one on this machine's
 loopback when the client is on it too. Otherwise, and wherever the client's sending fails, the
 bytes come through the head (`DirectFallback`), which passes on those still in flight on that
@@ -47,12 +48,24 @@ def is_loopback(host: str | None) -> bool:
 
 
 def reachable_url(node: NodeRecord, client_local: bool) -> str:
-    """The node's address if the job's client may send it inputs there ("" if not)."""
-    if not node.url:
+    """The node's address if the job's client may send it inputs there ("" if not). A node whose
+    connection came from another address than the one it gives (a laptop head's VMs reach it
+    through SSH tunnels from private addresses nothing here routes to) gets them through the head."""
+    host = URL(node.url).host if node.url else None
+    if not host or not _same_host(host, node.peer_host):
         return ""
     if node.cert_sha256:
         return node.url
-    return node.url if client_local and is_loopback(URL(node.url).host) else ""
+    return node.url if client_local and is_loopback(host) else ""
+
+
+def _same_host(advertised: str, peer: str) -> bool:
+    if is_loopback(advertised) and is_loopback(peer):
+        return True
+    try:
+        return ipaddress.ip_address(advertised.strip("[]")) == ipaddress.ip_address(peer)
+    except ValueError:
+        return advertised == peer
 
 
 class DirectUploads:

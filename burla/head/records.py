@@ -31,12 +31,14 @@ class NodeRecord(NodeUsage, NodeDescription):
     cert_sha256: bytes = b""  # its TLS certificate's digest, which thieves pin
     grant_key: bytes = b""  # what the head signs transfer grants from this node with
     host_id: str = ""  # nodes sharing a client's host id can open the input files it writes
+    peer_host: str = ""  # the address its connection to the head came from (direct_uploads.reachable_url)
 
     @classmethod
-    def from_register(cls, msg: wire.RegisterNode, grant_key: bytes = b"") -> NodeRecord:
-        """What the node said of itself, field by field under the same names, and the key the
-        head signs its transfer grants with."""
-        return cls(**{name: getattr(msg, name) for name in _REGISTERED_FIELDS}, grant_key=grant_key)
+    def from_register(cls, msg: wire.RegisterNode, grant_key: bytes = b"", peer_host: str = "") -> NodeRecord:
+        """What the node said of itself, field by field under the same names, the key the head
+        signs its transfer grants with, and where its connection came from."""
+        return cls(**{name: getattr(msg, name) for name in _REGISTERED_FIELDS}, grant_key=grant_key,
+                   peer_host=peer_host)
 
 
 # A node's record carries every field of its registration but those only checked when it registers.

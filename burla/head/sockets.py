@@ -172,7 +172,7 @@ async def node_socket(request: web.Request) -> web.WebSocketResponse:
     writer = asyncio.create_task(link.run(), name=f"node-{first.node_id}-writer")
     reader = asyncio.create_task(_node_frames(cluster, ws, first.node_id, link), name=f"node-{first.node_id}-reader")
     link.stop_reading = reader.cancel  # declared dead or leaving: its frames are stale from then on
-    cluster.node_registered(first, link, grant_key)
+    cluster.node_registered(first, link, grant_key, request.remote or "")
     try:
         await asyncio.wait({reader})
     finally:
