@@ -46,6 +46,7 @@ class DirectSender:
         self._shared = shared
         self._queues: dict[str, deque[wire.UploadDirect]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
+        self._pipes: dict[str, _Pipe] = {}  # per node: the connection its inputs go on
 
     def on_upload(self, msg: wire.UploadDirect) -> None:
         """The head pushed these placeholders to `msg.node_id`: send their bytes after the ones
@@ -63,39 +64,41 @@ class DirectSender:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        for pipe in self._pipes.values():
+            await pipe.close()
+        self._pipes.clear()
 
     async def _serve(self, node_id: str) -> None:
+        """Send what the head said went to this node, in order (its connection stays open for the
+        job's next pushes there)."""
         queue = self._queues[node_id]
-        pipe: _Pipe | None = None
-        try:
-            while queue:
-                msg = queue.popleft()
-                inputs = self._still_pending(msg)
-                if not inputs:
-                    continue  # every result is in already (the head told the client again)
-                if msg.url and self._reachable(msg.url):
-                    sent = 0
-                    try:
-                        if pipe is None:
-                            pipe = _Pipe(await self._connect(msg), self.job_id)
-                        for index, data in inputs:
-                            sent += 1
-                            await pipe.send(index, data)
-                        if not queue:  # nothing more to send for now: the node's word for what is out
-                            await pipe.confirm(0)
-                        continue
-                    except Exception as e:  # unreachable, refused, cut: this node's inputs go through the head
-                        log.info("job %s: sending inputs to node %s through the head instead (%s)", self.job_id,
-                                 node_id, e)
+        while queue:
+            msg = queue.popleft()
+            inputs = self._still_pending(msg)
+            if not inputs:
+                continue  # every result is in already (the head told the client again)
+            if msg.url and self._reachable(msg.url):
+                pipe = self._pipes.get(node_id)
+                fresh, sent = pipe is None, 0
+                try:
+                    if pipe is None:
+                        pipe = self._pipes[node_id] = _Pipe(await self._connect(msg), self.job_id)
+                    for index, data in inputs:
+                        sent += 1
+                        await pipe.send(index, data)
+                    if not queue:  # nothing more to send for now: the node's word for what is out
+                        await pipe.confirm(0)
+                    continue
+                except Exception as e:  # unreachable, refused, cut: this node's inputs go through the head
+                    log.info("job %s: sending inputs to node %s through the head instead (%s)", self.job_id, node_id,
+                             e)
+                    if fresh:  # (a kept connection may just have been closed: the next push opens another)
                         self._shared().unreachable_nodes[msg.url] = time.monotonic() + UNREACHABLE_FOR_S
-                        inputs = [*(pipe.unconfirmed if pipe is not None else ()), *inputs[sent:]]
-                        if pipe is not None:
-                            await pipe.close()
-                            pipe = None
-                await self._through_head(node_id, inputs)
-        finally:
-            if pipe is not None:
-                await pipe.close()
+                    inputs = [*(pipe.unconfirmed if pipe is not None else ()), *inputs[sent:]]
+                    if pipe is not None:
+                        del self._pipes[node_id]
+                        await pipe.close()
+            await self._through_head(node_id, inputs)
 
     async def _through_head(self, node_id: str, inputs: list[tuple[int, bytes | PickleParts]]) -> None:
         for index, data in inputs:
