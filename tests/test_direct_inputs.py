@@ -17,7 +17,9 @@ import ssl
 import time
 import urllib.parse
 import urllib.request
+import zlib
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -32,14 +34,16 @@ from burla.node.dispatcher import Dispatcher
 from burla.protocol import direct_inputs, grants, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
 from burla.protocol.inline_values import pack_input
-from burla.protocol.packed_inputs import PackedInputs, pack_uints
+from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
 from burla.protocol.packed_results import unpack_indices
-from burla.protocol.serialization import dumps
+from burla.protocol.serialization import dumps, dumps_function
 from burla.web.scoped_tokens import node_token
 from tests import functions
 from tests.cluster_runner import LocalCluster
 from tests.conftest import own_head, start_head, wait_for_nodes
+from tests.helpers import result_value
 from tests.proxy import CuttableProxy
+from tests.test_security_and_bad_input import open_job
 
 LARGE = 2 * 2**20  # over direct_inputs.DIRECT_MIN_BYTES
 
@@ -208,6 +212,64 @@ def test_a_head_restarted_mid_job_has_its_placeholders_filled_again(tmp_path, ap
         cluster.start_head()
         results.extend(stream)
         assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
+
+
+def test_a_resuming_client_is_told_again_where_its_placeholders_went(tmp_path):
+    """A client whose connection ended before it sent a placeholder's bytes hears where it went
+    again when it resumes, and may send them through the head then. Spoken on the wire, as a client
+    whose connection dropped right after the head's UploadDirect reached it."""
+    big, small = b"q" * LARGE, b"small"
+    job = open_job(n_inputs=2, function_bytes=dumps_function(functions.digest_after), direct_inputs=True)
+
+    async def scenario(head) -> list:
+        async with aiohttp.ClientSession(headers=head.headers()) as session:
+            async with session.ws_connect(head.url + "/v1/jobs/ws") as ws:
+                await ws.send_bytes(job.encode())
+                accepted = wire.decode((await ws.receive(timeout=60)).data)
+                assert isinstance(accepted, wire.JobAccepted) and accepted.direct_inputs
+                inputs = [[0, direct_inputs.placeholder(len(dumps(big)))], [1, dumps(small)]]
+                await ws.send_bytes(wire.InputBatch.of(job.job_id, PackedInputs.of(inputs)).encode())
+                told = await _next(ws, wire.UploadDirect)
+                assert unpack_uints(told.indices) == (0,) and told.url.startswith("http://127.0.0.1:")
+            # Gone before sending the bytes: the node awaits them still.
+            async with session.ws_connect(head.url + "/v1/jobs/ws", max_msg_size=0) as ws:
+                resume = wire.ResumeJob(job.job_id, 0, zlib.compress(bytes(2)), accepted.job_secret)
+                await ws.send_bytes(resume.encode())
+                results: list = []
+                told_again = None
+                while len(results) < 2:  # results, and where input 0 went, in whatever order they come
+                    msg = await _next(ws, (wire.UploadDirect, wire.ResultBatch))
+                    if isinstance(msg, wire.ResultBatch):
+                        results.extend(msg.items)
+                        await ws.send_bytes(wire.ResultAck(job.job_id, msg.seq).encode())
+                    elif told_again is None:
+                        told_again = msg
+                        assert (unpack_uints(msg.indices), msg.node_id) == ((0,), told.node_id)
+                        part = PackedInputs.of([[0, dumps(big)]])
+                        await ws.send_bytes(wire.DirectFallback(job.job_id, part.indices, part.sizes, part.data,
+                                                                msg.node_id).encode())
+                assert told_again is not None
+                return results
+
+    with own_head(tmp_path) as head:
+        results = asyncio.run(scenario(head))
+        values = {index: tuple(result_value(ok, payload)) for index, ok, payload in results}
+        assert values == {0: tuple(functions.digest_after(big)), 1: tuple(functions.digest_after(small))}
+        node = wait_for_nodes(head, 1)[0]
+        assert _direct_counts(node, head.token) == {"straight": 0, "through_head": 1}
+
+
+async def _next(ws: aiohttp.ClientWebSocketResponse, kind: type | tuple[type, ...]) -> Any:
+    """The next message of this kind (or kinds) from the head (others skipped), within a minute."""
+    async with asyncio.timeout(60):  # progress keeps coming: a deadline for the whole wait
+        while True:
+            frame = await ws.receive()
+            assert frame.type == aiohttp.WSMsgType.BINARY, frame
+            msg = wire.decode(frame.data, wire.HEAD_TO_CLIENT)
+            if isinstance(msg, wire.ErrorReply):
+                raise AssertionError(f"the head refused: {msg.message}")
+            if isinstance(msg, kind):
+                return msg
 
 
 def test_an_https_node_takes_inputs_from_a_client_that_pins_its_certificate(tmp_path, apart):
