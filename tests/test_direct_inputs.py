@@ -465,6 +465,17 @@ def test_a_node_keeps_placeholders_aside_until_their_bytes_come_once():
     assert job.awaited == {} and d.fill("j", PackedInputs.of([[3, b"late"]]), straight=True) == 0
 
 
+def test_placeholders_of_a_job_whose_packages_failed_to_install_fail_with_it():
+    d = Dispatcher(lambda: [], lambda: None)
+    _direct_job(d)
+    d.add_inputs("j", PackedInputs.of([[0, b"a"], [1, direct_inputs.placeholder(LARGE)]]))
+    d.install_failed("j", b"the error")
+    job = d.jobs["j"]
+    failed = sorted(index for part in job.out_results for index in unpack_indices(part.indices))
+    assert failed == [0, 1] and not job.awaited
+    assert d.fill("j", PackedInputs.of([[1, b"late"]]), straight=True) == 0  # its bytes change nothing
+
+
 def test_a_node_scans_only_jobs_whose_client_may_send_placeholders():
     d = Dispatcher(lambda: [], lambda: None)
     d.assign(wire.AssignJob("j", "f", b"fn", 2, None, None, b"", {}, 4))

@@ -162,7 +162,8 @@ class Dispatcher:
         if job is None:
             return
         job.failed_payload = payload
-        self._fail_all(job, job.queue.take_all().index_list())
+        self._fail_all(job, [*job.queue.take_all().index_list(), *job.awaited])  # no bytes needed for those
+        job.awaited.clear()
 
     def _fail_all(self, job: NodeJob, indices: list[int]) -> None:
         failed = [[index, False, job.failed_payload] for index in indices]
