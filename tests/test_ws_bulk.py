@@ -440,3 +440,38 @@ async def test_large_frames_over_tls_are_read_straight_into_their_buffers(filled
         await _stop(serving)
     assert received == payloads and echoes == [b"echo:" + payload for payload in payloads]
     assert sum(filled) > 2 * 6 * 2**20 * 0.8  # both ends read most of the large frames through the filler
+
+
+async def test_a_lone_writers_frames_go_masked_a_chunk_at_a_time_and_arrive_as_sent():
+    """Parts of any length, crossing chunk boundaries anywhere, to a slow reader (the client's
+    socket backs up, so each chunk waits for the one before to leave): every frame arrives whole,
+    with nothing else between, and the chunk buffer stays one per connection."""
+    received: list[bytes] = []
+    done = asyncio.Event()
+    chunk = ws_bulk.CHUNK
+    frames = [[os.urandom(chunk)], [os.urandom(3), os.urandom(2 * chunk + 5), os.urandom(chunk - 1)],
+              [os.urandom(7 * chunk + 1)], [os.urandom(100_000)], [os.urandom(10)], [os.urandom(chunk + 2)]]
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = await _bulk_ws(request)
+        async for message in ws:
+            await asyncio.sleep(0.05)
+            received.append(bytes(message.data))
+            if len(received) == len(frames):
+                done.set()
+        return ws
+
+    serving, port = await _server(handler)
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/",
+                                                                           max_msg_size=64 * 2**20) as ws:
+            transport = ws._writer.transport  # type: ignore[attr-defined]
+            buffers = set()
+            for parts in frames:
+                await ws_bulk.send_bulk_alone(ws, parts)
+                buffers.add(id(ws_bulk._chunk_buffers.get(transport)))
+            await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await _stop(serving)
+    assert received == [b"".join(parts) for parts in frames]
+    assert len(buffers - {id(None)}) == 1

@@ -147,7 +147,7 @@ class _Pipe:
         part = PackedInputs.of_lists([index], [data])  # one segment: as it is, never joined
         frame = wire.DirectInputs.of(self.job_id, part)
         self.unconfirmed.append((index, data))
-        await ws_bulk.send_bulk(self.ws, frame.encode_parts())
+        await ws_bulk.send_bulk_alone(self.ws, frame.encode_parts())  # this pipe's task is its only writer
         await self.confirm(PIPELINE_FRAMES)
 
     async def confirm(self, ahead: int) -> None:
