@@ -1,8 +1,8 @@
 """The head's side of large inputs sent straight to their node (burla.protocol.direct_inputs).
 
 Placeholders go through the head as any input. Once it has pushed some to a node, it tells the
-job's client where they went (`UploadDirect`), with a grant signed with that node's key for
-exactly those inputs; the client sends their bytes there. The head offers a node's address only
+job's client where they went (`UploadDirect`), with a grant signed with that node's key for that
+node and job; the client sends their bytes there. The head offers a node's address only
 where the client can reach that very node: one the node's own connection to the head came from
 (not a tunnel's end, nor a NAT's), and then a node serving https (the client pins its
 certificate, so no other machine at that address can take the bytes), or one on this machine's
