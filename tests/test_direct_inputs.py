@@ -508,6 +508,24 @@ def test_the_uploader_keeps_a_placeholders_input_until_its_result_is_in():
     assert uploader.direct_pending == {} and uploader.outstanding_bytes == 0
 
 
+def test_a_client_answers_for_an_input_whose_result_is_in_by_encoding_it_again():
+    """Its node awaits the bytes all the same (the head may push an input twice): a name skipped
+    would leave a placeholder waiting there for good, holding the node's window."""
+    from burla.client.direct_sender import DirectSender
+
+    encoded: list[int] = []
+
+    def encode(index: int) -> bytes:
+        if index >= 3:
+            raise IndexError(index)  # not one of this process's inputs
+        encoded.append(index)
+        return b"again"
+
+    sender = DirectSender("j", {0: b"kept"}, encode, lambda msg: asyncio.sleep(0), client_loop)
+    told = wire.UploadDirect("j", pack_uints([0, 2, 5]), pack_uints([9, 9, 9]), b"", "n", "", b"", 1.0, b"")
+    assert sender._still_pending(told) == [(0, b"kept"), (2, b"again")] and encoded == [2]
+
+
 def test_an_input_file_directory_apart_is_what_these_tests_rely_on(tmp_path, apart):
     """The client's input-file directory differs from the cluster's, so its host id does too."""
     from burla.protocol import input_files

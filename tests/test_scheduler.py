@@ -493,6 +493,19 @@ def test_a_node_back_after_a_restart_keeps_what_it_holds():
     assert {index for _, index in pushed} == {3, 4, 5}  # what "a" holds is not pushed again
 
 
+def test_after_a_restart_an_input_a_node_finished_since_the_client_said_what_it_holds_is_not_queued_again():
+    # Fails on the previous code: the returning node's results came between the client's ResumeJob
+    # and its upload, and the upload queued those inputs again (a large input's placeholder then
+    # waited on a node for bytes its client no longer kept: the job hung).
+    s, job = _restored()
+    adopt_held(job, "a", [0, 1, 2])
+    mark_client_held(job, zlib.compress(bytes(6)))  # the client has no result yet
+    s.record_results("a", job, [[1, True, b"r1"], [2, True, b"r2"]])  # the node's, kept while the head was away
+    s.add_inputs(job, _inputs(range(6)))  # the client uploads all it lacks, as it said
+    assert held_bytes(job, "a") == {0: b"x0"}
+    assert [item[0] for item in job.pending] == [3, 4, 5]
+
+
 def test_inputs_queued_again_go_back_to_the_node_that_holds_them():
     s = Scheduler()
     s.add_node(node("a", slots=2))

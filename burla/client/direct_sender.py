@@ -39,9 +39,11 @@ class DirectSender:
     nodes it could not reach)."""
 
     def __init__(self, job_id: str, pending: dict[int, bytes | PickleParts],
-                 via_head: Callable[[wire.Message], Awaitable[None]], shared: Callable[[], ClientLoop]) -> None:
+                 encode: Callable[[int], bytes | PickleParts], via_head: Callable[[wire.Message], Awaitable[None]],
+                 shared: Callable[[], ClientLoop]) -> None:
         self.job_id = job_id
         self._pending = pending
+        self._encode = encode
         self._via_head = via_head
         self._shared = shared
         self._queues: dict[str, deque[wire.UploadDirect]] = {}
@@ -76,7 +78,7 @@ class DirectSender:
             msg = queue.popleft()
             inputs = self._still_pending(msg)
             if not inputs:
-                continue  # every result is in already (the head told the client again)
+                continue  # none of them is this process's to send (it collects a job another opened)
             if msg.url and self._reachable(msg.url):
                 pipe = self._pipes.get(node_id)
                 fresh, sent = pipe is None, 0
@@ -115,8 +117,19 @@ class DirectSender:
         return until is None or time.monotonic() > until
 
     def _still_pending(self, msg: wire.UploadDirect) -> list[tuple[int, bytes | PickleParts]]:
-        pending = self._pending
-        return [(index, pending[index]) for index in unpack_uints(msg.indices) if index in pending]
+        """The inputs named, as they were sent; one whose result is in (so it is no longer kept) is
+        encoded again: its node awaits it all the same (a node may run an input twice, and the head
+        takes the first result)."""
+        pending, found = self._pending, []
+        for index in unpack_uints(msg.indices):
+            data = pending.get(index)
+            if data is None:
+                try:
+                    data = self._encode(index)
+                except Exception:  # not this process's input (it collects a job another opened)
+                    continue
+            found.append((index, data))
+        return found
 
     async def _connect(self, msg: wire.UploadDirect) -> Any:
         import aiohttp

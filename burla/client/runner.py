@@ -96,8 +96,8 @@ class JobRunner:
         self._session_over = False  # set on the loop once `_run` stops taking side tasks
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self.upload = Uploader(job_id, inputs, self._received, display, self._detaching)
-        self.direct = DirectSender(job_id, self.upload.direct_pending, lambda msg: self._send(self._ws, msg),
-                                   client_loop)
+        self.direct = DirectSender(job_id, self.upload.direct_pending, self.upload.pickled_input,
+                                   lambda msg: self._send(self._ws, msg), client_loop)
         self._remaining = self.n_inputs
         self._acked_seq = 0  # the last result batch taken (acknowledged, or soon)
         self._unacked_batches = self._unacked_bytes = 0

@@ -275,8 +275,10 @@ class Scheduler:
         if job.node_held:
             items = self._to_holders(job, items)
         if job.lenient_uploads:  # taken up from history: its client may send again what was kept
-            seen = job.seen
-            items = [item for item in items if not (0 <= item[0] < len(seen) and seen[item[0]])]
+            # ... or what a node's result finished since the client said what it holds (a returning
+            # node's results may come in between): neither is queued again.
+            seen, done = job.seen, job.done  # (as long as each other: `cover` grows them together)
+            items = [item for item in items if not (0 <= item[0] < len(seen) and (seen[item[0]] or done[item[0]]))]
         return PackedInputs.of(items) if items else PackedInputs(b"", b"", b"")
 
     @staticmethod
