@@ -107,40 +107,24 @@ def apart(tmp_path, monkeypatch):
 # --- whole clusters ------------------------------------------------------------------------
 
 
-def test_large_inputs_go_straight_to_their_node(tmp_path, apart):
+@pytest.mark.parametrize("settings, options, straight", [
+    ({}, {}, 6),
+    # A detached job's inputs must outlive the client on the head: no placeholder stands for one.
+    # (In a process that stays, its results are collected as any other job's.)
+    ({}, {"detach": True}, 0),
+    # `burla config set direct_inputs false` (or BURLA_DIRECT_INPUTS=0): no placeholder at all.
+    ({"direct_inputs": False}, {}, 0),
+], ids=["straight", "detached", "turned-off"])
+def test_where_a_jobs_large_inputs_go(tmp_path, apart, settings, options, straight):
     apart(True)
     with own_head(tmp_path) as head:
         apart(False)
         inputs = _inputs(6, 10)
-        results = head.client().remote_parallel_map(functions.digest_after, inputs, spinner=False)
+        results = head.client(**settings).remote_parallel_map(functions.digest_after, inputs, spinner=False,
+                                                               **options)
         assert [tuple(r) for r in results] == _expected(inputs)
         node = wait_for_nodes(head, 1)[0]
-        assert _direct_counts(node, head.token) == {"straight": 6, "through_head": 0}
-
-
-def test_a_detached_job_sends_its_large_inputs_through_the_head(tmp_path, apart):
-    """Its inputs must outlive the client on the head, so no placeholder stands for one."""
-    apart(True)
-    with own_head(tmp_path) as head:
-        apart(False)
-        inputs = _inputs(3, 2)
-        # In a process that stays, a detached job's results are collected as any other's.
-        results = head.client().remote_parallel_map(functions.digest_after, inputs, detach=True, spinner=False)
-        assert [tuple(r) for r in results] == _expected(inputs)
-        node = wait_for_nodes(head, 1)[0]
-        assert _direct_counts(node, head.token) == {"straight": 0, "through_head": 0}
-
-
-def test_a_client_told_not_to_sends_every_input_through_the_head(tmp_path, apart):
-    """`burla config set direct_inputs false` (or BURLA_DIRECT_INPUTS=0): no placeholder at all."""
-    apart(True)
-    with own_head(tmp_path) as head:
-        apart(False)
-        inputs = _inputs(3, 2)
-        results = head.client(direct_inputs=False).remote_parallel_map(functions.digest_after, inputs, spinner=False)
-        assert [tuple(r) for r in results] == _expected(inputs)
-        node = wait_for_nodes(head, 1)[0]
-        assert _direct_counts(node, head.token) == {"straight": 0, "through_head": 0}
+        assert _direct_counts(node, head.token) == {"straight": straight, "through_head": 0}
 
 
 def test_a_node_the_client_cant_reach_gets_its_inputs_through_the_head(tmp_path, apart):
