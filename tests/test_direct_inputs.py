@@ -18,6 +18,7 @@ import time
 import urllib.parse
 import urllib.request
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,13 +150,8 @@ def test_inputs_of_a_node_lost_mid_job_go_to_another_node(tmp_path, apart):
     apart(True)
     with LocalCluster(tmp_path / "cluster", nodes=2, workers=2) as cluster:
         apart(False)
-        inputs = _inputs(16, 0)
-        stream = cluster.client().remote_parallel_map(functions.digest_after, [(data, 0.4) for data in inputs],
-                                                      generator=True, spinner=False)
-        results = [next(stream)]
-        cluster.signal_node("node-1", signal.SIGKILL)  # it and its workers, with what they held
-        results.extend(stream)
-        assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
+        # A node and its workers killed, with what they held.
+        _run_through(cluster.client(), _inputs(16, 0), 0.4, lambda: cluster.signal_node("node-1", signal.SIGKILL))
         survivor = next(n for n in cluster.get("/v1/cluster")["nodes"] if n["node_id"] == "node-0")
         assert _direct_counts(survivor, cluster.token, own_token=False)["straight"] >= 8
 
@@ -166,18 +162,16 @@ def test_a_client_cut_off_mid_job_is_told_again_where_its_inputs_go(tmp_path, ap
         apart(False)
         parsed = urllib.parse.urlsplit(head.url)
         proxy = CuttableProxy(parsed.hostname, parsed.port)
-        inputs = _inputs(10, 0)
-        try:
-            stream = head.client(head_url=proxy.url).remote_parallel_map(
-                functions.digest_after, [(data, 0.2) for data in inputs], generator=True, spinner=False)
-            results = [next(stream)]
-            proxy.cut()  # an outage of about a second
+
+        def outage() -> None:  # of about a second
+            proxy.cut()
             time.sleep(1.0)
             proxy.restore()
-            results.extend(stream)
+
+        try:
+            _run_through(head.client(head_url=proxy.url), _inputs(10, 0), 0.2, outage)
         finally:
             proxy.close()
-        assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
         assert proxy.connections >= 2
 
 
@@ -188,14 +182,18 @@ def test_a_head_restarted_mid_job_has_its_placeholders_filled_again(tmp_path, ap
     apart(True)
     with LocalCluster(tmp_path / "cluster", nodes=2, workers=1) as cluster:
         apart(False)
-        inputs = _inputs(12, 2)
-        stream = cluster.client().remote_parallel_map(functions.digest_after, [(data, 0.3) for data in inputs],
-                                                      generator=True, spinner=False)
-        results = [next(stream)]
-        cluster.stop_head(how)
-        cluster.start_head()
-        results.extend(stream)
-        assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
+        _run_through(cluster.client(), _inputs(12, 2), 0.3, lambda: (cluster.stop_head(how), cluster.start_head()))
+
+
+def _run_through(client: Any, inputs: list[bytes], hold_s: float, disturb: Callable[[], object]) -> None:
+    """Run a job whose calls take `hold_s` each, `disturb` it once its first result is in, and check
+    every result came, once and right."""
+    stream = client.remote_parallel_map(functions.digest_after, [(data, hold_s) for data in inputs],
+                                        generator=True, spinner=False)
+    results = [next(stream)]
+    disturb()
+    results.extend(stream)
+    assert sorted(tuple(r) for r in results) == sorted(_expected(inputs))
 
 
 def test_a_resuming_client_is_told_again_where_its_placeholders_went(tmp_path):
