@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import psutil
-from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, start_hop, workloads
+from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, start_hop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
