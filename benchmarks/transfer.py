@@ -11,6 +11,9 @@ figure is the median. Beside the MB/s, the CPU seconds per GB each of burla's pr
 (client, head, node, worker), and each of the anchor's in the same place of its chain: where the
 time goes.
 
+A third anchor, `results_kept`, is the results chain whose client receives each payload into
+memory of its own and keeps it to the end, as a client returning results to its caller must.
+
 Large inputs go straight from the client to the node that runs them (client -> node -> worker:
 the head relays only their placeholders, burla.protocol.direct_inputs); `inputs_through_head` is
 the same job with that turned off (BURLA_DIRECT_INPUTS=0), so every byte crosses the head. Beside
@@ -115,9 +118,11 @@ def start_hop(*arguments: str) -> tuple[subprocess.Popen, int]:
     return process, int(process.stdout.readline())
 
 
-def anchor_chain_mb_s(port: int, direction: str) -> tuple[float, float]:
+def anchor_chain_mb_s(port: int, direction: str, keep: bool = False) -> tuple[float, float]:
     """The client's end of an anchor chain whose first hop listens on `port`: MB/s of COUNT payloads
-    sent to its worker (inputs) or received from it (results), and the CPU seconds it spent."""
+    sent to its worker (inputs) or received from it (results), and the CPU seconds it spent. With
+    `keep`, it receives each result into memory of its own, kept until the end, as a client whose
+    caller gets the results must (the least it can do: the kernel's copy lands there)."""
     cpu_before = time.process_time()
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
@@ -132,12 +137,18 @@ def anchor_chain_mb_s(port: int, direction: str) -> tuple[float, float]:
             sock.recv(1)
     else:
         sock.sendall(b"r")
-        left = COUNT * SIZE
-        while left:
-            received = sock.recv_into(buffer, min(CHUNK, left))
-            if not received:
-                raise ConnectionError("the chain closed early")
-            left -= received
+        kept = []
+        for _ in range(COUNT):
+            target = memoryview(bytearray(SIZE)) if keep else memoryview(buffer)
+            left = SIZE
+            while left:
+                received = sock.recv_into(target[SIZE - left:] if keep else target, min(CHUNK, left))
+                if not received:
+                    raise ConnectionError("the chain closed early")
+                left -= received
+            if keep:
+                kept.append(target)
+        kept.clear()
     elapsed = time.perf_counter() - start
     sock.close()
     return TOTAL_MB / elapsed, time.process_time() - cpu_before
@@ -149,7 +160,7 @@ def cpu_seconds_of(process: subprocess.Popen) -> float:
     return float(process.stdout.readline())
 
 
-def anchor_mb_s(direction: str, relays: int = 2) -> tuple[float, dict[str, float]]:
+def anchor_mb_s(direction: str, relays: int = 2, keep: bool = False) -> tuple[float, dict[str, float]]:
     """MB/s of COUNT payloads through client -> relay -> relay -> worker (inputs), or back (results),
     or with one relay (client -> relay -> worker), and the CPU seconds of each process, named by the
     place it takes in burla's chain."""
@@ -159,7 +170,7 @@ def anchor_mb_s(direction: str, relays: int = 2) -> tuple[float, dict[str, float
         relay, port = start_hop("relay", str(port))
         hops.append(relay)
     try:
-        mb_s, client_cpu = anchor_chain_mb_s(port, direction)
+        mb_s, client_cpu = anchor_chain_mb_s(port, direction, keep)
         places = ["head", "nodes"][2 - relays:]  # one relay stands where the node does (the straight path)
         cpu = {"client": client_cpu, **{place: cpu_seconds_of(hop) for place, hop in zip(places, reversed(hops))},
                "workers": cpu_seconds_of(worker)}
@@ -205,7 +216,7 @@ def main() -> None:
 
     jobs = workloads()
     burla_mb_s: dict[str, list[float]] = {name: [] for name in jobs}
-    anchors = ("inputs", "results", "inputs_one_relay")
+    anchors = ("inputs", "results", "inputs_one_relay", "results_kept")
     anchor: dict[str, list[float]] = {name: [] for name in anchors}
     anchor_cpu: dict[str, dict[str, float]] = {name: {} for name in anchors}  # seconds per role, summed
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
@@ -222,7 +233,9 @@ def main() -> None:
                 for name, workload in jobs.items():
                     burla_mb_s[name].append(TOTAL_MB / run.timed(name, workload))
                 for name in anchors:
-                    mb_s, cpu = anchor_mb_s(DIRECTION.get(name, "inputs"), relays=1 if name.endswith("relay") else 2)
+                    direction = "results" if name.startswith("results") else "inputs"
+                    mb_s, cpu = anchor_mb_s(direction, relays=1 if name.endswith("relay") else 2,
+                                            keep=name.endswith("kept"))
                     anchor[name].append(mb_s)
                     for role, seconds in cpu.items():
                         anchor_cpu[name][role] = anchor_cpu[name].get(role, 0.0) + seconds
@@ -240,6 +253,8 @@ def main() -> None:
                                          / statistics.median(anchor[DIRECTION[name]]), 3) for name in jobs},
         "straight_inputs_over_one_relay": round(statistics.median(burla_mb_s["inputs"])
                                                 / statistics.median(anchor["inputs_one_relay"]), 3),
+        "results_over_relay_that_keeps_them": round(statistics.median(burla_mb_s["results"])
+                                                    / statistics.median(anchor["results_kept"]), 3),
         "burla_cpu_s_per_gb": {name: {role: round(ms / 1e3 / gb, 3) for role, ms in run.cpu_ms(name).items()}
                                for name in jobs},
         "plain_relay_cpu_s_per_gb": {name: {role: round(seconds / ROUNDS / gb, 3) for role, seconds in cpu.items()}
