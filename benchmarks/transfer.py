@@ -123,6 +123,8 @@ def anchor_chain_mb_s(port: int, direction: str, keep: bool = False) -> tuple[fl
     sent to its worker (inputs) or received from it (results), and the CPU seconds it spent. With
     `keep`, it receives each result into memory of its own, kept until the end, as a client whose
     caller gets the results must (the least it can do: the kernel's copy lands there)."""
+    from burla.protocol.buffers import unfilled
+
     cpu_before = time.process_time()
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
@@ -139,7 +141,7 @@ def anchor_chain_mb_s(port: int, direction: str, keep: bool = False) -> tuple[fl
         sock.sendall(b"r")
         kept = []
         for _ in range(COUNT):
-            target = memoryview(bytearray(SIZE)) if keep else memoryview(buffer)
+            target = memoryview(unfilled(SIZE)) if keep else memoryview(buffer)  # fresh memory, not zeroed
             left = SIZE
             while left:
                 received = sock.recv_into(target[SIZE - left:] if keep else target, min(CHUNK, left))
