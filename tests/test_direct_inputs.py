@@ -300,13 +300,17 @@ class _Receiver:
     def __init__(self) -> None:
         self.key = grants.new_key()
         self.arrived: list[tuple[str, list[int], bool]] = []
+        self.not_awaited: set[int] = set()
 
     def upload_key(self) -> tuple[str, bytes]:
         return "n1", self.key
 
-    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> int:
+    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> list[int]:
         self.arrived.append((job_id, part.index_list(), straight))
-        return part.count
+        return [index for index in part.index_list() if index not in self.not_awaited]
+
+    def runs(self, job_id: str) -> bool:
+        return True
 
 
 def test_the_direct_route_takes_frames_of_its_job_and_refuses_the_rest_by_name():
@@ -349,6 +353,58 @@ def test_the_direct_route_takes_frames_of_its_job_and_refuses_the_rest_by_name()
     assert isinstance(junk, wire.ErrorReply) and junk.kind == "ProtocolError" and junk.status == 400
     assert refused == 403
     assert receiver.arrived == [("j-1", [4], True)]
+
+
+def test_bytes_that_reach_a_node_before_their_placeholder_go_again_through_the_head():
+    """The head's push and its word to the client travel apart, so a client's bytes can come to
+    the node first: the node's receipt names only what it took, and the client sends the rest
+    through the head, which passes it on behind the push."""
+    from types import SimpleNamespace
+
+    from burla.client.direct_sender import DirectSender
+
+    receiver = _Receiver()
+    receiver.not_awaited = {5}
+
+    async def scenario() -> list[wire.Message]:
+        async def route(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+            return await direct_socket(request, receiver)
+
+        app = aiohttp.web.Application()
+        app.router.add_get("/v1/jobs/{job_id}/direct", route)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        through_head: list[wire.Message] = []
+
+        async def via_head(msg: wire.Message) -> None:
+            through_head.append(msg)
+
+        session = aiohttp.ClientSession()
+        shared = SimpleNamespace(session=lambda cert: session, unreachable_nodes={})
+        sender = DirectSender("j-1", {4: dumps(b"four"), 5: dumps(b"five"), 6: dumps(b"six")}, dumps, via_head,
+                              lambda: shared)  # type: ignore[arg-type,return-value]
+        expires = time.time() + 60
+        sender.on_upload(wire.UploadDirect("j-1", pack_uints([4, 5, 6]), pack_uints([9, 9, 9]), b"", "n1",
+                                           f"http://127.0.0.1:{port}", b"", expires,
+                                           grants.sign_upload(receiver.key, "j-1", "n1", expires)))
+        try:
+            async with asyncio.timeout(60):
+                while not through_head:
+                    await asyncio.sleep(0.01)
+        finally:
+            await sender.close()
+            await session.close()
+            await runner.cleanup()
+        assert shared.unreachable_nodes == {}  # the node is reachable: only these went the other way
+        return through_head
+
+    [fallback] = asyncio.run(scenario())
+    assert isinstance(fallback, wire.DirectFallback) and fallback.node_id == "n1"
+    assert fallback.part().items() == [(5, dumps(b"five"))]
+    assert [indices for _, indices, _ in receiver.arrived] == [[4], [5], [6]]
 
 
 # --- the parts -----------------------------------------------------------------------------
@@ -418,6 +474,7 @@ def test_a_node_sends_inputs_to_clients_only_where_they_reach_that_very_node():
     assert reachable_url(node("https://10.0.0.5:8443", "", https=True), client_local=True) == ""
     assert reachable_url(node("https://[::1]:8443", "::1", https=True), client_local=True) == "https://[::1]:8443"
     assert reachable_url(node("", "127.0.0.1"), client_local=True) == ""
+    assert reachable_url(node("https://[::1:8443", "::1", https=True), client_local=True) == ""  # unparsable
 
 
 def _direct_job(d: Dispatcher) -> None:
@@ -438,13 +495,13 @@ def test_a_node_keeps_placeholders_aside_until_their_bytes_come_once():
     # Held for a head that registers again: only what the node has the bytes of.
     assert {job_id: unpack_indices(packed) for job_id, packed in d.held()} == {"j": [0, 2]}
     # Bytes for an awaited input and for one that is not: only the first is queued, and only once.
-    assert d.fill("j", PackedInputs.of([[1, b"one"], [7, b"stray"]]), straight=True) == 1
-    assert d.fill("j", PackedInputs.of([[1, b"one again"]]), straight=False) == 0
+    assert d.fill("j", PackedInputs.of([[1, b"one"], [7, b"stray"]]), straight=True) == [1]
+    assert d.fill("j", PackedInputs.of([[1, b"one again"]]), straight=False) == []
     assert job.queue.index_list() == [0, 2, 1] and job.awaited == {3: LARGE}
     assert d.filled == {True: 1, False: 0}
     # A new head session: placeholders whose bytes never came are pushed (and sent) again.
     d.new_head_session()
-    assert job.awaited == {} and d.fill("j", PackedInputs.of([[3, b"late"]]), straight=True) == 0
+    assert job.awaited == {} and d.fill("j", PackedInputs.of([[3, b"late"]]), straight=True) == []
 
 
 def test_placeholders_of_a_job_whose_packages_failed_to_install_fail_with_it():
@@ -455,7 +512,7 @@ def test_placeholders_of_a_job_whose_packages_failed_to_install_fail_with_it():
     job = d.jobs["j"]
     failed = sorted(index for part in job.out_results for index in unpack_indices(part.indices))
     assert failed == [0, 1] and not job.awaited
-    assert d.fill("j", PackedInputs.of([[1, b"late"]]), straight=True) == 0  # its bytes change nothing
+    assert d.fill("j", PackedInputs.of([[1, b"late"]]), straight=True) == []  # its bytes change nothing
 
 
 def test_a_node_scans_only_jobs_whose_client_may_send_placeholders():

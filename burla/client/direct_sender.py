@@ -30,6 +30,7 @@ PIPELINE_FRAMES = 4  # inputs sent to a node ahead of its receipts
 CONNECT_TIMEOUT_S = 5.0  # a node that does not answer this soon gets its inputs through the head
 UNREACHABLE_FOR_S = 600.0  # and so do this process's later jobs' inputs for it, this long
 RECEIPT_TIMEOUT_S = 60.0  # a node that takes a frame and says nothing this long is given up on
+CLOSE_TIMEOUT_S = 2.0  # a node's connection closes this fast, or is dropped
 
 
 class DirectSender:
@@ -90,13 +91,14 @@ class DirectSender:
                         await pipe.send(index, data)
                     if not queue:  # nothing more to send for now: the node's word for what is out
                         await pipe.confirm(0)
-                    continue
+                    inputs = pipe.take_not_taken()
                 except Exception as e:  # unreachable, refused, cut: this node's inputs go through the head
                     log.info("job %s: sending inputs to node %s through the head instead (%s)", self.job_id, node_id,
                              e)
-                    if fresh:  # (a kept connection may just have been closed: the next push opens another)
+                    if fresh and not _refused_at_the_door(e):  # a kept connection may just have been closed
                         self._shared().unreachable_nodes[msg.url] = time.monotonic() + UNREACHABLE_FOR_S
-                    inputs = [*(pipe.unconfirmed if pipe is not None else ()), *inputs[sent:]]
+                    inputs = [*(pipe.take_not_taken() if pipe is not None else ()),
+                              *(pipe.unconfirmed if pipe is not None else ()), *inputs[sent:]]
                     if pipe is not None:
                         del self._pipes[node_id]
                         await pipe.close()
@@ -153,6 +155,10 @@ class _Pipe:
         self.ws = ws
         self.job_id = job_id
         self.unconfirmed: deque[tuple[int, bytes | PickleParts]] = deque()
+        # Confirmed by a receipt that does not name them: the node was not awaiting them (their
+        # placeholders had not reached it yet), so they go through the head, behind the push.
+        self.not_taken: list[tuple[int, bytes | PickleParts]] = []
+        self.mid_frame = False  # a frame is partly written (a cancel left it so)
 
     async def send(self, index: int, data: bytes | PickleParts) -> None:
         from burla.web import ws_bulk
@@ -160,8 +166,14 @@ class _Pipe:
         part = PackedInputs.of_lists([index], [data])  # one segment: as it is, never joined
         frame = wire.DirectInputs.of(self.job_id, part)
         self.unconfirmed.append((index, data))
+        self.mid_frame = True
         await ws_bulk.send_bulk_alone(self.ws, frame.encode_parts())  # this pipe's task is its only writer
+        self.mid_frame = False
         await self.confirm(PIPELINE_FRAMES)
+
+    def take_not_taken(self) -> list[tuple[int, bytes | PickleParts]]:
+        taken, self.not_taken = self.not_taken, []
+        return taken
 
     async def confirm(self, ahead: int) -> None:
         """Read the node's receipts until at most `ahead` frames are unconfirmed."""
@@ -174,10 +186,25 @@ class _Pipe:
             answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
             if isinstance(answer, wire.ErrorReply):
                 raise ConnectionError(f"the node refused them: {answer.message}")
-            if not isinstance(answer, wire.DirectReceived) or answer.indices != pack_uints([self.unconfirmed[0][0]]):
+            sent = self.unconfirmed[0]
+            if not isinstance(answer, wire.DirectReceived) or answer.indices not in (b"", pack_uints([sent[0]])):
                 raise ProtocolError("the node answered with something other than a receipt for the next input")
             self.unconfirmed.popleft()
+            if not answer.indices:
+                self.not_taken.append(sent)
 
     async def close(self) -> None:
+        if self.mid_frame:  # a close frame now would land inside the frame: drop the connection
+            transport = getattr(getattr(self.ws, "_writer", None), "transport", None)
+            if transport is not None:
+                transport.abort()
         with contextlib.suppress(Exception):
-            await self.ws.close()
+            await asyncio.wait_for(self.ws.close(), CLOSE_TIMEOUT_S)
+
+
+def _refused_at_the_door(error: BaseException) -> bool:
+    """A node that answered the handshake with a refusal (a grant that expired, or a key that
+    changed when it registered again) is reachable: only the head's path is needed this time."""
+    import aiohttp
+
+    return isinstance(error, aiohttp.WSServerHandshakeError) and 400 <= error.status < 500

@@ -51,7 +51,10 @@ def reachable_url(node: NodeRecord, client_local: bool) -> str:
     """The node's address if the job's client may send it inputs there ("" if not). A node whose
     connection came from another address than the one it gives (a laptop head's VMs reach it
     through SSH tunnels from private addresses nothing here routes to) gets them through the head."""
-    host = URL(node.url).host if node.url else None
+    try:
+        host = URL(node.url).host if node.url else None
+    except ValueError:  # an address no client could use (a node's --advertise-url is its own word)
+        return ""
     if not host or not _same_host(host, node.peer_host):
         return ""
     if node.cert_sha256:

@@ -13,11 +13,13 @@ from aiohttp import WSMsgType, web
 from burla.errors import ProtocolError
 from burla.protocol import grants, limits, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
-from burla.protocol.packed_inputs import PackedInputs
+from burla.protocol.packed_inputs import PackedInputs, pack_uints
 from burla.web import ws_bulk
 from burla.web.json_io import error_response
 
 log = logging.getLogger("burla.node")
+
+IDLE_CHECK_S = 60.0  # a connection quiet this long is closed once the node no longer runs its job
 
 
 class Receiver(Protocol):
@@ -26,8 +28,11 @@ class Receiver(Protocol):
     def upload_key(self) -> tuple[str, bytes]:
         """This node's id and the key its head signs grants for it with (b"": not registered)."""
 
-    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> int:
-        """Queue the awaited inputs among these (sent `straight` here, or through the head); how many were."""
+    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> list[int]:
+        """Queue the awaited inputs among these (sent `straight` here, or through the head); which were."""
+
+    def runs(self, job_id: str) -> bool:
+        """Whether the node holds this job now (assigned, not released)."""
 
 
 async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamResponse:
@@ -43,7 +48,14 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamR
     except ValueError as e:  # aiohttp's word for a malformed handshake
         raise web.HTTPBadRequest(text=f"malformed WebSocket handshake: {e}") from None
     ws_bulk.install_server(ws, request, limits.MAX_FRAME_BYTES)  # large frames read with one copy
-    async for frame in ws:
+    while True:
+        try:
+            frame = await ws.receive(timeout=IDLE_CHECK_S)
+        except TimeoutError:  # a client gone without a word leaves no connection behind its job
+            if receiver.runs(job_id):
+                continue
+            await ws.close()
+            break
         if frame.type != WSMsgType.BINARY:
             break
         try:
@@ -57,10 +69,11 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamR
         assert isinstance(msg, wire.DirectInputs)  # the channel's only message
         part = msg.part()
         taken = receiver.inputs_arrived(job_id, part, straight=True)
-        if taken < part.count:
-            log.info("job %s: %d of %d inputs sent here were not awaited (sent twice, or pushed elsewhere since)",
-                     job_id, part.count - taken, part.count)
-        await ws.send_bytes(wire.DirectReceived(job_id, msg.indices, b"", b"").encode())
+        if len(taken) < part.count:
+            log.info("job %s: %d of %d inputs sent here were not awaited (sent twice, pushed elsewhere since, or "
+                     "here before their placeholders)", job_id, part.count - len(taken), part.count)
+        # Only what it took: the client sends the rest through the head, behind their placeholders.
+        await ws.send_bytes(wire.DirectReceived(job_id, pack_uints(taken), b"", b"").encode())
     return ws
 
 

@@ -110,19 +110,19 @@ class Dispatcher:
         self.pump()
         return True
 
-    def fill(self, job_id: str, part: PackedInputs, straight: bool) -> int:
+    def fill(self, job_id: str, part: PackedInputs, straight: bool) -> list[int]:
         """The bytes of placeholders pushed here, sent `straight` here by the client or through the
-        head: those still awaited are queued (each once), the rest dropped. Returns how many were taken."""
+        head: those still awaited are queued (each once), the rest dropped. Returns the indices taken."""
         job = self.jobs.get(job_id)
         if job is None or job.cancelled or not job.awaited:
-            return 0
+            return []
         awaited = job.awaited
         taken = [(index, data) for index, data in part.items() if awaited.pop(index, None) is not None]
         if taken:
             job.queue.append(part if len(taken) == part.count else PackedInputs.of(taken))  # as it came, mostly
             self.filled[straight] += len(taken)
             self.pump()
-        return len(taken)
+        return [index for index, _ in taken]
 
     def inputs_pushed(self, job_id: str) -> None:
         """Every input of the job is on its nodes: this node's credit brings no more (NodeJob.still_to_run)."""

@@ -72,7 +72,7 @@ class NodeService:
         self.pool = pool
         self.loops: LoopSupervisor | None = None  # the node's background loops, once it runs
         self._failed_sessions = 0  # sessions with the head a bug ended, in a row
-        self.dispatcher = Dispatcher(lambda: self.pool.workers, self._wake_sender, settings.node_id,
+        self.dispatcher = Dispatcher(lambda: self.pool.workers, lambda: self._outgoing.set(), settings.node_id,
                                      socket.gethostname(), lambda: self.pool.size)
         self._sending_bytes = 0  # of the results the sender took and is sending
         self.results_window = ResultWindow(self._held_result_bytes)
@@ -370,9 +370,6 @@ class NodeService:
         waiting = sum(len(part.packed) for job in self.dispatcher.jobs.values() for part in job.out_results)
         return waiting + self._sending_bytes
 
-    def _wake_sender(self) -> None:
-        self._outgoing.set()
-
     def _queue_credit(self, job_id: str) -> None:
         self._pending_credit.add(job_id)
         self._outgoing.set()
@@ -439,11 +436,14 @@ class NodeService:
     def upload_key(self) -> tuple[str, bytes]:
         return self.settings.node_id, self.donor.key
 
-    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> int:
+    def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> list[int]:
         taken = self.dispatcher.fill(job_id, part, straight)
         if taken:
             self._set_status()
         return taken
+
+    def runs(self, job_id: str) -> bool:
+        return job_id in self.dispatcher.jobs
 
     def _set_status(self) -> None:
         busy = any(job.queue or job.inflight for job in self.dispatcher.jobs.values())

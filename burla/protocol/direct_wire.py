@@ -49,8 +49,10 @@ class DirectInputs(CarriesInputs):
 
 @message(46)
 class DirectReceived(CarriesInputs):
-    """Node to client: it holds the inputs of the DirectInputs frame with these indices (`sizes`
-    and `data` empty): the client need not send them through the head."""
+    """Node to client, one per DirectInputs frame, in order: which of its inputs the node took
+    (`sizes` and `data` empty). It takes only those it awaits: bytes that came before their
+    placeholder (the head's push and its word to the client travel apart) the client sends again
+    through the head, which passes them on behind the push."""
 
     job_id: str
     indices: bytes
