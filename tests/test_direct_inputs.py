@@ -313,20 +313,26 @@ class _Receiver:
         return True
 
 
+async def _serve_route(receiver: _Receiver) -> tuple[aiohttp.web.AppRunner, int]:
+    """The node's direct route, in this process, on an ephemeral port of 127.0.0.1."""
+
+    async def route(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        return await direct_socket(request, receiver)
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/v1/jobs/{job_id}/direct", route)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
 def test_the_direct_route_takes_frames_of_its_job_and_refuses_the_rest_by_name():
     receiver = _Receiver()
 
     async def scenario() -> list:
-        async def route(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
-            return await direct_socket(request, receiver)
-
-        app = aiohttp.web.Application()
-        app.router.add_get("/v1/jobs/{job_id}/direct", route)
-        runner = aiohttp.web.AppRunner(app)
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve_route(receiver)
         expires = time.time() + 60
         headers = {GRANT_HEADER: grants.sign_upload(receiver.key, "j-1", "n1", expires).hex(),
                    EXPIRES_HEADER: repr(expires)}
@@ -367,16 +373,7 @@ def test_bytes_that_reach_a_node_before_their_placeholder_go_again_through_the_h
     receiver.not_awaited = {5}
 
     async def scenario() -> list[wire.Message]:
-        async def route(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
-            return await direct_socket(request, receiver)
-
-        app = aiohttp.web.Application()
-        app.router.add_get("/v1/jobs/{job_id}/direct", route)
-        runner = aiohttp.web.AppRunner(app)
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve_route(receiver)
         through_head: list[wire.Message] = []
 
         async def via_head(msg: wire.Message) -> None:
