@@ -31,6 +31,9 @@ ENV_BACKGROUND_HEAD = "BURLA_BACKGROUND_HEAD"
 # "0" (or `burla config set direct_inputs false`): large inputs always go through the head, never
 # straight to the node that runs them (burla.protocol.direct_inputs).
 ENV_DIRECT_INPUTS = "BURLA_DIRECT_INPUTS"
+# "0" (or `burla config set direct_results false`): large results always come through the head,
+# never straight from the node that made them (burla.protocol.direct_results).
+ENV_DIRECT_RESULTS = "BURLA_DIRECT_RESULTS"
 _NO = ("0", "false", "no", "off")
 ENV_HEAD_CERT = "BURLA_HEAD_CERT"
 ENV_NODE_INDEX_URL = "BURLA_NODE_INDEX_URL"
@@ -234,6 +237,7 @@ class ClientSettings:
     head_cert: str | None = None  # an https head's pinned certificate (BURLA_HEAD_CERT)
     background_head: bool = True  # with no head running, start one that outlives this process
     direct_inputs: bool = True  # large inputs may go straight to their nodes, where the head allows
+    direct_results: bool = True  # large results may come straight from their nodes, where the head allows
 
     @classmethod
     def resolve(cls) -> ClientSettings:
@@ -254,6 +258,7 @@ class ClientSettings:
             head_cert=head_cert_file(directory, deployment),
             background_head=_switch(ENV_BACKGROUND_HEAD, "background_head", directory),
             direct_inputs=_switch(ENV_DIRECT_INPUTS, "direct_inputs", directory),
+            direct_results=_switch(ENV_DIRECT_RESULTS, "direct_results", directory),
         )
 
 

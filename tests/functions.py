@@ -440,3 +440,14 @@ def digest_after(data, hold_s=0.0):
 
     time.sleep(hold_s)
     return len(data), hashlib.sha256(data).hexdigest()
+
+
+def sized_result(index, size, hold_s=0.0, fail_on=-1):
+    """After `hold_s` seconds, `size` bytes that say their index (a small str for every fourth
+    index), or an error for `fail_on`."""
+    time.sleep(hold_s)
+    if index == fail_on:
+        raise ValueError(f"input {index} fails")
+    if index % 4 == 3:
+        return f"small-{index}"
+    return index.to_bytes(4, "little") * (size // 4)

@@ -32,6 +32,7 @@ from burla.head.direct_uploads import reachable_url
 from burla.head.records import NodeRecord
 from burla.node.direct_route import direct_socket
 from burla.node.dispatcher import Dispatcher
+from burla.node.result_pipes import ResultPipes
 from burla.protocol import direct_inputs, grants, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
 from burla.protocol.inline_values import pack_input
@@ -301,6 +302,8 @@ class _Receiver:
         self.key = grants.new_key()
         self.arrived: list[tuple[str, list[int], bool]] = []
         self.not_awaited: set[int] = set()
+        self.dispatcher = Dispatcher(lambda: [], lambda: None)
+        self.result_pipes = ResultPipes(self.dispatcher, lambda: None)
 
     def upload_key(self) -> tuple[str, bytes]:
         return "n1", self.key

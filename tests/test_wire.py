@@ -72,6 +72,12 @@ SAMPLES: list[wire.Message] = [
     wire.DirectFallback("j-1", pack_uints([5]), pack_uints([2]), b"de", "n1"),
     wire.DirectFill("j-1", pack_uints([5]), pack_uints([2]), b"de"),
     worker_wire.WorkerReport.of("j-1", [[0, True, b"r"]], [[0, wire.STDERR, "x"]], True),
+    worker_wire.WorkerReport.of_part("j-1", PackedResults.of([[0, True, b"\x01\x03\x00\x00\x00"]]), [], True, 0.5,
+                                     PackedInputs.of([[0, b"big"]])),
+    worker_wire.RunCalls("j-1", pack_uints([1]), pack_uints([1]), b"a", True),
+    wire.DirectResults("j-1", pack_uints([7]), pack_uints([3]), b"res"),
+    wire.DirectResultsReceived("j-1", pack_uints([7])),
+    wire.DirectOffer("j-1", "n1", "https://127.0.0.1:3", b"d" * 32, 1.8e9, b"g" * 32),
 ]
 
 
@@ -116,12 +122,12 @@ def test_every_registered_message_has_a_sample():
         (msgpack.packb([4, "j", b"\x00\x00\x00", b"\x00\x00\x00", b""]), "a 4-byte index and a 4-byte size"),
         (msgpack.packb([4, "j", pack_indices([0, 1]), pack_indices([1]), b"x"]), "a 4-byte index and"),
         (msgpack.packb([4, "j", pack_indices([0]), pack_indices([2]), b"x"]), "not as long as its sizes"),
-        (msgpack.packb([32, "j", pack_indices([0]), pack_indices([1]), b"xy"]), "RunCalls.data is not as"),
+        (msgpack.packb([32, "j", pack_indices([0]), pack_indices([1]), b"xy", False]), "RunCalls.data is not as"),
         (msgpack.packb([41, "j", "t", [[-1, b"x"]], b"r"]), "StealGrant input indices must be in"),
         (msgpack.packb([41, "j", "t", [[0, b"x"], [limits.MAX_INPUTS, b"y"]], b"r"]),
          "StealGrant input indices must be in"),
         (msgpack.packb([32, "j", pack_indices([0] * (limits.BATCH_ITEMS + 1)),
-                        pack_indices([0] * (limits.BATCH_ITEMS + 1)), b""]), "more than 4096 inputs"),
+                        pack_indices([0] * (limits.BATCH_ITEMS + 1)), b"", False]), "more than 4096 inputs"),
     ],
 )
 def test_malformed_frames_raise_protocol_error(data, words):
@@ -187,7 +193,8 @@ def test_packed_results_that_would_make_a_head_balloon_are_refused_before_they_d
     with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
         wire.decode(msgpack.packb([39, "j", many, b"", b"", 0, b"", b""]), wire.NODE_TO_HEAD)
     with pytest.raises(ProtocolError, match=f"more than {limits.BATCH_ITEMS} results"):
-        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0, b""]), worker_wire.WORKER_TO_NODE)
+        wire.decode(msgpack.packb([34, "j", many, b"", b"", [], True, 0.0, b"", b"", b"", b""]),
+                    worker_wire.WORKER_TO_NODE)
 
 
 def test_packed_results_list_their_indices_and_failures_and_join():
@@ -222,10 +229,18 @@ def test_results_are_framed_by_count_and_bytes():
 
 def test_a_worker_report_is_checked_like_a_nodes_results():
     with pytest.raises(ProtocolError, match="WorkerReport.indices must be packed"):
-        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True, 0.0, b""]), worker_wire.WORKER_TO_NODE)
-    with pytest.raises(ProtocolError, match="more failed results"):
-        wire.decode(msgpack.packb([34, "j", b"", pack_indices([1]), b"", [], True, 0.0, b""]),
+        wire.decode(msgpack.packb([34, "j", b"\x00", b"", b"", [], True, 0.0, b"", b"", b"", b""]),
                     worker_wire.WORKER_TO_NODE)
+    with pytest.raises(ProtocolError, match="more failed results"):
+        wire.decode(msgpack.packb([34, "j", b"", pack_indices([1]), b"", [], True, 0.0, b"", b"", b"", b""]),
+                    worker_wire.WORKER_TO_NODE)
+    # Results sent apart: an index and a size each, and the bytes they add up to.
+    with pytest.raises(ProtocolError, match="WorkerReport.direct"):
+        wire.decode(msgpack.packb([34, "j", b"", b"", b"", [], True, 0.0, b"", pack_indices([1]), b"", b"x"]),
+                    worker_wire.WORKER_TO_NODE)
+    with pytest.raises(ProtocolError, match="WorkerReport.direct"):
+        wire.decode(msgpack.packb([34, "j", b"", b"", b"", [], True, 0.0, b"", pack_indices([1]), pack_indices([5]),
+                                   b"x"]), worker_wire.WORKER_TO_NODE)
 
 
 def test_results_from_a_node_are_node_results():

@@ -29,12 +29,13 @@ def get() -> None:
 
 
 @config.command("set")
-@click.argument("key", type=click.Choice(["cloud", "background_head", "direct_inputs"]))
+@click.argument("key", type=click.Choice(["cloud", "background_head", "direct_inputs", "direct_results"]))
 @click.argument("value")
 def set_value(key: str, value: str) -> None:
     """Set a value: `burla config set cloud aws` (where heads this machine starts boot VMs),
     `burla config set background_head false` (a script starts a head that stops with it), or
-    `burla config set direct_inputs false` (large inputs always go through the head)."""
+    `burla config set direct_inputs false` (large inputs always go through the head), or
+    `burla config set direct_results false` (large results always come through the head)."""
 
     def action() -> dict:
         stored: str | bool = value

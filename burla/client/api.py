@@ -92,7 +92,8 @@ class Client:
             environment.prefetch()
             opened.append(session.opening(_job_id(function_), function_, _name(function_), len(inputs),
                                           dataclasses.replace(options, parent_job_id=settings.parent_job_id),
-                                          direct_inputs=settings.direct_inputs))
+                                          direct_inputs=settings.direct_inputs,
+                                          direct_results=settings.direct_results))
 
         cluster = connect(settings, allow_embedded=not options.detach, meanwhile=prepare)
         from burla.client import session

@@ -1,10 +1,13 @@
-"""The client's side of large inputs sent straight to their node (burla.protocol.direct_inputs).
+"""The client's side of large inputs sent straight to their node (burla.protocol.direct_inputs),
+and of large results taken straight from it (burla.protocol.direct_results).
 
 The head says where each placeholder went (`UploadDirect`); this sends the inputs' bytes there,
 one WebSocket per node, frame after frame, each answered by the node once its inputs are queued.
 A node the head gives no address for, or that can't be reached or refuses, gets the bytes
 through the head instead (`DirectFallback`), and so it does for this process's jobs for ten
-minutes (a job should not wait out a connection each time).
+minutes (a job should not wait out a connection each time). The same connection brings the
+job's large results from that node (opened for them alone where the head offers it:
+`DirectOffer`): each is kept in `arrived` until the head's record of it, a placeholder, comes.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from burla.client.loop import ClientLoop
 from burla.errors import ProtocolError
 from burla.protocol import limits, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
+from burla.protocol.framing import Payload
 from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
 from burla.protocol.pickle_parts import PickleParts
 
@@ -47,13 +51,14 @@ class DirectSender:
         self._encode = encode
         self._via_head = via_head
         self._shared = shared
-        self._queues: dict[str, deque[wire.UploadDirect]] = {}
+        self._queues: dict[str, deque[wire.UploadDirect | wire.DirectOffer]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._pipes: dict[str, _Pipe] = {}  # per node: the connection its inputs go on
+        self.arrived: dict[int, Payload] = {}  # large results that came straight, until the head's record of each
 
-    def on_upload(self, msg: wire.UploadDirect) -> None:
+    def on_upload(self, msg: wire.UploadDirect | wire.DirectOffer) -> None:
         """The head pushed these placeholders to `msg.node_id`: send their bytes after the ones
-        that node is owed already."""
+        that node is owed already. An offer: open the connection, for the node's results."""
         self._queues.setdefault(msg.node_id, deque()).append(msg)
         task = self._tasks.get(msg.node_id)
         if task is None or task.done():
@@ -70,6 +75,7 @@ class DirectSender:
         for pipe in self._pipes.values():
             await pipe.close()
         self._pipes.clear()
+        self.arrived.clear()
 
     async def _serve(self, node_id: str) -> None:
         """Send what the head said went to this node, in order (its connection stays open for the
@@ -77,6 +83,9 @@ class DirectSender:
         queue = self._queues[node_id]
         while queue:
             msg = queue.popleft()
+            if isinstance(msg, wire.DirectOffer):
+                await self._open_for_results(msg)
+                continue
             inputs = self._still_pending(msg)
             if not inputs:
                 continue  # none of them is this process's to send (it collects a job another opened)
@@ -85,7 +94,7 @@ class DirectSender:
                 fresh, sent = pipe is None, 0
                 try:
                     if pipe is None:
-                        pipe = self._pipes[node_id] = _Pipe(await self._connect(msg), self.job_id)
+                        pipe = self._pipes[node_id] = _Pipe(await self._connect(msg), self.job_id, self.arrived)
                     for index, data in inputs:
                         sent += 1
                         await pipe.send(index, data)
@@ -103,6 +112,18 @@ class DirectSender:
                         del self._pipes[node_id]
                         await pipe.close()
             await self._through_head(node_id, inputs)
+
+    async def _open_for_results(self, msg: wire.DirectOffer) -> None:
+        """The node has large results for this job: take them there (unless a connection to it is
+        open already, or it could not be reached lately: they come through the head then)."""
+        if msg.node_id in self._pipes or not self._reachable(msg.url):
+            return
+        try:
+            self._pipes[msg.node_id] = _Pipe(await self._connect(msg), self.job_id, self.arrived)
+        except Exception as e:
+            log.info("job %s: results of node %s come through the head (%s)", self.job_id, msg.node_id, e)
+            if not _refused_at_the_door(e):
+                self._shared().unreachable_nodes[msg.url] = time.monotonic() + UNREACHABLE_FOR_S
 
     async def _through_head(self, node_id: str, inputs: list[tuple[int, bytes | PickleParts]]) -> None:
         for index, data in inputs:
@@ -133,7 +154,7 @@ class DirectSender:
             found.append((index, data))
         return found
 
-    async def _connect(self, msg: wire.UploadDirect) -> Any:
+    async def _connect(self, msg: wire.UploadDirect | wire.DirectOffer) -> Any:
         import aiohttp
 
         from burla.web import ws_bulk
@@ -149,9 +170,10 @@ class DirectSender:
 
 class _Pipe:
     """One node's connection: a frame per input, up to PIPELINE_FRAMES of them sent ahead of the
-    node's receipts, which come in order."""
+    node's receipts, which come in order; and the node's large results, each receipted once kept
+    in `arrived`. Its reader task reads both."""
 
-    def __init__(self, ws: Any, job_id: str) -> None:
+    def __init__(self, ws: Any, job_id: str, arrived: dict[int, Payload]) -> None:
         self.ws = ws
         self.job_id = job_id
         self.unconfirmed: deque[tuple[int, bytes | PickleParts]] = deque()
@@ -159,6 +181,12 @@ class _Pipe:
         # placeholders had not reached it yet), so they go through the head, behind the push.
         self.not_taken: list[tuple[int, bytes | PickleParts]] = []
         self.mid_frame = False  # a frame is partly written (a cancel left it so)
+        self._arrived = arrived
+        self._receipts: deque[bytes] = deque()
+        self._news = asyncio.Event()  # a receipt came, or the connection ended
+        self._ended: BaseException | None = None
+        self._writing = asyncio.Lock()  # an input's frame goes out in chunks: a receipt waits for its end
+        self._reader = asyncio.create_task(self._read(), name=f"direct-reader-{job_id}")
 
     async def send(self, index: int, data: bytes | PickleParts) -> None:
         from burla.web import ws_bulk
@@ -166,9 +194,10 @@ class _Pipe:
         part = PackedInputs.of_lists([index], [data])  # one segment: as it is, never joined
         frame = wire.DirectInputs.of(self.job_id, part)
         self.unconfirmed.append((index, data))
-        self.mid_frame = True
-        await ws_bulk.send_bulk_alone(self.ws, frame.encode_parts())  # this pipe's task is its only writer
-        self.mid_frame = False
+        async with self._writing:
+            self.mid_frame = True
+            await ws_bulk.send_bulk_alone(self.ws, frame.encode_parts())  # its chunks, none of another frame between
+            self.mid_frame = False
         await self.confirm(PIPELINE_FRAMES)
 
     def take_not_taken(self) -> list[tuple[int, bytes | PickleParts]]:
@@ -176,24 +205,51 @@ class _Pipe:
         return taken
 
     async def confirm(self, ahead: int) -> None:
-        """Read the node's receipts until at most `ahead` frames are unconfirmed."""
-        import aiohttp
-
+        """Wait for the node's receipts until at most `ahead` frames are unconfirmed."""
         while len(self.unconfirmed) > ahead:
-            reply = await asyncio.wait_for(self.ws.receive(), RECEIPT_TIMEOUT_S)
-            if reply.type != aiohttp.WSMsgType.BINARY:
-                raise ConnectionError(f"the node closed the connection ({reply.type.name})")
-            answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
-            if isinstance(answer, wire.ErrorReply):
-                raise ConnectionError(f"the node refused them: {answer.message}")
+            if not self._receipts:
+                if self._ended is not None:
+                    raise ConnectionError(f"the connection to the node ended: {self._ended}")
+                self._news.clear()
+                await asyncio.wait_for(self._news.wait(), RECEIPT_TIMEOUT_S)
+                continue
+            indices = self._receipts.popleft()
             sent = self.unconfirmed[0]
-            if not isinstance(answer, wire.DirectReceived) or answer.indices not in (b"", pack_uints([sent[0]])):
-                raise ProtocolError("the node answered with something other than a receipt for the next input")
+            if indices not in (b"", pack_uints([sent[0]])):
+                raise ProtocolError("the node's receipt is not for the next input")
             self.unconfirmed.popleft()
-            if not answer.indices:
+            if not indices:
                 self.not_taken.append(sent)
 
+    async def _read(self) -> None:
+        import aiohttp
+
+        try:
+            while True:
+                reply = await self.ws.receive()
+                if reply.type != aiohttp.WSMsgType.BINARY:
+                    raise ConnectionError(f"the node closed the connection ({reply.type.name})")
+                answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
+                if isinstance(answer, wire.ErrorReply):
+                    raise ConnectionError(f"the node refused them: {answer.message}")
+                if isinstance(answer, wire.DirectResults):
+                    if answer.job_id != self.job_id:
+                        raise ProtocolError("the node sent results of another job")
+                    self._arrived.update(answer.part().items())  # views of the frame, until taken
+                    async with self._writing:
+                        await self.ws.send_bytes(wire.DirectResultsReceived(self.job_id, answer.indices).encode())
+                else:
+                    assert isinstance(answer, wire.DirectReceived)  # the channel's last message
+                    self._receipts.append(answer.indices)
+                    self._news.set()
+        except Exception as e:  # the connection is over: the node sends what it did not hear of through the head
+            self._ended = e
+            self._news.set()
+
     async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
         if self.mid_frame:  # a close frame now would land inside the frame: drop the connection
             transport = getattr(getattr(self.ws, "_writer", None), "transport", None)
             if transport is not None:

@@ -441,7 +441,7 @@ class JobRunner:
                 return
             elif isinstance(msg, wire.ErrorReply):
                 raise error_from_wire(msg.kind, msg.message)
-            elif isinstance(msg, wire.UploadDirect):
+            elif isinstance(msg, (wire.UploadDirect, wire.DirectOffer)):
                 self.direct.on_upload(msg)
             elif isinstance(msg, wire.InputsKept) and msg.count >= self.n_inputs:
                 self.upload.kept.set()
@@ -449,7 +449,8 @@ class JobRunner:
     async def _on_results(self, ws, msg: wire.ResultBatch) -> bool:
         """Hand a batch of results over, then acknowledge it; True once every result is in."""
         taken, outcomes, failed = take_results(msg.items, self._received, self.results,
-                                               self.opening.packages if self.opening else {}, msg.values())
+                                               self.opening.packages if self.opening else {}, msg.values(),
+                                               self.direct.arrived)
         # Hand the results over before acknowledging them: once acked, the head forgets them.
         self.display.count_results(len(taken), failed)
         self.upload.results_in(taken)

@@ -31,7 +31,7 @@ _ok_of = itemgetter(1)
 
 
 def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int, options: JobOptions,
-            direct_inputs: bool = True) -> wire.OpenJob:
+            direct_inputs: bool = True, direct_results: bool = True) -> wire.OpenJob:
     """The frame that opens the job; raises FunctionTooBig or UnpicklableFunction."""
     function_bytes = dumps_function(function_)
     if len(function_bytes) > MAX_FUNCTION_BYTES:
@@ -53,6 +53,7 @@ def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int
         # A detached job's inputs must outlive this process: they travel inline.
         client_host="" if options.detach else input_files.host_id(),
         direct_inputs=direct_inputs and not options.detach,  # large inputs straight to their nodes, where allowed
+        direct_results=direct_results and not options.detach,  # and large results straight from them
     )
 
 

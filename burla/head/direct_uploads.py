@@ -103,6 +103,21 @@ class DirectUploads:
         if items:
             link.send(wire.DirectFill.of(job.job_id, PackedInputs.of(items)))
 
+    def offer_results(self, job: JobRecord, node_id: str) -> None:
+        """A node's results are large: its client may take them there itself, once per node and job
+        (burla.protocol.direct_results), where it can reach that node."""
+        if node_id in job.results_offered:
+            return
+        job.results_offered.add(node_id)
+        link = self._cluster.client_links.get(job.job_id)
+        node = self._cluster.scheduler.nodes.get(node_id)
+        url = reachable_url(node, link.client_local) if link is not None and node is not None else ""
+        if link is None or node is None or not url:
+            return
+        expires_at = time.time() + UPLOAD_GRANT_TTL_S
+        grant = grants.sign_upload(node.grant_key, job.job_id, node_id, expires_at)
+        link.send(wire.DirectOffer(job.job_id, node_id, url, node.cert_sha256, expires_at, grant))
+
     def _tell_client(self, job: JobRecord, node_id: str, found: list[tuple[int, int]]) -> None:
         link = self._cluster.client_links.get(job.job_id)
         node = self._cluster.scheduler.nodes.get(node_id)

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Protocol
 
+from burla.head.direct_uploads import DirectUploads
 from burla.head.links import ClientLink, NodeLink
 from burla.head.machines import Machines
 from burla.head.node_watch import NodeWatch
@@ -21,6 +22,7 @@ from burla.head.records import RUNNING, JobRecord
 from burla.head.scheduler import Scheduler
 from burla.head.steals import StolenReports, record_steal
 from burla.protocol import wire
+from burla.protocol.direct_inputs import DIRECT_MIN_BYTES
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.packed_results import INDEX, TIMING_BYTES, pack_indices, unpack_indices
 from burla.web.connection_guard import RateLimitedLog
@@ -37,6 +39,7 @@ class ReportedTo(Protocol):
     machines: Machines
     client_links: dict[str, ClientLink]
     node_links: dict[str, NodeLink]
+    direct: DirectUploads
 
     def send_pushes(self, pushes: list[tuple[str, str, PackedInputs]]) -> None: ...
 
@@ -92,6 +95,8 @@ class NodeReports:
                 fresh = cluster.accept_results(node_id, job, msg.part().items("NodeResults"))
                 if fresh:
                     self._record_calls(job, node_id, *calls_of(msg, fresh))
+            if job.spec.direct_results and len(msg.packed) >= DIRECT_MIN_BYTES * (len(msg.indices) // INDEX.size):
+                cluster.direct.offer_results(job, node_id)  # results this large: the client may take them there
         if msg.credit:
             cluster.scheduler.grant(node_id, msg.job_id, msg.credit)
             cluster.send_pushes(cluster.scheduler.plan_for(node_id, msg.job_id))

@@ -93,6 +93,7 @@ class JobRecord:
     lost_holdings: dict[str, set[int]] = field(default_factory=dict)
     retried: dict[int, int] = field(default_factory=dict)  # index -> failed tries run again (spec.retries)
     calls_recorded: int = 0  # per-call records given to history (node_reports.MAX_CALL_RECORDS at most)
+    results_offered: set[str] = field(default_factory=set)  # nodes its client was offered (DirectOffer)
     # Inputs a node reported holding when it registered again whose bytes this head has not got
     # yet (it restarted): index -> node id. The client's upload of one goes to that node's inflight.
     node_held: dict[int, str] = field(default_factory=dict)

@@ -163,6 +163,8 @@ class Scheduler:
         # detached job's inputs must be kept on the head).
         if spec.direct_inputs and (spec.client_host or spec.detach):
             spec = spec.replace(direct_inputs=False)
+        if spec.direct_results and spec.detach:  # and large results (the head keeps a detached job's)
+            spec = spec.replace(direct_results=False)
         return self._create(spec, eligible)
 
     def _all_on(self, host_id: str, eligible: list[NodeRecord]) -> bool:

@@ -1,9 +1,13 @@
-"""The node's side of a client's large inputs sent straight to it (burla.protocol.direct_inputs):
-one WebSocket per client and job, opened with the head's upload grant; each frame a DirectInputs,
-answered with a DirectReceived once its inputs are queued here."""
+"""The node's side of a client's connection for a job (burla.protocol.direct_inputs and
+direct_results): one WebSocket per client and job, opened with the head's upload grant. Each
+DirectInputs frame is answered with a DirectReceived once its inputs are queued here; the job's
+large results go the other way (node/result_pipes.py), each DirectResults frame answered by the
+client's DirectResultsReceived."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from typing import Protocol
@@ -11,6 +15,8 @@ from typing import Protocol
 from aiohttp import WSMsgType, web
 
 from burla.errors import ProtocolError
+from burla.node.dispatcher import Dispatcher
+from burla.node.result_pipes import ResultPipe, ResultPipes
 from burla.protocol import grants, limits, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
 from burla.protocol.packed_inputs import PackedInputs, pack_uints
@@ -34,6 +40,12 @@ class Receiver(Protocol):
     def runs(self, job_id: str) -> bool:
         """Whether the node holds this job now (assigned, not released)."""
 
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def result_pipes(self) -> ResultPipes: ...
+
 
 async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamResponse:
     """`GET /v1/jobs/{job_id}/direct`: the upload grant in its headers is the authentication (no
@@ -48,6 +60,19 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamR
     except ValueError as e:  # aiohttp's word for a malformed handshake
         raise web.HTTPBadRequest(text=f"malformed WebSocket handshake: {e}") from None
     ws_bulk.install_server(ws, request, limits.MAX_FRAME_BYTES)  # large frames read with one copy
+    pipe = receiver.result_pipes.opened(job_id, ws)
+    sender = asyncio.create_task(pipe.run(receiver.dispatcher), name=f"results-to-client-{job_id}")
+    try:
+        await _serve(ws, job_id, receiver, pipe)
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await sender
+        receiver.result_pipes.closed(pipe)
+    return ws
+
+
+async def _serve(ws: web.WebSocketResponse, job_id: str, receiver: Receiver, pipe: ResultPipe) -> None:
     while True:
         try:
             frame = await ws.receive(timeout=IDLE_CHECK_S)
@@ -62,11 +87,14 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamR
             msg = wire.decode(frame.data, wire.CLIENT_TO_NODE)
             if getattr(msg, "job_id", None) != job_id:
                 raise ProtocolError("the frame's job_id does not match the URL")
+            if isinstance(msg, wire.DirectResultsReceived):
+                receiver.result_pipes.received(pipe, msg)
+                continue
         except ProtocolError as e:
             await ws.send_bytes(wire.ErrorReply("ProtocolError", str(e), 400).encode())
             await ws.close(message=b"refused")
             break
-        assert isinstance(msg, wire.DirectInputs)  # the channel's only message
+        assert isinstance(msg, wire.DirectInputs)  # the channel's other message
         part = msg.part()
         taken = receiver.inputs_arrived(job_id, part, straight=True)
         if len(taken) < part.count:
@@ -74,7 +102,6 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamR
                      "here before their placeholders)", job_id, part.count - len(taken), part.count)
         # Only what it took: the client sends the rest through the head, behind their placeholders.
         await ws.send_bytes(wire.DirectReceived(job_id, pack_uints(taken), b"", b"").encode())
-    return ws
 
 
 def _refusal(request: web.Request, job_id: str, receiver: Receiver) -> web.Response | None:

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from burla.errors import BurlaError, WorkerCrashed
+from burla.errors import BurlaError, ProtocolError, WorkerCrashed
 from burla.node.node_job import NodeJob
 from burla.node.worker_pool import Batch, WorkerHandle, kill_error
-from burla.protocol import direct_inputs, packed_results, wire, worker_wire
+from burla.protocol import direct_inputs, direct_results, packed_results, wire, worker_wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import ErrorOrigin, pack_error
 
@@ -72,6 +72,8 @@ class Dispatcher:
         self._host = host
         self.jobs: dict[str, NodeJob] = {}
         self.filled = {True: 0, False: 0}  # inputs whose placeholders were filled: sent straight here, or not
+        self.results_sent = {True: 0, False: 0}  # large results sent apart: taken by the client, or via the head
+        self.on_direct: Callable[[str], None] = lambda job_id: None  # a job has large results for its client
         self._rr = 0
 
     # --- from the head -------------------------------------------------------------------
@@ -90,6 +92,7 @@ class Dispatcher:
         job.n_inputs = msg.n_inputs
         job.gpu = msg.func_gpu is not None
         job.direct = msg.direct_inputs
+        job.direct_results = msg.direct_results
         return job
 
     def add_inputs(self, job_id: str, part: PackedInputs) -> bool:
@@ -190,6 +193,7 @@ class Dispatcher:
         job.queue.clear()
         job.out_results.clear()
         job.out_outputs.clear()
+        job.direct_out.clear()
         interrupted = [w for w in self._workers() if any(b.job_id == job_id for b in w.batches)]
         for worker in interrupted:
             self._effects.interrupt(worker)
@@ -220,7 +224,9 @@ class Dispatcher:
         if job is not None and not job.cancelled:
             if report.outputs:
                 self._keep_outputs(job, report.outputs)
-            if report.indices:  # passed on as the worker packed them
+            if report.direct_indices:  # large results the worker sent apart, for the client
+                self._direct_report(job, report.part(), report.direct_part())
+            elif report.indices:  # passed on as the worker packed them
                 job.out_results.append(report.part())
             self._on_outgoing()
         if report.batch_done and worker.batches:
@@ -231,6 +237,41 @@ class Dispatcher:
                     job.workers.discard(worker)
             worker.last_progress_at = now
         self.pump()
+
+    def _direct_report(self, job: NodeJob, part: packed_results.PackedResults, direct: PackedInputs) -> None:
+        if job.result_pipe:
+            job.direct_out.append((part, direct))
+            self.on_direct(job.job_id)
+        else:  # the client's connection closed since the worker's batch began: through the head
+            job.out_results.append(direct_results.restored(part, direct))
+            self.results_sent[False] += direct.count
+
+    def direct_received(self, job_id: str, indices: bytes) -> None:
+        """The client's receipt for the oldest large results sent to it: the report they came in
+        goes to the head now. Raises ProtocolError if it is not for those."""
+        job = self.jobs.get(job_id)
+        if job is None or job.cancelled:
+            return
+        if not job.direct_out or job.direct_out[0][1].indices != indices:
+            raise ProtocolError("a receipt for other results than the oldest sent to the client")
+        part, direct = job.direct_out.pop(0)
+        job.out_results.append(part)
+        self.results_sent[True] += direct.count
+        self._on_outgoing()
+
+    def direct_closed(self, job_id: str) -> None:
+        """The client's connection that took a job's large results closed: those it did not
+        receipt go through the head."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.result_pipe = False
+        waiting, job.direct_out = job.direct_out, []
+        for part, direct in waiting:
+            job.out_results.append(direct_results.restored(part, direct))
+            self.results_sent[False] += direct.count
+        if waiting:
+            self._on_outgoing()
 
     @staticmethod
     def _keep_outputs(job: NodeJob, outputs: list) -> None:
@@ -326,7 +367,7 @@ class Dispatcher:
             spread = max(math.ceil(job.still_to_run() / max(1, min(job.parallelism, n_workers))),
                          int(MIN_SHARE_S / call_s))
         part = job.queue.take(max(1, min(size, spread)))
-        run = worker_wire.RunCalls.of(job.job_id, part)
+        run = worker_wire.RunCalls(job.job_id, part.indices, part.sizes, part.data, job.result_pipe)
         if job.job_id not in worker.loaded_jobs:  # the function first, in the same write
             load = worker_wire.LoadFunction(job.job_id, job.function_bytes, job.local_code, job.job_token)
             self._effects.send(worker, load, run)
@@ -391,7 +432,7 @@ class Dispatcher:
             indices = by_job[job.job_id] = []
             if not job.cancelled:  # a cancelled one is listed empty, so that the head releases it
                 indices.extend(job.queue.index_list())
-                for part in job.out_results:
+                for part in [*job.out_results, *(part for part, _ in job.direct_out)]:
                     indices.extend(packed_results.unpack_indices(part.indices))
         for worker in self._workers():
             for batch in worker.batches:

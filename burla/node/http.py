@@ -76,6 +76,8 @@ async def state(request: web.Request) -> web.Response:
             "stolen": service.thief.stolen,
             "direct_inputs": {"straight": service.dispatcher.filled[True],
                               "through_head": service.dispatcher.filled[False]},
+            "direct_results": {"straight": service.dispatcher.results_sent[True],
+                               "through_head": service.dispatcher.results_sent[False]},
         }
     )
 

@@ -44,6 +44,11 @@ class NodeJob:
     dropped_outputs: int = 0  # chunks over MAX_HELD_OUTPUTS since the last send
     direct: bool = False  # its pushes may hold placeholders (burla.protocol.direct_inputs)
     awaited: dict[int, int] = field(default_factory=dict)  # placeholders pushed here: index -> the input's size
+    direct_results: bool = False  # its large results may go straight to its client (burla.protocol.direct_results)
+    result_pipe: bool = False  # and its client's connection to take them is open here (node/result_pipes.py)
+    # Workers' reports whose large results go straight to the client, in order, until its receipt:
+    # (the report's results with placeholders, the large ones apart). Then they go to the head.
+    direct_out: list[tuple[packed_results.PackedResults, PackedInputs]] = field(default_factory=list)
 
     def window(self, workers: int) -> int:
         """How many inputs to hold here, queued or running, with `workers` workers computing."""

@@ -30,6 +30,7 @@ from burla.node.listen import LOOPBACK_HOSTS, bind_address
 from burla.node.memory import MemoryGuard
 from burla.node.packages import Environment
 from burla.node.readings import MachineReadings
+from burla.node.result_pipes import ResultPipes
 from burla.node.result_window import ResultWindow
 from burla.node.steal import Donor, Thief
 from burla.node.worker_pool import WorkerPool
@@ -76,6 +77,7 @@ class NodeService:
                                      socket.gethostname(), lambda: self.pool.size)
         self._sending_bytes = 0  # of the results the sender took and is sending
         self.results_window = ResultWindow(self._held_result_bytes)
+        self.result_pipes = ResultPipes(self.dispatcher, self.results_window.sent)  # large results to clients
         pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump(),
                   self.results_window.room)
         self.cpu = CpuGuard(self.pool, self.dispatcher)
@@ -233,8 +235,7 @@ class NodeService:
         return min(MAX_FAILED_SESSION_DELAY_S, 2.0 ** (self._failed_sessions - 1))
 
     def _keep_jobs_a_while(self) -> None:
-        """Jobs keep running without a head, for a head that comes back; after
-        KEEP_JOBS_WITHOUT_HEAD_S they are dropped (the head has given their inputs to others)."""
+        """Jobs run on without a head, for one that comes back; dropped after KEEP_JOBS_WITHOUT_HEAD_S."""
         now = time.monotonic()
         if self._head_lost_at is None:
             self._head_lost_at = now
@@ -366,9 +367,9 @@ class NodeService:
     # --- upward traffic ------------------------------------------------------------------
 
     def _held_result_bytes(self) -> int:
-        """Bytes of the results waiting to be sent, and of those being sent."""
+        """Bytes of the results waiting to be sent, and of those being sent (to the head or clients)."""
         waiting = sum(len(part.packed) for job in self.dispatcher.jobs.values() for part in job.out_results)
-        return waiting + self._sending_bytes
+        return waiting + self._sending_bytes + self.result_pipes.held_bytes()
 
     def _queue_credit(self, job_id: str) -> None:
         self._pending_credit.add(job_id)

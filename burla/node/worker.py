@@ -34,6 +34,8 @@ from burla.errors import CallExited
 from burla.node.output_capture import OutputCapture
 from burla.process.memory import freeze_inherited_objects, give_back_memory, keep_large_blocks
 from burla.protocol import inline_values, local_code, wire, worker_context, worker_wire
+from burla.protocol.direct_inputs import DIRECT_MIN_BYTES
+from burla.protocol.direct_results import split_large
 from burla.protocol.framing import Payload
 from burla.protocol.inline_values import VALUE
 from burla.protocol.input_files import mapped_input
@@ -84,6 +86,7 @@ class Worker:
         self._sock = sock
         self._reader = sock.makefile("rb", buffering=1 << 16)
         self._held_large = False  # values of 1 MB or more went through since memory was last given back
+        self._results_direct = False  # the running batch's large results go apart (RunCalls.direct_results)
         self._page = memoryview(shm).cast("q")  # worker_wire.PAGE_SLOT's slots; the worker never closes `shm`
         self._functions: dict[str, Callable[..., Any] | _LoadFailure] = {}
         self._job_tokens: dict[str, str] = {}  # job id -> the token its calls open nested jobs with
@@ -147,6 +150,7 @@ class Worker:
             if isinstance(msg, worker_wire.RunCalls):
                 part = msg.part()
                 job_id, packed_indices = msg.job_id, msg.indices
+                self._results_direct = msg.direct_results
                 self._held_large |= len(part.data) >= LARGE_VALUE_BYTES
                 values = inline_values.unpack_inputs(part.data, part.count)
                 arguments = part.arguments() if values is None else values
@@ -361,14 +365,18 @@ class Worker:
                 # Packed here: the node, and the head, pass them on as they are.
                 timings = _timings_of(self._marks, self._origin[2], len(results)) if results else b""
                 indices = unreported.packed_indices()
-                large = unreported.payload_bytes >= LARGE_PAYLOADS
+                large: bool | None = unreported.payload_bytes >= LARGE_PAYLOADS
+                direct = None
+                if self._results_direct and unreported.payload_bytes >= DIRECT_MIN_BYTES:
+                    results, direct = split_large(results)  # straight to the client, through the node
+                    large = None if direct is not None else large  # weighed again without them
                 try:
                     part = PackedResults.of_calls(results, timings, indices, unreported.any_failed, large)
                 except (OverflowError, UnicodeEncodeError):  # an inline value msgpack refused: pickle those
                     results = [[index, True, pickle.dumps(payload, PROTOCOL)] if ok is VALUE else [index, ok, payload]
                                for index, ok, payload in results]
                     part = PackedResults.of_calls(results, timings, indices, unreported.any_failed, None)
-                self._send(worker_wire.WorkerReport.of_part(job_id, part, outputs, batch_done, seconds))
+                self._send(worker_wire.WorkerReport.of_part(job_id, part, outputs, batch_done, seconds, direct))
 
 
 class _Unreported:

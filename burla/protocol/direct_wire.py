@@ -1,10 +1,11 @@
-"""The messages of large inputs sent straight to their node (the wire's API re-exports them:
-`wire.UploadDirect`...; `burla.protocol.direct_inputs` says how they go)."""
+"""The messages of large inputs sent straight to their node, and of large results sent straight
+from it to the client (the wire's API re-exports them: `wire.UploadDirect`...;
+`burla.protocol.direct_inputs` and `burla.protocol.direct_results` say how they go)."""
 
 from __future__ import annotations
 
 from burla.errors import ProtocolError
-from burla.protocol.framing import message
+from burla.protocol.framing import Message, message
 from burla.protocol.packed_inputs import UINT_BYTES, CarriesInputs
 
 UPLOAD_GRANT_TTL_S = 600.0  # an upload grant is good this long (a client sends a node's inputs in turn)
@@ -85,3 +86,45 @@ class DirectFill(CarriesInputs):
     indices: bytes
     sizes: bytes
     data: bytes | memoryview  # bulk
+
+
+@message(49)
+class DirectResults(CarriesInputs):
+    """Node to client, on the client's connection for the job: results of DIRECT_MIN_BYTES or more
+    (`data`: their pickles end to end), which the node reports to the head as placeholders once
+    the client's receipt for them came (DirectResultsReceived)."""
+
+    job_id: str
+    indices: bytes
+    sizes: bytes
+    data: bytes | memoryview  # bulk
+
+
+@message(50)
+class DirectResultsReceived(Message):
+    """Client to node, one per DirectResults frame, in order: the client holds these results."""
+
+    job_id: str
+    indices: bytes
+
+    def validate(self) -> None:
+        if len(self.indices) % UINT_BYTES:
+            raise ProtocolError("DirectResultsReceived lists 4-byte indices")
+
+
+@message(51)
+class DirectOffer(Message):
+    """Head to client: `node_id` has large results of the job, and the client may take them there
+    itself: it opens its connection to `url` with `grant` (as UploadDirect's), and the node sends
+    such results on it from then on. No offer where the client can't reach that node."""
+
+    job_id: str
+    node_id: str
+    url: str
+    cert_sha256: bytes
+    expires_at: float
+    grant: bytes
+
+    def validate(self) -> None:
+        if not self.url or not self.grant or len(self.cert_sha256) not in (0, 32):
+            raise ProtocolError("DirectOffer needs a url, a grant and an empty or 32-byte certificate digest")

@@ -12,12 +12,13 @@ checks every result it takes.
 Channels (the Channel objects at the end list exactly what each direction accepts):
   client <-> head   OpenJob, ResumeJob, JobAccepted, JobResumed, InputBatch, InputsKept,
                     ResultBatch, ResultAck, OutputBatch, Progress, CancelJob, JobEnded, ErrorReply,
-                    UploadDirect, DirectFallback
+                    UploadDirect, DirectFallback, DirectOffer
   node   <-> head   RegisterNode, NodeRegistered, AssignJob, InputBatch, Credit, NodeResults,
                     OutputBatch, NodeState, Stolen, NodeLeaving, StealHint, CancelJob, ReleaseJob,
                     ShutdownNode, ErrorReply, DirectFill
   node   <-> node   StealRequest, StealGrant, StealAck
-  client <-> node   DirectInputs, DirectReceived, ErrorReply (large inputs straight to their node)
+  client <-> node   DirectInputs, DirectReceived, DirectResults, DirectResultsReceived, ErrorReply
+                    (large inputs straight to their node, large results straight from it)
   worker <-> node   in `worker_wire`
 
 Frame sizes are bounded by `burla.protocol.limits`; runs of inputs and results travel packed
@@ -35,7 +36,10 @@ from burla.errors import ProtocolError
 from burla.protocol.direct_wire import DirectFallback as DirectFallback
 from burla.protocol.direct_wire import DirectFill as DirectFill
 from burla.protocol.direct_wire import DirectInputs as DirectInputs
+from burla.protocol.direct_wire import DirectOffer as DirectOffer
 from burla.protocol.direct_wire import DirectReceived as DirectReceived
+from burla.protocol.direct_wire import DirectResults as DirectResults
+from burla.protocol.direct_wire import DirectResultsReceived as DirectResultsReceived
 from burla.protocol.direct_wire import UploadDirect as UploadDirect
 from burla.protocol.error_record import ERROR_RECORD as ERROR_RECORD
 from burla.protocol.error_record import ErrorRecord as ErrorRecord
@@ -116,6 +120,7 @@ class OpenJob(Message):
     # keeps it only if every node for the job shares that host, and the job then runs only there.
     client_host: str = ""
     direct_inputs: bool = False  # it may send large inputs straight to their nodes (direct_inputs)
+    direct_results: bool = False  # it may take large results straight from their nodes (direct_results)
     # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
     # one frame. The head takes them as an InputBatch right after admitting the job.
     first_inputs: list = []  # (shared: messages are never changed in place)
@@ -376,6 +381,7 @@ class AssignJob(Message):
     job_token: str = ""  # what the job's calls hold instead of the cluster token (burla.web.scoped_tokens)
     timeout: float | None = None  # seconds a call may run (JobOptions.timeout)
     direct_inputs: bool = False  # its pushes may hold placeholders, whose bytes come apart (direct_inputs)
+    direct_results: bool = False  # large results may go straight to its client (direct_results)
 
 
 @message(23)
@@ -450,7 +456,7 @@ HEAD_TO_NODE = Channel("head to node", (NodeRegistered, AssignJob, InputBatch, C
                                         CancelJob, ReleaseJob, ShutdownNode, ErrorReply, StealHint, DirectFill),
                        NODE_LINK)
 HEAD_TO_CLIENT = Channel("head to client", (JobAccepted, JobResumed, ErrorReply, ResultBatch, OutputBatch,
-                                            Progress, JobEnded, InputsKept, UploadDirect),
+                                            Progress, JobEnded, InputsKept, UploadDirect, DirectOffer),
                          Limits(CLIENT_FRAME_RESULTS, 10_000, TEXT_BYTES, MAX_FRAME_BYTES, 4 * CLIENT_FRAME_RESULTS))
 # The first frame of each link, with the limits of the link it opens.
 JOB_OPENING = Channel("job opening", (OpenJob, ResumeJob), CLIENT_TO_HEAD.limits)
@@ -458,5 +464,5 @@ NODE_OPENING = Channel("node registration", (RegisterNode,), NODE_TO_HEAD.limits
 # Transfers between nodes: small requests, grants as big as the inputs they carry.
 NODE_TO_NODE = Channel("node to node", (StealRequest, StealGrant, StealAck), NODE_LINK)
 # A client's large inputs straight to their node (burla.protocol.direct_inputs), and the node's answers.
-CLIENT_TO_NODE = Channel("client to node", (DirectInputs,), NODE_LINK)
-NODE_TO_CLIENT = Channel("node to client", (DirectReceived, ErrorReply), NODE_LINK)
+CLIENT_TO_NODE = Channel("client to node", (DirectInputs, DirectResultsReceived), NODE_LINK)
+NODE_TO_CLIENT = Channel("node to client", (DirectReceived, DirectResults, ErrorReply), NODE_LINK)

@@ -6,8 +6,8 @@ import struct
 from collections.abc import Sequence
 
 from burla.protocol.framing import Channel, Message, Payload, check_items, message
-from burla.protocol.limits import NODE_LINK, NODE_REPORTS
-from burla.protocol.packed_inputs import CarriesInputs
+from burla.protocol.limits import BATCH_ITEMS, NODE_LINK, NODE_REPORTS
+from burla.protocol.packed_inputs import CarriesInputs, PackedInputs
 from burla.protocol.packed_results import PackedResults, check_packed
 
 # A worker's shared page, which its node maps too: the input whose call runs (-1: none) at
@@ -37,6 +37,9 @@ class RunCalls(CarriesInputs):
     indices: bytes
     sizes: bytes
     data: bytes | memoryview  # bulk
+    # Its job's client takes large results from this node itself: the worker reports those apart
+    # (WorkerReport.direct), each as a placeholder among the others (burla.protocol.direct_results).
+    direct_results: bool = False
 
 
 @message(33)
@@ -56,6 +59,11 @@ class WorkerReport(Message):
     # without the node's round trip and the function's loading, sizes the node's next batches.
     seconds: float
     timings: bytes  # per result, when its call started, how long it ran, the worker's pid (packed_results)
+    # Results sent apart, straight to the job's client (RunCalls.direct_results): their indices,
+    # sizes and pickles end to end, as PackedInputs' three parts; `packed` has a placeholder for each.
+    direct_indices: bytes = b""
+    direct_sizes: bytes = b""
+    direct: bytes | memoryview = b""  # bulk
 
     @classmethod
     def of(cls, job_id: str, items: Sequence, outputs: list, batch_done: bool, seconds: float = 0.0,
@@ -64,15 +72,23 @@ class WorkerReport(Message):
         return cls.of_part(job_id, PackedResults.of(items, timings), outputs, batch_done, seconds)
 
     @classmethod
-    def of_part(cls, job_id: str, part: PackedResults, outputs: list, batch_done: bool, seconds: float = 0.0
-                ) -> WorkerReport:
-        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds, part.timings)
+    def of_part(cls, job_id: str, part: PackedResults, outputs: list, batch_done: bool, seconds: float = 0.0,
+                direct: PackedInputs | None = None) -> WorkerReport:
+        if direct is None:
+            return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds, part.timings)
+        return cls(job_id, part.indices, part.failed, part.packed, outputs, batch_done, seconds, part.timings,
+                   direct.indices, direct.sizes, direct.data)
 
     def part(self) -> PackedResults:
         return PackedResults(self.indices, self.failed, self.packed, self.timings)
 
+    def direct_part(self) -> PackedInputs:
+        return PackedInputs(self.direct_indices, self.direct_sizes, self.direct)
+
     def validate(self) -> None:
         check_packed("WorkerReport", self.indices, self.failed, self.timings)
+        if self.direct_indices or self.direct_sizes or self.direct:
+            self.direct_part().check("WorkerReport.direct", BATCH_ITEMS)
         check_items("WorkerReport.outputs", self.outputs, (int, int, str))
 
 

@@ -1,0 +1,103 @@
+"""The clients' connections that take large results straight from this node
+(burla.protocol.direct_results): the route (node/direct_route.py) opens one per client
+connection; the oldest open one of a job takes its results, the others only carry inputs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from burla.node.dispatcher import Dispatcher
+from burla.protocol import wire
+from burla.web import ws_bulk
+
+
+class ResultPipe:
+    """One client connection: `run` (its route's task) sends the job's large results on it, in
+    order, as the dispatcher keeps them (`NodeJob.direct_out`); `sent` of them are out and not
+    yet receipted."""
+
+    def __init__(self, job_id: str, ws: Any) -> None:
+        self.job_id = job_id
+        self.ws = ws
+        self.sent = 0
+        self.active = False  # the job's large results go on this one
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, dispatcher: Dispatcher) -> None:
+        try:
+            await self._send_all(dispatcher)
+        except Exception:  # the connection failed: its route's reader ends, and what is unreceipted goes via the head
+            await self.ws.close()
+
+    async def _send_all(self, dispatcher: Dispatcher) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            job = dispatcher.jobs.get(self.job_id)
+            while self.active and job is not None and self.sent < len(job.direct_out):
+                _, direct = job.direct_out[self.sent]
+                self.sent += 1
+                # A server's frame is written whole before the first await: a receipt the route
+                # sends meanwhile can't land inside it.
+                await ws_bulk.send_bulk_from_server(self.ws, wire.DirectResults.of(self.job_id, direct).encode_parts())
+
+
+class ResultPipes:
+    def __init__(self, dispatcher: Dispatcher, freed: Callable[[], None]) -> None:
+        """`freed`: results held here went on (the node's result window has room again)."""
+        self._dispatcher = dispatcher
+        self._freed = freed
+        self._pipes: dict[str, list[ResultPipe]] = {}
+        dispatcher.on_direct = self.wake
+
+    def opened(self, job_id: str, ws: Any) -> ResultPipe:
+        pipe = ResultPipe(job_id, ws)
+        pipes = self._pipes.setdefault(job_id, [])
+        pipes.append(pipe)
+        self._activate(job_id)
+        return pipe
+
+    def closed(self, pipe: ResultPipe) -> None:
+        """Its connection ended: what it did not get a receipt for goes through the head."""
+        pipes = self._pipes.get(pipe.job_id, [])
+        if pipe in pipes:
+            pipes.remove(pipe)
+        if not pipes:
+            self._pipes.pop(pipe.job_id, None)
+        if pipe.active:
+            pipe.active = False
+            self._dispatcher.direct_closed(pipe.job_id)
+            self._activate(pipe.job_id)
+            self._freed()
+
+    def received(self, pipe: ResultPipe, msg: wire.DirectResultsReceived) -> None:
+        """The client holds the oldest results sent on `pipe` (ProtocolError: a receipt for others)."""
+        if pipe.active:
+            self._dispatcher.direct_received(pipe.job_id, msg.indices)  # raises first if it is wrong
+            pipe.sent -= 1
+            self._freed()
+
+    def wake(self, job_id: str) -> None:
+        for pipe in self._pipes.get(job_id, ()):
+            if pipe.active:
+                pipe.wake()
+
+    def held_bytes(self) -> int:
+        """Of the large results waiting for their client's receipt, or to be sent to it."""
+        return sum(len(direct.data) for job in self._dispatcher.jobs.values() for _, direct in job.direct_out)
+
+    def _activate(self, job_id: str) -> None:
+        """The job's oldest open connection takes its large results, if the job lets them go so."""
+        job = self._dispatcher.jobs.get(job_id)
+        pipes = self._pipes.get(job_id)
+        if job is None or not job.direct_results or not pipes or any(p.active for p in pipes):
+            return
+        pipes[0].active = True
+        pipes[0].sent = 0
+        job.result_pipe = True
+        pipes[0].wake()

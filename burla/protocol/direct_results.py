@@ -1,0 +1,73 @@
+"""Large results sent straight from the node that made them to the client, past the head
+(DESIGN.md §3, "large results straight to their client").
+
+Where a job allows it (`OpenJob.direct_results`: not detached, whose results the head keeps),
+a head that passes a node's results of DIRECT_MIN_BYTES or more on to the client offers the
+client that node (`DirectOffer`: its address and a grant signed with its key, where the client
+can reach it, as for direct inputs). The client opens its connection to the node (or already
+has one, for the job's large inputs), and the node tells its workers so (`RunCalls.direct_results`).
+A worker then reports each successful result of DIRECT_MIN_BYTES or more apart
+(`WorkerReport.direct`), with a placeholder (burla.protocol.direct_inputs') in its place among
+the others. The node sends those results to the client (`DirectResults`), and only once the
+client's receipt came does it report the worker's results to the head, placeholders and all:
+a head that has a result's record has a client that holds its bytes, so a node lost before the
+receipt loses no result (the head runs its input again, as any input in flight there). The client
+puts each placeholder's bytes in its place as it takes the head's results. Where the connection
+fails, the node sends what is still unreceipted through the head, each placeholder replaced by
+its bytes (`restored`). Failures (error records) always go through the head, which lists them.
+"""
+
+from __future__ import annotations
+
+from burla.errors import ProtocolError
+from burla.protocol.direct_inputs import DIRECT_MIN_BYTES, is_placeholder, placeholder
+from burla.protocol.framing import Payload
+from burla.protocol.packed_inputs import PackedInputs, pack_uints
+from burla.protocol.packed_results import PackedResults
+from burla.protocol.pickle_parts import PickleParts
+
+
+def split_large(results: list) -> tuple[list, PackedInputs | None]:
+    """A worker's results ([[index, ok, payload], ...]) with each successful pickle of
+    DIRECT_MIN_BYTES or more replaced by a placeholder, and those pickles (None: there is none).
+    The pickles are not copied: they go to the node as parts of the report's frame."""
+    direct: list[tuple[int, bytes]] = []
+    kept = results
+    for position, (index, ok, payload) in enumerate(results):
+        if ok is True and len(payload) >= DIRECT_MIN_BYTES:
+            if kept is results:
+                kept = list(results)
+            kept[position] = [index, True, placeholder(len(payload))]
+            direct.append((index, payload))
+    if not direct:
+        return results, None
+    indices = [index for index, _ in direct]
+    payloads = [payload for _, payload in direct]
+    return kept, PackedInputs(pack_uints(indices), pack_uints(list(map(len, payloads))),
+                              PickleParts(payloads))  # type: ignore[arg-type]
+
+
+def restored(part: PackedResults, direct: PackedInputs) -> PackedResults:
+    """A worker's report as it would have been without the split: each placeholder replaced by the
+    result it stands for (for the head's path, where the client's connection failed)."""
+    payloads = dict(direct.items())
+    items = part.items("WorkerReport")
+    for item in items:
+        if item[1] is True and is_placeholder(item[2]):
+            item[2] = bytes(payloads.pop(item[0]))
+    if payloads:
+        raise ProtocolError("a worker's report sent results apart that its placeholders do not name")
+    failed = bool(part.failed)
+    return PackedResults.of_calls(items, part.timings, part.indices, failed, None)
+
+
+def fill_placeholder(index: int, payload: Payload, arrived: dict[int, Payload]) -> Payload:
+    """The result a client takes for `payload`: the bytes that came straight from its node if it
+    is a placeholder (no longer kept in `arrived` then), else itself."""
+    if not is_placeholder(payload):
+        return payload
+    try:
+        return arrived.pop(index)
+    except KeyError:
+        raise ProtocolError(f"the result of input {index} was sent straight to this client, which did not get "
+                            "it") from None
