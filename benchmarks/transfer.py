@@ -18,7 +18,8 @@ Large inputs go straight from the client to the node that runs them (client -> n
 the head relays only their placeholders, burla.protocol.direct_inputs); `inputs_through_head` is
 the same job with that turned off (BURLA_DIRECT_INPUTS=0), so every byte crosses the head. Beside
 the four-process anchor, a three-process one (client -> relay -> worker) is the chain the
-straight path crosses.
+straight path crosses. Large results come straight from the node to the client likewise
+(burla.protocol.direct_results); `results_through_head` is that job with BURLA_DIRECT_RESULTS=0.
 
 The chain through the SSH tunnel of the cloud path, beside the same anchor with its middle hop
 over an asyncssh forward, is transfer_tunnel.py.
@@ -203,14 +204,21 @@ def workloads() -> dict[str, Callable[[], object]]:
         with environment(BURLA_DIRECT_INPUTS="0"):
             return remote_parallel_map(payload_size, inputs, spinner=False)
 
+    def results_through_head() -> object:
+        with environment(BURLA_DIRECT_RESULTS="0"):
+            return remote_parallel_map(payload_of, indices, spinner=False)
+
     return {
         "inputs": lambda: remote_parallel_map(payload_size, inputs, spinner=False),
         "inputs_through_head": through_head,
         "results": lambda: remote_parallel_map(payload_of, indices, spinner=False),
+        "results_through_head": results_through_head,
     }
 
 
-DIRECTION = {"inputs": "inputs", "inputs_through_head": "inputs", "results": "results"}  # each job's anchor
+# each job's anchor
+DIRECTION = {"inputs": "inputs", "inputs_through_head": "inputs", "results": "results",
+             "results_through_head": "results"}
 
 
 def main() -> None:
@@ -218,7 +226,7 @@ def main() -> None:
 
     jobs = workloads()
     burla_mb_s: dict[str, list[float]] = {name: [] for name in jobs}
-    anchors = ("inputs", "results", "inputs_one_relay", "results_kept")
+    anchors = ("inputs", "results", "inputs_one_relay", "results_one_relay", "results_kept")
     anchor: dict[str, list[float]] = {name: [] for name in anchors}
     anchor_cpu: dict[str, dict[str, float]] = {name: {} for name in anchors}  # seconds per role, summed
     with tempfile.TemporaryDirectory(prefix="burla-bench-") as directory:
@@ -255,6 +263,8 @@ def main() -> None:
                                          / statistics.median(anchor[DIRECTION[name]]), 3) for name in jobs},
         "straight_inputs_over_one_relay": round(statistics.median(burla_mb_s["inputs"])
                                                 / statistics.median(anchor["inputs_one_relay"]), 3),
+        "straight_results_over_one_relay": round(statistics.median(burla_mb_s["results"])
+                                                 / statistics.median(anchor["results_one_relay"]), 3),
         "results_over_relay_that_keeps_them": round(statistics.median(burla_mb_s["results"])
                                                     / statistics.median(anchor["results_kept"]), 3),
         "burla_cpu_s_per_gb": {name: {role: round(ms / 1e3 / gb, 3) for role, ms in run.cpu_ms(name).items()}

@@ -19,7 +19,7 @@ from burla.client.loop import client_loop
 from burla.errors import ProtocolError
 from burla.protocol import direct_inputs, grants, wire, worker_wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
-from burla.protocol.direct_results import fill_placeholder, restored, split_large
+from burla.protocol.direct_results import arrived_value, restored, split_large, value_of
 from burla.protocol.packed_inputs import PackedInputs, pack_uints
 from burla.protocol.packed_results import PackedResults
 from burla.protocol.serialization import dumps, loads
@@ -308,11 +308,14 @@ def test_a_report_restored_for_the_head_is_the_report_without_the_split():
 
 
 def test_a_client_fills_placeholders_with_what_came_straight_and_names_what_did_not():
-    arrived: dict = {3: b"bytes of three"}
-    assert fill_placeholder(3, direct_inputs.placeholder(14), arrived) == b"bytes of three" and arrived == {}
-    assert fill_placeholder(4, b"\x80plain pickle", arrived) == b"\x80plain pickle"
+    arrived: dict = {3: arrived_value(dumps(b"bytes of three")), 5: arrived_value(b"\x80\x05junk")}
+    assert value_of(3, direct_inputs.placeholder(14), arrived) == b"bytes of three" and 3 not in arrived
+    assert value_of(4, dumps(1), arrived) == 1  # a pickle of five bytes is no placeholder
     with pytest.raises(ProtocolError, match="input 4 was sent straight"):
-        fill_placeholder(4, direct_inputs.placeholder(9), arrived)
+        value_of(4, direct_inputs.placeholder(9), arrived)
+    with pytest.raises(Exception) as failed:  # what did not unpickle fails in its place, as through the head
+        value_of(5, direct_inputs.placeholder(6), arrived)
+    assert not isinstance(failed.value, ProtocolError)
 
 
 def test_a_direct_offer_must_name_where_and_how():

@@ -7,7 +7,8 @@ A node the head gives no address for, or that can't be reached or refuses, gets 
 through the head instead (`DirectFallback`), and so it does for this process's jobs for ten
 minutes (a job should not wait out a connection each time). The same connection brings the
 job's large results from that node (opened for them alone where the head offers it:
-`DirectOffer`): each is kept in `arrived` until the head's record of it, a placeholder, comes.
+`DirectOffer`): each is unpickled as it comes and kept in `arrived` until the head's record of
+it, a placeholder, comes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from burla.client.loop import ClientLoop
 from burla.errors import ProtocolError
 from burla.protocol import limits, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
-from burla.protocol.framing import Payload
+from burla.protocol.direct_results import arrived_value
 from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
 from burla.protocol.pickle_parts import PickleParts
 
@@ -54,7 +55,7 @@ class DirectSender:
         self._queues: dict[str, deque[wire.UploadDirect | wire.DirectOffer]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._pipes: dict[str, _Pipe] = {}  # per node: the connection its inputs go on
-        self.arrived: dict[int, Payload] = {}  # large results that came straight, until the head's record of each
+        self.arrived: dict[int, Any] = {}  # large results' values that came straight, until the head's record of each
 
     def on_upload(self, msg: wire.UploadDirect | wire.DirectOffer) -> None:
         """The head pushed these placeholders to `msg.node_id`: send their bytes after the ones
@@ -173,7 +174,7 @@ class _Pipe:
     node's receipts, which come in order; and the node's large results, each receipted once kept
     in `arrived`. Its reader task reads both."""
 
-    def __init__(self, ws: Any, job_id: str, arrived: dict[int, Payload]) -> None:
+    def __init__(self, ws: Any, job_id: str, arrived: dict[int, Any]) -> None:
         self.ws = ws
         self.job_id = job_id
         self.unconfirmed: deque[tuple[int, bytes | PickleParts]] = deque()
@@ -235,7 +236,8 @@ class _Pipe:
                 if isinstance(answer, wire.DirectResults):
                     if answer.job_id != self.job_id:
                         raise ProtocolError("the node sent results of another job")
-                    self._arrived.update(answer.part().items())  # views of the frame, until taken
+                    for index, data in answer.part().items():
+                        self._arrived[index] = arrived_value(data)
                     async with self._writing:
                         await self.ws.send_bytes(wire.DirectResultsReceived(self.job_id, answer.indices).encode())
                 else:

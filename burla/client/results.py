@@ -11,9 +11,8 @@ from typing import Any, Final
 
 from burla.errors import RemoteError
 from burla.protocol.direct_inputs import PLACEHOLDER_BYTES
-from burla.protocol.direct_results import fill_placeholder
+from burla.protocol.direct_results import value_of
 from burla.protocol.environment import missing_package_note
-from burla.protocol.framing import Payload
 from burla.protocol.serialization import loads, unpack_error
 
 # (input index, ok, the result or the exception the call raised). A plain tuple: a million are
@@ -41,14 +40,14 @@ ALL_IN: Final = AllIn()
 
 
 def take_results(items: list, received: bytearray, results: list[Any] | None, packages: dict[str, str],
-                 values: tuple[tuple, tuple] | None = None, arrived: dict[int, Payload] | None = None
+                 values: tuple[tuple, tuple] | None = None, arrived: dict[int, Any] | None = None
                  ) -> tuple[Sequence[int], list[Outcome], int]:
     """The results not taken before (the head may resend): their indices, the outcomes for the
     caller's thread (each one, or with `results` only the failures: values go into the list),
     and how many failed. `packages` (the client's) explains a failure to import on a node.
     `values`: where every result is a value that travelled as itself, their indices and values
-    (ResultBatch.values). `arrived`: large results that came straight from their nodes, which a
-    placeholder among `items` stands for (burla.protocol.direct_results)."""
+    (ResultBatch.values). `arrived`: the values of large results that came straight from their
+    nodes, which a placeholder among `items` stands for (burla.protocol.direct_results)."""
     if results is not None and values is not None:
         taken_runs = _take_runs_of_values(*values, received, results)
         if taken_runs is not None:
@@ -64,8 +63,9 @@ def take_results(items: list, received: bytearray, results: list[Any] | None, pa
                 if ok is True:  # a pickle; else (VALUE) the value itself, decoded with the frame
                     try:
                         if len(payload) == PLACEHOLDER_BYTES and arrived is not None:
-                            payload = fill_placeholder(index, payload, arrived)
-                        payload = loads(payload)
+                            payload = value_of(index, payload, arrived)
+                        else:
+                            payload = loads(payload)
                     except Exception as e:
                         error = _unpickling_error(index, e)
                         ok = False

@@ -12,12 +12,15 @@ the others. The node sends those results to the client (`DirectResults`), and on
 client's receipt came does it report the worker's results to the head, placeholders and all:
 a head that has a result's record has a client that holds its bytes, so a node lost before the
 receipt loses no result (the head runs its input again, as any input in flight there). The client
-puts each placeholder's bytes in its place as it takes the head's results. Where the connection
+unpickles each as it comes, and puts the value in its placeholder's place as it takes the head's
+results. Where the connection
 fails, the node sends what is still unreceipted through the head, each placeholder replaced by
 its bytes (`restored`). Failures (error records) always go through the head, which lists them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from burla.errors import ProtocolError
 from burla.protocol.direct_inputs import DIRECT_MIN_BYTES, is_placeholder, placeholder
@@ -25,6 +28,7 @@ from burla.protocol.framing import Payload
 from burla.protocol.packed_inputs import PackedInputs, pack_uints
 from burla.protocol.packed_results import PackedResults
 from burla.protocol.pickle_parts import PickleParts
+from burla.protocol.serialization import loads
 
 
 def split_large(results: list) -> tuple[list, PackedInputs | None]:
@@ -61,13 +65,35 @@ def restored(part: PackedResults, direct: PackedInputs) -> PackedResults:
     return PackedResults.of_calls(items, part.timings, part.indices, failed, None)
 
 
-def fill_placeholder(index: int, payload: Payload, arrived: dict[int, Payload]) -> Payload:
-    """The result a client takes for `payload`: the bytes that came straight from its node if it
-    is a placeholder (no longer kept in `arrived` then), else itself."""
-    if not is_placeholder(payload):
-        return payload
+class NotUnpickled:
+    """What came straight for a result that does not unpickle here: the error, for its place."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def arrived_value(data: Payload) -> Any:
+    """A result that came straight, unpickled as it comes: the frame it came in goes back to its
+    connection for the next one (a frame kept until the head's record came was a new buffer, and
+    its page faults, per result)."""
     try:
-        return arrived.pop(index)
+        return loads(data)
+    except Exception as e:
+        return NotUnpickled(e)
+
+
+def value_of(index: int, payload: Payload, arrived: dict[int, Any]) -> Any:
+    """The value a client takes for a pickled result: the one that came straight from its node if
+    `payload` is a placeholder (no longer kept in `arrived` then), else `payload` unpickled."""
+    if not is_placeholder(payload):
+        return loads(payload)
+    try:
+        value = arrived.pop(index)
     except KeyError:
         raise ProtocolError(f"the result of input {index} was sent straight to this client, which did not get "
                             "it") from None
+    if type(value) is NotUnpickled:
+        raise value.error
+    return value
