@@ -23,6 +23,7 @@ from burla.protocol.direct_results import arrived_value, restored, split_large, 
 from burla.protocol.packed_inputs import PackedInputs, pack_uints
 from burla.protocol.packed_results import PackedResults
 from burla.protocol.serialization import dumps, loads
+from burla.web import ws_bulk
 from burla.web.scoped_tokens import node_token
 from tests import functions
 from tests.cluster_runner import LocalCluster
@@ -265,19 +266,207 @@ def test_a_job_whose_results_stay_on_the_head_takes_no_connection_for_them():
     receiver = _Receiver()
     _assigned(receiver, direct_results=False)
 
-    async def scenario() -> bool:
+    async def scenario() -> list[tuple[bool, bool]]:
         runner, port = await _serve_route(receiver)
         try:
             async with aiohttp.ClientSession() as session:
                 ws = await _connect(session, port, receiver)
-                await asyncio.sleep(0.2)
-                pipe = receiver.dispatcher.jobs["j-1"].result_pipe
+                await _until(lambda: receiver.result_pipes._pipes.get("j-1"))
+                seen = [(p.active, receiver.dispatcher.jobs["j-1"].result_pipe)
+                        for p in receiver.result_pipes._pipes["j-1"]]
                 await ws.close()
         finally:
             await runner.cleanup()
-        return pipe
+        return seen
 
-    assert asyncio.run(scenario()) is False
+    assert asyncio.run(scenario()) == [(False, False)]  # open for inputs, not for results
+
+
+def test_a_connection_open_before_its_job_is_assigned_takes_its_results_once_it_is():
+    receiver = _Receiver()
+
+    async def scenario() -> tuple[bool, bool]:
+        runner, port = await _serve_route(receiver)
+        try:
+            async with aiohttp.ClientSession() as session:
+                ws = await _connect(session, port, receiver)
+                await _until(lambda: receiver.result_pipes._pipes.get("j-1"))
+                _assigned(receiver)  # the client was quicker than the head's AssignJob
+                first = receiver.dispatcher.jobs["j-1"].result_pipe
+                receiver.dispatcher.release("j-1")
+                _assigned(receiver)  # released and assigned again while the client stays
+                again = receiver.dispatcher.jobs["j-1"].result_pipe
+                await ws.close()
+        finally:
+            await runner.cleanup()
+        return first, again
+
+    assert asyncio.run(scenario()) == (True, True)
+
+
+def test_a_client_gone_silent_has_its_unreceipted_results_sent_through_the_head(monkeypatch):
+    """A connection that carries nothing more and never closes (a laptop asleep, a NAT that
+    forgot it) is given up on once a receipt is overdue."""
+    from burla.node import result_pipes
+
+    monkeypatch.setattr(result_pipes, "RECEIPT_TIMEOUT_S", 0.5)
+    receiver = _Receiver()
+    _assigned(receiver)
+    job = receiver.dispatcher.jobs["j-1"]
+    big = dumps(b"s" * LARGE)
+    worker: Any = SimpleNamespace(batches=[])
+
+    async def scenario() -> None:
+        runner, port = await _serve_route(receiver)
+        proxy = CuttableProxy("127.0.0.1", port)
+        try:
+            async with aiohttp.ClientSession() as session:
+                expires = time.time() + 60
+                headers = {GRANT_HEADER: grants.sign_upload(receiver.key, "j-1", "n1", expires).hex(),
+                           EXPIRES_HEADER: repr(expires)}
+                ws = await session.ws_connect(f"{proxy.url}/v1/jobs/j-1/direct", headers=headers, max_msg_size=0)
+                await _until(lambda: job.result_pipe)
+                proxy.stall()
+                receiver.dispatcher.on_report(worker, _report((3, big)))
+                await _until(lambda: job.out_results)
+                ws_bulk.drop(ws)
+        finally:
+            proxy.close()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    [part] = job.out_results
+    assert part.items()[0][2] == big and receiver.dispatcher.results_sent == {True: 0, False: 1}
+
+
+def test_a_receipt_for_results_never_sent_is_refused_by_name():
+    receiver = _Receiver()
+    _assigned(receiver)
+
+    async def scenario() -> wire.Message:
+        runner, port = await _serve_route(receiver)
+        try:
+            async with aiohttp.ClientSession() as session:
+                ws = await _connect(session, port, receiver)
+                await _until(lambda: receiver.dispatcher.jobs["j-1"].result_pipe)
+                await ws.send_bytes(wire.DirectResultsReceived("j-1", pack_uints([1])).encode())
+                answer = wire.decode((await ws.receive(timeout=60)).data, wire.NODE_TO_CLIENT)
+                await ws.close()
+        finally:
+            await runner.cleanup()
+        return answer
+
+    answer = asyncio.run(scenario())
+    assert isinstance(answer, wire.ErrorReply) and "not sent" in answer.message
+
+
+def test_a_nodes_registration_lists_results_waiting_for_their_clients_receipt():
+    receiver = _Receiver()
+    _assigned(receiver)
+    receiver.dispatcher.jobs["j-1"].result_pipe = True
+    worker: Any = SimpleNamespace(batches=[])
+    receiver.dispatcher.on_report(worker, _report((4, dumps(b"h" * LARGE)), (5, dumps("small"))))
+    assert receiver.dispatcher.held() == [["j-1", pack_uints([4, 5])]]
+
+
+async def _client_pipe(port: int, receiver: _Receiver, taken: Any = lambda index: False) -> tuple[Any, Any]:
+    """A DirectSender of job j-1 offered the node on `port` (its session to close after)."""
+    from burla.client.direct_sender import DirectSender
+
+    session = aiohttp.ClientSession()
+    shared = SimpleNamespace(session=lambda cert: session, unreachable_nodes={})
+    sender = DirectSender("j-1", {}, dumps, _nowhere, lambda: shared, taken)  # type: ignore[arg-type,return-value]
+    expires = time.time() + 60
+    sender.on_upload(wire.DirectOffer("j-1", "n1", f"http://127.0.0.1:{port}", b"", expires,
+                                      grants.sign_upload(receiver.key, "j-1", "n1", expires)))
+    return sender, session
+
+
+async def _nowhere(msg: wire.Message) -> None:
+    raise AssertionError(f"nothing goes through the head here: {msg}")
+
+
+def test_a_client_takes_results_while_it_sends_inputs_on_the_same_connection():
+    """Large frames both ways at once: the client's reader never waits for a write, so neither side
+    waits for the other to read (a reader that sent its receipts itself could wait on an input's
+    frame that the node, waiting to send its results, would not take)."""
+    from burla.client.direct_sender import DirectSender
+
+    receiver = _Receiver()
+    _assigned(receiver)
+    job = receiver.dispatcher.jobs["j-1"]
+    count, size = 12, 8 * 2**20
+    inputs = {i: dumps(bytes([i]) * size) for i in range(count)}
+    worker: Any = SimpleNamespace(batches=[])
+
+    async def scenario() -> tuple[dict, list]:
+        runner, port = await _serve_route(receiver)
+        session = aiohttp.ClientSession()
+        shared = SimpleNamespace(session=lambda cert: session, unreachable_nodes={})
+        sender = DirectSender("j-1", dict(inputs), dumps, _nowhere, lambda: shared)  # type: ignore[arg-type]
+        expires = time.time() + 60
+        grant = grants.sign_upload(receiver.key, "j-1", "n1", expires)
+        try:
+            sender.on_upload(wire.UploadDirect("j-1", pack_uints(list(inputs)), pack_uints([size] * count), b"", "n1",
+                                               f"http://127.0.0.1:{port}", b"", expires, grant))
+            await _until(lambda: job.result_pipe)
+            for i in range(count):  # results as large as the inputs, while those go out
+                receiver.dispatcher.on_report(worker, _report((100 + i, dumps(bytes([i]) * size))))
+            async with asyncio.timeout(120):
+                while len(receiver.arrived) < count or len(job.out_results) < count:
+                    await asyncio.sleep(0.01)
+            arrived = dict(sender.arrived)  # closing the sender lets go of them
+        finally:
+            await sender.close()
+            await session.close()
+            await runner.cleanup()
+        return arrived, receiver.arrived
+
+    arrived, inputs_seen = asyncio.run(scenario())
+    assert sorted(arrived) == [100 + i for i in range(count)]
+    assert all(arrived[100 + i] == bytes([i]) * size for i in range(count))
+    assert sorted(i for _, indices, _ in inputs_seen for i in indices) == list(range(count))
+    assert receiver.dispatcher.results_sent == {True: count, False: 0}
+
+
+def test_a_client_drops_a_connection_that_sends_it_what_it_did_not_ask_for():
+    """Results of another job: the client's reader ends and cuts the connection, so the node sends
+    what it had sent there through the head (a connection left open would hold them for good)."""
+    receiver = _Receiver()
+    closed = asyncio.Event() if False else None  # made on the scenario's loop
+
+    async def scenario() -> str:
+        nonlocal closed
+        closed = asyncio.Event()
+        seen: list[str] = []
+
+        async def node(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+            ws = aiohttp.web.WebSocketResponse()
+            await ws.prepare(request)
+            await ws.send_bytes(wire.DirectResults.of("j-2", PackedInputs.of([[0, dumps(1)]])).encode())
+            frame = await ws.receive(timeout=60)
+            seen.append(frame.type.name)
+            closed.set()
+            return ws
+
+        app = aiohttp.web.Application()
+        app.router.add_get("/v1/jobs/{job_id}/direct", node)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        sender, session = await _client_pipe(port, receiver)
+        try:
+            async with asyncio.timeout(60):
+                await closed.wait()
+        finally:
+            await sender.close()
+            await session.close()
+            await runner.cleanup()
+        return seen[0]
+
+    assert asyncio.run(scenario()) in ("CLOSED", "CLOSE", "ERROR")
 
 
 # --- the parts -----------------------------------------------------------------------------
@@ -305,6 +494,16 @@ def test_a_report_restored_for_the_head_is_the_report_without_the_split():
     assert (bytes(back.packed), back.indices, back.failed) == (bytes(plain.packed), plain.indices, plain.failed)
     with pytest.raises(ProtocolError, match="do not name"):
         restored(PackedResults.of(kept[:1] + [[2, True, b"y"]]), joined)
+
+
+def test_a_result_taken_whole_through_the_head_leaves_nothing_of_it_behind():
+    from burla.client.results import take_results
+
+    arrived: dict = {0: "came straight, receipt lost", 1: "one"}
+    received = bytearray(2)
+    taken, _, _ = take_results([[0, True, dumps("whole")], [1, True, direct_inputs.placeholder(9)]], received,
+                               None, {}, None, arrived)
+    assert list(taken) == [0, 1] and arrived == {}
 
 
 def test_a_client_fills_placeholders_with_what_came_straight_and_names_what_did_not():

@@ -46,8 +46,9 @@ class DirectSender:
 
     def __init__(self, job_id: str, pending: dict[int, bytes | PickleParts],
                  encode: Callable[[int], bytes | PickleParts], via_head: Callable[[wire.Message], Awaitable[None]],
-                 shared: Callable[[], ClientLoop]) -> None:
+                 shared: Callable[[], ClientLoop], taken: Callable[[int], bool] = lambda index: False) -> None:
         self.job_id = job_id
+        self._taken = taken  # whether an input's result was handed over already
         self._pending = pending
         self._encode = encode
         self._via_head = via_head
@@ -95,7 +96,7 @@ class DirectSender:
                 fresh, sent = pipe is None, 0
                 try:
                     if pipe is None:
-                        pipe = self._pipes[node_id] = _Pipe(await self._connect(msg), self.job_id, self.arrived)
+                        pipe = await self._open(msg)
                     for index, data in inputs:
                         sent += 1
                         await pipe.send(index, data)
@@ -105,8 +106,8 @@ class DirectSender:
                 except Exception as e:  # unreachable, refused, cut: this node's inputs go through the head
                     log.info("job %s: sending inputs to node %s through the head instead (%s)", self.job_id, node_id,
                              e)
-                    if fresh and not _refused_at_the_door(e):  # a kept connection may just have been closed
-                        self._shared().unreachable_nodes[msg.url] = time.monotonic() + UNREACHABLE_FOR_S
+                    if fresh:  # a kept connection may just have been closed
+                        self._note_unreachable(msg.url, e)
                     inputs = [*(pipe.take_not_taken() if pipe is not None else ()),
                               *(pipe.unconfirmed if pipe is not None else ()), *inputs[sent:]]
                     if pipe is not None:
@@ -120,11 +121,20 @@ class DirectSender:
         if msg.node_id in self._pipes or not self._reachable(msg.url):
             return
         try:
-            self._pipes[msg.node_id] = _Pipe(await self._connect(msg), self.job_id, self.arrived)
+            await self._open(msg)
         except Exception as e:
             log.info("job %s: results of node %s come through the head (%s)", self.job_id, msg.node_id, e)
-            if not _refused_at_the_door(e):
-                self._shared().unreachable_nodes[msg.url] = time.monotonic() + UNREACHABLE_FOR_S
+            self._note_unreachable(msg.url, e)
+
+    async def _open(self, msg: wire.UploadDirect | wire.DirectOffer) -> _Pipe:
+        pipe = self._pipes[msg.node_id] = _Pipe(await self._connect(msg), self.job_id, self.arrived, self._taken)
+        return pipe
+
+    def _note_unreachable(self, url: str, error: BaseException) -> None:
+        """This process's jobs don't wait out a connection to that node again for a while; a node
+        that answered with a refusal is reachable (only the head's path is needed this time)."""
+        if not _refused_at_the_door(error):
+            self._shared().unreachable_nodes[url] = time.monotonic() + UNREACHABLE_FOR_S
 
     async def _through_head(self, node_id: str, inputs: list[tuple[int, bytes | PickleParts]]) -> None:
         for index, data in inputs:
@@ -171,10 +181,12 @@ class DirectSender:
 
 class _Pipe:
     """One node's connection: a frame per input, up to PIPELINE_FRAMES of them sent ahead of the
-    node's receipts, which come in order; and the node's large results, each receipted once kept
-    in `arrived`. Its reader task reads both."""
+    node's receipts, which come in order; and the node's large results, each receipted once its
+    value is in `arrived`. Its reader task reads both and never waits for a write (the node may be
+    waiting for it to read before it takes the rest of an input's frame): its receipts go out from
+    a task of their own, between input frames."""
 
-    def __init__(self, ws: Any, job_id: str, arrived: dict[int, Any]) -> None:
+    def __init__(self, ws: Any, job_id: str, arrived: dict[int, Any], taken: Callable[[int], bool]) -> None:
         self.ws = ws
         self.job_id = job_id
         self.unconfirmed: deque[tuple[int, bytes | PickleParts]] = deque()
@@ -183,11 +195,15 @@ class _Pipe:
         self.not_taken: list[tuple[int, bytes | PickleParts]] = []
         self.mid_frame = False  # a frame is partly written (a cancel left it so)
         self._arrived = arrived
-        self._receipts: deque[bytes] = deque()
+        self._taken = taken
+        self._receipts: deque[bytes] = deque()  # the node's, for inputs
         self._news = asyncio.Event()  # a receipt came, or the connection ended
         self._ended: BaseException | None = None
-        self._writing = asyncio.Lock()  # an input's frame goes out in chunks: a receipt waits for its end
-        self._reader = asyncio.create_task(self._read(), name=f"direct-reader-{job_id}")
+        self._writing = asyncio.Lock()  # an input's frame goes out in chunks: nothing may come between
+        self._to_receipt: list[bytes] = []  # this client's receipts for results, to be written
+        self._receipt_due = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._read(), name=f"direct-reader-{job_id}"),
+                       asyncio.create_task(self._write_receipts(), name=f"direct-receipts-{job_id}")]
 
     async def send(self, index: int, data: bytes | PickleParts) -> None:
         from burla.web import ws_bulk
@@ -197,7 +213,7 @@ class _Pipe:
         self.unconfirmed.append((index, data))
         async with self._writing:
             self.mid_frame = True
-            await ws_bulk.send_bulk_alone(self.ws, frame.encode_parts())  # its chunks, none of another frame between
+            await ws_bulk.send_bulk_alone(self.ws, frame.encode_parts())
             self.mid_frame = False
         await self.confirm(PIPELINE_FRAMES)
 
@@ -212,7 +228,8 @@ class _Pipe:
                 if self._ended is not None:
                     raise ConnectionError(f"the connection to the node ended: {self._ended}")
                 self._news.clear()
-                await asyncio.wait_for(self._news.wait(), RECEIPT_TIMEOUT_S)
+                async with asyncio.timeout(RECEIPT_TIMEOUT_S):
+                    await self._news.wait()
                 continue
             indices = self._receipts.popleft()
             sent = self.unconfirmed[0]
@@ -223,39 +240,61 @@ class _Pipe:
                 self.not_taken.append(sent)
 
     async def _read(self) -> None:
-        import aiohttp
+        from burla.web import ws_bulk
 
         try:
             while True:
-                reply = await self.ws.receive()
-                if reply.type != aiohttp.WSMsgType.BINARY:
-                    raise ConnectionError(f"the node closed the connection ({reply.type.name})")
-                answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
-                if isinstance(answer, wire.ErrorReply):
-                    raise ConnectionError(f"the node refused them: {answer.message}")
-                if isinstance(answer, wire.DirectResults):
-                    if answer.job_id != self.job_id:
-                        raise ProtocolError("the node sent results of another job")
-                    for index, data in answer.part().items():
-                        self._arrived[index] = arrived_value(data)
-                    async with self._writing:
-                        await self.ws.send_bytes(wire.DirectResultsReceived(self.job_id, answer.indices).encode())
-                else:
-                    assert isinstance(answer, wire.DirectReceived)  # the channel's last message
-                    self._receipts.append(answer.indices)
-                    self._news.set()
-        except Exception as e:  # the connection is over: the node sends what it did not hear of through the head
+                self._take(await self.ws.receive())  # no name keeps the frame: its buffer serves the next
+        except Exception as e:  # over: the node sends what this did not receipt through the head
             self._ended = e
             self._news.set()
+            ws_bulk.drop(self.ws)  # a connection that answered wrongly is not kept open, nor one closed
+
+    def _take(self, reply: Any) -> None:
+        import aiohttp
+
+        if reply.type != aiohttp.WSMsgType.BINARY:
+            raise ConnectionError(f"the node closed the connection ({reply.type.name})")
+        answer = wire.decode(reply.data, wire.NODE_TO_CLIENT)
+        if isinstance(answer, wire.ErrorReply):
+            raise ConnectionError(f"the node refused: {answer.message}")
+        if isinstance(answer, wire.DirectResults):
+            if answer.job_id != self.job_id:
+                raise ProtocolError("the node sent results of another job")
+            for index, data in answer.part().items():
+                if not self._taken(index):  # a result that came twice (an input run twice) is not kept
+                    self._arrived[index] = arrived_value(data)
+            self._to_receipt.append(wire.DirectResultsReceived(self.job_id, answer.indices).encode())
+            self._receipt_due.set()
+        else:
+            assert isinstance(answer, wire.DirectReceived)  # the channel's last message
+            self._receipts.append(answer.indices)
+            self._news.set()
+
+    async def _write_receipts(self) -> None:
+        from burla.web import ws_bulk
+
+        while True:
+            await self._receipt_due.wait()
+            self._receipt_due.clear()
+            async with self._writing:
+                if self.mid_frame:  # an input's frame was cut short: the connection is of no more use
+                    ws_bulk.drop(self.ws)
+                    return
+                receipts, self._to_receipt = self._to_receipt, []
+                for receipt in receipts:
+                    await self.ws.send_bytes(receipt)
 
     async def close(self) -> None:
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader
+        from burla.web import ws_bulk
+
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if self.mid_frame:  # a close frame now would land inside the frame: drop the connection
-            transport = getattr(getattr(self.ws, "_writer", None), "transport", None)
-            if transport is not None:
-                transport.abort()
+            ws_bulk.drop(self.ws)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(), CLOSE_TIMEOUT_S)
 

@@ -62,10 +62,8 @@ def take_results(items: list, received: bytearray, results: list[Any] | None, pa
             if ok:
                 if ok is True:  # a pickle; else (VALUE) the value itself, decoded with the frame
                     try:
-                        if len(payload) == PLACEHOLDER_BYTES and arrived is not None:
-                            payload = value_of(index, payload, arrived)
-                        else:
-                            payload = loads(payload)
+                        payload = (loads(payload) if len(payload) != PLACEHOLDER_BYTES or arrived is None
+                                   else value_of(index, payload, arrived))
                     except Exception as e:
                         error = _unpickling_error(index, e)
                         ok = False
@@ -83,7 +81,16 @@ def take_results(items: list, received: bytearray, results: list[Any] | None, pa
             if results is not None:
                 results[index] = error
             outcomes.append((index, False, error))
+    _forget_taken(arrived, taken)
     return taken, outcomes, failed
+
+
+def _forget_taken(arrived: dict[int, Any] | None, taken: list[int]) -> None:
+    """What came straight for results taken whole through the head (their receipt was lost) is
+    not kept."""
+    if arrived:
+        for index in taken:
+            arrived.pop(index, None)
 
 
 def _take_runs_of_values(indices: tuple, values: tuple, received: bytearray, results: list[Any]

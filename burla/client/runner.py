@@ -97,7 +97,8 @@ class JobRunner:
         self._received = bytearray(self.n_inputs)  # per index: result handed over yet?
         self.upload = Uploader(job_id, inputs, self._received, display, self._detaching)
         self.direct = DirectSender(job_id, self.upload.direct_pending, self.upload.pickled_input,
-                                   lambda msg: self._send(self._ws, msg), client_loop)
+                                   lambda msg: self._send(self._ws, msg), client_loop,
+                                   lambda index: index < len(self._received) and self._received[index] != 0)
         self._remaining = self.n_inputs
         self._acked_seq = 0  # the last result batch taken (acknowledged, or soon)
         self._unacked_batches = self._unacked_bytes = 0
@@ -479,8 +480,7 @@ class JobRunner:
         return False
 
     def _on_end(self, msg: wire.JobEnded) -> None:
-        """The job ended on the head: fine if it completed (or a failed call's exception is already
-        in the outcomes), else raise why."""
+        """The job ended: fine if it completed (or a failed call's exception is in the outcomes)."""
         if msg.status == JobStatus.COMPLETED or (msg.kind == EndKind.CALL_FAILED and self._remaining < self.n_inputs):
             return
         if msg.kind == EndKind.JOB_CANCELED and self._cancel_reason is not None:

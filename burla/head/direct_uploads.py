@@ -108,24 +108,34 @@ class DirectUploads:
         (burla.protocol.direct_results), where it can reach that node."""
         if node_id in job.results_offered:
             return
+        found = self._address(job, node_id)
+        if found is None:
+            return  # the client is away: offered when the next such results come
+        link, node, url = found
         job.results_offered.add(node_id)
-        link = self._cluster.client_links.get(job.job_id)
-        node = self._cluster.scheduler.nodes.get(node_id)
-        url = reachable_url(node, link.client_local) if link is not None and node is not None else ""
-        if link is None or node is None or not url:
-            return
-        expires_at = time.time() + UPLOAD_GRANT_TTL_S
-        grant = grants.sign_upload(node.grant_key, job.job_id, node_id, expires_at)
-        link.send(wire.DirectOffer(job.job_id, node_id, url, node.cert_sha256, expires_at, grant))
+        if url:
+            expires_at, grant = self._grant(node, job, node_id)
+            link.send(wire.DirectOffer(job.job_id, node_id, url, node.cert_sha256, expires_at, grant))
 
-    def _tell_client(self, job: JobRecord, node_id: str, found: list[tuple[int, int]]) -> None:
+    def _address(self, job: JobRecord, node_id: str) -> tuple[ClientLink, NodeRecord, str] | None:
+        """The job's client, the node, and the node's address for that client ("": it can't reach it)."""
         link = self._cluster.client_links.get(job.job_id)
         node = self._cluster.scheduler.nodes.get(node_id)
         if link is None or node is None:
-            return
-        url = reachable_url(node, link.client_local)
+            return None
+        return link, node, reachable_url(node, link.client_local)
+
+    @staticmethod
+    def _grant(node: NodeRecord, job: JobRecord, node_id: str) -> tuple[float, bytes]:
         expires_at = time.time() + UPLOAD_GRANT_TTL_S
-        grant = grants.sign_upload(node.grant_key, job.job_id, node_id, expires_at) if url else b""
+        return expires_at, grants.sign_upload(node.grant_key, job.job_id, node_id, expires_at)
+
+    def _tell_client(self, job: JobRecord, node_id: str, found: list[tuple[int, int]]) -> None:
+        address = self._address(job, node_id)
+        if address is None:
+            return
+        link, node, url = address
+        expires_at, grant = self._grant(node, job, node_id) if url else (time.time() + UPLOAD_GRANT_TTL_S, b"")
         indices, sizes = zip(*found)
         link.send(wire.UploadDirect(job.job_id, pack_uints(indices), pack_uints(sizes), b"", node_id, url,
                                     node.cert_sha256 if url else b"", expires_at, grant))

@@ -95,7 +95,8 @@ class NodeReports:
                 fresh = cluster.accept_results(node_id, job, msg.part().items("NodeResults"))
                 if fresh:
                     self._record_calls(job, node_id, *calls_of(msg, fresh))
-            if job.spec.direct_results and len(msg.packed) >= DIRECT_MIN_BYTES * (len(msg.indices) // INDEX.size):
+            count = len(msg.indices) // INDEX.size
+            if job.spec.direct_results and count and len(msg.packed) >= DIRECT_MIN_BYTES * count:
                 cluster.direct.offer_results(job, node_id)  # results this large: the client may take them there
         if msg.credit:
             cluster.scheduler.grant(node_id, msg.job_id, msg.credit)

@@ -10,6 +10,7 @@ and a fast one never starves.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from burla.node.worker_pool import Batch, WorkerHandle, kill_error
 from burla.protocol import direct_inputs, direct_results, packed_results, wire, worker_wire
 from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.serialization import ErrorOrigin, pack_error
+
+log = logging.getLogger("burla.node")
 
 TARGET_BATCH_S = 0.01  # aim for batches that take a worker about this long
 MIN_SHARE_S = 0.001  # at a job's end, batches are cut to even shares, but not below this long
@@ -74,6 +77,7 @@ class Dispatcher:
         self.filled = {True: 0, False: 0}  # inputs whose placeholders were filled: sent straight here, or not
         self.results_sent = {True: 0, False: 0}  # large results sent apart: taken by the client, or via the head
         self.on_direct: Callable[[str], None] = lambda job_id: None  # a job has large results for its client
+        self.on_assigned: Callable[[str], None] = lambda job_id: None  # a job is assigned here (again)
         self._rr = 0
 
     # --- from the head -------------------------------------------------------------------
@@ -93,6 +97,7 @@ class Dispatcher:
         job.gpu = msg.func_gpu is not None
         job.direct = msg.direct_inputs
         job.direct_results = msg.direct_results
+        self.on_assigned(job.job_id)
         return job
 
     def add_inputs(self, job_id: str, part: PackedInputs) -> bool:
@@ -194,6 +199,7 @@ class Dispatcher:
         job.out_results.clear()
         job.out_outputs.clear()
         job.direct_out.clear()
+        job.result_pipe = False  # a receipt for what was out is stale: made again if it runs here again
         interrupted = [w for w in self._workers() if any(b.job_id == job_id for b in w.batches)]
         for worker in interrupted:
             self._effects.interrupt(worker)
@@ -268,7 +274,11 @@ class Dispatcher:
         job.result_pipe = False
         waiting, job.direct_out = job.direct_out, []
         for part, direct in waiting:
-            job.out_results.append(direct_results.restored(part, direct))
+            try:
+                job.out_results.append(direct_results.restored(part, direct))
+            except ProtocolError as e:  # a worker's bug: its report's other reports still go
+                log.error("job %s: a worker's report of large results could not be restored: %s", job_id, e)
+                continue
             self.results_sent[False] += direct.count
         if waiting:
             self._on_outgoing()

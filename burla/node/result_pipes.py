@@ -5,12 +5,22 @@ connection; the oldest open one of a job takes its results, the others only carr
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from burla.errors import ProtocolError
 from burla.node.dispatcher import Dispatcher
 from burla.protocol import wire
 from burla.web import ws_bulk
+
+log = logging.getLogger("burla.node")
+
+# A client that takes results sent to it and says nothing this long is given up on: the connection
+# closes and what it did not receipt goes through the head (a dead connection that never closed,
+# a laptop asleep, would otherwise hold them, and the node's result window, for good).
+RECEIPT_TIMEOUT_S = 60.0
 
 
 class ResultPipe:
@@ -23,28 +33,45 @@ class ResultPipe:
         self.ws = ws
         self.sent = 0
         self.active = False  # the job's large results go on this one
+        self.heard_at = time.monotonic()  # the last receipt, or the first send after none was out
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
         self._wake.set()
 
+    def receipted(self) -> None:
+        self.sent -= 1
+        self.heard_at = time.monotonic()
+
     async def run(self, dispatcher: Dispatcher) -> None:
         try:
             await self._send_all(dispatcher)
-        except Exception:  # the connection failed: its route's reader ends, and what is unreceipted goes via the head
-            await self.ws.close()
+        except Exception as e:  # its route's reader ends, and what is unreceipted goes through the head
+            log.info("job %s: its client's connection for results ends (%s)", self.job_id, e)
+            ws_bulk.drop(self.ws)  # not a close handshake: the peer may never answer
 
     async def _send_all(self, dispatcher: Dispatcher) -> None:
         while True:
-            await self._wake.wait()
+            try:  # asyncio.timeout, not wait_for: 3.11's wait_for may swallow a cancel that meets a wake-up
+                async with asyncio.timeout(RECEIPT_TIMEOUT_S / 4):
+                    await self._wake.wait()
+            except TimeoutError:
+                if self.sent > 0 and time.monotonic() - self.heard_at > RECEIPT_TIMEOUT_S:
+                    raise ConnectionError(f"no receipt for {RECEIPT_TIMEOUT_S:g} s") from None
+                continue
             self._wake.clear()
             job = dispatcher.jobs.get(self.job_id)
             while self.active and job is not None and self.sent < len(job.direct_out):
                 _, direct = job.direct_out[self.sent]
+                if self.sent == 0:
+                    self.heard_at = time.monotonic()
                 self.sent += 1
                 # A server's frame is written whole before the first await: a receipt the route
                 # sends meanwhile can't land inside it.
-                await ws_bulk.send_bulk_from_server(self.ws, wire.DirectResults.of(self.job_id, direct).encode_parts())
+                frame = wire.DirectResults.of(self.job_id, direct).encode_parts()
+                # A peer that takes nothing more (gone silent) leaves the frame undrained for good.
+                async with asyncio.timeout(RECEIPT_TIMEOUT_S):
+                    await ws_bulk.send_bulk_from_server(self.ws, frame)
 
 
 class ResultPipes:
@@ -54,6 +81,7 @@ class ResultPipes:
         self._freed = freed
         self._pipes: dict[str, list[ResultPipe]] = {}
         dispatcher.on_direct = self.wake
+        dispatcher.on_assigned = self._activate
 
     def opened(self, job_id: str, ws: Any) -> ResultPipe:
         pipe = ResultPipe(job_id, ws)
@@ -78,8 +106,10 @@ class ResultPipes:
     def received(self, pipe: ResultPipe, msg: wire.DirectResultsReceived) -> None:
         """The client holds the oldest results sent on `pipe` (ProtocolError: a receipt for others)."""
         if pipe.active:
+            if pipe.sent <= 0:
+                raise ProtocolError("a receipt for results not sent on this connection")
             self._dispatcher.direct_received(pipe.job_id, msg.indices)  # raises first if it is wrong
-            pipe.sent -= 1
+            pipe.receipted()
             self._freed()
 
     def wake(self, job_id: str) -> None:
@@ -92,12 +122,15 @@ class ResultPipes:
         return sum(len(direct.data) for job in self._dispatcher.jobs.values() for _, direct in job.direct_out)
 
     def _activate(self, job_id: str) -> None:
-        """The job's oldest open connection takes its large results, if the job lets them go so."""
+        """The job's oldest open connection takes its large results, if the job lets them go so
+        (when a connection opens or closes, and when the job is assigned here: a client may connect
+        first, or stay connected while the node's record of the job is dropped and made again)."""
         job = self._dispatcher.jobs.get(job_id)
         pipes = self._pipes.get(job_id)
-        if job is None or not job.direct_results or not pipes or any(p.active for p in pipes):
+        if job is None or not job.direct_results or not pipes or job.result_pipe:
             return
-        pipes[0].active = True
-        pipes[0].sent = 0
+        active = next((pipe for pipe in pipes if pipe.active), pipes[0])
+        active.active = True
+        active.sent = 0  # a record of the job without results out: none is awaited on any connection
         job.result_pipe = True
-        pipes[0].wake()
+        active.wake()

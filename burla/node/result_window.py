@@ -1,4 +1,5 @@
-"""A bound on the results a node holds for its head.
+"""A bound on the results a node holds for its head (and for clients that take large results
+straight from it: those sent and not yet receipted count too, burla.protocol.direct_results).
 
 Workers hand their results to the node as fast as they compute them; the node sends them up as
 fast as its link to the head takes them. When the link is the slower (a tunnel, a head busy

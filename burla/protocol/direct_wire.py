@@ -115,8 +115,9 @@ class DirectResultsReceived(Message):
 @message(51)
 class DirectOffer(Message):
     """Head to client: `node_id` has large results of the job, and the client may take them there
-    itself: it opens its connection to `url` with `grant` (as UploadDirect's), and the node sends
-    such results on it from then on. No offer where the client can't reach that node."""
+    itself: it opens its connection to `url` with `grant` (as UploadDirect's), unless it has one
+    there for the job already, and the node sends such results on its oldest open one from then
+    on. No offer where the client can't reach that node."""
 
     job_id: str
     node_id: str

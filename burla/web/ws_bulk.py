@@ -407,6 +407,14 @@ async def _hand_writer(ws: Any, parts: Sequence[bytes | memoryview]) -> tuple[An
     return transport, protocol, length
 
 
+def drop(ws: Any) -> None:
+    """Cut a WebSocket's connection without a close frame: one written now could land inside a
+    frame partly written, and a peer that went silent would never answer it."""
+    transport = getattr(getattr(ws, "_writer", None), "transport", None)
+    if transport is not None:
+        transport.abort()
+
+
 def _frame_header(length: int, masked: bool) -> bytes:
     """A final binary frame's header (RFC 6455 §5.2) for a payload of LARGE_FRAME bytes or more."""
     mask_bit = 0x80 if masked else 0
