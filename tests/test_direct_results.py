@@ -387,9 +387,8 @@ async def _nowhere(msg: wire.Message) -> None:
 
 
 def test_a_client_takes_results_while_it_sends_inputs_on_the_same_connection():
-    """Large frames both ways at once: the client's reader never waits for a write, so neither side
-    waits for the other to read (a reader that sent its receipts itself could wait on an input's
-    frame that the node, waiting to send its results, would not take)."""
+    """Large frames both ways at once on one connection, the client's input frames chunked and its
+    receipts for results between them: every input is receipted, every result taken once."""
     from burla.client.direct_sender import DirectSender
 
     receiver = _Receiver()
