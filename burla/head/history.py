@@ -272,8 +272,9 @@ class History(HistoryQueries):
     async def _flush_loop(self) -> None:
         last_prune = time.monotonic()
         while not self._closing:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), FLUSH_EVERY_S)
+            with contextlib.suppress(TimeoutError):  # not wait_for: 3.11's may swallow a cancel
+                async with asyncio.timeout(FLUSH_EVERY_S):
+                    await self._wake.wait()
             self._wake.clear()
             if self._closing:
                 return  # close() writes what is left

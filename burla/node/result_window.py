@@ -57,8 +57,9 @@ class ResultWindow:
     async def _wait(self) -> None:
         while self._held() > self.limit:
             self._room.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._room.wait(), RECHECK_S)
+            with contextlib.suppress(TimeoutError):  # not wait_for: 3.11's may swallow a cancel
+                async with asyncio.timeout(RECHECK_S):
+                    await self._room.wait()
         self._full = False
 
     def sent(self) -> None:

@@ -151,8 +151,7 @@ class NodeService:
             await runner.cleanup()
 
     def _reachable_host(self) -> str:
-        """The address peers use: the bound one, or for a wildcard bind the one this machine reaches
-        the head from (its address on the cluster's network; no packet is sent to find it)."""
+        """The address peers use: the bound one, or for a wildcard bind the one the head is reached from."""
         host = self.settings.host
         if host not in ("0.0.0.0", "::", ""):
             return host
@@ -456,8 +455,9 @@ class NodeService:
 
     async def _state_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._state_changed.wait(), STATE_INTERVAL_S)
+            try:  # not wait_for: 3.11's may swallow a cancel that meets a wake-up, and the loop go on
+                async with asyncio.timeout(STATE_INTERVAL_S):
+                    await self._state_changed.wait()
                 await asyncio.sleep(STATE_SETTLE_S)
             except TimeoutError:
                 pass
