@@ -168,9 +168,13 @@ def _assigned(receiver: _Receiver, direct_results: bool = True) -> None:
 
 
 def _report(*payloads: tuple[int, bytes]) -> worker_wire.WorkerReport:
+    return _report_of([[index, True, payload] for index, payload in payloads])
+
+
+def _report_of(results: list) -> worker_wire.WorkerReport:
     """A worker's report of these results, split as a worker of a job with direct results splits it,
     as its node reads it."""
-    items, direct = split_large([[index, True, payload] for index, payload in payloads])
+    items, direct = split_large(results)
     report = worker_wire.WorkerReport.of_part("j-1", PackedResults.of(items), [], False, 0.0, direct)
     decoded = wire.decode(b"".join(report.encode_parts()), worker_wire.WORKER_TO_NODE)
     assert isinstance(decoded, worker_wire.WorkerReport)
@@ -483,6 +487,21 @@ def test_a_worker_sends_apart_only_successful_pickles_of_a_megabyte_or_more():
     assert kept[1] is results[1] and kept[2:4] == results[2:4]
     assert direct_inputs.real_size(kept[0][2]) == LARGE and results[0][2] is big  # the worker's list untouched
     assert split_large([[0, True, small]]) == ([[0, True, small]], None)
+
+
+def test_a_result_pickled_in_parts_goes_apart_as_its_parts():
+    """A worker pickles a large buffer for a client that takes it straight in parts (the user's
+    bytes as they are): they travel as parts of the report's frame, and arrive as the pickle."""
+    import pickle
+
+    from burla.protocol.pickle_parts import PickleParts, dumps_in_parts
+
+    value = (b"v" * LARGE, "label")
+    pickled = dumps_in_parts(value, pickle.Pickler, 5)
+    assert isinstance(pickled, PickleParts) and any(part is value[0] for part in pickled.parts)
+    report = _report_of([[0, True, pickled], [1, True, dumps("small")]])
+    [(index, data)] = report.direct_part().items()
+    assert index == 0 and loads(data) == value
 
 
 def test_a_report_restored_for_the_head_is_the_report_without_the_split():

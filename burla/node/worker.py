@@ -41,6 +41,7 @@ from burla.protocol.inline_values import VALUE
 from burla.protocol.input_files import mapped_input
 from burla.protocol.packed_inputs import UINT_BYTES, unpack_uints
 from burla.protocol.packed_results import LARGE_PAYLOADS, TIMING_BYTES, TIMING_VALUES, PackedResults
+from burla.protocol.pickle_parts import PickleParts, dumps_in_parts, likely_large
 from burla.protocol.serialization import PROTOCOL, ErrorOrigin, dumps_result, loads, pack_error
 
 # The shared page's slots (worker_wire's layout), written as a memoryview's items: a store,
@@ -271,7 +272,7 @@ class Worker:
             capture.running = index
             try:
                 payload = call(argument)
-                ok = True if type(payload) is bytes else VALUE
+                ok = True if type(payload) is bytes or type(payload) is PickleParts else VALUE
             except CallCancelled:
                 self._cancel_requested = True
                 end_call()
@@ -328,6 +329,10 @@ class Worker:
             kind = type(value)
             if kind in inline and (kind is not str or len(value) <= max_chars):
                 return value
+            if self._results_direct and likely_large(value):
+                # Straight to the client: its large buffers go to the node as they are (no copy).
+                with contextlib.suppress(Exception):  # else pickled the plain way below
+                    return dumps_in_parts(value, pickle.Pickler, PROTOCOL)
             if kind in _PLAIN_RESULTS:
                 return pickle.dumps(value, PROTOCOL)
             try:

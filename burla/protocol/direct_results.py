@@ -33,8 +33,9 @@ from burla.protocol.serialization import loads
 
 def split_large(results: list) -> tuple[list, PackedInputs | None]:
     """A worker's results ([[index, ok, payload], ...]) with each successful pickle of
-    DIRECT_MIN_BYTES or more replaced by a placeholder, and those pickles (None: there is none).
-    The pickles are not copied: they go to the node as parts of the report's frame."""
+    DIRECT_MIN_BYTES or more (bytes, or PickleParts) replaced by a placeholder, and those pickles
+    (None: there is none). The pickles are not copied: they go to the node as parts of the
+    report's frame."""
     direct: list[tuple[int, bytes]] = []
     kept = results
     for position, (index, ok, payload) in enumerate(results):
@@ -47,8 +48,10 @@ def split_large(results: list) -> tuple[list, PackedInputs | None]:
         return results, None
     indices = [index for index, _ in direct]
     payloads = [payload for _, payload in direct]
+    # A pickle made in parts (a worker's large buffers as they are) goes as its parts.
+    parts = [part for payload in payloads for part in (payload.parts if type(payload) is PickleParts else (payload,))]
     return kept, PackedInputs(pack_uints(indices), pack_uints(list(map(len, payloads))),
-                              PickleParts(payloads))  # type: ignore[arg-type]
+                              PickleParts(parts))  # type: ignore[arg-type]
 
 
 def restored(part: PackedResults, direct: PackedInputs) -> PackedResults:
