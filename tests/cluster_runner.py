@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,14 +65,14 @@ class LocalCluster:
         return {"BURLA_CLUSTER_DASHBOARD_URL": self.url, "BURLA_CLUSTER_TOKEN": self.token,
                 "BURLA_CONFIG_DIR": str(self.config_dir)}
 
-    def client(self, head_url: str | None = None):
+    def client(self, head_url: str | None = None, **settings: Any):
         """A burla client for this cluster's head (or the head behind `head_url`, e.g. a proxy),
-        whatever the environment says."""
+        whatever the environment says; `settings` are ClientSettings' others."""
         from burla.client.api import Client
         from burla.config import ClientSettings
 
         return Client(settings=ClientSettings(config_dir=self.config_dir, head_url=head_url or self.url,
-                                              token=self.token, parent_job_id=None))
+                                              token=self.token, parent_job_id=None, **settings))
 
     def _spawn(self, command: list[str], log_name: str, pass_fds: tuple[int, ...] = (),
                env_extra: dict[str, str] | None = None) -> subprocess.Popen:

@@ -103,7 +103,8 @@ def test_a_node_holds_a_window_of_results_while_its_head_is_stopped(tmp_path):
         outcome: list = []
         # A call timeout shorter than the stop: a worker whose report waits on the window is not
         # running a call, and must not be stopped for it.
-        job = threading.Thread(target=lambda: outcome.append(cluster.client().remote_parallel_map(
+        # Results through the head (straight to the client, they would not wait on it).
+        job = threading.Thread(target=lambda: outcome.append(cluster.client(direct_results=False).remote_parallel_map(
             functions.large_result, [(i, size) for i in range(count)], spinner=False, timeout=1.0)))
         job.start()
 

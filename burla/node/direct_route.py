@@ -63,7 +63,10 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamR
     pipe = receiver.result_pipes.opened(job_id, ws)
     sender = asyncio.create_task(pipe.run(receiver.dispatcher), name=f"results-to-client-{job_id}")
     try:
-        await _serve(ws, job_id, receiver, pipe)
+        if await _serve(ws, job_id, receiver, pipe):
+            with contextlib.suppress(Exception):  # its answer, then the close (the client's reply, or 10 s)
+                async with asyncio.timeout(15):
+                    await asyncio.shield(sender)
     finally:
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -72,17 +75,19 @@ async def direct_socket(request: web.Request, receiver: Receiver) -> web.StreamR
     return ws
 
 
-async def _serve(ws: web.WebSocketResponse, job_id: str, receiver: Receiver, pipe: ResultPipe) -> None:
+async def _serve(ws: web.WebSocketResponse, job_id: str, receiver: Receiver, pipe: ResultPipe) -> bool:
+    """Read the client's frames until it closes (False), or is refused or quiet past its job (True:
+    the pipe's writer answers it and closes the connection)."""
     while True:
         try:
             frame = await ws.receive(timeout=IDLE_CHECK_S)
         except TimeoutError:  # a client gone without a word leaves no connection behind its job
             if receiver.runs(job_id):
                 continue
-            await ws.close()
-            break
+            pipe.answer(None, close=True)
+            return True
         if frame.type != WSMsgType.BINARY:
-            break
+            return False
         try:
             msg = wire.decode(frame.data, wire.CLIENT_TO_NODE)
             if getattr(msg, "job_id", None) != job_id:
@@ -91,9 +96,8 @@ async def _serve(ws: web.WebSocketResponse, job_id: str, receiver: Receiver, pip
                 receiver.result_pipes.received(pipe, msg)
                 continue
         except ProtocolError as e:
-            await ws.send_bytes(wire.ErrorReply("ProtocolError", str(e), 400).encode())
-            await ws.close(message=b"refused")
-            break
+            pipe.answer(wire.ErrorReply("ProtocolError", str(e), 400).encode(), close=True)
+            return True
         assert isinstance(msg, wire.DirectInputs)  # the channel's other message
         part = msg.part()
         taken = receiver.inputs_arrived(job_id, part, straight=True)
@@ -101,7 +105,7 @@ async def _serve(ws: web.WebSocketResponse, job_id: str, receiver: Receiver, pip
             log.info("job %s: %d of %d inputs sent here were not awaited (sent twice, pushed elsewhere since, or "
                      "here before their placeholders)", job_id, part.count - len(taken), part.count)
         # Only what it took: the client sends the rest through the head, behind their placeholders.
-        await ws.send_bytes(wire.DirectReceived(job_id, pack_uints(taken), b"", b"").encode())
+        pipe.answer(wire.DirectReceived(job_id, pack_uints(taken), b"", b"").encode())  # its writer's turn
 
 
 def _refusal(request: web.Request, job_id: str, receiver: Receiver) -> web.Response | None:

@@ -24,9 +24,10 @@ RECEIPT_TIMEOUT_S = 60.0
 
 
 class ResultPipe:
-    """One client connection: `run` (its route's task) sends the job's large results on it, in
-    order, as the dispatcher keeps them (`NodeJob.direct_out`); `sent` of them are out and not
-    yet receipted."""
+    """One client connection and its one writer: `run` (its route's task) sends the route's
+    answers (`answer`) and the job's large results, in order, as the dispatcher keeps them
+    (`NodeJob.direct_out`), each result frame a chunk at a time (nothing else may come between
+    them: only this task writes); `sent` of them are out and not yet receipted."""
 
     def __init__(self, job_id: str, ws: Any) -> None:
         self.job_id = job_id
@@ -35,8 +36,17 @@ class ResultPipe:
         self.active = False  # the job's large results go on this one
         self.heard_at = time.monotonic()  # the last receipt, or the first send after none was out
         self._wake = asyncio.Event()
+        self._answers: list[bytes] = []  # the route's small frames, to be written
+        self._closing = False  # the route refused the client: its last answer, then the close
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def answer(self, frame: bytes | None, close: bool = False) -> None:
+        """Write this frame of the route's (then close the connection, with `close`)."""
+        if frame is not None:
+            self._answers.append(frame)
+        self._closing |= close
         self._wake.set()
 
     def receipted(self) -> None:
@@ -47,7 +57,7 @@ class ResultPipe:
         try:
             await self._send_all(dispatcher)
         except Exception as e:  # its route's reader ends, and what is unreceipted goes through the head
-            log.info("job %s: its client's connection for results ends (%s)", self.job_id, e)
+            log.info("job %s: its client's connection ends (%s)", self.job_id, e)
             ws_bulk.drop(self.ws)  # not a close handshake: the peer may never answer
 
     async def _send_all(self, dispatcher: Dispatcher) -> None:
@@ -60,18 +70,23 @@ class ResultPipe:
                     raise ConnectionError(f"no receipt for {RECEIPT_TIMEOUT_S:g} s") from None
                 continue
             self._wake.clear()
+            while self._answers:
+                await self.ws.send_bytes(self._answers.pop(0))
+            if self._closing:
+                await self.ws.close(message=b"refused")
+                return
             job = dispatcher.jobs.get(self.job_id)
             while self.active and job is not None and self.sent < len(job.direct_out):
                 _, direct = job.direct_out[self.sent]
                 if self.sent == 0:
                     self.heard_at = time.monotonic()
                 self.sent += 1
-                # A server's frame is written whole before the first await: a receipt the route
-                # sends meanwhile can't land inside it.
                 frame = wire.DirectResults.of(self.job_id, direct).encode_parts()
                 # A peer that takes nothing more (gone silent) leaves the frame undrained for good.
                 async with asyncio.timeout(RECEIPT_TIMEOUT_S):
-                    await ws_bulk.send_bulk_from_server(self.ws, frame)
+                    await ws_bulk.send_bulk_alone(self.ws, frame, masked=False)
+                while self._answers:  # receipts for inputs between result frames
+                    await self.ws.send_bytes(self._answers.pop(0))
 
 
 class ResultPipes:

@@ -1,23 +1,21 @@
 """Large WebSocket frames read and written with one copy of their payload.
 
-aiohttp's reader keeps each read of a large frame as a slice, joins the slices, and for a masked
-frame (every frame from a client: RFC 6455 §5.3) copies the joined payload into a bytearray to
-unmask it and once more into bytes: up to four copies of every byte, most of the head's CPU when
-inputs and results of 10 MB went through it. Its client writer copies a frame to mask it and
-again to put the header in front of it.
+aiohttp's reader keeps each read of a large frame as a slice, joins the slices, and for a masked frame (every frame
+from a client: RFC 6455 §5.3) copies the joined payload into a bytearray to unmask it and once more into bytes: up
+to four copies of every byte, most of the head's CPU when inputs and results of 10 MB went through it. Its client
+writer copies a frame to mask it and again to put the header in front of it.
 
-`BulkReader` sits in front of aiohttp's reader on one connection. It reads each frame's header
-itself; a final, uncompressed binary frame of LARGE_FRAME bytes or more is collected into one
-bytearray of its size, unmasked in place and queued as aiohttp would queue it. Once the read
-that began the frame is used up, the rest of the frame is read straight into that bytearray: the
-connection's transport reads through a `_FrameFiller` (asyncio's BufferedProtocol) until the
-frame is whole, so those bytes are never a bytes object of their own nor copied out of one.
-Everything else (small frames, control frames, fragments, compressed frames, frames over the
-size limit) goes through to aiohttp's reader byte for byte, which answers it as always.
+`BulkReader` sits in front of aiohttp's reader on one connection. It reads each frame's header itself; a final,
+uncompressed binary frame of LARGE_FRAME bytes or more is collected into one bytearray of its size, unmasked in
+place and queued as aiohttp would queue it. Once the read that began the frame is used up, the rest of the frame is
+read straight into that bytearray: the connection's transport reads through a `_FrameFiller` (asyncio's
+BufferedProtocol) until the frame is whole, so those bytes are never a bytes object of their own nor copied out of
+one. Everything else (small frames, control frames, fragments, compressed frames, frames over the size limit) goes
+through to aiohttp's reader byte for byte, which answers it as always.
 
-`send_bulk` writes a client's large frame from its parts: copied once into the masked buffer,
-written after its header. Both fall back to aiohttp's own path wherever its internals are not
-as expected (another aiohttp version), which costs speed, never correctness.
+`send_bulk` writes a client's large frame from its parts: copied once into the masked buffer, written after its
+header; `send_bulk_alone` writes one a chunk at a time for a connection with one writer. All fall back to aiohttp's
+own path wherever its internals are not as expected (another aiohttp version), which costs speed, never correctness.
 """
 
 from __future__ import annotations
@@ -55,10 +53,9 @@ _Mask = Callable[[bytes, bytearray], None]
 
 
 class BulkReader:
-    """A connection's frame reader: large binary frames here, the rest through `inner` (aiohttp's
-    reader, which shares our queue). Frames are handed on in the order they came. Only frames
-    within `max_msg_size` are collected here (none if it is 0, unlimited): a larger one goes to
-    aiohttp's reader, which refuses it as always."""
+    """A connection's frame reader: large binary frames here, the rest through `inner` (aiohttp's reader, which shares
+    our queue). Frames are handed on in the order they came. Only frames within `max_msg_size` are collected here (none
+    if it is 0, unlimited): a larger one goes to aiohttp's reader, which refuses it as always."""
 
     def __init__(self, inner: Any, queue: Any, max_msg_size: int, mask: _Mask, protocol: Any = None) -> None:
         self._inner = inner
@@ -136,10 +133,9 @@ class BulkReader:
         return _NOT_HANDLED
 
     def _buffer_for(self, length: int) -> bytearray:
-        """A buffer for a frame of `length` bytes: the last frame's once nothing else refers to it
-        (every view of it gone: CPython's reference count says so), if it is large enough and not
-        twice too large; else a new one. A client's new 10 MB buffer cost more in page faults than
-        reading the frame into it."""
+        """A buffer for a frame of `length` bytes: the last frame's once nothing else refers to it (every view of it
+        gone: CPython's reference count says so), if it is large enough and not twice too large; else a new one. A
+        client's new 10 MB buffer cost more in page faults than reading the frame into it."""
         spare, self._spare = self._spare, None
         if spare is not None and length <= len(spare) < 2 * length and _only_here(spare):
             del spare[length:]
@@ -208,11 +204,10 @@ class BulkReader:
 
 
 class _FrameFiller(asyncio.BufferedProtocol):
-    """The connection's protocol while the rest of a large frame is read: each read lands in the
-    frame's own buffer. When the frame is whole, the connection's own protocol (aiohttp's, or the
-    head's connection guard in front of it) is put back, so the bytes after the frame reach it as
-    before. Everything else a transport tells a protocol goes on to that one, and each read counts
-    as aiohttp's progress (its read timeout and heartbeat), as its own reads do."""
+    """The connection's protocol while the rest of a large frame is read: each read lands in the frame's own buffer.
+    When the frame is whole, the connection's own protocol (aiohttp's, or the head's connection guard in front of it)
+    is put back, so the bytes after the frame reach it as before. Everything else a transport tells a protocol goes on
+    to that one, and each read counts as aiohttp's progress (its read timeout and heartbeat), as its own reads do."""
 
     def __init__(self, reader: BulkReader, protocol: Any, outer: Any, transport: asyncio.BaseTransport) -> None:
         self._reader = reader
@@ -223,11 +218,10 @@ class _FrameFiller(asyncio.BufferedProtocol):
         self._low_water = 1
 
     def wake_later(self, left: int) -> None:
-        """Have the loop wake this connection only once WAKE_AFTER bytes of the frame (or all it
-        still lacks) are in the socket (SO_RCVLOWAT, which epoll honours for TCP), rather than at
-        each arrival: a writer that sends a frame in small pieces (an sshd forwarding 32 KB
-        packets) had cost a loop turn and a read per piece. Plain TCP sockets only: a TLS
-        socket's bytes are not the frame's, and a channel has no socket."""
+        """Have the loop wake this connection only once WAKE_AFTER bytes of the frame (or all it still lacks) are in
+        the socket (SO_RCVLOWAT, which epoll honours for TCP), rather than at each arrival: a writer that sends a frame
+        in small pieces (an sshd forwarding 32 KB packets) had cost a loop turn and a read per piece. Plain TCP sockets
+        only: a TLS socket's bytes are not the frame's, and a channel has no socket."""
         sock = self._transport.get_extra_info("socket")
         if sock is None or self._transport.get_extra_info("sslcontext") is not None \
                 or sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
@@ -336,10 +330,9 @@ def _stalled(queue: Any) -> bool:
 
 
 def install(protocol: Any, queue: Any, max_msg_size: int) -> bool:
-    """Put a BulkReader in front of the WebSocket reader of this aiohttp connection (its server's
-    RequestHandler or its client's ResponseHandler; `queue` its WebSocket's message queue), right
-    after the handshake. False (and nothing changed) where aiohttp's internals are not as this
-    module expects."""
+    """Put a BulkReader in front of the WebSocket reader of this aiohttp connection (its server's RequestHandler or its
+    client's ResponseHandler; `queue` its WebSocket's message queue), right after the handshake. False (and nothing
+    changed) where aiohttp's internals are not as this module expects."""
     inner = getattr(protocol, "_payload_parser", None)
     if _mask is None or inner is None or not hasattr(queue, "feed_data") or isinstance(inner, BulkReader) \
             or os.environ.get("BURLA_WS_BULK") == "0":
@@ -369,10 +362,9 @@ CHUNK = 1024 * 1024
 
 
 def _mask_buffer(transport: Any, length: int) -> bytearray:
-    """A buffer for a frame's masked payload: the connection's last one when the transport holds
-    nothing of it any more and it is large enough (cut to `length`, which keeps its memory when it
-    shrinks by less than half), else a new one. A new buffer of 10 MB cost more in page faults
-    than the copy into it."""
+    """A buffer for a frame's masked payload: the connection's last one when the transport holds nothing of it any more
+    and it is large enough (cut to `length`, which keeps its memory when it shrinks by less than half), else a new one.
+    A new buffer of 10 MB cost more in page faults than the copy into it."""
     try:
         buffer = _mask_buffers.get(transport)
     except TypeError:
@@ -449,17 +441,25 @@ async def send_bulk(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes |
     await _drained(transport, protocol)
 
 
-async def send_bulk_alone(ws: aiohttp.ClientWebSocketResponse, parts: Sequence[bytes | memoryview]) -> None:
-    """`send_bulk` for a client connection no other task writes to: the payload masked a CHUNK at a
-    time in one small buffer (warm in the CPU's cache), each written once the socket took the one
-    before, so it is neither copied whole into a new buffer nor again by the transport (3.11's
-    keeps what a socket did not take as a copy). Only a lone writer may: the frame's writes are
-    apart in time, and another frame between them would cut it."""
+async def send_bulk_alone(ws: Any, parts: Sequence[bytes | memoryview], masked: bool = True) -> None:
+    """`send_bulk` for a connection no other task writes to: the payload a CHUNK at a time (from a client, masked in
+    one small buffer warm in the CPU's cache), each written once the socket took the one before, so it is neither
+    copied whole into a new buffer nor again by the transport (3.11's keeps what a socket did not take as a copy). Only
+    a lone writer may: the frame's writes are apart in time, and another frame between them would cut it."""
     found = await _hand_writer(ws, parts)
     if found is None:
         return
     transport, protocol, length = found
     transport.set_write_buffer_limits(high=0)  # paused while anything is unsent: a drain waits for all of it
+    if not masked:  # a server's frame: the parts' own bytes, a chunk at a time
+        transport.write(_frame_header(length, masked=False))
+        for part in parts:
+            view = memoryview(part).cast("B")
+            for at in range(0, len(view), CHUNK):
+                transport.write(view[at:at + CHUNK])
+                if transport.get_write_buffer_size():
+                    await protocol._drain_helper()
+        return
     buffer = _chunk_buffers.get(transport)
     if buffer is None:
         buffer = _chunk_buffers[transport] = bytearray(CHUNK)
