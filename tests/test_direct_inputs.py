@@ -322,6 +322,11 @@ async def _serve_route(receiver: _Receiver) -> tuple[aiohttp.web.AppRunner, int]
     async def route(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         return await direct_socket(request, receiver)
 
+    return await _serve_handler(route)
+
+
+async def _serve_handler(route: Any) -> tuple[aiohttp.web.AppRunner, int]:
+    """`route` as a node's direct route, in this process, on an ephemeral port of 127.0.0.1."""
     app = aiohttp.web.Application()
     app.router.add_get("/v1/jobs/{job_id}/direct", route)
     runner = aiohttp.web.AppRunner(app)

@@ -29,7 +29,7 @@ from tests import functions
 from tests.cluster_runner import LocalCluster
 from tests.conftest import own_head, start_head, wait_for_nodes
 from tests.proxy import CuttableProxy
-from tests.test_direct_inputs import _free_port, _get, _ready_nodes, _Receiver, _serve_route
+from tests.test_direct_inputs import _free_port, _get, _ready_nodes, _Receiver, _serve_handler, _serve_route
 
 LARGE = 2 * 2**20  # over direct_inputs.DIRECT_MIN_BYTES
 
@@ -438,10 +438,8 @@ def test_a_client_drops_a_connection_that_sends_it_what_it_did_not_ask_for():
     """Results of another job: the client's reader ends and cuts the connection, so the node sends
     what it had sent there through the head (a connection left open would hold them for good)."""
     receiver = _Receiver()
-    closed = asyncio.Event() if False else None  # made on the scenario's loop
 
     async def scenario() -> str:
-        nonlocal closed
         closed = asyncio.Event()
         seen: list[str] = []
 
@@ -454,13 +452,7 @@ def test_a_client_drops_a_connection_that_sends_it_what_it_did_not_ask_for():
             closed.set()
             return ws
 
-        app = aiohttp.web.Application()
-        app.router.add_get("/v1/jobs/{job_id}/direct", node)
-        runner = aiohttp.web.AppRunner(app)
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve_handler(node)
         sender, session = await _client_pipe(port, receiver)
         try:
             async with asyncio.timeout(60):
