@@ -67,8 +67,11 @@ def test_the_tunnel_transfer_benchmark_runs_small_and_prints_its_json_line():
         for direction in ("inputs", "results"):
             cpu = result["burla_cpu_s_per_gb"][carrier][direction]
             roles = {"client", "head", "vm_sshd", "node", "worker"} | ({"tunnel"} if carrier == "openssh" else set())
-            # psutil counts CPU in clock ticks: two payloads may cost the worker less than one.
-            assert set(cpu) == roles and min(cpu.values()) >= 0 and cpu["head"] > 0 and cpu["vm_sshd"] > 0, cpu
+            # psutil counts CPU in clock ticks: two payloads may cost the worker less than one, and the
+            # head too where OpenSSH's client carries the tunnel (it then only passes frames on); where
+            # the head runs the SSH connection itself, its crypto takes several.
+            assert set(cpu) == roles and min(cpu.values()) >= 0 and cpu["vm_sshd"] > 0, cpu
+            assert cpu["head"] > 0 if carrier == "asyncssh" else cpu["tunnel"] > 0, cpu
 
 
 def test_the_head_scale_benchmark_runs_small_and_prints_its_json_line():
