@@ -84,7 +84,7 @@ async def _serve(ws: web.WebSocketResponse, job_id: str, receiver: Receiver, pip
         except TimeoutError:  # a client gone without a word leaves no connection behind its job
             if receiver.runs(job_id):
                 continue
-            pipe.answer(None, close=True)
+            pipe.answer(None, close=b"idle")
             return True
         if frame.type != WSMsgType.BINARY:
             return False
@@ -96,7 +96,7 @@ async def _serve(ws: web.WebSocketResponse, job_id: str, receiver: Receiver, pip
                 receiver.result_pipes.received(pipe, msg)
                 continue
         except ProtocolError as e:
-            pipe.answer(wire.ErrorReply("ProtocolError", str(e), 400).encode(), close=True)
+            pipe.answer(wire.ErrorReply("ProtocolError", str(e), 400).encode(), close=b"refused")
             return True
         assert isinstance(msg, wire.DirectInputs)  # the channel's other message
         part = msg.part()

@@ -37,16 +37,16 @@ class ResultPipe:
         self.heard_at = time.monotonic()  # the last receipt, or the first send after none was out
         self._wake = asyncio.Event()
         self._answers: list[bytes] = []  # the route's small frames, to be written
-        self._closing = False  # the route refused the client: its last answer, then the close
+        self._closing: bytes | None = None  # the route ends it (refused, or idle): its last answer, then the close
 
     def wake(self) -> None:
         self._wake.set()
 
-    def answer(self, frame: bytes | None, close: bool = False) -> None:
-        """Write this frame of the route's (then close the connection, with `close`)."""
+    def answer(self, frame: bytes | None, close: bytes | None = None) -> None:
+        """Write this frame of the route's (then close the connection with the reason `close`)."""
         if frame is not None:
             self._answers.append(frame)
-        self._closing |= close
+        self._closing = close if close is not None else self._closing
         self._wake.set()
 
     def receipted(self) -> None:
@@ -72,8 +72,8 @@ class ResultPipe:
             self._wake.clear()
             while self._answers:
                 await self.ws.send_bytes(self._answers.pop(0))
-            if self._closing:
-                await self.ws.close(message=b"refused")
+            if self._closing is not None:
+                await self.ws.close(message=self._closing)
                 return
             job = dispatcher.jobs.get(self.job_id)
             while self.active and job is not None and self.sent < len(job.direct_out):
