@@ -1,4 +1,4 @@
-"""The fuzzer of tests/fuzz/ at length: 20,000 malformed or random requests (by default) over
+"""The fuzzer of tests/security/fuzz/ at length: 20,000 malformed or random requests (by default) over
 every route of a head with one local node, as the tests start it. Prints one JSON line: how long
 they took, the findings (5xx, dropped connections, WebSockets closed as internal errors), the
 answers by status class and the head's RSS before and after."""
@@ -24,7 +24,7 @@ def main() -> int:
     import psutil
 
     from tests.conftest import start_head, wait_for_nodes
-    from tests.fuzz import run
+    from tests.security.fuzz import run
 
     with private_config(), tempfile.TemporaryDirectory(prefix="burla-bench-fuzz-") as directory:
         head = start_head(Path(directory) / "config", local_nodes=1, workers=2)

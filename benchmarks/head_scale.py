@@ -171,8 +171,9 @@ async def _ask_credit(ws, job: NodeJob) -> None:
 
 
 async def _answer(ws, msg, job: NodeJob, seconds_per_call: float, counts: Counts) -> None:
-    from burla.protocol import inline_values, packed_results, wire
-    from burla.protocol.inline_values import INPUT_MARK, VALUE
+    from burla.protocol import wire
+    from burla.protocol.values import inline_values, packed_results
+    from burla.protocol.values.inline_values import INPUT_MARK, VALUE
 
     # A no-op returns its input: as a pickle, or as the value itself for one that travelled inline.
     results = [[index, VALUE, inline_values.unpack_input(data)] if data[:1] == bytes((INPUT_MARK,))

@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from burla.head.records import JobRecord, NodeRecord  # noqa: E402
-from burla.head.scheduler import Scheduler  # noqa: E402
+from burla.head.scheduling.records import JobRecord, NodeRecord  # noqa: E402
+from burla.head.scheduling.scheduler import Scheduler  # noqa: E402
 from burla.protocol import wire  # noqa: E402
-from burla.protocol.inline_values import pack_input  # noqa: E402
-from burla.protocol.packed_inputs import PackedInputs  # noqa: E402
+from burla.protocol.values.inline_values import pack_input  # noqa: E402
+from burla.protocol.values.packed_inputs import PackedInputs  # noqa: E402
 
 
 def _job(scheduler: Scheduler, job_id: str, n: int) -> JobRecord:

@@ -124,7 +124,7 @@ def anchor_chain_mb_s(port: int, direction: str, keep: bool = False) -> tuple[fl
     sent to its worker (inputs) or received from it (results), and the CPU seconds it spent. With
     `keep`, it receives each result into memory of its own, kept until the end, as a client whose
     caller gets the results must (the least it can do: the kernel's copy lands there)."""
-    from burla.protocol.buffers import unfilled
+    from burla.protocol.values.buffers import unfilled
 
     cpu_before = time.process_time()
     sock = socket.create_connection(("127.0.0.1", port))

@@ -43,8 +43,8 @@ from transfer import COUNT, SIZE, TOTAL_MB, anchor_chain_mb_s, anchor_mb_s, star
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from burla.drivers.ssh_login import TUNNEL_CIPHERS  # noqa: E402
-from burla.drivers.ssh_tunnel import find_ssh_program  # noqa: E402
+from burla.drivers.ssh.login import TUNNEL_CIPHERS  # noqa: E402
+from burla.drivers.ssh.tunnel import find_ssh_program  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 # What carries the head's tunnels, each measured with a cluster of its own (`burla head serve --tunnel-client`).
@@ -160,7 +160,7 @@ def cluster_cpu(head_pid: int, vm_root: Path) -> dict[str, float]:
             continue
         if "node join" in command:
             cpu["node"] += seconds(process)
-        elif "burla.node.fork_server" in command or "burla.node.worker" in command:
+        elif "burla.node.workers.fork_server" in command or "burla.node.workers.worker" in command:
             cpu["worker"] += seconds(process)
     return dict(cpu)
 
@@ -233,9 +233,9 @@ class TunnelledCluster:
         import pytest
 
         from tests.conftest import start_head
-        from tests.fake_ec2 import Ec2Rules
-        from tests.vm_farms import MotoVmFarm
-        from tests.wheelhouse import build_wheelhouse
+        from tests.support.clouds.fake_ec2 import Ec2Rules
+        from tests.support.clouds.vm_farms import MotoVmFarm
+        from tests.support.wheelhouse import build_wheelhouse
 
         wheelhouse = build_wheelhouse(root / "wheelhouse")
         self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -25,9 +25,9 @@ import pytest  # noqa: E402
 
 from burla.process.build import build_wheel  # noqa: E402
 from tests.conftest import start_head  # noqa: E402
-from tests.fake_ec2 import Ec2Rules  # noqa: E402
-from tests.vm_farms import MotoVmFarm  # noqa: E402
-from tests.wheelhouse import build_wheelhouse  # noqa: E402
+from tests.support.clouds.fake_ec2 import Ec2Rules  # noqa: E402
+from tests.support.clouds.vm_farms import MotoVmFarm  # noqa: E402
+from tests.support.wheelhouse import build_wheelhouse  # noqa: E402
 
 
 def _stages_until_registered(head, node_count: int) -> dict[str, float]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from _common import median_time, noop, warm_local_cluster
 
-from burla.node.fork_server import PROCESS_NAME as FORK_SERVER_NAME
+from burla.node.workers.fork_server import PROCESS_NAME as FORK_SERVER_NAME
 
 REPEATS = 50
 CPU_JOBS = 300

@@ -28,8 +28,8 @@ def noop(x):
 
 
 def main() -> None:
-    from burla.node.worker import Worker
-    from burla.protocol.packed_inputs import pack_uints
+    from burla.node.workers.worker import Worker
+    from burla.protocol.values.packed_inputs import pack_uints
 
     node_end, worker_end = socket.socketpair()
     threading.Thread(target=lambda: [None for _ in iter(lambda: node_end.recv(1 << 20), b"")], daemon=True).start()

@@ -25,7 +25,7 @@ from burla.config import (
     ENV_TOKEN,
     ClientSettings,
 )
-from tests import functions
+from tests.support import functions
 
 # Workers load test helpers by value, like functions from a user's __main__.
 cloudpickle.register_pickle_by_value(functions)
@@ -40,7 +40,7 @@ os.environ.setdefault(ENV_BACKGROUND_HEAD, "0")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-requests", type=int, default=2000,
-                     help="how many requests tests/test_fuzz.py sends to a head and its node")
+                     help="how many requests tests/security/test_fuzz.py sends to a head and its node")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,7 +52,7 @@ def _isolated_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     No test reaches a head through this: tests name their head outright (`Head.client()`,
     `Head.env()` for subprocesses). Under tests.cluster_runner (`tox -e cluster`, which sets
     BURLA_TEST_CLUSTER=1) the head URL, token and config directory it set are left as they are:
-    tests/test_multinode.py reads them to find that cluster.
+    tests/end_to_end/test_multinode.py reads them to find that cluster.
     """
     with pytest.MonkeyPatch.context() as patch:
         if os.environ.get("BURLA_TEST_CLUSTER") != "1":
@@ -250,8 +250,8 @@ def own_head(tmp_path: Path, local_nodes: int = 1, **start: object) -> Iterator[
 @pytest.fixture
 def ec2_rules(monkeypatch):
     """What EC2 refuses (architectures, vCPU quotas, capacity per zone), taught to the moto server
-    of `moto`; tests change its limits as they need (`tests.fake_ec2`)."""
-    from tests.fake_ec2 import Ec2Rules
+    of `moto`; tests change its limits as they need (`tests.support.clouds.fake_ec2`)."""
+    from tests.support.clouds.fake_ec2 import Ec2Rules
 
     rules = Ec2Rules()
     rules.install(monkeypatch)
@@ -305,7 +305,7 @@ def filled(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """burla's dependencies as wheels, made once from this environment (stand-in VMs install from it)."""
-    from tests.wheelhouse import build_wheelhouse
+    from tests.support.wheelhouse import build_wheelhouse
 
     return build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.helpers import require_openssh
+from tests.support.helpers import require_openssh
 
 BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(path.stem for path in BENCHMARKS.glob("*.py") if not path.name.startswith("_"))

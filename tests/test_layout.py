@@ -156,7 +156,7 @@ def test_a_jobs_options_keep_their_names_from_the_user_to_the_node():
 
 
 def test_a_nodes_fields_keep_their_names_from_registration_to_view():
-    from burla.head.records import NodeRecord
+    from burla.head.scheduling.records import NodeRecord
     from burla.protocol import wire
     from burla.protocol.views import DESCRIPTION_FIELDS, NODE_FIELDS, USAGE_FIELDS, NodeDescription, NodeUsage, NodeView
 

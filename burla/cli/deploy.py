@@ -28,8 +28,8 @@ def _deploy_command(cloud: str, what: str):
     @vm_setup_options
     def command(region: str | None, machine_type: str | None, disk_gb: int | None, port: int, wait_s: float,
                 node_index_url: str | None, node_wheelhouse: Path | None, ssh_address_map: Path | None) -> None:
-        from burla.drivers.bootstrap import PackageSource
         from burla.drivers.deploy import DeployRequest, DeploySettings
+        from burla.drivers.ssh.bootstrap import PackageSource
 
         request = DeployRequest(cloud, region, machine_type, disk_gb, port, wait_s)
         packages = PackageSource(node_index_url, str(node_wheelhouse) if node_wheelhouse else None)

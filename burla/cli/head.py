@@ -24,7 +24,7 @@ from burla.drivers.registry import DRIVER_NAMES
 
 def _tunnel_program(tunnel_client: str) -> str | None:
     """The ssh program that carries the tunnels, or None for asyncssh in the head's process."""
-    from burla.drivers.ssh_tunnel import find_ssh_program
+    from burla.drivers.ssh.tunnel import find_ssh_program
 
     if tunnel_client == "asyncssh":
         return None

@@ -10,6 +10,6 @@ import click
 @click.argument("shm_fd", type=int)
 def worker(sock_fd: int, shm_fd: int) -> None:
     """Serve calls for the node that started this process (internal)."""
-    from burla.node.worker import main
+    from burla.node.workers.worker import main
 
     main([str(sock_fd), str(shm_fd)])

@@ -87,7 +87,7 @@ class Client:
             # While an embedded head starts: most of what a cold client does before a job is
             # importing and pickling, and the head's start is the longer wait.
             from burla.client import session
-            from burla.protocol import environment
+            from burla.protocol.replication import environment
 
             environment.prefetch()
             opened.append(session.opening(_job_id(function_), function_, _name(function_), len(inputs),

@@ -26,8 +26,8 @@ from burla.errors import ProtocolError
 from burla.protocol import limits, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
 from burla.protocol.direct_results import arrived_value
-from burla.protocol.packed_inputs import PackedInputs, pack_uints, unpack_uints
-from burla.protocol.pickle_parts import PickleParts
+from burla.protocol.values.packed_inputs import PackedInputs, pack_uints, unpack_uints
+from burla.protocol.values.pickle_parts import PickleParts
 
 log = logging.getLogger("burla.client")
 

@@ -12,8 +12,8 @@ from typing import Any, Final
 from burla.errors import RemoteError
 from burla.protocol.direct_inputs import PLACEHOLDER_BYTES
 from burla.protocol.direct_results import value_of
-from burla.protocol.environment import missing_package_note
-from burla.protocol.serialization import loads, unpack_error
+from burla.protocol.replication.environment import missing_package_note
+from burla.protocol.values.serialization import loads, unpack_error
 
 # (input index, ok, the result or the exception the call raised). A plain tuple: a million are
 # made per million-input job, and a NamedTuple's constructor costs ten times as much.

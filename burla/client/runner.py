@@ -35,8 +35,8 @@ from burla.errors import (
 )
 from burla.process.memory import JOB_COLLECTIONS
 from burla.protocol import limits, wire
-from burla.protocol.input_files import files_root
 from burla.protocol.states import EndKind, JobStatus
+from burla.protocol.values.input_files import files_root
 from burla.web.login_links import LINK_PARAM, link_code
 from burla.web.scoped_tokens import is_scoped, job_secret
 

@@ -21,10 +21,12 @@ from burla.client.results import AllIn, Outcome
 from burla.client.runner import JobRunner
 from burla.config import MAX_FUNCTION_BYTES
 from burla.errors import FunctionTooBig, JobCanceled
-from burla.protocol import input_files, local_code, wire
-from burla.protocol.environment import client_packages, not_replicated_warning
+from burla.protocol import wire
 from burla.protocol.job_options import JobOptions
-from burla.protocol.serialization import dumps_function
+from burla.protocol.replication import local_code
+from burla.protocol.replication.environment import client_packages, not_replicated_warning
+from burla.protocol.values import input_files
+from burla.protocol.values.serialization import dumps_function
 from burla.protocol.worker_context import waiting_on_children
 
 _ok_of = itemgetter(1)

@@ -20,11 +20,12 @@ from burla.client.progress import Display
 from burla.client.results import index_runs
 from burla.config import MAX_INPUT_BYTES
 from burla.errors import InputTooBig, UnpicklableInput
-from burla.protocol import direct_inputs, inline_values, limits, wire
-from burla.protocol.input_files import INPUT_FILE_MIN_BYTES, InputFiles
-from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.pickle_parts import PickleParts
-from burla.protocol.serialization import dumps_input
+from burla.protocol import direct_inputs, limits, wire
+from burla.protocol.values import inline_values
+from burla.protocol.values.input_files import INPUT_FILE_MIN_BYTES, InputFiles
+from burla.protocol.values.packed_inputs import PackedInputs
+from burla.protocol.values.pickle_parts import PickleParts
+from burla.protocol.values.serialization import dumps_input
 
 UPLOAD_BATCH_BYTES = 1024 * 1024
 UPLOAD_BATCH_ITEMS = limits.BATCH_ITEMS

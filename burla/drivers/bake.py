@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from burla.drivers.base import BakedImage, BootRequest, VmAddress
-from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, scrub_script
-from burla.drivers.host_keys import verified_connection
-from burla.drivers.ssh_login import SshLogin, completed_output, upload_setup
+from burla.drivers.ssh.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, scrub_script
+from burla.drivers.ssh.host_keys import verified_connection
+from burla.drivers.ssh.login import SshLogin, completed_output, upload_setup
 from burla.errors import BootstrapFailed, CloudRefused
 from burla.process.loop_supervisor import end_tasks
 

@@ -2,7 +2,7 @@
 
 A driver starts machines that end up running `burla node join --head URL` with the cluster
 token (local processes directly; cloud VMs once the head set them up over SSH, see
-`burla.drivers.ssh`); the node then registers with the head by itself. The head owns every
+`burla.drivers.ssh.driver`); the node then registers with the head by itself. The head owns every
 driver call.
 """
 
@@ -166,7 +166,7 @@ class Driver(abc.ABC):
         return request.machine_type
 
     async def reported_host_keys(self, node_id: str) -> list[str]:
-        """The VM's SSH host keys as the cloud reports them (burla.drivers.host_keys); [] until it
+        """The VM's SSH host keys as the cloud reports them (burla.drivers.ssh.host_keys); [] until it
         does. A first SSH connection is kept only if its server presents one of them."""
         return []
 

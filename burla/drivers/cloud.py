@@ -1,6 +1,6 @@
 """What the cloud drivers (EC2, GCE, Azure) share: the tags that mark a cluster's machines, and
 the thread pool libcloud's blocking calls run in (`burla.drivers.registry` names the drivers). (VMs
-are set up over SSH by the head: `burla.drivers.ssh`.)
+are set up over SSH by the head: `burla.drivers.ssh.driver`.)
 
 libcloud is blocking and its driver objects are not thread safe (connection state, GCE paging
 parameters, zone caches), so every call runs in a dedicated pool with one libcloud driver per
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from burla.drivers.bake import BakedLookup
 from burla.drivers.base import BootRequest, CloudCheck, Driver, VmAddress
-from burla.drivers.host_keys import console_host_keys
+from burla.drivers.ssh.host_keys import console_host_keys
 from burla.errors import BurlaError, CloudRefused, CloudSetupError
 
 if TYPE_CHECKING:

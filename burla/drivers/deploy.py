@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from burla.config import Deployment
-from burla.drivers.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, this_python
 from burla.drivers.head_vm import EXTRAS, HEAD_CERT, HEAD_KEY, HEAD_PORT, HeadMachine, start_command
-from burla.drivers.host_keys import verified_connection
 from burla.drivers.registry import BY_CLOUD, CLOUDS, cloud_config, cloud_driver, cluster_id_of, for_cloud
+from burla.drivers.ssh.bootstrap import SCRIPT_FILE, PackageSource, install_script, installed_tag, remote, this_python
+from burla.drivers.ssh.host_keys import verified_connection
 from burla.errors import BootstrapFailed, DeployError
 
 DEPLOYMENT_DIR = "deployment"  # in the config directory: the deployed head's certificate and key
@@ -63,7 +63,7 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
     cluster_id = cluster_id_of(token)
     config = cloud_config(driver_name, environ, request.region, cluster_id)
     cert_path, key_path = _fresh_certificate(directory / DEPLOYMENT_DIR)
-    from burla.drivers.ssh_login import cluster_key
+    from burla.drivers.ssh.login import cluster_key
 
     ssh_key, public_key = cluster_key(directory, cluster_id)
     environment = dict(config.head_environment())
@@ -81,7 +81,7 @@ def deploy(request: DeployRequest, directory: Path, environ: dict[str, str],
     deployment = Deployment(request.cloud, head.name, f"https://{address}:{request.port}", str(cert_path), token,
                             config.region)
     deployment.write(directory)  # from here on, `burla deploy delete` removes what was made
-    from burla.drivers.ssh_login import SshLogin
+    from burla.drivers.ssh.login import SshLogin
     from burla.process.build import build_wheel
 
     asking = cloud_driver(config)  # a driver of its own: the one that booted it closed with its loop
@@ -103,7 +103,7 @@ class HeadSetup:
     head: HeadMachine
     driver: Any  # the cloud driver that booted it (its host keys, as the cloud reports them)
     driver_name: str
-    login: Any  # burla.drivers.ssh_login.SshLogin
+    login: Any  # burla.drivers.ssh.login.SshLogin
     address: str
     token: str
     cert_pem: str
@@ -119,7 +119,7 @@ class HeadSetup:
         return " | ".join(line.replace("\n", " ")[:300] for line in self.transcript[-4:])
 
     async def run(self, wait_s: float) -> bool:
-        from burla.drivers.ssh_login import completed_output, upload_setup, write_private
+        from burla.drivers.ssh.login import completed_output, upload_setup, write_private
 
         deadline = time.monotonic() + max(wait_s, SSH_TIMEOUT_S)
         connection = await verified_connection(

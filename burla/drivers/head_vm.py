@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from burla.drivers.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR
+from burla.drivers.ssh.bootstrap import CONFIG_DIR, ENV_DIR, HOME_DIR, WHEELHOUSE_DIR
 
 HEAD_PORT = 5001
 ROLE_TAG = "burla-role"

@@ -37,9 +37,9 @@ class CloudDriverEntry:
 
 
 CLOUD_DRIVERS = (
-    CloudDriverEntry("ec2", "aws", "burla.drivers.ec2"),
-    CloudDriverEntry("gce", "gcp", "burla.drivers.gce"),
-    CloudDriverEntry("azure", "azure", "burla.drivers.azure"),
+    CloudDriverEntry("ec2", "aws", "burla.drivers.aws.driver"),
+    CloudDriverEntry("gce", "gcp", "burla.drivers.gcp.driver"),
+    CloudDriverEntry("azure", "azure", "burla.drivers.azure.driver"),
 )
 BY_NAME = {entry.name: entry for entry in CLOUD_DRIVERS}
 BY_CLOUD = {entry.cloud: entry for entry in CLOUD_DRIVERS}

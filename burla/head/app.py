@@ -17,14 +17,10 @@ from aiohttp import web
 from burla.config import HeadSettings
 from burla.drivers.base import Driver
 from burla.drivers.local import LocalDriver
-from burla.head.access import job_view, scope_check
-from burla.head.api import add_api_routes
 from burla.head.budget import ConnectionCounts, HeadLimits
 from burla.head.cluster import Cluster
-from burla.head.cluster_settings import ClusterSettings
-from burla.head.dashboard import add_dashboard_routes, login_needed
-from burla.head.fleet import Fleet
-from burla.head.history import History
+from burla.head.history.recorder import Recorder
+from burla.head.history.store import History
 from burla.head.keys import (
     CHANNELS,
     CLIENT_CONNECTIONS,
@@ -39,10 +35,14 @@ from burla.head.keys import (
     SUPERVISOR,
 )
 from burla.head.loop_monitor import LoopMonitor
-from burla.head.recorder import Recorder
-from burla.head.sockets import close_open_sockets, job_socket, node_socket
+from burla.head.machines.cluster_settings import ClusterSettings
+from burla.head.machines.fleet import Fleet
+from burla.head.routes.access import job_view, scope_check
+from burla.head.routes.api import add_api_routes
+from burla.head.routes.dashboard import add_dashboard_routes, login_needed
+from burla.head.routes.sockets import close_open_sockets, job_socket, node_socket
 from burla.process.loop_supervisor import LoopSupervisor, run_every_step
-from burla.protocol import input_files
+from burla.protocol.values import input_files
 from burla.web.auth import Sessions, token_middleware
 from burla.web.channel_server import ChannelServer
 from burla.web.connection_guard import ConnectionGuard
@@ -63,7 +63,7 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
         history = History(settings.history_path, settings.history_retention_days)
     cluster = Cluster(settings.version, history, settings.token)
     cluster.expect_nodes(list(booted), input_files.host_id())  # local nodes share this machine's input files
-    from burla.head.usage import MACHINE_STARTED, machine_detail
+    from burla.head.history.usage import MACHINE_STARTED, machine_detail
 
     for node_id in booted:
         cluster.record.node_event(node_id, MACHINE_STARTED, machine_detail("local", "", "", False))
@@ -221,9 +221,9 @@ class _Lifecycle:
 def _cloud_driver(settings: HeadSettings, url: str, head_cert: str | None, record: Recorder,
                   channels: ChannelServer | None) -> Driver:
     """The configured cloud's driver, its VMs set up over SSH by this head."""
-    from burla.drivers.bootstrap import PackageSource
     from burla.drivers.registry import cloud_driver
-    from burla.drivers.ssh import SshBootstrapDriver, SshSettings
+    from burla.drivers.ssh.bootstrap import PackageSource
+    from burla.drivers.ssh.driver import SshBootstrapDriver, SshSettings
 
     assert settings.cloud is not None
     ssh = SshSettings(

@@ -9,11 +9,11 @@ import time
 from collections import Counter
 from typing import Protocol
 
+from burla.head.history.recorder import Recorder
 from burla.head.links import ClientLink
-from burla.head.machines import Machines
-from burla.head.recorder import Recorder
-from burla.head.records import CANCELED, RUNNING, JobRecord
-from burla.head.scheduler import Scheduler
+from burla.head.machines.interface import Machines
+from burla.head.scheduling.records import CANCELED, RUNNING, JobRecord
+from burla.head.scheduling.scheduler import Scheduler
 from burla.protocol import wire
 from burla.protocol.states import EndKind, JobStatus
 from burla.protocol.views import JobView

@@ -1,6 +1,6 @@
 """The head's event handlers: they feed the scheduler and carry out what it decides.
 
-The WebSocket handlers (head/sockets.py) call these synchronously as frames arrive; the only I/O here is
+The WebSocket handlers (head/routes/sockets.py) call these synchronously as frames arrive; the only I/O here is
 queuing frames on links, so a handler never waits on a slow peer.
 """
 
@@ -16,24 +16,24 @@ from burla.errors import BurlaError, HeadUnreachable, JobNotFound, ProtocolError
 from burla.head import messages
 from burla.head.client_watch import ClientWatch
 from burla.head.direct_uploads import DirectUploads
-from burla.head.held_inputs import mark_client_held, take_up_held
-from burla.head.history import History
-from burla.head.history_queries import HEAD_STOPPED
+from burla.head.history.queries import HEAD_STOPPED
+from burla.head.history.recorder import NoRecord, Recorder
+from burla.head.history.store import History
 from burla.head.idle_collector import IdleCollector
 from burla.head.links import ClientLink, NodeLink, WriteTurns
-from burla.head.machines import Machines, NoMachines
+from burla.head.machines.interface import Machines, NoMachines
 from burla.head.node_reports import NodeReports
 from burla.head.node_watch import NodeWatch
-from burla.head.recorder import NoRecord, Recorder
-from burla.head.records import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord
 from burla.head.restart_recovery import REJOIN_GRACE_S, RestartRecovery
-from burla.head.retries import with_attempts
-from burla.head.scheduler import Scheduler
-from burla.head.view_builders import job_view
+from burla.head.routes.view_builders import job_view
+from burla.head.scheduling.held_inputs import mark_client_held, take_up_held
+from burla.head.scheduling.records import CANCELED, COMPLETED, FAILED, RUNNING, JobRecord, NodeRecord
+from burla.head.scheduling.retries import with_attempts
+from burla.head.scheduling.scheduler import Scheduler
 from burla.process.build import build_hash
 from burla.protocol import wire
-from burla.protocol.packed_inputs import PackedInputs
 from burla.protocol.states import EndKind, JobStatus
+from burla.protocol.values.packed_inputs import PackedInputs
 from burla.protocol.views import JobView
 from burla.web import scoped_tokens
 

@@ -20,12 +20,12 @@ from typing import Protocol
 from yarl import URL
 
 from burla.head.links import ClientLink, NodeLink
-from burla.head.records import JobRecord, NodeRecord
-from burla.head.scheduler import Scheduler
+from burla.head.scheduling.records import JobRecord, NodeRecord
+from burla.head.scheduling.scheduler import Scheduler
 from burla.protocol import grants, wire
 from burla.protocol.direct_inputs import placeholders_in
 from burla.protocol.direct_wire import UPLOAD_GRANT_TTL_S
-from burla.protocol.packed_inputs import PackedInputs, gather, pack_uints
+from burla.protocol.values.packed_inputs import PackedInputs, gather, pack_uints
 
 
 class Links(Protocol):

@@ -9,8 +9,8 @@ from aiohttp import web
 
 from burla.head.budget import ConnectionCounts, HeadLimits
 from burla.head.cluster import Cluster
-from burla.head.fleet import Fleet
 from burla.head.loop_monitor import LoopMonitor
+from burla.head.machines.fleet import Fleet
 from burla.process.loop_supervisor import LoopSupervisor
 from burla.web.auth import Sessions
 from burla.web.channel_server import ChannelServer

@@ -17,8 +17,9 @@ from collections.abc import Callable
 import msgpack
 from aiohttp import web
 
-from burla.protocol import limits, packed_results, wire
+from burla.protocol import limits, wire
 from burla.protocol.framing import Payload
+from burla.protocol.values import packed_results
 from burla.web import ws_bulk
 
 MAX_BATCH_BYTES = limits.RESULT_FRAME_BYTES  # results per frame to a client

@@ -4,7 +4,7 @@ its opening or resumption, and the error of an input lost on too many nodes."""
 from __future__ import annotations
 
 from burla.errors import NodeDisconnected
-from burla.head.records import Assignment, JobRecord, initial_credit
+from burla.head.scheduling.records import Assignment, JobRecord, initial_credit
 from burla.protocol import wire
 from burla.web import scoped_tokens
 

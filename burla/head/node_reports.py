@@ -14,17 +14,17 @@ import time
 from typing import Protocol
 
 from burla.head.direct_uploads import DirectUploads
+from burla.head.history.recorder import Recorder
 from burla.head.links import ClientLink, NodeLink
-from burla.head.machines import Machines
+from burla.head.machines.interface import Machines
 from burla.head.node_watch import NodeWatch
-from burla.head.recorder import Recorder
-from burla.head.records import RUNNING, JobRecord
-from burla.head.scheduler import Scheduler
-from burla.head.steals import StolenReports, record_steal
+from burla.head.scheduling.records import RUNNING, JobRecord
+from burla.head.scheduling.scheduler import Scheduler
+from burla.head.scheduling.steals import StolenReports, record_steal
 from burla.protocol import wire
 from burla.protocol.direct_inputs import DIRECT_MIN_BYTES
-from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.packed_results import INDEX, TIMING_BYTES, pack_indices, unpack_indices
+from burla.protocol.values.packed_inputs import PackedInputs
+from burla.protocol.values.packed_results import INDEX, TIMING_BYTES, pack_indices, unpack_indices
 from burla.web.connection_guard import RateLimitedLog
 
 log = logging.getLogger("burla.head")

@@ -11,11 +11,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from burla.head.history.recorder import Recorder
 from burla.head.links import NodeLink
-from burla.head.machines import Machines
-from burla.head.recorder import Recorder
-from burla.head.scheduler import Scheduler
-from burla.head.steals import steal_plan
+from burla.head.machines.interface import Machines
+from burla.head.scheduling.scheduler import Scheduler
+from burla.head.scheduling.steals import steal_plan
 from burla.protocol import grants, wire
 
 

@@ -18,13 +18,13 @@ from typing import Protocol
 
 from burla.errors import BurlaError, ProtocolError
 from burla.head.client_watch import ClientWatch
-from burla.head.held_inputs import load_kept
-from burla.head.history import KeptJob
+from burla.head.history.recorder import Recorder
+from burla.head.history.store import KeptJob
 from burla.head.links import ClientLink, NodeLink
-from burla.head.machines import Machines
-from burla.head.recorder import Recorder
-from burla.head.records import JobRecord
-from burla.head.scheduler import Scheduler
+from burla.head.machines.interface import Machines
+from burla.head.scheduling.held_inputs import load_kept
+from burla.head.scheduling.records import JobRecord
+from burla.head.scheduling.scheduler import Scheduler
 from burla.protocol import wire
 from burla.protocol.states import EndKind, JobStatus
 

@@ -87,11 +87,11 @@ def import_serving_stack() -> None:
     import aiohttp.web  # noqa: F401
 
     import burla.head.app  # noqa: F401
-    import burla.head.fleet  # noqa: F401
-    import burla.head.history  # noqa: F401
+    import burla.head.history.store  # noqa: F401
+    import burla.head.machines.fleet  # noqa: F401
     import burla.node.main  # noqa: F401
     import burla.node.service  # noqa: F401
-    import burla.node.worker  # noqa: F401
+    import burla.node.workers.worker  # noqa: F401
 
 
 def allow_many_connections(wanted: int = 65536) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from burla.node.worker_pool import TimeoutKill, WorkerHandle
+from burla.node.workers.worker_pool import TimeoutKill, WorkerHandle
 
 log = logging.getLogger("burla.node")
 CHECK_INTERVAL_S = 0.05

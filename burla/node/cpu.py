@@ -16,7 +16,7 @@ import os
 import time
 
 from burla.node.dispatcher import Dispatcher
-from burla.node.worker_pool import WorkerPool
+from burla.node.workers.worker_pool import WorkerPool
 
 log = logging.getLogger("burla.node")
 

@@ -19,7 +19,7 @@ from burla.node.dispatcher import Dispatcher
 from burla.node.result_pipes import ResultPipe, ResultPipes
 from burla.protocol import grants, limits, wire
 from burla.protocol.direct_inputs import EXPIRES_HEADER, GRANT_HEADER
-from burla.protocol.packed_inputs import PackedInputs, pack_uints
+from burla.protocol.values.packed_inputs import PackedInputs, pack_uints
 from burla.web import ws_bulk
 from burla.web.json_io import error_response
 

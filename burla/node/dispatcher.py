@@ -18,10 +18,11 @@ from typing import Protocol
 
 from burla.errors import BurlaError, ProtocolError, WorkerCrashed
 from burla.node.node_job import NodeJob
-from burla.node.worker_pool import Batch, WorkerHandle, kill_error
-from burla.protocol import direct_inputs, direct_results, packed_results, wire, worker_wire
-from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.serialization import ErrorOrigin, pack_error
+from burla.node.workers.worker_pool import Batch, WorkerHandle, kill_error
+from burla.protocol import direct_inputs, direct_results, wire, worker_wire
+from burla.protocol.values import packed_results
+from burla.protocol.values.packed_inputs import PackedInputs
+from burla.protocol.values.serialization import ErrorOrigin, pack_error
 
 log = logging.getLogger("burla.node")
 

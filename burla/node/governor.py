@@ -23,7 +23,7 @@ import psutil
 
 from burla.node.dispatcher import Dispatcher
 from burla.node.memory import MemoryGuard
-from burla.node.worker_pool import WorkerPool
+from burla.node.workers.worker_pool import WorkerPool
 
 log = logging.getLogger("burla.node")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from burla._version import __version__
 from burla.config import ENV_CODE_ROOT, ENV_HEAD_URL, ENV_NODE_ID, ENV_TOKEN, NodeSettings
-from burla.node.fork_server import ForkServer, can_serve, start_fork_server
 from burla.node.gpus import Gpus
-from burla.node.worker_pool import WorkerPool
+from burla.node.workers.fork_server import ForkServer, can_serve, start_fork_server
+from burla.node.workers.worker_pool import WorkerPool
 from burla.process.environ_block import erase_variable
 from burla.process.locked_dirs import make_locked, remove_abandoned
 from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, keep_large_blocks
@@ -49,7 +49,7 @@ def node_settings(head_url: str, token: str, *, workers: int | None = None, node
     import psutil
 
     from burla.node.gpus import detect as detect_gpus
-    from burla.protocol import input_files
+    from burla.protocol.values import input_files
 
     cpus = cpu_count()
     detected = detect_gpus() if gpu is None or not gpu_count else Gpus(gpu, gpu_count)

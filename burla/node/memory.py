@@ -16,7 +16,7 @@ from collections.abc import Callable
 import psutil
 
 from burla.node.dispatcher import Dispatcher
-from burla.node.worker_pool import MemoryKill, WorkerHandle, WorkerPool
+from burla.node.workers.worker_pool import MemoryKill, WorkerHandle, WorkerPool
 
 log = logging.getLogger("burla.node")
 

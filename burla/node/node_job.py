@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from burla.node.worker_pool import WorkerHandle
-from burla.protocol import limits, packed_results
-from burla.protocol.packed_inputs import InputRuns, PackedInputs
+from burla.node.workers.worker_pool import WorkerHandle
+from burla.protocol import limits
+from burla.protocol.values import packed_results
+from burla.protocol.values.packed_inputs import InputRuns, PackedInputs
 
 TARGET_QUEUE_S = 0.1  # ask the head for about this much work ahead, per job
 # Per call reported, how much of the previous estimate of a call's time is kept (EWMA).

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from burla.protocol.environment import canonical, environment_changed, installed_distributions
+from burla.protocol.replication.environment import canonical, environment_changed, installed_distributions
 
 log = logging.getLogger("burla.node")
 

@@ -33,16 +33,17 @@ from burla.node.readings import MachineReadings
 from burla.node.result_pipes import ResultPipes
 from burla.node.result_window import ResultWindow
 from burla.node.steal import Donor, Thief
-from burla.node.worker_pool import WorkerPool
+from burla.node.workers.worker_pool import WorkerPool
 from burla.process.build import build_hash
 from burla.process.lifeline import wait_for_eof
 from burla.process.loop_supervisor import LoopSupervisor
 from burla.process.memory import give_back_memory
-from burla.protocol import limits, packed_results, wire, worker_wire
-from burla.protocol.environment import installed_distributions
-from burla.protocol.packed_inputs import PackedInputs
-from burla.protocol.serialization import pack_error
+from burla.protocol import limits, wire, worker_wire
+from burla.protocol.replication.environment import installed_distributions
 from burla.protocol.states import NodeStatus
+from burla.protocol.values import packed_results
+from burla.protocol.values.packed_inputs import PackedInputs
+from burla.protocol.values.serialization import pack_error
 from burla.web import ws_bulk
 from burla.web.connection_guard import ConnectionGuard, GuardedSite
 from burla.web.tls import node_server_context
@@ -198,9 +199,7 @@ class NodeService:
                         ws = await session.ws_connect(
                             f"{self._head_url()}/v1/nodes/ws",
                             headers={"Authorization": f"Bearer {self._head_token}"},
-                            max_msg_size=limits.MAX_FRAME_BYTES,
-                            heartbeat=None,
-                            autoping=True,
+                            max_msg_size=limits.MAX_FRAME_BYTES, heartbeat=None, autoping=True,
                         )
                     async with ws:
                         await self._serve_head(ws)

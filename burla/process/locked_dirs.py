@@ -3,7 +3,7 @@
 The kernel frees a flock when its holder dies, killed or not, so whoever comes next removes
 only the directories whose lock is free. Process ids would not tell: they are reused, and
 processes in containers sharing the directory each number their own. Used for a client's
-input files (`protocol/input_files.py`) and a node's directory of shipped modules.
+input files (`protocol/values/input_files.py`) and a node's directory of shipped modules.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from itertools import accumulate
 
-from burla.protocol.packed_inputs import UINT_BYTES, PackedInputs, pack_uints, unpack_uints
+from burla.protocol.values.packed_inputs import UINT_BYTES, PackedInputs, pack_uints, unpack_uints
 
 DIRECT_MIN_BYTES = 1024 * 1024  # below this, an input travels through the head (a round trip costs more)
 # How a client opens its connection to a node: the head's upload grant (hex) and its expiry (the

@@ -25,10 +25,10 @@ from typing import Any
 from burla.errors import ProtocolError
 from burla.protocol.direct_inputs import DIRECT_MIN_BYTES, is_placeholder, placeholder
 from burla.protocol.framing import Payload
-from burla.protocol.packed_inputs import PackedInputs, pack_uints
-from burla.protocol.packed_results import PackedResults
-from burla.protocol.pickle_parts import PickleParts
-from burla.protocol.serialization import loads
+from burla.protocol.values.packed_inputs import PackedInputs, pack_uints
+from burla.protocol.values.packed_results import PackedResults
+from burla.protocol.values.pickle_parts import PickleParts
+from burla.protocol.values.serialization import loads
 
 
 def split_large(results: list) -> tuple[list, PackedInputs | None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from burla.errors import ProtocolError
 from burla.protocol.framing import Message, message
-from burla.protocol.packed_inputs import UINT_BYTES, CarriesInputs
+from burla.protocol.values.packed_inputs import UINT_BYTES, CarriesInputs
 
 UPLOAD_GRANT_TTL_S = 600.0  # an upload grant is good this long (a client sends a node's inputs in turn)
 

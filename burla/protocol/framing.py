@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 import msgpack
 
 from burla.errors import ProtocolError
-from burla.protocol.pickle_parts import PickleParts
+from burla.protocol.values.pickle_parts import PickleParts
 
 _Checker = Callable[[Any], bool]
 

@@ -1,6 +1,6 @@
 """What the API, the dashboard and the CLI show of a job and of a node: typed views.
 
-The head builds them from its live records (`burla/head/view_builders.py`) or from a job's row in
+The head builds them from its live records (`burla/head/routes/view_builders.py`) or from a job's row in
 history (`JobView.from_history`); the API sends `to_json()`, and the CLI reads answers back
 with `from_json`, so every field has one name and one type wherever it is shown.
 """

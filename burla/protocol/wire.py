@@ -52,7 +52,6 @@ from burla.protocol.framing import Message as Message
 from burla.protocol.framing import Payload as Payload  # a bulk field's value (the wire's API)
 from burla.protocol.framing import check_items, message
 from burla.protocol.framing import decode as decode
-from burla.protocol.inline_values import value_columns
 from burla.protocol.job_options import OPTION_FIELDS, JobOptions
 from burla.protocol.limits import (
     CLIENT_FRAME_RESULTS,
@@ -63,8 +62,15 @@ from burla.protocol.limits import (
     NODE_REPORTS,
     TEXT_BYTES,
 )
-from burla.protocol.packed_inputs import CarriesInputs
-from burla.protocol.packed_results import (
+from burla.protocol.states import NodeStatus
+from burla.protocol.steal_wire import StealAck as StealAck
+from burla.protocol.steal_wire import StealGrant as StealGrant
+from burla.protocol.steal_wire import StealHint as StealHint
+from burla.protocol.steal_wire import StealRequest as StealRequest
+from burla.protocol.steal_wire import Stolen as Stolen
+from burla.protocol.values.inline_values import value_columns
+from burla.protocol.values.packed_inputs import CarriesInputs
+from burla.protocol.values.packed_results import (
     INDEX,
     PackedResults,
     array_header,
@@ -74,12 +80,6 @@ from burla.protocol.packed_results import (
     read_int,
     read_str,
 )
-from burla.protocol.states import NodeStatus
-from burla.protocol.steal_wire import StealAck as StealAck
-from burla.protocol.steal_wire import StealGrant as StealGrant
-from burla.protocol.steal_wire import StealHint as StealHint
-from burla.protocol.steal_wire import StealRequest as StealRequest
-from burla.protocol.steal_wire import Stolen as Stolen
 
 _NODE_STATUSES = tuple(NodeStatus)  # in their order: the refusal names them so
 

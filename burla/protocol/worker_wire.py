@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from burla.protocol.framing import Channel, Message, Payload, check_items, message
 from burla.protocol.limits import BATCH_ITEMS, NODE_LINK, NODE_REPORTS
-from burla.protocol.packed_inputs import CarriesInputs, PackedInputs
-from burla.protocol.packed_results import PackedResults, check_packed
+from burla.protocol.values.packed_inputs import CarriesInputs, PackedInputs
+from burla.protocol.values.packed_results import PackedResults, check_packed
 
 # A worker's shared page, which its node maps too: the input whose call runs (-1: none) at
 # RUNNING_AT, and 1 at REPORTING_AT while it reports results between two calls of a batch.

@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from burla.protocol.buffers import unfilled
+from burla.protocol.values.buffers import unfilled
 
 try:  # aiohttp >= 3.11
     from aiohttp._websocket.helpers import websocket_mask as _mask

@@ -1,0 +1,1 @@
+"""Azure: the Resource Manager driver, its credentials and settings, VM sizes, permissions, checks and baked images."""

@@ -1,0 +1,84 @@
+"""A node's worker pool and dispatcher in this process, with real worker processes: calls run
+and their results wait for the sender, a worker killed mid-call is replaced and its calls run
+again, and closing the pool leaves no worker behind."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+from collections.abc import Callable
+
+import cloudpickle
+import psutil
+
+from burla.node.dispatcher import Dispatcher
+from burla.node.workers.worker_pool import WorkerPool
+from burla.protocol import wire
+from burla.protocol.values.packed_inputs import PackedInputs
+from tests.support import functions
+from tests.support.helpers import result_value
+from tests.support.in_process import until
+
+cloudpickle.register_pickle_by_value(functions)
+
+
+class Node:
+    """A pool bound to a dispatcher, as NodeService binds them."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = WorkerPool(workers, dict(os.environ))
+        self.dispatcher = Dispatcher(lambda: self.pool.workers, lambda: None, "node-p", "host-p",
+                                     capacity=lambda: self.pool.size)
+        self.exits: list[int | None] = []
+
+    async def __aenter__(self) -> Node:
+        await self.pool.start()
+        self.pool.bind(self.dispatcher.on_report, self._on_exit, lambda _: self.dispatcher.pump())
+        await until(lambda: self.pool.alive_count() == self.pool.size, "the workers to be ready")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.close()
+
+    def _on_exit(self, worker, exit_code: int | None) -> None:
+        self.exits.append(exit_code)
+        self.dispatcher.on_worker_exit(worker, exit_code)
+
+    def run(self, job_id: str, function: Callable, inputs: list) -> None:
+        self.dispatcher.assign(wire.AssignJob(job_id, "f", cloudpickle.dumps(function), self.pool.size, None, None,
+                                              b"", {}, 0))
+        self.dispatcher.add_inputs(job_id, PackedInputs.of([[i, pickle.dumps(x)] for i, x in enumerate(inputs)]))
+
+    def results(self, job_id: str) -> dict[int, object]:
+        job = self.dispatcher.jobs[job_id]
+        return {index: result_value(ok, payload)
+                for part in job.out_results for index, ok, payload in part.items() if ok}
+
+
+async def test_calls_run_on_the_pools_workers_and_their_results_wait_for_the_sender():
+    async with Node(2) as node:
+        node.run("j", functions.double, list(range(200)))
+        await until(lambda: sum(p.count for p in node.dispatcher.jobs["j"].out_results) == 200, "200 results")
+        assert node.results("j") == {i: 2 * i for i in range(200)}
+        assert node.exits == []
+
+
+async def test_a_worker_killed_mid_call_is_replaced_and_its_calls_run_again():
+    async with Node(2) as node:
+        node.run("j", functions.sleep_then_return, [(i, 0.3) for i in range(8)])
+        await until(lambda: any(w.current_index() >= 0 for w in node.pool.workers), "a call to start")
+        victim = next(w for w in node.pool.workers if w.current_index() >= 0)
+        os.kill(victim.pid, signal.SIGKILL)
+        await until(lambda: sum(p.count for p in node.dispatcher.jobs["j"].out_results) == 8, "every result")
+        assert node.results("j") == {i: i for i in range(8)}  # the killed call ran again, once in all
+        assert node.exits == [-signal.SIGKILL]
+        await until(lambda: node.pool.alive_count() == 2, "a replacement worker")
+        assert victim not in node.pool.workers
+
+
+async def test_closing_the_pool_leaves_no_worker_running():
+    async with Node(2) as node:
+        pids = [w.pid for w in node.pool.workers]
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
