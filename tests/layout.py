@@ -1,6 +1,6 @@
 """The layout section of DESIGN.md, made from the package itself: every module with the first
-sentence of its docstring, folder by folder. `tests/test_layout.py` fails when the section in
-DESIGN.md differs; `python3 -m tests.layout --write` writes it again."""
+sentence of its docstring, folder by folder, in one table. `tests/test_layout.py` fails when the
+section in DESIGN.md differs; `python3 -m tests.layout --write` writes it again."""
 
 from __future__ import annotations
 
@@ -32,15 +32,14 @@ def summary(path: Path) -> str:
 
 
 def render() -> str:
-    lines = [BEGIN]
-    folder = None
+    """One table: a row per folder (its `__init__.py`'s sentence, in bold), then a row per module."""
+    lines = [BEGIN, "", "| module | what it is |", "|---|---|"]
     for path in modules():
-        if path.parent != folder:
-            folder = path.parent
-            name = folder.relative_to(ROOT).as_posix() + "/"
-            lines += ["", f"**`{name}`**", "", "| module | what it is |", "|---|---|"]
         escaped = summary(path).replace("|", "\\|")  # a pipe would end the table's cell
-        lines.append(f"| `{path.name}` | {escaped} |")
+        if path.name == "__init__.py":
+            lines.append(f"| **`{path.parent.relative_to(ROOT).as_posix()}/`** | {escaped} |")
+        else:
+            lines.append(f"| `{path.name}` | {escaped} |")
     lines.append(END)
     return "\n".join(lines)
 
