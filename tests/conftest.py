@@ -26,6 +26,7 @@ from burla.config import (
     ClientSettings,
 )
 from tests.support import functions
+from tests.support.parallel import EXCLUSIVE_MARK, built_once, machine_share, merge_ledgers, shared_root
 
 # Workers load test helpers by value, like functions from a user's __main__.
 cloudpickle.register_pickle_by_value(functions)
@@ -41,6 +42,19 @@ os.environ.setdefault(ENV_BACKGROUND_HEAD, "0")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-requests", type=int, default=2000,
                      help="how many requests tests/security/test_fuzz.py sends to a head and its node")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each test holds its share of the machine from its setup to its teardown, or the whole of it
+    when marked `exclusive` (tests.support.parallel). Outside pytest-timeout's clock: waiting for
+    the machine is no test's time."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    root = shared_root(item.config._tmp_path_factory)  # type: ignore[attr-defined]
+    with machine_share(root, exclusive=item.get_closest_marker(EXCLUSIVE_MARK) is not None):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -219,6 +233,17 @@ def record_fault_trial(scenario: str, inputs: int, delivered: list[int] | None, 
     row["duplicates"] += len(delivered) - len(set(delivered))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its trials go to the controller
+        workeroutput["fault_ledger"] = json.dumps(FAULT_LEDGER)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    merge_ledgers(FAULT_LEDGER, json.loads(getattr(node, "workeroutput", {}).get("fault_ledger", "{}")))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if not FAULT_LEDGER:
         return
@@ -307,31 +332,30 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """burla's dependencies as wheels, made once from this environment (stand-in VMs install from it)."""
     from tests.support.wheelhouse import build_wheelhouse
 
-    return build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+    return built_once(shared_root(tmp_path_factory), "wheelhouse", build_wheelhouse)
 
 
 @pytest.fixture(scope="session")
 def client_venv(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's virtual environment with only burla in it (installed from the running build and the
     wheelhouse, offline); returns its Python. Jobs from it carry a package set VMs can reproduce."""
+    return built_once(shared_root(tmp_path_factory), "client-venv",
+                      lambda root: _user_venv(root, wheelhouse, "")) / "env" / "bin" / "python"
+
+
+def _user_venv(root: Path, wheelhouse: Path, extras: str) -> None:
+    """A virtual environment in `root/env` with burla (and `extras`) installed from the running
+    build and the wheelhouse, offline."""
     from burla.process.build import build_wheel
 
-    root = tmp_path_factory.mktemp("client-venv")
     subprocess.run([sys.executable, "-m", "venv", str(root / "env")], check=True)
-    python = root / "env" / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
-                    "--find-links", str(wheelhouse), str(build_wheel(root / "build"))], check=True)
-    return python
+    subprocess.run([str(root / "env" / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                    "--disable-pip-version-check", "--no-index", "--find-links", str(wheelhouse),
+                    f"{build_wheel(root / 'build')}{extras}"], check=True)
 
 
 @pytest.fixture(scope="session")
 def aws_client_venv(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's environment with `burla[aws]`: its embedded heads can boot EC2 VMs."""
-    from burla.process.build import build_wheel
-
-    root = tmp_path_factory.mktemp("aws-client-venv")
-    subprocess.run([sys.executable, "-m", "venv", str(root / "env")], check=True)
-    python = root / "env" / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
-                    "--find-links", str(wheelhouse), f"{build_wheel(root / 'build')}[aws]"], check=True)
-    return python
+    return built_once(shared_root(tmp_path_factory), "aws-client-venv",
+                      lambda root: _user_venv(root, wheelhouse, "[aws]")) / "env" / "bin" / "python"

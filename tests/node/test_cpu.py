@@ -9,7 +9,10 @@ import pytest
 from tests.conftest import own_head
 from tests.support import functions
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux scheduler statistics")
+# Whether calls wait for cores depends on what else the machine runs: nothing else may run
+# meanwhile.
+pytestmark = [pytest.mark.exclusive,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux scheduler statistics")]
 
 
 @pytest.fixture

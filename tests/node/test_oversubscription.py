@@ -10,6 +10,10 @@ from tests.conftest import own_head
 from tests.support import functions
 from tests.support.helpers import get_json, wait_until
 
+# The node's governor adds workers only while the machine's CPUs are mostly idle: nothing else
+# may run meanwhile.
+pytestmark = pytest.mark.exclusive
+
 
 @pytest.fixture
 def head(tmp_path):
