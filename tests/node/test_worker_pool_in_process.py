@@ -1,6 +1,7 @@
 """A node's worker pool and dispatcher in this process, with real worker processes: calls run
 and their results wait for the sender, a worker killed mid-call is replaced and its calls run
-again, and closing the pool leaves no worker behind."""
+again, closing the pool leaves no worker behind, and a pool's GPUs stay with its workers through
+deaths and shrinking."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import cloudpickle
 import psutil
 
 from burla.node.dispatcher import Dispatcher
+from burla.node.gpus import ENV_VISIBLE, Gpus
 from burla.node.workers.worker_pool import WorkerPool
 from burla.protocol import wire
 from burla.protocol.values.packed_inputs import PackedInputs
@@ -26,8 +28,9 @@ cloudpickle.register_pickle_by_value(functions)
 class Node:
     """A pool bound to a dispatcher, as NodeService binds them."""
 
-    def __init__(self, workers: int) -> None:
-        self.pool = WorkerPool(workers, dict(os.environ))
+    def __init__(self, workers: int, gpus: Gpus = Gpus(None, 0)) -> None:
+        env = {k: v for k, v in os.environ.items() if k != ENV_VISIBLE}
+        self.pool = WorkerPool(workers, env, gpus)
         self.dispatcher = Dispatcher(lambda: self.pool.workers, lambda: None, "node-p", "host-p",
                                      capacity=lambda: self.pool.size)
         self.exits: list[int | None] = []
@@ -82,3 +85,34 @@ async def test_closing_the_pool_leaves_no_worker_running():
         pids = [w.pid for w in node.pool.workers]
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _visible_gpus(pool: WorkerPool) -> list[str]:
+    """What each worker computing sees, read from its process's environment."""
+    seen = []
+    for worker in pool.computing():
+        environ = psutil.Process(worker.pid).environ()
+        seen.append(environ.get(ENV_VISIBLE, "unset"))
+    return sorted(seen)
+
+
+async def test_each_gpu_stays_with_one_worker_however_its_workers_die():
+    """Workers killed together, twice over: their replacements get the GPUs they freed (a pool
+    that started one before the GPU came back would leave GPU calls nowhere to run)."""
+    async with Node(3, Gpus("A100_40G", 2)) as node:
+        assert _visible_gpus(node.pool) == ["", "0", "1"]
+        for _ in range(2):
+            victims = list(node.pool.workers)
+            for victim in victims:
+                os.kill(victim.pid, signal.SIGKILL)
+            await until(lambda: node.pool.alive_count() == 3 and not set(victims) & set(node.pool.workers),
+                        "three replacement workers")
+            assert sorted(w.gpu is not None for w in node.pool.computing()) == [False, True, True]
+            assert _visible_gpus(node.pool) == ["", "0", "1"]
+
+
+async def test_a_shrinking_pool_keeps_its_gpu_workers():
+    async with Node(3, Gpus("A100_40G", 2)) as node:
+        node.pool.resize(2)
+        await until(lambda: len(node.pool.workers) == 2, "the extra worker to retire")
+        assert _visible_gpus(node.pool) == ["0", "1"]

@@ -211,7 +211,8 @@ class WorkerPool:
 
     async def start(self) -> None:
         """Start the workers; they report ready by themselves once the node is bound."""
-        self.workers = list(await asyncio.gather(*(self._spawn(n) for n in range(self.size))))
+        gpus = [self._first_gpus.pop(n) if n in self._first_gpus else self._take_gpu() for n in range(self.size)]
+        self.workers = list(await asyncio.gather(*(self._spawn(n, gpu) for n, gpu in enumerate(gpus))))
 
     def _gpu_code(self, gpu: int | None) -> int:
         return NO_GPUS if not self._gpus.count else NO_GPU if gpu is None else gpu
@@ -227,8 +228,20 @@ class WorkerPool:
         self._free_gpus.discard(gpu)
         return gpu
 
-    async def _spawn(self, number: int) -> WorkerHandle:
-        gpu = self._first_gpus.pop(number) if number in self._first_gpus else self._take_gpu()
+    def _give_back(self, gpu: int | None) -> None:
+        if gpu is not None:
+            self._free_gpus.add(gpu)
+
+    async def _spawn(self, number: int, gpu: int | None) -> WorkerHandle:
+        """Start worker `number` seeing `gpu` (taken from the free ones by the caller; given back
+        if the worker can't start)."""
+        try:
+            return await self._start_process(number, gpu)
+        except BaseException:
+            self._give_back(gpu)
+            raise
+
+    async def _start_process(self, number: int, gpu: int | None) -> WorkerHandle:
         process: Process
         if self._fork_server is not None and self._fork_server.alive:
             try:
@@ -309,11 +322,12 @@ class WorkerPool:
             log.exception("handling worker %d's report failed; replacing it", handle.number)
             handle.kill()
         handle.alive = False
+        # Its GPU goes to its replacement now: a pool that counts this worker gone (it no longer
+        # computes) but its GPU taken would start the replacement without one.
+        self._give_back(handle.gpu)
+        handle.gpu = None
         handle.writer.close()
         exit_code = await handle.process.wait()
-        if handle.gpu is not None:
-            self._free_gpus.add(handle.gpu)  # its replacement sees it
-            handle.gpu = None
         if self._closing:
             return
         self._processes.discard(handle.process)  # ended: nothing to stop at close (workers come and go)
@@ -355,23 +369,47 @@ class WorkerPool:
         """Keep `size` workers computing: add one per waiting worker, retire extras once idle."""
         if self._closing:
             return
-        computing = self.computing()
+        # Workers without a GPU go first, so that GPU calls keep every GPU they can.
+        computing = sorted(self.computing(), key=lambda w: w.gpu is not None)
         missing = self.size - len(computing) - len(self._spawns)
         for _ in range(max(0, missing)):
-            task = asyncio.create_task(self._add_worker())
-            self._spawns.add(task)
-            task.add_done_callback(self._spawns.discard)
+            self._add_worker()
         surplus = -missing
         for worker in computing:
             if surplus <= 0:
                 break
-            if not worker.batches and worker.ready.is_set():
-                worker.retired = True
-                worker.writer.close()  # at EOF the worker exits
+            if self._idle(worker):
+                self._retire(worker)
                 surplus -= 1
+        # A GPU no worker sees while a worker sees none (a GPU worker retired while the others
+        # were busy): an idle worker without one makes way for one that gets it.
+        for worker in computing:
+            if not self._free_gpus:
+                break
+            if worker.gpu is None and self._idle(worker) and not worker.retired:
+                self._retire(worker)
+                self._add_worker()
 
-    async def _add_worker(self) -> None:
-        self.workers.append(await self._spawn(next(self._numbers)))
+    @staticmethod
+    def _idle(worker: WorkerHandle) -> bool:
+        return not worker.batches and worker.ready.is_set()
+
+    @staticmethod
+    def _retire(worker: WorkerHandle) -> None:
+        worker.retired = True
+        worker.writer.close()  # at EOF the worker exits
+
+    def _add_worker(self) -> None:
+        task = asyncio.create_task(self._join(next(self._numbers), self._take_gpu()))
+        self._spawns.add(task)
+        task.add_done_callback(self._spawns.discard)
+
+    async def _join(self, number: int, gpu: int | None) -> None:
+        handle = await self._spawn(number, gpu)
+        # It stops counting as a spawn as it joins, in one step: a rebalance between the two
+        # (the task's done callback runs a loop turn later) would count it twice.
+        self._spawns.discard(asyncio.current_task())
+        self.workers.append(handle)
 
     def begin_close(self) -> None:
         """No more replacements: the node is stopping."""
