@@ -20,6 +20,9 @@ asyncssh one as the stand-in VM's, with the ciphers burla's tunnels prefer. Each
 median of ROUNDS (default 3).
 
 Run: python3 transfer_tunnel.py (needs the test dependencies: moto, asyncssh; and OpenSSH's client).
+CLIENT_PYTHON names the user's interpreter (default: this one; the packages it has and the VM lacks
+are tried on the VM during the warm-up job, outside the figures), WHEELHOUSE a directory of the
+wheels the VMs install from (default: made from this environment, as the tests' is).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from burla.drivers.ssh.login import TUNNEL_CIPHERS  # noqa: E402
 from burla.drivers.ssh.tunnel import find_ssh_program  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+CLIENT_PYTHON = os.environ.get("CLIENT_PYTHON", sys.executable)
 # What carries the head's tunnels, each measured with a cluster of its own (`burla head serve --tunnel-client`).
 TUNNEL_CLIENTS = os.environ.get("TUNNEL_CLIENTS", "openssh,asyncssh").split(",")
 
@@ -110,7 +114,7 @@ class Client:
     """The client's process, given the cluster's environment."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", CLIENT, str(Path(__file__).resolve().parent)],
+        self.process = subprocess.Popen([CLIENT_PYTHON, "-c", CLIENT, str(Path(__file__).resolve().parent)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         env={**os.environ, **env})
         assert self._line() == "ready"
@@ -237,7 +241,8 @@ class TunnelledCluster:
         from tests.support.clouds.vm_farms import MotoVmFarm
         from tests.support.wheelhouse import build_wheelhouse
 
-        wheelhouse = build_wheelhouse(root / "wheelhouse")
+        given = os.environ.get("WHEELHOUSE")
+        wheelhouse = Path(given) if given else build_wheelhouse(root / "wheelhouse")
         self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()

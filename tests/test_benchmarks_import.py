@@ -51,9 +51,11 @@ def test_the_transfer_benchmark_runs_small_and_prints_its_json_line():
 
 
 @pytest.mark.timeout(900)
-def test_the_tunnel_transfer_benchmark_runs_small_and_prints_its_json_line():
+def test_the_tunnel_transfer_benchmark_runs_small_and_prints_its_json_line(wheelhouse, client_venv):
     require_openssh()
-    env = {**os.environ, "COUNT": "2", "ROUNDS": "1"}
+    # The suite's wheelhouse, and a user's environment with only burla in it: nothing for the VM
+    # to try installing before the first job.
+    env = {**os.environ, "COUNT": "2", "ROUNDS": "1", "WHEELHOUSE": str(wheelhouse), "CLIENT_PYTHON": str(client_venv)}
     result = _json_line(subprocess.run([sys.executable, "transfer_tunnel.py"], cwd=BENCHMARKS, capture_output=True,
                                        text=True, timeout=840, env=env))
     assert result["benchmark"] == "transfer_tunnel"

@@ -220,9 +220,8 @@ class ImageBaker:
                                                f"image builder {builder}", address, lambda _: None)
         try:
             script = install_script(request.python_version, settings.packages)
-            async with connection.start_sftp_client() as sftp:
-                await upload_setup(sftp, settings.wheel, settings.packages, None, None, script,
-                                   installed_tag(request.python_version))
+            await upload_setup(connection, settings.wheel, settings.packages, script,
+                               installed_tag(request.python_version), {}, request.python_version)
             for step, command in (("bootstrap", f"bash {remote(SCRIPT_FILE)}"),
                                   ("scrub", scrub_script(BUILDER_POWER_OFF_S, self.inner.image_preparation))):
                 result = await connection.run(command, timeout=max(30.0, deadline - time.monotonic()))

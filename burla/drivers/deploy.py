@@ -119,7 +119,7 @@ class HeadSetup:
         return " | ".join(line.replace("\n", " ")[:300] for line in self.transcript[-4:])
 
     async def run(self, wait_s: float) -> bool:
-        from burla.drivers.ssh.login import completed_output, upload_setup, write_private
+        from burla.drivers.ssh.login import completed_output, secret_files, upload_setup
 
         deadline = time.monotonic() + max(wait_s, SSH_TIMEOUT_S)
         connection = await verified_connection(
@@ -128,11 +128,11 @@ class HeadSetup:
             self.address, self.note)
         try:
             script = install_script(self.head.python_version, self.packages, extra=EXTRAS[self.driver_name])
-            async with connection.start_sftp_client() as sftp:
-                await upload_setup(sftp, self.wheel, self.packages, self.token, self.cert_pem, script,
-                                   installed_tag(self.head.python_version, EXTRAS[self.driver_name]))
-                await write_private(sftp, remote(HEAD_CERT), self.cert_pem)
-                await write_private(sftp, remote(HEAD_KEY), self.key_pem)
+            secrets = {**secret_files(self.token, self.cert_pem), remote(HEAD_CERT): self.cert_pem,
+                       remote(HEAD_KEY): self.key_pem}
+            await upload_setup(connection, self.wheel, self.packages, script,
+                               installed_tag(self.head.python_version, EXTRAS[self.driver_name]), secrets,
+                               self.head.python_version, EXTRAS[self.driver_name], whole_wheelhouse=True)
             for step, command in (("bootstrap", f"bash {remote(SCRIPT_FILE)}"),
                                   ("start", start_command(self.driver_name, self.head,
                                                           wheelhouse=bool(self.packages.wheelhouse)))):

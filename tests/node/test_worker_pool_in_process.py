@@ -105,7 +105,8 @@ async def test_each_gpu_stays_with_one_worker_however_its_workers_die():
             victims = list(node.pool.workers)
             for victim in victims:
                 os.kill(victim.pid, signal.SIGKILL)
-            await until(lambda: node.pool.alive_count() == 3 and not set(victims) & set(node.pool.workers),
+            gone = set(victims)
+            await until(lambda: node.pool.alive_count() == 3 and not gone & set(node.pool.workers),  # noqa: B023
                         "three replacement workers")
             assert sorted(w.gpu is not None for w in node.pool.computing()) == [False, True, True]
             assert _visible_gpus(node.pool) == ["", "0", "1"]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement  # noqa: I001 - ships with pip's vendored tree too
 
+from burla.drivers.ssh.wheels import VM_TOOLS
+
 
 def _dependencies(name: str, extras: frozenset[str] = frozenset()) -> list[importlib.metadata.Distribution]:
     """The distribution and everything it needs here, recursively."""
@@ -85,6 +87,3 @@ def build_wheelhouse(target: Path) -> Path:
     for tool in VM_TOOLS:
         _repack(importlib.metadata.distribution(tool), target)
     return target
-
-
-VM_TOOLS = ("uv", "pip")

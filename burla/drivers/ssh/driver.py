@@ -48,6 +48,7 @@ from burla.drivers.ssh.login import (
     completed_output,
     explain,
     host_key_of,
+    secret_files,
     ssh_library,
     upload_setup,
     write_private,
@@ -202,10 +203,10 @@ class VmSession:
     async def _upload(self) -> None:
         settings = self.owner.settings
         script = install_script(self.request.python_version, settings.packages, image=self.request.image)
-        async with self._connection.start_sftp_client() as sftp:
-            # The node's own token: the cluster token never reaches a node VM, where a job's code runs.
-            await upload_setup(sftp, self.owner.wheel, settings.packages, node_token(settings.token, self.node_id),
-                               settings.head_cert, script, installed_tag(self.request.python_version))
+        # The node's own token: the cluster token never reaches a node VM, where a job's code runs.
+        secrets = secret_files(node_token(settings.token, self.node_id), settings.head_cert)
+        await upload_setup(self._connection, self.owner.wheel, settings.packages, script,
+                           installed_tag(self.request.python_version), secrets, self.request.python_version)
         self.note(f"uploaded the build {build_hash()}, the node's token and the bootstrap")
 
     async def _forward(self, deadline: float | None = None) -> None:

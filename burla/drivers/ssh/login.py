@@ -30,7 +30,9 @@ from burla.drivers.ssh.bootstrap import (
     WHEELHOUSE_DIR,
     PackageSource,
     remote,
+    this_python,
 )
+from burla.drivers.ssh.wheels import needed_files, wheelhouse_files
 from burla.errors import BootstrapFailed
 from burla.process.build import BUILD_DIR, wheel_name
 
@@ -181,32 +183,55 @@ async def write_private(sftp: Any, path: str, text: str) -> None:
     await sftp.chmod(path, 0o600)
 
 
-async def upload_setup(sftp: Any, wheel: Path, packages: PackageSource, token: str | None, head_cert: str | None,
-                       script: str, tag: str) -> None:
-    """~/.burla (0700) with the token (0600), the head's certificate, the build and the bootstrap.
-    The build and the wheelhouse go only when that build is not installed there yet (`tag`, see
-    bootstrap.installed_tag). An image builder gets no token."""
+def secret_files(token: str | None, head_cert: str | None) -> dict[str, str]:
+    """The 0600 files a VM gets: its token (none for an image builder), the head's certificate."""
+    files = {remote(CONFIG_DIR, TOKEN_FILE): token + "\n"} if token is not None else {}
+    if head_cert:
+        files[remote(HEAD_CERT_FILE)] = head_cert
+    return files
+
+
+async def upload_setup(connection: Any, wheel: Path, packages: PackageSource, script: str, tag: str,
+                       private: dict[str, str], python_version: str | None = None, extra: str | None = None,
+                       whole_wheelhouse: bool = False) -> None:
+    """~/.burla (0700) with the `private` files (0600: a token, a head's certificate and key), the
+    build and the bootstrap. The build and the wheelhouse go only when that build is not installed
+    there yet (`tag`, see bootstrap.installed_tag); of the wheelhouse, only the wheels installing
+    the build with `extra` needs (uv and pip too if the VM's Python is not `python_version`), or
+    all of it (`whole_wheelhouse`: a deployed head hands it on to its nodes)."""
     asyncssh = ssh_library()
 
     attrs = asyncssh.SFTPAttrs(permissions=0o700)
-    for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
-        await sftp.makedirs(directory, attrs=attrs, exist_ok=True)
-        await sftp.chmod(directory, 0o700)
-    if token is not None:
-        await write_private(sftp, remote(CONFIG_DIR, TOKEN_FILE), token + "\n")
-    if head_cert:
-        await write_private(sftp, remote(HEAD_CERT_FILE), head_cert)
-    installed = ""
-    with contextlib.suppress(asyncssh.SFTPError):
-        async with sftp.open(remote(INSTALLED_MARKER)) as marker:
-            installed = (await marker.read()).strip()
-    if installed != tag:
-        await sftp.put(str(wheel), remote(BUILD_DIR, wheel_name()))
-        if packages.wheelhouse:
-            await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)
-            wheels = sorted(str(p) for p in Path(packages.wheelhouse).iterdir() if p.suffix in (".whl", ".gz"))
-            await sftp.put(wheels, remote(WHEELHOUSE_DIR))
-    await write_private(sftp, remote(SCRIPT_FILE), script)
+    async with connection.start_sftp_client() as sftp:
+        for directory in (HOME_DIR, remote(BUILD_DIR), remote(CONFIG_DIR)):
+            await sftp.makedirs(directory, attrs=attrs, exist_ok=True)
+            await sftp.chmod(directory, 0o700)
+        for path, text in private.items():
+            await write_private(sftp, path, text)
+        installed = ""
+        with contextlib.suppress(asyncssh.SFTPError):
+            async with sftp.open(remote(INSTALLED_MARKER)) as marker:
+                installed = (await marker.read()).strip()
+        if installed != tag:
+            await sftp.put(str(wheel), remote(BUILD_DIR, wheel_name()))
+            if packages.wheelhouse:
+                wheelhouse = Path(packages.wheelhouse)
+                if whole_wheelhouse:
+                    files = wheelhouse_files(wheelhouse)
+                else:
+                    tools = await _python_of(connection) != (python_version or this_python())
+                    files = needed_files(wheelhouse, wheel, extra, tools)
+                await sftp.makedirs(remote(WHEELHOUSE_DIR), attrs=attrs, exist_ok=True)
+                await sftp.put([str(f) for f in files], remote(WHEELHOUSE_DIR))
+        await write_private(sftp, remote(SCRIPT_FILE), script)
+
+
+async def _python_of(connection: Any) -> str | None:
+    """The major.minor of the VM's python3 (what the bootstrap makes its venv with), None if none."""
+    probe = await connection.run("python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'",
+                                 timeout=CONNECT_TIMEOUT_S)
+    output = (probe.stdout or "").strip()
+    return output if probe.exit_status == 0 and output else None
 
 
 def completed_output(result: Any) -> str:
