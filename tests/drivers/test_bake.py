@@ -34,7 +34,7 @@ def _burla(env, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(600)
 def test_a_second_boot_comes_from_the_image_baked_after_the_first(moto, ec2_rules, tmp_path, wheelhouse,
-                                                                   monkeypatch):
+                                                                   client_venv, monkeypatch):
     monkeypatch.setenv("BURLA_BAKE_IMAGES", "1")
     farm = MotoVmFarm(moto, tmp_path / "vms", rules=ec2_rules)
     head = start_head(tmp_path / "config", local_nodes=0, extra=[
@@ -75,7 +75,8 @@ def test_a_second_boot_comes_from_the_image_baked_after_the_first(moto, ec2_rule
         assert not (vm.home / ".burla" / "uv-env").exists()
         script = ("import json\nfrom burla import remote_parallel_map\n"
                   "print(json.dumps(remote_parallel_map(abs, [-4, -5])))")
-        ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+        # A user's environment with only burla: the VM has every package of the job already.
+        ran = subprocess.run([str(client_venv), "-c", script], capture_output=True, text=True, env=env, timeout=120)
         assert ran.returncode == 0 and json.loads(ran.stdout) == [4, 5], ran.stderr
 
         # Listed, then deleted with its snapshots.
