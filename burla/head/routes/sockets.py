@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from burla.config import MAX_FUNCTION_BYTES, MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
@@ -36,6 +38,7 @@ from burla.web.scoped_tokens import Scope
 log = logging.getLogger("burla.head")
 
 FIRST_FRAME_TIMEOUT_S = 30.0
+T = TypeVar("T")
 CLIENT_HEARTBEAT_S = 10.0  # a silently dead client connection is noticed within about this
 SHUTDOWN_CLOSE_S = 0.5  # how long a peer gets to answer the close frame of a stopping head
 NODE_CLOSE_S = 12.0  # closing a node's connection: above aiohttp's 10 s wait for the node's close frame
@@ -327,7 +330,8 @@ async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list
     """Open or resume the job the message in `handover` names and serve it until the connection
     ends (None) or the client opens its next job on it (that opening is returned)."""
     first = handover.pop()
-    opened = await _open_or_resume(cluster, ws, first, head_limits, scope)
+    early: list[WSMessage] = []  # frames read while the opening waited
+    opened = await _open_or_resume(cluster, ws, first, head_limits, scope, early)
     del first  # its inputs are the job's now
     if opened is None:
         return None
@@ -347,16 +351,18 @@ async def _serve_job(cluster: Cluster, ws: web.WebSocketResponse, handover: list
     if isinstance(reply, wire.JobResumed):
         cluster.direct.client_back(job)
     try:
-        return await _client_frames(cluster, ws, job)
+        return await _client_frames(cluster, ws, job, early)
     finally:
         await link.detach(ws, time.monotonic())
         cluster.client_left(job, link)
 
 
 async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wire.Message, head_limits: HeadLimits,
-                          scope: Scope | None) -> tuple[JobRecord, ClientLink, wire.Message] | None:
+                          scope: Scope | None, early: list[WSMessage]
+                          ) -> tuple[JobRecord, ClientLink, wire.Message] | None:
     """The job, its client link and the answer to send; None if the connection was answered
-    (refused) or closed here. A job token's client stays in its job's tree."""
+    (refused) or closed here. A job token's client stays in its job's tree. Frames the client
+    sends while the opening waits are read into `early`."""
     try:
         await check_job_message(cluster, scope, first)
         if isinstance(first, wire.OpenJob):
@@ -365,7 +371,8 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             if problem is not None:
                 raise VersionMismatch(problem)
             check_open_job(head_limits, len(cluster.scheduler.running))
-            await cluster.machines.ready_for(first)  # e.g. the cloud's machine list, for grow
+            # E.g. the cloud's machine list, for grow: seconds of a cloud's API on a head's first grow job.
+            await _reading_meanwhile(ws, cluster.machines.ready_for(first), early)
             job, link = cluster.open_job(first)  # and queues the inputs it carries
             return job, link, accepted_message(job, cluster.token)
         assert isinstance(first, wire.ResumeJob)
@@ -384,10 +391,38 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
         return None
 
 
-async def _client_frames(cluster: Cluster, ws: web.WebSocketResponse, job: JobRecord) -> wire.Message | None:
-    """A client's frames for its job, until the connection ends (None) or it opens its next job."""
-    turns = TakeTurns()
+async def _reading_meanwhile(ws: web.WebSocketResponse, waited: Coroutine[Any, Any, T], early: list[WSMessage]) -> T:
+    """`waited`'s result, the connection's frames read into `early` meanwhile: aiohttp answers a
+    client's pings only as its frames are read, and a client that hears no pong within half its
+    heartbeat (client.runner.HEARTBEAT_S) takes the head for gone."""
+    task = asyncio.create_task(waited)
+    try:
+        while not task.done() and not (early and early[-1].type != WSMsgType.BINARY):
+            reading = asyncio.create_task(ws.receive())
+            await asyncio.wait((task, reading), return_when=asyncio.FIRST_COMPLETED)
+            if reading.done():
+                early.append(reading.result())
+            else:  # a pending receive gives up nothing it has not returned
+                await end_tasks(log, reading)
+        return await task
+    finally:
+        if not task.done():
+            await end_tasks(log, task)
+
+
+async def _frames(ws: web.WebSocketResponse, early: list[WSMessage]) -> AsyncIterator[WSMessage]:
+    while early:
+        yield early.pop(0)
     async for frame in ws:
+        yield frame
+
+
+async def _client_frames(cluster: Cluster, ws: web.WebSocketResponse, job: JobRecord,
+                         early: list[WSMessage]) -> wire.Message | None:
+    """A client's frames for its job (those read while it opened first), until the connection
+    ends (None) or it opens its next job."""
+    turns = TakeTurns()
+    async for frame in _frames(ws, early):
         await turns.take()
         if frame.type != WSMsgType.BINARY:
             break

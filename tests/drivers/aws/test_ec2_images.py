@@ -134,13 +134,20 @@ def _ec2_head(moto, tmp_path, wheelhouse):
 
 def test_grow_plans_within_the_vcpu_quota_and_says_what_limited_it(moto, ec2_rules, tmp_path, wheelhouse,
                                                                    client_venv):
+    """Also: the head's first grow job waits for the region's machine list, here slower than the
+    client's heartbeat allows a silent head (each page a second, as a cloud's API may take): its
+    connection is kept answering meanwhile, where the client used to take the head for gone."""
+    from burla.client.runner import HEARTBEAT_S
+
     ec2_rules.vcpu_quotas["L-1216C47A"] = 8  # 20 calls would want m7i.4xlarge + m7i.xlarge (20 vCPUs)
+    ec2_rules.slow_type_pages_s = 1.0
     farm, head = _ec2_head(moto, tmp_path, wheelhouse)
     try:
         job = start_grow_job(client_venv, head, tmp_path, 20)
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, err
         assert out.strip() == str(list(range(20)))
+        assert len(ec2_rules.type_pages) * ec2_rules.slow_type_pages_s > 1.5 * HEARTBEAT_S
         assert sorted(i["InstanceType"] for i in _launched(moto)) == ["m7i.xlarge", "m7i.xlarge"]
         assert ec2_rules.refused == []  # planned within the quota: nothing was refused
         assert "growing for this job was limited (20 vCPUs planned)" in err

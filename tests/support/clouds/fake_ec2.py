@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -64,6 +65,7 @@ class Ec2Rules:
     # stand-in VM farm copies that VM's disk then, as EC2 snapshots the volume.
     image_made: list[Any] = field(default_factory=list)
     type_pages: list[int] = field(default_factory=list)  # DescribeInstanceTypes pages served (their sizes)
+    slow_type_pages_s: float = 0.0  # each DescribeInstanceTypes page takes this long (a slow API)
 
     current: ClassVar[Ec2Rules]  # the rules installed now (the stand-in VMs print to its consoles)
 
@@ -176,6 +178,7 @@ class Ec2Rules:
         rules = self
 
         def paged(response: Any) -> Any:
+            time.sleep(rules.slow_type_pages_s)
             named = response._get_param("InstanceTypes", [])
             listed = [t for t in response.ec2_backend.describe_instance_types(
                 named, response._filters_from_querystring()) if t.get("InstanceType") not in rules.withdrawn]
