@@ -6,12 +6,14 @@ import contextlib
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -21,6 +23,8 @@ from burla.config import ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
 from tests.conftest import REPO, run_client, start_head, wait_for_nodes
 from tests.support.functions import double
 from tests.support.helpers import DETACHED, get_json, wait_until
+
+OPENED = re.compile(r"\[burla\] job (\S+): http")
 
 PRELUDE = (
     "import cloudpickle\n"
@@ -241,6 +245,31 @@ def _running_jobs(head) -> int:
         return sum(1 for j in json.load(response)["jobs"] if j["status"] == "RUNNING" and j["running"] > 0)
 
 
+def _signal_state(pid: int) -> str:
+    """How a process (each of its threads) handles signals, for a failure's message."""
+    lines = []
+    for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            lines.append(" ".join(f"{key}={fields[key].strip()}" for key in ("Name", "SigBlk", "SigIgn", "SigCgt")
+                                  if key in fields))
+    return "\n".join(lines)
+
+
+def _own_job_running(client: subprocess.Popen, cluster) -> str:
+    """The id of the job `client` opened, once some of its calls run (another test's job on the shared
+    cluster must not stand in for it)."""
+    assert client.stderr is not None
+    job_id = None
+    while job_id is None:
+        line = client.stderr.readline()
+        assert line, "the client ended before its job opened"
+        found = OPENED.search(line)
+        job_id = found.group(1) if found else None
+    wait_until(lambda: get_json(cluster, f"/v1/jobs/{job_id}")["running"] >= 1, what="its calls running")
+    return job_id
+
+
 def _script(script: str, cluster) -> subprocess.Popen:
     """A client script running against `cluster`, its output read by the test."""
     return subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=dict(os.environ, **cluster.env()),
@@ -259,10 +288,11 @@ def test_ctrl_c_cancels_the_job_frees_the_node_and_raises_keyboard_interrupt(clu
         "    print('interrupted', flush=True)\n"
     )
     client = _script(script, cluster)
-    wait_until(lambda: _running_jobs(cluster) >= 1, what="job running")
+    _own_job_running(client, cluster)
+    before = _signal_state(client.pid)
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=60)
-    assert "interrupted" in out and "swallowed" not in out, (out, err)
+    assert "interrupted" in out and "swallowed" not in out, (out, err, client.returncode, before)
     assert "canceled (Ctrl-C)" in err
     # The running calls stopped (they would sleep a minute): the next job runs at once.
     done = run_client(PRELUDE + "print(remote_parallel_map(functions.double, [1, 2, 3, 4], spinner=False))\n",
@@ -294,9 +324,10 @@ def test_ctrl_c_after_a_detached_jobs_upload_leaves_it_running(cluster):
     # stopped, so the head no longer had it for the next collector.
     wait_until(lambda: get_json(cluster, f"/v1/jobs/{job_id}")["n_done"] >= 1, what="a first result")
     time.sleep(0.5)  # it reaches the waiting client (which then holds it); the test holds either way
+    before = _signal_state(client.pid)
     client.send_signal(signal.SIGINT)
     out, err = client.communicate(timeout=60)
-    assert "interrupted" in out and "runs on (detached)" in err, (out, err)
+    assert "interrupted" in out and "runs on (detached)" in err, (out, err, client.returncode, before)
     assert cluster.client().get_results(job_id, spinner=False) == [0, 1, 2]
 
 
