@@ -26,7 +26,17 @@ from burla.config import (
     ClientSettings,
 )
 from tests.support import functions
-from tests.support.parallel import EXCLUSIVE_MARK, built_once, machine_share, merge_ledgers, shared_root
+from tests.support.parallel import (
+    EXCLUSIVE_MARK,
+    MachineShare,
+    built_once,
+    longest_first,
+    merge_ledgers,
+    plain_nodeid,
+    recorded_durations,
+    shared_root,
+    write_durations,
+)
 
 # Workers load test helpers by value, like functions from a user's __main__.
 cloudpickle.register_pickle_by_value(functions)
@@ -42,6 +52,22 @@ os.environ.setdefault(ENV_BACKGROUND_HEAD, "0")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-requests", type=int, default=2000,
                      help="how many requests tests/security/test_fuzz.py sends to a head and its node")
+    parser.addoption("--record-durations", action="store_true",
+                     help="write how long each test took to tests/durations.json (the order the next runs use)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups it marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests first, grouped as xdist should hand them out (tests.support.parallel)."""
+    longest_first(items, recorded_durations())
+
+
+DURATIONS: dict[str, float] = {}  # a test's setup, call and teardown, with --record-durations
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    nodeid = plain_nodeid(report.nodeid)
+    DURATIONS[nodeid] = DURATIONS.get(nodeid, 0.0) + report.duration
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -52,9 +78,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    root = shared_root(item.config._tmp_path_factory)  # type: ignore[attr-defined]
-    with machine_share(root, exclusive=item.get_closest_marker(EXCLUSIVE_MARK) is not None):
+    global MACHINE_SHARE
+    if MACHINE_SHARE is None:
+        MACHINE_SHARE = MachineShare(shared_root(item.config._tmp_path_factory))  # type: ignore[attr-defined]
+    exclusive = item.get_closest_marker(EXCLUSIVE_MARK) is not None
+    next_exclusive = nextitem is not None and nextitem.get_closest_marker(EXCLUSIVE_MARK) is not None
+    with MACHINE_SHARE.held(exclusive, next_exclusive):
         yield
+
+
+MACHINE_SHARE: MachineShare | None = None  # this worker's hold on the machine
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -234,9 +267,13 @@ def record_fault_trial(scenario: str, inputs: int, delivered: list[int] | None, 
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if MACHINE_SHARE is not None:
+        MACHINE_SHARE.release()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: its trials go to the controller
         workeroutput["fault_ledger"] = json.dumps(FAULT_LEDGER)
+    elif session.config.getoption("record_durations"):  # the controller hears every worker's reports
+        write_durations(DURATIONS)
 
 
 @pytest.hookimpl(optionalhook=True)

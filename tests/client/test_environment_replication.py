@@ -59,7 +59,7 @@ exec(WHEEL_WRITER, _namespace)
 write_wheel = _namespace["write_wheel"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def wheel_dir(tmp_path_factory) -> Path:
     """A wheel of a package that exists nowhere but here."""
     wheels = tmp_path_factory.mktemp("wheels")

@@ -11,8 +11,8 @@ from tests.support import functions
 from tests.support.helpers import get_json, wait_until
 
 # The node's governor adds workers only while the machine's CPUs are mostly idle: nothing else
-# may run meanwhile.
-pytestmark = pytest.mark.exclusive
+# may run meanwhile (the tests of its rules alone, without a node, run with the others).
+alone = pytest.mark.exclusive
 
 
 @pytest.fixture
@@ -32,6 +32,7 @@ def _workers_alive(head) -> int:
     return node["workers_alive"]
 
 
+@alone
 def test_calls_that_wait_run_more_than_one_per_worker_and_the_extra_workers_retire(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
     inputs = [(str(out), i, 1.5) for i in range(16)]
@@ -43,6 +44,7 @@ def test_calls_that_wait_run_more_than_one_per_worker_and_the_extra_workers_reti
     wait_until(lambda: _workers_alive(head) == 2, what="the extra workers to retire")
 
 
+@alone
 def test_max_parallelism_caps_calls_that_wait(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
     head.client().remote_parallel_map(functions.record_interval, [(str(out), i, 1.0) for i in range(9)],
@@ -50,6 +52,7 @@ def test_max_parallelism_caps_calls_that_wait(head, tmp_path):
     assert functions.max_overlap(out) <= 3
 
 
+@alone
 def test_an_integer_func_cpu_runs_exactly_its_share(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
     head.client().remote_parallel_map(functions.record_interval, [(str(out), i, 0.6) for i in range(8)], func_cpu=1,
@@ -58,6 +61,7 @@ def test_an_integer_func_cpu_runs_exactly_its_share(head, tmp_path):
     assert "calls leave the CPUs idle" not in head.log()
 
 
+@alone
 def test_cpu_bound_calls_run_one_per_worker(head, tmp_path):
     out = _calls_dir(tmp_path, "calls")
     head.client().remote_parallel_map(functions.spin_interval, [(str(out), i, 0.8) for i in range(6)], spinner=False)
@@ -65,6 +69,7 @@ def test_cpu_bound_calls_run_one_per_worker(head, tmp_path):
     assert "calls leave the CPUs idle" not in head.log()
 
 
+@alone
 def test_calls_that_turn_cpu_bound_make_the_node_run_fewer(head, tmp_path):
     # They wait first (the node adds workers), then all keep a CPU busy at once (it backs off).
     out = _calls_dir(tmp_path, "calls")

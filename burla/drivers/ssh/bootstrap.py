@@ -125,13 +125,14 @@ def install_script(python_version: str | None, source: PackageSource, extra: str
         f"rm -rf {ENV_DIR}",
         f"if python3 -c 'import sys; sys.exit(sys.version_info[:2] != ({major}, {minor}))'; then",
         f"  python3 -m venv {ENV_DIR}",
-        "else",  # uv finds (or fetches) a Python of the client's version; pip goes in for the node's installs
+        f"  {ENV_DIR}/bin/python -m pip install --quiet --disable-pip-version-check {flags} {requirement}",
+        "else",  # uv finds (or fetches) a Python of the client's version and installs (a tenth of pip's time)
         "  python3 -m venv uv-env",
         f"  uv-env/bin/python -m pip install --quiet {flags} uv",
         f"  uv-env/bin/uv venv --quiet --python {shlex.quote(f'{major}.{minor}')} {ENV_DIR}",
-        f"  uv-env/bin/uv pip install --quiet --python {ENV_DIR}/bin/python {flags} pip",
+        # pip too: the node installs jobs' packages with it
+        f"  uv-env/bin/uv pip install --quiet --python {ENV_DIR}/bin/python {flags} pip {requirement}",
         "fi",
-        f"{ENV_DIR}/bin/python -m pip install --quiet --disable-pip-version-check {flags} {requirement}",
         *(_container_lines(image) if image else []),
         f"echo {tag} > {INSTALLED_MARKER}",
         "",

@@ -347,8 +347,8 @@ def test_the_bootstrap_installs_the_uploaded_build_never_burla_by_name():
     assert f'"$B/build/{wheel_name()}"' in script and "--index-url https://mirror.example/simple" in script
     assert "burla==" not in script and "pip install burla" not in script
     assert "uv-env/bin/uv venv --quiet --python 3.12 env" in script  # the client's Python, fetched if missing
-    assert ("uv-env/bin/uv pip install --quiet --python env/bin/python --index-url https://mirror.example/simple pip"
-            in script)
+    assert ("uv-env/bin/uv pip install --quiet --python env/bin/python --index-url https://mirror.example/simple pip "
+            f'"$B/build/{wheel_name()}"' in script)  # uv installs the build too, and pip for the node's installs
     assert f"echo '{build_hash()} py3.12' > installed-build" in script  # the build, for that Python
     offline = install_script(None, PackageSource(wheelhouse="/wheels"))
     assert '--no-index --find-links $B/wheelhouse' in offline
