@@ -71,21 +71,36 @@ def bare_head(tmp_path):
         head.stop()
 
 
-def _skewed_job(client, out_dir, slow_s: float = 1.5):
+def _skewed_job(client, out_dir, slow_s: float = 1.5, gate: str | None = None):
     # The first four inputs are 30x slower; they land on the first node before the second joins.
     # A call per CPU: calls that wait would otherwise share the first node's CPUs, which would
-    # then run its queue itself instead of leaving it to a thief.
-    inputs = [(str(out_dir), i, slow_s if i < 4 else 0.05) for i in range(12)]
+    # then run its queue itself instead of leaving it to a thief. With a gate, the slow calls
+    # wait for it, so the queue stays however long the second node takes to start.
+    inputs = [(str(out_dir), i, slow_s if i < 4 else 0.05, gate if i < 4 else None) for i in range(12)]
     return client.remote_parallel_map(functions.record_interval, inputs, generator=True, func_cpu=1, spinner=False)
 
 
-def _run_while_node_b_joins(client, nodes: Nodes, tmp_path, *node_args: str) -> None:
-    """The skewed job on node-a; node-b joins idle and steals. Every result arrives once."""
+def _run_while_node_b_joins(client, nodes: Nodes, tmp_path, *node_args: str,
+                            context: ssl.SSLContext | None = None) -> None:
+    """The skewed job on node-a; node-b joins idle and steals. Every result arrives once. The slow
+    calls wait until node-b is ready (a loaded machine may start it later than they would end)."""
     out = tmp_path / "calls"
     out.mkdir()
-    stream = _skewed_job(client, out)
+    gate = tmp_path / "gate"
+    stream = _skewed_job(client, out, gate=str(gate))
+    wait_until(lambda: any(out.glob("*.started")), timeout=120, what="node-a running the job")
     nodes.join("node-b", *node_args)
+    wait_until(lambda: "node-b" in {n["node_id"] for n in _ready_nodes(nodes.head, context)}, timeout=120,
+               what="node-b ready")
+    gate.touch()
     assert sorted(stream) == list(range(12))
+
+
+def _ready_nodes(head, context: ssl.SSLContext | None = None) -> list[dict]:
+    """The head's nodes with a worker alive."""
+    request = urllib.request.Request(head.url + "/v1/cluster", headers=head.headers())
+    with urllib.request.urlopen(request, timeout=30, context=context) as response:
+        return [n for n in json.load(response)["nodes"] if n["workers_alive"] >= 1]
 
 
 def test_idle_node_steals_from_a_busy_peer(bare_head, tmp_path):
@@ -161,12 +176,10 @@ def test_nodes_of_an_https_head_steal_over_https_pinned_by_the_head(tmp_path):
         context = ssl.create_default_context(cafile=str(cert))
 
         def ready_nodes() -> list[dict]:
-            request = urllib.request.Request(head.url + "/v1/cluster", headers=head.headers())
-            with urllib.request.urlopen(request, timeout=30, context=context) as response:
-                return [n for n in json.load(response)["nodes"] if n["workers_alive"] >= 1]
+            return _ready_nodes(head, context)
 
         wait_until(lambda: len(ready_nodes()) == 1, timeout=120, what="node-a joined the https head")
-        _run_while_node_b_joins(head.client(head_cert=str(cert)), nodes, tmp_path)
+        _run_while_node_b_joins(head.client(head_cert=str(cert)), nodes, tmp_path, context=context)
         assert all(n["url"].startswith("https://127.0.0.1:") for n in ready_nodes())
         assert "stole" in nodes.log("node-b") and "gave" in nodes.log("node-a"), nodes.log("node-b")
         # The node serves https only, with its own certificate (not the head's).
@@ -192,9 +205,7 @@ def test_nodes_other_machines_can_reach_steal_over_https_even_behind_an_http_hea
         nodes.join("node-a", *reachable)
 
         def ready_nodes() -> list[dict]:
-            request = urllib.request.Request(head.url + "/v1/cluster", headers=head.headers())
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return [n for n in json.load(response)["nodes"] if n["workers_alive"] >= 1]
+            return _ready_nodes(head)
 
         wait_until(lambda: len(ready_nodes()) == 1, timeout=120, what="node-a joined")
         _run_while_node_b_joins(head.client(), nodes, tmp_path, *reachable)

@@ -74,8 +74,14 @@ def segfault(x):
     return x
 
 
-def record_interval(directory, index, seconds=0.2):
-    """Record when this call ran (to count how many ran at once)."""
+def record_interval(directory, index, seconds=0.2, gate=None):
+    """Record when this call ran (to count how many ran at once). With a `gate` path, the call
+    first says it started (`<index>.started`) and waits for that file to exist."""
+    if gate is not None:
+        open(os.path.join(directory, f"{index}.started"), "w").close()
+        give_up = time.monotonic() + 120
+        while not os.path.exists(gate) and time.monotonic() < give_up:
+            time.sleep(0.05)
     start = time.time()
     time.sleep(seconds)
     end = time.time()
