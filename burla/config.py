@@ -85,17 +85,27 @@ def private_file(path: Path) -> Path:
     return path
 
 
-def write_private_file(path: Path, text: str) -> None:
-    """Write a file only its owner can read (0600), atomically."""
+def write_private_file(path: Path, text: str, replace: bool = True) -> bool:
+    """Write a file only its owner can read (0600), atomically. With `replace=False` an existing
+    file is kept (no reader ever sees a half-written one either way); returns whether it wrote."""
     private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
     os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    if replace:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)  # fails if the file exists: unlike rename, link never replaces
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    return True
 
 
 # path -> (what identifies the file's version, its text): see read_config_file.
@@ -135,7 +145,8 @@ def load_or_create_token(directory: Path) -> str:
     except FileNotFoundError:
         pass
     token = secrets.token_urlsafe(32)
-    write_private_file(path, token + "\n")
+    if not write_private_file(path, token + "\n", replace=False):
+        return read_config_file(path).strip()  # a client started at the same moment made it first
     return token
 
 

@@ -11,6 +11,7 @@ from burla.config import (
     ClientSettings,
     Deployment,
     HeadRecord,
+    load_or_create_token,
     read_config_file,
     read_token,
     write_private_file,
@@ -81,3 +82,23 @@ def test_settings_and_the_head_record_follow_their_files(tmp_path, monkeypatch):
     assert HeadRecord.read(tmp_path) == HeadRecord("http://127.0.0.1:5001", 111)
     HeadRecord("http://127.0.0.1:5002", 222).write(tmp_path)  # a new head, same length
     assert HeadRecord.read(tmp_path) == HeadRecord("http://127.0.0.1:5002", 222)
+
+
+def test_clients_that_make_the_token_at_once_all_get_the_same_one(tmp_path):
+    """Scripts started together each find no token; they must agree on one, or the head one of
+    them starts refuses the others (a replace-on-write let the last writer win)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    with context.Pool(6) as pool:
+        tokens = pool.map(load_or_create_token, [tmp_path] * 24)
+    assert len(set(tokens)) == 1 and read_token(tmp_path) == tokens[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["cluster_token"]  # no temporary file left behind
+    assert (tmp_path / "cluster_token").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_file_written_without_replace_keeps_what_was_there(tmp_path):
+    path = tmp_path / "cluster_token"
+    assert write_private_file(path, "first\n", replace=False)
+    assert not write_private_file(path, "second\n", replace=False)
+    assert read_token(tmp_path) == "first"

@@ -159,6 +159,7 @@ def test_a_scripts_job_link_keeps_opening_after_the_script_ends(tmp_path):
 
 
 def test_scripts_started_together_share_one_background_head(tmp_path):
+    """Three first scripts at once, with no token yet: one starts the head, all agree on its token."""
     from burla.config import ENV_BACKGROUND_HEAD, ENV_CONFIG_DIR, ENV_HEAD_URL, ENV_TOKEN, HeadRecord
 
     config_dir = tmp_path / "config"
@@ -168,7 +169,7 @@ def test_scripts_started_together_share_one_background_head(tmp_path):
                                 stderr=subprocess.PIPE, text=True) for _ in range(3)]
     try:
         outputs = [client.communicate(timeout=120) for client in clients]
-        assert all("[10]" in out for out, _ in outputs), outputs
+        assert all("[10]" in out for out, _ in outputs), "\n---\n".join(out + err for out, err in outputs)
         assert sum("started a background head" in err for _, err in outputs) == 1  # the others found it
         assert HeadRecord.read(config_dir) is not None
     finally:
