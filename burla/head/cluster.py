@@ -61,6 +61,9 @@ class Cluster:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.booting_since: dict[str, float] = {}  # node id -> when its driver started it
         self.rejoining: dict[str, float] = {}  # node id -> when its connection dropped (it may come back)
+        # node id -> why: its driver saw its process end while its connection still looked open
+        # (on a busy machine the exit can be seen first); when that connection drops, it is lost.
+        self.exited: dict[str, str] = {}
         self.watch = NodeWatch(self)  # liveness, idleness and steal hints
         self.reports = NodeReports(self)  # what registered nodes send, checked against what they hold
         self.clients = ClientWatch(self)  # progress to clients and history, and clients that left
@@ -110,6 +113,7 @@ class Cluster:
             self.node_lost(msg.node_id, pump=False, replace=False)
         node = NodeRecord.from_register(msg, grant_key, peer_host)
         self.node_links[msg.node_id] = link
+        self.exited.pop(msg.node_id, None)
         self.watch.heard(msg.node_id)
         self.booting_ids.discard(msg.node_id)
         self.booting_since.pop(msg.node_id, None)
@@ -140,6 +144,7 @@ class Cluster:
 
     def node_lost(self, node_id: str, pump: bool = True, replace: bool = True) -> None:
         self.node_links.pop(node_id, None)
+        self.exited.pop(node_id, None)
         self.idle_collector.changed()
         if self.stopping:
             return
@@ -186,15 +191,20 @@ class Cluster:
         if self.stopping:
             self.node_lost(node_id)
             return
+        exited = self.exited.pop(node_id, None)
         self.rejoining[node_id] = time.monotonic()
         self.booting_ids.add(node_id)
         self.node_lost(node_id)
+        if exited is not None:  # its process is gone: it will not be back
+            self.node_boot_failed(node_id, exited, what="lost")
 
     def node_boot_failed(self, node_id: str, why: str, what: str | None = None) -> None:
         """A node a job may wait for (booting, or gone and expected back) won't come: stop waiting.
         `what` happened: by default "lost" for a node that ran (its process died), else "failed to boot"."""
         was_running = self.rejoining.pop(node_id, None) is not None
         if node_id not in self.booting_ids:
+            if node_id in self.node_links:
+                self.exited[node_id] = why  # seen before its connection's end: node_dropped finishes this
             return
         what = what or ("lost" if was_running else "failed to boot")
         log.warning("node %s %s: %s", node_id, what, why)

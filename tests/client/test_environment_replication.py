@@ -69,11 +69,12 @@ def wheel_dir(tmp_path_factory) -> Path:
 
 
 def _venv(path: Path) -> Path:
-    """A new virtual environment that also sees this test run's packages (burla among them)."""
+    """A new virtual environment that also sees this test run's packages (burla and pip among them:
+    its own pip would cost a few CPU-seconds of ensurepip per environment and change nothing)."""
     import site
     import sysconfig
 
-    _run(sys.executable, "-m", "venv", str(path))
+    _run(sys.executable, "-m", "venv", "--without-pip", str(path))
     python = path / "bin" / "python"
     purelib = _run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     inherited = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], str(REPO)]

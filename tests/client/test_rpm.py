@@ -186,9 +186,11 @@ def test_max_parallelism_caps_concurrent_calls(client, tmp_path):
 
 
 def test_all_slots_are_used_without_a_cap(client, tmp_path):
-    inputs = [(str(tmp_path), i, 0.5) for i in range(4)]
-    client.remote_parallel_map(functions.record_interval, inputs, spinner=False)
-    assert functions.max_overlap(tmp_path) >= 2  # the node has two workers (calls that wait may share them)
+    # The node has two workers: two calls meet (one slot alone would wait out record_meeting's
+    # give-up, alone); calls that wait may also share them.
+    inputs = [(str(tmp_path), i, 2, 0.5) for i in range(4)]
+    client.remote_parallel_map(functions.record_meeting, inputs, spinner=False)
+    assert functions.max_overlap(tmp_path) >= 2
 
 
 def test_integer_func_cpu_lowers_calls_per_node(cluster, client, tmp_path):

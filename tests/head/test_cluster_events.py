@@ -156,6 +156,21 @@ async def test_a_one_call_job_goes_to_one_node_and_moves_when_that_node_is_lost(
 
 
 @pytest.mark.asyncio
+async def test_a_node_whose_process_ended_before_its_connection_did_is_lost_at_once():
+    # On a busy machine the local driver can see the node's exit before the head reads the end
+    # of its connection: the job must not then wait for a node that cannot rejoin.
+    cluster = Cluster("0.1.0")
+    _register(cluster, "a", [])
+    _open(cluster, 2)
+    cluster.node_boot_failed("a", "node process exited with code -9")
+    assert _ended(cluster, "j")[0] == RUNNING  # its connection is still open
+    cluster.node_dropped("a")
+    status, kind, reason = _ended(cluster, "j")
+    assert (status, kind) == ("FAILED", "NodeDisconnected") and "inputs have no result" in reason
+    assert not cluster.rejoining and "a" not in cluster.booting_ids and not cluster.exited
+
+
+@pytest.mark.asyncio
 async def test_inputs_carried_in_the_opening_are_not_kept_as_part_of_the_job():
     # A restarted head takes a job up from the spec it keeps: inputs there would be taken twice.
     cluster = Cluster("0.1.0")

@@ -90,6 +90,18 @@ def record_interval(directory, index, seconds=0.2, gate=None):
     return index
 
 
+def record_meeting(directory, index, party, seconds=0.2, give_up_s=60.0):
+    """record_interval once `party` calls have started (or after `give_up_s`): calls that can run
+    at once all overlap, however slowly a loaded machine starts them; calls that can't, don't."""
+    arrived = os.path.join(directory, "arrived")
+    os.makedirs(arrived, exist_ok=True)
+    open(os.path.join(arrived, str(index)), "w").close()
+    give_up = time.monotonic() + give_up_s
+    while len(os.listdir(arrived)) < party and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return record_interval(directory, index, seconds)
+
+
 def spin_interval(directory, index, seconds=1.0, wait_first=0.0):
     """Record when this call ran, having waited `wait_first` s and then kept a CPU busy for
     `seconds` of CPU time (to count how many CPU-bound calls ran at once)."""
@@ -115,6 +127,8 @@ def count_runs(directory, index, seconds=1.0):
 def max_overlap(directory) -> int:
     events = []
     for name in os.listdir(directory):
+        if not name.endswith(".txt"):
+            continue  # record_interval's `.started`, record_meeting's `arrived/`
         with open(os.path.join(directory, name)) as f:
             start, end, _pid = f.read().split()
         events.append((float(start), 1))
