@@ -34,6 +34,10 @@ class Receiver(Protocol):
     def upload_key(self) -> tuple[str, bytes]:
         """This node's id and the key its head signs grants for it with (b"": not registered)."""
 
+    @property
+    def spent_grants(self) -> grants.SpentGrants:
+        """The upload grants that opened a connection here (each opens one)."""
+
     def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> list[int]:
         """Queue the awaited inputs among these (sent `straight` here, or through the head); which were."""
 
@@ -117,5 +121,11 @@ def _refusal(request: web.Request, job_id: str, receiver: Receiver) -> web.Respo
         return error_response(400, "ProtocolError", f"send the upload grant in {GRANT_HEADER} (hex) and its "
                               f"expiry in {EXPIRES_HEADER} (seconds), as the head gave them")
     node_id, key = receiver.upload_key()
-    problem = grants.upload_refusal(key, grant, job_id, node_id, expires_at, time.time())
-    return None if problem is None else error_response(403, "GrantRefused", problem)
+    now = time.time()
+    problem = grants.upload_refusal(key, grant, job_id, node_id, expires_at, now)
+    if problem is None:
+        problem = receiver.spent_grants.spend(grant, expires_at, now)
+    if problem is None:
+        return None
+    log.warning("job %s: refused a direct connection from %s: %s", job_id, request.remote, problem)
+    return error_response(403, "GrantRefused", problem)

@@ -38,7 +38,7 @@ from burla.process.build import build_hash
 from burla.process.lifeline import wait_for_eof
 from burla.process.loop_supervisor import LoopSupervisor
 from burla.process.memory import give_back_memory
-from burla.protocol import limits, wire, worker_wire
+from burla.protocol import grants, limits, wire, worker_wire
 from burla.protocol.replication.environment import installed_distributions
 from burla.protocol.states import NodeStatus
 from burla.protocol.values import packed_results
@@ -83,6 +83,7 @@ class NodeService:
                   self.results_window.room)
         self.cpu = CpuGuard(self.pool, self.dispatcher)
         self.donor = Donor(settings.node_id, self.dispatcher, settings.steal_ack_timeout_s)
+        self.spent_grants = grants.SpentGrants()  # upload grants that opened a connection here (one each)
         self.memory = MemoryGuard(
             self.pool, self.dispatcher, settings.memory_budget_gb, lambda: self._state_changed.set()
         )

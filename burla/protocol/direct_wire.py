@@ -8,14 +8,17 @@ from burla.errors import ProtocolError
 from burla.protocol.framing import Message, message
 from burla.protocol.values.packed_inputs import UINT_BYTES, CarriesInputs
 
-UPLOAD_GRANT_TTL_S = 600.0  # an upload grant is good this long (a client sends a node's inputs in turn)
+# An upload grant opens one connection if used this soon (the head sends it as the client is to
+# use it; the connection then lasts as long as its upload).
+UPLOAD_GRANT_TTL_S = 60.0
 
 
 @message(44)
 class UploadDirect(CarriesInputs):
     """Head to client: these inputs (the placeholders the head pushed to `node_id`) go to that node.
-    With a `url`, the client sends them there itself, opening its connection with `grant` (the
-    head's signature with the node's key over job, node and `expires_at`, the head's wall clock)
+    With a `url`, the client sends them there itself, opening its connection with `grant` (a
+    nonce and the head's signature with the node's key over job, node, `expires_at` (the head's
+    wall clock) and that nonce; it opens one connection)
     and pinning `cert_sha256` if the node serves https; without one (the client can't reach that
     node), and wherever that fails, through the head (DirectFallback). `sizes` are the inputs'
     real sizes, and `data` is empty."""

@@ -11,11 +11,13 @@ the transfer and exactly those input indices. The thief shows the receipt in its
 so the head moves to the thief only what the donor gave, never more inputs of the donor's than
 that.
 
-Upload grants work alike for a client's large inputs (`burla.protocol.direct_inputs`): the head
-signs (job, node, expiry) with the node's key, and the node opens a connection for that job's
-inputs only to whoever shows one before it expires (its job's client: the head sends the grant
-nowhere else), before it reads a byte of them. It takes from it only inputs the head pushed
-there as placeholders.
+Upload grants work alike for a client's large inputs and results (`burla.protocol.direct_inputs`):
+the head signs (job, node, expiry, a fresh nonce) with the node's key, and the node opens a
+connection for that job only to whoever shows one before it expires (its job's client: the head
+sends the grant nowhere else), before it reads a byte. Each grant opens one connection: the node
+keeps the nonces it has let in until they would have expired anyway (`SpentGrants`), so a grant
+seen on the way can't open a second one. The connection then lives as long as its upload needs.
+The node takes from it only inputs the head pushed there as placeholders.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import secrets
 
 import msgpack
 
-GRANT_TTL_S = 60.0  # a hint's grant must be used this soon
+GRANT_TTL_S = 60.0  # a hint's grant, and an upload grant, must be used this soon
 CLOCK_SKEW_S = 120.0  # tolerated between the head's clock and the donor's
+NONCE_BYTES = 16  # an upload grant is its nonce, then the head's signature
 
 
 def new_key() -> bytes:
@@ -49,10 +52,12 @@ def receipt(key: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: 
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
-def sign_upload(key: bytes, job_id: str, node_id: str, expires_at: float) -> bytes:
-    """The head's permission for a job's client to send that job's inputs to a node."""
-    message = msgpack.packb(["upload", job_id, node_id, expires_at], use_bin_type=True)
-    return hmac.new(key, message, hashlib.sha256).digest()
+def sign_upload(key: bytes, job_id: str, node_id: str, expires_at: float, nonce: bytes | None = None) -> bytes:
+    """The head's permission for a job's client to open one connection to a node for that job:
+    a fresh nonce (unless given) and the signature over it."""
+    nonce = secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce
+    message = msgpack.packb(["upload", job_id, node_id, expires_at, nonce], use_bin_type=True)
+    return nonce + hmac.new(key, message, hashlib.sha256).digest()
 
 
 def refusal(key: bytes, grant: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: str,
@@ -69,9 +74,31 @@ def upload_refusal(key: bytes, grant: bytes, job_id: str, node_id: str, expires_
     """Why this grant does not let a client send a job's inputs here (None: it does)."""
     if not key:
         return _NO_KEY
-    if not hmac.compare_digest(sign_upload(key, job_id, node_id, expires_at), grant):
+    nonce = grant[:NONCE_BYTES]
+    if len(grant) <= NONCE_BYTES or not hmac.compare_digest(sign_upload(key, job_id, node_id, expires_at, nonce),
+                                                            grant):
         return "the upload grant is not the head's for this node and job"
     return _expired("upload", expires_at, now)
+
+
+class SpentGrants:
+    """The upload grants a node has let in, each kept until it would be refused as expired anyway
+    (so the set stays as small as the grants in flight)."""
+
+    def __init__(self) -> None:
+        self._spent: dict[bytes, float] = {}  # nonce -> when it expires here, skew included
+
+    def spend(self, grant: bytes, expires_at: float, now: float) -> str | None:
+        """Let this (checked) grant in once: None the first time, why not after."""
+        for nonce, until in list(self._spent.items()):
+            if now > until:
+                del self._spent[nonce]
+        nonce = grant[:NONCE_BYTES]
+        if nonce in self._spent:
+            return ("the upload grant opened a connection already; each opens one (the head gives the job's "
+                    "client a new one with each offer)")
+        self._spent[nonce] = expires_at + CLOCK_SKEW_S
+        return None
 
 
 _NO_KEY = "this node has no grant key yet (not registered with a head)"

@@ -304,9 +304,15 @@ class _Receiver:
         self.not_awaited: set[int] = set()
         self.dispatcher = Dispatcher(lambda: [], lambda: None)
         self.result_pipes = ResultPipes(self.dispatcher, lambda: None)
+        self.spent_grants = grants.SpentGrants()
 
     def upload_key(self) -> tuple[str, bytes]:
         return "n1", self.key
+
+    def headers(self, job_id: str = "j-1", expires: float | None = None) -> dict[str, str]:
+        """A fresh grant for one connection to this node for `job_id`, as the head would send it."""
+        expires = time.time() + 60 if expires is None else expires
+        return {GRANT_HEADER: grants.sign_upload(self.key, job_id, "n1", expires).hex(), EXPIRES_HEADER: repr(expires)}
 
     def inputs_arrived(self, job_id: str, part: PackedInputs, straight: bool) -> list[int]:
         self.arrived.append((job_id, part.index_list(), straight))
@@ -341,21 +347,18 @@ def test_the_direct_route_takes_frames_of_its_job_and_refuses_the_rest_by_name()
 
     async def scenario() -> list:
         runner, port = await _serve_route(receiver)
-        expires = time.time() + 60
-        headers = {GRANT_HEADER: grants.sign_upload(receiver.key, "j-1", "n1", expires).hex(),
-                   EXPIRES_HEADER: repr(expires)}
         seen = []
         try:
             async with aiohttp.ClientSession() as session:
                 url = f"http://127.0.0.1:{port}/v1/jobs/j-1/direct"
                 for frame in (wire.DirectInputs.of("j-1", PackedInputs.of([[4, b"abc"]])).encode(),
                               wire.DirectInputs.of("j-2", PackedInputs.of([[5, b"d"]])).encode(), b"\x93junk"):
-                    async with session.ws_connect(url, headers=headers) as ws:
+                    async with session.ws_connect(url, headers=receiver.headers()) as ws:
                         await ws.send_bytes(frame)
                         seen.append(wire.decode((await ws.receive(timeout=30)).data, wire.NODE_TO_CLIENT))
                 # A grant for another job opens nothing.
                 with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-                    await session.ws_connect(url.replace("j-1", "j-2"), headers=headers)
+                    await session.ws_connect(url.replace("j-1", "j-2"), headers=receiver.headers())
                 seen.append(refused.value.status)
         finally:
             await runner.cleanup()
@@ -367,6 +370,42 @@ def test_the_direct_route_takes_frames_of_its_job_and_refuses_the_rest_by_name()
     assert isinstance(junk, wire.ErrorReply) and junk.kind == "ProtocolError" and junk.status == 400
     assert refused == 403
     assert receiver.arrived == [("j-1", [4], True)]
+
+
+def test_an_upload_grant_opens_one_connection_and_is_refused_by_name_after():
+    """A grant seen on its way (a log, a proxy, a call that read the client's memory) can't open a
+    second connection to the node while the first is open, nor after it closed."""
+    receiver = _Receiver()
+
+    async def scenario() -> list:
+        runner, port = await _serve_route(receiver)
+        url = f"http://127.0.0.1:{port}/v1/jobs/j-1/direct"
+        headers, seen = receiver.headers(), []
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(url, headers=headers) as first:
+                    for _ in range(2):  # while it is open, and once it has closed
+                        async with session.get(url, headers=headers) as again:
+                            seen.append((again.status, (await again.json())["message"]))
+                        await first.close()
+        finally:
+            await runner.cleanup()
+        return seen
+
+    refusals = asyncio.run(scenario())
+    assert [status for status, _ in refusals] == [403, 403]
+    assert all("opened a connection already" in message for _, message in refusals)
+
+
+def test_spent_grants_are_kept_only_while_they_could_still_open_a_connection():
+    key, spent, now = grants.new_key(), grants.SpentGrants(), time.time()
+    first, second = (grants.sign_upload(key, "j", "n1", now + 60) for _ in range(2))
+    assert first[:grants.NONCE_BYTES] != second[:grants.NONCE_BYTES]  # each grant is its own
+    assert spent.spend(first, now + 60, now) is None and spent.spend(second, now + 60, now) is None
+    assert spent.spend(first, now + 60, now + 1) is not None
+    late = now + 60 + grants.CLOCK_SKEW_S + 1  # refused as expired from here on: no need to keep it
+    assert spent.spend(grants.sign_upload(key, "j", "n1", late + 60), late + 60, late) is None
+    assert len(spent._spent) == 1
 
 
 def test_bytes_that_reach_a_node_before_their_placeholder_go_again_through_the_head():
@@ -442,6 +481,9 @@ def test_an_upload_grant_opens_exactly_its_node_and_job_until_it_expires():
     assert "not the head's" in grants.upload_refusal(key, grant, "j", "n2", now + 60, now)
     assert "not the head's" in grants.upload_refusal(key, grant, "j2", "n1", now + 60, now)
     assert "not the head's" in grants.upload_refusal(key, grant, "j", "n1", now + 61, now)  # its expiry is signed
+    forged_nonce = bytes(grants.NONCE_BYTES) + grant[grants.NONCE_BYTES:]
+    assert "not the head's" in grants.upload_refusal(key, forged_nonce, "j", "n1", now + 60, now)  # so is its nonce
+    assert "not the head's" in grants.upload_refusal(key, grant[:grants.NONCE_BYTES], "j", "n1", now + 60, now)
     assert "expired" in grants.upload_refusal(key, grant, "j", "n1", now + 60, now + 60 + 121)
     assert "no grant key" in grants.upload_refusal(b"", grant, "j", "n1", now + 60, now)
     # A steal grant with the same key is no upload grant.
