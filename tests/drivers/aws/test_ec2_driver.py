@@ -39,8 +39,8 @@ def _join_script() -> str:
 def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(moto, tmp_path, wheelhouse,
                                                                                client_venv):
     farm = MotoVmFarm(moto, tmp_path / "vms")
-    head = start_head(tmp_path / "config", local_nodes=0, extra=[
-        "--driver", "ec2", "--inactivity-timeout", "3", "--node-wheelhouse", str(wheelhouse),
+    head = start_head(tmp_path / "config", local_nodes=0, extra=[  # idle timeout set after the job: see below
+        "--driver", "ec2", "--node-wheelhouse", str(wheelhouse),
         "--ssh-address-map", str(farm.map_path)])
     try:
         env = client_env(head)
@@ -65,7 +65,10 @@ def test_cluster_start_boots_ec2_instances_that_join_run_jobs_and_go_when_idle(m
         _bootstrap_ran_as_on(vm, AL2023)
         assert (vm.units / "burla-dead-man.stopped").exists()  # set up: its power-off timer was stopped
         assert run_client_in(client_venv, head, _join_script(), tmp_path) == [[1, 2, 3]]
-        # Idle past the timeout: the head terminates the VM through the driver.
+        # Idle past the timeout: the head terminates the VM through the driver. (Set now: with it
+        # set from the start, a client slow to start on a loaded machine found the node gone.)
+        subprocess.run([sys.executable, "-m", "burla", "settings", "update", "--inactivity-timeout", "3"], check=True,
+                       env=env, capture_output=True)
         wait_until(lambda: not _instances(moto, "running") and not _instances(moto, "pending"), timeout=60,
                    what="instance terminated")
         assert _instances(moto, "terminated")

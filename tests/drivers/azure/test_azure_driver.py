@@ -221,7 +221,7 @@ def _burla(head, *args: str) -> dict:
 
 def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure, tmp_path, monkeypatch, wheelhouse,
                                                                            client_venv):
-    farm, head = _azure_head(azure, tmp_path, monkeypatch, wheelhouse, "--inactivity-timeout", "3")
+    farm, head = _azure_head(azure, tmp_path, monkeypatch, wheelhouse)  # idle timeout set after the job
     try:
         _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "Standard_D4as_v5", "--disk-gb",
                "40")
@@ -238,6 +238,7 @@ def test_cluster_start_boots_azure_vms_that_join_run_jobs_and_go_when_idle(azure
             from burla import remote_parallel_map
             print(json.dumps(remote_parallel_map(abs, [-1, -2, -3], spinner=False)))
         """, tmp_path) == [[1, 2, 3]]
+        _burla(head, "settings", "update", "--inactivity-timeout", "3")  # now idle past it: deleted
         wait_until(lambda: not azure.machines, timeout=60, what="VM deleted")
         assert azure.logged("DELETE")[0].path.endswith(f"/virtualMachines/{node_id}")
     finally:

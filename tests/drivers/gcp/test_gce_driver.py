@@ -282,7 +282,7 @@ def farm(gce, tmp_path):
 def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(gce, farm, tmp_path, wheelhouse,
                                                                                client_venv):
     gce.project_metadata["enable-oslogin"] = "TRUE"  # the project turns OS Login on; burla's VMs turn it off
-    head = _cloud_head(tmp_path, farm, wheelhouse, "--inactivity-timeout", "3")
+    head = _cloud_head(tmp_path, farm, wheelhouse)  # idle timeout set after the job: see below
     try:
         _burla(head, "settings", "update", "--quantity", "1", "--machine-type", "n4-standard-4", "--spot",
                "--disk-gb", "40")
@@ -314,7 +314,9 @@ def test_cluster_start_boots_gce_instances_that_join_run_jobs_and_go_when_idle(g
             from burla import remote_parallel_map
             print(json.dumps(remote_parallel_map(abs, [-1, -2, -3], spinner=False)))
         """, tmp_path) == [[1, 2, 3]]
-        # Idle past the timeout: the head deletes the instance through the driver.
+        # Idle past the timeout: the head deletes the instance through the driver. (Set now: with
+        # it set from the start, a client slow to start on a loaded machine found the node gone.)
+        _burla(head, "settings", "update", "--inactivity-timeout", "3")
         wait_until(lambda: not gce.instances, timeout=60, what="instance deleted")
         assert gce.logged("DELETE")[0].path.endswith(f"/zones/us-central1-a/instances/{node_id}")
     finally:
