@@ -23,6 +23,7 @@ from pathlib import Path
 from burla.config import ENV_CONFIG_DIR, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
 from burla.drivers.registry import BY_CLOUD
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
+from burla.process.hardening import refuse_inspection
 
 HEAD_START_TIMEOUT_S = 60.0
 HEAD_STOP_WAIT_S = 10.0
@@ -133,6 +134,8 @@ def connect(settings: ClientSettings, allow_embedded: bool = True,
 
     `meanwhile` (and the import of the HTTP client, on the client loop) runs while an embedded
     head starts, not before: on two cores, work that competes with the head's start delays it."""
+
+    refuse_inspection()  # this process is about to hold a cluster token: calls of its user can't read it
 
     def prepare() -> None:
         from burla.client.loop import client_loop  # here: asyncio's import would delay a cold head's start

@@ -21,6 +21,7 @@ from burla.config import DEFAULT_HEAD_PORT, ENV_HEAD_CERT, ENV_TOKEN, HeadRecord
 from burla.drivers.base import BootRequest
 from burla.drivers.local import LocalDriver, can_fork_nodes
 from burla.process.environ_block import erase_variable
+from burla.process.hardening import refuse_inspection
 from burla.process.lifeline import wait_for_eof
 from burla.process.memory import freeze_startup_objects, keep_large_blocks
 from burla.web.aiohttp_import import import_aiohttp
@@ -61,6 +62,7 @@ def url_of(sock: socket.socket, settings: HeadSettings) -> str:
 
 def serve(settings: HeadSettings) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s head %(levelname)s %(message)s")
+    refuse_inspection()  # it holds the cluster token: no process of its user reads its memory
     keep_large_blocks()  # inputs and results pass through the head; its idle collector gives memory back
     allow_many_connections()
     # Read into the settings already: out of the environment its local nodes (and their calls) inherit.

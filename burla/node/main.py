@@ -24,6 +24,7 @@ from burla.node.gpus import Gpus
 from burla.node.workers.fork_server import ForkServer, can_serve, start_fork_server
 from burla.node.workers.worker_pool import WorkerPool
 from burla.process.environ_block import erase_variable
+from burla.process.hardening import refuse_inspection
 from burla.process.locked_dirs import make_locked, remove_abandoned
 from burla.process.memory import freeze_inherited_objects, freeze_startup_objects, keep_large_blocks
 from burla.web.aiohttp_import import import_aiohttp
@@ -75,6 +76,7 @@ def run_node(settings: NodeSettings) -> int:
     # force: a node forked from its head inherits the head's logging setup.
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s node %(levelname)s %(message)s",
                         force=True)
+    refuse_inspection()  # it holds the node's token (a forked local node came marked from its head)
     keep_large_blocks()  # inputs and results pass through the node too (given back when it is idle)
     freeze_inherited_objects()  # a local node is forked from its head
     exit_code = 0

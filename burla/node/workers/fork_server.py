@@ -35,6 +35,7 @@ import subprocess
 import sys
 
 from burla.node.gpus import ENV_VISIBLE
+from burla.process.hardening import refuse_inspection
 
 log = logging.getLogger("burla.node")
 
@@ -71,6 +72,8 @@ def start_fork_server(env: dict[str, str]) -> tuple[subprocess.Popen, socket.soc
 def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[0]))
     worker_name = argv[1] if len(argv) > 1 else ""
+    # No secret is here, but its workers start from it, marked too: a call can't read another's.
+    refuse_inspection()
     _name_this_process(PROCESS_NAME)
     from burla.node.workers.worker import serve_worker  # once here, shared by every worker
 
