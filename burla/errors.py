@@ -107,6 +107,11 @@ class Unauthorized(ClusterError):
     pass
 
 
+class HeadNotVerified(Unauthorized):
+    """What answers at a head's address could not prove it holds the cluster token: nothing
+    secret was sent to it."""
+
+
 class NoNodes(ClusterError):
     pass
 

@@ -124,12 +124,12 @@ class Client:
         settings = self.settings
         if settings.head_url:
             return settings.head_url
-        url = running_local_head(settings)
-        if url is not None:
-            return url
         from burla.config import load_or_create_token
 
         token = settings.token or load_or_create_token(settings.config_dir)
+        url = running_local_head(settings, token)
+        if url is not None:
+            return url
         return background_head(settings, token).url
 
 

@@ -20,10 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from burla.client import head_check
 from burla.config import ENV_CONFIG_DIR, ENV_TOKEN, ClientSettings, HeadRecord, load_or_create_token, private_dir
 from burla.drivers.registry import BY_CLOUD
 from burla.errors import DetachRequiresDeployedCluster, HeadUnreachable, InvalidArgument, Unauthorized
 from burla.process.hardening import refuse_inspection
+from burla.web import head_proof
 
 HEAD_START_TIMEOUT_S = 60.0
 HEAD_STOP_WAIT_S = 10.0
@@ -80,25 +82,33 @@ def _reap_stopping_heads() -> None:
     _stopping_heads.clear()
 
 
-def head_is_healthy(url: str, timeout: float = 1.0, cert: str | None = None) -> bool:
+def head_is_healthy(url: str, timeout: float = 1.0, cert: str | None = None, token: str | None = None) -> bool:
+    """Whether a head answers at `url`. With `token`, it must also prove it holds that token
+    (client/head_check.py): raises HeadNotVerified if something answers without the proof."""
     import http.client  # here: a cold client that starts its own head never asks
 
     parsed = urllib.parse.urlsplit(url)
     host = parsed.hostname or "127.0.0.1"
+    nonce = head_proof.new_nonce()
+    connection: http.client.HTTPConnection | None = None
     try:
         if parsed.scheme == "https":
             from burla.web.tls import client_context
 
-            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
-                host, parsed.port, timeout=timeout, context=client_context(cert))
+            connection = http.client.HTTPSConnection(host, parsed.port, timeout=timeout, context=client_context(cert))
         else:
             connection = http.client.HTTPConnection(host, parsed.port, timeout=timeout)
-        connection.request("GET", "/health")
-        ok = connection.getresponse().status == 200
-        connection.close()
-        return ok
+        connection.request("GET", "/health" if token is None else head_check.challenge_path(token, nonce))
+        response = connection.getresponse()
+        body = response.read(4096)
     except (OSError, http.client.HTTPException):
-        return False
+        return False  # nothing answers there
+    finally:
+        if connection is not None:
+            connection.close()
+    if token is not None:
+        head_check.check_answer(url, token, nonce, response.status, body)
+    return response.status == 200
 
 
 def _pid_alive(pid: int) -> bool:
@@ -112,17 +122,19 @@ def _pid_alive(pid: int) -> bool:
 
 
 HEALTHY_FOR_S = 5.0  # a local head that answered /health this recently, and still runs, is not asked again
-_last_healthy: dict[tuple[str, int], float] = {}
+_last_healthy: dict[tuple[str, int, str], float] = {}
 
 
-def running_local_head(settings: ClientSettings) -> str | None:
+def running_local_head(settings: ClientSettings, token: str) -> str | None:
+    """The URL of the long-lived head the config directory records, if it runs and proves it
+    holds `token`; None if none runs. Raises HeadNotVerified if its port answers without proof."""
     record = HeadRecord.read(settings.config_dir)
     if record is None or not _pid_alive(record.pid):
         return None
-    key = (record.url, record.pid)
+    key = (record.url, record.pid, token)
     if time.monotonic() - _last_healthy.get(key, -HEALTHY_FOR_S) < HEALTHY_FOR_S:
         return record.url  # back-to-back jobs: its process is still there, skip the round trip
-    if not head_is_healthy(record.url, cert=settings.head_cert):
+    if not head_is_healthy(record.url, cert=settings.head_cert, token=token):
         return None
     _last_healthy[key] = time.monotonic()
     return record.url
@@ -151,8 +163,8 @@ def connect(settings: ClientSettings, allow_embedded: bool = True,
                 f"{settings.config_dir / 'cluster_token'}."
             )
         return ClusterHandle(settings.head_url, settings.token, settings.head_cert)
-    url = running_local_head(settings)
     token = settings.token or load_or_create_token(settings.config_dir)
+    url = running_local_head(settings, token)
     if url is not None:
         prepare()
         return ClusterHandle(url, token, settings.head_cert)
@@ -180,7 +192,7 @@ def background_head(settings: ClientSettings, token: str,
     private_dir(settings.config_dir)
     with open(settings.config_dir / "head.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        url = running_local_head(settings)
+        url = running_local_head(settings, token)
         if url is not None:
             meanwhile()
             return ClusterHandle(url, token, settings.head_cert)

@@ -107,13 +107,11 @@ class JobRunner:
         self._closing = False
         self._shared: ClientLoop | None = None
         self._lost_at: float | None = None  # when the connection to the head dropped, while it is down
-        # What resuming the job takes: the head says it in JobAccepted; a holder of the cluster
-        # token collecting a job it did not open derives it (a job's token can't).
+        # What resuming the job takes: JobAccepted says it; a cluster token's holder derives it.
         self._secret = secret or ("" if is_scoped(cluster.token) else job_secret(cluster.token, job_id))
 
     @property
-    def secret(self) -> str:
-        """What resuming this job takes (heard from the head when the job opened)."""
+    def secret(self) -> str:  # what resuming this job takes (heard from the head when the job opened)
         return self._secret
 
     def start(self) -> None:
@@ -294,10 +292,12 @@ class JobRunner:
     async def _connect(self, session):
         import aiohttp
 
+        from burla.client.head_check import prove_if_local
         from burla.web import ws_bulk
 
         headers = {"Authorization": f"Bearer {self.cluster.token}"}
         try:
+            await prove_if_local(session, self.cluster.url, self.cluster.token)  # before the token goes there
             ws = await session.ws_connect(
                 f"{self.cluster.url}/v1/jobs/ws", headers=headers, max_msg_size=limits.MAX_FRAME_BYTES,
                 heartbeat=HEARTBEAT_S,

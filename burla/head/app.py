@@ -43,10 +43,11 @@ from burla.head.routes.dashboard import add_dashboard_routes, login_needed
 from burla.head.routes.sockets import close_open_sockets, job_socket, node_socket
 from burla.process.loop_supervisor import LoopSupervisor, run_every_step
 from burla.protocol.values import input_files
+from burla.web import head_proof
 from burla.web.auth import Sessions, token_middleware
 from burla.web.channel_server import ChannelServer
 from burla.web.connection_guard import ConnectionGuard
-from burla.web.json_io import json_errors, json_response, require_text_urls
+from burla.web.json_io import error_response, json_errors, json_response, require_text_urls
 
 log = logging.getLogger("burla.head")
 
@@ -125,7 +126,17 @@ def build_app(cluster: Cluster, fleet: Fleet, token: str, head_url: str, guard: 
 
 
 async def health(request: web.Request) -> web.Response:
-    return json_response({"ok": True, "version": request.app[CLUSTER].version})
+    """Open to all; with `?nonce=` it also proves this head holds the cluster token (head_proof)."""
+    cluster = request.app[CLUSTER]
+    nonce = request.query.get("nonce")
+    if nonce is None:
+        return json_response({"ok": True, "version": cluster.version})
+    if not 0 < len(nonce) <= head_proof.MAX_NONCE_HEX:
+        return error_response(400, "InvalidArgument", f"nonce must be 1 to {head_proof.MAX_NONCE_HEX} characters")
+    answer = head_proof.head_answer(cluster.token, nonce, request.query.get("scope"))
+    if answer is None:
+        return error_response(400, "InvalidArgument", "scope must name a scoped token: its kind and subject")
+    return json_response({"ok": True, "version": cluster.version, "proof": answer})
 
 
 async def shutdown(request: web.Request) -> web.Response:

@@ -107,3 +107,23 @@ def scope_of(cluster_token: str, bearer: str) -> Scope | None:
                                bearer.encode("utf-8", "surrogatepass")):
         return None
     return Scope(kind, subject)
+
+
+def public_part(bearer: str) -> str | None:
+    """The part of a scoped token that names it without being it (`<prefix>.<subject>`): what a
+    holder shows a head that is to prove it could make the token (burla.web.head_proof)."""
+    prefix, _, rest = bearer.partition(".")
+    subject = rest.partition(".")[0]
+    return f"{prefix}.{subject}" if prefix in _PREFIXES and _unb64(subject) is not None else None
+
+
+def rebuilt(cluster_token: str, public: str) -> str | None:
+    """The scoped token of this cluster that `public` names (None if it names none)."""
+    prefix, _, encoded = public.partition(".")
+    raw_subject = _unb64(encoded)
+    if prefix not in _PREFIXES or raw_subject is None:
+        return None
+    try:
+        return _token(cluster_token, _PREFIXES[prefix], prefix, raw_subject.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
