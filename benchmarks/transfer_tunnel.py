@@ -145,12 +145,13 @@ def cluster_cpu(head_pid: int, vm_root: Path) -> dict[str, float]:
     process) and the VMs' nodes and
     workers (the processes running the runtime installed under `vm_root`: their supervisor
     detaches them from the SSH server that started them)."""
-    def seconds(process: psutil.Process) -> float:
+    def seconds(process: psutil.Process, reaped: bool = False) -> float:
+        """Its CPU seconds, and with `reaped` those of its children it has waited for."""
         try:
             times = process.cpu_times()
         except psutil.NoSuchProcess:
             return 0.0
-        return times.user + times.system
+        return times.user + times.system + (times.children_user + times.children_system if reaped else 0.0)
 
     head = psutil.Process(head_pid)
     cpu = collections.Counter({"head": seconds(head), "vm_sshd": seconds(psutil.Process())})
@@ -164,7 +165,10 @@ def cluster_cpu(head_pid: int, vm_root: Path) -> dict[str, float]:
             continue
         if "node join" in command:
             cpu["node"] += seconds(process)
-        elif "burla.node.workers.fork_server" in command or "burla.node.workers.worker" in command:
+        elif "burla.node.workers.fork_server" in command:
+            # Its workers come and go (one tenant each): those gone count through the server that reaped them.
+            cpu["worker"] += seconds(process, reaped=True)
+        elif "burla.node.workers.worker" in command:
             cpu["worker"] += seconds(process)
     return dict(cpu)
 

@@ -23,6 +23,7 @@ def assign_message(spec: wire.OpenJob, assignment: Assignment, cluster_token: st
         local_code=spec.local_code, packages=spec.packages, credit=initial_credit(assignment.slots),
         func_gpu=spec.func_gpu, n_inputs=spec.n_inputs, job_token=scoped_tokens.job_token(cluster_token, spec.job_id),
         timeout=spec.timeout, direct_inputs=spec.direct_inputs, direct_results=spec.direct_results,
+        reuse_key=spec.reuse_key,
     )
 
 

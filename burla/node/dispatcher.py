@@ -18,6 +18,7 @@ from typing import Protocol
 
 from burla.errors import BurlaError, ProtocolError, WorkerCrashed
 from burla.node.node_job import NodeJob
+from burla.node.tenancy import Tenancy, may_run
 from burla.node.workers.worker_pool import Batch, WorkerHandle, kill_error
 from burla.protocol import direct_inputs, direct_results, wire, worker_wire
 from burla.protocol.values import packed_results
@@ -79,6 +80,10 @@ class Dispatcher:
         self.results_sent = {True: 0, False: 0}  # large results sent apart: taken by the client, or via the head
         self.on_direct: Callable[[str], None] = lambda job_id: None  # a job has large results for its client
         self.on_assigned: Callable[[str], None] = lambda job_id: None  # a job is assigned here (again)
+        # A fresh worker took a tenant, or an idle one should give its slot to another tenant's
+        # job: the pool starts fresh workers and retires those (WorkerPool.rebalance).
+        self.on_workers_changed: Callable[[], None] = lambda: None
+        self.tenancy = Tenancy(self.jobs, workers, capacity)
         self._rr = 0
 
     # --- from the head -------------------------------------------------------------------
@@ -88,7 +93,8 @@ class Dispatcher:
         if job is None:
             job = NodeJob(job_id=msg.job_id, function_bytes=msg.function_bytes, parallelism=max(1, msg.parallelism),
                           func_ram=msg.func_ram, func_cpu=msg.func_cpu, local_code=msg.local_code,
-                          job_token=msg.job_token, timeout_s=msg.timeout)
+                          job_token=msg.job_token, timeout_s=msg.timeout,
+                          tenant=msg.reuse_key or b"job:" + msg.job_id.encode())
             self.jobs[msg.job_id] = job
         else:
             job.parallelism = max(1, msg.parallelism)
@@ -213,8 +219,6 @@ class Dispatcher:
                 worker.loaded_jobs.discard(job_id)
                 self._effects.send(worker, worker_wire.UnloadFunction(job_id))
 
-    # --- credit --------------------------------------------------------------------------
-
     # --- from workers --------------------------------------------------------------------
 
     def on_report(self, worker: WorkerHandle, report: worker_wire.WorkerReport) -> None:
@@ -243,6 +247,8 @@ class Dispatcher:
                 if not any(b.job_id == job.job_id for b in worker.batches):
                     job.workers.discard(worker)
             worker.last_progress_at = now
+            if not worker.batches:
+                worker.idle_since = now
         self.pump()
 
     def _direct_report(self, job: NodeJob, part: packed_results.PackedResults, direct: PackedInputs) -> None:
@@ -339,12 +345,17 @@ class Dispatcher:
             return
         # Past the pool's size (it shrank), an idle worker gets nothing: the pool retires it.
         room = self._capacity() - sum(1 for w in workers if w.batches and not w.waiting)
+        changed = False
         for worker in workers:
             if room <= 0:
                 break
             if not worker.batches:
+                if worker.tenant is not None and self.tenancy.yields(worker):
+                    changed = True  # the pool retires it: a fresh worker takes its slot
+                    continue
                 job = self._next_job(worker)
                 if job is not None:
+                    changed |= worker.tenant is None
                     self._dispatch(worker, job, len(workers))
                     room -= 1
         for worker in workers:
@@ -352,6 +363,8 @@ class Dispatcher:
                 job = self.jobs.get(worker.batches[0].job_id)
                 if job is not None and job.queue and self._calls_are_short(job):
                     self._dispatch(worker, job, len(workers))
+        if changed:
+            self.on_workers_changed()
 
     @staticmethod
     def _calls_are_short(job: NodeJob) -> bool:
@@ -361,8 +374,8 @@ class Dispatcher:
         jobs = list(self.jobs.values())
         for offset in range(len(jobs)):
             job = jobs[(self._rr + offset) % len(jobs)]
-            if job.gpu and worker.gpu is None:
-                continue  # a GPU job's call needs a worker with a GPU of its own
+            if not may_run(worker, job):
+                continue  # another tenant's worker, or a GPU job's call on a worker without a GPU
             if job.queue and job.ready and not job.cancelled and len(job.workers) < job.parallelism:
                 self._rr = (self._rr + offset + 1) % len(jobs)
                 return job
@@ -378,6 +391,7 @@ class Dispatcher:
             spread = max(math.ceil(job.still_to_run() / max(1, min(job.parallelism, n_workers))),
                          int(MIN_SHARE_S / call_s))
         part = job.queue.take(max(1, min(size, spread)))
+        worker.tenant = job.tenant  # a fresh worker is the tenant's from its first call on
         run = worker_wire.RunCalls(job.job_id, part.indices, part.sizes, part.data, job.result_pipe)
         if job.job_id not in worker.loaded_jobs:  # the function first, in the same write
             load = worker_wire.LoadFunction(job.job_id, job.function_bytes, job.local_code, job.job_token)
@@ -391,34 +405,6 @@ class Dispatcher:
         worker.batches.append(Batch(job.job_id, part, now))
         job.workers.add(worker)
         job.inflight += part.count
-
-    # --- stealing ------------------------------------------------------------------------
-
-    def take_surplus(self, job_id: str, max_items: int) -> list:
-        """Give away half of a job's queued inputs (from the tail, the last to run here), as
-        [(input_index, pickled_args), ...]."""
-        job = self.jobs.get(job_id)
-        if job is None or job.cancelled or not job.queue:
-            return []
-        count = min(max_items, max(1, len(job.queue) // 2))
-        return job.queue.take_last(count).items()
-
-    def put_back(self, job_id: str, items: list) -> bool:
-        """Inputs given to a thief that never acknowledged them run here after all."""
-        job = self.jobs.get(job_id)
-        if job is None or job.cancelled:
-            return False
-        job.queue.prepend(PackedInputs.of(items))
-        self.pump()
-        return True
-
-    def add_stolen(self, job_id: str, items: list) -> bool:
-        job = self.jobs.get(job_id)
-        if job is None or job.cancelled:
-            return False
-        job.queue.append(PackedInputs.of(items))
-        self.pump()
-        return True
 
     # --- state ---------------------------------------------------------------------------
 

@@ -66,8 +66,7 @@ class MemoryGuard:
         if total <= self._budget_bytes or not busy:
             return
         rss, worker = max(busy, key=lambda u: u[0])
-        computing = [w for w in self._pool.workers if w.alive and not w.waiting and not w.retired]
-        alone = len(computing) <= 1
+        alone = self._pool.size <= 1  # it can't run fewer (an idle fresh worker beyond it runs nothing)
         if not alone:
             self._pool.shrink()
         log.warning("workers use %.2f GB, over this node's %.2f GB; stopping worker %d (%.2f GB)%s",

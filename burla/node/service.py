@@ -38,7 +38,7 @@ from burla.process.build import build_hash
 from burla.process.lifeline import wait_for_eof
 from burla.process.loop_supervisor import LoopSupervisor
 from burla.process.memory import give_back_memory
-from burla.protocol import grants, limits, wire, worker_wire
+from burla.protocol import grants, limits, wire
 from burla.protocol.replication.environment import installed_distributions
 from burla.protocol.states import NodeStatus
 from burla.protocol.values import packed_results
@@ -79,8 +79,10 @@ class NodeService:
         self._sending_bytes = 0  # of the results the sender took and is sending
         self.results_window = ResultWindow(self._held_result_bytes)
         self.result_pipes = ResultPipes(self.dispatcher, self.results_window.sent)  # large results to clients
-        pool.bind(self._on_worker_report, self._on_worker_exit, lambda _: self.dispatcher.pump(),
+        pool.bind(self.dispatcher.on_report, self._on_worker_exit, lambda _: self.dispatcher.pump(),
                   self.results_window.room)
+        pool.bind_tenants(self.dispatcher.tenancy)  # whose calls each worker may run (one tenant each)
+        self.dispatcher.on_workers_changed = pool.rebalance
         self.cpu = CpuGuard(self.pool, self.dispatcher)
         self.donor = Donor(settings.node_id, self.dispatcher, settings.steal_ack_timeout_s)
         self.spent_grants = grants.SpentGrants()  # upload grants that opened a connection here (one each)
@@ -468,6 +470,7 @@ class NodeService:
                 self._trims_due -= 1
                 give_back_memory()
             self.donor.expire(time.monotonic())
+            self.pool.rebalance()  # a tenant with no job here for a while gives its workers back
             await ws.send_bytes(self.state().encode())
 
     def state(self) -> wire.NodeState:
@@ -482,9 +485,6 @@ class NodeService:
         )
 
     # --- worker callbacks ----------------------------------------------------------------
-
-    def _on_worker_report(self, worker, report: worker_wire.WorkerReport) -> None:
-        self.dispatcher.on_report(worker, report)
 
     def _on_worker_exit(self, worker, exit_code: int | None) -> None:
         if exit_code not in (0, None):

@@ -25,11 +25,36 @@ from burla.errors import GrantRefused, ProtocolError
 from burla.node.dispatcher import Dispatcher
 from burla.process.loop_supervisor import end_tasks
 from burla.protocol import grants, wire
+from burla.protocol.values.packed_inputs import PackedInputs
 
 log = logging.getLogger("burla.node")
 
 REQUEST_ATTEMPTS = 3
 REQUEST_TIMEOUT_S = 10.0
+
+
+def take_surplus(dispatcher: Dispatcher, job_id: str, max_items: int) -> list:
+    """Give away half of a job's queued inputs (from the tail, the last to run here), as
+    [(input_index, pickled_args), ...]."""
+    job = dispatcher.jobs.get(job_id)
+    if job is None or job.cancelled or not job.queue:
+        return []
+    count = min(max_items, max(1, len(job.queue) // 2))
+    return job.queue.take_last(count).items()
+
+
+def queue_back(dispatcher: Dispatcher, job_id: str, items: list, first: bool) -> bool:
+    """Queue inputs of a transfer here: `first`, those a thief never acknowledged (they run here
+    after all); else those stolen from a donor. False if the job is no longer here."""
+    job = dispatcher.jobs.get(job_id)
+    if job is None or job.cancelled:
+        return False
+    if first:
+        job.queue.prepend(PackedInputs.of(items))
+    else:
+        job.queue.append(PackedInputs.of(items))
+    dispatcher.pump()
+    return True
 
 
 @dataclass
@@ -64,7 +89,7 @@ class Donor:
             raise GrantRefused(problem)
         transfer = self.transfers.get(request.transfer_id)
         if transfer is None:
-            items = self._dispatcher.take_surplus(request.job_id, max(1, request.max_items))
+            items = take_surplus(self._dispatcher, request.job_id, max(1, request.max_items))
             transfer = Transfer(request.job_id, items, now, request.grant, request.expires_at)
             self.transfers[request.transfer_id] = transfer
             if items:
@@ -99,7 +124,7 @@ class Donor:
             del self.transfers[transfer_id]
             self._spent[transfer_id] = transfer.expires_at + grants.CLOCK_SKEW_S
             if not transfer.acked and transfer.items:
-                returned = self._dispatcher.put_back(transfer.job_id, transfer.items)
+                returned = queue_back(self._dispatcher, transfer.job_id, transfer.items, first=True)
                 log.warning("transfer %s was never acknowledged; %s %d inputs", transfer_id,
                             "took back" if returned else "dropped (job gone)", len(transfer.items))
 
@@ -132,7 +157,7 @@ class Thief:
         grant = await self._post(f"{hint.donor_url}/v1/jobs/{hint.job_id}/steal", request, pin)
         if not isinstance(grant, wire.StealGrant) or not grant.items:
             return
-        if not self._dispatcher.add_stolen(hint.job_id, grant.items):
+        if not queue_back(self._dispatcher, hint.job_id, grant.items, first=False):
             return  # the job ended here meanwhile: no ack, so the donor keeps them
         await self._report(wire.Stolen(hint.job_id, hint.donor_id, [i for i, _ in grant.items], hint.transfer_id,
                                        hint.expires_at, hint.grant, grant.receipt))

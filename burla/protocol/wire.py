@@ -124,6 +124,9 @@ class OpenJob(Message):
     # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
     # one frame. The head takes them as an InputBatch right after admitting the job.
     first_inputs: list = []  # (shared: messages are never changed in place)
+    # Which earlier jobs' worker processes this one may run in (REUSE_KEY_BYTES, the client's
+    # secret over the function: its own earlier jobs of the same function); b"": none.
+    reuse_key: bytes = b""
 
     @property
     def options(self) -> JobOptions:
@@ -132,6 +135,7 @@ class OpenJob(Message):
     def validate(self) -> None:
         if self.first_inputs:
             check_items("OpenJob.first_inputs", self.first_inputs, (int, bytes))
+        _check_reuse_key("OpenJob", self.reuse_key)
 
 
 @message(2)
@@ -382,6 +386,18 @@ class AssignJob(Message):
     timeout: float | None = None  # seconds a call may run (JobOptions.timeout)
     direct_inputs: bool = False  # its pushes may hold placeholders, whose bytes come apart (direct_inputs)
     direct_results: bool = False  # large results may go straight to its client (direct_results)
+    reuse_key: bytes = b""  # OpenJob.reuse_key: workers of earlier jobs with this key may run its calls
+
+    def validate(self) -> None:
+        _check_reuse_key("AssignJob", self.reuse_key)
+
+
+REUSE_KEY_BYTES = 16
+
+
+def _check_reuse_key(where: str, key: bytes) -> None:
+    if key and len(key) != REUSE_KEY_BYTES:
+        raise ProtocolError(f"{where}.reuse_key must be empty or {REUSE_KEY_BYTES} bytes")
 
 
 @message(23)

@@ -130,8 +130,16 @@ class Machine:
     def _wake(self) -> None:
         self.outgoing += 1
 
-    def assign(self, job_id: str, parallelism: int = 8, gpu: str | None = None) -> None:
-        self.dispatcher.assign(wire.AssignJob(job_id, "f", b"fn", parallelism, None, None, b"", {}, 0, gpu))
+    def assign(self, job_id: str, parallelism: int = 8, gpu: str | None = None, reuse_key: bytes = b"") -> None:
+        self.dispatcher.assign(wire.AssignJob(job_id, "f", b"fn", parallelism, None, None, b"", {}, 0, gpu,
+                                              reuse_key=reuse_key))
+
+    def fresh_worker(self) -> WorkerHandle:
+        """A worker the pool started, joining now (it never ran a call)."""
+        worker = _worker(len(self.workers))
+        self.workers.append(worker)
+        self.dispatcher.pump()
+        return worker
 
     def finish(self, worker: WorkerHandle, seconds: float) -> None:
         """The worker's first batch ends after `seconds`, every call ok."""
@@ -184,16 +192,45 @@ def test_a_job_runs_on_at_most_its_parallelism_and_all_jobs_on_at_most_the_pools
     assert sorted(n for n, _ in small_pool.effects.runs()) == [0, 1, 2]
 
 
-def test_a_worker_that_frees_up_goes_to_the_next_job_in_turn():
+def _runs(m: Machine) -> list[tuple[int, str]]:
+    return [(n, msg.job_id) for _, n, msg in m.effects.take() if isinstance(msg, worker_wire.RunCalls)]
+
+
+def test_a_worker_never_runs_another_jobs_calls_and_gives_its_slot_to_a_fresh_one():
+    changed = []
     m = Machine(2)
+    m.dispatcher.on_workers_changed = lambda: changed.append(1)
     m.assign("a")
     m.assign("b")
     m.dispatcher.add_inputs("a", _inputs(0, 10))  # both workers take the only job with inputs
     m.dispatcher.add_inputs("b", _inputs(0, 10))
-    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, worker_wire.RunCalls)] == ["a", "a"]
-    m.finish(m.workers[0], 0.5)
-    m.finish(m.workers[1], 0.5)
-    assert [msg.job_id for _, _, msg in m.effects.take() if isinstance(msg, worker_wire.RunCalls)] == ["b", "a"]
+    assert _runs(m) == [(0, "a"), (1, "a")] and changed  # both fresh workers are now a's
+    assert {w.tenant for w in m.workers} == {b"job:a"}
+    changed.clear()
+    m.finish(m.workers[0], 0.5)  # b waits, and a runs its share (one of two slots) on worker 1
+    assert _runs(m) == [] and changed and m.dispatcher.tenancy.yields(m.workers[0])
+    m.workers[0].retired = True  # the pool retires it (WorkerPool.rebalance) and starts a fresh one
+    fresh = m.fresh_worker()
+    assert _runs(m) == [(fresh.number, "b")] and fresh.tenant == b"job:b"
+    m.workers.remove(m.workers[0])
+    m.finish(m.workers[0], 0.5)  # worker 1 goes on with a: its tenant's share
+    assert _runs(m) == [(1, "a")]
+
+
+def test_a_clients_later_job_of_the_same_function_runs_in_its_warm_workers():
+    m = Machine(1)
+    m.assign("first", reuse_key=b"k" * 16)
+    m.dispatcher.add_inputs("first", _inputs(0, 1))
+    m.finish(m.workers[0], 0.1)
+    m.dispatcher.release("first")
+    m.assign("second", reuse_key=b"k" * 16)
+    m.dispatcher.add_inputs("second", _inputs(0, 1))
+    assert _runs(m)[-1] == (0, "second")  # the same process: a model it loaded stays loaded
+    m.assign("other", reuse_key=b"o" * 16)
+    m.dispatcher.add_inputs("other", _inputs(0, 1))
+    assert m.dispatcher.tenancy.yields(m.workers[0]) is False  # busy: it yields only once idle
+    m.finish(m.workers[0], 0.1)
+    assert _runs(m) == [] and m.dispatcher.tenancy.yields(m.workers[0])  # another client's job never runs there
 
 
 def test_a_gpu_job_runs_only_on_workers_that_have_a_gpu():

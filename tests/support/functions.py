@@ -471,3 +471,30 @@ def sized_result(index, size, hold_s=0.0, fail_on=-1):
     if index % 4 == 3:
         return f"small-{index}"
     return index.to_bytes(4, "little") * (size // 4)
+
+
+def plant_hook(directory):
+    """A call that changes its worker process for every later call there (what a fresh process
+    per tenant stops): each function the worker loads from then on is replaced by one that logs
+    its job's inputs and job token and returns "TAMPERED". Returns the worker's pid."""
+    from burla.node.workers import worker as worker_module
+
+    log_path = os.path.join(directory, "hooked.log")
+    original = worker_module.Worker._load
+
+    def load(self, job_id, function_bytes, code):
+        original(self, job_id, function_bytes, code)
+
+        def tampered(*args):
+            with open(log_path, "a") as log:
+                log.write(f"{job_id} {args!r} {self._job_tokens.get(job_id)}\n")
+            return "TAMPERED"
+
+        self._functions[job_id] = tampered
+
+    worker_module.Worker._load = load
+    return os.getpid()
+
+
+def doubled_with_pid(x):
+    return x * 2, os.getpid()

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from burla.config import MAX_CALLS_PER_SLOT
 from burla.errors import BurlaError, CallTimeout, OutOfMemory, ProtocolError
@@ -120,6 +121,10 @@ class WorkerHandle:
     killed_for: MemoryKill | TimeoutKill | None = None  # set when the node stopped it (memory, timeout)
     reader_task: asyncio.Task | None = None
     gpu: int | None = None  # the GPU it sees (CUDA_VISIBLE_DEVICES), None: none
+    # Whose calls it runs: None while fresh (it never ran a call), then its first job's tenant
+    # (NodeJob.tenant) for good. It never runs another tenant's call.
+    tenant: bytes | None = None
+    idle_since: float = field(default_factory=time.monotonic)
 
     @property
     def pid(self) -> int:
@@ -163,6 +168,31 @@ def _unbound(*_: object) -> None:
     raise RuntimeError("the worker pool's handlers are not bound yet")
 
 
+KEEP_WARM_S = 30.0  # a tenant's idle workers wait this long for its next job once it has none here
+
+
+class Tenants(Protocol):
+    """What the pool asks of the node's jobs about its workers' tenants (the node's Dispatcher)."""
+
+    def tenant_live(self, tenant: bytes) -> bool:
+        """Whether a job of this tenant is on the node."""
+
+    def yields(self, worker: WorkerHandle) -> bool:
+        """Whether this idle worker should give its slot to a fresh one, for another tenant."""
+
+    fresh_coming: Callable[[], int]
+
+
+class _NoJobs:
+    fresh_coming: Callable[[], int] = staticmethod(lambda: 0)
+
+    def tenant_live(self, tenant: bytes) -> bool:
+        return True
+
+    def yields(self, worker: WorkerHandle) -> bool:
+        return False
+
+
 class WorkerPool:
     """The node's worker processes. Started before the node's web stack is even imported (a cold
     node boots its workers meanwhile); their frames are read once the node binds its handlers."""
@@ -187,6 +217,16 @@ class WorkerPool:
         self._fork_server = fork_server  # starts workers in milliseconds, while it runs
         self._first_gpus: dict[int, int | None] = {}  # the GPUs of the workers asked for early
         self._bound = False
+        self._tenants: Tenants = _NoJobs()
+
+    def bind_tenants(self, tenants: Tenants) -> None:
+        """Ask `tenants` whose workers to keep, and tell it what fresh workers are coming."""
+        self._tenants = tenants
+        tenants.fresh_coming = self.fresh_coming
+
+    def fresh_coming(self) -> int:
+        """Fresh workers being started (each can take any tenant's calls once it joins)."""
+        return len(self._spawns)
 
     def bind(self, on_report: ReportHandler, on_exit: ExitHandler, on_ready: ReadyHandler,
              room: Callable[[int], Awaitable[None] | None] = lambda read: None) -> None:
@@ -366,16 +406,27 @@ class WorkerPool:
             self.rebalance()
 
     def rebalance(self) -> None:
-        """Keep `size` workers computing: add one per waiting worker, retire extras once idle."""
+        """Keep `size` workers computing, and a fresh one beyond those a tenant took (so that a
+        new job never waits for a process, at most one past `size`): add one per waiting worker,
+        retire extras once idle, and idle workers that give way to another tenant's job or whose
+        tenant has had no job here for KEEP_WARM_S."""
         if self._closing:
             return
+        now = time.monotonic()
+        for worker in self.computing():
+            if self._idle(worker) and worker.tenant is not None and (
+                    self._tenants.yields(worker) or self._cold(worker, now)):
+                self._retire(worker)
         # Workers without a GPU go first, so that GPU calls keep every GPU they can.
         computing = sorted(self.computing(), key=lambda w: w.gpu is not None)
-        missing = self.size - len(computing) - len(self._spawns)
+        claimed = sum(1 for w in computing if w.tenant is not None)
+        wanted = min(self.size + 1, max(self.size, claimed + 1))
+        missing = wanted - len(computing) - len(self._spawns)
         for _ in range(max(0, missing)):
             self._add_worker()
         surplus = -missing
-        for worker in computing:
+        # Tenants' idle workers go first (the longest idle first), then fresh ones.
+        for worker in sorted(computing, key=lambda w: (w.tenant is None, w.idle_since)):
             if surplus <= 0:
                 break
             if self._idle(worker):
@@ -393,6 +444,10 @@ class WorkerPool:
     @staticmethod
     def _idle(worker: WorkerHandle) -> bool:
         return not worker.batches and worker.ready.is_set()
+
+    def _cold(self, worker: WorkerHandle, now: float) -> bool:
+        return (worker.tenant is not None and now - worker.idle_since > KEEP_WARM_S
+                and not self._tenants.tenant_live(worker.tenant))
 
     @staticmethod
     def _retire(worker: WorkerHandle) -> None:
