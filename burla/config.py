@@ -313,6 +313,8 @@ class HeadSettings:
     header_timeout_s: float = 30.0  # a connection must send a whole request head within this
     max_open_jobs: int = 4096  # jobs running at once (burla.head.budget)
     max_client_connections: int = 4096  # job connections per credential
+    max_tree_jobs: int = 256  # open jobs nested under one top-level job (burla.head.budget)
+    max_tree_mb: int = 512  # bytes those may hold on the head
 
 
 @dataclass(frozen=True)

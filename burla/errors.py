@@ -136,6 +136,10 @@ class Overloaded(ClusterError):
     """The head is at one of its limits (jobs running at once, connections per credential)."""
 
 
+class BudgetExceeded(Overloaded):
+    """A job tree (a job and the jobs its calls open) is at its own limit on open jobs or bytes."""
+
+
 class DetachRequiresDeployedCluster(ClusterError):
     pass
 
@@ -292,6 +296,7 @@ WIRE_ERRORS: dict[str, type[BurlaError]] = {
     cls.__name__: cls
     for cls in (
         Overloaded,
+        BudgetExceeded,
         InvalidArgument,
         FunctionTooBig,
         UnpicklableFunction,

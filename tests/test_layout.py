@@ -169,4 +169,4 @@ def test_a_nodes_fields_keep_their_names_from_registration_to_view():
     assert {name: wire.RegisterNode.__annotations__[name] for name in DESCRIPTION_FIELDS} == described
     assert set(USAGE_FIELDS) - {"status"} <= set(wire.NodeState.FIELDS)
     record = {f.name for f in dataclasses.fields(NodeRecord)}
-    assert set(wire.RegisterNode.FIELDS) - {"build", "held"} <= record
+    assert set(wire.RegisterNode.FIELDS) - {"build", "held", "session_proof"} <= record  # those only checked

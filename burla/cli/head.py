@@ -171,6 +171,11 @@ def head() -> None:
               help="Jobs running at once; more are refused with a message naming this limit.")
 @click.option("--max-client-connections", type=click.IntRange(1, 1_000_000), default=4096, show_default=True,
               help="Job connections open at once per credential; more are refused (429).")
+@click.option("--max-tree-jobs", type=click.IntRange(1, 1_000_000), default=256, show_default=True,
+              help="Jobs open at once nested under one top-level job (opened by its calls); more are refused (429).")
+@click.option("--max-tree-mb", type=click.IntRange(1, 1_000_000), default=512, show_default=True,
+              help="MB the nested jobs of one top-level job may hold on the head (functions, local code, queued "
+                   "inputs); past it a new one is refused (429).")
 @click.option("--ephemeral", is_flag=True, hidden=True, help="Don't advertise this head to other clients.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 @click.option("--lifeline-fd", type=int, default=None, hidden=True)
@@ -182,7 +187,8 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
           keep_nodes: bool, node_link: str, tunnel_client: str, orphan_timeout: float, node_index_url: str | None,
           node_wheelhouse: Path | None, ssh_address_map: Path | None, region: str | None, boot_deadline: float,
           tls_cert: Path | None, tls_key: Path | None, tls_self_signed: bool, no_tls: bool, public_url: str | None,
-          header_timeout: float, max_open_jobs: int, max_client_connections: int,
+          header_timeout: float, max_open_jobs: int, max_client_connections: int, max_tree_jobs: int,
+          max_tree_mb: int,
           ephemeral: bool, ready_fd: int | None, lifeline_fd: int | None) -> None:
     """Serve a head and print its URL; runs until Ctrl-C or SIGTERM."""
     from burla.head.server import PortInUse
@@ -224,7 +230,7 @@ def serve(ctx: click.Context, host: str, port: int | None, local_nodes: int, loc
         version=__version__, keep_nodes=keep_nodes, node_link=node_link, orphan_timeout_s=orphan_timeout,
         node_index_url=node_index_url, node_wheelhouse=node_wheelhouse, ssh_address_map=ssh_address_map,
         tunnel_program=tunnel_program, header_timeout_s=header_timeout, max_open_jobs=max_open_jobs,
-        max_client_connections=max_client_connections,
+        max_client_connections=max_client_connections, max_tree_jobs=max_tree_jobs, max_tree_mb=max_tree_mb,
     )
     try:
         run_head(settings)

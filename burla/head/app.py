@@ -86,7 +86,8 @@ def create_head_app(settings: HeadSettings, driver: LocalDriver, url: str,
         fleet_driver.on_boot_failed = fleet.setup_failed
     cluster.use_machines(fleet)
     app = build_app(cluster, fleet, settings.token, url, ConnectionGuard(settings.header_timeout_s),
-                    HeadLimits(settings.max_open_jobs, settings.max_client_connections))
+                    HeadLimits(settings.max_open_jobs, settings.max_client_connections,
+                               settings.max_tree_jobs, settings.max_tree_mb))
     lifecycle = _Lifecycle(settings, app, history, driver, fleet_driver)
     app.on_startup.append(lifecycle.start)
     app[CHANNELS] = channels

@@ -61,9 +61,8 @@ STOLEN_REPORT_TIMEOUT_S = 10.0
 # Without a head (it restarts, or the network is cut) a node keeps running what it holds this long,
 # then reports it to the head it reaches again; past it, the head has given the inputs to others.
 KEEP_JOBS_WITHOUT_HEAD_S = 120.0
-# Connecting and registering with the head: a tunnel's port left behind on the VM (its sshd has not
-# noticed the old connection died) accepts and then says nothing; after this the node reads its
-# head URL again, where the head has put the tunnel's new port.
+# Registering: a tunnel's port left behind on the VM (its sshd missed the old connection's end) accepts
+# and says nothing; after this the node reads its head URL again, where the head put the new port.
 HEAD_HANDSHAKE_TIMEOUT_S = 20.0
 
 
@@ -267,6 +266,7 @@ class NodeService:
             node_id=s.node_id, url=self.url, slots=s.workers, cpus=s.cpus, ram_gb=float(s.ram_gb), gpu=s.gpu,
             gpu_count=s.gpu_count, image=s.image, region=s.region, python_version=s.python_version, version=s.version,
             build=build_hash(), cert_sha256=self.cert_sha256, held=self.dispatcher.held(), host_id=s.host_id,
+            session_proof=grants.session_proof(self.donor.key, s.node_id) if self.donor.key else b"",
         )
         await ws.send_bytes(register.encode())
         first = await ws.receive(HEAD_HANDSHAKE_TIMEOUT_S)

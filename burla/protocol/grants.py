@@ -60,6 +60,13 @@ def sign_upload(key: bytes, job_id: str, node_id: str, expires_at: float, nonce:
     return nonce + hmac.new(key, message, hashlib.sha256).digest()
 
 
+def session_proof(key: bytes, node_id: str) -> bytes:
+    """What a node shows when it registers again while the head may still count its session live:
+    the key is the one the head gave that session (NodeRegistered.grant_key), which only the node's
+    memory holds, so a node token read elsewhere can't take the session over."""
+    return hmac.new(key, msgpack.packb(["session", node_id], use_bin_type=True), hashlib.sha256).digest()
+
+
 def refusal(key: bytes, grant: bytes, job_id: str, donor_id: str, thief_id: str, transfer_id: str,
             expires_at: float, now: float) -> str | None:
     """Why this grant does not open this transfer (None: it does)."""

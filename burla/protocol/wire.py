@@ -352,6 +352,9 @@ class RegisterNode(Message):
     # for every input it holds queued, running or with a result not yet sent.
     held: list
     host_id: str = ""  # input_files.host_id(): nodes with the client's host id can open its input files
+    # grants.session_proof under its last session's key (b"": a new process, no session yet): a
+    # node connected still may register again only with it.
+    session_proof: bytes = b""
 
     def validate(self) -> None:
         check_items("RegisterNode.held", self.held, (str, bytes))

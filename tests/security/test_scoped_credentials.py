@@ -122,6 +122,34 @@ async def test_a_second_registration_under_a_live_nodes_id_is_refused(cluster, c
     assert client.remote_parallel_map(functions.double, [5], spinner=False) == [10]
 
 
+async def test_a_live_nodes_session_is_taken_over_by_no_token_only_by_that_node_proving_it(own_cluster):
+    """A call that read a node's token (from its config file) and registered under its id took its
+    session and its next job. Its token alone no longer does; the node itself, proving the session
+    the head gave it, still reconnects before the head noticed its old connection end."""
+    cluster = own_cluster
+    [node] = wait_for_nodes(cluster, 1)
+    stolen = _bearer(node_token(cluster.token, node["node_id"]))
+    async with aiohttp.ClientSession(headers=stolen) as session:
+        answer = await _answer(session, cluster.url + "/v1/nodes/ws", _register(node["node_id"]))
+        forged = _register(node["node_id"]).replace(session_proof=b"p" * 32)
+        forged_answer = await _answer(session, cluster.url + "/v1/nodes/ws", forged)
+    for refused in (answer, forged_answer):
+        assert isinstance(refused, wire.ErrorReply) and "proving the session" in refused.message
+    assert [n["node_id"] for n in get_json(cluster, "/v1/cluster")["nodes"]] == [node["node_id"]]
+    assert cluster.client().remote_parallel_map(functions.double, [5], spinner=False) == [10]  # it goes on
+    assert "without its session's proof" in cluster.log()
+    # The node itself: registered, then again on a second connection with its session's proof.
+    own = _bearer(node_token(cluster.token, "proving-node"))
+    async with aiohttp.ClientSession(headers=own) as session:
+        async with session.ws_connect(cluster.url + "/v1/nodes/ws") as first:
+            await first.send_bytes(_register("proving-node", python="2.7.18").encode())
+            registered = wire.decode((await first.receive(timeout=60)).data)
+            assert isinstance(registered, wire.NodeRegistered)
+            proof = grants.session_proof(registered.grant_key, "proving-node")
+            again = _register("proving-node", python="2.7.18").replace(session_proof=proof)
+            assert isinstance(await _answer(session, cluster.url + "/v1/nodes/ws", again), wire.NodeRegistered)
+
+
 async def _rogue_writes(cluster, job_id_holder: list, stop: threading.Event) -> None:
     """A registered node that runs nothing writes results and output into the job that runs."""
     async with aiohttp.ClientSession(headers=cluster.headers()) as session:
@@ -262,3 +290,41 @@ async def test_a_job_token_collects_its_nested_jobs_but_not_its_own_and_ends_wit
                 late = await _answer(session, cluster.url + "/v1/jobs/ws",
                                      open_job(parent_job_id=parent.job_id))
                 assert isinstance(late, wire.ErrorReply) and "not running" in late.message
+
+
+async def test_a_job_tree_has_a_budget_of_its_own_and_other_jobs_are_still_admitted(tmp_path):
+    """With its job token, a call opened nested jobs with large functions and kept them open until
+    the head's memory ran out and the next user's job was refused. A tree now has its own limits,
+    on open jobs and on bytes held, each refused with 429 naming the option that raises it."""
+    limits = ["--max-tree-jobs", "3", "--max-tree-mb", "25"]
+    head = start_head(tmp_path / "config", local_nodes=1, workers=1, extra=limits)
+    wait_for_nodes(head, 1)
+    held = []
+    try:
+        async with aiohttp.ClientSession(headers=head.headers()) as owner, \
+                aiohttp.ClientSession(headers=_bearer(job_token(head.token, "tree-root"))) as call:
+
+            async def opened(session: aiohttp.ClientSession, spec: wire.OpenJob) -> wire.Message:
+                ws = await session.ws_connect(head.url + "/v1/jobs/ws", max_msg_size=0)
+                held.append(ws)  # open: the job stays open while its client is connected
+                await ws.send_bytes(spec.encode())
+                return wire.decode((await ws.receive(timeout=60)).data)
+
+            assert isinstance(await opened(owner, open_job(job_id="tree-root", n_inputs=2)), wire.JobAccepted)
+            big = 10 * 2**20
+            for _ in range(2):
+                nested = open_job(parent_job_id="tree-root", function_bytes=b"f" * big)
+                assert isinstance(await opened(call, nested), wire.JobAccepted)
+            over_bytes = await opened(call, open_job(parent_job_id="tree-root", function_bytes=b"f" * big))
+            assert isinstance(over_bytes, wire.ErrorReply) and over_bytes.kind == "BudgetExceeded"
+            assert over_bytes.status == 429 and "--max-tree-mb 25" in over_bytes.message
+            assert isinstance(await opened(call, open_job(parent_job_id="tree-root")), wire.JobAccepted)
+            over_jobs = await opened(call, open_job(parent_job_id="tree-root"))
+            assert isinstance(over_jobs, wire.ErrorReply) and over_jobs.status == 429
+            assert "--max-tree-jobs 3" in over_jobs.message and "tree-root" in over_jobs.message
+            # Another user's job is not held back by that tree.
+            assert isinstance(await opened(owner, open_job()), wire.JobAccepted)
+            for ws in held:
+                await ws.close()
+    finally:
+        head.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -18,7 +19,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from burla.config import MAX_FUNCTION_BYTES, MAX_RAM_GB_PER_CALL, MIN_RAM_GB_PER_CALL
 from burla.errors import BurlaError, ProtocolError, VersionMismatch
-from burla.head.budget import HeadLimits, check_open_job
+from burla.head.budget import HeadLimits, check_open_job, check_tree_budget
 from burla.head.cluster import Cluster
 from burla.head.direct_uploads import is_loopback
 from burla.head.keys import CLIENT_CONNECTIONS, CLUSTER, LIMITS, OPEN_SOCKETS
@@ -54,6 +55,7 @@ def _status_for(error: BurlaError) -> int:
         "NoCompatibleNodes": 409,
         "VersionMismatch": 409,
         "JobNotFound": 404,
+        "BudgetExceeded": 429,
     }.get(type(error).__name__, 400)
 
 
@@ -211,13 +213,19 @@ def _registration_problem(first: wire.RegisterNode, cluster: Cluster) -> str | N
 
 def _identity_problem(first: wire.RegisterNode, cluster: Cluster, scope: Scope | None) -> str | None:
     """A node's token registers that node only; the node id of a connected node is taken, except by
-    that node itself (its own token: it reconnects before the head noticed its old connection end)."""
+    that node itself, proving the session it got at registration (it reconnects before the head
+    noticed its old connection end): a token alone, read from the node's files, can't take it over."""
     if scope is not None and first.node_id != scope.subject:
         return f"this token is node {scope.subject}'s: it can't register node {first.node_id}"
-    if scope is None and first.node_id in cluster.node_links:
-        return (f"node {first.node_id} is connected: a second node can't register under its id (the node itself "
-                "reconnects with the node token it got at registration)")
-    return None
+    if first.node_id not in cluster.node_links:
+        return None
+    record = cluster.scheduler.nodes.get(first.node_id)
+    if record is not None and record.grant_key and hmac.compare_digest(
+            first.session_proof, grants.session_proof(record.grant_key, first.node_id)):
+        return None
+    log.warning("refused a registration as connected node %s without its session's proof", first.node_id)
+    return (f"node {first.node_id} is connected: only that node, proving the session it got at registration, can "
+            "register under its id while that session lasts (a token alone can't)")
 
 
 async def _node_frames(cluster: Cluster, ws: web.WebSocketResponse, node_id: str, link: NodeLink) -> None:
@@ -371,6 +379,8 @@ async def _open_or_resume(cluster: Cluster, ws: web.WebSocketResponse, first: wi
             if problem is not None:
                 raise VersionMismatch(problem)
             check_open_job(head_limits, len(cluster.scheduler.running))
+            if scope is not None:  # a call's nested job: its tree has a budget of its own
+                check_tree_budget(head_limits, cluster.scheduler.jobs, scope.subject, first)
             # E.g. the cloud's machine list, for grow: seconds of a cloud's API on a head's first grow job.
             await _reading_meanwhile(ws, cluster.machines.ready_for(first), early)
             job, link = cluster.open_job(first)  # and queues the inputs it carries

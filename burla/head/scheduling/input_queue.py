@@ -27,6 +27,9 @@ class InputQueue:
     def __len__(self) -> int:
         return len(self._runs)
 
+    def bytes_held(self) -> int:
+        return self._runs.bytes_held()
+
     def __iter__(self) -> Iterator[tuple[int, Payload]]:
         return iter(self._runs.items())
 

@@ -42,7 +42,7 @@ class NodeRecord(NodeUsage, NodeDescription):
 
 
 # A node's record carries every field of its registration but those only checked when it registers.
-_REGISTERED_FIELDS = tuple(name for name in wire.RegisterNode.FIELDS if name not in ("build", "held"))
+_REGISTERED_FIELDS = tuple(name for name in wire.RegisterNode.FIELDS if name not in ("build", "held", "session_proof"))
 
 
 def initial_credit(slots: int) -> int:

@@ -153,6 +153,10 @@ class InputRuns:
     def __len__(self) -> int:
         return self._count
 
+    def bytes_held(self) -> int:
+        """The bytes of the runs it keeps (a run partly taken is kept whole until compacted)."""
+        return sum(len(run.part.data) for run in self._runs)
+
     def append(self, part: PackedInputs) -> None:
         if part.count:
             self._runs.append(_Run(part))
