@@ -46,7 +46,6 @@ def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int
             f"{MAX_FUNCTION_BYTES // 2**20} MB. It references large objects from its enclosing scope: pass "
             "them as inputs, or load them inside the function."
         )
-    code = local_code.collect(function_)
     return wire.OpenJob(
         job_id=job_id,
         function_name=name,
@@ -55,13 +54,13 @@ def opening(job_id: str, function_: Callable[..., Any], name: str, n_inputs: int
         **options.fields(),
         client_version=__version__,
         python_version=f"{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}",
-        local_code=code,
+        local_code=local_code.collect(function_),
         packages=client_packages(),
         # A detached job's inputs must outlive this process: they travel inline.
         client_host="" if options.detach else input_files.host_id(),
         direct_inputs=direct_inputs and not options.detach,  # large inputs straight to their nodes, where allowed
         direct_results=direct_results and not options.detach,  # and large results straight from them
-        reuse_key=b"" if options.detach else reuse_key(function_bytes, code),
+        reuse_key=b"" if options.detach else reuse_key(),
     )
 
 
@@ -76,12 +75,11 @@ def _new_process_secret() -> None:
 os.register_at_fork(after_in_child=_new_process_secret)  # a forked process is another client
 
 
-def reuse_key(function_bytes: bytes, code: bytes) -> bytes:
-    """Which of this process's earlier jobs' workers this job's calls may run in: those of the same
-    function and local code. Nobody else can make it (this process's secret is in it), so a node
-    never runs another client's call in a process that ran this one's."""
-    digest = hashlib.sha256(function_bytes).digest() + hashlib.sha256(code).digest()
-    return hmac.new(_process_secret, digest, hashlib.sha256).digest()[:wire.REUSE_KEY_BYTES]
+def reuse_key() -> bytes:
+    """Which earlier jobs' workers this job's calls may run in: this process's own (a model its
+    calls loaded stays loaded for its next job). Nobody else can make it (this process's secret is
+    in it), so a node never runs another client's call in a process that ran this one's."""
+    return hmac.new(_process_secret, b"burla worker reuse", hashlib.sha256).digest()[:wire.REUSE_KEY_BYTES]
 
 
 def run(cluster: ClusterHandle, spec: wire.OpenJob, inputs: list[Any], spinner: bool,

@@ -25,8 +25,8 @@ class NodeJob:
     func_cpu: int | None = None
     local_code: bytes = b""
     job_token: str = ""  # what its calls hold for nested jobs (never the cluster token)
-    # Whose worker processes may run its calls: its client's earlier jobs of the same function
-    # (AssignJob.reuse_key), or this job alone. A fresh worker takes the tenant of its first job.
+    # Whose worker processes may run its calls: its client process's (AssignJob.reuse_key), or
+    # this job's alone. A fresh worker takes the tenant of its first job.
     tenant: bytes = b""
     timeout_s: float | None = None  # how long one call may run (call_timeouts.py stops it past that)
     ready: bool = True  # False while the node installs packages the job needs

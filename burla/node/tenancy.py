@@ -1,7 +1,7 @@
 """Whose calls a worker process may run: one tenant's, for its whole life.
 
-A job's tenant is its client's earlier jobs of the same function (`AssignJob.reuse_key`, which
-only that client process can make), or the job alone. A worker starts fresh (it never ran a
+A job's tenant is its client process (`AssignJob.reuse_key`, which only that process can make),
+or the job alone (a detached job). A worker starts fresh (it never ran a
 call, forked from the fork server, which never did either) and takes the tenant of the first
 call it runs; from then on it runs that tenant's calls only, so nothing a call leaves behind in
 its process (a thread, a wrapped function, a module global) meets another client's calls. A

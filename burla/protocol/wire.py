@@ -124,8 +124,8 @@ class OpenJob(Message):
     # The first inputs, [[input_index, pickled_args], ...], in the opening's frame: a small job is
     # one frame. The head takes them as an InputBatch right after admitting the job.
     first_inputs: list = []  # (shared: messages are never changed in place)
-    # Which earlier jobs' worker processes this one may run in (REUSE_KEY_BYTES, the client's
-    # secret over the function: its own earlier jobs of the same function); b"": none.
+    # Which earlier jobs' worker processes this one may run in (REUSE_KEY_BYTES, from a secret of
+    # the client's process: that process's own earlier jobs); b"": none.
     reuse_key: bytes = b""
 
     @property

@@ -498,3 +498,7 @@ def plant_hook(directory):
 
 def doubled_with_pid(x):
     return x * 2, os.getpid()
+
+
+def tagged_pid(x):
+    return "tag", os.getpid()

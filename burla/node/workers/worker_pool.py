@@ -172,7 +172,7 @@ KEEP_WARM_S = 30.0  # a tenant's idle workers wait this long for its next job on
 
 
 class Tenants(Protocol):
-    """What the pool asks of the node's jobs about its workers' tenants (the node's Dispatcher)."""
+    """What the pool asks of the node's jobs about its workers' tenants (node/tenancy.py's Tenancy)."""
 
     def tenant_live(self, tenant: bytes) -> bool:
         """Whether a job of this tenant is on the node."""
@@ -425,8 +425,9 @@ class WorkerPool:
         for _ in range(max(0, missing)):
             self._add_worker()
         surplus = -missing
-        # Tenants' idle workers go first (the longest idle first), then fresh ones.
-        for worker in sorted(computing, key=lambda w: (w.tenant is None, w.idle_since)):
+        # Tenants' idle workers go first, then fresh ones; of each, those without a GPU first (GPU
+        # calls keep every GPU they can), the longest idle first.
+        for worker in sorted(computing, key=lambda w: (w.tenant is None, w.gpu is not None, w.idle_since)):
             if surplus <= 0:
                 break
             if self._idle(worker):
