@@ -74,6 +74,9 @@ def _flush(*streams: Any) -> None:
             pass
 
 
+IDLE_WAKE_S = 1.0
+
+
 class OutputCapture:
     def __init__(self, on_live_output: Callable[[str, list[OutputItem]], None], interval_s: float = 0.05,
                  use_ring: bool = True) -> None:
@@ -92,6 +95,7 @@ class OutputCapture:
         # the lock, once per call: a single store the watchdog reads under the lock (see end()).
         self.running = -1
         self._stop = threading.Event()
+        self._busy = threading.Event()  # a batch is running: the watchdog streams its output
         self.send_lock = threading.RLock()
         self._watchdog: threading.Thread | None = None
         # Python's streams for fd 1 and 2 once installed (tracked), and the interpreter's own.
@@ -134,6 +138,11 @@ class OutputCapture:
         """The calls that follow are this job's (each announced by setting `running`)."""
         with self._lock:
             self._job_id = job_id
+        self._busy.set()
+
+    def end_batch(self) -> None:
+        """No call runs until the next batch: the watchdog wakes only now and then."""
+        self._busy.clear()
 
     def call_ender(self) -> Callable[[], None]:
         """What the worker calls as each call ends: attribute everything written so far to the
@@ -208,7 +217,12 @@ class OutputCapture:
 
     def _watch(self) -> None:
         parent = os.getppid()
-        while not self._stop.wait(self._interval_s):
+        while not self._stop.is_set():
+            # Between batches nothing streams: wake once a second (output of a call's leftover
+            # thread, a node that died), not every interval (idle workers, spares among them).
+            self._busy.wait(IDLE_WAKE_S)
+            if self._stop.wait(self._interval_s):
+                return
             if os.getppid() != parent:  # the node died; nobody will read our results
                 os._exit(3)
             # The send lock keeps live chunks ordered before the call's final report.
@@ -227,6 +241,7 @@ class OutputCapture:
 
     def close(self) -> None:
         self._stop.set()
+        self._busy.set()
         with self._lock:
             ring, self._ring = self._ring, None
         if ring is not None:

@@ -240,6 +240,7 @@ class Worker:
         finally:
             self._page[_RUNNING_SLOT] = -1
             self._batch_job = None
+            self.capture.end_batch()
         if self._cancel_requested:
             self._cancelled_jobs.add(job_id)
             unreported = _NONE_UNREPORTED
