@@ -175,8 +175,8 @@ def own_cluster(tmp_path):
     """A head of its own: a node that registers and leaves stays on a head's mind for a while
     (it may rejoin), which would change what the shared cluster's other tests see."""
     head = start_head(tmp_path / "config")
-    wait_for_nodes(head, 1)
     try:
+        wait_for_nodes(head, 1)  # inside: a head whose node never came is stopped all the same
         yield head
     finally:
         head.stop()
@@ -298,9 +298,9 @@ async def test_a_job_tree_has_a_budget_of_its_own_and_other_jobs_are_still_admit
     on open jobs and on bytes held, each refused with 429 naming the option that raises it."""
     limits = ["--max-tree-jobs", "3", "--max-tree-mb", "25"]
     head = start_head(tmp_path / "config", local_nodes=1, workers=1, extra=limits)
-    wait_for_nodes(head, 1)
     held = []
     try:
+        wait_for_nodes(head, 1)
         async with aiohttp.ClientSession(headers=head.headers()) as owner, \
                 aiohttp.ClientSession(headers=_bearer(job_token(head.token, "tree-root"))) as call:
 
