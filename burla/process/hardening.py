@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import sys
 
 PR_SET_DUMPABLE = 4
@@ -48,10 +47,3 @@ def is_inspectable() -> bool | None:
     state = libc().prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
     return None if state < 0 else state != 0
 
-
-def owner_of(pid: int) -> int | None:
-    """The uid `/proc/<pid>` shows (root's for a non-dumpable process); None if it is gone."""
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
